@@ -1,0 +1,15 @@
+"""Wire protocol: every message batchlab sends, its codec, clock and sockets."""
+from protocol.clock import now
+from protocol.codec import ProtocolError, decode, encode
+from protocol.messages import PROTOCOL_VERSION, Kind
+from protocol.messages import (
+    Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, RequestFailed, RequestMsg,
+    RunEnd, RunInfo, Shutdown, Start, Step, Tokens, TrafficHello, WorkerBye, WorkerHello,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION", "Kind", "ProtocolError", "decode", "encode", "now",
+    "Arrival", "BatchDone", "BatchLaunch", "ClockPing", "ClockPong", "Dispatch", "EndOfStream", "Heartbeat", "RequestFailed",
+    "RequestMsg", "RunEnd", "RunInfo", "Shutdown", "Start", "Step", "Tokens", "TrafficHello", "WorkerBye",
+    "WorkerHello",
+]

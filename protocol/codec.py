@@ -1,0 +1,77 @@
+"""MessagePack codec with validation: a bad frame raises ProtocolError, nothing else."""
+import dataclasses
+import typing
+
+import msgpack
+
+from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger frames are rejected before unpacking
+
+
+class ProtocolError(ValueError):
+    """A frame that is malformed, truncated, oversized, of another version or of an unknown kind."""
+
+
+def _is_int(v: object) -> bool:
+    return type(v) is int
+
+
+def _check_list(elem: typing.Callable[[object], bool]) -> typing.Callable[[object], bool]:
+    return lambda v: type(v) is list and all(elem(x) for x in v)
+
+
+_CHECKS: dict[object, typing.Callable[[object], bool]] = {
+    int: _is_int,
+    float: lambda v: type(v) is float or type(v) is int,
+    str: lambda v: type(v) is str,
+    bool: lambda v: type(v) is bool,
+    dict: lambda v: type(v) is dict,
+    list[int]: _check_list(_is_int),
+    list[str]: _check_list(lambda v: type(v) is str),
+    list[list]: _check_list(lambda v: type(v) is list),
+}
+
+
+def _spec(cls: type) -> tuple[type, list[tuple[str, typing.Callable]], int]:
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, _CHECKS[hints[f.name]]) for f in dataclasses.fields(cls)]
+    required = sum(
+        1 for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    return cls, fields, required
+
+
+_SPECS = {int(cls.KIND): _spec(cls) for cls in MESSAGE_TYPES}
+
+
+def encode(msg: object) -> bytes:
+    """One message → bytes: [version, kind, *fields]."""
+    values = [getattr(msg, name) for name in msg.__slots__]
+    return msgpack.packb([PROTOCOL_VERSION, int(msg.KIND), *values], use_bin_type=True)
+
+
+def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> object:
+    """Bytes → a validated message, or ProtocolError."""
+    if len(frame) > max_bytes:
+        raise ProtocolError(f"message of {len(frame)} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        arr = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_buffer_size=max_bytes)
+    except Exception as exc:  # msgpack raises several types for bad input
+        raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
+    if type(arr) is not list or len(arr) < 2:
+        raise ProtocolError("frame is not a [version, kind, ...] array")
+    if arr[0] != PROTOCOL_VERSION or type(arr[0]) is not int:
+        raise ProtocolError(f"protocol version {arr[0]!r}, expected {PROTOCOL_VERSION}")
+    spec = _SPECS.get(arr[1]) if type(arr[1]) is int else None
+    if spec is None:
+        raise ProtocolError(f"unknown message kind {arr[1]!r}")
+    cls, fields, required = spec
+    values = arr[2:]
+    if not required <= len(values) <= len(fields):
+        raise ProtocolError(f"{cls.__name__}: {len(values)} fields, expected {len(fields)}")
+    for (name, check), value in zip(fields, values):
+        if not check(value):
+            raise ProtocolError(f"{cls.__name__}.{name}: bad value {value!r:.60}")
+    return cls(*values)

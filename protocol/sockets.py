@@ -1,0 +1,41 @@
+"""The one socket factory, and the default (loopback) addresses."""
+from dataclasses import dataclass
+
+import zmq
+
+SEND_HWM = 100_000  # messages queued per peer before send blocks (PUSH) or drops (ROUTER)
+RECV_HWM = 100_000
+LINGER_MS = 2_000  # how long close() may flush unsent messages
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_LIVENESS = 3  # intervals without a word before a peer is declared dead
+
+
+@dataclass(slots=True)
+class Addresses:
+    """Where the scheduler (ROUTER) and the collector (PULL) listen. Override any of them."""
+
+    scheduler: str = "tcp://127.0.0.1:5557"
+    collector: str = "tcp://127.0.0.1:5558"
+
+    @classmethod
+    def ipc(cls, folder: str) -> "Addresses":
+        """Private ipc:// endpoints in `folder` (what `batchlab run` uses: no port clashes)."""
+        return cls(scheduler=f"ipc://{folder}/scheduler.sock", collector=f"ipc://{folder}/collector.sock")
+
+
+def make_socket(ctx: zmq.Context, kind: int, address: str, *, bind: bool,
+                identity: str | None = None) -> zmq.Socket:
+    """Create, configure and bind or connect one socket."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, LINGER_MS)
+    sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+    sock.setsockopt(zmq.RCVHWM, RECV_HWM)
+    if identity is not None:
+        sock.setsockopt(zmq.ROUTING_ID, identity.encode())
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a gone peer raises, not drops
+    if bind:
+        sock.bind(address)
+    else:
+        sock.connect(address)
+    return sock

@@ -1,0 +1,1 @@
+"""Batch formation: pure policies (policies.py) and the scheduler process (process.py)."""

@@ -1,0 +1,167 @@
+"""Batching policies: pure classes. No sockets, no clock reads.
+
+A policy is shown the queue (oldest first), the time it is given, and one worker's free capacity, and
+answers with a Decision: launch the first `n` queued requests (with a reason), or nothing until
+`wake_at` (or until the next event, when `wake_at` is None). The live scheduler and the discrete-event
+simulator drive the same classes.
+"""
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+OOM_CLEAN_BATCHES_TO_PROBE = 20  # clean batches after an OOM before the cap is probed up by one
+
+
+@dataclass(slots=True)
+class QueuedRequest:
+    """What a policy may know of a waiting request (its output length is the target, known)."""
+
+    request_id: int
+    arrival_time: float  # planned arrival, s
+    prompt_len: int
+    output_len: int
+
+
+@dataclass(slots=True)
+class Capacity:
+    """One worker's room right now."""
+
+    free_slots: int  # rows that may start now (a busy static worker has 0)
+    kv_free_bytes: int  # KV memory not yet promised to running requests
+    kv_bytes_per_token: int
+    idle: bool  # nothing runs on the worker: a request must then always be allowed to start
+
+
+@dataclass(slots=True)
+class Decision:
+    """Launch queue[:n] because of `reason`, or (n == 0) ask to be woken at `wake_at`."""
+
+    n: int = 0
+    reason: str = ""
+    wake_at: float | None = None
+
+
+class Policy(Protocol):
+    """What the scheduler and the simulator need from a strategy."""
+
+    name: str
+    mode: str  # "static" (batch at a time) or "continuous" (join at step boundaries)
+
+    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+               end_of_stream: bool) -> Decision: ...
+
+    def on_batch_done(self, size: int, oom: bool) -> None: ...
+
+
+def fit_padded(queue: Sequence[QueuedRequest], limit: int, cap: Capacity, max_new_tokens: int) -> int:
+    """How many of queue[:limit] fit a padded static batch in the KV budget (the seed's rule:
+    stop before (len(batch)+1) × (P_max + max_new_tokens) × kv_bytes_per_token > budget); ≥ 1."""
+    p_max = 0
+    for k in range(min(limit, len(queue))):
+        p_max = max(p_max, queue[k].prompt_len)
+        if (k + 1) * (p_max + max_new_tokens) * cap.kv_bytes_per_token > cap.kv_free_bytes:
+            return max(k, 1)
+    return min(limit, len(queue))
+
+
+@dataclass
+class Naive:
+    """Wait for exactly `batch_size` requests; at end of stream flush the rest as a smaller batch."""
+
+    batch_size: int
+    name: str = "naive"
+    mode: str = "static"
+
+    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+               end_of_stream: bool) -> Decision:
+        if cap.free_slots <= 0 or not queue:
+            return Decision()
+        if len(queue) >= self.batch_size:
+            return Decision(min(self.batch_size, cap.free_slots), "size")
+        if end_of_stream:
+            return Decision(min(len(queue), cap.free_slots), "flush")
+        return Decision()
+
+    def on_batch_done(self, size: int, oom: bool) -> None:
+        """Naive batching does not adapt."""
+
+
+@dataclass
+class Dynamic:
+    """Launch on size, age of the oldest request, or memory budget; the cap halves on OOM."""
+
+    max_batch_size: int
+    max_wait_s: float
+    max_new_tokens: int
+    name: str = "dynamic"
+    mode: str = "static"
+    cap: int = 0  # adaptive cap (0: start at max_batch_size)
+    clean_batches: int = 0
+
+    def __post_init__(self) -> None:
+        self.cap = self.cap or self.max_batch_size
+
+    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+               end_of_stream: bool) -> Decision:
+        if cap.free_slots <= 0 or not queue:
+            return Decision()
+        limit = min(self.cap, self.max_batch_size, cap.free_slots)
+        n = fit_padded(queue, limit, cap, self.max_new_tokens)
+        if n < min(limit, len(queue)):
+            return Decision(n, "memory")
+        if len(queue) >= limit:
+            return Decision(n, "size")
+        deadline = queue[0].arrival_time + self.max_wait_s
+        if now >= deadline:
+            return Decision(n, "age")
+        if end_of_stream:
+            return Decision(n, "flush")
+        return Decision(wake_at=deadline)
+
+    def on_batch_done(self, size: int, oom: bool) -> None:
+        """Halve the cap on OOM (min 1); after enough clean batches probe it up by one."""
+        if oom:
+            self.cap = max(1, min(self.cap, size) // 2)
+            self.clean_batches = 0
+            return
+        self.clean_batches += 1
+        if self.clean_batches >= OOM_CLEAN_BATCHES_TO_PROBE and self.cap < self.max_batch_size:
+            self.cap += 1
+            self.clean_batches = 0
+
+
+@dataclass
+class Continuous:
+    """Forward queued requests as soon as the worker has credit (slots and KV), oldest first."""
+
+    max_batch_size: int
+    name: str = "continuous"
+    mode: str = "continuous"
+
+    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+               end_of_stream: bool) -> Decision:
+        n, kv = 0, cap.kv_free_bytes
+        for req in queue[: max(0, min(cap.free_slots, self.max_batch_size))]:
+            need = (req.prompt_len + req.output_len) * cap.kv_bytes_per_token
+            if need > kv and not (cap.idle and n == 0):
+                break
+            n, kv = n + 1, kv - need
+        return Decision(n, "credit") if n else Decision()
+
+    def on_batch_done(self, size: int, oom: bool) -> None:
+        """Credit comes back through the capacity the scheduler reports."""
+
+
+STRATEGIES = ("naive", "dynamic", "continuous")
+
+
+def make_policy(strategy: str, *, batch_size: int = 8, max_batch_size: int = 16,
+                max_wait_ms: float = 50.0, max_new_tokens: int = 128) -> Policy:
+    """Build a strategy by name (`vllm` is continuous on the vllm backend)."""
+    if strategy == "naive":
+        return Naive(batch_size)
+    if strategy == "dynamic":
+        return Dynamic(max_batch_size, max_wait_ms / 1000.0, max_new_tokens)
+    if strategy in ("continuous", "vllm"):
+        return Continuous(max_batch_size)
+    raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)}, vllm)")
