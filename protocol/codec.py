@@ -57,7 +57,7 @@ def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> object:
     if len(frame) > max_bytes:
         raise ProtocolError(f"message of {len(frame)} bytes exceeds the {max_bytes}-byte limit")
     try:
-        arr = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_buffer_size=max_bytes)
+        arr = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for bad input
         raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
     if type(arr) is not list or len(arr) < 2:

@@ -1,0 +1,132 @@
+"""One run's settings: defaults, then a YAML file, then command-line options; validated once."""
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from scheduler.policies import STRATEGIES
+
+BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
+ARRIVALS = ("poisson", "gamma", "constant")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the CLI prints it as one line and exits 1."""
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """Everything that defines a run (written into every table and summary)."""
+
+    strategy: str = "dynamic"
+    backend: str = "sim"
+    model: str = "tiny-mistral"
+    preset: str = "a100-llama2-7b"  # sim backend step-time preset
+    rate: float = 10.0  # requests/s
+    duration_s: float = 10.0
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    dataset: str = "sharegpt"  # sharegpt | synthetic | PATH
+    schedule: str = ""  # replay a saved schedule.parquet instead of generating one
+    batch_size: int = 8  # naive: exactly N
+    max_batch_size: int = 16  # dynamic cap / worker rows
+    max_wait_ms: float = 50.0
+    max_new_tokens: int = 128
+    max_prompt_len: int = 1024
+    seed: int = 0
+    out: str = "runs/latest"
+    workers: int = 1
+    max_queue: int = 0  # 0: unbounded
+    memory_budget: str = ""  # KV budget, e.g. "2GiB"; default: the backend's own
+    strict_memory: bool = False
+    dtype: str = "auto"
+    device: str = "auto"
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    endpoint: str = ""
+    max_concurrency: int = 64
+    warmup_requests: int = 2
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> "RunConfig":
+        """Raise ConfigError on the first impossible setting."""
+        strategies = (*STRATEGIES, "vllm")
+        checks = [
+            (self.strategy in strategies, f"--strategy must be one of {', '.join(strategies)}"),
+            (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}"),
+            (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}"),
+            (self.rate > 0, "--rate must be > 0 requests/s"),
+            (self.duration_s > 0, "--duration must be > 0 s"),
+            (self.burstiness > 0, "--burstiness must be > 0"),
+            (self.batch_size >= 1, "--batch-size must be ≥ 1"),
+            (self.max_batch_size >= 1, "--max-batch-size must be ≥ 1"),
+            (self.max_wait_ms >= 0, "--max-wait-ms must be ≥ 0"),
+            (self.max_new_tokens >= 1, "--max-new-tokens must be ≥ 1"),
+            (self.workers >= 1, "--workers must be ≥ 1"),
+            (self.backend != "openai" or bool(self.endpoint), "--backend openai needs --endpoint URL"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        if self.strategy == "vllm":
+            self.strategy, self.backend = "continuous", "vllm"
+        parse_bytes(self.memory_budget)
+        return self
+
+    def as_settings(self) -> dict:
+        """Flat dict for RunInfo and reports."""
+        d = asdict(self)
+        d.update(d.pop("extra"))
+        return d
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '512MB', '1e9' → bytes; '' → 0 (meaning: the backend's default)."""
+    if not text:
+        return 0
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 1e3, "mb": 1e6, "gb": 1e9, "b": 1}
+    t = str(text).strip().lower()
+    for unit, scale in units.items():
+        if t.endswith(unit):
+            t, mult = t[: -len(unit)], scale
+            break
+    else:
+        mult = 1
+    try:
+        value = int(float(t) * mult)
+    except ValueError:
+        raise ConfigError(f"cannot read {text!r} as a size (e.g. 2GiB, 512MB)") from None
+    if value <= 0:
+        raise ConfigError(f"size {text!r} must be positive")
+    return value
+
+
+def load_yaml(path: str | Path) -> dict:
+    """A YAML mapping of RunConfig fields (dashes or underscores), or ConfigError."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def build_config(file_values: dict, overrides: dict) -> RunConfig:
+    """Defaults ← file ← command line (only options the user gave), validated."""
+    known = {f.name for f in fields(RunConfig)}
+    merged = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
+    unknown = sorted(set(merged) - known)
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+    try:
+        cfg = RunConfig(**merged)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
+    return cfg.validate()

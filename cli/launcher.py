@@ -1,0 +1,110 @@
+"""`batchlab run`: start collector, scheduler, worker(s) and traffic as processes and watch them."""
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from cli import roles
+from cli.config import RunConfig
+from protocol.sockets import Addresses
+
+POLL_S = 0.2
+STOP_GRACE_S = 30.0  # how long children get to finish after a stop before they are killed
+COLLECTOR_GRACE_S = 12.0  # the collector's own wait for worker byes is 10 s
+
+
+class RunFailed(RuntimeError):
+    """A child process died; the message names it."""
+
+
+@dataclass
+class Child:
+    """One launched role."""
+
+    name: str
+    proc: mp.Process
+
+
+def _entry(target, args: tuple) -> None:
+    """Child main: run the role; its return value is the exit code."""
+    raise SystemExit(target(*args))
+
+
+def _start(ctx, name: str, target, *args) -> Child:
+    proc = ctx.Process(target=_entry, args=(target, args), name=name, daemon=False)
+    proc.start()
+    return Child(name, proc)
+
+
+def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None) -> dict:
+    """Run everything to the end; return the summary. Raises RunFailed naming a dead child."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
+    tmp = tempfile.mkdtemp(prefix="batchlab-")
+    addrs = Addresses.ipc(tmp)
+    ctx = mp.get_context("spawn")  # fork is unsafe with torch/vLLM threads
+    children = [_start(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos),
+                _start(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector)]
+    children += [_start(ctx, f"worker-{i}", roles.worker_role, cfg, addrs.scheduler, addrs.collector,
+                        f"worker-{i}") for i in range(cfg.workers)]
+    children.append(_start(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler))
+    try:
+        _watch(children, on_tick)
+    except KeyboardInterrupt:
+        _stop(children, signal.SIGINT)
+        raise
+    finally:
+        _stop(children, signal.SIGTERM)
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary_path = out / "summary.json"
+    if not summary_path.exists():
+        raise RunFailed(f"the collector wrote no summary in {out}")
+    return json.loads(summary_path.read_text())
+
+
+def _watch(children: list[Child], on_tick) -> None:
+    """Wait for every child; the first that exits non-zero stops the run."""
+    t_start = time.monotonic()
+    while any(c.proc.is_alive() for c in children):
+        for c in children:
+            code = c.proc.exitcode
+            if code not in (None, 0):
+                _stop(children, signal.SIGTERM)
+                how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                raise RunFailed(f"{c.name} died ({how}); see its log in the out folder's logs/")
+        if on_tick is not None:
+            on_tick(time.monotonic() - t_start, {c.name: c.proc.is_alive() for c in children})
+        time.sleep(POLL_S)
+
+
+def _stop(children: list[Child], sig: int) -> None:
+    """Stop the producers first, then give the collector time to write before it is told to stop."""
+    producers = [c for c in children if c.name != "collector"]
+    collector = [c for c in children if c.name == "collector"]
+    _signal_and_join(producers, sig, STOP_GRACE_S)
+    for c in collector:
+        c.proc.join(timeout=COLLECTOR_GRACE_S)  # it ends by itself once RunEnd and the byes arrive
+    _signal_and_join(collector, signal.SIGTERM, STOP_GRACE_S)
+
+
+def _signal_and_join(children: list[Child], sig: int, grace_s: float) -> None:
+    for c in children:
+        if c.proc.is_alive():
+            try:
+                os.kill(c.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    for c in children:
+        c.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        if c.proc.is_alive():
+            c.proc.kill()
+            c.proc.join()

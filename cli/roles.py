@@ -1,0 +1,89 @@
+"""Each role's entry point: what a child process of `batchlab run` (or `batchlab ROLE`) executes."""
+import logging
+import os
+from pathlib import Path
+
+from cli.config import RunConfig
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+def setup_logging(out_dir: str | None, role: str) -> None:
+    """Log to stderr (warnings) and, with an out dir, to out/logs/ROLE.log (info)."""
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    handlers[0].setLevel(logging.WARNING)
+    if out_dir:
+        logs = Path(out_dir) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(logs / f"{role}.log"))
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=handlers, force=True)
+
+
+def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None) -> int:
+    """Receive every event, write the tables."""
+    from collector.process import run_collector
+
+    setup_logging(cfg.out, "collector")
+    run_collector(collector_addr, Path(cfg.out), slos=slos)
+    return 0
+
+
+def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str) -> int:
+    """Form batches with the configured strategy."""
+    from scheduler.policies import make_policy
+    from scheduler.process import run_scheduler
+
+    setup_logging(cfg.out, "scheduler")
+    policy = make_policy(cfg.strategy, batch_size=cfg.batch_size, max_batch_size=cfg.max_batch_size,
+                         max_wait_ms=cfg.max_wait_ms, max_new_tokens=cfg.max_new_tokens)
+    return run_scheduler(policy, scheduler_addr, collector_addr, min_workers=cfg.workers,
+                         max_queue=cfg.max_queue, settings=run_settings(cfg))
+
+
+def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:
+    """Own the model and run what the scheduler dispatches."""
+    from worker.factory import make_backend
+    from worker.process import run_worker
+
+    setup_logging(cfg.out, worker_id)
+    return run_worker(make_backend(cfg), scheduler_addr, collector_addr, worker_id)
+
+
+def traffic_role(cfg: RunConfig, scheduler_addr: str) -> int:
+    """Build (or load) the schedule and replay it against the scheduler."""
+    from traffic.process import run_traffic
+
+    setup_logging(cfg.out, "traffic")
+    run_traffic(make_schedule(cfg), scheduler_addr, out_dir=Path(cfg.out))
+    return 0
+
+
+def make_schedule(cfg: RunConfig):
+    """The run's schedule: a saved one (replay) or a new one from the seed."""
+    from traffic.schedule import TrafficConfig, build_schedule, load_schedule
+
+    if cfg.schedule:
+        return load_schedule(Path(cfg.schedule))
+    tcfg = TrafficConfig(arrival=cfg.arrival, rate=cfg.rate, duration_s=cfg.duration_s,
+                         burstiness=cfg.burstiness, seed=cfg.seed, dataset=cfg.dataset,
+                         max_new_tokens=cfg.max_new_tokens, max_prompt_len=cfg.max_prompt_len)
+    return build_schedule(tcfg, tokenizer_for(cfg))
+
+
+def tokenizer_for(cfg: RunConfig):
+    """The model's tokenizer (synthetic prompts need none)."""
+    if cfg.dataset == "synthetic":
+        return None
+    from worker.tokenizers import get_tokenizer
+
+    return get_tokenizer(cfg.model)
+
+
+def run_settings(cfg: RunConfig) -> dict:
+    """The settings written into every table, plus the host they ran on."""
+    import platform
+
+    settings = cfg.as_settings()
+    settings.update(host=platform.node(), cpu=platform.processor() or platform.machine(),
+                    cpu_count=os.cpu_count(), python=platform.python_version())
+    return settings

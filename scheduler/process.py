@@ -1,0 +1,242 @@
+"""The scheduler process: queue in, batches out; the policy decides, this file only moves messages."""
+import logging
+import math
+import signal
+from collections import deque
+
+import zmq
+
+from protocol import (Arrival, BatchDone, BatchLaunch, Dispatch, EndOfStream, Heartbeat, ProtocolError,
+                      RequestFailed, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
+                      WorkerHello, decode, encode, now)
+from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
+from scheduler.policies import Policy, QueuedRequest
+from scheduler.workers import Pending, WorkerState, least_loaded
+
+log = logging.getLogger("batchlab.scheduler")
+START_LEAD_S = 0.2  # planned time 0 lies this far after Start is sent, so the first sends are on time
+MAX_ATTEMPTS = 2  # a request is dispatched at most this often after a lost worker (requeued once)
+
+
+class Scheduler:
+    """Feeds the policy and carries out its decisions."""
+
+    def __init__(self, policy: Policy, scheduler_addr: str, collector_addr: str, *, min_workers: int = 1,
+                 max_queue: int = 0, settings: dict | None = None) -> None:
+        self.policy, self.min_workers, self.max_queue = policy, min_workers, max_queue
+        self.settings = dict(settings or {})
+        self.ctx = zmq.Context()
+        self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True)
+        self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False)
+        self.workers: dict[str, WorkerState] = {}
+        self.queue: deque[Pending] = deque()
+        self.traffic: bytes | None = None
+        self.t0: float | None = None
+        self.eos = self.stopping = False
+        self.next_batch_id = 0
+        self.wake_at: float | None = None
+        self.stats = {"submitted": 0, "rejected_messages": 0, "queue_full": 0, "oom_batches": 0,
+                      "workers_lost": 0, "max_queue_len": 0}
+        self.last_beat = now()
+
+    # --- main loop --------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve until the stream ended and every request is terminal (or a signal)."""
+        while not self.stopping:
+            # 1. wait for a message, the policy's wake-up time, or the next heartbeat
+            for sender, msg in self._receive(self._timeout_ms()):
+                self._handle(sender, msg)
+            # 2. let the policy launch batches on workers with room
+            self._schedule()
+            # 3. liveness both ways
+            self._beat()
+            # 4. done?
+            if self.eos and not self.queue and not any(w.inflight for w in self.workers.values()):
+                break
+        self._finish("run complete" if not self.stopping else "interrupted")
+
+    def _timeout_ms(self) -> int:
+        limit = HEARTBEAT_INTERVAL_S
+        if self.wake_at is not None:
+            limit = min(limit, max(0.0, self.wake_at - now()))
+        return math.ceil(limit * 1000)
+
+    def _receive(self, timeout_ms: int) -> list[tuple[bytes, object]]:
+        out = []
+        if not self.router.poll(timeout_ms):
+            return out
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                if len(frames) != 2:
+                    raise ProtocolError(f"expected [identity, message], got {len(frames)} frames")
+                out.append((frames[0], decode(frames[1])))
+            except ProtocolError as exc:
+                self.stats["rejected_messages"] += 1
+                if self.stats["rejected_messages"] <= 10:
+                    log.warning("rejected a message: %s", exc)
+
+    # --- message handlers -------------------------------------------------------------------------
+    def _handle(self, sender: bytes, msg: object) -> None:
+        wid = sender.decode(errors="replace")
+        if wid in self.workers:
+            self.workers[wid].last_heard = now()
+        if isinstance(msg, RequestMsg):
+            self._on_request(msg)
+        elif isinstance(msg, BatchDone):
+            self._on_batch_done(wid, msg)
+        elif isinstance(msg, WorkerHello):
+            self._on_hello(wid, msg)
+        elif isinstance(msg, TrafficHello):
+            self.traffic = sender
+            self._maybe_start()
+        elif isinstance(msg, Heartbeat) and msg.sender in self.workers:
+            self.workers[msg.sender].last_heard = now()
+        elif isinstance(msg, EndOfStream):
+            self.eos = True
+            self.stats["sent_by_traffic"] = msg.sent
+
+    def _on_hello(self, wid: str, hello: WorkerHello) -> None:
+        log.info("worker %s joined: %s %s (%s, max batch %d)", wid, hello.backend, hello.model, hello.mode,
+                 hello.max_batch_size)
+        self.workers[wid] = WorkerState(hello, now())
+        self._maybe_start()
+
+    def _maybe_start(self) -> None:
+        if self.t0 is not None or self.traffic is None or len(self.workers) < self.min_workers:
+            return
+        self.t0 = now() + START_LEAD_S
+        hellos = {w: {"backend": s.hello.backend, "model": s.hello.model, "mode": s.hello.mode,
+                      "device": s.hello.device, "max_batch_size": s.hello.max_batch_size,
+                      "kv_budget_bytes": s.hello.kv_budget_bytes} for w, s in self.workers.items()}
+        self._to_collector(RunInfo({**self.settings, "t0": self.t0, "workers": hellos}))
+        self.router.send_multipart([self.traffic, encode(Start(self.t0))])
+
+    def _on_request(self, msg: RequestMsg) -> None:
+        self.stats["submitted"] += 1
+        self._to_collector(Arrival(msg.request_id, msg.arrival_time, msg.send_time, now(), msg.prompt_len,
+                                   msg.output_len))
+        if self.max_queue and len(self.queue) >= self.max_queue:
+            self.stats["queue_full"] += 1
+            self._to_collector(RequestFailed(msg.request_id, "queue full", now()))
+            return
+        self.queue.append(Pending(msg.request_id, msg.arrival_time, msg.prompt_len, msg.output_len,
+                                  msg.prompt_tokens))
+        self.stats["max_queue_len"] = max(self.stats["max_queue_len"], len(self.queue))
+
+    def _on_batch_done(self, wid: str, done: BatchDone) -> None:
+        state = self.workers.get(wid)
+        batch = state.inflight.pop(done.batch_id, None) if state else None
+        if batch is None:
+            return
+        state.batches_done += 1
+        self.policy.on_batch_done(len(batch), done.oom)
+        if done.oom:
+            self.stats["oom_batches"] += 1
+            for p in reversed(batch):  # back to the front, in their order
+                self.queue.appendleft(p)
+
+    # --- scheduling -------------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        self.wake_at = None
+        if self.t0 is None:
+            return
+        for wid in least_loaded(self.workers):
+            if not self.queue:
+                return
+            state = self.workers[wid]
+            view = [QueuedRequest(p.request_id, p.arrival_time, p.prompt_len, p.output_len)
+                    for p in self._head(state)]
+            decision = self.policy.decide(view, now(), state.capacity(), self.eos)
+            if decision.n:
+                self._launch(wid, [self.queue.popleft() for _ in range(decision.n)], decision.reason)
+            elif decision.wake_at is not None:
+                self.wake_at = decision.wake_at if self.wake_at is None else min(self.wake_at, decision.wake_at)
+
+    def _head(self, state: WorkerState) -> list[Pending]:
+        """The part of the queue a decision can use (no more than the worker could take)."""
+        limit = max(state.hello.max_batch_size, 1)
+        return [self.queue[i] for i in range(min(limit, len(self.queue)))]
+
+    def _launch(self, wid: str, batch: list[Pending], reason: str) -> None:
+        state = self.workers[wid]
+        groups = [[p] for p in batch] if state.hello.mode == "continuous" else [batch]
+        for group in groups:
+            batch_id, self.next_batch_id = self.next_batch_id, self.next_batch_id + 1
+            t = now()
+            for p in group:
+                p.attempts += 1
+            state.inflight[batch_id] = group
+            self._to_collector(BatchLaunch(batch_id, wid, t, reason, [p.request_id for p in group],
+                                           len(self.queue)))
+            self.router.send_multipart([wid.encode(), encode(Dispatch(batch_id, t, reason,
+                                                                      [p.row() for p in group]))])
+
+    # --- liveness and the end ---------------------------------------------------------------------
+    def _beat(self) -> None:
+        t = now()
+        if t - self.last_beat >= HEARTBEAT_INTERVAL_S:
+            self.last_beat = t
+            for wid in list(self.workers):
+                self._send_worker(wid, Heartbeat("scheduler", t))
+        for wid, state in list(self.workers.items()):
+            if t - state.last_heard > HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL_S:
+                self._lose_worker(wid, f"silent for {t - state.last_heard:.1f} s")
+
+    def _lose_worker(self, wid: str, why: str) -> None:
+        log.error("worker %s lost (%s)", wid, why)
+        self.stats["workers_lost"] += 1
+        state = self.workers.pop(wid)
+        lost = [p for batch in state.inflight.values() for p in batch]
+        for p in reversed(lost):
+            if p.attempts < MAX_ATTEMPTS and self.workers:
+                self.queue.appendleft(p)
+            else:
+                self._to_collector(RequestFailed(p.request_id, f"worker lost: {wid}", now()))
+
+    def _send_worker(self, wid: str, msg: object) -> None:
+        try:
+            self.router.send_multipart([wid.encode(), encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError:  # unroutable (gone) or full: liveness will notice
+            pass
+
+    def _finish(self, why: str) -> None:
+        for p in self.queue:  # only when interrupted: nothing may vanish
+            self._to_collector(RequestFailed(p.request_id, f"scheduler stopped: {why}", now()))
+        for wid in self.workers:
+            self._send_worker(wid, Shutdown(why))
+        if self.traffic is not None:
+            try:
+                self.router.send_multipart([self.traffic, encode(Shutdown(why))], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        self._to_collector(RunEnd(self.stats["submitted"], list(self.workers), dict(self.stats)))
+
+    def _to_collector(self, msg: object) -> None:
+        self.coll.send(encode(msg))
+
+    def close(self) -> None:
+        """Sockets first, then the context."""
+        self.router.close()
+        self.coll.close()
+        self.ctx.term()
+
+
+def run_scheduler(policy: Policy, scheduler_addr: str, collector_addr: str, **kwargs) -> int:
+    """Run the scheduler until the run ends; SIGINT/SIGTERM end it early, cleanly."""
+    sched = Scheduler(policy, scheduler_addr, collector_addr, **kwargs)
+
+    def stop(signum: int, _frame: object) -> None:
+        sched.stopping = True
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        sched.run()
+    finally:
+        sched.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0

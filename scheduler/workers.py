@@ -1,0 +1,52 @@
+"""The scheduler's view of its workers: what each runs, its free capacity, its liveness."""
+from dataclasses import dataclass, field
+
+from protocol import WorkerHello
+from scheduler.policies import Capacity
+
+
+@dataclass(slots=True)
+class Pending:
+    """A request held by the scheduler (queued or in flight)."""
+
+    request_id: int
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    prompt_tokens: list[int]
+    attempts: int = 0
+
+    def row(self) -> list:
+        """The wire form inside a Dispatch."""
+        return [self.request_id, self.prompt_len, self.output_len, self.prompt_tokens]
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """One worker as the scheduler sees it."""
+
+    hello: WorkerHello
+    last_heard: float
+    inflight: dict[int, list[Pending]] = field(default_factory=dict)  # batch_id -> requests
+    batches_done: int = 0
+
+    @property
+    def running(self) -> int:
+        """Requests in flight on this worker."""
+        return sum(len(b) for b in self.inflight.values())
+
+    def capacity(self) -> Capacity:
+        """Free room: a static worker takes one batch at a time; a continuous one fills its slots."""
+        h = self.hello
+        if h.mode != "continuous":
+            idle = not self.inflight
+            return Capacity(h.max_batch_size if idle else 0, h.kv_budget_bytes, h.kv_bytes_per_token, idle)
+        promised = sum((p.prompt_len + p.output_len) * h.kv_bytes_per_token
+                       for batch in self.inflight.values() for p in batch)
+        return Capacity(h.max_batch_size - self.running, h.kv_budget_bytes - promised,
+                        h.kv_bytes_per_token, not self.inflight)
+
+
+def least_loaded(workers: dict[str, WorkerState]) -> list[str]:
+    """Worker ids, least loaded first (ties by name, so runs are reproducible)."""
+    return sorted(workers, key=lambda w: (workers[w].running, w))

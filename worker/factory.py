@@ -1,0 +1,35 @@
+"""Build a worker backend from the run's settings; heavy imports happen only for the chosen one."""
+from cli.config import RunConfig, parse_bytes
+from worker.backend import BackendError
+
+
+def worker_mode(cfg: RunConfig) -> str:
+    """Continuous strategies need a worker that admits requests at step boundaries."""
+    return "continuous" if cfg.strategy in ("continuous", "vllm") else "static"
+
+
+def make_backend(cfg: RunConfig):
+    """The backend named by cfg.backend, configured for this run's strategy."""
+    mode = worker_mode(cfg)
+    if cfg.backend in ("sim", "echo"):
+        from worker.sim import SimBackend, make_echo
+
+        backend = (make_echo(mode, max(cfg.max_batch_size, cfg.batch_size)) if cfg.backend == "echo"
+                   else SimBackend(cfg.preset, mode, max(cfg.max_batch_size, cfg.batch_size)))
+        budget = parse_bytes(cfg.memory_budget)
+        if budget:
+            backend.info.kv_budget_bytes = budget
+        return backend
+    if cfg.backend == "hf":
+        from worker.hf import HFBackend
+
+        return HFBackend.from_config(cfg, mode)
+    if cfg.backend == "vllm":
+        from worker.vllm_engine import VLLMBackend
+
+        return VLLMBackend.from_config(cfg, mode)
+    if cfg.backend == "openai":
+        from worker.openai_client import OpenAIBackend
+
+        return OpenAIBackend.from_config(cfg, mode)
+    raise BackendError(f"unknown backend {cfg.backend!r}")

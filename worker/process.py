@@ -1,0 +1,210 @@
+"""The worker process: owns a backend, runs what the scheduler dispatches, streams every step."""
+import logging
+import signal
+from dataclasses import dataclass, field
+
+import zmq
+
+from protocol import (BatchDone, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
+                      WorkerHello, decode, encode, now)
+from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
+from worker.backend import OutOfMemory, Row, StepOutput
+from worker.heartbeat import HeartbeatThread
+
+log = logging.getLogger("batchlab.worker")
+
+
+@dataclass
+class _Open:
+    """A dispatched batch still running in continuous mode."""
+
+    left: set[int]
+    start_time: float
+    finished: list[int] = field(default_factory=list)
+    failed: list[list] = field(default_factory=list)
+
+
+class Worker:
+    """Socket edges around a backend: hello, dispatches in, tokens and batch results out."""
+
+    def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str) -> None:
+        self.backend, self.worker_id = backend, worker_id
+        self.ctx = zmq.Context()
+        self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id)
+        self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sched, zmq.POLLIN)
+        self.open: dict[int, _Open] = {}  # batch_id -> continuous bookkeeping
+        self.batch_of: dict[int, int] = {}  # request_id -> batch_id (continuous)
+        self.step_no = 0
+        self.stopping = False
+        self.rejected = 0
+        self.last_heard = now()
+        self.deferred: list[object] = []
+        self.heart = HeartbeatThread(self.ctx, scheduler_addr, worker_id)
+
+    # --- main loop --------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Warm up, say hello, then serve until Shutdown, a signal, or a silent scheduler."""
+        self.backend.warmup()
+        self.heart.start()
+        self._hello()
+        self.last_heard = now()
+        while not self.stopping:
+            busy = self.backend.info.mode == "continuous" and self.backend.has_work()
+            # 1. take what the scheduler sent (do not block while a continuous batch runs)
+            for msg in self._receive(timeout_ms=0 if busy else int(HEARTBEAT_INTERVAL_S * 1000)):
+                self._handle(msg)
+            # 2. advance the continuous batch by one step
+            if busy:
+                self._continuous_step()
+
+    def close(self) -> None:
+        """Say goodbye to the collector, then close sockets before the context."""
+        try:
+            self._to_collector(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
+                                         self.backend.info.memory_kind, {"rejected_messages": self.rejected}))
+        finally:
+            self.heart.stop()
+            self.backend.close()
+            self.sched.close()
+            self.coll.close()
+            self.ctx.term()
+
+    # --- steps ------------------------------------------------------------------------------------
+    def _hello(self) -> None:
+        info = self.backend.info
+        hello = WorkerHello(self.worker_id, info.backend, info.model, info.mode, info.max_batch_size,
+                            info.kv_bytes_per_token, info.kv_budget_bytes, info.device, info.memory_kind,
+                            info.facts)
+        self.sched.send(encode(hello))
+        self._to_collector(hello)
+
+    def _receive(self, timeout_ms: int) -> list[object]:
+        msgs, self.deferred = self.deferred, []
+        if not self.poller.poll(timeout_ms):
+            if timeout_ms:
+                self._check_scheduler_alive()
+        else:
+            while True:
+                try:
+                    frame = self.sched.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self.last_heard = now()
+                try:
+                    msgs.append(decode(frame))
+                except ProtocolError as exc:
+                    self.rejected += 1
+                    if self.rejected <= 10:
+                        log.warning("rejected a message from the scheduler: %s", exc)
+        return msgs
+
+    def _handle(self, msg: object) -> None:
+        if isinstance(msg, Dispatch):
+            rows = [Row(r[0], r[1], r[2], r[3], msg.batch_id) for r in msg.requests]
+            if self.backend.info.mode == "continuous":
+                self._admit(msg.batch_id, rows)
+            else:
+                self._run_static(msg.batch_id, rows)
+        elif isinstance(msg, Shutdown):
+            log.info("shutdown: %s", msg.reason)
+            self.stopping = True
+
+    def _run_static(self, batch_id: int, rows: list[Row]) -> None:
+        start, finished, failed, oom = now(), [], [], False
+
+        def on_step(out: StepOutput) -> None:
+            self._emit_tokens(batch_id, out)
+            finished.extend(out.finished)
+            self.deferred.extend(self._receive(timeout_ms=0))
+
+        try:
+            self.backend.run_batch(rows, on_step)
+        except OutOfMemory:
+            oom = True
+        except Exception as exc:  # a backend failure fails this batch, never the worker
+            log.exception("batch %d failed", batch_id)
+            done = set(finished)
+            failed = [[r.request_id, f"worker error: {type(exc).__name__}: {exc}"] for r in rows
+                      if r.request_id not in done]
+        self._batch_done(BatchDone(batch_id, self.worker_id, start, now(), [] if oom else finished, failed,
+                                   oom, self.backend.peak_memory_bytes()))
+
+    def _admit(self, batch_id: int, rows: list[Row]) -> None:
+        self.open[batch_id] = _Open({r.request_id for r in rows}, now())
+        for r in rows:
+            self.batch_of[r.request_id] = batch_id
+        self.backend.admit(rows)
+
+    def _continuous_step(self) -> None:
+        try:
+            out = self.backend.step()
+        except Exception as exc:
+            log.exception("continuous step failed")
+            out = StepOutput(now(), [], [], failed=[(rid, f"worker error: {type(exc).__name__}: {exc}")
+                                                    for rid in list(self.batch_of)])
+            self.backend.close()
+        if out is None:
+            return
+        self._emit_tokens(self.step_no, out, step_batch=True)
+        self._to_collector(Step(self.worker_id, self.step_no, out.start_time, out.time, out.running,
+                                out.joined, len(out.finished)))
+        self.step_no += 1
+        for rid in out.finished:
+            self._close_row(rid, None)
+        for rid, reason in out.failed:
+            self._close_row(rid, reason)
+
+    def _close_row(self, request_id: int, reason: str | None) -> None:
+        batch_id = self.batch_of.pop(request_id, None)
+        if batch_id is None:
+            return
+        ob = self.open[batch_id]
+        ob.left.discard(request_id)
+        if reason is None:
+            ob.finished.append(request_id)
+        else:
+            ob.failed.append([request_id, reason])
+        if not ob.left:
+            del self.open[batch_id]
+            self._batch_done(BatchDone(batch_id, self.worker_id, ob.start_time, now(), ob.finished, ob.failed,
+                                       False, self.backend.peak_memory_bytes()))
+
+    def _emit_tokens(self, batch_id: int, out: StepOutput, step_batch: bool = False) -> None:
+        if not out.request_ids:
+            return
+        if step_batch:  # continuous: tokens of one step belong to several dispatches
+            batch_id = -1
+        self._to_collector(Tokens(batch_id, self.step_no, out.time, out.request_ids, out.token_ids))
+
+    def _batch_done(self, done: BatchDone) -> None:
+        self._to_collector(done)
+        self.sched.send(encode(done))
+
+    def _check_scheduler_alive(self) -> None:
+        """Called after a poll that heard nothing; our own heartbeats go from a thread (heartbeat.py)."""
+        silent_s = now() - self.last_heard
+        if silent_s > HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL_S:
+            log.error("scheduler silent for %.1f s: stopping", silent_s)
+            self.stopping = True
+
+    def _to_collector(self, msg: object) -> None:
+        self.coll.send(encode(msg))
+
+
+def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0") -> int:
+    """Serve until told to stop; SIGINT/SIGTERM stop after the current step. Returns an exit code."""
+    worker = Worker(backend, scheduler_addr, collector_addr, worker_id)
+
+    def stop(signum: int, _frame: object) -> None:
+        worker.stopping = True
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        worker.run()
+    finally:
+        worker.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0
