@@ -1,0 +1,141 @@
+"""The traffic process: push a schedule's requests to the scheduler at their planned times."""
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from protocol import EndOfStream, ProtocolError, RequestMsg, Shutdown, Start, TrafficHello, decode, encode
+from protocol.clock import now, sleep_until
+from protocol.sockets import make_socket
+from traffic.schedule import Schedule, save_schedule
+
+log = logging.getLogger(__name__)
+
+INBOX_CHECK_INTERVAL_S = 0.005  # while sending flat out, look for Shutdown this often
+WAIT_SLICE_S = 0.05  # longest blocking poll while waiting (bounds reaction to a signal)
+SPIN_MARGIN_S = 0.002  # stop polling this long before a deadline; sleep_until does the rest
+
+
+class TrafficStartTimeout(RuntimeError):
+    """The scheduler did not send Start in time."""
+
+
+@dataclass(slots=True)
+class _Control:
+    """Why sending should stop (set by a signal handler or a Shutdown message), and error counts."""
+
+    stop_reason: str = ""
+    protocol_errors: int = 0
+
+
+def _drain(sock: zmq.Socket, ctl: _Control, timeout_s: float = 0.0) -> Start | None:
+    """Read every waiting frame (waiting up to timeout_s for the first); return a Start if one came."""
+    start = None
+    wait_ms = int(timeout_s * 1000)
+    while sock.poll(wait_ms, zmq.POLLIN):
+        wait_ms = 0
+        try:
+            msg = decode(sock.recv())
+        except ProtocolError as exc:
+            ctl.protocol_errors += 1
+            log.warning("ignoring bad frame from scheduler (%d so far): %s", ctl.protocol_errors, exc)
+            continue
+        if isinstance(msg, Shutdown):
+            ctl.stop_reason = ctl.stop_reason or f"scheduler shutdown: {msg.reason}"
+        elif isinstance(msg, Start):
+            start = msg
+    return start
+
+
+def _wait_for_start(sock: zmq.Socket, ctl: _Control, timeout_s: float) -> float | None:
+    """t0 from the scheduler's Start; None if told to stop first; TrafficStartTimeout after timeout_s."""
+    deadline = now() + timeout_s
+    while not ctl.stop_reason:
+        left = deadline - now()
+        if left <= 0:
+            raise TrafficStartTimeout(f"no Start from the scheduler within {timeout_s:g} s "
+                                      "(is it running, and are its workers warm?)")
+        start = _drain(sock, ctl, min(left, WAIT_SLICE_S))
+        if start is not None:
+            return start.t0
+    return None
+
+
+def _wait_until(deadline: float, sock: zmq.Socket, ctl: _Control) -> None:
+    """Block until `deadline`, reading the socket meanwhile; returns early if told to stop."""
+    while not ctl.stop_reason:
+        left = deadline - now() - SPIN_MARGIN_S
+        if left <= 0:
+            sleep_until(deadline)
+            return
+        _drain(sock, ctl, min(left, WAIT_SLICE_S))
+
+
+def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control) -> int:
+    """Send each request at t0 + offset; return how many were sent before the end or a stop."""
+    frame = schedule.frame
+    # plain lists, built once: no pandas in the loop
+    ids = frame["request_id"].tolist()
+    arrivals = (frame["arrival_offset_s"].to_numpy() + t0).tolist()
+    prompt_lens = frame["prompt_len"].tolist()
+    output_lens = frame["output_len"].tolist()
+    tokens = frame["prompt_tokens"].tolist()
+    send, next_check = sock.send, 0.0
+    for i, arrival in enumerate(arrivals):
+        t = now()
+        if t >= next_check:  # 1. look for Shutdown between sends
+            _drain(sock, ctl)
+            next_check = t + INBOX_CHECK_INTERVAL_S
+        if arrival > t:  # 2. wait for the planned time
+            _wait_until(arrival, sock, ctl)
+            t = now()
+        if ctl.stop_reason:
+            return i
+        send(encode(RequestMsg(ids[i], arrival, t, prompt_lens[i], output_lens[i], tokens[i])))  # 3. send
+    return len(arrivals)
+
+
+def _install_signals(ctl: _Control) -> dict[int, object]:
+    """SIGINT/SIGTERM set the stop reason; returns the previous handlers (none off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, _frame: object) -> None:
+        ctl.stop_reason = ctl.stop_reason or f"signal {signal.Signals(signum).name}"
+
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None,
+                start_timeout_s: float = 600) -> int:
+    """Announce the schedule, wait for Start, send every request on time, end the stream; return sent."""
+    if out_dir is not None:
+        save_schedule(schedule, Path(out_dir) / "schedule.parquet")
+    ctl = _Control()
+    previous = _install_signals(ctl)
+    ctx = zmq.Context()
+    sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity="traffic")
+    sent = 0
+    try:
+        # 1. announce
+        sock.send(encode(TrafficHello(schedule.n_requests, schedule.content_hash, schedule.duration_s)))
+        # 2. wait for the scheduler's Start
+        t0 = _wait_for_start(sock, ctl, start_timeout_s)
+        # 3. send on schedule
+        if t0 is not None:
+            log.info("traffic: start at t0=%.3f, %d requests over %.1f s", t0, schedule.n_requests,
+                     schedule.duration_s)
+            sent = _send_all(sock, schedule, t0, ctl)
+        # 4. end the stream, with the real count
+        sock.send(encode(EndOfStream(sent)))
+        log.info("traffic: sent %d of %d requests%s", sent, schedule.n_requests,
+                 f" (stopped: {ctl.stop_reason})" if ctl.stop_reason else "")
+        return sent
+    finally:
+        sock.close()
+        ctx.term()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

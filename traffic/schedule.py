@@ -1,0 +1,151 @@
+"""The seeded schedule of a run: when each request arrives and what it asks; saved and replayed."""
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traffic.arrivals import arrival_offsets
+from traffic.config import TrafficConfig
+from traffic.datasets import DatasetError, load_conversations, load_sharegpt
+from traffic.prompts import Prompts, Tokenizer, sharegpt_prompts, synthetic_prompts
+
+COLUMNS = ("request_id", "arrival_offset_s", "prompt", "prompt_len", "output_len", "prompt_tokens")
+SCHEMA = pa.schema([
+    ("request_id", pa.int64()), ("arrival_offset_s", pa.float64()), ("prompt", pa.string()),
+    ("prompt_len", pa.int64()), ("output_len", pa.int64()), ("prompt_tokens", pa.list_(pa.int32())),
+])
+_HASH_TAG = b"batchlab-schedule-v1"
+_META_HASH, _META_CONFIG, _META_DURATION = b"batchlab.schedule_hash", b"batchlab.config", b"batchlab.duration_s"
+
+
+@dataclass(slots=True)
+class Schedule:
+    """Requests in arrival order (a DataFrame with COLUMNS), its content hash and planned duration."""
+
+    frame: pd.DataFrame
+    content_hash: str  # sha256 hex over offsets, prompt tokens and output lengths
+    duration_s: float
+    config: TrafficConfig | None = None  # None when loaded from a file without a readable config
+
+    @property
+    def n_requests(self) -> int:
+        """Number of requests."""
+        return len(self.frame)
+
+
+def content_hash(offsets_s: np.ndarray, tokens: list[list[int]], output_lens: np.ndarray) -> str:
+    """sha256 (hex) over a canonical little-endian encoding of offsets, prompt tokens and output lengths."""
+    prompt_lens = np.fromiter(map(len, tokens), dtype="<i8", count=len(tokens))
+    flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype="<i8", count=int(prompt_lens.sum()))
+    h = hashlib.sha256(_HASH_TAG)
+    h.update(np.int64(len(tokens)).astype("<i8").tobytes())
+    for part in (np.asarray(offsets_s, dtype="<f8"), prompt_lens, np.asarray(output_lens, dtype="<i8"), flat):
+        h.update(part.tobytes())
+    return h.hexdigest()
+
+
+def _make_frame(offsets_s: np.ndarray, prompts: Prompts) -> pd.DataFrame:
+    """The schedule DataFrame from its columns."""
+    n = len(offsets_s)
+    return pd.DataFrame({
+        "request_id": np.arange(n, dtype=np.int64),
+        "arrival_offset_s": np.asarray(offsets_s, dtype=np.float64),
+        "prompt": pd.Series(prompts.texts, dtype=object),
+        "prompt_len": np.fromiter(map(len, prompts.tokens), dtype=np.int64, count=n),
+        "output_len": np.asarray(prompts.output_lens, dtype=np.int64),
+        "prompt_tokens": pd.Series(prompts.tokens, dtype=object),
+    }, columns=list(COLUMNS))
+
+
+def _prompts(cfg: TrafficConfig, n: int, tokenizer: Tokenizer | None, rng: np.random.Generator) -> Prompts:
+    """Prompts for `n` requests from the configured source."""
+    if cfg.dataset == "synthetic":
+        return synthetic_prompts(n, cfg, rng)
+    if tokenizer is None:
+        raise ValueError(f"dataset {cfg.dataset!r} needs a tokenizer")
+    pairs = load_sharegpt() if cfg.dataset == "sharegpt" else load_conversations(cfg.dataset)
+    return sharegpt_prompts(pairs, n, tokenizer, cfg, rng)
+
+
+def build_schedule(cfg: TrafficConfig, tokenizer: Tokenizer | None) -> Schedule:
+    """Seeded schedule: offsets from default_rng([seed, 0]), prompts from default_rng([seed, 1]).
+
+    The two streams are separate, so request k gets the same prompt at any rate or arrival kind.
+    `tokenizer` may be None for the synthetic dataset.
+    """
+    cfg.check()
+    offsets = arrival_offsets(cfg.arrival, cfg.rate, cfg.duration_s, np.random.default_rng([cfg.seed, 0]),
+                              burstiness=cfg.burstiness)
+    prompts = _prompts(cfg, len(offsets), tokenizer, np.random.default_rng([cfg.seed, 1]))
+    digest = content_hash(offsets, prompts.tokens, np.asarray(prompts.output_lens))
+    return Schedule(_make_frame(offsets, prompts), digest, float(cfg.duration_s), cfg)
+
+
+def save_schedule(schedule: Schedule, path: str | Path) -> None:
+    """Write the schedule as Parquet; hash, duration and config go into the file's key-value metadata."""
+    table = pa.Table.from_pandas(schedule.frame[list(COLUMNS)], schema=SCHEMA, preserve_index=False)
+    config = schedule.config.to_dict() if schedule.config is not None else None
+    table = table.replace_schema_metadata({
+        _META_HASH: schedule.content_hash.encode(),
+        _META_DURATION: repr(float(schedule.duration_s)).encode(),
+        _META_CONFIG: json.dumps(config).encode(),
+    })
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+def _read_table(path: Path) -> tuple[pa.Table, dict[bytes, bytes]]:
+    """The Parquet table and its metadata, or DatasetError."""
+    if not path.is_file():
+        raise DatasetError(f"schedule file not found: {path}")
+    try:
+        table = pq.ParquetFile(path).read()
+    except Exception as exc:  # pyarrow raises several types for a bad file
+        raise DatasetError(f"cannot read schedule {path}: {exc}") from None
+    meta = table.schema.metadata or {}
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing or _META_HASH not in meta:
+        raise DatasetError(f"{path} is not a batchlab schedule (missing {missing or 'its hash'})")
+    return table, meta
+
+
+def _read_config(meta: dict[bytes, bytes]) -> TrafficConfig | None:
+    """The saved TrafficConfig, or None if absent or unreadable."""
+    try:
+        data = json.loads(meta.get(_META_CONFIG, b"null"))
+        return TrafficConfig.from_dict(data) if data else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _consistent(frame: pd.DataFrame, tokens: list[list[int]]) -> bool:
+    """request_id is 0..n-1 and prompt_len matches the tokens (neither is covered by the hash)."""
+    n = len(tokens)
+    lens = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
+    return (np.array_equal(frame["request_id"].to_numpy(), np.arange(n))
+            and np.array_equal(frame["prompt_len"].to_numpy(), lens))
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    """Read a saved schedule for replay; the hash is recomputed and a mismatch raises DatasetError."""
+    path = Path(path)
+    table, meta = _read_table(path)
+    tokens = table.column("prompt_tokens").to_pylist()
+    frame = table.drop_columns(["prompt_tokens"]).to_pandas()
+    frame["prompt"] = frame["prompt"].astype(object)
+    frame["prompt_tokens"] = pd.Series(tokens, dtype=object)
+    frame = frame[list(COLUMNS)]
+    expected = meta[_META_HASH].decode()
+    actual = content_hash(frame["arrival_offset_s"].to_numpy(), tokens, frame["output_len"].to_numpy())
+    if actual != expected or not _consistent(frame, tokens):
+        raise DatasetError(f"schedule {path} fails its integrity check (stored hash {expected[:12]}..., "
+                           f"content hash {actual[:12]}...); it was modified or damaged")
+    offsets = frame["arrival_offset_s"].to_numpy()
+    duration_s = float(meta[_META_DURATION]) if _META_DURATION in meta else float(offsets.max(initial=0.0))
+    return Schedule(frame, actual, duration_s, _read_config(meta))
