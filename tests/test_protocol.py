@@ -1,0 +1,99 @@
+"""Protocol: every message round-trips; anything else is rejected with ProtocolError, never a crash."""
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocol import PROTOCOL_VERSION, ProtocolError, decode, encode
+from protocol import messages as m
+
+SAMPLES = [
+    m.TrafficHello(10, "abc", 5.0), m.Start(12.5), m.RequestMsg(1, 2.0, 2.001, 4, 5, [1, 2, 3, 4]),
+    m.EndOfStream(10),
+    m.WorkerHello("w0", "sim", "tiny", "static", 8, 1024, 10**12, "cpu", "none", {"dtype": "float32"}),
+    m.Dispatch(3, 1.5, "age", [[1, 4, 5, [1, 2, 3, 4]], [2, 3, 2, [5, 6, 7]]]),
+    m.BatchDone(3, "w0", 1.5, 2.5, [1], [[2, "worker error: boom"]], False, 123),
+    m.Heartbeat("w0", 3.0), m.Shutdown("done"), m.ClockPing(1, 2.0), m.ClockPong(1, 2.0, 2.5),
+    m.Tokens(3, 0, 1.6, [1, 2], [11, 12]), m.Step("w0", 4, 1.0, 1.1, 3, 1, 0),
+    m.Arrival(1, 2.0, 2.001, 2.002, 4, 5), m.BatchLaunch(3, "w0", 1.5, "size", [1, 2], 7),
+    m.RequestFailed(1, "queue full", 2.0), m.RunInfo({"strategy": "naive", "rate": 5.0}),
+    m.RunEnd(10, ["w0"], {"submitted": 10}), m.WorkerBye("w0", 100, "cpu_peak_rss", {}),
+]
+
+
+def test_every_message_type_has_a_sample():
+    assert {type(s) for s in SAMPLES} == set(m.MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda s: type(s).__name__)
+def test_round_trip_gives_an_equal_message(msg):
+    assert decode(encode(msg)) == msg
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda s: type(s).__name__)
+def test_truncated_frames_are_rejected(msg):
+    frame = encode(msg)
+    for cut in range(len(frame)):
+        with pytest.raises(ProtocolError):
+            decode(frame[:cut])
+
+
+def test_wrong_version_is_rejected():
+    frame = msgpack.packb([PROTOCOL_VERSION + 1, int(m.Kind.START), 1.0])
+    with pytest.raises(ProtocolError, match="version"):
+        decode(frame)
+
+
+def test_unknown_kind_is_rejected():
+    with pytest.raises(ProtocolError, match="unknown message kind"):
+        decode(msgpack.packb([PROTOCOL_VERSION, 99, 1.0]))
+
+
+def test_wrong_field_type_is_rejected():
+    with pytest.raises(ProtocolError, match="request_id"):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.REQUEST), "x", 1.0, 1.0, 1, 1, []]))
+    with pytest.raises(ProtocolError, match="prompt_tokens"):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.REQUEST), 1, 1.0, 1.0, 1, 1, [1, "a"]]))
+
+
+def test_missing_and_extra_fields_are_rejected():
+    with pytest.raises(ProtocolError):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.START)]))
+    with pytest.raises(ProtocolError):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.START), 1.0, 2.0]))
+
+
+def test_oversized_frame_is_rejected_before_unpacking():
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode(b"\x00" * 101, max_bytes=100)
+
+
+def test_bool_is_not_an_int():
+    with pytest.raises(ProtocolError):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.END_OF_STREAM), True]))
+
+
+@settings(max_examples=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=200))
+def test_random_bytes_only_ever_raise_protocol_error(frame):
+    try:
+        decode(frame)
+    except ProtocolError:
+        pass
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=True) | st.text(max_size=5)
+    | st.binary(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([int(k) for k in m.Kind]), st.lists(_values, max_size=9))
+def test_well_formed_msgpack_with_random_fields_decodes_or_raises_protocol_error(kind, fields):
+    try:
+        msg = decode(msgpack.packb([PROTOCOL_VERSION, kind, *fields], use_bin_type=True))
+    except ProtocolError:
+        return
+    assert int(msg.KIND) == kind
