@@ -15,6 +15,36 @@ def mistral_tokenizer_file() -> Path:
     return path
 
 
+def hf_tokenizer_from_sentencepiece(model_file: Path):
+    """A transformers tokenizer that encodes exactly like SentencePiece's BPE on `model_file`.
+
+    transformers 5 converts a `tokenizer.model` with merges ranked by piece id, not by score, and a
+    Metaspace that skips the dummy prefix before a leading space: Mistral's whitespace-only pieces
+    (ids 259..., score -1e9) then merge too early and leading spaces are lost. Here the merges are
+    ranked by score, the dummy prefix is always added (SentencePiece's `add_dummy_prefix`), and text
+    is split into words like SentencePiece's `SplitIntoWords` (a run of spaces starts a word).
+    Literal "<s>"/"</s>" in text stay text (`split_special_tokens`), as in SentencePiece.
+    Proven equal on ShareGPT text by tests/test_tiny_tokenizer.py.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import import_protobuf
+    from transformers.tokenization_utils_base import generate_merges
+
+    proto = import_protobuf().ModelProto()
+    proto.ParseFromString(model_file.read_bytes())
+    vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
+    scores = {p.piece: p.score for p in proto.pieces if p.type == 1}  # NORMAL pieces only
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=generate_merges(vocab, scores), unk_token="<unk>",
+                               fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("\u2581+[^\u2581]*"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   split_special_tokens=True, add_bos_token=True, add_eos_token=False)
+
+
 class SentencePieceTokenizer:
     """encode(text) → ids with SentencePiece itself (no BOS), the reference for tiny-mistral."""
 

@@ -1,0 +1,105 @@
+"""tiny-mistral: the embedded default model (Mistral-7B's tokenizer, a scaled-down Mistral, seeded weights).
+
+It is built once into the cache (`$BATCHLAB_HOME/models/tiny-mistral`, else
+`~/.cache/batchlab/models/tiny-mistral`) with `save_pretrained`, then always loaded with `from_pretrained`
+like any other model. Nothing is downloaded: the tokenizer comes from the `mistral_common` package and
+the weights from `torch.manual_seed(TINY_SEED)`.
+"""
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from worker.tokenizers import TINY_MISTRAL, hf_tokenizer_from_sentencepiece, mistral_tokenizer_file
+
+TINY_SEED = 0
+TINY_FORMAT = 1  # bump when the recipe changes; an older folder is then rebuilt
+MARKER_FILE = "batchlab-tiny.json"
+# Mistral-7B's shape scaled down: ~56M parameters (2 × 16.4M embeddings + 8 × 2.95M per layer).
+TINY_SHAPE: dict[str, int | float] = {
+    "vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+def cache_home(home: str | None = None) -> Path:
+    """`home`, else $BATCHLAB_HOME, else ~/.cache/batchlab."""
+    home = home or os.environ.get("BATCHLAB_HOME") or str(Path.home() / ".cache" / "batchlab")
+    return Path(home).expanduser()
+
+
+def tiny_mistral_dir(home: str | None = None) -> Path:
+    """Where tiny-mistral lives (it may not exist yet)."""
+    return cache_home(home) / "models" / TINY_MISTRAL
+
+
+def tiny_config():
+    """The MistralConfig of tiny-mistral (no sliding window, untied embeddings)."""
+    from transformers import MistralConfig
+
+    return MistralConfig(**TINY_SHAPE, sliding_window=None, tie_word_embeddings=False, dtype="float32")
+
+
+def build_tiny_model(seed: int = TINY_SEED):
+    """A freshly initialised tiny-mistral (float32, eval mode); the same seed gives the same weights."""
+    import torch
+    from transformers import MistralForCausalLM
+
+    torch.manual_seed(seed)
+    return MistralForCausalLM(tiny_config()).eval()
+
+
+def _is_complete(folder: Path) -> bool:
+    marker = folder / MARKER_FILE
+    return marker.is_file() and f'"format": {TINY_FORMAT}' in marker.read_text()
+
+
+def _write(folder: Path) -> None:
+    """Model, generation config and tokenizer into `folder` (which must not exist)."""
+    folder.mkdir(parents=True)
+    build_tiny_model().save_pretrained(folder)
+    hf_tokenizer_from_sentencepiece(mistral_tokenizer_file()).save_pretrained(folder)
+    (folder / MARKER_FILE).write_text(f'{{"format": {TINY_FORMAT}, "seed": {TINY_SEED}}}\n')
+
+
+def _swap_in(tmp: Path, final: Path, force: bool) -> None:
+    """Rename `tmp` to `final`; with force, an existing `final` is moved aside and removed."""
+    if force and final.exists():
+        trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(tmp, final)
+    except OSError:  # someone else finished first (or left an old folder): theirs wins unless broken
+        if _is_complete(final):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+
+
+def make_tiny_mistral(home: str | None = None, force: bool = False) -> Path:
+    """Create tiny-mistral in the cache unless it is already there; returns its folder.
+
+    Written into a temporary sibling folder and renamed at the end, so a killed or concurrent
+    creation never leaves a half-written model where loaders look.
+    """
+    final = tiny_mistral_dir(home)
+    if _is_complete(final) and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        _write(tmp)
+        _swap_in(tmp, final, force)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def resolve_model(name: str) -> str:
+    """tiny-mistral → its folder (created on first use); any other hub id or path unchanged."""
+    if name == TINY_MISTRAL:
+        return str(make_tiny_mistral())
+    return name
