@@ -1,0 +1,89 @@
+"""Crash-safe table files: small Parquet part files while running, merged final files at the end."""
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from collector.tables import Tables
+
+PARTS_DIR = ".parts"
+TABLE_NAMES = ("requests", "tokens", "batches", "steps")
+SCHEDULE_FILE = "schedule.parquet"
+SUMMARY_FILE = "summary.json"
+SCHEDULE_SKIPPED_COLUMNS = ("prompt", "prompt_tokens")  # bulky, and the collector needs neither
+
+
+def _write_parquet(df: pd.DataFrame, path: Path) -> None:
+    """Write then rename, so a reader never sees a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
+    os.replace(tmp, path)
+
+
+class PartWriter:
+    """Appends each batch of new rows as its own complete Parquet file under out_dir/.parts/."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.parts_dir = Path(out_dir) / PARTS_DIR
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self._seq = 0
+
+    def write(self, parts: dict[str, pd.DataFrame]) -> None:
+        """One part file per non-empty table."""
+        for name, df in parts.items():
+            _write_parquet(df, self.parts_dir / f"{name}-{self._seq:06d}.parquet")
+        self._seq += 1
+
+
+def _jsonable(value: object) -> object:
+    """NaN → None and numpy scalars → Python, recursively (summary.json stays strict JSON)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_final(out_dir: Path, tables: "Tables") -> None:
+    """The final table files and summary.json; then the part files are removed."""
+    out_dir = Path(out_dir)
+    for name in TABLE_NAMES:
+        df = getattr(tables, name)
+        if df is not None:
+            _write_parquet(df, out_dir / f"{name}.parquet")
+    tmp = out_dir / (SUMMARY_FILE + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(tables.summary), indent=2, allow_nan=False))
+    os.replace(tmp, out_dir / SUMMARY_FILE)
+    shutil.rmtree(out_dir / PARTS_DIR, ignore_errors=True)
+
+
+def read_schedule(out_dir: Path) -> pd.DataFrame | None:
+    """traffic's out_dir/schedule.parquet, or None when it is absent."""
+    path = Path(out_dir) / SCHEDULE_FILE
+    if not path.exists():
+        return None
+    names = pq.read_schema(path).names
+    return pd.read_parquet(path, columns=[c for c in names if c not in SCHEDULE_SKIPPED_COLUMNS])
+
+
+def load_table(out_dir: Path, name: str) -> pd.DataFrame:
+    """A table from its final file, else from its part files (a killed run), else empty."""
+    out_dir = Path(out_dir)
+    final = out_dir / f"{name}.parquet"
+    if final.exists():
+        return pd.read_parquet(final)
+    parts = sorted((out_dir / PARTS_DIR).glob(f"{name}-*.parquet"))
+    if not parts:
+        return pd.DataFrame()
+    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)

@@ -1,0 +1,123 @@
+"""The collector process: PULL every event, join it in a RunStore, write the run's tables."""
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from collector.parts import PartWriter, read_schedule, write_final
+from collector.store import RunStore
+from protocol import ProtocolError, decode
+from protocol.clock import now
+from protocol.sockets import make_socket
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT_MS = 100
+FLUSH_INTERVAL_S = 1.0  # how often new rows go to a part file
+REJECT_LOG_INTERVAL_S = 5.0  # at most one log line about rejected frames per interval
+MAX_FRAMES_PER_POLL = 10_000  # drain this many before looking at the clock again
+
+
+class _Loop:
+    """The loop's clocks and flags (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        t = now()
+        self.last_message_s = self.last_flush_s = t
+        self.last_reject_log_s = float("-inf")  # the first rejection is logged at once
+        self.run_end_s: float | None = None
+        self.rejected_since_log = 0
+        self.stop_reason = ""
+
+    def note_reject(self, exc: Exception) -> None:
+        """Count a bad frame; log a line per REJECT_LOG_INTERVAL_S, not per frame."""
+        self.rejected_since_log += 1
+        if now() - self.last_reject_log_s >= REJECT_LOG_INTERVAL_S:
+            log.warning("collector: %d frame(s) rejected, last: %s", self.rejected_since_log, exc)
+            self.last_reject_log_s, self.rejected_since_log = now(), 0
+
+
+def _drain(sock: zmq.Socket, store: RunStore, loop: _Loop) -> None:
+    """Receive, decode and record every frame already queued (up to MAX_FRAMES_PER_POLL)."""
+    for _ in range(MAX_FRAMES_PER_POLL):
+        try:
+            frame = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        loop.last_message_s = now()
+        try:
+            store.handle(decode(frame))
+        except (ProtocolError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            store.reject()  # a frame that decodes but cannot be used is a bad frame too
+            loop.note_reject(exc)
+
+
+def _end_reason(store: RunStore, loop: _Loop, stop: threading.Event, grace_s: float,
+                idle_timeout_s: float | None) -> str:
+    """Why the loop should stop now ("" to go on)."""
+    t = now()
+    if store.run_end is not None and loop.run_end_s is None:
+        loop.run_end_s = t
+    if stop.is_set():
+        return "signal"
+    if store.all_byes_in():
+        return "run end and every worker's bye"
+    if loop.run_end_s is not None and t - loop.run_end_s > grace_s:
+        return "grace expired after run end"
+    if idle_timeout_s is not None and t - loop.last_message_s > idle_timeout_s:
+        return "idle timeout"
+    return ""
+
+
+def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
+    """SIGINT/SIGTERM set `stop` (main thread only); returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in old.items()]
+
+
+def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threading.Event,
+           grace_s: float, idle_timeout_s: float | None) -> str:
+    """The main loop; returns why it stopped."""
+    loop = _Loop()
+    while True:
+        # 1. wait briefly for frames
+        if sock.poll(POLL_TIMEOUT_MS, zmq.POLLIN):
+            # 2. decode and record everything queued
+            _drain(sock, store, loop)
+        # 3. periodic flush of new rows to a part file
+        if now() - loop.last_flush_s >= FLUSH_INTERVAL_S:
+            writer.write(store.take_parts())
+            loop.last_flush_s = now()
+        # 4. end conditions
+        reason = _end_reason(store, loop, stop, grace_s, idle_timeout_s)
+        if reason:
+            return reason
+
+
+def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grace_s: float = 10.0,
+                  idle_timeout_s: float | None = None) -> dict:
+    """Collect one run's events from `address` into out_dir's tables; returns the summary."""
+    out_dir = Path(out_dir)
+    store, writer, stop = RunStore(), PartWriter(out_dir), threading.Event()
+    restore_signals = _install_signal_handlers(stop)
+    ctx = zmq.Context()
+    sock = None
+    try:
+        sock = make_socket(ctx, zmq.PULL, address, bind=True)
+        reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s)
+        log.info("collector: stopping (%s)", reason)
+        writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
+        tables = store.finish(read_schedule(out_dir), slos=slos)
+        tables.summary["end_reason"] = reason
+        write_final(out_dir, tables)
+        return tables.summary
+    finally:
+        if sock is not None:
+            sock.close()
+        ctx.term()
+        restore_signals()

@@ -1,0 +1,173 @@
+"""Build the run's tables from a RunStore's state (times become seconds since t0)."""
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from collector.metrics import NO_TERMINAL, NOT_SENT, request_metrics, summarize, useful_fraction
+
+if TYPE_CHECKING:
+    from collector.store import RequestState, RunStore
+
+NAN = float("nan")
+SETTINGS_COLUMNS = ("strategy", "backend", "model", "rate", "arrival", "seed")
+REQUEST_DTYPES = {
+    "request_id": "int64", "status": "str", "error": "str", "prompt_len": "int64",
+    "output_len": "int64", "arrival_time": "float64", "send_time": "float64", "recv_time": "float64",
+    "scheduled_time": "float64", "first_token_time": "float64", "completion_time": "float64",
+    "n_tokens": "int64", "batch_id": "int64", "worker": "str", "attempts": "int64", "submitted": "bool",
+}
+REQUEST_COLUMNS = [  # final order: derived metrics sit after the times they come from
+    *list(REQUEST_DTYPES)[:11], "queue_wait", "ttft", "tpot", "e2e", *list(REQUEST_DTYPES)[11:],
+    *SETTINGS_COLUMNS,
+]
+TOKEN_DTYPES = {"request_id": "int64", "token_index": "int64", "token_id": "int64", "time": "float64",
+                "batch_id": "int64"}
+BATCH_DTYPES = {
+    "batch_id": "int64", "worker": "str", "size": "int64", "launch_reason": "str",
+    "scheduled_time": "float64", "start_time": "float64", "completion_time": "float64",
+    "queue_len": "int64", "max_prompt_len": "int64", "max_output_len": "int64",
+    "useful_fraction": "float64", "oom": "bool", "peak_memory_bytes": "int64",
+}
+STEP_DTYPES = {"worker": "str", "step": "int64", "start_time": "float64", "end_time": "float64",
+               "running": "int64", "joined": "int64", "finished": "int64"}
+SCHEDULE_OFFSET_COLUMNS = ("arrival_time", "offset_s", "arrival_offset_s", "planned_time", "offset")
+
+
+@dataclass(slots=True)
+class Tables:
+    """The run's final tables (times in s since t0) and its summary."""
+
+    requests: pd.DataFrame
+    tokens: pd.DataFrame
+    batches: pd.DataFrame
+    steps: pd.DataFrame | None
+    summary: dict
+
+
+def frame(rows: list[list], dtypes: dict[str, str]) -> pd.DataFrame:
+    """Rows → a DataFrame with fixed columns and dtypes (so every part has the same schema)."""
+    return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
+
+
+def _worker_of(store: "RunStore", batch_id: int) -> str:
+    launch, done = store.launches.get(batch_id), store.dones.get(batch_id)
+    return launch.worker_id if launch else (done.worker_id if done else "")
+
+
+def _request_row(store: "RunStore", state: "RequestState", t0: float) -> list:
+    a, bid = state.arrival, store.counting_batch(state)
+    toks = store.tokens.get((state.request_id, bid), [])
+    launch = store.launches.get(bid)
+    status = state.status or "failed"
+    first_s = toks[0][0] - t0 if toks else NAN
+    done_s = toks[-1][0] - t0 if toks and status == "finished" else NAN
+    return [
+        state.request_id, status, state.error if state.status else NO_TERMINAL,
+        a.prompt_len if a else 0, a.output_len if a else 0,
+        a.arrival_time - t0 if a else NAN, a.send_time - t0 if a else NAN, a.recv_time - t0 if a else NAN,
+        launch.scheduled_time - t0 if launch else NAN, first_s, done_s,
+        len(toks), bid, _worker_of(store, bid), len(state.batches), True,
+    ]
+
+
+def _unsent_rows(schedule: pd.DataFrame, seen: set[int]) -> list[list]:
+    offset_col = next((c for c in SCHEDULE_OFFSET_COLUMNS if c in schedule.columns), None)
+    rows = []
+    for rec in schedule.to_dict("records"):
+        if int(rec["request_id"]) in seen:
+            continue
+        offset_s = float(rec[offset_col]) if offset_col else NAN
+        rows.append([int(rec["request_id"]), "failed", NOT_SENT, int(rec.get("prompt_len", 0)),
+                     int(rec.get("output_len", 0)), offset_s, NAN, NAN, NAN, NAN, NAN, 0, -1, "", 0, False])
+    return rows
+
+
+def _requests_df(rows: list[list], settings: dict) -> pd.DataFrame:
+    df = request_metrics(frame(rows, REQUEST_DTYPES))
+    for name in SETTINGS_COLUMNS:
+        df[name] = settings.get(name)
+    return df[REQUEST_COLUMNS]
+
+
+def requests_frame(store: "RunStore", rids: list[int], t0: float,
+                   schedule: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per request in `rids` (plus unsent schedule rows), with metrics and settings."""
+    rows = [_request_row(store, store.requests[rid], t0) for rid in rids]
+    if schedule is not None:
+        rows += _unsent_rows(schedule, set(store.requests))
+        rows.sort(key=lambda r: r[0])
+    return _requests_df(rows, store.settings)
+
+
+def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:
+    """The counting attempt's tokens of each request in `rids`, indexed in arrival order."""
+    rows = []
+    for rid in rids:
+        bid = store.counting_batch(store.requests[rid])
+        for index, (t, tok) in enumerate(store.tokens.get((rid, bid), ())):
+            rows.append([rid, index, tok, t - t0, bid])
+    return frame(rows, TOKEN_DTYPES)
+
+
+def _batch_row(store: "RunStore", bid: int, t0: float) -> list:
+    launch, done = store.launches.get(bid), store.dones.get(bid)
+    if launch is not None:
+        rids = list(launch.request_ids)
+    else:
+        rids = list(done.finished) + [r[0] for r in done.failed if r]
+    arrivals = [store.requests[r].arrival for r in rids if r in store.requests]
+    arrivals = [a for a in arrivals if a is not None]
+    outs = [a.output_len for a in arrivals]
+    return [
+        bid, _worker_of(store, bid), len(rids), launch.reason if launch else "",
+        launch.scheduled_time - t0 if launch else NAN,
+        done.start_time - t0 if done else NAN, done.end_time - t0 if done else NAN,
+        launch.queue_len if launch else 0, max((a.prompt_len for a in arrivals), default=0),
+        max(outs, default=0), useful_fraction(outs), bool(done and done.oom),
+        done.peak_memory_bytes if done else 0,
+    ]
+
+
+def batches_frame(store: "RunStore", bids: list[int], t0: float) -> pd.DataFrame:
+    """One row per batch in `bids` (launched, done, or both)."""
+    return frame([_batch_row(store, bid, t0) for bid in bids], BATCH_DTYPES)
+
+
+def steps_frame(steps: list, t0: float) -> pd.DataFrame:
+    """One row per continuous-mode engine step."""
+    rows = [[s.worker_id, s.step, s.start_time - t0, s.end_time - t0, s.running, s.joined, s.finished]
+            for s in steps]
+    return frame(rows, STEP_DTYPES)
+
+
+def _memory(store: "RunStore") -> tuple[int, str]:
+    peaks = [b.peak_memory_bytes for b in store.byes.values()]
+    peaks += [d.peak_memory_bytes for d in store.dones.values()]
+    kinds = sorted({b.memory_kind for b in store.byes.values() if b.memory_kind})
+    return max(peaks, default=0), ",".join(kinds) or "unknown"
+
+
+def run_facts(store: "RunStore") -> dict:
+    """Summary fields that come from the store, not the tables."""
+    peak_bytes, kind = _memory(store)
+    end = store.run_end
+    return {
+        **store.counters, "peak_memory_bytes": peak_bytes, "memory_kind": kind,
+        "submitted_by_scheduler": end.submitted if end else None,
+        "scheduler_stats": dict(end.stats) if end else {},
+        "worker_stats": {w: dict(b.stats) for w, b in store.byes.items()},
+        "workers_without_bye": [w for w in (end.workers if end else []) if w not in store.byes],
+    }
+
+
+def build_tables(store: "RunStore", schedule: pd.DataFrame | None, slos: dict | None) -> Tables:
+    """Every final table and the summary."""
+    t0 = store.t0()
+    rids = sorted(store.requests)
+    requests = requests_frame(store, rids, t0, schedule)
+    tokens = tokens_frame(store, rids, t0)
+    batches = batches_frame(store, sorted(set(store.launches) | set(store.dones)), t0)
+    steps = steps_frame(store.steps, t0) if store.steps else None
+    summary = summarize(requests, tokens, store.settings, slos) | run_facts(store)
+    return Tables(requests, tokens, batches, steps, summary)

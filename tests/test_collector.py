@@ -1,0 +1,239 @@
+"""Collector: joining events into tables, metric formulas, crash safety, and the socket loop."""
+import json
+import math
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+import zmq
+
+from collector.metrics import NO_TERMINAL, NOT_SENT, goodput, percentiles, summarize
+from collector.parts import PartWriter, load_table
+from collector.process import run_collector
+from collector.store import RunStore
+from protocol import (
+    Arrival, BatchDone, BatchLaunch, Heartbeat, RequestFailed, RunEnd, RunInfo, Step, Tokens,
+    WorkerBye, encode,
+)
+
+T0 = 1000.0
+SETTINGS = {"strategy": "static", "backend": "sim", "model": "m", "rate": 2.0, "arrival": "poisson",
+            "seed": 7, "t0": T0}
+
+
+def arrival(rid: int, offset_s: float, prompt_len: int, output_len: int) -> Arrival:
+    return Arrival(rid, T0 + offset_s, T0 + offset_s + 0.001, T0 + offset_s + 0.002, prompt_len, output_len)
+
+
+def script() -> list:
+    """r1 finishes, r2 fails in its batch, r3 OOMs then finishes, r4 never ends, r5 queue-full."""
+    return [
+        RunInfo(SETTINGS),
+        arrival(1, 0.0, 10, 3), arrival(2, 0.1, 20, 4), arrival(3, 0.2, 5, 2),
+        arrival(4, 0.3, 5, 2), arrival(5, 0.4, 5, 2),
+        BatchLaunch(1, "w0", T0 + 0.5, "size", [1, 2], 3),
+        Tokens(1, 0, T0 + 1.0, [1, 2], [11, 21]),
+        Tokens(1, 1, T0 + 1.1, [1, 2], [12, 22]),
+        Tokens(1, 2, T0 + 1.2, [1], [13]),
+        BatchDone(1, "w0", T0 + 0.6, T0 + 1.2, [1], [[2, "decode error"]], False, 500),
+        RequestFailed(5, "queue full", T0 + 0.4),
+        BatchLaunch(2, "w0", T0 + 1.3, "age", [3], 1),
+        Tokens(2, 0, T0 + 1.4, [3], [99]),
+        BatchDone(2, "w0", T0 + 1.3, T0 + 1.5, [], [], True, 900),
+        Heartbeat("w0", T0 + 1.5),
+        BatchLaunch(3, "w0", T0 + 1.6, "memory", [3], 1),
+        Tokens(3, 0, T0 + 2.0, [3, 3], [31, 32]),  # two tokens of r3 in one message
+        BatchDone(3, "w0", T0 + 1.7, T0 + 2.0, [3], [], False, 700),
+        RunEnd(5, ["w0"], {"launched": 3}),
+        WorkerBye("w0", 1000, "cpu_peak_rss", {"batches": 3}),
+    ]
+
+
+def run_store(messages: list) -> RunStore:
+    store = RunStore()
+    for msg in messages:
+        store.handle(msg)
+    return store
+
+
+def by_id(df: pd.DataFrame) -> dict:
+    return {int(r["request_id"]): r for r in df.to_dict("records")}
+
+
+def test_scripted_run_measures_latency_from_planned_arrival():
+    req = by_id(run_store(script()).finish().requests)
+    r1 = req[1]
+    assert (r1["status"], r1["error"], r1["worker"], r1["batch_id"]) == ("finished", "", "w0", 1)
+    assert r1["arrival_time"] == pytest.approx(0.0)
+    assert r1["queue_wait"] == pytest.approx(0.5)
+    assert r1["ttft"] == pytest.approx(1.0)
+    assert r1["tpot"] == pytest.approx(0.1)  # (1.2 - 1.0) / (3 - 1)
+    assert r1["e2e"] == pytest.approx(1.2)
+    assert r1["ttft"] >= r1["queue_wait"] >= 0
+    assert (r1["n_tokens"], r1["strategy"], r1["seed"]) == (3, "static", 7)
+
+
+def test_failures_are_kept_with_their_reasons():
+    req = by_id(run_store(script()).finish().requests)
+    assert (req[2]["status"], req[2]["error"]) == ("failed", "decode error")
+    assert (req[5]["status"], req[5]["error"]) == ("failed", "queue full")
+    assert math.isnan(req[2]["completion_time"])
+
+
+def test_request_without_terminal_record_fails_with_reason():
+    req = by_id(run_store(script()).finish().requests)
+    assert (req[4]["status"], req[4]["error"]) == ("failed", NO_TERMINAL)
+
+
+def test_oom_batch_tokens_are_discarded_and_retry_counts():
+    tables = run_store(script()).finish()
+    r3 = by_id(tables.requests)[3]
+    assert (r3["status"], r3["attempts"], r3["batch_id"], r3["n_tokens"]) == ("finished", 2, 3, 2)
+    tok = tables.tokens[tables.tokens["request_id"] == 3]
+    assert tok["token_id"].tolist() == [31, 32]
+    assert tok["token_index"].tolist() == [0, 1]
+    assert 99 not in tables.tokens["token_id"].tolist()
+    assert by_id(tables.batches.rename(columns={"batch_id": "request_id"}))[2]["oom"]
+
+
+def test_finished_requests_have_exactly_output_len_tokens():
+    tables = run_store(script()).finish()
+    finished = tables.requests[tables.requests["status"] == "finished"]
+    counts = tables.tokens.groupby("request_id").size()
+    for rec in finished.to_dict("records"):
+        assert counts[rec["request_id"]] == rec["output_len"]
+
+
+def test_batches_table_has_useful_fraction_and_times():
+    batches = by_id(run_store(script()).finish().batches.rename(columns={"batch_id": "request_id"}))
+    b1 = batches[1]
+    assert b1["useful_fraction"] == pytest.approx(7 / (2 * 4))  # outputs 3 and 4
+    assert (b1["size"], b1["launch_reason"], b1["max_prompt_len"], b1["max_output_len"]) == (2, "size", 20, 4)
+    assert (b1["scheduled_time"], b1["completion_time"]) == (pytest.approx(0.5), pytest.approx(1.2))
+    assert not b1["oom"] and b1["queue_len"] == 3
+
+
+def test_schedule_rows_never_sent_become_failed():
+    schedule = pd.DataFrame({"request_id": [1, 2, 3, 4, 5, 6], "arrival_time": [0, .1, .2, .3, .4, 5.0],
+                             "prompt_len": [10, 20, 5, 5, 5, 8], "output_len": [3, 4, 2, 2, 2, 9]})
+    tables = run_store(script()).finish(schedule)
+    r6 = by_id(tables.requests)[6]
+    assert (r6["status"], r6["error"], r6["arrival_time"], r6["output_len"]) == ("failed", NOT_SENT, 5.0, 9)
+    assert (tables.summary["scheduled"], tables.summary["submitted"]) == (6, 5)
+
+
+def test_summary_counts_window_and_throughput():
+    summary = run_store(script()).finish().summary
+    assert (summary["finished"], summary["failed"]) == (2, 3)
+    assert summary["failure_reasons"] == {"decode error": 1, "queue full": 1, NO_TERMINAL: 1}
+    assert summary["window_s"] == pytest.approx(2.0)  # first arrival 0 → r3's last token at 2.0
+    assert summary["throughput_tok_s"] == pytest.approx(5 / 2.0)
+    assert (summary["peak_memory_bytes"], summary["memory_kind"]) == (1000, "cpu_peak_rss")
+    assert summary["scheduler_stats"] == {"launched": 3} and summary["worker_stats"] == {"w0": {"batches": 3}}
+
+
+def test_summary_percentiles_match_numpy():
+    rng = np.random.default_rng(0)
+    values = rng.exponential(size=101)
+    stats = percentiles(pd.Series(values))
+    assert stats["mean"] == pytest.approx(values.mean())
+    for key, q in (("p50", 50), ("p90", 90), ("p99", 99)):
+        assert stats[key] == pytest.approx(np.percentile(values, q))
+
+
+def test_itl_is_consecutive_token_gaps_within_a_request():
+    tables = run_store(script()).finish()
+    itl = summarize(tables.requests, tables.tokens, SETTINGS)["itl"]
+    gaps = [0.1, 0.1, 0.0]  # r1: 1.0→1.1→1.2; r3: two tokens at 2.0
+    assert itl["mean"] == pytest.approx(np.mean(gaps))
+    assert itl["p50"] == pytest.approx(np.percentile(gaps, 50))
+
+
+def test_goodput_counts_failures_as_misses():
+    requests = run_store(script()).finish().requests
+    result = goodput(requests, {"ttft": 5.0})
+    assert (result["met"], result["submitted"]) == (2, 5)  # 3 failed requests are misses
+    assert result["fraction"] == pytest.approx(0.4)
+    assert goodput(requests, {"ttft": 1.5})["met"] == 1  # r3's ttft is 1.8
+
+
+def test_first_terminal_record_wins():
+    store = run_store(script() + [BatchDone(9, "w0", T0 + 3, T0 + 3, [5], [], False, 0)])
+    assert by_id(store.finish().requests)[5]["status"] == "failed"
+    assert store.counters["duplicate_terminals"] == 1
+
+
+def test_steps_table_only_when_steps_arrived():
+    assert run_store(script()).finish().steps is None
+    steps = run_store(script() + [Step("w0", 4, T0 + 1.0, T0 + 1.1, 3, 1, 0)]).finish().steps
+    assert steps.to_dict("records") == [{"worker": "w0", "step": 4, "start_time": pytest.approx(1.0),
+                                         "end_time": pytest.approx(1.1), "running": 3, "joined": 1,
+                                         "finished": 0}]
+
+
+def test_killed_run_is_readable_through_load_table(tmp_path):
+    store, writer = RunStore(), PartWriter(tmp_path)
+    msgs = script()
+    for msg in msgs[:11]:  # up to r1's BatchDone and r5's failure
+        store.handle(msg)
+    writer.write(store.take_parts())
+    for msg in msgs[11:]:
+        store.handle(msg)
+    writer.write(store.take_parts())  # then the process dies: no finish, no final files
+    requests = load_table(tmp_path, "requests")
+    assert sorted(requests["request_id"]) == [1, 2, 3, 5]
+    assert len(load_table(tmp_path, "tokens")) == 3 + 2 + 2  # r1, r2's partial, r3's counting attempt
+    assert sorted(load_table(tmp_path, "batches")["batch_id"]) == [1, 2, 3]
+
+
+def serve(tmp_path, **kwargs) -> tuple[str, threading.Thread, list]:
+    address = f"ipc://{tmp_path}/c.sock"
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(run_collector(address, tmp_path, **kwargs)))
+    thread.start()
+    return address, thread, result
+
+
+def push_all(address: str, frames: list[bytes]) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(address)
+    for frame in frames:
+        sock.send(frame)
+    sock.close()
+    ctx.term()
+
+
+def test_collector_over_socket_ends_on_run_end_and_byes_and_writes_files(tmp_path):
+    address, thread, result = serve(tmp_path, grace_s=30.0, slos={"ttft": 5.0})
+    push_all(address, [encode(m) for m in script()])
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    summary = result[0]
+    assert summary["end_reason"] == "run end and every worker's bye"
+    for name in ("requests", "tokens", "batches"):
+        assert (tmp_path / f"{name}.parquet").exists()
+    assert not (tmp_path / "steps.parquet").exists() and not (tmp_path / ".parts").exists()
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["finished"] == 2 and on_disk["goodput"]["met"] == 2
+    assert len(pd.read_parquet(tmp_path / "requests.parquet")) == 5
+
+
+def test_malformed_frame_is_counted_and_collector_keeps_going(tmp_path):
+    address, thread, result = serve(tmp_path, grace_s=30.0)
+    frames = [encode(m) for m in script()]
+    push_all(address, [b"\xc1garbage", frames[0], b"", *frames[1:]])
+    thread.join(timeout=20)
+    assert result[0]["rejected_messages"] == 2
+    assert result[0]["finished"] == 2
+
+
+def test_idle_timeout_ends_run_and_fails_unfinished(tmp_path):
+    address, thread, result = serve(tmp_path, idle_timeout_s=0.5)
+    push_all(address, [encode(m) for m in script()[:6]])  # arrivals only, no RunEnd
+    thread.join(timeout=20)
+    summary = result[0]
+    assert summary["end_reason"] == "idle timeout"
+    assert summary["failure_reasons"] == {NO_TERMINAL: 5}
