@@ -81,7 +81,10 @@ class RunStore:
     def _on_tokens(self, msg: Tokens) -> None:
         bid, t, tokens = msg.batch_id, msg.time, self.tokens
         done = self.dones.get(bid)
-        if len(msg.request_ids) != len(msg.token_ids) or (done is not None and done.oom):
+        if len(msg.request_ids) != len(msg.token_ids):  # decodes, but cannot be joined: a bad frame
+            self.reject()
+            return
+        if done is not None and done.oom:  # a late token of an attempt that never counts
             self.counters["ignored_tokens"] += len(msg.token_ids)
             return
         seen = self.batch_requests.setdefault(bid, set())

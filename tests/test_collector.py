@@ -1,5 +1,7 @@
 """Collector: joining events into tables, metric formulas, crash safety, and the socket loop."""
 import json
+import os
+import signal
 import math
 import threading
 
@@ -237,3 +239,37 @@ def test_idle_timeout_ends_run_and_fails_unfinished(tmp_path):
     summary = result[0]
     assert summary["end_reason"] == "idle timeout"
     assert summary["failure_reasons"] == {NO_TERMINAL: 5}
+
+
+def test_sigterm_stops_loop_and_writes_what_is_known(tmp_path):
+    address = f"ipc://{tmp_path}/c.sock"
+    pusher = threading.Thread(target=push_all, args=(address, [encode(m) for m in script()[:6]]))
+    killer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    pusher.start()
+    killer.start()
+    summary = run_collector(address, tmp_path)  # main thread: its handlers are installed here
+    pusher.join()
+    assert summary["end_reason"] == "signal"
+    assert load_table(tmp_path, "requests")["error"].tolist() == [NO_TERMINAL] * 5
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+
+
+def test_unsent_rows_come_from_traffic_schedule_file(tmp_path):
+    schedule = pd.DataFrame({"request_id": [1, 2, 3, 4, 5, 6, 7],
+                             "arrival_offset_s": [0, .1, .2, .3, .4, 5.0, 6.0],
+                             "prompt_len": [10, 20, 5, 5, 5, 8, 8], "output_len": [3, 4, 2, 2, 2, 9, 9],
+                             "prompt_tokens": [[1, 2]] * 7})
+    schedule.to_parquet(tmp_path / "schedule.parquet")
+    address, thread, result = serve(tmp_path, grace_s=30.0)
+    push_all(address, [encode(m) for m in script()])
+    thread.join(timeout=20)
+    requests = load_table(tmp_path, "requests")
+    unsent = requests[requests["error"] == NOT_SENT]
+    assert unsent["request_id"].tolist() == [6, 7] and unsent["arrival_time"].tolist() == [5.0, 6.0]
+    assert (result[0]["scheduled"], result[0]["submitted"]) == (7, 5)
+
+
+def test_tokens_with_mismatched_lengths_are_rejected_not_joined():
+    store = run_store(script()[:7] + [Tokens(1, 0, T0 + 1.0, [1, 2], [11])])
+    assert store.counters["rejected_messages"] == 1
+    assert (1, 1) not in store.tokens
