@@ -7,6 +7,7 @@ import pandas as pd
 from collector import tables
 from collector.parts import load_table
 from collector.tables import Tables
+from protocol.messages import STEP_BATCH
 from protocol import (
     Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye,
 )
@@ -87,6 +88,9 @@ class RunStore:
         if done is not None and done.oom:  # a late token of an attempt that never counts
             self.counters["ignored_tokens"] += len(msg.token_ids)
             return
+        if bid == STEP_BATCH:
+            self._on_step_tokens(msg)
+            return
         seen = self.batch_requests.setdefault(bid, set())
         for rid, tok in zip(msg.request_ids, msg.token_ids):
             rows = tokens.get((rid, bid))
@@ -94,6 +98,20 @@ class RunStore:
                 rows = tokens[(rid, bid)] = []
                 seen.add(rid)
             rows.append((t, tok))
+
+    def _on_step_tokens(self, msg: Tokens) -> None:
+        """A continuous step: each token belongs to its request's latest launched batch."""
+        for rid, tok in zip(msg.request_ids, msg.token_ids):
+            state = self.requests.get(rid)
+            if state is None or not state.batches:
+                self.counters["ignored_tokens"] += 1
+                continue
+            bid = state.batches[-1]
+            rows = self.tokens.get((rid, bid))
+            if rows is None:
+                rows = self.tokens[(rid, bid)] = []
+                self.batch_requests.setdefault(bid, set()).add(rid)
+            rows.append((msg.time, tok))
 
     def _on_batch_done(self, msg: BatchDone) -> None:
         self.dones[msg.batch_id] = msg

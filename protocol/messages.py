@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 PROTOCOL_VERSION = 1
+STEP_BATCH = -1  # Tokens.batch_id of a continuous step: each token belongs to its request's latest batch
 
 
 class Kind(IntEnum):
@@ -161,7 +162,8 @@ class ClockPong:
 @dataclass(slots=True)
 class Tokens:
     """One decode step's new tokens: `token_ids[i]` belongs to `request_ids[i]` (a request may repeat
-    when a step yields several of its tokens). `time` is when the tokens were really available."""
+    when a step yields several of its tokens). `time` is when the tokens were really available.
+    In continuous mode one step serves many dispatches: batch_id is then STEP_BATCH."""
 
     KIND = Kind.TOKENS
     batch_id: int

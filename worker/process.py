@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from protocol.messages import STEP_BATCH
 from protocol import (BatchDone, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
                       WorkerHello, decode, encode, now)
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
@@ -147,7 +148,7 @@ class Worker:
             self.backend.close()
         if out is None:
             return
-        self._emit_tokens(self.step_no, out, step_batch=True)
+        self._emit_tokens(STEP_BATCH, out)  # one step serves many dispatches
         self._to_collector(Step(self.worker_id, self.step_no, out.start_time, out.time, out.running,
                                 out.joined, len(out.finished)))
         self.step_no += 1
@@ -171,11 +172,9 @@ class Worker:
             self._batch_done(BatchDone(batch_id, self.worker_id, ob.start_time, now(), ob.finished, ob.failed,
                                        False, self.backend.peak_memory_bytes()))
 
-    def _emit_tokens(self, batch_id: int, out: StepOutput, step_batch: bool = False) -> None:
+    def _emit_tokens(self, batch_id: int, out: StepOutput) -> None:
         if not out.request_ids:
             return
-        if step_batch:  # continuous: tokens of one step belong to several dispatches
-            batch_id = -1
         self._to_collector(Tokens(batch_id, self.step_no, out.time, out.request_ids, out.token_ids))
 
     def _batch_done(self, done: BatchDone) -> None:
