@@ -1,4 +1,6 @@
 """The `batchlab` command. Each command is a thin wrapper; heavy imports happen inside commands."""
+import importlib
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -9,6 +11,9 @@ from cli.model_cmd import model_app
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Study how LLM requests should be batched.")
 app.add_typer(model_app, name="model")
+for _module in ("sweep_cmd", "report_cmd", "simulate_cmd"):  # TODO(lead): explicit imports once all exist
+    if (Path(__file__).parent / f"{_module}.py").exists():
+        importlib.import_module(f"cli.{_module}").register(app)
 
 Opt = typer.Option
 ConfigOpt = Annotated[Optional[str], Opt("--config", help="YAML file of settings (options override it)")]
