@@ -1,0 +1,274 @@
+"""The `vllm` backend: a vLLM v1 `LLMEngine` owned by the worker and stepped by it.
+
+vLLM does its own iteration-level batching and paging; every `step()` is one `LLMEngine.step()`, and the
+tokens it returns (RequestOutputKind.DELTA) are stamped with the time the worker received them.
+The engine spawns its own processes (EngineCore, model worker): build it only in a worker process or
+under `if __name__ == "__main__"`.
+"""
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from protocol.clock import now
+from worker.backend import BackendError, BackendInfo, Row, StepOutput
+
+log = logging.getLogger("batchlab.vllm")
+
+DEFAULT_CPU_KV_BYTES = 4 * 2**30  # KV pool on CPU when no --memory-budget is given
+WARMUP_PROMPT_LEN = 8
+WARMUP_OUTPUT_LEN = 4
+
+
+@dataclass(slots=True)
+class VLLMSettings:
+    """Engine options taken from the run config."""
+
+    model: str
+    dtype: str = "auto"
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 0  # 0: vLLM's default
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    kv_cache_bytes: int = 0  # 0: vLLM decides (gpu_memory_utilization), DEFAULT_CPU_KV_BYTES on CPU
+    warmup_requests: int = 2
+
+
+@dataclass(slots=True)
+class KVUsage:
+    """What the engine's scheduler stats said over the run (filled by `_StatsTap`)."""
+
+    kv_cache_usage: float = 0.0  # fraction of the KV pool in use at the last step
+    kv_cache_usage_peak: float = 0.0
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_preemptions: int = 0
+
+    def reset(self) -> None:
+        """Forget the warm-up."""
+        self.kv_cache_usage = self.kv_cache_usage_peak = 0.0
+        self.num_preemptions = 0
+
+
+@dataclass(slots=True)
+class _Live:
+    row: Row
+    generated: int = 0
+
+
+def resolve_model(name: str) -> str:
+    """'tiny-mistral' → the embedded model's folder (worker.tiny); anything else is a path or hub id."""
+    from worker.tiny import resolve_model as tiny_resolve
+
+    return tiny_resolve(name)
+
+
+def settings_from_config(cfg, mode: str) -> VLLMSettings:
+    """RunConfig → VLLMSettings (max_num_seqs 0 means max_batch_size)."""
+    from cli.config import parse_bytes
+
+    seqs = cfg.max_num_seqs or max(cfg.max_batch_size, cfg.batch_size if mode == "static" else 1)
+    return VLLMSettings(
+        model=cfg.model, dtype=cfg.dtype, max_num_seqs=seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
+        tensor_parallel_size=cfg.tensor_parallel_size, pipeline_parallel_size=cfg.pipeline_parallel_size,
+        kv_cache_bytes=parse_bytes(cfg.memory_budget), warmup_requests=cfg.warmup_requests)
+
+
+def _engine_args(s: VLLMSettings, on_cpu: bool):
+    from vllm import EngineArgs
+
+    kv_bytes = s.kv_cache_bytes or (DEFAULT_CPU_KV_BYTES if on_cpu else 0)
+    return EngineArgs(
+        model=resolve_model(s.model), dtype=s.dtype, max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens or None,
+        gpu_memory_utilization=s.gpu_memory_utilization, enforce_eager=s.enforce_eager,
+        tensor_parallel_size=s.tensor_parallel_size, pipeline_parallel_size=s.pipeline_parallel_size,
+        kv_cache_memory_bytes=kv_bytes or None, disable_log_stats=False, seed=0)
+
+
+def _stats_tap(usage: KVUsage) -> Callable:
+    """A per-engine StatLogger factory that copies scheduler stats into `usage`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _StatsTap(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                usage.kv_cache_usage = scheduler_stats.kv_cache_usage
+                usage.kv_cache_usage_peak = max(usage.kv_cache_usage_peak, scheduler_stats.kv_cache_usage)
+                usage.num_running_reqs = scheduler_stats.num_running_reqs
+                usage.num_waiting_reqs = scheduler_stats.num_waiting_reqs
+            if iteration_stats is not None:
+                usage.num_preemptions += iteration_stats.num_preempted_reqs
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _StatsTap
+
+
+def _kv_geometry(engine) -> dict:
+    """Pool facts from the started engine: blocks, block size, bytes per token, pool bytes."""
+    vc = engine.vllm_config
+    mc, cc, pc = vc.model_config, vc.cache_config, vc.parallel_config
+    import torch
+
+    dtype = mc.dtype if cc.cache_dtype == "auto" else getattr(torch, cc.cache_dtype, mc.dtype)
+    layers = mc.get_num_layers(pc) * pc.pipeline_parallel_size
+    per_token = 2 * layers * mc.get_total_num_kv_heads() * mc.get_head_size() * dtype.itemsize
+    blocks, block_size = int(cc.num_gpu_blocks or 0), int(cc.block_size)
+    return {"kv_pool_blocks": blocks, "kv_block_size_tokens": block_size, "kv_pool_tokens": blocks * block_size,
+            "kv_bytes_per_token": per_token, "kv_pool_bytes": blocks * block_size * per_token,
+            "kv_cache_memory_bytes_setting": cc.kv_cache_memory_bytes or 0,
+            "dtype": str(mc.dtype).removeprefix("torch.")}
+
+
+def _engine_metrics(m, offset_s: float) -> dict:
+    """vLLM's own per-request timestamps (EngineCore monotonic clock → protocol.clock)."""
+    if m is None:
+        return {}
+    return {"queued_ts": m.queued_ts + offset_s, "scheduled_ts": m.scheduled_ts + offset_s,
+            "first_token_ts": m.first_token_ts + offset_s, "last_token_ts": m.last_token_ts + offset_s,
+            "first_token_latency_s": m.first_token_latency, "num_preemptions": m.num_preemptions}
+
+
+class VLLMBackend:
+    """A vLLM engine in the worker process: admit() adds requests, step() runs one engine step."""
+
+    def __init__(self, settings: VLLMSettings, mode: str = "continuous") -> None:
+        try:
+            from vllm.v1.engine.llm_engine import LLMEngine
+            from vllm.platforms import current_platform
+        except ImportError as exc:
+            raise BackendError(f"--backend vllm needs the vllm package: {exc}") from None
+        self.settings, self.usage = settings, KVUsage()
+        self.on_cpu = current_platform.is_cpu()
+        started = now()
+        self.engine = LLMEngine.from_engine_args(_engine_args(settings, self.on_cpu),
+                                                 stat_loggers=[_stats_tap(self.usage)])
+        self.live: dict[int, _Live] = {}
+        self.failed: list[tuple[int, str]] = []
+        self.request_metrics: dict[int, dict] = {}  # request_id -> vLLM's own timestamps (see _engine_metrics)
+        self.clock_offset_s = now() - time.monotonic()
+        self.info = self._info(mode, engine_start_s=now() - started)
+
+    @classmethod
+    def from_config(cls, cfg, mode: str) -> "VLLMBackend":
+        """Build from a cli.config.RunConfig."""
+        return cls(settings_from_config(cfg, mode), mode)
+
+    def _info(self, mode: str, engine_start_s: float) -> BackendInfo:
+        geo = _kv_geometry(self.engine)
+        facts = {**geo, "engine_start_s": round(engine_start_s, 3), "vllm_settings": asdict(self.settings),
+                 "kv_cache_usage_source": "SchedulerStats.kv_cache_usage via a StatLogger",
+                 "request_metrics_source": "RequestOutput.metrics (RequestStateStats)"}
+        return BackendInfo(backend="vllm", model=self.settings.model, mode=mode,
+                           max_batch_size=self.settings.max_num_seqs, kv_bytes_per_token=geo["kv_bytes_per_token"],
+                           kv_budget_bytes=geo["kv_pool_bytes"], device="cpu" if self.on_cpu else "cuda",
+                           memory_kind="vllm_kv_pool", facts=facts)
+
+    def _params(self, output_len: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len, min_tokens=output_len,
+                              detokenize=False, output_kind=RequestOutputKind.DELTA)
+
+    # --- the ContinuousBackend protocol -----------------------------------------------------------
+    def warmup(self) -> None:
+        """A couple of short requests through the engine; their stats are forgotten."""
+        rows = [Row(-1 - i, WARMUP_PROMPT_LEN, WARMUP_OUTPUT_LEN, list(range(100, 100 + WARMUP_PROMPT_LEN)), -1)
+                for i in range(self.settings.warmup_requests)]
+        self.run_batch(rows, lambda _out: None)
+        self.usage.reset()
+        self.request_metrics.clear()
+
+    def admit(self, rows: list[Row]) -> None:
+        """Hand each row to the engine now (token ids in, no re-tokenization)."""
+        from vllm import TokensPrompt
+
+        for row in rows:
+            try:
+                self.engine.add_request(str(row.request_id), TokensPrompt(prompt_token_ids=row.prompt_tokens),
+                                        self._params(row.output_len))
+                self.live[row.request_id] = _Live(row)
+            except Exception as exc:  # e.g. prompt longer than max_model_len: fail the row, not the worker
+                self.failed.append((row.request_id, f"vllm rejected: {type(exc).__name__}: {exc}"))
+
+    def has_work(self) -> bool:
+        """True while a request runs in the engine or a rejection waits to be reported."""
+        return bool(self.live or self.failed)
+
+    def step(self) -> StepOutput | None:
+        """One engine step; None when it produced no tokens and nothing failed."""
+        start = now()
+        outputs = self.engine.step() if self.live else []
+        t = now()
+        out = StepOutput(time=t, request_ids=[], token_ids=[], start_time=start, failed=self.failed)
+        self.failed = []
+        for ro in outputs:
+            self._take(ro, out)
+        out.running = self.usage.num_running_reqs or len(set(out.request_ids))
+        return out if out.request_ids or out.failed else None
+
+    def _take(self, ro, out: StepOutput) -> None:
+        rid = int(ro.request_id)
+        lv = self.live.get(rid)
+        if lv is None:
+            return
+        new = list(ro.outputs[0].token_ids) if ro.outputs else []
+        if new and lv.generated == 0:
+            out.joined += 1
+        lv.generated += len(new)
+        out.request_ids.extend([rid] * len(new))
+        out.token_ids.extend(new)
+        if ro.finished:
+            del self.live[rid]
+            self.request_metrics[rid] = _engine_metrics(ro.metrics, self.clock_offset_s)
+            if lv.generated == lv.row.output_len:
+                out.finished.append(rid)
+            else:
+                out.failed.append((rid, f"vllm returned {lv.generated} of {lv.row.output_len} tokens"))
+
+    def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
+        """Static mode: admit the whole batch and step until every row is done.
+
+        A row that failed raises BackendError at the end (the static worker loop fails the unfinished rows).
+        """
+        self.admit(rows)
+        failed: list[tuple[int, str]] = []
+        while self.has_work():
+            out = self.step()
+            if out is not None:
+                on_step(out)
+                failed.extend(out.failed)
+        if failed:
+            raise BackendError("; ".join(f"request {rid}: {why}" for rid, why in failed[:3]))
+
+    def peak_memory_bytes(self) -> int:
+        """Peak KV pool bytes in use (vLLM's kv_cache_usage × pool size); the pool itself is reserved."""
+        return int(self.usage.kv_cache_usage_peak * self.info.kv_budget_bytes)
+
+    def run_facts(self) -> dict:
+        """KV usage over the run, for a report or WorkerBye."""
+        return {**asdict(self.usage), "kv_pool_bytes": self.info.kv_budget_bytes,
+                "kv_peak_used_bytes": self.peak_memory_bytes()}
+
+    def close(self) -> None:
+        """Abort what runs and shut the EngineCore and its workers down."""
+        engine, self.engine = getattr(self, "engine", None), None
+        if engine is None:
+            return
+        try:
+            if self.live:
+                engine.abort_request([str(r) for r in self.live])
+            engine.engine_core.shutdown()
+        except Exception:  # shutting down must never raise into the worker's finally
+            log.exception("vLLM shutdown failed")
+        self.live.clear()
