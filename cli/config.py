@@ -36,7 +36,8 @@ class RunConfig:
     seed: int = 0
     out: str = "runs/latest"
     workers: int = 1
-    max_queue: int = 0  # 0: unbounded
+    max_queue: int = 0  # requests; 0: unbounded
+    max_queue_tokens: int = 0  # prompt + output tokens queued; 0: unbounded
     memory_budget: str = ""  # KV budget, e.g. "2GiB"; default: the backend's own
     strict_memory: bool = False
     dtype: str = "auto"

@@ -35,6 +35,7 @@ Seed = Annotated[Optional[int], Opt(help="seed of the arrival and prompt streams
 Out = Annotated[Optional[str], Opt(help="output folder")]
 Workers = Annotated[Optional[int], Opt(help="worker processes (the scheduler waits for this many)")]
 MaxQueue = Annotated[Optional[int], Opt(help="reject arrivals beyond this queue length (0: unbounded)")]
+MaxQueueTok = Annotated[Optional[int], Opt(help="reject arrivals beyond this many queued tokens (0: unbounded)")]
 Budget = Annotated[Optional[str], Opt(help="KV memory budget, e.g. 2GiB (default: the backend's)")]
 Strict = Annotated[Optional[bool], Opt("--strict-memory", help="treat a batch over budget as OOM (CPU)")]
 Dtype = Annotated[Optional[str], Opt(help="auto | float32 | float16 | bfloat16")]
@@ -63,7 +64,7 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, backend: Backend
         burstiness: Burst = None, dataset: Dataset = None, schedule: Schedule = None,
         batch_size: BatchSize = None, max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None,
         max_new_tokens: MaxNew = None, seed: Seed = None, out: Out = None, workers: Workers = None,
-        max_queue: MaxQueue = None, memory_budget: Budget = None, strict_memory: Strict = None,
+        max_queue: MaxQueue = None, max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, strict_memory: Strict = None,
         dtype: Dtype = None, device: Device = None, endpoint: Endpoint = None,
         max_concurrency: MaxConc = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
@@ -92,7 +93,8 @@ def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp
 @app.command()
 def scheduler(*, config: ConfigOpt = None, strategy: Strategy = None, batch_size: BatchSize = None,
               max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
-              workers: Workers = None, max_queue: MaxQueue = None, out: Out = None,
+              workers: Workers = None, max_queue: MaxQueue = None, max_queue_tokens: MaxQueueTok = None,
+              out: Out = None,
               address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5557",
               collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558") -> None:
     """Run the scheduler alone (a new strategy in place of the old)."""

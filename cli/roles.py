@@ -37,7 +37,8 @@ def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str) -> 
     policy = make_policy(cfg.strategy, batch_size=cfg.batch_size, max_batch_size=cfg.max_batch_size,
                          max_wait_ms=cfg.max_wait_ms, max_new_tokens=cfg.max_new_tokens)
     return run_scheduler(policy, scheduler_addr, collector_addr, min_workers=cfg.workers,
-                         max_queue=cfg.max_queue, settings=run_settings(cfg))
+                         max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
+                         settings=run_settings(cfg))
 
 
 def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:

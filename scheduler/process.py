@@ -2,34 +2,35 @@
 import logging
 import math
 import signal
-from collections import deque
 
 import zmq
 
-from protocol import (Arrival, BatchDone, BatchLaunch, Dispatch, EndOfStream, Heartbeat, ProtocolError,
+from protocol import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, ProtocolError,
                       RequestFailed, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                       WorkerHello, decode, encode, now)
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
 from scheduler.policies import Policy, QueuedRequest
-from scheduler.workers import Pending, WorkerState, least_loaded
+from scheduler.workers import Pending, PendingQueue, WorkerState, least_loaded
 
 log = logging.getLogger("batchlab.scheduler")
 START_LEAD_S = 0.2  # planned time 0 lies this far after Start is sent, so the first sends are on time
 MAX_ATTEMPTS = 2  # a request is dispatched at most this often after a lost worker (requeued once)
+WORKER_REJOIN_GRACE_S = 10.0  # with no worker left, queued requests wait this long for one to (re)join
 
 
 class Scheduler:
     """Feeds the policy and carries out its decisions."""
 
     def __init__(self, policy: Policy, scheduler_addr: str, collector_addr: str, *, min_workers: int = 1,
-                 max_queue: int = 0, settings: dict | None = None) -> None:
-        self.policy, self.min_workers, self.max_queue = policy, min_workers, max_queue
+                 max_queue: int = 0, max_queue_tokens: int = 0, settings: dict | None = None) -> None:
+        self.policy, self.min_workers = policy, min_workers
+        self.max_queue, self.max_queue_tokens = max_queue, max_queue_tokens
         self.settings = dict(settings or {})
         self.ctx = zmq.Context()
         self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True)
         self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False)
         self.workers: dict[str, WorkerState] = {}
-        self.queue: deque[Pending] = deque()
+        self.queue = PendingQueue()
         self.traffic: bytes | None = None
         self.t0: float | None = None
         self.eos = self.stopping = False
@@ -38,6 +39,8 @@ class Scheduler:
         self.stats = {"submitted": 0, "rejected_messages": 0, "queue_full": 0, "oom_batches": 0,
                       "workers_lost": 0, "max_queue_len": 0}
         self.last_beat = now()
+        self.traffic_heard = now()
+        self.orphaned_since: float | None = None  # when the last worker was lost
 
     # --- main loop --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -84,6 +87,8 @@ class Scheduler:
         wid = sender.decode(errors="replace")
         if wid in self.workers:
             self.workers[wid].last_heard = now()
+        elif sender == self.traffic:
+            self.traffic_heard = now()
         if isinstance(msg, RequestMsg):
             self._on_request(msg)
         elif isinstance(msg, BatchDone):
@@ -93,6 +98,8 @@ class Scheduler:
         elif isinstance(msg, TrafficHello):
             self.traffic = sender
             self._maybe_start()
+        elif isinstance(msg, ClockPing):
+            self.router.send_multipart([sender, encode(ClockPong(msg.seq, msg.t_send, now()))])
         elif isinstance(msg, Heartbeat) and msg.sender in self.workers:
             self.workers[msg.sender].last_heard = now()
         elif isinstance(msg, EndOfStream):
@@ -103,6 +110,7 @@ class Scheduler:
         log.info("worker %s joined: %s %s (%s, max batch %d)", wid, hello.backend, hello.model, hello.mode,
                  hello.max_batch_size)
         self.workers[wid] = WorkerState(hello, now())
+        self.orphaned_since = None
         self._maybe_start()
 
     def _maybe_start(self) -> None:
@@ -119,13 +127,21 @@ class Scheduler:
         self.stats["submitted"] += 1
         self._to_collector(Arrival(msg.request_id, msg.arrival_time, msg.send_time, now(), msg.prompt_len,
                                    msg.output_len))
-        if self.max_queue and len(self.queue) >= self.max_queue:
+        if self._queue_full(msg.prompt_len + msg.output_len):
             self.stats["queue_full"] += 1
             self._to_collector(RequestFailed(msg.request_id, "queue full", now()))
+            return
+        if self.orphaned_since is not None and now() - self.orphaned_since > WORKER_REJOIN_GRACE_S:
+            self._to_collector(RequestFailed(msg.request_id, "worker lost: no worker left", now()))
             return
         self.queue.append(Pending(msg.request_id, msg.arrival_time, msg.prompt_len, msg.output_len,
                                   msg.prompt_tokens))
         self.stats["max_queue_len"] = max(self.stats["max_queue_len"], len(self.queue))
+
+    def _queue_full(self, tokens: int) -> bool:
+        by_count = self.max_queue and len(self.queue) >= self.max_queue
+        by_tokens = self.max_queue_tokens and self.queue.tokens + tokens > self.max_queue_tokens
+        return bool(by_count or by_tokens)
 
     def _on_batch_done(self, wid: str, done: BatchDone) -> None:
         state = self.workers.get(wid)
@@ -182,18 +198,32 @@ class Scheduler:
             self.last_beat = t
             for wid in list(self.workers):
                 self._send_worker(wid, Heartbeat("scheduler", t))
+        limit_s = HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL_S
         for wid, state in list(self.workers.items()):
-            if t - state.last_heard > HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL_S:
+            if t - state.last_heard > limit_s:
                 self._lose_worker(wid, f"silent for {t - state.last_heard:.1f} s")
+        if self.t0 is not None and not self.eos and t - self.traffic_heard > limit_s:
+            log.error("traffic silent for %.1f s: treating it as the end of the stream", t - self.traffic_heard)
+            self.stats["traffic_lost"] = 1
+            self.eos = True
+        if self.orphaned_since is not None and t - self.orphaned_since > WORKER_REJOIN_GRACE_S:
+            self._fail_queue("worker lost: no worker left")
+
+    def _fail_queue(self, reason: str) -> None:
+        """Every queued request becomes a terminal failure (nothing may vanish)."""
+        while self.queue:
+            self._to_collector(RequestFailed(self.queue.popleft().request_id, reason, now()))
 
     def _lose_worker(self, wid: str, why: str) -> None:
         log.error("worker %s lost (%s)", wid, why)
         self.stats["workers_lost"] += 1
         state = self.workers.pop(wid)
+        if not self.workers:
+            self.orphaned_since = now()
         lost = [p for batch in state.inflight.values() for p in batch]
         for p in reversed(lost):
-            if p.attempts < MAX_ATTEMPTS and self.workers:
-                self.queue.appendleft(p)
+            if p.attempts < MAX_ATTEMPTS:
+                self.queue.appendleft(p)  # a live worker, or one that rejoins within the grace
             else:
                 self._to_collector(RequestFailed(p.request_id, f"worker lost: {wid}", now()))
 
@@ -204,8 +234,7 @@ class Scheduler:
             pass
 
     def _finish(self, why: str) -> None:
-        for p in self.queue:  # only when interrupted: nothing may vanish
-            self._to_collector(RequestFailed(p.request_id, f"scheduler stopped: {why}", now()))
+        self._fail_queue(f"scheduler stopped: {why}")  # only when interrupted: nothing may vanish
         for wid in self.workers:
             self._send_worker(wid, Shutdown(why))
         if self.traffic is not None:

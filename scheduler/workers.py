@@ -1,4 +1,5 @@
 """The scheduler's view of its workers: what each runs, its free capacity, its liveness."""
+from collections import deque
 from dataclasses import dataclass, field
 
 from protocol import WorkerHello
@@ -50,3 +51,27 @@ class WorkerState:
 def least_loaded(workers: dict[str, WorkerState]) -> list[str]:
     """Worker ids, least loaded first (ties by name, so runs are reproducible)."""
     return sorted(workers, key=lambda w: (workers[w].running, w))
+
+
+class PendingQueue(deque):
+    """The scheduler's FIFO of Pending requests, counting the tokens (prompt + output) it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = 0
+
+    def append(self, p: Pending) -> None:
+        """Join at the back."""
+        super().append(p)
+        self.tokens += p.prompt_len + p.output_len
+
+    def appendleft(self, p: Pending) -> None:
+        """Go back to the front (requeue after an OOM or a lost worker)."""
+        super().appendleft(p)
+        self.tokens += p.prompt_len + p.output_len
+
+    def popleft(self) -> Pending:
+        """Leave from the front."""
+        p = super().popleft()
+        self.tokens -= p.prompt_len + p.output_len
+        return p

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 import zmq
 
 from protocol.messages import STEP_BATCH
-from protocol import (BatchDone, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
+from protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
                       WorkerHello, decode, encode, now)
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
 from worker.backend import OutOfMemory, Row, StepOutput
+from worker.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from worker.heartbeat import HeartbeatThread
 
 log = logging.getLogger("batchlab.worker")
@@ -43,12 +44,15 @@ class Worker:
         self.last_heard = now()
         self.deferred: list[object] = []
         self.heart = HeartbeatThread(self.ctx, scheduler_addr, worker_id)
+        self.clock = OffsetEstimate()
+        self.next_sync = 0.0
 
     # --- main loop --------------------------------------------------------------------------------
     def run(self) -> None:
         """Warm up, say hello, then serve until Shutdown, a signal, or a silent scheduler."""
         self.backend.warmup()
         self.heart.start()
+        self.deferred.extend(measure(self.sched, self.clock))
         self._hello()
         self.last_heard = now()
         while not self.stopping:
@@ -59,12 +63,15 @@ class Worker:
             # 2. advance the continuous batch by one step
             if busy:
                 self._continuous_step()
+            # 3. keep the clock offset fresh
+            self._resync()
 
     def close(self) -> None:
         """Say goodbye to the collector, then close sockets before the context."""
         try:
+            stats = {"rejected_messages": self.rejected, **self.clock.facts()}
             self._to_collector(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
-                                         self.backend.info.memory_kind, {"rejected_messages": self.rejected}))
+                                         self.backend.info.memory_kind, stats))
         finally:
             self.heart.stop()
             self.backend.close()
@@ -77,7 +84,7 @@ class Worker:
         info = self.backend.info
         hello = WorkerHello(self.worker_id, info.backend, info.model, info.mode, info.max_batch_size,
                             info.kv_bytes_per_token, info.kv_budget_bytes, info.device, info.memory_kind,
-                            info.facts)
+                            {**info.facts, **self.clock.facts()})
         self.sched.send(encode(hello))
         self._to_collector(hello)
 
@@ -108,6 +115,8 @@ class Worker:
                 self._admit(msg.batch_id, rows)
             else:
                 self._run_static(msg.batch_id, rows)
+        elif isinstance(msg, ClockPong):
+            self.clock.add(msg.t_send, msg.t_server, now())
         elif isinstance(msg, Shutdown):
             log.info("shutdown: %s", msg.reason)
             self.stopping = True
@@ -145,11 +154,11 @@ class Worker:
             log.exception("continuous step failed")
             out = StepOutput(now(), [], [], failed=[(rid, f"worker error: {type(exc).__name__}: {exc}")
                                                     for rid in list(self.batch_of)])
-            self.backend.close()
         if out is None:
             return
         self._emit_tokens(STEP_BATCH, out)  # one step serves many dispatches
-        self._to_collector(Step(self.worker_id, self.step_no, out.start_time, out.time, out.running,
+        conv = self.clock.to_scheduler
+        self._to_collector(Step(self.worker_id, self.step_no, conv(out.start_time), conv(out.time), out.running,
                                 out.joined, len(out.finished)))
         self.step_no += 1
         for rid in out.finished:
@@ -175,11 +184,20 @@ class Worker:
     def _emit_tokens(self, batch_id: int, out: StepOutput) -> None:
         if not out.request_ids:
             return
-        self._to_collector(Tokens(batch_id, self.step_no, out.time, out.request_ids, out.token_ids))
+        self._to_collector(Tokens(batch_id, self.step_no, self.clock.to_scheduler(out.time), out.request_ids,
+                                  out.token_ids))
 
     def _batch_done(self, done: BatchDone) -> None:
+        done.start_time = self.clock.to_scheduler(done.start_time)
+        done.end_time = self.clock.to_scheduler(done.end_time)
         self._to_collector(done)
         self.sched.send(encode(done))
+
+    def _resync(self) -> None:
+        t = now()
+        if t >= self.next_sync:
+            self.next_sync = t + RESYNC_INTERVAL_S
+            self.sched.send(encode(ClockPing(-1, t)))
 
     def _check_scheduler_alive(self) -> None:
         """Called after a poll that heard nothing; our own heartbeats go from a thread (heartbeat.py)."""
