@@ -1,0 +1,77 @@
+"""One simulated run from a RunConfig: the live run's schedule, policy and step model; its output files."""
+import time
+from pathlib import Path
+
+import yaml
+
+from cli.config import RunConfig, parse_bytes
+from collector.parts import write_final
+from collector.tables import Tables
+from protocol import WorkerHello
+from scheduler.policies import make_policy
+from simulator.engine import Simulation
+from simulator.record import build_tables
+from traffic.schedule import Schedule, save_schedule
+from worker.factory import worker_mode
+from worker.stepmodel import StepModel, get_preset
+
+SCHEDULE_COLUMNS = ["request_id", "arrival_offset_s", "prompt_len", "output_len"]  # all finish() needs
+END_REASON = "simulated"
+
+
+def step_model(cfg: RunConfig) -> StepModel:
+    """The `sim` backend's preset (the echo backend's zero-time model for --backend echo)."""
+    return get_preset("echo" if cfg.backend == "echo" else cfg.preset)
+
+
+def worker_hellos(cfg: RunConfig, model: StepModel) -> list[WorkerHello]:
+    """The hellos the live `sim`/`echo` workers of this config would send (see worker/factory.py)."""
+    backend = "echo" if cfg.backend == "echo" else "sim"
+    budget_bytes = parse_bytes(cfg.memory_budget) or model.kv_budget_bytes()
+    rows = max(cfg.max_batch_size, cfg.batch_size)
+    return [WorkerHello(f"worker-{i}", backend, model.name, worker_mode(cfg), rows, model.kv_bytes_per_token,
+                        budget_bytes, "simulated", "none", {"preset": model.as_dict()})
+            for i in range(cfg.workers)]
+
+
+def sim_settings(cfg: RunConfig) -> dict:
+    """The settings a live run writes (cli.roles.run_settings), marked as simulated."""
+    from cli.roles import run_settings
+
+    settings = run_settings(cfg)
+    settings.update(backend="echo" if cfg.backend == "echo" else "sim", simulated=True)
+    return settings
+
+
+def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) -> Tables:
+    """Play `schedule` through cfg's policy and workers in virtual time; the run's tables."""
+    policy = make_policy(cfg.strategy, batch_size=cfg.batch_size, max_batch_size=cfg.max_batch_size,
+                         max_wait_ms=cfg.max_wait_ms, max_new_tokens=cfg.max_new_tokens)
+    model = step_model(cfg)
+    sim = Simulation(policy, model, worker_hellos(cfg, model), schedule.frame, settings=sim_settings(cfg),
+                     max_queue=cfg.max_queue)
+    store = sim.run()
+    tokens = sim.recorder.attach(store)
+    tables = build_tables(store, tokens, schedule.frame[SCHEDULE_COLUMNS], slos)
+    tables.summary["end_reason"] = END_REASON
+    return tables
+
+
+def write_run(out_dir: Path, cfg: RunConfig, schedule: Schedule, tables: Tables) -> None:
+    """The files a live run leaves: config.yaml, schedule.parquet, the tables and summary.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
+    save_schedule(schedule, out_dir / "schedule.parquet")
+    write_final(out_dir, tables)
+
+
+def simulate_run(cfg: RunConfig, schedule: Schedule | None = None, *, slos: dict | None = None) -> dict:
+    """Simulate cfg (building its schedule unless given) into cfg.out; return the summary."""
+    from cli.roles import make_schedule
+
+    start_s = time.perf_counter()
+    schedule = schedule if schedule is not None else make_schedule(cfg)
+    tables = simulate(cfg, schedule, slos=slos)
+    tables.summary["simulation_wall_s"] = time.perf_counter() - start_s
+    write_run(Path(cfg.out), cfg, schedule, tables)
+    return tables.summary
