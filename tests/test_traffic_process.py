@@ -1,0 +1,120 @@
+"""traffic.process against a real ZeroMQ ROUTER standing in for the scheduler."""
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import zmq
+
+from protocol import EndOfStream, RequestMsg, Shutdown, Start, TrafficHello, decode, encode, now
+from traffic.config import TrafficConfig
+from traffic.process import TrafficStartTimeout, run_traffic
+from traffic.schedule import Schedule, build_schedule, load_schedule
+
+START_DELAY_S = 0.05
+
+
+@dataclass(slots=True)
+class FakeScheduler:
+    """A ROUTER that answers the hello with Start(now() + 0.05) and records everything it receives."""
+
+    address: str
+    shutdown_after: int | None = None  # send Shutdown after this many requests
+    answer_hello: bool = True
+    hello: TrafficHello | None = None
+    t0: float = 0.0
+    requests: list[RequestMsg] = field(default_factory=list)
+    end: EndOfStream | None = None
+    thread: threading.Thread | None = None
+
+    def start(self) -> "FakeScheduler":
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.RCVTIMEO, 10_000)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.address)
+        self.thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
+        self.thread.start()
+        return self
+
+    def _serve(self, sock: zmq.Socket) -> None:
+        try:
+            while self.end is None:
+                identity, frame = sock.recv_multipart()
+                self._handle(sock, identity, decode(frame))
+        except zmq.Again:
+            pass
+        finally:
+            sock.close()
+
+    def _handle(self, sock: zmq.Socket, identity: bytes, msg: object) -> None:
+        if isinstance(msg, TrafficHello):
+            self.hello = msg
+            if self.answer_hello:
+                sock.send_multipart([identity, b"\xc1garbage"])  # a bad frame is logged and ignored
+                self.t0 = now() + START_DELAY_S
+                sock.send_multipart([identity, encode(Start(self.t0))])
+        elif isinstance(msg, RequestMsg):
+            self.requests.append(msg)
+            if len(self.requests) == self.shutdown_after:
+                sock.send_multipart([identity, encode(Shutdown("test"))])
+        elif isinstance(msg, EndOfStream):
+            self.end = msg
+
+    def join(self) -> None:
+        assert self.thread is not None
+        self.thread.join(timeout=15)
+
+
+def _schedule(rate: float, duration_s: float) -> Schedule:
+    cfg = TrafficConfig(arrival="poisson", rate=rate, duration_s=duration_s, dataset="synthetic", seed=5)
+    return build_schedule(cfg, None)
+
+
+def test_every_request_arrives_at_t0_plus_its_offset(tmp_path: Path) -> None:
+    schedule = _schedule(rate=300.0, duration_s=0.5)
+    fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock").start()
+    sent = run_traffic(schedule, fake.address, out_dir=tmp_path, start_timeout_s=5)
+    fake.join()
+    frame = schedule.frame
+    assert fake.hello == TrafficHello(len(frame), schedule.content_hash, 0.5)
+    assert sent == len(frame) == len(fake.requests) and fake.end == EndOfStream(len(frame))
+    assert [r.request_id for r in fake.requests] == frame["request_id"].tolist()
+    for req, offset, tokens in zip(fake.requests, frame["arrival_offset_s"], frame["prompt_tokens"]):
+        assert req.arrival_time == fake.t0 + offset
+        assert req.send_time >= req.arrival_time - 1e-3
+        assert req.prompt_tokens == tokens and req.prompt_len == len(tokens)
+    assert load_schedule(tmp_path / "schedule.parquet").content_hash == schedule.content_hash
+
+
+def test_shutdown_from_scheduler_stops_sending_and_reports_the_real_count(tmp_path: Path) -> None:
+    schedule = _schedule(rate=20.0, duration_s=30.0)
+    fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock", shutdown_after=3).start()
+    started = now()
+    sent = run_traffic(schedule, fake.address, out_dir=None, start_timeout_s=5)
+    fake.join()
+    assert now() - started < 5.0
+    assert sent == len(fake.requests) == fake.end.sent
+    assert 3 <= sent < schedule.n_requests
+
+
+def test_sigint_stops_sending_and_restores_the_old_handler(tmp_path: Path) -> None:
+    schedule = _schedule(rate=20.0, duration_s=30.0)
+    fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock").start()
+    before = signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    sent = run_traffic(schedule, fake.address, out_dir=None, start_timeout_s=5)
+    fake.join()
+    assert 0 < sent < schedule.n_requests
+    assert fake.end == EndOfStream(sent) and len(fake.requests) == sent
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_missing_start_raises_a_clear_timeout(tmp_path: Path) -> None:
+    fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock", answer_hello=False).start()
+    with pytest.raises(TrafficStartTimeout, match="no Start"):
+        run_traffic(_schedule(rate=5.0, duration_s=1.0), fake.address, out_dir=None, start_timeout_s=0.2)
+    assert fake.hello is not None
