@@ -1,0 +1,245 @@
+"""`batchlab sweep CONFIG`: strategies × backends × rates × repeats, one real run per point, resumable.
+
+Layout: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic rates) and
+OUT/<label>/rate-<r>/rep-<k>/ (one run each). A point is done when its point.json exists, written only
+after its run returned: summary.json alone proves nothing, since the collector also writes one for a
+run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
+"""
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli.config import ConfigError, RunConfig, build_config, load_yaml
+
+INDEX_FILE = "sweep.json"
+DONE_FILE = "point.json"
+FAILED_FILE = "FAILED.txt"
+PROBE_DIR = "_probe"
+DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
+PROBE_REQUESTS = 32  # sent within probe_duration_s: a burst far above any worker's capacity
+PROBE_DURATION_S = 1.0
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run; the CLI prints it as one line and exits 1."""
+
+
+@dataclass(slots=True)
+class Entry:
+    """One line of the grid: a label and the RunConfig settings it lays over `base`."""
+
+    label: str
+    overrides: dict
+
+
+@dataclass(slots=True)
+class Plan:
+    """A parsed sweep config."""
+
+    base: dict
+    entries: list[Entry]
+    rates: list[float]  # empty when placed automatically
+    auto: dict  # {} when rates are given
+    repeats: int
+    seed: int
+
+
+@dataclass(slots=True)
+class Point:
+    """One run of the grid; its traffic seed is seed + repeat, shared by every strategy."""
+
+    entry: Entry
+    rate: float
+    repeat: int
+    seed: int
+    folder: Path
+
+    def config(self, base: dict) -> RunConfig:
+        """The run's settings: base ← entry ← this point's rate, seed and folder."""
+        values = {**base, **self.entry.overrides, "rate": self.rate, "seed": self.seed + self.repeat,
+                  "out": str(self.folder)}
+        return build_config(values, {})
+
+    def record(self, status: str, reason: str = "", elapsed_s: float | None = None) -> dict:
+        """This point's row in sweep.json."""
+        cfg = {**self.entry.overrides}
+        return {"label": self.entry.label, "strategy": cfg.get("strategy"), "backend": cfg.get("backend"),
+                "rate": self.rate, "repeat": self.repeat, "seed": self.seed + self.repeat,
+                "dir": "/".join(self.folder.parts[-3:]), "status": status, "reason": reason, "elapsed_s": elapsed_s}
+
+
+def _keys(mapping: dict) -> dict:
+    return {str(k).replace("-", "_"): v for k, v in mapping.items()}
+
+
+def _entry(item: object, base: dict) -> Entry:
+    """'dynamic' or {strategy: continuous, backend: hf, label: ..., <RunConfig fields>}."""
+    if isinstance(item, str):
+        item = {"strategy": item}
+    if not isinstance(item, dict) or "strategy" not in item:
+        raise SweepError(f"grid.strategies: {item!r} needs a strategy name")
+    overrides = _keys(item)
+    label = str(overrides.pop("label", ""))
+    backend = overrides.get("backend", base.get("backend"))
+    if not label:
+        strategy = overrides["strategy"]
+        label = strategy if strategy == "vllm" or "backend" not in overrides else f"{strategy}-{backend}"
+    overrides.setdefault("backend", backend or RunConfig.backend)
+    return Entry(label, overrides)
+
+
+def _rates(raw: object) -> tuple[list[float], dict]:
+    """A list of req/s, or {auto: {fractions, probe_duration_s, probe_requests, probe}}."""
+    if isinstance(raw, dict):
+        auto = _keys(raw.get("auto", raw) or {})
+        auto.setdefault("fractions", list(DEFAULT_FRACTIONS))
+        return [], auto
+    if not isinstance(raw, list) or not raw or not all(isinstance(r, (int, float)) and r > 0 for r in raw):
+        raise SweepError("grid.rates must be a list of positive req/s or {auto: {fractions: [...]}}")
+    return sorted({float(r) for r in raw}), {}
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Parse and check a sweep YAML (top-level `base:` and `grid:`)."""
+    raw = load_yaml(path)
+    extra = sorted(set(raw) - {"base", "grid"})
+    if extra:
+        raise SweepError(f"{path}: unknown top-level key(s) {', '.join(extra)} (expected base, grid)")
+    base, grid = _keys(raw.get("base") or {}), _keys(raw.get("grid") or {})
+    build_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
+    entries = [_entry(item, base) for item in grid.get("strategies") or []]
+    labels = [e.label for e in entries]
+    if not entries or len(set(labels)) != len(labels):
+        raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
+    rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig.rate)]))
+    return Plan(base, entries, rates, auto, int(grid.get("repeats", 1)), int(grid.get("seed", 0)))
+
+
+def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
+    """Repeat → rate → strategy, so an interrupted sweep already holds whole comparisons."""
+    return [Point(e, r, k, plan.seed, out / e.label / f"rate-{r:g}" / f"rep-{k}")
+            for k in range(plan.repeats) for r in rates for e in plan.entries]
+
+
+def auto_rates(capacity_req_s: float, fractions: list[float]) -> list[float]:
+    """Fractions of the measured capacity, 3 significant digits, distinct and positive."""
+    rates = {float(f"{capacity_req_s * f:.3g}") for f in fractions}
+    return sorted(r for r in rates if r > 0)
+
+
+def _failure_reason(exc: Exception, folder: Path) -> str:
+    """The exception, plus the last error line of the child logs when there is one."""
+    hints = []
+    for log in sorted((folder / "logs").glob("*.log")):
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln]
+        hints += [f"{log.stem}: {lines[-1].strip()}"] if lines else []
+    return "\n".join([f"{type(exc).__name__}: {exc}", *hints])
+
+
+def execute(point: Point, base: dict, on_tick=None) -> dict:
+    """Run one point into a clean folder; a failure becomes FAILED.txt, never an exception."""
+    from cli.launcher import launch_run
+
+    shutil.rmtree(point.folder, ignore_errors=True)  # leftovers of an interrupted or failed try
+    point.folder.mkdir(parents=True)
+    started = time.monotonic()
+    try:
+        summary = launch_run(point.config(base), on_tick=on_tick)
+    except (ConfigError, RuntimeError, OSError, ValueError) as exc:
+        reason = _failure_reason(exc, point.folder)
+        (point.folder / FAILED_FILE).write_text(reason + "\n")
+        return point.record("failed", reason, round(time.monotonic() - started, 2))
+    record = point.record("done", "", round(time.monotonic() - started, 2))
+    headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
+    _write_json(point.folder / DONE_FILE, {**record, "summary": headline})
+    return record
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def probe_capacity(plan: Plan, out: Path, on_tick=None) -> dict:
+    """A short saturating run (a burst of requests) on the probe entry: capacity = finished / window."""
+    folder = out / PROBE_DIR
+    if (folder / DONE_FILE).exists():  # resume keeps the rates the sweep started with
+        return json.loads((folder / DONE_FILE).read_text())["probe"]
+    auto = plan.auto
+    wanted = auto.get("probe") or next((e.label for e in plan.entries if e.label == "dynamic"),
+                                       plan.entries[0].label)
+    entry = next((e for e in plan.entries if e.label == wanted), None)
+    if entry is None:
+        raise SweepError(f"grid.rates.auto.probe: no strategy labelled {wanted!r}")
+    duration_s = float(auto.get("probe_duration_s", PROBE_DURATION_S))
+    n = int(auto.get("probe_requests", PROBE_REQUESTS))
+    point = Point(entry, n / duration_s, 0, plan.seed, folder)
+    record = execute(point, {**plan.base, "duration_s": duration_s, "max_queue": 0}, on_tick)
+    if record["status"] != "done":
+        raise SweepError(f"the capacity probe ({wanted}) failed: {record['reason'].splitlines()[0]}")
+    summary = json.loads((folder / "summary.json").read_text())
+    window_s = summary["window_s"] or float("nan")
+    probe = {"label": wanted, "requests": summary["finished"], "window_s": window_s,
+             "capacity_req_s": summary["finished"] / window_s,
+             "saturated": window_s > 1.5 * duration_s}  # else the worker kept up: capacity is a floor
+    _write_json(folder / DONE_FILE, {**record, "probe": probe})
+    return probe
+
+
+def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
+    """Every point of the grid, skipping finished ones; returns the sweep.json index."""
+    from report.live import SweepView
+
+    plan, out_dir = load_plan(config), Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        shutil.rmtree(out_dir / PROBE_DIR, ignore_errors=True)
+    with SweepView() as view:
+        probe = probe_capacity(plan, out_dir, view.ticker(None, "probe")) if plan.auto else None
+        rates = plan.rates or auto_rates(probe["capacity_req_s"], plan.auto["fractions"])
+        if probe:
+            view.note(f"capacity of {probe['label']}: {probe['capacity_req_s']:.3g} req/s → rates {rates}")
+        points = plan_points(plan, rates, out_dir)
+        index = {"config": str(config), "base": plan.base, "rates": rates, "repeats": plan.repeats,
+                 "seed": plan.seed, "probe": probe, "points": [p.record("pending") for p in points],
+                 "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
+        view.start(len(points))
+        for i, point in enumerate(points):
+            done = resume and (point.folder / DONE_FILE).exists()
+            index["points"][i] = (json.loads((point.folder / DONE_FILE).read_text()) | {"status": "skipped"}
+                                  if done else execute(point, plan.base, view.ticker(point, "run")))
+            view.finished(point, index["points"][i])
+            _write_json(out_dir / INDEX_FILE, index)
+    return index
+
+
+def register(app: typer.Typer) -> None:
+    """Add `batchlab sweep` to the app."""
+
+    @app.command()
+    def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
+              out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
+              resume: Annotated[bool, typer.Option(help="skip points already done")] = True) -> None:
+        """Run a grid of strategies × backends × rates × repeats, one real run per point."""
+        out = out or str(Path("results") / Path(config).stem)
+        try:
+            index = run_sweep(config, out, resume=resume)
+        except (SweepError, ConfigError) as exc:
+            typer.secho(f"error: {exc}", fg="red", err=True)
+            raise typer.Exit(code=1) from None
+        except KeyboardInterrupt:
+            typer.secho(f"interrupted; run the same command again to resume in {out}", err=True)
+            raise typer.Exit(code=130) from None
+        statuses = [p["status"] for p in index["points"]]
+        ok = len(statuses) - statuses.count("failed")
+        typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
+                   f"(see {Path(out) / INDEX_FILE}); next: batchlab report {out}")
+        if ok == 0:
+            raise typer.Exit(code=1)
