@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from protocol import EndOfStream, RequestMsg, Shutdown, Start, TrafficHello, decode, encode, now
+from protocol import EndOfStream, Heartbeat, RequestMsg, Shutdown, Start, TrafficHello, decode, encode, now
 from traffic.config import TrafficConfig
 from traffic.process import TrafficStartTimeout, run_traffic
 from traffic.schedule import Schedule, build_schedule, load_schedule
@@ -23,6 +23,8 @@ class FakeScheduler:
     address: str
     shutdown_after: int | None = None  # send Shutdown after this many requests
     answer_hello: bool = True
+    start_on_heartbeat: bool = False  # answer the hello only once a heartbeat came
+    heartbeats: list[Heartbeat] = field(default_factory=list)
     hello: TrafficHello | None = None
     t0: float = 0.0
     requests: list[RequestMsg] = field(default_factory=list)
@@ -52,16 +54,23 @@ class FakeScheduler:
     def _handle(self, sock: zmq.Socket, identity: bytes, msg: object) -> None:
         if isinstance(msg, TrafficHello):
             self.hello = msg
-            if self.answer_hello:
-                sock.send_multipart([identity, b"\xc1garbage"])  # a bad frame is logged and ignored
-                self.t0 = now() + START_DELAY_S
-                sock.send_multipart([identity, encode(Start(self.t0))])
+            if self.answer_hello and not self.start_on_heartbeat:
+                self._start(sock, identity)
+        elif isinstance(msg, Heartbeat):
+            self.heartbeats.append(msg)
+            if self.start_on_heartbeat and not self.t0:
+                self._start(sock, identity)
         elif isinstance(msg, RequestMsg):
             self.requests.append(msg)
             if len(self.requests) == self.shutdown_after:
                 sock.send_multipart([identity, encode(Shutdown("test"))])
         elif isinstance(msg, EndOfStream):
             self.end = msg
+
+    def _start(self, sock: zmq.Socket, identity: bytes) -> None:
+        sock.send_multipart([identity, b"\xc1garbage"])  # a bad frame is logged and ignored
+        self.t0 = now() + START_DELAY_S
+        sock.send_multipart([identity, encode(Start(self.t0))])
 
     def join(self) -> None:
         assert self.thread is not None
@@ -118,3 +127,15 @@ def test_missing_start_raises_a_clear_timeout(tmp_path: Path) -> None:
     with pytest.raises(TrafficStartTimeout, match="no Start"):
         run_traffic(_schedule(rate=5.0, duration_s=1.0), fake.address, out_dir=None, start_timeout_s=0.2)
     assert fake.hello is not None
+
+
+def test_traffic_beats_while_waiting_for_start_and_between_sparse_requests(tmp_path: Path) -> None:
+    cfg = TrafficConfig(arrival="constant", rate=0.6, duration_s=2.0, dataset="synthetic")
+    schedule = build_schedule(cfg, None)  # offsets 0 and 1.67 s
+    fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock", start_on_heartbeat=True).start()
+    assert run_traffic(schedule, fake.address, out_dir=None, start_timeout_s=5) == 2
+    fake.join()
+    beat_times = [b.time for b in fake.heartbeats]
+    assert beat_times[0] < fake.t0  # kept alive before Start
+    assert any(fake.requests[0].send_time < t < fake.requests[1].send_time for t in beat_times)
+    assert all(b.sender == "traffic" for b in fake.heartbeats)

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import zmq
 
-from protocol import EndOfStream, ProtocolError, RequestMsg, Shutdown, Start, TrafficHello, decode, encode
+from protocol import (
+    EndOfStream, Heartbeat, ProtocolError, RequestMsg, Shutdown, Start, TrafficHello, decode, encode,
+)
 from protocol.clock import now, sleep_until
-from protocol.sockets import make_socket
+from protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
 from traffic.schedule import Schedule, save_schedule
 
 log = logging.getLogger(__name__)
@@ -25,10 +27,19 @@ class TrafficStartTimeout(RuntimeError):
 
 @dataclass(slots=True)
 class _Control:
-    """Why sending should stop (set by a signal handler or a Shutdown message), and error counts."""
+    """Why sending should stop (set by a signal handler or a Shutdown message), and liveness state."""
 
     stop_reason: str = ""
     protocol_errors: int = 0
+    last_send: float = 0.0  # now() of the last frame sent (the scheduler counts any frame as a sign of life)
+
+
+def _beat(sock: zmq.Socket, ctl: _Control) -> None:
+    """Send a Heartbeat if nothing went out for HEARTBEAT_INTERVAL_S (the scheduler drops silent traffic)."""
+    t = now()
+    if t - ctl.last_send >= HEARTBEAT_INTERVAL_S:
+        sock.send(encode(Heartbeat("traffic", t)))
+        ctl.last_send = t
 
 
 def _drain(sock: zmq.Socket, ctl: _Control, timeout_s: float = 0.0) -> Start | None:
@@ -58,6 +69,7 @@ def _wait_for_start(sock: zmq.Socket, ctl: _Control, timeout_s: float) -> float 
         if left <= 0:
             raise TrafficStartTimeout(f"no Start from the scheduler within {timeout_s:g} s "
                                       "(is it running, and are its workers warm?)")
+        _beat(sock, ctl)
         start = _drain(sock, ctl, min(left, WAIT_SLICE_S))
         if start is not None:
             return start.t0
@@ -65,12 +77,13 @@ def _wait_for_start(sock: zmq.Socket, ctl: _Control, timeout_s: float) -> float 
 
 
 def _wait_until(deadline: float, sock: zmq.Socket, ctl: _Control) -> None:
-    """Block until `deadline`, reading the socket meanwhile; returns early if told to stop."""
+    """Block until `deadline`, reading the socket and beating meanwhile; returns early if told to stop."""
     while not ctl.stop_reason:
         left = deadline - now() - SPIN_MARGIN_S
         if left <= 0:
             sleep_until(deadline)
             return
+        _beat(sock, ctl)
         _drain(sock, ctl, min(left, WAIT_SLICE_S))
 
 
@@ -95,6 +108,7 @@ def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control) ->
         if ctl.stop_reason:
             return i
         send(encode(RequestMsg(ids[i], arrival, t, prompt_lens[i], output_lens[i], tokens[i])))  # 3. send
+        ctl.last_send = t
     return len(arrivals)
 
 
@@ -122,6 +136,7 @@ def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None
     try:
         # 1. announce
         sock.send(encode(TrafficHello(schedule.n_requests, schedule.content_hash, schedule.duration_s)))
+        ctl.last_send = now()
         # 2. wait for the scheduler's Start
         t0 = _wait_for_start(sock, ctl, start_timeout_s)
         # 3. send on schedule
