@@ -1,0 +1,183 @@
+"""The `openai` backend: the token-count rule (pure), then against a real vLLM OpenAI server on loopback."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from worker.backend import Row
+from worker.openai_client import _Tally, base_url, count_chunk, settle
+
+SERVER_START_TIMEOUT_S = 240.0
+
+
+def _row(output_len: int, request_id: int = 7) -> Row:
+    return Row(request_id, 3, output_len, [1, 2, 3], 0)
+
+
+def _text_chunk(text: str) -> dict:
+    return {"choices": [{"index": 0, "text": text}]}
+
+
+def _feed(tally: _Tally, chunks: list[dict]) -> list:
+    emitted = [count_chunk(tally, c, float(i)) for i, c in enumerate(chunks)]
+    return [c for c in emitted if c is not None] + settle(tally, 99.0)
+
+
+# --- the counting rule (no server) ----------------------------------------------------------------
+def test_token_ids_in_chunks_are_emitted_exactly():
+    tally = _Tally(_row(3))
+    out = _feed(tally, [{"choices": [{"text": "a", "token_ids": [5, 6]}]},
+                        {"choices": [{"text": "", "token_ids": [9]}]},
+                        {"choices": [], "usage": {"completion_tokens": 3}}])
+    assert [c.token_ids for c in out if c.token_ids] == [[5, 6], [9]]
+    assert out[-1].end == "ok"
+
+
+def test_continuous_usage_counts_the_increase_per_chunk():
+    tally = _Tally(_row(5))
+    out = _feed(tally, [{"choices": [{"text": "ab"}], "usage": {"completion_tokens": 2}},
+                        {"choices": [{"text": "c"}], "usage": {"completion_tokens": 5}},
+                        {"choices": [], "usage": {"completion_tokens": 5}}])
+    assert [len(c.token_ids) for c in out if c.token_ids] == [2, 3]
+    assert out[-1].end == "ok"
+
+
+def test_text_chunks_shortfall_goes_to_the_last_chunk():
+    tally = _Tally(_row(6))
+    out = _feed(tally, [_text_chunk("a"), _text_chunk(""), _text_chunk("bc"),
+                        {"choices": [], "usage": {"completion_tokens": 6}}])
+    assert [(c.time, len(c.token_ids)) for c in out] == [(0.0, 1), (2.0, 5)]
+    assert out[-1].end == "ok"
+
+
+def test_text_chunks_excess_is_taken_from_the_latest_chunks():
+    tally = _Tally(_row(2))
+    out = _feed(tally, [_text_chunk("a"), _text_chunk("b"), _text_chunk("c"),
+                        {"choices": [], "usage": {"completion_tokens": 2}}])
+    assert [(c.time, len(c.token_ids)) for c in out] == [(0.0, 1), (1.0, 1)]
+
+
+def test_a_short_completion_fails_with_the_counts():
+    out = _feed(_Tally(_row(10)), [_text_chunk("a"), {"choices": [], "usage": {"completion_tokens": 4}}])
+    assert sum(len(c.token_ids) for c in out) == 4
+    assert out[-1].end == "stream error: server returned 4 of 10 tokens"
+
+
+def test_endpoint_base_drops_v1_and_slashes():
+    assert base_url("http://h:8000/v1/") == base_url("http://h:8000") == "http://h:8000"
+
+
+# --- a real vLLM OpenAI server --------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"vLLM server not healthy after {SERVER_START_TIMEOUT_S} s")
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`python -m vllm.entrypoints.openai.api_server` on tiny-mistral, in its own process group."""
+    pytest.importorskip("vllm")
+    from worker.tiny import resolve_model
+
+    port, log_path = _free_port(), tmp_path_factory.mktemp("vllm-server") / "server.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model("tiny-mistral"),
+           "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "8", "--enforce-eager",
+           "--kv-cache-memory-bytes", str(2**30)]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        yield url, proc
+    finally:
+        _kill_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+
+
+def _drain(backend, limit_s: float = 120.0) -> list:
+    outs, deadline = [], time.monotonic() + limit_s
+    while backend.has_work() and time.monotonic() < deadline:
+        out = backend.step()
+        if out is not None:
+            outs.append(out)
+    assert not backend.has_work(), "streams did not end in time"
+    return outs
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_openai_streams_exact_token_counts_from_vllm(server):
+    from worker.openai_client import OpenAIBackend
+
+    backend = OpenAIBackend(f"{server[0]}/v1", "tiny-mistral", max_concurrency=4)
+    try:
+        backend.warmup()
+        rows = [Row(i, 5 + 11 * i, 3 + 5 * i, [100 + j for j in range(5 + 11 * i)], 0) for i in range(6)]
+        backend.admit(rows)
+        outs = _drain(backend)
+    finally:
+        backend.close()
+    assert sorted(rid for o in outs for rid in o.finished) == [r.request_id for r in rows]
+    for row in rows:
+        stamps = [o.time for o in outs for rid in o.request_ids if rid == row.request_id]
+        assert len(stamps) == row.output_len and stamps == sorted(stamps)
+    assert all(t >= 0 for o in outs for t in o.token_ids)  # vLLM returns the ids (return_token_ids)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_openai_cut_streams_fail_and_finished_ones_stay_finished(server):
+    """Runs last: it kills the module's server while long streams run."""
+    from worker.openai_client import OpenAIBackend
+
+    url, proc = server
+    backend = OpenAIBackend(url, "tiny-mistral", max_concurrency=8)
+    short, long = [Row(i, 8, 4, list(range(10, 18)), 0) for i in (0, 1)], \
+        [Row(i, 8, 4000, list(range(20, 28)), 0) for i in (2, 3, 4)]
+    backend.admit(short + long)
+    outs, got = [], set()
+    try:
+        while not ({0, 1} <= {r for o in outs for r in o.finished} and got >= {2, 3, 4}):
+            out = backend.step()
+            if out is not None:
+                outs.append(out)
+                got |= set(out.request_ids)
+        _kill_group(proc, signal.SIGKILL)
+        outs += _drain(backend, limit_s=60.0)
+    finally:
+        backend.close()
+    failed = {rid: why for o in outs for rid, why in o.failed}
+    assert sorted(rid for o in outs for rid in o.finished) == [0, 1]
+    assert sorted(failed) == [2, 3, 4]
+    assert all(why.startswith("stream error:") for why in failed.values())

@@ -1,0 +1,24 @@
+"""`batchlab run --backend vllm` end to end: traffic → scheduler → vLLM worker → collector on tiny-mistral."""
+import json
+
+import pandas as pd
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytest.importorskip("vllm")
+
+
+def test_vllm_run_gives_every_request_its_exact_tokens(tmp_path):
+    out = tmp_path / "run"
+    run_cli("run", "--backend", "vllm", "--strategy", "continuous", "--model", "tiny-mistral", "--rate", "4",
+            "--duration", "10", "--out", str(out), timeout_s=600)
+    requests = pd.read_parquet(out / "requests.parquet")
+    tokens = pd.read_parquet(out / "tokens.parquet")
+    assert len(requests) > 0 and (requests.status == "finished").all()
+    counts = tokens.groupby("request_id").size().reindex(requests.request_id, fill_value=0)
+    assert (counts.to_numpy() == requests.output_len.to_numpy()).all()
+    assert (requests.ttft > 0).all() and (requests.tpot > 0).all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["memory_kind"] == "vllm_kv_pool" and summary["peak_memory_bytes"] > 0

@@ -1,0 +1,115 @@
+"""The `vllm` backend on the real CPU engine (tiny-mistral); one engine is shared by the module."""
+import pandas as pd
+import psutil
+import pytest
+
+from protocol.clock import now
+from worker.backend import BackendError, Row
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytest.importorskip("vllm")
+
+KV_POOL_BYTES = 2**30
+# (prompt_len, output_len) per row: different lengths so rows join and leave at different steps
+SHAPES = [(5, 3), (17, 8), (40, 16), (90, 24)]
+
+
+def rows_of(shapes: list[tuple[int, int]], first_id: int = 0) -> list[Row]:
+    """Rows with distinct prompts of the given lengths."""
+    return [Row(first_id + i, p, o, [100 + (7 * i + j) % 500 for j in range(p)], 0)
+            for i, (p, o) in enumerate(shapes)]
+
+
+def drain(backend) -> list:
+    """Step until the backend has no work; the non-empty step outputs."""
+    outs = []
+    while backend.has_work():
+        out = backend.step()
+        if out is not None:
+            outs.append(out)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from worker.vllm_engine import VLLMBackend, VLLMSettings
+
+    be = VLLMBackend(VLLMSettings(model="tiny-mistral", max_num_seqs=8, enforce_eager=True,
+                                  kv_cache_bytes=KV_POOL_BYTES))
+    be.warmup()
+    yield be
+    be.close()
+
+
+def test_vllm_rows_get_exactly_their_tokens_with_ordered_times(backend):
+    rows = rows_of(SHAPES)
+    admitted = now()
+    backend.admit(rows)
+    outs = drain(backend)
+    times = [o.time for o in outs]
+    assert times == sorted(times)
+    finished = [rid for o in outs for rid in o.finished]
+    assert sorted(finished) == [r.request_id for r in rows]
+    assert not [f for o in outs for f in o.failed]
+    for row in rows:
+        stamps = [o.time for o in outs for rid in o.request_ids if rid == row.request_id]
+        ids = [t for o in outs for rid, t in zip(o.request_ids, o.token_ids) if rid == row.request_id]
+        assert len(stamps) == row.output_len
+        assert all(0 <= t < 32000 for t in ids)
+        ttft_s, tpot_s = stamps[0] - admitted, (stamps[-1] - stamps[0]) / (row.output_len - 1)
+        assert ttft_s > 0 and tpot_s > 0
+
+
+def test_vllm_reports_its_kv_pool_and_usage(backend):
+    backend.admit(rows_of([(60, 10), (120, 10)], first_id=100))
+    drain(backend)
+    info = backend.info
+    assert info.memory_kind == "vllm_kv_pool"
+    assert info.kv_budget_bytes == info.facts["kv_pool_bytes"]
+    # tiny-mistral: 2 (K, V) × 8 layers × 4 KV heads × 64 head dim × bytes of the engine's dtype
+    dtype_bytes = backend.engine.vllm_config.model_config.dtype.itemsize
+    assert info.kv_bytes_per_token == 2 * 8 * 4 * 64 * dtype_bytes
+    assert info.facts["kv_pool_tokens"] * info.kv_bytes_per_token == info.kv_budget_bytes
+    assert abs(info.kv_budget_bytes - KV_POOL_BYTES) <= info.facts["kv_block_size_tokens"] * info.kv_bytes_per_token
+    assert 0 < backend.peak_memory_bytes() < info.kv_budget_bytes
+    assert backend.run_facts()["kv_cache_usage_peak"] > 0
+
+
+def test_vllm_records_its_own_request_timestamps(backend):
+    backend.admit(rows_of([(30, 6)], first_id=200))
+    drain(backend)
+    m = backend.request_metrics[200]
+    assert m["queued_ts"] <= m["scheduled_ts"] <= m["first_token_ts"] <= m["last_token_ts"] <= now()
+    assert m["first_token_latency_s"] > 0
+
+
+def test_vllm_static_batch_runs_every_row_to_its_length(backend):
+    rows = rows_of([(8, 5), (33, 12), (64, 2)], first_id=300)
+    outs = []
+    backend.run_batch(rows, outs.append)
+    counts = pd.Series([rid for o in outs for rid in o.request_ids]).value_counts().to_dict()
+    assert counts == {r.request_id: r.output_len for r in rows}
+
+
+def test_vllm_too_long_prompt_fails_the_row_not_the_engine(backend):
+    too_long = backend.engine.vllm_config.model_config.max_model_len + 1
+    backend.admit(rows_of([(too_long, 4), (10, 4)], first_id=400))
+    outs = drain(backend)
+    assert [rid for o in outs for rid, _ in o.failed] == [400]
+    assert [rid for o in outs for rid in o.finished] == [401]
+    with pytest.raises(BackendError):
+        backend.run_batch(rows_of([(too_long, 4)], first_id=410), lambda _o: None)
+
+
+def _engine_children() -> list[psutil.Process]:
+    """Our child processes, less multiprocessing's resource tracker (it lives as long as this process)."""
+    return [p for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def test_vllm_close_stops_the_engine_processes(backend):
+    children = _engine_children()
+    assert children, "the engine core runs in a child process"
+    backend.close()
+    _gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive
