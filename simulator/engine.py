@@ -12,15 +12,13 @@ The collector's RunStore receives the same messages it would receive live, excep
 """
 import heapq
 import itertools
-from collections import deque
-
 import numpy as np
 import pandas as pd
 
 from collector.store import RunStore
 from protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, WorkerBye, WorkerHello
 from scheduler.policies import Policy, QueuedRequest
-from scheduler.workers import WorkerState, least_loaded
+from scheduler.workers import PendingQueue, WorkerState, least_loaded
 from simulator.continuous import FastContinuousCore, StepPlan
 from simulator.record import Recorder
 from worker.backend import Row
@@ -34,15 +32,16 @@ class Simulation:
     """One run in virtual time: requests (a schedule frame) → policy → modelled workers → RunStore."""
 
     def __init__(self, policy: Policy, model: StepModel, hellos: list[WorkerHello], requests: pd.DataFrame,
-                 *, settings: dict, max_queue: int = 0) -> None:
-        self.policy, self.model, self.max_queue, self.settings = policy, model, max_queue, settings
+                 *, settings: dict, max_queue: int = 0, max_queue_tokens: int = 0) -> None:
+        self.policy, self.model, self.settings = policy, model, settings
+        self.max_queue, self.max_queue_tokens = max_queue, max_queue_tokens
         self.store, self.recorder = RunStore(), Recorder()
         # the queue holds QueuedRequest: the policy's view and all that WorkerState.capacity() reads
         self.workers = {h.worker_id: WorkerState(h, 0.0) for h in hellos}
         self.cores = {h.worker_id: FastContinuousCore(model) for h in hellos if h.mode == "continuous"}
         self.stepping: dict[str, tuple[float, int, StepPlan]] = {}  # worker -> (start_s, step, plan)
         self.admitted: dict[int, tuple[int, float, int]] = {}  # rid -> (batch_id, admit_s, output_len)
-        self.queue: deque[QueuedRequest] = deque()
+        self.queue = PendingQueue()
         self.requests = list(zip(requests["request_id"].tolist(), requests["arrival_offset_s"].tolist(),
                                  requests["prompt_len"].tolist(), requests["output_len"].tolist()))
         self.events = [(r[1], i, ARRIVAL, i) for i, r in enumerate(self.requests)]
@@ -103,12 +102,18 @@ class Simulation:
         if index == len(self.requests) - 1:  # traffic's EndOfStream follows its last request
             self.eos = True
             self.stats["sent_by_traffic"] = len(self.requests)
-        if self.max_queue and len(self.queue) >= self.max_queue:
+        if self._queue_full(prompt_len + output_len):
             self.stats["queue_full"] += 1
             self.store.handle(RequestFailed(rid, "queue full", t))
             return
         self.queue.append(QueuedRequest(rid, t, prompt_len, output_len))
         self.stats["max_queue_len"] = max(self.stats["max_queue_len"], len(self.queue))
+
+    def _queue_full(self, tokens: int) -> bool:
+        """scheduler.process.Scheduler._queue_full: by request count or by queued tokens."""
+        by_count = self.max_queue and len(self.queue) >= self.max_queue
+        by_tokens = self.max_queue_tokens and self.queue.tokens + tokens > self.max_queue_tokens
+        return bool(by_count or by_tokens)
 
     def _schedule(self, t: float) -> None:
         """scheduler.process.Scheduler._schedule, in virtual time."""

@@ -49,7 +49,7 @@ def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) ->
                          max_wait_ms=cfg.max_wait_ms, max_new_tokens=cfg.max_new_tokens)
     model = step_model(cfg)
     sim = Simulation(policy, model, worker_hellos(cfg, model), schedule.frame, settings=sim_settings(cfg),
-                     max_queue=cfg.max_queue)
+                     max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens)
     store = sim.run()
     tokens = sim.recorder.attach(store)
     tables = build_tables(store, tokens, schedule.frame[SCHEDULE_COLUMNS], slos)

@@ -1,0 +1,72 @@
+"""`batchlab simulate`: a run's traffic, policy and step model in virtual time (no processes, no sleeps)."""
+from typing import Annotated, Optional
+
+import typer
+
+Opt = typer.Option
+ConfigArg = Annotated[Optional[str], typer.Argument(
+    help="YAML of settings; may list `strategies:` and `rates:` (one folder per point)")]
+Strategies = Annotated[Optional[str], Opt(help="naive | dynamic | continuous, or a comma list")]
+Preset = Annotated[Optional[str], Opt(help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral")]
+Rates = Annotated[Optional[str], Opt(help="arrival rate, requests/s, or a comma list (5,10,20)")]
+Duration = Annotated[Optional[float], Opt("--duration", help="seconds of traffic")]
+Arrival = Annotated[Optional[str], Opt(help="poisson | gamma | constant")]
+Burst = Annotated[Optional[float], Opt(help="gamma shape: 1 = Poisson, < 1 burstier")]
+Dataset = Annotated[Optional[str], Opt(help="sharegpt | synthetic | PATH (ShareGPT JSON/JSONL)")]
+Schedule = Annotated[Optional[str], Opt(help="replay this saved schedule.parquet")]
+BatchSize = Annotated[Optional[int], Opt(help="naive: launch exactly N")]
+MaxBatch = Annotated[Optional[int], Opt(help="dynamic: size trigger / worker rows")]
+MaxWait = Annotated[Optional[float], Opt(help="dynamic: age trigger, ms")]
+MaxNew = Annotated[Optional[int], Opt(help="cap on output tokens per request")]
+Seed = Annotated[Optional[int], Opt(help="seed of the arrival and prompt streams")]
+Out = Annotated[Optional[str], Opt(help="output folder (default runs/simulated)")]
+Workers = Annotated[Optional[int], Opt(help="simulated workers")]
+MaxQueue = Annotated[Optional[int], Opt(help="reject arrivals beyond this queue length (0: unbounded)")]
+MaxQueueTokens = Annotated[Optional[int], Opt(help="reject arrivals beyond this many queued tokens (0: unbounded)")]
+Budget = Annotated[Optional[str], Opt(help="KV memory budget, e.g. 2GiB (default: the preset's)")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `batchlab simulate` to the CLI."""
+    app.command("simulate")(simulate)
+
+
+def simulate(config: ConfigArg = None, *, strategy: Strategies = None, preset: Preset = None, rate: Rates = None,
+             duration_s: Duration = None, arrival: Arrival = None, burstiness: Burst = None,
+             dataset: Dataset = None, schedule: Schedule = None, batch_size: BatchSize = None,
+             max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
+             seed: Seed = None, out: Out = None, workers: Workers = None, max_queue: MaxQueue = None,
+             max_queue_tokens: MaxQueueTokens = None, memory_budget: Budget = None) -> None:
+    """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
+    overrides = dict(locals())
+    overrides.pop("config")
+    from cli.config import ConfigError, load_yaml
+    from simulator.sweep import plan_sweep, run_sweep
+    from traffic.datasets import DatasetError
+
+    try:
+        plan = plan_sweep(load_yaml(config) if config else {}, overrides)
+        summaries = run_sweep(plan)
+    except (ConfigError, DatasetError, ValueError) as exc:  # ValueError: an unknown preset or strategy
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(code=1) from None
+    _print_table(plan.points, summaries)
+
+
+def _seconds(summary: dict, metric: str, q: str) -> str:
+    value = summary[metric][q]
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _print_table(points: list, summaries: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("strategy", "rate", "finished", "tok/s", "req/s", "TTFT p50 s", "TTFT p99 s", "E2E p50 s",
+                  "E2E p99 s", "out", title="simulated")
+    for point, s in zip(points, summaries):
+        table.add_row(point.strategy, f"{point.rate:g}", f"{s['finished']}/{s['submitted']}",
+                      f"{s['throughput_tok_s']:.0f}", f"{s['requests_per_s']:.2f}", _seconds(s, "ttft", "p50"),
+                      _seconds(s, "ttft", "p99"), _seconds(s, "e2e", "p50"), _seconds(s, "e2e", "p99"),
+                      point.cfg.out)
+    Console(width=160).print(table)
