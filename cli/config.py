@@ -51,6 +51,7 @@ class RunConfig:
     endpoint: str = ""
     max_concurrency: int = 64
     warmup_requests: int = 2
+    keys: str = ""  # CurveZMQ key folder (required to bind a non-loopback address)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "RunConfig":

@@ -1,5 +1,6 @@
 """`batchlab run`: start collector, scheduler, worker(s) and traffic as processes and watch them."""
 import json
+import logging
 import multiprocessing as mp
 import os
 import shutil
@@ -15,6 +16,7 @@ from cli import roles
 from cli.config import RunConfig
 from protocol.sockets import Addresses
 
+log = logging.getLogger("batchlab.launcher")
 POLL_S = 0.2
 STOP_GRACE_S = 30.0  # how long children get to finish after a stop before they are killed
 COLLECTOR_GRACE_S = 12.0  # the collector's own wait for worker byes is 10 s
@@ -71,18 +73,32 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None) -> dic
 
 
 def _watch(children: list[Child], on_tick) -> None:
-    """Wait for every child; the first that exits non-zero stops the run."""
-    t_start = time.monotonic()
+    """Wait for every child. A dead collector or scheduler, or the last worker, stops the run; a dead
+    traffic process or one of several workers does not: the scheduler notices and the run goes on."""
+    t_start, reported = time.monotonic(), set()
     while any(c.proc.is_alive() for c in children):
         for c in children:
             code = c.proc.exitcode
-            if code not in (None, 0):
+            if code in (None, 0) or c.name in reported:
+                continue
+            reported.add(c.name)
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            message = f"{c.name} died ({how}); see its log in the out folder's logs/"
+            if _fatal(c, children):
                 _stop(children, signal.SIGTERM)
-                how = f"signal {-code}" if code < 0 else f"exit code {code}"
-                raise RunFailed(f"{c.name} died ({how}); see its log in the out folder's logs/")
+                raise RunFailed(message)
+            log.warning("%s; the run goes on", message)
         if on_tick is not None:
             on_tick(time.monotonic() - t_start, {c.name: c.proc.is_alive() for c in children})
         time.sleep(POLL_S)
+
+
+def _fatal(dead: Child, children: list[Child]) -> bool:
+    if dead.name == "traffic":
+        return False  # the scheduler treats silent traffic as the end of the stream
+    if dead.name.startswith("worker-"):
+        return not any(c.proc.is_alive() for c in children if c.name.startswith("worker-"))
+    return True
 
 
 def _stop(children: list[Child], sig: int) -> None:

@@ -42,6 +42,7 @@ Dtype = Annotated[Optional[str], Opt(help="auto | float32 | float16 | bfloat16")
 Device = Annotated[Optional[str], Opt(help="auto | cpu | cuda")]
 Endpoint = Annotated[Optional[str], Opt(help="openai backend: server URL")]
 MaxConc = Annotated[Optional[int], Opt(help="openai backend: concurrent streams")]
+Keys = Annotated[Optional[str], Opt(help="CurveZMQ key folder (needed to bind a non-loopback address)")]
 
 
 def _config(config: str | None, overrides: dict) -> RunConfig:
@@ -83,32 +84,57 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, backend: Backend
 
 @app.command()
 def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp://127.0.0.1:5558",
-              out: Annotated[str, Opt(help="output folder")] = "runs/latest") -> None:
+              out: Annotated[str, Opt(help="output folder")] = "runs/latest", keys: Keys = None) -> None:
     """Run the collector alone."""
     from cli.roles import collector_role
 
-    collector_role(RunConfig(out=out), address)
+    _role(collector_role, RunConfig(out=out, keys=keys or ""), address)
+
+
+def _role(role, *args) -> None:
+    """Run one role in this process; its known failures become one line and exit 1."""
+    from protocol.security import InsecureAddress
+    from traffic.datasets import DatasetError
+    from worker.backend import BackendError
+
+    try:
+        code = role(*args)
+    except (InsecureAddress, BackendError, DatasetError, ConfigError) as exc:
+        _fail(str(exc))
+    raise typer.Exit(code or 0)
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="CurveZMQ keys for non-loopback addresses.")
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("generate")
+def keys_generate(folder: Annotated[str, typer.Argument(help="where to write the key folder")]) -> None:
+    """Create server and client key pairs (copy the folder to every host of the run)."""
+    from protocol.security import generate_keys
+
+    typer.echo(f"keys written to {generate_keys(folder)}")
 
 
 @app.command()
 def scheduler(*, config: ConfigOpt = None, strategy: Strategy = None, batch_size: BatchSize = None,
               max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
               workers: Workers = None, max_queue: MaxQueue = None, max_queue_tokens: MaxQueueTok = None,
-              out: Out = None,
+              out: Out = None, keys: Keys = None,
               address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5557",
               collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558") -> None:
     """Run the scheduler alone (a new strategy in place of the old)."""
     overrides = {k: v for k, v in locals().items() if k not in ("config", "address", "collector")}
     from cli.roles import scheduler_role
 
-    raise typer.Exit(scheduler_role(_config(config, overrides), address, collector))
+    _role(scheduler_role, _config(config, overrides), address, collector)
 
 
 @app.command()
 def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = None, preset: Preset = None,
            strategy: Strategy = None, max_batch_size: MaxBatch = None, memory_budget: Budget = None,
            strict_memory: Strict = None, dtype: Dtype = None, device: Device = None,
-           endpoint: Endpoint = None, max_concurrency: MaxConc = None, out: Out = None,
+           endpoint: Endpoint = None, max_concurrency: MaxConc = None, out: Out = None, keys: Keys = None,
            scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557",
            collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558",
            worker_id: Annotated[str, Opt(help="this worker's name")] = "worker-0") -> None:
@@ -116,28 +142,20 @@ def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = 
     overrides = {k: v for k, v in locals().items()
                  if k not in ("config", "scheduler", "collector", "worker_id")}
     from cli.roles import worker_role
-    from worker.backend import BackendError
 
-    try:
-        raise typer.Exit(worker_role(_config(config, overrides), scheduler, collector, worker_id))
-    except BackendError as exc:
-        _fail(str(exc))
+    _role(worker_role, _config(config, overrides), scheduler, collector, worker_id)
 
 
 @app.command()
 def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None, duration_s: Duration = None,
             arrival: Arrival = None, burstiness: Burst = None, dataset: Dataset = None,
             schedule: Schedule = None, max_new_tokens: MaxNew = None, seed: Seed = None, out: Out = None,
-            scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
+            keys: Keys = None, scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
     """Run the traffic generator alone."""
     overrides = {k: v for k, v in locals().items() if k not in ("config", "scheduler")}
     from cli.roles import traffic_role
-    from traffic.datasets import DatasetError
 
-    try:
-        raise typer.Exit(traffic_role(_config(config, overrides), scheduler))
-    except DatasetError as exc:
-        _fail(str(exc))
+    _role(traffic_role, _config(config, overrides), scheduler)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None
     from collector.process import run_collector
 
     setup_logging(cfg.out, "collector")
-    run_collector(collector_addr, Path(cfg.out), slos=slos)
+    run_collector(collector_addr, Path(cfg.out), slos=slos, keys=cfg.keys or None)
     return 0
 
 
@@ -38,7 +38,7 @@ def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str) -> 
                          max_wait_ms=cfg.max_wait_ms, max_new_tokens=cfg.max_new_tokens)
     return run_scheduler(policy, scheduler_addr, collector_addr, min_workers=cfg.workers,
                          max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
-                         settings=run_settings(cfg))
+                         settings=run_settings(cfg), keys=cfg.keys or None)
 
 
 def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:
@@ -47,7 +47,7 @@ def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker
     from worker.process import run_worker
 
     setup_logging(cfg.out, worker_id)
-    return run_worker(make_backend(cfg), scheduler_addr, collector_addr, worker_id)
+    return run_worker(make_backend(cfg), scheduler_addr, collector_addr, worker_id, keys=cfg.keys or None)
 
 
 def traffic_role(cfg: RunConfig, scheduler_addr: str) -> int:

@@ -11,6 +11,7 @@ from collector.parts import PartWriter, read_schedule, write_final
 from collector.store import RunStore
 from protocol import ProtocolError, decode
 from protocol.clock import now
+from protocol.security import check_bind, start_authenticator
 from protocol.sockets import make_socket
 
 log = logging.getLogger(__name__)
@@ -100,15 +101,17 @@ def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threadin
 
 
 def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grace_s: float = 10.0,
-                  idle_timeout_s: float | None = None) -> dict:
+                  idle_timeout_s: float | None = None, keys: str | None = None) -> dict:
     """Collect one run's events from `address` into out_dir's tables; returns the summary."""
     out_dir = Path(out_dir)
     store, writer, stop = RunStore(), PartWriter(out_dir), threading.Event()
     restore_signals = _install_signal_handlers(stop)
     ctx = zmq.Context()
-    sock = None
+    sock, auth = None, None
     try:
-        sock = make_socket(ctx, zmq.PULL, address, bind=True)
+        check_bind(address, keys)
+        auth = start_authenticator(ctx, keys) if keys else None
+        sock = make_socket(ctx, zmq.PULL, address, bind=True, keys=keys)
         reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s)
         log.info("collector: stopping (%s)", reason)
         writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
@@ -119,5 +122,7 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
     finally:
         if sock is not None:
             sock.close()
+        if auth is not None:
+            auth.stop()
         ctx.term()
         restore_signals()

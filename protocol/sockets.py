@@ -3,6 +3,9 @@ from dataclasses import dataclass
 
 import zmq
 
+from protocol.codec import MAX_MESSAGE_BYTES
+from protocol.security import check_bind, secure_client, secure_server
+
 SEND_HWM = 100_000  # messages queued per peer before send blocks (PUSH) or drops (ROUTER)
 RECV_HWM = 100_000
 LINGER_MS = 2_000  # how long close() may flush unsent messages
@@ -24,16 +27,25 @@ class Addresses:
 
 
 def make_socket(ctx: zmq.Context, kind: int, address: str, *, bind: bool,
-                identity: str | None = None) -> zmq.Socket:
-    """Create, configure and bind or connect one socket."""
+                identity: str | None = None, keys: str | None = None) -> zmq.Socket:
+    """Create, configure and bind or connect one socket.
+
+    Binding anything but loopback requires `keys` (CurveZMQ); the binding process must also run
+    `security.start_authenticator(ctx, keys)` so that only authorized clients get through.
+    """
+    if bind:
+        check_bind(address, keys)
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, LINGER_MS)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a peer sending more is disconnected unread
     sock.setsockopt(zmq.SNDHWM, SEND_HWM)
     sock.setsockopt(zmq.RCVHWM, RECV_HWM)
     if identity is not None:
         sock.setsockopt(zmq.ROUTING_ID, identity.encode())
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a gone peer raises, not drops
+    if keys:
+        (secure_server if bind else secure_client)(sock, keys)
     if bind:
         sock.bind(address)
     else:

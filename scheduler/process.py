@@ -8,6 +8,7 @@ import zmq
 from protocol import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, ProtocolError,
                       RequestFailed, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                       WorkerHello, decode, encode, now)
+from protocol.security import check_bind, start_authenticator
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
 from scheduler.policies import Policy, QueuedRequest
 from scheduler.workers import Pending, PendingQueue, WorkerState, least_loaded
@@ -22,13 +23,16 @@ class Scheduler:
     """Feeds the policy and carries out its decisions."""
 
     def __init__(self, policy: Policy, scheduler_addr: str, collector_addr: str, *, min_workers: int = 1,
-                 max_queue: int = 0, max_queue_tokens: int = 0, settings: dict | None = None) -> None:
+                 max_queue: int = 0, max_queue_tokens: int = 0, settings: dict | None = None,
+                 keys: str | None = None) -> None:
         self.policy, self.min_workers = policy, min_workers
         self.max_queue, self.max_queue_tokens = max_queue, max_queue_tokens
         self.settings = dict(settings or {})
         self.ctx = zmq.Context()
-        self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True)
-        self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False)
+        check_bind(scheduler_addr, keys)
+        self.auth = start_authenticator(self.ctx, keys) if keys else None
+        self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True, keys=keys)
+        self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
         self.workers: dict[str, WorkerState] = {}
         self.queue = PendingQueue()
         self.traffic: bytes | None = None
@@ -251,6 +255,8 @@ class Scheduler:
         """Sockets first, then the context."""
         self.router.close()
         self.coll.close()
+        if self.auth is not None:
+            self.auth.stop()
         self.ctx.term()
 
 

@@ -10,8 +10,8 @@ from protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
 class HeartbeatThread:
     """Sends Heartbeat(worker_id) to the scheduler every HEARTBEAT_INTERVAL_S while the process lives."""
 
-    def __init__(self, ctx: zmq.Context, scheduler_addr: str, worker_id: str) -> None:
-        self.ctx, self.addr, self.worker_id = ctx, scheduler_addr, worker_id
+    def __init__(self, ctx: zmq.Context, scheduler_addr: str, worker_id: str, keys: str | None = None) -> None:
+        self.ctx, self.addr, self.worker_id, self.keys = ctx, scheduler_addr, worker_id, keys
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -26,7 +26,8 @@ class HeartbeatThread:
             self.thread.join(timeout=5)
 
     def _run(self) -> None:
-        sock = make_socket(self.ctx, zmq.DEALER, self.addr, bind=False, identity=f"{self.worker_id}.hb")
+        sock = make_socket(self.ctx, zmq.DEALER, self.addr, bind=False, identity=f"{self.worker_id}.hb",
+                           keys=self.keys)
         sock.setsockopt(zmq.LINGER, 0)
         try:
             while not self.done.is_set():

@@ -29,11 +29,12 @@ class _Open:
 class Worker:
     """Socket edges around a backend: hello, dispatches in, tokens and batch results out."""
 
-    def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str) -> None:
+    def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str,
+                 keys: str | None = None) -> None:
         self.backend, self.worker_id = backend, worker_id
         self.ctx = zmq.Context()
-        self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id)
-        self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False)
+        self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id, keys=keys)
+        self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
         self.poller = zmq.Poller()
         self.poller.register(self.sched, zmq.POLLIN)
         self.open: dict[int, _Open] = {}  # batch_id -> continuous bookkeeping
@@ -43,7 +44,7 @@ class Worker:
         self.rejected = 0
         self.last_heard = now()
         self.deferred: list[object] = []
-        self.heart = HeartbeatThread(self.ctx, scheduler_addr, worker_id)
+        self.heart = HeartbeatThread(self.ctx, scheduler_addr, worker_id, keys)
         self.clock = OffsetEstimate()
         self.next_sync = 0.0
 
@@ -210,9 +211,10 @@ class Worker:
         self.coll.send(encode(msg))
 
 
-def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0") -> int:
+def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
+               keys: str | None = None) -> int:
     """Serve until told to stop; SIGINT/SIGTERM stop after the current step. Returns an exit code."""
-    worker = Worker(backend, scheduler_addr, collector_addr, worker_id)
+    worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys)
 
     def stop(signum: int, _frame: object) -> None:
         worker.stopping = True
