@@ -100,7 +100,8 @@ def _rates(raw: object) -> tuple[list[float], dict]:
         auto = _keys(raw.get("auto", raw) or {})
         auto.setdefault("fractions", list(DEFAULT_FRACTIONS))
         return [], auto
-    if not isinstance(raw, list) or not raw or not all(isinstance(r, (int, float)) and r > 0 for r in raw):
+    if not isinstance(raw, list) or not raw or not all(isinstance(r, (int, float)) and r > 0
+                                                       for r in raw):
         raise SweepError("grid.rates must be a list of positive req/s or {auto: {fractions: [...]}}")
     return sorted({float(r) for r in raw}), {}
 

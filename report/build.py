@@ -1,0 +1,70 @@
+"""`batchlab report DIR`: load every run, compute the numbers, draw the plots, write REPORT.md."""
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from report.points import Collection, ReportError, load_collection
+
+REPORT_FILE = "REPORT.md"
+SLO_NAMES = ("ttft", "tpot", "e2e", "queue_wait")
+UNITS_S = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
+
+
+@dataclass(slots=True)
+class ReportResult:
+    """Where the report went and its one-line results."""
+
+    path: Path
+    plots: list[Path]
+    headlines: list[str]
+
+
+def parse_slos(items: list[str]) -> dict[str, float]:
+    """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds)."""
+    slos = {}
+    for item in items:
+        match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9.eE+-]+)\s*(ms|s|us)?\s*", item)
+        if not match or match.group(1) not in SLO_NAMES:
+            raise ReportError(f"--slo {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")
+        try:
+            slos[match.group(1)] = float(match.group(2)) * UNITS_S[match.group(3) or "ms"]
+        except ValueError:
+            raise ReportError(f"--slo {item!r}: {match.group(2)!r} is not a number") from None
+    return slos
+
+
+def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: float | None) -> float | None:
+    """--rate if given (the nearest completed rate), else the headline's rate, else the middle rate."""
+    rates = collection.rates()
+    if not rates:
+        return None
+    if wanted is not None:
+        return min(rates, key=lambda r: abs(r - wanted))
+    return comparison_rate if comparison_rate is not None else rates[len(rates) // 2]
+
+
+def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None) -> ReportResult:
+    """Write the plots and REPORT.md into `folder`."""
+    from report import plots, timeline
+    from report.headline import compare, headlines
+    from report.markdown import render
+    from report.setup import hardware
+    from report.stats import all_stats
+
+    collection = load_collection(folder)
+    root = collection.root
+    stats = all_stats(collection, slos)
+    hardware_of = {r.label: hardware(r.settings) for r in reversed(collection.runs)}
+    lines = headlines(stats, collection.labels(), hardware_of)
+    first = compare(stats, "dynamic") or next((c for c in (compare(stats, lb) for lb in collection.labels())
+                                               if c is not None), None)
+    at = chosen_rate(collection, first.rate if first else None, rate)
+    made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png")]
+    if at is not None:
+        made += [plots.latency_cdfs(collection, at, root / "latency_cdf.png"),
+                 plots.itl_distribution(collection, at, root / "itl_distribution.png"),
+                 timeline.batch_timeline(collection, at, root / "batch_timeline.png"),
+                 timeline.load_over_time(collection, at, root / "batch_size_queue.png")]
+    text = render(collection, stats, lines, [p.name for p in made], at, slos)
+    (root / REPORT_FILE).write_text(text)
+    return ReportResult(root / REPORT_FILE, made, lines)

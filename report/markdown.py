@@ -1,0 +1,115 @@
+"""REPORT.md: the one-line results, a table per rate, intervals, tool formulas, failures and setup."""
+from report.points import Collection
+from report.setup import knob_table, setup_lines
+from report.stats import GroupStats
+
+QS = ("p50", "p90", "p99")
+
+
+def ms(value: float | None) -> str:
+    """Seconds → milliseconds text ('—' when missing)."""
+    return "—" if value is None else f"{value * 1e3:.1f}"
+
+
+def _pcts(latency: dict) -> str:
+    return " / ".join(ms(latency[q]) for q in QS)
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB" if n else "—"
+
+
+def _num(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "—" if value is None or value != value else fmt.format(value)
+
+
+def rate_table(groups: list[GroupStats], with_goodput: bool) -> list[str]:
+    """One row per strategy at one rate; latencies in ms as p50 / p90 / p99."""
+    head = ["strategy", "repeats", "throughput (tok/s)", "requests/s", "TTFT ms", "TPOT ms", "ITL ms",
+            "E2E ms", "failed / scheduled", *(["goodput"] if with_goodput else []), "peak memory",
+            "mean useful_fraction"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in groups:
+        cells = [g.label, str(g.repeats), f"{g.throughput_tok_s:.1f}", f"{g.requests_per_s:.2f}",
+                 *(_pcts(g.latency[m]) for m in ("ttft", "tpot", "itl", "e2e")), f"{g.failed} / {g.scheduled}",
+                 *([_num(g.goodput, "{:.1%}")] if with_goodput else []), _bytes(g.peak_memory_bytes),
+                 _num(g.useful_fraction)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def ci_table(groups: list[GroupStats]) -> list[str]:
+    """95% bootstrap intervals of TTFT and E2E p50 / p99 (ms)."""
+    keys = ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99")
+    lines = ["| strategy | λ | " + " | ".join(k.replace("_", " ").upper() for k in keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
+    for g in groups:
+        cells = [f"{ms(g.ci[k][0])} – {ms(g.ci[k][1])}" if g.ci.get(k) else "—" for k in keys]
+        lines.append(f"| {g.label} | {g.rate:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def tools_table(groups: list[GroupStats]) -> list[str]:
+    """TPOT / ITL by each tool's formula: mean / median / p99 (ms)."""
+    names = list(groups[0].tools) if groups else []
+    lines = ["| strategy | λ | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for g in groups:
+        cells = [" / ".join(ms(g.tools[n][k]) for k in ("mean", "p50", "p99")) for n in names]
+        lines.append(f"| {g.label} | {g.rate:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], headlines: list[str],
+           plots: list[str], chosen_rate: float | None, slos: dict | None) -> str:
+    """The whole REPORT.md text."""
+    groups = list(stats.values())
+    out = [f"# batchlab report: {collection.root}", "", "## Result", ""]
+    out += [f"- {h}" for h in headlines] or ["- No naive run completed at a rate another strategy completed."]
+    out += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    if chosen_rate is not None:
+        out += ["", f"CDFs, ITL histogram, timeline and load plots are at λ = {chosen_rate:g} req/s."]
+    slo_text = ", ".join(f"{k} ≤ {v * 1e3:g} ms" for k, v in (slos or {}).items())
+    out += ["", "## Results per rate", "",
+            "Latencies in ms as p50 / p90 / p99 over the finished requests of every repeat; throughput is "
+            "the mean over repeats." + (f" Goodput: share of submitted requests meeting {slo_text} "
+                                        "(failed requests are misses)." if slos else "")]
+    for rate in collection.rates():
+        out += ["", f"### λ = {rate:g} req/s", ""]
+        out += rate_table([g for g in groups if g.rate == rate], bool(slos))
+    out += ["", "## Confidence intervals", "", "95% bootstrap (repeats resampled, then requests within "
+            "each), in ms.", ""] + ci_table(groups)
+    out += ["", "## TPOT and ITL by other tools' formulas", "",
+            "mean / median / p99 in ms. vLLM's TPOT is per request then aggregated; vLLM's ITL pools every "
+            "gap (long requests weigh more); GuideLLM averages gaps per request; AIPerf divides each "
+            "request's first-to-last token span by out − 1.", ""] + tools_table(groups)
+    out += failures(collection) + setup(collection)
+    return "\n".join(out) + "\n"
+
+
+def failures(collection: Collection) -> list[str]:
+    """Points that did not complete, with their reasons."""
+    if not collection.failed:
+        return []
+    lines = ["", "## Failed points", ""]
+    for f in collection.failed:
+        lines.append(f"- {f.label} λ = {f.rate:g} rep {f.repeat}: {f.reason.splitlines()[0]}")
+    return lines
+
+
+def setup(collection: Collection) -> list[str]:
+    """Hardware, model, libraries and every knob per strategy."""
+    first = {}
+    for run in collection.runs:
+        first.setdefault(run.label, run)
+    if not first:
+        return []
+    lines = ["", "## Setup", ""] + setup_lines(next(iter(first.values())))
+    index = collection.index
+    if index:
+        lines.append(f"- sweep: rates {index.get('rates')} req/s, {index.get('repeats')} repeat(s), "
+                     f"traffic seed = {index.get('seed')} + repeat (every strategy replays the same schedule)")
+        if index.get("probe"):
+            p = index["probe"]
+            lines.append(f"- rates placed from a capacity probe on {p['label']}: {p['capacity_req_s']:.3g} req/s "
+                         f"({p['requests']} requests in {p['window_s']:.1f} s, saturated: {p['saturated']})")
+    return lines + ["", "### Settings", ""] + knob_table(first)

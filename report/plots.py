@@ -1,0 +1,101 @@
+"""Latency against throughput across rates, and latency distributions at one rate (matplotlib, Agg)."""
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from collector.metrics import inter_token_latencies, request_metrics  # noqa: E402
+from report.points import Collection  # noqa: E402
+from report.stats import GroupStats  # noqa: E402
+
+DPI = 110
+PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))
+
+
+def save(fig, path: Path) -> Path:
+    """Write and close a figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _error(g: GroupStats, metric: str, q: str, value: float) -> list[float]:
+    ci = g.ci.get(f"{metric}_{q}")
+    return [max(value - ci[0], 0.0), max(ci[1] - value, 0.0)] if ci else [0.0, 0.0]
+
+
+def latency_vs_throughput(stats: dict[tuple[str, float], GroupStats], labels: list[str], path: Path) -> Path:
+    """Four panels (TTFT / E2E × p50 / p99) against throughput, one line per strategy, rates marked."""
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+    for ax, (metric, q) in zip(axes.flat, PANELS):
+        for label in labels:
+            groups = sorted((g for (lb, _), g in stats.items()
+                             if lb == label and g.latency[metric][q] is not None), key=lambda g: g.rate)
+            if not groups:
+                continue
+            x = [g.throughput_tok_s for g in groups]
+            y = [g.latency[metric][q] * 1e3 for g in groups]
+            err = np.array([_error(g, metric, q, g.latency[metric][q]) for g in groups]).T * 1e3
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+            for g, xi, yi in zip(groups, x, y):
+                ax.annotate(f"λ={g.rate:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_yscale("log")
+        ax.set_title(f"{metric.upper()} {q} (95% bootstrap CI)")
+        ax.set_ylabel("ms")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("throughput (output tokens/s)")
+    axes[0][0].legend()
+    fig.suptitle("Latency against throughput across arrival rates (the knee is where latency takes off)")
+    return save(fig, path)
+
+
+def _cdf(ax, values: pd.Series, label: str) -> None:
+    v = np.sort(values.dropna().to_numpy()) * 1e3
+    if v.size:
+        ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
+
+
+def latency_cdfs(collection: Collection, rate: float, path: Path) -> Path:
+    """TTFT and E2E CDFs of every strategy at one rate (repeats pooled, finished requests)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for label in collection.labels():
+        runs = collection.group(label, rate)
+        if not runs:
+            continue
+        df = pd.concat([request_metrics(r.requests) for r in runs])
+        df = df[df["status"] == "finished"]
+        for ax, metric in zip(axes, ("ttft", "e2e")):
+            _cdf(ax, df[metric], label)
+    for ax, metric in zip(axes, ("TTFT", "E2E")):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{metric} (ms)")
+        ax.set_ylabel("share of finished requests")
+        ax.set_title(f"{metric} CDF at λ = {rate:g} req/s")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    return save(fig, path)
+
+
+def itl_distribution(collection: Collection, rate: float, path: Path) -> Path:
+    """Every inter-token gap from tokens.parquet at one rate: a histogram per strategy (log bins)."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    series = {lb: pd.concat([inter_token_latencies(r.tokens) for r in collection.group(lb, rate)]) * 1e3
+              for lb in collection.labels() if collection.group(lb, rate)}
+    values = pd.concat(series.values()) if series else pd.Series(dtype="float64")
+    positive = values[values > 0]
+    if not positive.empty:
+        bins = np.geomspace(positive.min(), max(positive.max(), positive.min() * 1.01), 60)
+        for label, s in series.items():
+            ax.hist(s[s > 0], bins=bins, histtype="step", label=f"{label} ({len(s)} gaps)")
+        ax.set_xscale("log")
+        ax.legend()
+    ax.set_xlabel("inter-token latency (ms)")
+    ax.set_ylabel("gaps")
+    ax.set_title(f"ITL distribution at λ = {rate:g} req/s (all gaps, tokens.parquet)")
+    return save(fig, path)

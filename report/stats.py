@@ -1,0 +1,125 @@
+"""Numbers per (strategy, rate) over its repeats: collector.metrics formulas, bootstrap intervals,
+goodput, and the TPOT / ITL formulas other benchmarking tools use, side by side."""
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics, summarize
+from report.points import RunData
+
+N_BOOT = 400
+CI_LEVEL = 0.95
+CI_METRICS = ("ttft", "e2e")  # request-level latencies that get bootstrap intervals
+CI_QUANTILES = (50, 99)
+
+
+@dataclass(slots=True)
+class GroupStats:
+    """One strategy at one rate, its repeats pooled (latencies in s)."""
+
+    label: str
+    rate: float
+    repeats: int
+    throughput_tok_s: float  # mean over repeats
+    requests_per_s: float
+    scheduled: int
+    failed: int
+    latency: dict  # metric -> {mean, p50, p90, p99}
+    ci: dict  # "ttft_p50" -> (lo, hi) or None
+    peak_memory_bytes: int
+    useful_fraction: float
+    goodput: float | None
+    tools: dict = field(default_factory=dict)  # tool formula -> {mean, p50, p99} (s)
+
+
+def _finished(run: RunData) -> pd.DataFrame:
+    df = request_metrics(run.requests)
+    return df[df["status"] == "finished"]
+
+
+def bootstrap_ci(samples: list[np.ndarray], q: float, *, n_boot: int = N_BOOT,
+                 seed: int = 0) -> tuple[float, float] | None:
+    """Percentile interval of the q-th percentile: resample repeats, then values within each."""
+    samples = [s for s in samples if s.size]
+    if not samples:
+        return None
+    rng = np.random.default_rng(seed)
+    stats = np.empty(n_boot)
+    for b in range(n_boot):
+        picks = rng.integers(len(samples), size=len(samples))
+        pooled = np.concatenate([rng.choice(samples[i], size=samples[i].size) for i in picks])
+        stats[b] = np.percentile(pooled, q)
+    tail = (1 - CI_LEVEL) / 2 * 100
+    lo, hi = np.percentile(stats, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def tool_formulas(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
+    """TPOT / ITL as vLLM, GuideLLM and AIPerf compute them, over these finished requests."""
+    multi = finished[finished["output_len"] > 1]
+    tok = tokens[tokens["request_id"].isin(multi["request_id"])].sort_values(["request_id", "token_index"])
+    by_request = tok.groupby("request_id")["time"]
+    gaps = inter_token_latencies(tok)
+    per_request_gap = tok.assign(gap=by_request.diff()).groupby("request_id")["gap"].mean()
+    span = (by_request.max() - by_request.min()) / (multi.set_index("request_id")["output_len"] - 1)
+    return {
+        "vLLM TPOT: (e2e−ttft)/(out−1) per request": percentiles((multi["e2e"] - multi["ttft"])
+                                                               / (multi["output_len"] - 1)),
+        "vLLM ITL: every gap pooled": percentiles(gaps),
+        "GuideLLM ITL: mean gap per request": percentiles(per_request_gap),
+        "AIPerf ITL: (last−first)/(out−1) per request": percentiles(span.dropna()),
+    }
+
+
+def _peak_memory(runs: list[RunData]) -> int:
+    peaks = [int(r.summary.get("peak_memory_bytes") or 0) for r in runs]
+    peaks += [int(r.batches["peak_memory_bytes"].max()) for r in runs
+              if not r.batches.empty and "peak_memory_bytes" in r.batches]
+    return max(peaks, default=0)
+
+
+def _useful_fraction(runs: list[RunData]) -> float:
+    values = [r.batches["useful_fraction"] for r in runs if "useful_fraction" in r.batches]
+    pooled = pd.concat(values).dropna() if values else pd.Series(dtype="float64")
+    return float(pooled.mean()) if not pooled.empty else float("nan")
+
+
+def _goodput(runs: list[RunData], slos: dict | None) -> float | None:
+    if not slos:
+        return None
+    parts = [goodput(r.requests, slos) for r in runs]
+    submitted = sum(p["submitted"] for p in parts)
+    return sum(p["met"] for p in parts) / submitted if submitted else None
+
+
+def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
+    """Pool the repeats of one strategy at one rate."""
+    summaries = [summarize(r.requests, r.tokens, r.settings) for r in runs]
+    finished = [_finished(r) for r in runs]
+    pooled = pd.concat(finished, ignore_index=True)
+    itl = pd.concat([inter_token_latencies(r.tokens, f["request_id"]) for r, f in zip(runs, finished)])
+    latency = {m: percentiles(itl if m == "itl" else pooled[m]) for m in ("ttft", "tpot", "itl", "e2e")}
+    ci = {f"{m}_p{q}": bootstrap_ci([f[m].dropna().to_numpy() for f in finished], q)
+          for m in CI_METRICS for q in CI_QUANTILES}
+    tokens = pd.concat([r.tokens.assign(request_id=r.tokens["request_id"] + (k << 32))
+                        for k, r in enumerate(runs)], ignore_index=True)  # request ids distinct per repeat
+    keyed = pd.concat([f.assign(request_id=f["request_id"] + (k << 32)) for k, f in enumerate(finished)])
+    return GroupStats(
+        runs[0].label, runs[0].rate, len(runs),
+        float(np.mean([s["throughput_tok_s"] for s in summaries])),
+        float(np.mean([s["requests_per_s"] for s in summaries])),
+        sum(s["scheduled"] for s in summaries), sum(s["failed"] for s in summaries),
+        latency, ci, _peak_memory(runs), _useful_fraction(runs), _goodput(runs, slos),
+        tool_formulas(keyed, tokens))
+
+
+def all_stats(collection, slos: dict | None = None) -> dict[tuple[str, float], GroupStats]:
+    """GroupStats for every (label, rate) with at least one completed repeat."""
+    out = {}
+    for label in collection.labels():
+        for rate in collection.rates():
+            runs = collection.group(label, rate)
+            if runs:
+                out[(label, rate)] = group_stats(runs, slos)
+    return out
