@@ -95,11 +95,12 @@ def _role(role, *args) -> None:
     """Run one role in this process; its known failures become one line and exit 1."""
     from protocol.security import InsecureAddress
     from traffic.datasets import DatasetError
+    from traffic.process import TrafficStartTimeout
     from worker.backend import BackendError
 
     try:
         code = role(*args)
-    except (InsecureAddress, BackendError, DatasetError, ConfigError) as exc:
+    except (InsecureAddress, BackendError, DatasetError, ConfigError, TrafficStartTimeout, ValueError) as exc:
         _fail(str(exc))
     raise typer.Exit(code or 0)
 

@@ -55,7 +55,7 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str) -> int:
     from traffic.process import run_traffic
 
     setup_logging(cfg.out, "traffic")
-    run_traffic(make_schedule(cfg), scheduler_addr, out_dir=Path(cfg.out))
+    run_traffic(make_schedule(cfg), scheduler_addr, out_dir=Path(cfg.out), keys=cfg.keys or None)
     return 0
 
 

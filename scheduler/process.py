@@ -126,6 +126,7 @@ class Scheduler:
                       "kv_budget_bytes": s.hello.kv_budget_bytes} for w, s in self.workers.items()}
         self._to_collector(RunInfo({**self.settings, "t0": self.t0, "workers": hellos}))
         self.router.send_multipart([self.traffic, encode(Start(self.t0))])
+        self.traffic_heard = now()
 
     def _on_request(self, msg: RequestMsg) -> None:
         self.stats["submitted"] += 1

@@ -124,14 +124,14 @@ def _install_signals(ctl: _Control) -> dict[int, object]:
 
 
 def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None,
-                start_timeout_s: float = 600) -> int:
+                start_timeout_s: float = 600, keys: str | None = None) -> int:
     """Announce the schedule, wait for Start, send every request on time, end the stream; return sent."""
     if out_dir is not None:
         save_schedule(schedule, Path(out_dir) / "schedule.parquet")
     ctl = _Control()
     previous = _install_signals(ctl)
     ctx = zmq.Context()
-    sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity="traffic")
+    sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity="traffic", keys=keys)
     sent = 0
     try:
         # 1. announce
