@@ -90,7 +90,7 @@ def _entry(item: object, base: dict) -> Entry:
     if not label:
         strategy = overrides["strategy"]
         label = strategy if strategy == "vllm" or "backend" not in overrides else f"{strategy}-{backend}"
-    overrides.setdefault("backend", backend or RunConfig.backend)
+    overrides.setdefault("backend", "vllm" if overrides["strategy"] == "vllm" else backend or RunConfig.backend)
     return Entry(label, overrides)
 
 

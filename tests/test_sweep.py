@@ -1,0 +1,76 @@
+"""Sweep config parsing and the grid: labels, rates (given or automatic), seeds shared by strategies."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.config import ConfigError
+from cli.sweep_cmd import SweepError, auto_rates, load_plan, plan_points
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_strategy_names_and_mappings_become_labelled_entries(tmp_path):
+    plan = load_plan(write(tmp_path, {"base": {"backend": "sim"}, "grid": {"strategies": [
+        "naive", {"strategy": "continuous", "backend": "hf"}, "vllm",
+        {"strategy": "dynamic", "label": "dyn-wide", "max_batch_size": 32}], "rates": [5]}}))
+    assert [e.label for e in plan.entries] == ["naive", "continuous-hf", "vllm", "dyn-wide"]
+    assert plan.entries[1].overrides == {"strategy": "continuous", "backend": "hf"}
+    assert plan.entries[3].overrides["max_batch_size"] == 32
+
+
+def test_every_strategy_at_a_rate_shares_the_traffic_seed_of_its_repeat(tmp_path):
+    plan = load_plan(write(tmp_path, {"base": {"backend": "sim"}, "grid": {
+        "strategies": ["naive", "dynamic"], "rates": [2, 8], "repeats": 2, "seed": 10}}))
+    points = plan_points(plan, plan.rates, tmp_path / "out")
+    assert len(points) == 2 * 2 * 2
+    configs = [(p.entry.label, p.rate, p.repeat, p.config(plan.base)) for p in points]
+    for label, rate, repeat, cfg in configs:
+        assert cfg.seed == 10 + repeat and cfg.rate == rate and cfg.strategy == label
+        assert cfg.out == str(tmp_path / "out" / label / f"rate-{rate:g}" / f"rep-{repeat}")
+    assert [c[:3] for c in configs[:4]] == [("naive", 2, 0), ("dynamic", 2, 0), ("naive", 8, 0), ("dynamic", 8, 0)]
+
+
+def test_auto_rates_are_fractions_of_the_measured_capacity():
+    assert auto_rates(12.34, [0.1, 0.5, 1.0, 1.5]) == [1.23, 6.17, 12.3, 18.5]
+    assert auto_rates(10.0, [0.5, 0.5, 0.0]) == [5.0]
+
+
+def test_auto_rates_config_keeps_its_probe_settings(tmp_path):
+    plan = load_plan(write(tmp_path, {"grid": {"strategies": ["dynamic"], "rates": {
+        "auto": {"fractions": [0.5, 1.0], "probe_duration_s": 2}}}}))
+    assert plan.rates == [] and plan.auto == {"fractions": [0.5, 1.0], "probe_duration_s": 2}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"grid": {"strategies": []}}, "non-empty"),
+    ({"grid": {"strategies": ["naive", "naive"]}}, "distinct"),
+    ({"grid": {"strategies": ["naive"], "rates": [0]}}, "positive"),
+    ({"grid": {"strategies": [{"backend": "hf"}]}}, "strategy name"),
+    ({"grid": {"strategies": ["naive"]}, "points": 3}, "unknown top-level"),
+])
+def test_impossible_sweeps_are_rejected_with_one_line(tmp_path, data, message):
+    with pytest.raises(SweepError, match=message):
+        load_plan(write(tmp_path, data))
+
+
+def test_a_wrong_setting_in_base_stops_the_sweep_before_any_run(tmp_path):
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_plan(write(tmp_path, {"base": {"rat": 3}, "grid": {"strategies": ["naive"]}}))
+
+
+@pytest.mark.parametrize("name", ["smoke", "cpu", "full"])
+def test_shipped_configs_parse(name):
+    plan = load_plan(ROOT / "configs" / f"{name}.yaml")
+    assert plan.entries and (plan.rates or plan.auto["fractions"])
+
+
+def test_full_config_is_the_seed_plan():
+    plan = load_plan(ROOT / "configs" / "full.yaml")
+    assert plan.rates == [5.0, 20.0, 50.0] and plan.repeats == 3 and plan.base["duration_s"] == 60

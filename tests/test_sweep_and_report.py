@@ -1,0 +1,144 @@
+"""configs/smoke.yaml swept with real processes on the sim backend, then reported: point folders,
+shared schedules, resume, failed points, plots and REPORT.md numbers checked against the Parquet."""
+import json
+import re
+import shutil
+
+import pandas as pd
+import pytest
+import yaml
+
+from collector.metrics import goodput, summarize
+from tests.conftest import run_cli
+
+PLOTS = ("latency_vs_throughput.png", "latency_cdf.png", "itl_distribution.png", "batch_timeline.png",
+         "batch_size_queue.png")
+HEADLINE = re.compile(r"Dynamic batching (improved|changed) throughput by ([+−])([\d.]+)% and "
+                      r"(reduced|increased) latency by ([+−])([\d.]+)% compared to naive batching "
+                      r"at λ = ([\d.]+) req/s on (.+?)\. Throughput = output tokens/s; latency = TTFT p50")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    run_cli("sweep", "configs/smoke.yaml", "--out", str(out), timeout_s=600)
+    proc = run_cli("report", str(out), "--slo", "ttft=500ms", "--slo", "tpot=50ms")
+    return out, proc.stdout
+
+
+def index(out) -> dict:
+    return json.loads((out / "sweep.json").read_text())
+
+
+def numbers(folder) -> dict:
+    """Throughput and TTFT p50 recomputed from the point's Parquet with the collector's formulas."""
+    requests, tokens = pd.read_parquet(folder / "requests.parquet"), pd.read_parquet(folder / "tokens.parquet")
+    s = summarize(requests, tokens, {})
+    return {"throughput": s["throughput_tok_s"], "ttft_p50": s["ttft"]["p50"], "requests": requests}
+
+
+def test_every_point_has_its_own_folder_with_results(smoke):
+    out, _ = smoke
+    points = index(out)["points"]
+    assert len(points) == 3 * 2 and {p["status"] for p in points} == {"done"}
+    for p in points:
+        folder = out / p["dir"]
+        assert folder == out / p["label"] / f"rate-{p['rate']:g}" / f"rep-{p['repeat']}"
+        for name in ("summary.json", "point.json", "requests.parquet", "tokens.parquet", "batches.parquet"):
+            assert (folder / name).exists(), f"{folder / name} missing"
+
+
+def test_strategies_replay_the_identical_schedule_at_each_rate(smoke):
+    out, _ = smoke
+    for rate in (4, 12):
+        frames = [pd.read_parquet(out / lb / f"rate-{rate}" / "rep-0" / "schedule.parquet",
+                                  columns=["arrival_offset_s", "prompt_len", "output_len"])
+                  for lb in ("naive", "dynamic", "continuous")]
+        assert len(frames[0]) > 5
+        for other in frames[1:]:
+            pd.testing.assert_frame_equal(frames[0], other)
+
+
+def test_plots_exist_as_non_empty_pngs(smoke):
+    out, stdout = smoke
+    for name in PLOTS:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+    assert f"report: {out / 'REPORT.md'}" in stdout
+
+
+def test_report_headline_matches_the_parquet(smoke):
+    out, _ = smoke
+    match = HEADLINE.search((out / "REPORT.md").read_text())
+    assert match, "no one-line result in REPORT.md"
+    verb_t, sign_t, x, verb_l, sign_l, y, rate, _hw = match.groups()
+    assert float(rate) == 12  # the highest rate both strategies completed
+    dyn, naive = (numbers(out / lb / "rate-12" / "rep-0") for lb in ("dynamic", "naive"))
+    x_true = (dyn["throughput"] / naive["throughput"] - 1) * 100
+    y_true = (dyn["ttft_p50"] / naive["ttft_p50"] - 1) * 100
+    assert (1 if sign_t == "+" else -1) * float(x) == pytest.approx(x_true, abs=0.051)
+    assert (1 if sign_l == "+" else -1) * float(y) == pytest.approx(y_true, abs=0.051)
+    assert verb_t == ("improved" if x_true >= 0 else "changed")
+    assert verb_l == ("reduced" if y_true <= 0 else "increased")
+
+
+def test_report_table_rows_match_the_parquet(smoke):
+    out, _ = smoke
+    text = (out / "REPORT.md").read_text()
+    section = text.split("### λ = 4 req/s")[1].split("###")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| continuous |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    n = numbers(out / "continuous" / "rate-4" / "rep-0")
+    assert float(cells[2]) == pytest.approx(n["throughput"], abs=0.051)
+    assert float(cells[4].split(" / ")[0]) == pytest.approx(n["ttft_p50"] * 1e3, abs=0.051)
+    share = goodput(n["requests"], {"ttft": 0.5, "tpot": 0.05})["fraction"]
+    assert cells[9] == f"{share:.1%}"
+
+
+def test_report_names_the_setup(smoke):
+    text = (smoke[0] / "REPORT.md").read_text()
+    for needle in ("## Setup", "- CPU:", "cores", "pandas", "| max_wait_ms |", "| preset | cpu-tiny-mistral"):
+        assert needle in text
+
+
+def test_resume_skips_finished_points_and_reruns_unfinished_ones(smoke, tmp_path):
+    out, _ = smoke
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "naive" / "rate-4" / "rep-0" / "point.json").unlink()  # as if interrupted mid-point
+    before = (copy / "dynamic" / "rate-12" / "rep-0" / "requests.parquet").stat().st_mtime_ns
+    proc = run_cli("sweep", "configs/smoke.yaml", "--out", str(copy))
+    statuses = {(p["label"], p["rate"]): p["status"] for p in index(copy)["points"]}
+    assert statuses.pop(("naive", 4.0)) == "done"
+    assert set(statuses.values()) == {"skipped"}
+    assert (copy / "dynamic" / "rate-12" / "rep-0" / "requests.parquet").stat().st_mtime_ns == before
+    assert "6 of 6 points done" in proc.stdout
+
+
+def test_report_works_on_a_single_run_folder(smoke, tmp_path):
+    run = tmp_path / "one"
+    shutil.copytree(smoke[0] / "dynamic" / "rate-4" / "rep-0", run)
+    run_cli("report", str(run))
+    text = (run / "REPORT.md").read_text()
+    assert "| dynamic | 1 |" in text and (run / "batch_timeline.png").stat().st_size > 10_000
+
+
+def test_failed_points_are_recorded_and_the_sweep_goes_on(tmp_path):
+    config = tmp_path / "broken.yaml"
+    config.write_text(yaml.safe_dump({
+        "base": {"backend": "sim", "dataset": "synthetic", "duration_s": 1, "max_new_tokens": 8},
+        "grid": {"rates": [5], "strategies": [
+            {"strategy": "naive", "backend": "hf", "model": "/nonexistent/model", "label": "no-model"},
+            {"strategy": "dynamic", "preset": "no-such-preset", "label": "bad-preset"},
+            {"strategy": "dynamic", "max_wait_ms": -1, "label": "bad-value"},
+            "dynamic"]}}))
+    proc = run_cli("sweep", str(config), "--out", str(tmp_path / "out"), timeout_s=300)
+    points = {p["label"]: p for p in index(tmp_path / "out")["points"]}
+    assert points["dynamic"]["status"] == "done"
+    for label, needle in (("no-model", "worker-0 died"), ("bad-preset", "worker-0 died"),
+                          ("bad-value", "max-wait-ms")):
+        assert points[label]["status"] == "failed" and needle in points[label]["reason"]
+        assert needle in (tmp_path / "out" / label / "rate-5" / "rep-0" / "FAILED.txt").read_text()
+    assert "1 of 4 points done, 3 failed" in proc.stdout
+    report = run_cli("report", str(tmp_path / "out"))
+    assert "## Failed points" in (tmp_path / "out" / "REPORT.md").read_text() and report.returncode == 0
