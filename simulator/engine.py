@@ -3,8 +3,10 @@
 Events are (time_s, seq, kind, payload) on a heap: a planned arrival, a policy wake-up, the end of a
 static batch, the end of a continuous step. All events at one instant are applied, then the policy is
 asked — per worker, least loaded first, with `WorkerState.capacity()` — exactly as
-`scheduler.process.Scheduler._schedule` asks it; then idle continuous workers start their next step.
-Message latency is zero: a slot freed at a step's end can be refilled in the very next step.
+`scheduler.process.Scheduler._schedule` asks it; then idle continuous workers start a step.
+Messages take no time, but a busy continuous worker, like worker/process.py, starts its next step the
+moment the last one ends, with the rows dispatched before then: a row the scheduler dispatches in
+answer to that step's finished rows (or at the same instant) joins the step after.
 
 Times match a live run's (t0 = 0): planned arrival = schedule offset (send and receive times equal
 it), scheduled_time = launch, first token = end of the prefill step, later tokens at step ends.
@@ -117,7 +119,9 @@ class Simulation:
 
     def _schedule(self, t: float) -> None:
         """scheduler.process.Scheduler._schedule, in virtual time."""
-        for wid in least_loaded(self.workers):
+        if not self.queue:
+            return
+        for wid in least_loaded(self.workers) if len(self.workers) > 1 else self.workers:
             if not self.queue:
                 return
             state = self.workers[wid]
@@ -167,15 +171,18 @@ class Simulation:
         self._push(float(ends_s[-1]), BATCH_END, (wid, batch_id, t))
 
     def _start_steps(self, t: float) -> None:
+        """Idle continuous workers that were just given rows start a step."""
         for wid, core in self.cores.items():
-            if wid in self.stepping or not core.has_work():
-                continue
-            step, plan = core.step_no, core.plan_step()
-            for rid in plan.joined:
-                batch_id, _, output_len = self.admitted[rid]
-                self.recorder.joined(wid, rid, batch_id, output_len)
-            self.stepping[wid] = (t, step, plan)
-            self._push(t + plan.duration_s, STEP_END, wid)
+            if wid not in self.stepping and core.has_work():
+                self._start_step(wid, t)
+
+    def _start_step(self, wid: str, t: float) -> None:
+        step, plan = self.cores[wid].step_no, self.cores[wid].plan_step()
+        for rid in plan.joined:
+            batch_id, _, output_len = self.admitted[rid]
+            self.recorder.joined(wid, rid, batch_id, output_len)
+        self.stepping[wid] = (t, step, plan)
+        self._push(t + plan.duration_s, STEP_END, wid)
 
     def _end_step(self, wid: str, t: float) -> bool:
         start_s, step, plan = self.stepping.pop(wid)
@@ -184,4 +191,6 @@ class Simulation:
         for rid in plan.finished:
             batch_id, admit_s, _ = self.admitted.pop(rid)
             self._done(BatchDone(batch_id, wid, admit_s, t, [rid]))
+        if self.cores[wid].has_work():  # like worker/process.py: the next step starts at once, with the
+            self._start_step(wid, t)  # rows dispatched before now; the scheduler's answer joins later
         return bool(plan.finished)

@@ -1,11 +1,12 @@
 """One simulated run from a RunConfig: the live run's schedule, policy and step model; its output files."""
+import shutil
 import time
 from pathlib import Path
 
 import yaml
 
 from cli.config import RunConfig, parse_bytes
-from collector.parts import write_final
+from collector.parts import SCHEDULE_FILE, write_final
 from collector.tables import Tables
 from protocol import WorkerHello
 from scheduler.policies import make_policy
@@ -15,7 +16,6 @@ from traffic.schedule import Schedule, save_schedule
 from worker.factory import worker_mode
 from worker.stepmodel import StepModel, get_preset
 
-SCHEDULE_COLUMNS = ["request_id", "arrival_offset_s", "prompt_len", "output_len"]  # all finish() needs
 END_REASON = "simulated"
 
 
@@ -52,20 +52,27 @@ def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) ->
                      max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens)
     store = sim.run()
     tokens = sim.recorder.attach(store)
-    tables = build_tables(store, tokens, schedule.frame[SCHEDULE_COLUMNS], slos)
+    # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
+    tables = build_tables(store, tokens, None, slos)
     tables.summary["end_reason"] = END_REASON
     return tables
 
 
-def write_run(out_dir: Path, cfg: RunConfig, schedule: Schedule, tables: Tables) -> None:
-    """The files a live run leaves: config.yaml, schedule.parquet, the tables and summary.json."""
+def write_run(out_dir: Path, cfg: RunConfig, schedule: Schedule, tables: Tables,
+              saved_schedule: Path | None = None) -> None:
+    """The files a live run leaves: config.yaml, schedule.parquet, the tables and summary.json.
+    `saved_schedule`: this schedule's file from an earlier point, copied instead of encoded again."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
-    save_schedule(schedule, out_dir / "schedule.parquet")
+    if saved_schedule is not None and saved_schedule.is_file():
+        shutil.copyfile(saved_schedule, out_dir / SCHEDULE_FILE)
+    else:
+        save_schedule(schedule, out_dir / SCHEDULE_FILE)
     write_final(out_dir, tables)
 
 
-def simulate_run(cfg: RunConfig, schedule: Schedule | None = None, *, slos: dict | None = None) -> dict:
+def simulate_run(cfg: RunConfig, schedule: Schedule | None = None, *, slos: dict | None = None,
+                 saved_schedule: Path | None = None) -> dict:
     """Simulate cfg (building its schedule unless given) into cfg.out; return the summary."""
     from cli.roles import make_schedule
 
@@ -73,5 +80,5 @@ def simulate_run(cfg: RunConfig, schedule: Schedule | None = None, *, slos: dict
     schedule = schedule if schedule is not None else make_schedule(cfg)
     tables = simulate(cfg, schedule, slos=slos)
     tables.summary["simulation_wall_s"] = time.perf_counter() - start_s
-    write_run(Path(cfg.out), cfg, schedule, tables)
+    write_run(Path(cfg.out), cfg, schedule, tables, saved_schedule)
     return tables.summary

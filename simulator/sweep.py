@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.config import ConfigError, RunConfig, build_config
+from collector.parts import SCHEDULE_FILE
 from simulator.run import simulate_run
 
 SWEEP_KEYS = ("strategies", "rates", "repeats", "slos")
@@ -88,12 +89,13 @@ def run_sweep(plan: SweepPlan, on_point: Callable[[Point, dict], None] | None = 
     from cli.roles import make_schedule
 
     summaries: list[dict] = [{} for _ in plan.points]
-    schedule, schedule_key = None, None
+    schedule, schedule_key, saved = None, None, None
     for i in sorted(range(len(plan.points)), key=lambda i: _schedule_key(plan.points[i])):
         point = plan.points[i]
         if _schedule_key(point) != schedule_key:
-            schedule, schedule_key = make_schedule(point.cfg), _schedule_key(point)
-        summaries[i] = simulate_run(point.cfg, schedule, slos=plan.slos)
+            schedule, schedule_key, saved = make_schedule(point.cfg), _schedule_key(point), None
+        summaries[i] = simulate_run(point.cfg, schedule, slos=plan.slos, saved_schedule=saved)
+        saved = Path(point.cfg.out) / SCHEDULE_FILE
         if on_point is not None:
             on_point(point, summaries[i])
     return summaries

@@ -4,7 +4,8 @@ Mapping of the seed's step-time example onto the step model: every step lasts ex
 1 s, no weights, no KV traffic, free prefill tokens) and the prefill counts as a step, so a request
 "needing k decode steps" has output_len k: its first token ends the prefill step, then one token per
 further step. In continuous mode ContinuousCore runs the joiners' prefill inside the step that also
-decodes the running rows, so such a mixed step lasts 1 s (decode) + 1 s (prefill) = 2 s here.
+decodes the running rows, so such a mixed step lasts 1 s (decode) + 1 s (prefill) = 2 s here, and the
+seed's integer arrivals tie with step ends (see the continuous test for how ties resolve).
 """
 import pandas as pd
 import pytest
@@ -70,10 +71,12 @@ def test_continuous_starts_each_request_at_its_arrival_and_frees_it_when_done():
     r = tables.requests.set_index("request_id")
     assert r["scheduled_time"].tolist() == ARRIVALS_S
     assert r["n_tokens"].tolist() == NEEDS
-    # steps: [0,1) A; [1,3) A+B's prefill; [3,4) [4,5) B done; [5,7) A+C's prefill;
-    # [7,9) A done, C, D+E prefilled; [9,10) D done; [10,11) C done; [11,12) [12,13) E done
-    assert r["first_token_time"].tolist() == [1.0, 3.0, 7.0, 9.0, 9.0]
-    assert r["completion_time"].tolist() == [9.0, 5.0, 11.0, 10.0, 13.0]
+    # A busy worker starts its next step the moment one ends, with the rows it already holds (as
+    # worker/process.py does), so a row dispatched at that very instant joins the step after:
+    # [0,1) A prefill; [1,2) A (B dispatched at 1); [2,4) A + B prefill; [4,5); [5,6) B done;
+    # [6,8) A done + C prefill; [8,10) C + D, E prefill; [10,11) D done; [11,12) C done; [12,13) [13,14) E
+    assert r["first_token_time"].tolist() == [1.0, 4.0, 8.0, 10.0, 10.0]
+    assert r["completion_time"].tolist() == [8.0, 6.0, 12.0, 11.0, 14.0]
     assert (tables.batches["size"] == 1).all()
 
 
