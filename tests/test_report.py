@@ -1,0 +1,83 @@
+"""Report pieces on hand-made tables: honest signs, SLO parsing, intervals, tool formulas, queue length."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from report.build import parse_slos
+from report.headline import Comparison, compare, sentence
+from report.points import ReportError, load_collection
+from report.stats import GroupStats, bootstrap_ci, tool_formulas
+from report.timeline import queue_length
+
+
+def group(label: str, rate: float, throughput: float, ttft: float, e2e: float = 1.0) -> GroupStats:
+    lat = {m: {"mean": v, "p50": v, "p90": v, "p99": v} for m, v in (("ttft", ttft), ("e2e", e2e),
+                                                                      ("tpot", 0.01), ("itl", 0.01))}
+    return GroupStats(label, rate, 1, throughput, 1.0, 10, 0, lat, {}, 0, 1.0, None)
+
+
+def test_better_dynamic_reads_improved_and_reduced():
+    line = sentence(Comparison("dynamic", 20, 12.34, -45.0, -10.0), "NVIDIA H200")
+    assert line.startswith("Dynamic batching improved throughput by +12.3% and reduced latency by −45.0% "
+                           "compared to naive batching at λ = 20 req/s on NVIDIA H200.")
+
+
+def test_worse_dynamic_reads_changed_and_increased():
+    line = sentence(Comparison("dynamic", 5, -3.0, 20.0, 4.0), "cpu")
+    assert "changed throughput by −3.0%" in line and "increased latency by +20.0%" in line
+    assert "E2E p50 changed by +4.0%" in line
+
+
+def test_comparison_uses_the_highest_rate_both_completed():
+    stats = {("naive", 5.0): group("naive", 5, 100, 1.0), ("dynamic", 5.0): group("dynamic", 5, 110, 0.5),
+             ("naive", 20.0): group("naive", 20, 200, 4.0), ("dynamic", 20.0): group("dynamic", 20, 300, 1.0),
+             ("dynamic", 50.0): group("dynamic", 50, 400, 2.0)}
+    c = compare(stats, "dynamic")
+    assert c.rate == 20 and c.throughput_pct == pytest.approx(50.0) and c.ttft_p50_pct == pytest.approx(-75.0)
+
+
+def test_no_comparison_without_a_completed_baseline():
+    assert compare({("dynamic", 5.0): group("dynamic", 5, 110, 0.5)}, "dynamic") is None
+
+
+def test_slos_parse_with_units_into_seconds():
+    assert parse_slos(["ttft=500ms", "tpot=0.05s", "e2e=2000"]) == {"ttft": 0.5, "tpot": 0.05, "e2e": 2.0}
+    for bad in ("ttft", "speed=3ms", "ttft=fast"):
+        with pytest.raises(ReportError):
+            parse_slos([bad])
+
+
+def test_bootstrap_interval_holds_the_percentile_and_narrows_with_more_data():
+    rng = np.random.default_rng(1)
+    small, big = [rng.exponential(1.0, 50)], [rng.exponential(1.0, 5000)]
+    lo_s, hi_s = bootstrap_ci(small, 50)
+    lo_b, hi_b = bootstrap_ci(big, 50)
+    assert lo_b < np.log(2) < hi_b
+    assert hi_b - lo_b < hi_s - lo_s
+    assert bootstrap_ci([np.array([])], 50) is None
+
+
+def test_tool_formulas_differ_where_the_tools_differ():
+    # request 0: 3 tokens at 0, 1, 2 s; request 1: 5 tokens at 0, .1, .2, .3, 2.3 s (one long stall)
+    tokens = pd.DataFrame({"request_id": [0, 0, 0, 1, 1, 1, 1, 1], "token_index": [0, 1, 2, 0, 1, 2, 3, 4],
+                           "time": [0, 1, 2, 0, .1, .2, .3, 2.3]})
+    finished = pd.DataFrame({"request_id": [0, 1], "output_len": [3, 5], "ttft": [0.5, 0.5], "e2e": [2.5, 2.8]})
+    f = tool_formulas(finished, tokens)
+    assert f["vLLM TPOT: (e2e−ttft)/(out−1) per request"]["mean"] == pytest.approx((1.0 + 0.575) / 2)
+    assert f["vLLM ITL: every gap pooled"]["mean"] == pytest.approx(4.3 / 6)  # pooled: 6 gaps
+    assert f["vLLM ITL: every gap pooled"]["p50"] == pytest.approx(0.55)  # gaps .1 .1 .1 1 1 2
+    assert f["GuideLLM ITL: mean gap per request"]["mean"] == pytest.approx((1.0 + 0.575) / 2)
+    assert f["AIPerf ITL: (last−first)/(out−1) per request"]["p50"] == pytest.approx((1.0 + 0.575) / 2)
+
+
+def test_queue_length_counts_arrivals_minus_launches():
+    requests = pd.DataFrame({"arrival_time": [0.0, 1.0, 2.0], "scheduled_time": [1.5, 1.5, 3.0],
+                             "submitted": [True, True, True]})
+    times, queue = queue_length(requests)
+    assert list(times) == [0.0, 1.0, 1.5, 1.5, 2.0, 3.0]
+    assert list(queue) == [1, 2, 1, 0, 1, 0]
+
+
+def test_a_folder_without_runs_is_a_report_error(tmp_path):
+    with pytest.raises(ReportError, match="holds no run"):
+        load_collection(tmp_path)
