@@ -82,8 +82,10 @@ def _engine_args(s: VLLMSettings, on_cpu: bool):
     from vllm import EngineArgs
 
     kv_bytes = s.kv_cache_bytes or (DEFAULT_CPU_KV_BYTES if on_cpu else 0)
+    # auto on CPU: float32 like the hf backend (vLLM's own auto would pick bfloat16), so both do the same work
+    dtype = "float32" if on_cpu and s.dtype == "auto" else s.dtype
     return EngineArgs(
-        model=resolve_model(s.model), dtype=s.dtype, max_num_seqs=s.max_num_seqs,
+        model=resolve_model(s.model), dtype=dtype, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens or None,
         gpu_memory_utilization=s.gpu_memory_utilization, enforce_eager=s.enforce_eager,
         tensor_parallel_size=s.tensor_parallel_size, pipeline_parallel_size=s.pipeline_parallel_size,
