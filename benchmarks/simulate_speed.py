@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli.config import load_yaml  # noqa: E402
-from simulator.sweep import Point, plan_sweep, run_sweep  # noqa: E402
+from cli.sweep_cmd import Point  # noqa: E402
+from simulator.sweep import plan_simulation, run_simulation  # noqa: E402
 
 GOAL_WALL_S = 5.0
 
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--out", default="", help="output folder (default: a temporary one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="simulate-speed-") as tmp:
-        plan = plan_sweep(load_yaml(args.config), {"out": args.out or tmp})
+        plan = plan_simulation(args.config, {"out": args.out or tmp})
         last = [time.perf_counter()]
         totals = {"requests": 0, "tokens": 0}
 
@@ -35,14 +35,14 @@ def main() -> None:
             t = time.perf_counter()
             totals["requests"] += summary["submitted"]
             totals["tokens"] += summary["output_tokens"]
-            print(f"{point.strategy:>10} {point.rate:>5g} req/s  {summary['submitted']:>5} requests  "
+            print(f"{point.entry.label:>10} {point.rate:>5g} req/s  {summary['submitted']:>5} requests  "
                   f"{summary['output_tokens']:>7} tokens  {1000 * (t - last[0]):6.0f} ms")
             last[0] = t
 
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        run_sweep(plan, on_point)
+        results = run_simulation(plan, on_point)
         wall_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
-    print(f"{len(plan.points)} points, {totals['requests']} requests, {totals['tokens']} tokens: "
+    print(f"{len(results)} points, {totals['requests']} requests, {totals['tokens']} tokens: "
           f"{wall_s:.2f} s wall, {cpu_s:.2f} s CPU (schedules, simulation, tables and files; "
           f"goal < {GOAL_WALL_S:g} s wall: {'met' if wall_s < GOAL_WALL_S else 'NOT met'})")
 

@@ -5,7 +5,7 @@ import typer
 
 Opt = typer.Option
 ConfigArg = Annotated[Optional[str], typer.Argument(
-    help="YAML of settings; may list `strategies:` and `rates:` (one folder per point)")]
+    help="a sweep YAML (base: and grid:, one folder per point) or a run's settings YAML")]
 Strategies = Annotated[Optional[str], Opt(help="naive | dynamic | continuous, or a comma list")]
 Preset = Annotated[Optional[str], Opt(help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral")]
 Rates = Annotated[Optional[str], Opt(help="arrival rate, requests/s, or a comma list (5,10,20)")]
@@ -40,17 +40,17 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, preset: P
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
     overrides = dict(locals())
     overrides.pop("config")
-    from cli.config import ConfigError, load_yaml
-    from simulator.sweep import plan_sweep, run_sweep
+    from cli.config import ConfigError
+    from cli.sweep_cmd import SweepError
+    from simulator.sweep import plan_simulation, run_simulation
     from traffic.datasets import DatasetError
 
     try:
-        plan = plan_sweep(load_yaml(config) if config else {}, overrides)
-        summaries = run_sweep(plan)
-    except (ConfigError, DatasetError, ValueError) as exc:  # ValueError: an unknown preset or strategy
+        results = run_simulation(plan_simulation(config, overrides))
+    except (ConfigError, SweepError, DatasetError, ValueError) as exc:  # ValueError: an unknown preset
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(code=1) from None
-    _print_table(plan.points, summaries)
+    _print_table(results)
 
 
 def _seconds(summary: dict, metric: str, q: str) -> str:
@@ -58,15 +58,15 @@ def _seconds(summary: dict, metric: str, q: str) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _print_table(points: list, summaries: list[dict]) -> None:
+def _print_table(results: list) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table("strategy", "rate", "finished", "tok/s", "req/s", "TTFT p50 s", "TTFT p99 s", "E2E p50 s",
                   "E2E p99 s", "out", title="simulated")
-    for point, s in zip(points, summaries):
-        table.add_row(point.strategy, f"{point.rate:g}", f"{s['finished']}/{s['submitted']}",
+    for point, s in results:
+        table.add_row(point.entry.label, f"{point.rate:g}", f"{s['finished']}/{s['submitted']}",
                       f"{s['throughput_tok_s']:.0f}", f"{s['requests_per_s']:.2f}", _seconds(s, "ttft", "p50"),
                       _seconds(s, "ttft", "p99"), _seconds(s, "e2e", "p50"), _seconds(s, "e2e", "p99"),
-                      point.cfg.out)
+                      str(point.folder))
     Console(width=160).print(table)

@@ -1,105 +1,143 @@
-"""Simulated sweeps: strategies × rates (× repeats), one output folder per point.
+"""Simulated sweeps: the `batchlab sweep` grid (strategies × rates × repeats) in virtual time.
 
-A sweep YAML holds RunConfig fields plus `strategies: [...]`, `rates: [...]`, optionally `repeats: N`
-(rep k uses seed + k) and `slos: {ttft: 1.0, ...}` (goodput); `strategy:` and `rate:` may also be
-lists, and on the command line comma lists (`--rate 5,10,20`). Several points are written as
-OUT/<strategy>/rate-<r>/rep-<k>/ (the live sweep's layout); a single point goes to OUT itself.
+The config is either a sweep YAML (`base:` and `grid:`, read by cli.sweep_cmd.load_plan, so one file
+serves `batchlab sweep` and `batchlab simulate`) or a flat RunConfig YAML; options override `base`, and
+`--strategy`/`--rate` may be comma lists that replace the grid's. Several points are written like the
+live sweep: OUT/<label>/rate-<r>/rep-<k>/ with point.json, and OUT/sweep.json as the index, so
+`batchlab report OUT` reads them unchanged. A single point goes to OUT itself. Automatic rates come
+from a simulated capacity probe (the live sweep's burst, in virtual time).
 """
-import dataclasses
+import json
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli.config import ConfigError, RunConfig, build_config
-from collector.parts import SCHEDULE_FILE
+from cli.config import ConfigError, RunConfig, load_yaml
+from cli.sweep_cmd import (DONE_FILE, INDEX_FILE, PROBE_DIR, PROBE_DURATION_S, PROBE_REQUESTS, Entry, Plan, Point,
+                           auto_rates, load_plan, plan_points)
 from simulator.run import simulate_run
 
-SWEEP_KEYS = ("strategies", "rates", "repeats", "slos")
 DEFAULT_OUT = "runs/simulated"
 
 
 @dataclass(slots=True)
-class Point:
-    """One run of a sweep."""
+class SimPlan:
+    """A grid to simulate, where it goes, and whether points get their own folders."""
 
-    strategy: str
-    rate: float
-    rep: int
-    cfg: RunConfig
-
-
-@dataclass(slots=True)
-class SweepPlan:
-    """The points to simulate and where they go."""
-
-    points: list[Point]
+    plan: Plan
+    out: Path
+    layout: bool  # OUT/<label>/rate-<r>/rep-<k>/ (else the one point is OUT)
+    config: str = ""
     slos: dict | None = None
 
 
-def point_dir(out: str | Path, strategy: str, rate: float, rep: int) -> Path:
-    """OUT/<strategy>/rate-<r>/rep-<k>/ (rates as %g: 5, 12.5)."""
-    return Path(out) / strategy / f"rate-{rate:g}" / f"rep-{rep}"
-
-
 def _listed(value: object, cast: Callable) -> list | None:
-    """A YAML list, a comma list ("5,10"), a scalar, or None."""
+    """A comma list ("5,10") or None."""
     if value is None:
         return None
-    items = value if isinstance(value, list) else str(value).split(",")
     try:
-        return [cast(str(v).strip()) for v in items if str(v).strip()]
+        return [cast(v.strip()) for v in str(value).split(",") if v.strip()]
     except ValueError:
-        raise ConfigError(f"cannot read {value!r} as a list") from None
+        raise ConfigError(f"cannot read {value!r} as a comma list") from None
 
 
-def _axis(values: dict, overrides: dict, name: str, plural_name: str, cast: Callable, default: object) -> list:
-    """One axis (strategy or rate): the option's list, else the file's plural key, else its singular."""
-    given = _listed(overrides.pop(name, None), cast)
-    plural = _listed(values.pop(plural_name, None), cast)
-    single = _listed(values.pop(name, None), cast)
-    return given or plural or single or [default]
+def _flat_plan(values: dict) -> Plan:
+    """A flat RunConfig mapping as a one-entry, one-rate grid."""
+    defaults = RunConfig()
+    strategy, rate = values.pop("strategy", defaults.strategy), values.pop("rate", defaults.rate)
+    entry = Entry(str(strategy), {"strategy": strategy})
+    return Plan(values, [entry], [float(rate)], {}, 1, int(values.get("seed", defaults.seed)))
 
 
-def plan_sweep(file_values: dict, overrides: dict) -> SweepPlan:
-    """Defaults ← file ← options, expanded to one validated RunConfig per point."""
-    values, overrides = dict(file_values), dict(overrides)
-    swept = any(k in values for k in SWEEP_KEYS) or any(isinstance(values.get(k), list)
-                                                        for k in ("strategy", "rate"))
-    strategies = _axis(values, overrides, "strategy", "strategies", str, RunConfig().strategy)
-    rates = _axis(values, overrides, "rate", "rates", float, RunConfig().rate)
-    repeats, slos = int(values.pop("repeats", 1)), values.pop("slos", None)
-    if repeats < 1:
-        raise ConfigError("repeats must be ≥ 1")
-    values.setdefault("out", DEFAULT_OUT)
-    base = build_config(values, {**overrides, "strategy": strategies[0], "rate": rates[0]})
-    layout = swept or len(strategies) * len(rates) * repeats > 1
-    points = []
-    for strategy in strategies:
-        for rate in rates:
-            for rep in range(repeats):
-                out = point_dir(base.out, strategy, rate, rep) if layout else Path(base.out)
-                cfg = dataclasses.replace(base, strategy=strategy, rate=rate, seed=base.seed + rep,
-                                          out=str(out), extra=dict(base.extra))
-                points.append(Point(strategy, rate, rep, cfg.validate()))
-    return SweepPlan(points, slos)
+def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
+    """The grid from the YAML (sweep or flat), with the options laid over it."""
+    overrides = dict(overrides)
+    strategies = _listed(overrides.pop("strategy", None), str)
+    rates = _listed(overrides.pop("rate", None), float)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    raw = load_yaml(config) if config else {}
+    swept = "grid" in raw or "base" in raw
+    plan = load_plan(config) if swept else _flat_plan(raw)
+    slos = plan.base.pop("slos", None)
+    plan.base.update(given)
+    if strategies:
+        plan.entries = [Entry(s, {"strategy": s}) for s in strategies]
+    if rates:
+        plan.rates, plan.auto = sorted(set(rates)), {}
+    if "seed" in given:
+        plan.seed = int(given["seed"])
+    default_out = str(Path("results") / Path(config).stem) if swept else DEFAULT_OUT
+    out = Path(str(plan.base.pop("out", None) or default_out))
+    layout = swept or len(plan.entries) * max(len(plan.rates), 1) * plan.repeats > 1
+    return SimPlan(plan, out, layout, str(config or ""), slos)
 
 
-def run_sweep(plan: SweepPlan, on_point: Callable[[Point, dict], None] | None = None) -> list[dict]:
-    """Simulate every point, one schedule per (rate, seed) held at a time; summaries in plan order."""
+def _probe(sim: SimPlan) -> dict:
+    """cli.sweep_cmd.probe_capacity in virtual time: a burst on the probe entry; capacity = finished / window."""
+    auto, entries = sim.plan.auto, sim.plan.entries
+    wanted = auto.get("probe") or next((e.label for e in entries if e.label == "dynamic"), entries[0].label)
+    entry = next((e for e in entries if e.label == wanted), None)
+    if entry is None:
+        raise ConfigError(f"grid.rates.auto.probe: no strategy labelled {wanted!r}")
+    duration_s = float(auto.get("probe_duration_s", PROBE_DURATION_S))
+    n = int(auto.get("probe_requests", PROBE_REQUESTS))
+    point = Point(entry, n / duration_s, 0, sim.plan.seed, sim.out / PROBE_DIR)
+    summary = simulate_run(point.config({**sim.plan.base, "duration_s": duration_s, "max_queue": 0}))
+    window_s = summary["window_s"] or float("nan")
+    return {"label": wanted, "requests": summary["finished"], "window_s": window_s,
+            "capacity_req_s": summary["finished"] / window_s, "saturated": window_s > 1.5 * duration_s}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def _points(sim: SimPlan, probe: dict | None) -> list[Point]:
+    rates = sim.plan.rates or auto_rates(probe["capacity_req_s"], sim.plan.auto["fractions"])
+    if sim.layout:
+        return plan_points(sim.plan, rates, sim.out)
+    return [Point(sim.plan.entries[0], rates[0], 0, sim.plan.seed, sim.out)]
+
+
+def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None = None) -> list[tuple[Point, dict]]:
+    """Simulate every point (one schedule per rate and seed at a time); (point, summary) in grid order."""
     from cli.roles import make_schedule
 
-    summaries: list[dict] = [{} for _ in plan.points]
-    schedule, schedule_key, saved = None, None, None
-    for i in sorted(range(len(plan.points)), key=lambda i: _schedule_key(plan.points[i])):
-        point = plan.points[i]
-        if _schedule_key(point) != schedule_key:
-            schedule, schedule_key, saved = make_schedule(point.cfg), _schedule_key(point), None
-        summaries[i] = simulate_run(point.cfg, schedule, slos=plan.slos, saved_schedule=saved)
-        saved = Path(point.cfg.out) / SCHEDULE_FILE
+    probe = _probe(sim) if sim.plan.auto and not sim.plan.rates else None
+    points = _points(sim, probe)
+    configs = [p.config(sim.plan.base) for p in points]
+    results: list[dict] = [{} for _ in points]
+    key, schedule, saved = None, None, None
+    for i in sorted(range(len(points)), key=lambda i: (configs[i].rate, configs[i].seed)):
+        if (configs[i].rate, configs[i].seed) != key:
+            key, schedule, saved = (configs[i].rate, configs[i].seed), make_schedule(configs[i]), None
+        start_s = time.monotonic()
+        results[i] = simulate_run(configs[i], schedule, slos=sim.slos, saved_schedule=saved)
+        saved = Path(configs[i].out) / "schedule.parquet"
+        if sim.layout:
+            _record_point(points[i], results[i], time.monotonic() - start_s)
         if on_point is not None:
-            on_point(point, summaries[i])
-    return summaries
+            on_point(points[i], results[i])
+    if sim.layout:
+        _write_index(sim, points, probe)
+    return list(zip(points, results))
 
 
-def _schedule_key(point: Point) -> tuple[float, int]:
-    return point.cfg.rate, point.cfg.seed
+def _record_point(point: Point, summary: dict, elapsed_s: float) -> None:
+    record = point.record("done", "", round(elapsed_s, 3))
+    headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
+    _write_json(point.folder / DONE_FILE, {**record, "summary": headline, "simulated": True})
+
+
+def _write_index(sim: SimPlan, points: list[Point], probe: dict | None) -> None:
+    """OUT/sweep.json as `batchlab sweep` writes it (marked simulated)."""
+    plan = sim.plan
+    rates = sorted({p.rate for p in points})
+    index = {"config": sim.config, "base": plan.base, "rates": rates, "repeats": plan.repeats, "seed": plan.seed,
+             "probe": probe, "points": [p.record("done") for p in points],
+             "entries": [{"label": e.label, **e.overrides} for e in plan.entries], "simulated": True}
+    _write_json(sim.out / INDEX_FILE, index)
