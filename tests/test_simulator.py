@@ -129,3 +129,14 @@ def test_fast_tables_equal_the_collectors_own_from_token_messages(policy):
     for name in ("requests", "tokens", "batches") + (("steps",) if fast.steps is not None else ()):
         pd.testing.assert_frame_equal(getattr(fast, name), getattr(slow, name))
     assert fast.summary == slow.summary
+
+
+def test_arrivals_beyond_max_queue_fail_as_queue_full_like_the_live_scheduler():
+    policy = Dynamic(max_batch_size=4, max_wait_s=2.0, max_new_tokens=8)
+    sim = Simulation(policy, UNIT, [hello("static")], seed_frame(), settings={}, max_queue=1)
+    store = sim.run()
+    tables = build_tables(store, sim.recorder.attach(store), seed_frame(), None)
+    r = tables.requests.set_index("request_id")
+    assert r["status"].tolist() == ["finished", "failed", "finished", "failed", "failed"]  # B, D, E find A or C queued
+    assert set(r.loc[[1, 3, 4], "error"]) == {"queue full"}
+    assert launches(tables) == [(2.0, "A", "age", 8.0), (8.0, "C", "age", 12.0)]
