@@ -11,9 +11,11 @@ answer to that step's finished rows (or at the same instant) joins the step afte
 Times match a live run's (t0 = 0): planned arrival = schedule offset (send and receive times equal
 it), scheduled_time = launch, first token = end of the prefill step, later tokens at step ends.
 The collector's RunStore receives the same messages it would receive live, except Tokens (see record.py).
+Not modelled: OOM (the `sim` backend has none, so no batch is requeued), lost workers, clock offsets.
 """
 import heapq
 import itertools
+
 import numpy as np
 import pandas as pd
 
