@@ -50,16 +50,20 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None) -> dic
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
+    cfg = _with_schedule(cfg, out)
     tmp = tempfile.mkdtemp(prefix="batchlab-")
     addrs = Addresses.ipc(tmp)
     ctx = mp.get_context("spawn")  # fork is unsafe with torch/vLLM threads
+    stream_ended = ctx.Event()  # set when traffic dies: the scheduler then ends the stream
     children = [_start(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos),
-                _start(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector)]
+                _start(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector,
+                       stream_ended)]
     children += [_start(ctx, f"worker-{i}", roles.worker_role, cfg, addrs.scheduler, addrs.collector,
                         f"worker-{i}") for i in range(cfg.workers)]
     children.append(_start(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler))
+    (out / "pids.json").write_text(json.dumps({c.name: c.proc.pid for c in children}))
     try:
-        _watch(children, on_tick)
+        _watch(children, on_tick, stream_ended)
     except KeyboardInterrupt:
         _stop(children, signal.SIGINT)
         raise
@@ -72,7 +76,19 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None) -> dic
     return json.loads(summary_path.read_text())
 
 
-def _watch(children: list[Child], on_tick) -> None:
+def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
+    """Build (or check) the schedule here, so a bad dataset fails before any process starts; the
+    traffic process then replays the saved file."""
+    from dataclasses import replace
+
+    from traffic.schedule import save_schedule
+
+    path = out / "schedule.parquet"
+    save_schedule(roles.make_schedule(cfg), path)
+    return replace(cfg, schedule=str(path))
+
+
+def _watch(children: list[Child], on_tick, stream_ended) -> None:
     """Wait for every child. A dead collector or scheduler, or the last worker, stops the run; a dead
     traffic process or one of several workers does not: the scheduler notices and the run goes on."""
     t_start, reported = time.monotonic(), set()
@@ -88,6 +104,8 @@ def _watch(children: list[Child], on_tick) -> None:
                 _stop(children, signal.SIGTERM)
                 raise RunFailed(message)
             log.warning("%s; the run goes on", message)
+            if c.name == "traffic":  # it may have died before its hello: tell the scheduler directly
+                stream_ended.set()
         if on_tick is not None:
             on_tick(time.monotonic() - t_start, {c.name: c.proc.is_alive() for c in children})
         time.sleep(POLL_S)
@@ -95,7 +113,7 @@ def _watch(children: list[Child], on_tick) -> None:
 
 def _fatal(dead: Child, children: list[Child]) -> bool:
     if dead.name == "traffic":
-        return False  # the scheduler treats silent traffic as the end of the stream
+        return dead.proc.exitcode > 0  # killed: the scheduler ends the stream; crashed: a bug to show
     if dead.name.startswith("worker-"):
         return not any(c.proc.is_alive() for c in children if c.name.startswith("worker-"))
     return True

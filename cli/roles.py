@@ -28,7 +28,7 @@ def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None
     return 0
 
 
-def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str) -> int:
+def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, stream_ended=None) -> int:
     """Form batches with the configured strategy."""
     from scheduler.policies import make_policy
     from scheduler.process import run_scheduler
@@ -38,7 +38,7 @@ def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str) -> 
                          max_wait_ms=cfg.max_wait_ms, max_new_tokens=cfg.max_new_tokens)
     return run_scheduler(policy, scheduler_addr, collector_addr, min_workers=cfg.workers,
                          max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
-                         settings=run_settings(cfg), keys=cfg.keys or None)
+                         settings=run_settings(cfg), keys=cfg.keys or None, stream_ended=stream_ended)
 
 
 def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:

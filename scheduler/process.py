@@ -24,10 +24,11 @@ class Scheduler:
 
     def __init__(self, policy: Policy, scheduler_addr: str, collector_addr: str, *, min_workers: int = 1,
                  max_queue: int = 0, max_queue_tokens: int = 0, settings: dict | None = None,
-                 keys: str | None = None) -> None:
+                 keys: str | None = None, stream_ended=None) -> None:
         self.policy, self.min_workers = policy, min_workers
         self.max_queue, self.max_queue_tokens = max_queue, max_queue_tokens
         self.settings = dict(settings or {})
+        self.stream_ended = stream_ended  # a multiprocessing.Event, or None
         self.ctx = zmq.Context()
         check_bind(scheduler_addr, keys)
         self.auth = start_authenticator(self.ctx, keys) if keys else None
@@ -57,6 +58,8 @@ class Scheduler:
             self._schedule()
             # 3. liveness both ways
             self._beat()
+            if self.stream_ended is not None and self.stream_ended.is_set():
+                self.eos = True
             # 4. done?
             if self.eos and not self.queue and not any(w.inflight for w in self.workers.values()):
                 break
@@ -185,16 +188,22 @@ class Scheduler:
     def _launch(self, wid: str, batch: list[Pending], reason: str) -> None:
         state = self.workers[wid]
         groups = [[p] for p in batch] if state.hello.mode == "continuous" else [batch]
-        for group in groups:
-            batch_id, self.next_batch_id = self.next_batch_id, self.next_batch_id + 1
+        for i, group in enumerate(groups):
             t = now()
+            dispatch = Dispatch(self.next_batch_id, t, reason, [p.row() for p in group])
+            try:
+                self.router.send_multipart([wid.encode(), encode(dispatch)])
+            except zmq.ZMQError as exc:  # the worker is gone (ROUTER_MANDATORY): nothing was sent
+                for p in reversed([p for g in groups[i:] for p in g]):
+                    self.queue.appendleft(p)
+                self._lose_worker(wid, f"unreachable: {exc}")
+                return
+            self.next_batch_id += 1
             for p in group:
                 p.attempts += 1
-            state.inflight[batch_id] = group
-            self._to_collector(BatchLaunch(batch_id, wid, t, reason, [p.request_id for p in group],
+            state.inflight[dispatch.batch_id] = group
+            self._to_collector(BatchLaunch(dispatch.batch_id, wid, t, reason, [p.request_id for p in group],
                                            len(self.queue)))
-            self.router.send_multipart([wid.encode(), encode(Dispatch(batch_id, t, reason,
-                                                                      [p.row() for p in group]))])
 
     # --- liveness and the end ---------------------------------------------------------------------
     def _beat(self) -> None:
@@ -262,7 +271,8 @@ class Scheduler:
 
 
 def run_scheduler(policy: Policy, scheduler_addr: str, collector_addr: str, **kwargs) -> int:
-    """Run the scheduler until the run ends; SIGINT/SIGTERM end it early, cleanly."""
+    """Run the scheduler until the run ends; SIGINT/SIGTERM end it early, cleanly. A set
+    `stream_ended` event (the launcher saw traffic die) ends the stream: what arrived is still served."""
     sched = Scheduler(policy, scheduler_addr, collector_addr, **kwargs)
 
     def stop(signum: int, _frame: object) -> None:
