@@ -72,12 +72,13 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, backend: Backend
     overrides = dict(locals())
     cfg = _config(overrides.pop("config"), overrides)
     from cli.live import run_with_status
+    from traffic.datasets import DatasetError
 
     try:
         summary = run_with_status(cfg)
     except KeyboardInterrupt:
         _fail(f"interrupted; partial results in {cfg.out}")
-    except RuntimeError as exc:
+    except (RuntimeError, DatasetError, ValueError) as exc:
         _fail(str(exc))
     typer.echo(f"results in {cfg.out}: {summary['finished']} finished, {summary['failed']} failed")
 
