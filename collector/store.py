@@ -179,7 +179,8 @@ class RunStore:
         rids = [r for r in self._new_terminal if self.requests[r].arrival is not None]
         self._new_terminal = [r for r in self._new_terminal if self.requests[r].arrival is None]
         bids = [b for b in self._pending_batches if b in self.launches or final]
-        self._pending_batches = [b for b in self._pending_batches if b not in bids]
+        taken = set(bids)  # a set: continuous runs have one batch per request (a list made this O(n²))
+        self._pending_batches = [b for b in self._pending_batches if b not in taken]
         steps, self._steps_flushed = self.steps[self._steps_flushed:], len(self.steps)
         parts = {"requests": tables.requests_frame(self, rids, t0),
                  "tokens": tables.tokens_frame(self, rids, t0),

@@ -17,8 +17,11 @@ def _is_int(v: object) -> bool:
     return type(v) is int
 
 
-def _check_list(elem: typing.Callable[[object], bool]) -> typing.Callable[[object], bool]:
-    return lambda v: type(v) is list and all(elem(x) for x in v)
+def _check_list_of(kind: type) -> typing.Callable[[object], bool]:
+    """A list whose elements are exactly `kind` (bool is not int): the type scan runs in C
+    (set(map(type, v))), about half the cost of a per-element Python check on prompt token lists."""
+    only = frozenset((kind,))
+    return lambda v: type(v) is list and set(map(type, v)) <= only
 
 
 _CHECKS: dict[object, typing.Callable[[object], bool]] = {
@@ -27,9 +30,9 @@ _CHECKS: dict[object, typing.Callable[[object], bool]] = {
     str: lambda v: type(v) is str,
     bool: lambda v: type(v) is bool,
     dict: lambda v: type(v) is dict,
-    list[int]: _check_list(_is_int),
-    list[str]: _check_list(lambda v: type(v) is str),
-    list[list]: _check_list(lambda v: type(v) is list),
+    list[int]: _check_list_of(int),
+    list[str]: _check_list_of(str),
+    list[list]: _check_list_of(list),
 }
 
 
