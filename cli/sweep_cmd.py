@@ -48,6 +48,7 @@ class Plan:
     auto: dict  # {} when rates are given
     repeats: int
     seed: int
+    point_timeout_s: float = 0.0  # 0: a point runs until it drains
 
 
 @dataclass(slots=True)
@@ -119,7 +120,8 @@ def load_plan(path: str | Path) -> Plan:
     if not entries or len(set(labels)) != len(labels):
         raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
     rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig.rate)]))
-    return Plan(base, entries, rates, auto, int(grid.get("repeats", 1)), int(grid.get("seed", 0)))
+    return Plan(base, entries, rates, auto, int(grid.get("repeats", 1)), int(grid.get("seed", 0)),
+                float(grid.get("point_timeout_s", 0)))
 
 
 def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
@@ -143,20 +145,38 @@ def _failure_reason(exc: Exception, folder: Path) -> str:
     return "\n".join([f"{type(exc).__name__}: {exc}", *hints])
 
 
-def execute(point: Point, base: dict, on_tick=None) -> dict:
+class PointTimeout(Exception):
+    """A point ran past grid.point_timeout_s: it is stopped and keeps what finished."""
+
+
+def _guard(on_tick, timeout_s: float):
+    """launch_run's on_tick, raising PointTimeout once the point has run timeout_s (0: never)."""
+    def tick(elapsed_s: float, alive: dict) -> None:
+        if timeout_s and elapsed_s > timeout_s:
+            raise PointTimeout(f"stopped after {timeout_s:g} s (grid.point_timeout_s)")
+        if on_tick is not None:
+            on_tick(elapsed_s, alive)
+
+    return tick
+
+
+def execute(point: Point, base: dict, on_tick=None, timeout_s: float = 0.0) -> dict:
     """Run one point into a clean folder; a failure becomes FAILED.txt, never an exception."""
     from cli.launcher import launch_run
 
     shutil.rmtree(point.folder, ignore_errors=True)  # leftovers of an interrupted or failed try
     point.folder.mkdir(parents=True)
-    started = time.monotonic()
+    started, note = time.monotonic(), ""
     try:
-        summary = launch_run(point.config(base), on_tick=on_tick)
-    except (ConfigError, RuntimeError, OSError, ValueError) as exc:
-        reason = _failure_reason(exc, point.folder)
-        (point.folder / FAILED_FILE).write_text(reason + "\n")
-        return point.record("failed", reason, round(time.monotonic() - started, 2))
-    record = point.record("done", "", round(time.monotonic() - started, 2))
+        summary = launch_run(point.config(base), on_tick=_guard(on_tick, timeout_s))
+    except (ConfigError, RuntimeError, OSError, ValueError, PointTimeout) as exc:
+        summary_path = point.folder / "summary.json"
+        if not isinstance(exc, PointTimeout) or not summary_path.exists():
+            reason = _failure_reason(exc, point.folder)
+            (point.folder / FAILED_FILE).write_text(reason + "\n")
+            return point.record("failed", reason, round(time.monotonic() - started, 2))
+        summary, note = json.loads(summary_path.read_text()), str(exc)  # unfinished requests: failed
+    record = point.record("done", note, round(time.monotonic() - started, 2))
     headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
     _write_json(point.folder / DONE_FILE, {**record, "summary": headline})
     return record
@@ -182,7 +202,8 @@ def probe_capacity(plan: Plan, out: Path, on_tick=None) -> dict:
     duration_s = float(auto.get("probe_duration_s", PROBE_DURATION_S))
     n = int(auto.get("probe_requests", PROBE_REQUESTS))
     point = Point(entry, n / duration_s, 0, plan.seed, folder)
-    record = execute(point, {**plan.base, "duration_s": duration_s, "max_queue": 0}, on_tick)
+    record = execute(point, {**plan.base, "duration_s": duration_s, "max_queue": 0}, on_tick,
+                     plan.point_timeout_s)
     if record["status"] != "done":
         raise SweepError(f"the capacity probe ({wanted}) failed: {record['reason'].splitlines()[0]}")
     summary = json.loads((folder / "summary.json").read_text())
@@ -213,9 +234,10 @@ def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))
         for i, point in enumerate(points):
-            done = resume and (point.folder / DONE_FILE).exists()
-            index["points"][i] = (json.loads((point.folder / DONE_FILE).read_text()) | {"status": "skipped"}
-                                  if done else execute(point, plan.base, view.ticker(point, "run")))
+            done_file = point.folder / DONE_FILE
+            index["points"][i] = (json.loads(done_file.read_text()) | {"status": "skipped"}
+                                  if resume and done_file.exists()
+                                  else execute(point, plan.base, view.ticker(point, "run"), plan.point_timeout_s))
             view.finished(point, index["points"][i])
             _write_json(out_dir / INDEX_FILE, index)
     return index

@@ -88,11 +88,14 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
 
 def failures(collection: Collection) -> list[str]:
     """Points that did not complete, with their reasons."""
-    if not collection.failed:
+    stopped = [p for p in collection.index.get("points", []) if p["status"] != "failed" and p.get("reason")]
+    if not collection.failed and not stopped:
         return []
-    lines = ["", "## Failed points", ""]
+    lines = ["", "## Failed and stopped points", ""]
     for f in collection.failed:
-        lines.append(f"- {f.label} λ = {f.rate:g} rep {f.repeat}: {f.reason.splitlines()[0]}")
+        lines.append(f"- {f.label} λ = {f.rate:g} rep {f.repeat}: failed: {f.reason.splitlines()[0]}")
+    for p in stopped:  # kept: what finished counts, the rest are failed requests
+        lines.append(f"- {p['label']} λ = {p['rate']:g} rep {p['repeat']}: {p['reason']}")
     return lines
 
 

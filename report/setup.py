@@ -51,8 +51,8 @@ def gpu_name(settings: dict) -> str:
 def hardware(settings: dict) -> str:
     """Where the numbers come from, for the one-line result."""
     if settings.get("backend") in ("sim", "echo"):
-        return (f"a simulated {settings.get('preset')} "
-                f"({settings.get('backend')} backend, host CPU {cpu_model(settings)})")
+        return (f"the {settings.get('backend')} backend's {settings.get('preset')} step model "
+                f"(host CPU {cpu_model(settings)})")
     gpu = gpu_name(settings)
     cores = settings.get("cpu_count")
     return gpu or f"{cpu_model(settings)} ({cores} CPU cores)"

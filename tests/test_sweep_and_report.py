@@ -141,4 +141,17 @@ def test_failed_points_are_recorded_and_the_sweep_goes_on(tmp_path):
         assert needle in (tmp_path / "out" / label / "rate-5" / "rep-0" / "FAILED.txt").read_text()
     assert "1 of 4 points done, 3 failed" in proc.stdout
     report = run_cli("report", str(tmp_path / "out"))
-    assert "## Failed points" in (tmp_path / "out" / "REPORT.md").read_text() and report.returncode == 0
+    assert "## Failed and stopped points" in (tmp_path / "out" / "REPORT.md").read_text() and report.returncode == 0
+
+
+def test_a_point_past_its_timeout_is_stopped_and_keeps_what_finished(tmp_path):
+    config = tmp_path / "slow.yaml"
+    config.write_text(yaml.safe_dump({
+        "base": {"backend": "sim", "preset": "cpu-tiny-mistral", "dataset": "synthetic", "duration_s": 6,
+                 "max_new_tokens": 32},
+        "grid": {"rates": [3], "strategies": ["dynamic"], "point_timeout_s": 3}}))
+    run_cli("sweep", str(config), "--out", str(tmp_path / "out"), timeout_s=120)
+    point = index(tmp_path / "out")["points"][0]
+    assert point["status"] == "done" and "stopped after 3 s" in point["reason"]
+    requests = pd.read_parquet(tmp_path / "out" / point["dir"] / "requests.parquet")
+    assert (requests.status == "finished").any() and (requests.status == "failed").any()
