@@ -1,4 +1,5 @@
 """The scheduler process: queue in, batches out; the policy decides, this file only moves messages."""
+import itertools
 import logging
 import math
 import signal
@@ -17,6 +18,7 @@ log = logging.getLogger("batchlab.scheduler")
 START_LEAD_S = 0.2  # planned time 0 lies this far after Start is sent, so the first sends are on time
 MAX_ATTEMPTS = 2  # a request is dispatched at most this often after a lost worker (requeued once)
 WORKER_REJOIN_GRACE_S = 10.0  # with no worker left, queued requests wait this long for one to (re)join
+MAX_MESSAGES_PER_POLL = 1_000  # then schedule and beat before reading on (a flood must not starve them)
 
 
 class Scheduler:
@@ -75,9 +77,10 @@ class Scheduler:
         out = []
         if not self.router.poll(timeout_ms):
             return out
-        while True:
+        recv = self.router.recv_multipart
+        for _ in range(MAX_MESSAGES_PER_POLL):
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames = recv(zmq.NOBLOCK)
             except zmq.Again:
                 return out
             try:
@@ -88,6 +91,7 @@ class Scheduler:
                 self.stats["rejected_messages"] += 1
                 if self.stats["rejected_messages"] <= 10:
                     log.warning("rejected a message: %s", exc)
+        return out
 
     # --- message handlers -------------------------------------------------------------------------
     def _handle(self, sender: bytes, msg: object) -> None:
@@ -168,7 +172,7 @@ class Scheduler:
         self.wake_at = None
         if self.t0 is None:
             return
-        for wid in least_loaded(self.workers):
+        for wid in least_loaded(self.workers) if len(self.workers) > 1 else list(self.workers):
             if not self.queue:
                 return
             state = self.workers[wid]
@@ -182,8 +186,7 @@ class Scheduler:
 
     def _head(self, state: WorkerState) -> list[Pending]:
         """The part of the queue a decision can use (no more than the worker could take)."""
-        limit = max(state.hello.max_batch_size, 1)
-        return [self.queue[i] for i in range(min(limit, len(self.queue)))]
+        return list(itertools.islice(self.queue, max(state.hello.max_batch_size, 1)))  # deque[i] is O(i)
 
     def _launch(self, wid: str, batch: list[Pending], reason: str) -> None:
         state = self.workers[wid]
