@@ -45,6 +45,9 @@ class RunStore:
         self._new_terminal: list[int] = []  # terminal since the last take_parts
         self._pending_batches: list[int] = []  # done, not yet in a part
         self._steps_flushed = 0
+        # continuous step tokens that overtook their request's BatchLaunch (the scheduler's and the
+        # worker's sockets are separate pipes): request_id -> [(time, token_id)], joined at the launch
+        self._early_tokens: dict[int, list[tuple[float, int]]] = {}
         self._handlers = {
             RunInfo: self._on_run_info, Arrival: self._on_arrival, BatchLaunch: self._on_launch,
             Tokens: self._on_tokens, Step: self.steps.append, BatchDone: self._on_batch_done,
@@ -78,6 +81,18 @@ class RunStore:
         self.launches[msg.batch_id] = msg
         for rid in msg.request_ids:
             self._request(rid).batches.append(msg.batch_id)
+        if self._early_tokens:
+            self._join_early_tokens(msg)
+
+    def _join_early_tokens(self, msg: BatchLaunch) -> None:
+        """Step tokens that came before this launch belong to it (they are no longer ignored)."""
+        for rid in msg.request_ids:
+            early = self._early_tokens.pop(rid, None)
+            if early is None:
+                continue
+            self.counters["ignored_tokens"] -= len(early)
+            self.tokens.setdefault((rid, msg.batch_id), []).extend(early)  # they came first
+            self.batch_requests.setdefault(msg.batch_id, set()).add(rid)
 
     def _on_tokens(self, msg: Tokens) -> None:
         bid, t, tokens = msg.batch_id, msg.time, self.tokens
@@ -103,8 +118,9 @@ class RunStore:
         """A continuous step: each token belongs to its request's latest launched batch."""
         for rid, tok in zip(msg.request_ids, msg.token_ids):
             state = self.requests.get(rid)
-            if state is None or not state.batches:
+            if state is None or not state.batches:  # ignored unless its launch comes later
                 self.counters["ignored_tokens"] += 1
+                self._early_tokens.setdefault(rid, []).append((msg.time, tok))
                 continue
             bid = state.batches[-1]
             rows = self.tokens.get((rid, bid))
