@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pandas as pd
@@ -17,8 +18,16 @@ pytestmark = pytest.mark.slow
 
 
 def start(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """A batchlab command in the background; its output goes to files (a full pipe would block it)."""
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=tempfile.TemporaryFile(), stderr=(err := tempfile.TemporaryFile()))
+    proc.err_file = err
+    return proc
+
+
+def stderr_of(proc: subprocess.Popen) -> str:
+    proc.err_file.seek(0)
+    return proc.err_file.read().decode(errors="replace")
 
 
 def wait_for(path, timeout_s: float = 60) -> None:
@@ -56,7 +65,7 @@ def test_sigkill_of_one_worker_mid_batch_requeues_its_requests_and_the_run_ends(
         time.sleep(0.05)
     time.sleep(0.5)
     os.kill(json.loads((tmp_path / "pids.json").read_text())["worker-0"], signal.SIGKILL)
-    run.communicate(timeout=120)
+    run.wait(timeout=120)
     assert run.returncode == 0
     requests = assert_conserved(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -74,7 +83,7 @@ def test_killing_the_traffic_process_ends_the_run_on_its_own(tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     os.kill(json.loads((tmp_path / "pids.json").read_text())["traffic"], signal.SIGKILL)
-    run.communicate(timeout=120)
+    run.wait(timeout=120)
     assert run.returncode == 0
     requests = assert_conserved(tmp_path)
     assert (requests.status == "finished").sum() > 5
@@ -86,7 +95,7 @@ def test_traffic_killed_before_its_hello_still_ends_the_run(tmp_path):
     run = start("run", *COMMON, "--strategy", "dynamic", "--rate", "10", "--duration", "5", "--out", str(tmp_path))
     wait_for(tmp_path / "pids.json")
     os.kill(json.loads((tmp_path / "pids.json").read_text())["traffic"], signal.SIGKILL)
-    run.communicate(timeout=120)
+    run.wait(timeout=120)
     assert run.returncode == 0
     requests = assert_conserved(tmp_path)
     assert set(requests.status) == {"failed"}
@@ -107,8 +116,8 @@ def roles(tmp_path, extra_worker_env: dict | None = None, keys: list[str] | None
 def finish(procs: dict, timeout_s: float = 120) -> None:
     for name in ("traffic", "scheduler", "worker", "collector"):
         if name in procs:
-            out, err = procs[name].communicate(timeout=timeout_s)
-            assert procs[name].returncode in (0, None), f"{name}: {err[-2000:]}"
+            procs[name].wait(timeout=timeout_s)
+            assert procs[name].returncode in (0, None), f"{name}: {stderr_of(procs[name])[-2000:]}"
 
 
 def test_a_restarted_worker_rejoins_and_nothing_is_lost(tmp_path):
@@ -117,7 +126,7 @@ def test_a_restarted_worker_rejoins_and_nothing_is_lost(tmp_path):
                              "--out", str(tmp_path))
     time.sleep(4.0)
     procs["worker"].kill()
-    procs["worker"].communicate()
+    procs["worker"].wait()
     time.sleep(1.0)
     procs["worker"] = start("worker", "--backend", "sim", "--scheduler", sched, "--collector", coll,
                             "--out", str(tmp_path))
