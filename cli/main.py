@@ -42,6 +42,12 @@ Dtype = Annotated[Optional[str], Opt(help="auto | float32 | float16 | bfloat16")
 Device = Annotated[Optional[str], Opt(help="auto | cpu | cuda")]
 Endpoint = Annotated[Optional[str], Opt(help="openai backend: server URL")]
 MaxConc = Annotated[Optional[int], Opt(help="openai backend: concurrent streams")]
+GpuUtil = Annotated[Optional[float], Opt(help="vllm: fraction of GPU memory for the engine")]
+MaxSeqs = Annotated[Optional[int], Opt(help="vllm: max running sequences (0: --max-batch-size)")]
+MaxTok = Annotated[Optional[int], Opt(help="vllm: max tokens per engine step (0: vLLM's default)")]
+Eager = Annotated[Optional[bool], Opt("--enforce-eager", help="vllm: no CUDA graphs / torch.compile")]
+TP = Annotated[Optional[int], Opt(help="vllm: tensor-parallel GPUs")]
+PP = Annotated[Optional[int], Opt(help="vllm: pipeline-parallel stages")]
 Keys = Annotated[Optional[str], Opt(help="CurveZMQ key folder (needed to bind a non-loopback address)")]
 
 
@@ -67,7 +73,9 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, backend: Backend
         max_new_tokens: MaxNew = None, seed: Seed = None, out: Out = None, workers: Workers = None,
         max_queue: MaxQueue = None, max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, strict_memory: Strict = None,
         dtype: Dtype = None, device: Device = None, endpoint: Endpoint = None,
-        max_concurrency: MaxConc = None) -> None:
+        max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
+        max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, tensor_parallel_size: TP = None,
+        pipeline_parallel_size: PP = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
     cfg = _config(overrides.pop("config"), overrides)
@@ -137,6 +145,9 @@ def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = 
            strategy: Strategy = None, max_batch_size: MaxBatch = None, memory_budget: Budget = None,
            strict_memory: Strict = None, dtype: Dtype = None, device: Device = None,
            endpoint: Endpoint = None, max_concurrency: MaxConc = None, out: Out = None, keys: Keys = None,
+           gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
+           max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, tensor_parallel_size: TP = None,
+           pipeline_parallel_size: PP = None,
            scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557",
            collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558",
            worker_id: Annotated[str, Opt(help="this worker's name")] = "worker-0") -> None:

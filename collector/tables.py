@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from collector.store import RequestState, RunStore
 
 NAN = float("nan")
+ENGINE_METRICS = "request_metrics"  # WorkerBye.stats key: {request_id (str): {name: value}}
 SETTINGS_COLUMNS = ("strategy", "backend", "model", "rate", "arrival", "seed")
 REQUEST_DTYPES = {
     "request_id": "int64", "status": "str", "error": "str", "prompt_len": "int64",
@@ -156,16 +157,29 @@ def run_facts(store: "RunStore") -> dict:
         **store.counters, "peak_memory_bytes": peak_bytes, "memory_kind": kind,
         "submitted_by_scheduler": end.submitted if end else None,
         "scheduler_stats": dict(end.stats) if end else {},
-        "worker_stats": {w: dict(b.stats) for w, b in store.byes.items()},
+        "worker_stats": {w: {k: v for k, v in b.stats.items() if k != ENGINE_METRICS}
+                         for w, b in store.byes.items()},
         "workers_without_bye": [w for w in (end.workers if end else []) if w not in store.byes],
     }
+
+
+def engine_columns(store: "RunStore", requests: pd.DataFrame, t0: float) -> pd.DataFrame:
+    """The engine's own per-request timestamps (vLLM: queued/scheduled/first/last token), where a
+    worker reported them in its bye, as engine_* columns (s since t0; already on the scheduler clock)."""
+    per_request = {int(rid): m for b in store.byes.values() for rid, m in b.stats.get(ENGINE_METRICS, {}).items()}
+    if not per_request:
+        return requests
+    for key in sorted({k for m in per_request.values() for k in m}):
+        values = requests.request_id.map(lambda r: per_request.get(r, {}).get(key, NAN)).astype("float64")
+        requests[f"engine_{key}"] = values - t0 if key.endswith("_ts") else values
+    return requests
 
 
 def build_tables(store: "RunStore", schedule: pd.DataFrame | None, slos: dict | None) -> Tables:
     """Every final table and the summary."""
     t0 = store.t0()
     rids = sorted(store.requests)
-    requests = requests_frame(store, rids, t0, schedule)
+    requests = engine_columns(store, requests_frame(store, rids, t0, schedule), t0)
     tokens = tokens_frame(store, rids, t0)
     batches = batches_frame(store, sorted(set(store.launches) | set(store.dones)), t0)
     steps = steps_frame(store.steps, t0) if store.steps else None

@@ -70,7 +70,7 @@ class Worker:
     def close(self) -> None:
         """Say goodbye to the collector, then close sockets before the context."""
         try:
-            stats = {"rejected_messages": self.rejected, **self.clock.facts()}
+            stats = {"rejected_messages": self.rejected, **self.clock.facts(), **self._engine_facts()}
             self._to_collector(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
                                          self.backend.info.memory_kind, stats))
         finally:
@@ -79,6 +79,16 @@ class Worker:
             self.sched.close()
             self.coll.close()
             self.ctx.term()
+
+    def _engine_facts(self) -> dict:
+        """What an engine reports about the run (vLLM: KV usage, its own per-request timestamps)."""
+        facts = dict(getattr(self.backend, "run_facts", dict)())
+        metrics = getattr(self.backend, "request_metrics", None)
+        if metrics:
+            conv = self.clock.to_scheduler
+            facts["request_metrics"] = {str(rid): {k: conv(v) if k.endswith("_ts") else v for k, v in m.items()}
+                                        for rid, m in metrics.items()}
+        return facts
 
     # --- steps ------------------------------------------------------------------------------------
     def _hello(self) -> None:
