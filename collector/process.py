@@ -7,6 +7,7 @@ from pathlib import Path
 
 import zmq
 
+from collector.fidelity import add_timing_fidelity
 from collector.parts import PartWriter, read_schedule, write_final
 from collector.store import RunStore
 from protocol import ProtocolError, decode
@@ -115,8 +116,10 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
         reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s)
         log.info("collector: stopping (%s)", reason)
         writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
-        tables = store.finish(read_schedule(out_dir), slos=slos)
+        schedule = read_schedule(out_dir)
+        tables = store.finish(schedule, slos=slos)
         tables.summary["end_reason"] = reason
+        add_timing_fidelity(tables.summary, tables.requests, store.settings, schedule)  # sim/echo only
         write_final(out_dir, tables)
         return tables.summary
     finally:
