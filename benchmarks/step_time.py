@@ -35,27 +35,27 @@ class Point:
     batch_size: int
     prompt_len: int  # tokens per row, BOS included
     prefill_s: float
-    decode_step_s: float  # median of the measured decode steps
+    decode_step_s: float  # fastest measured decode step
     context_tokens: float  # mean cached tokens (all rows) over the measured decode steps
-    decode_steps: int
+    decode_steps: int  # decode steps measured (all repeats)
 
 
 def measure(backend: HFBackend, batch_size: int, prompt_len: int, steps: int, repeats: int,
             rng: random.Random) -> Point:
     """Run a batch of `batch_size` rows × `prompt_len` tokens for `steps` tokens: once to warm the shape
-    (kernels, allocator blocks), then `repeats` times; the fastest repeat counts (other load only slows)."""
+    (kernels, allocator blocks), then `repeats` times. The fastest prefill and the fastest decode step count: other load on the
+    machine only ever adds time, so the minimum is the estimate of the model's own cost."""
     body = prompt_len - len(backend.prefix)
     rows = [Row(i, body, steps, [rng.randrange(100, 32000) for _ in range(body)], 0) for i in range(batch_size)]
     backend.run_batch(rows, lambda _out: None)
-    runs = []
+    prefill_s, decode_s = [], []
     for _ in range(repeats):
         outs: list[StepOutput] = []
         backend.run_batch(rows, outs.append)
-        runs.append((outs[0].time - outs[0].start_time,
-                     statistics.median(o.time - o.start_time for o in outs[1 + SKIP_DECODE_STEPS:])))
+        prefill_s.append(outs[0].time - outs[0].start_time)
+        decode_s += [o.time - o.start_time for o in outs[1 + SKIP_DECODE_STEPS:]]
     contexts = [batch_size * (prompt_len + i) for i in range(1 + SKIP_DECODE_STEPS, steps)]
-    return Point(batch_size, prompt_len, min(r[0] for r in runs), min(r[1] for r in runs),
-                 statistics.fmean(contexts), steps - 1 - SKIP_DECODE_STEPS)
+    return Point(batch_size, prompt_len, min(prefill_s), min(decode_s), statistics.fmean(contexts), len(decode_s))
 
 
 def fit(points: list[Point], name: str, weights_bytes: float, kv_bytes_per_token: int) -> StepModel:
@@ -65,7 +65,11 @@ def fit(points: list[Point], name: str, weights_bytes: float, kv_bytes_per_token
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-30)
     slope = max(slope, 1e-15)  # time per cached token (s); must be positive to give a bandwidth
     bandwidth = kv_bytes_per_token / slope
-    overhead = max(0.0, my - slope * mx - weights_bytes / bandwidth)
+    overhead = my - slope * mx - weights_bytes / bandwidth
+    if overhead < 0:  # refit with overhead 0: time = (weights + kv × context) / bandwidth, through the origin
+        feats = [weights_bytes + kv_bytes_per_token * x for x in xs]
+        bandwidth = sum(f * f for f in feats) / sum(f * y for f, y in zip(feats, ys))
+        overhead = 0.0
     base = overhead + weights_bytes / bandwidth
     tokens = [p.batch_size * p.prompt_len for p in points]
     per_token = sum(t * (p.prefill_s - base) for t, p in zip(tokens, points)) / sum(t * t for t in tokens)
