@@ -11,12 +11,12 @@ from protocol import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dis
                       WorkerHello, decode, encode, now)
 from protocol.security import check_bind, start_authenticator
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
-from scheduler.policies import Policy, QueuedRequest
+from scheduler.policies import Policy
 from scheduler.workers import Pending, PendingQueue, WorkerState, least_loaded
 
 log = logging.getLogger("batchlab.scheduler")
 START_LEAD_S = 0.2  # planned time 0 lies this far after Start is sent, so the first sends are on time
-MAX_ATTEMPTS = 2  # a request is dispatched at most this often after a lost worker (requeued once)
+MAX_LOSSES = 1  # a request lost with its worker is requeued this often, then failed
 WORKER_REJOIN_GRACE_S = 10.0  # with no worker left, queued requests wait this long for one to (re)join
 MAX_MESSAGES_PER_POLL = 1_000  # then schedule and beat before reading on (a flood must not starve them)
 
@@ -164,7 +164,10 @@ class Scheduler:
         self.policy.on_batch_done(len(batch), done.oom)
         if done.oom:
             self.stats["oom_batches"] += 1
-            for p in reversed(batch):  # back to the front, in their order
+            if len(batch) == 1:  # it does not fit even alone: retrying cannot help
+                self._to_collector(RequestFailed(batch[0].request_id, "out of memory: does not fit alone", now()))
+                return
+            for p in reversed(batch):  # back to the front, in their order; the policy's cap has halved
                 self.queue.appendleft(p)
 
     # --- scheduling -------------------------------------------------------------------------------
@@ -176,9 +179,8 @@ class Scheduler:
             if not self.queue:
                 return
             state = self.workers[wid]
-            view = [QueuedRequest(p.request_id, p.arrival_time, p.prompt_len, p.output_len)
-                    for p in self._head(state)]
-            decision = self.policy.decide(view, now(), state.capacity(), self.eos)
+            # Pending has every QueuedRequest field a policy reads: no per-loop copies of the queue head
+            decision = self.policy.decide(self._head(state), now(), state.capacity(), self.eos)
             if decision.n:
                 self._launch(wid, [self.queue.popleft() for _ in range(decision.n)], decision.reason)
             elif decision.wake_at is not None:
@@ -202,8 +204,6 @@ class Scheduler:
                 self._lose_worker(wid, f"unreachable: {exc}")
                 return
             self.next_batch_id += 1
-            for p in group:
-                p.attempts += 1
             state.inflight[dispatch.batch_id] = group
             self._to_collector(BatchLaunch(dispatch.batch_id, wid, t, reason, [p.request_id for p in group],
                                            len(self.queue)))
@@ -239,7 +239,8 @@ class Scheduler:
             self.orphaned_since = now()
         lost = [p for batch in state.inflight.values() for p in batch]
         for p in reversed(lost):
-            if p.attempts < MAX_ATTEMPTS:
+            p.losses += 1
+            if p.losses <= MAX_LOSSES:
                 self.queue.appendleft(p)  # a live worker, or one that rejoins within the grace
             else:
                 self._to_collector(RequestFailed(p.request_id, f"worker lost: {wid}", now()))
