@@ -1,0 +1,80 @@
+"""Timing fidelity: live sim runs against the simulator on the same schedule; the collector never breaks."""
+import math
+
+import pandas as pd
+import pytest
+
+from cli.config import RunConfig
+from cli.launcher import launch_run
+from collector.fidelity import add_timing_fidelity, compare, config_from_settings
+from collector.store import RunStore
+from protocol import Arrival, BatchLaunch, Tokens
+from protocol.messages import STEP_BATCH
+
+ERROR_KEYS = ("ttft_error_s", "tpot_error_s", "e2e_error_s", "queue_wait_error_s")
+
+
+def _requests(ttft: list[float], tpot: list[float], status: str = "finished") -> pd.DataFrame:
+    n = len(ttft)
+    return pd.DataFrame({"request_id": range(n), "status": [status] * n, "ttft": ttft, "tpot": tpot,
+                         "e2e": ttft, "queue_wait": [0.0] * n})
+
+
+def test_errors_are_live_minus_simulated_per_request_id():
+    live = _requests([0.010, 0.020, 0.030], [0.001, 0.001, 0.001])
+    sim = _requests([0.009, 0.020, 0.025], [0.001, 0.0005, 0.001]).iloc[::-1]  # order must not matter
+    out = compare(live, sim)
+    assert out["matched"] == 3 and out["live_only"] == out["sim_only"] == 0
+    assert out["ttft_error_s"]["max_abs"] == pytest.approx(0.005)
+    assert out["ttft_error_s"]["p50"] == pytest.approx(0.001)
+    assert out["tpot_error_s"]["mean"] == pytest.approx(0.0005 / 3)
+
+
+def test_unfinished_requests_are_not_matched():
+    live = _requests([0.01, 0.02], [0.001, 0.001])
+    live.loc[1, "status"] = "failed"
+    assert compare(live, _requests([0.01, 0.02], [0.001, 0.001]))["matched"] == 1
+
+
+def test_settings_become_a_run_config_with_the_worker_count():
+    cfg = config_from_settings({"backend": "sim", "rate": 5.0, "t0": 12.0, "host": "h",
+                                "workers": {"worker-0": {}, "worker-1": {}}})
+    assert (cfg.backend, cfg.rate, cfg.workers) == ("sim", 5.0, 2)
+
+
+def test_a_failing_simulation_is_logged_not_raised(caplog):
+    summary: dict = {}
+    broken_schedule = pd.DataFrame({"request_id": [0]})  # no arrival offsets: the simulator fails
+    add_timing_fidelity(summary, _requests([0.01], [0.001]), {"backend": "sim"}, broken_schedule)
+    assert "timing_fidelity" not in summary
+    assert "timing fidelity skipped" in caplog.text
+
+
+def test_other_backends_get_no_fidelity_block():
+    summary: dict = {}
+    add_timing_fidelity(summary, _requests([0.01], [0.001]), {"backend": "hf"}, pd.DataFrame())
+    assert summary == {}
+
+
+def test_step_tokens_that_overtake_their_launch_are_kept():
+    store = RunStore()
+    store.handle(Tokens(STEP_BATCH, 0, 1.5, [7], [42]))  # the worker's token beat the scheduler's messages
+    assert store.counters["ignored_tokens"] == 1
+    store.handle(Arrival(7, 1.0, 1.0, 1.1, 4, 2))
+    store.handle(BatchLaunch(3, "worker-0", 1.2, "credit", [7]))
+    store.handle(Tokens(STEP_BATCH, 1, 1.6, [7], [43]))
+    assert store.tokens[(7, 3)] == [(1.5, 42), (1.6, 43)]
+    assert store.counters["ignored_tokens"] == 0
+
+
+def test_a_short_sim_run_reports_small_timing_errors(tmp_path):
+    cfg = RunConfig(backend="sim", strategy="continuous", dataset="synthetic", rate=20, duration_s=1.5,
+                    max_new_tokens=16, seed=3, out=str(tmp_path)).validate()
+    summary = launch_run(cfg)
+    fidelity = summary["timing_fidelity"]
+    assert fidelity["backend"] == "sim"
+    assert fidelity["matched"] == summary["finished"] > 0
+    assert all(set(fidelity[k]) == {"mean", "p50", "p99", "max_abs"} for k in ERROR_KEYS)
+    assert abs(fidelity["ttft_error_s"]["p50"]) < 0.05
+    assert abs(fidelity["tpot_error_s"]["p50"]) < 0.005
+    assert not math.isnan(fidelity["sim_wall_s"])
