@@ -31,6 +31,7 @@ BatchSize = Annotated[Optional[int], Opt(help="naive: launch exactly N")]
 MaxBatch = Annotated[Optional[int], Opt(help="dynamic: size trigger / worker rows")]
 MaxWait = Annotated[Optional[float], Opt(help="dynamic: age trigger, ms")]
 MaxNew = Annotated[Optional[int], Opt(help="cap on output tokens per request")]
+MaxPrompt = Annotated[Optional[int], Opt(help="drop prompts longer than this many tokens")]
 Seed = Annotated[Optional[int], Opt(help="seed of the arrival and prompt streams")]
 Out = Annotated[Optional[str], Opt(help="output folder")]
 Workers = Annotated[Optional[int], Opt(help="worker processes (the scheduler waits for this many)")]
@@ -70,7 +71,8 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, backend: Backend
         preset: Preset = None, rate: Rate = None, duration_s: Duration = None, arrival: Arrival = None,
         burstiness: Burst = None, dataset: Dataset = None, schedule: Schedule = None,
         batch_size: BatchSize = None, max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None,
-        max_new_tokens: MaxNew = None, seed: Seed = None, out: Out = None, workers: Workers = None,
+        max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None, seed: Seed = None, out: Out = None,
+        workers: Workers = None,
         max_queue: MaxQueue = None, max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, strict_memory: Strict = None,
         dtype: Dtype = None, device: Device = None, endpoint: Endpoint = None,
         max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
@@ -162,8 +164,8 @@ def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = 
 @app.command()
 def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None, duration_s: Duration = None,
             arrival: Arrival = None, burstiness: Burst = None, dataset: Dataset = None,
-            schedule: Schedule = None, max_new_tokens: MaxNew = None, seed: Seed = None, out: Out = None,
-            keys: Keys = None, scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
+            schedule: Schedule = None, max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None,
+            seed: Seed = None, out: Out = None, keys: Keys = None, scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
     """Run the traffic generator alone."""
     overrides = {k: v for k, v in locals().items() if k not in ("config", "scheduler")}
     from cli.roles import traffic_role

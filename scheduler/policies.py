@@ -65,25 +65,56 @@ def fit_padded(queue: Sequence[QueuedRequest], limit: int, cap: Capacity, max_ne
 
 
 @dataclass
+class AdaptiveCap:
+    """The OOM back-off every static strategy shares: halve on OOM (min 1), +1 after clean batches."""
+
+    limit: int
+    cap: int = 0
+    clean_batches: int = 0
+
+    def __post_init__(self) -> None:
+        self.cap = self.cap or self.limit
+
+    def update(self, size: int, oom: bool) -> None:
+        """Feed one finished batch of `size` rows."""
+        if oom:
+            self.cap = max(1, min(self.cap, size) // 2)
+            self.clean_batches = 0
+            return
+        self.clean_batches += 1
+        if self.clean_batches >= OOM_CLEAN_BATCHES_TO_PROBE and self.cap < self.limit:
+            self.cap += 1
+            self.clean_batches = 0
+
+
+@dataclass
 class Naive:
-    """Wait for exactly `batch_size` requests; at end of stream flush the rest as a smaller batch."""
+    """Wait for exactly `batch_size` requests; at end of stream flush the rest as a smaller batch.
+
+    After an OOM, "exactly N" becomes exactly the halved cap: otherwise the batch would fail forever.
+    """
 
     batch_size: int
     name: str = "naive"
     mode: str = "static"
 
+    def __post_init__(self) -> None:
+        self.adaptive = AdaptiveCap(self.batch_size)
+
     def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
         if cap.free_slots <= 0 or not queue:
             return Decision()
-        if len(queue) >= self.batch_size:
-            return Decision(min(self.batch_size, cap.free_slots), "size")
+        n = min(self.batch_size, self.adaptive.cap, cap.free_slots)
+        if len(queue) >= n:
+            return Decision(n, "size")
         if end_of_stream:
-            return Decision(min(len(queue), cap.free_slots), "flush")
+            return Decision(len(queue), "flush")
         return Decision()
 
     def on_batch_done(self, size: int, oom: bool) -> None:
-        """Naive batching does not adapt."""
+        """Only OOM changes naive batching (see the class docstring)."""
+        self.adaptive.update(size, oom)
 
 
 @dataclass
@@ -95,11 +126,14 @@ class Dynamic:
     max_new_tokens: int
     name: str = "dynamic"
     mode: str = "static"
-    cap: int = 0  # adaptive cap (0: start at max_batch_size)
-    clean_batches: int = 0
 
     def __post_init__(self) -> None:
-        self.cap = self.cap or self.max_batch_size
+        self.adaptive = AdaptiveCap(self.max_batch_size)
+
+    @property
+    def cap(self) -> int:
+        """The adaptive cap on rows per batch."""
+        return self.adaptive.cap
 
     def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
@@ -120,14 +154,7 @@ class Dynamic:
 
     def on_batch_done(self, size: int, oom: bool) -> None:
         """Halve the cap on OOM (min 1); after enough clean batches probe it up by one."""
-        if oom:
-            self.cap = max(1, min(self.cap, size) // 2)
-            self.clean_batches = 0
-            return
-        self.clean_batches += 1
-        if self.clean_batches >= OOM_CLEAN_BATCHES_TO_PROBE and self.cap < self.max_batch_size:
-            self.cap += 1
-            self.clean_batches = 0
+        self.adaptive.update(size, oom)
 
 
 @dataclass

@@ -15,7 +15,7 @@ class Pending:
     prompt_len: int
     output_len: int
     prompt_tokens: list[int]
-    attempts: int = 0
+    losses: int = 0  # times its worker was lost while it ran
 
     def row(self) -> list:
         """The wire form inside a Dispatch."""

@@ -1,4 +1,6 @@
 """`batchlab run --backend hf` end to end on tiny-mistral (CPU): traffic → scheduler → HF worker → collector."""
+import json
+
 import pandas as pd
 import pytest
 
@@ -52,3 +54,17 @@ def test_small_memory_budget_fires_the_memory_trigger(tmp_path):
     b, r = read(tmp_path, "batches"), read(tmp_path, "requests")
     assert "memory" in set(b.launch_reason)
     assert (r.status == "finished").all() and b["size"].sum() == len(r)
+
+
+def test_oom_halves_the_cap_and_loses_no_request(tmp_path):
+    # 16 KiB of KV per token: four padded rows of a ~100-token prompt exceed 6 MiB, two rows never do
+    run_cli("run", *COMMON, "--strategy", "naive", "--batch-size", "4", "--rate", "8", "--duration", "2",
+            "--max-prompt-len", "128", "--memory-budget", "6MiB", "--strict-memory", "--out", str(tmp_path))
+    batches, requests = read(tmp_path, "batches"), read(tmp_path, "requests")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert batches.oom.any() and summary["scheduler_stats"]["oom_batches"] == batches.oom.sum()
+    first_oom = batches[batches.oom].scheduled_time.min()
+    after = batches[(batches.scheduled_time > first_oom) & ~batches.oom]
+    assert len(after) and after["size"].max() <= 2
+    assert set(requests.status) == {"finished"}
+    assert (requests.n_tokens == requests.output_len).all()

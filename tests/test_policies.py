@@ -98,3 +98,11 @@ def test_continuous_admits_within_the_kv_budget_but_never_starves_an_idle_worker
     assert Continuous(8).decide(q, 0.0, Capacity(8, 50, 1, False), False).n == 0
     assert Continuous(8).decide(q, 0.0, Capacity(8, 50, 1, True), False).n == 1
     assert Continuous(8).decide(q, 0.0, Capacity(8, 120, 1, False), False).n == 2
+
+
+def test_naive_shrinks_to_the_halved_cap_after_an_oom_so_it_can_progress():
+    policy = Naive(batch_size=8)
+    q = [QueuedRequest(i, 0.0, 5, 5) for i in range(8)]
+    policy.on_batch_done(8, oom=True)
+    assert policy.decide(q, 1.0, Capacity(8, BIG, 1, True), False).n == 4
+    assert policy.decide(q[:3], 1.0, Capacity(8, BIG, 1, True), False).n == 0
