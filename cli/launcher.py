@@ -35,8 +35,13 @@ class Child:
 
 
 def _entry(target, args: tuple) -> None:
-    """Child main: run the role; its return value is the exit code."""
-    raise SystemExit(target(*args))
+    """Child main: run the role; its return value is the exit code; a crash goes into its log too."""
+    try:
+        code = target(*args)
+    except Exception:
+        logging.getLogger("batchlab").exception("%s crashed", mp.current_process().name)
+        raise
+    raise SystemExit(code)
 
 
 def _start(ctx, name: str, target, *args) -> Child:

@@ -95,9 +95,9 @@ def test_sigint_stops_every_process_and_leaves_readable_files(tmp_path):
            "--rate", "10", "--duration", "30", "--out", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 60
-    while not (tmp_path / "schedule.parquet").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(2.0)
+    while not list(tmp_path.glob(".parts/requests-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # wait until requests are finishing
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=90)
     assert proc.returncode != 0

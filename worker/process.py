@@ -16,6 +16,10 @@ from worker.heartbeat import HeartbeatThread
 log = logging.getLogger("batchlab.worker")
 
 
+class WorkerStopping(Exception):
+    """Raised from a step callback to abandon a static batch when the worker must stop."""
+
+
 @dataclass
 class _Open:
     """A dispatched batch still running in continuous mode."""
@@ -68,7 +72,9 @@ class Worker:
             self._resync()
 
     def close(self) -> None:
-        """Say goodbye to the collector, then close sockets before the context."""
+        """Fail what is still running, say goodbye to the collector, then close sockets and context."""
+        for rid in list(self.batch_of):  # continuous rows cut off by a stop: terminal, never silent
+            self._close_row(rid, "worker stopped before the request finished")
         try:
             stats = {"rejected_messages": self.rejected, **self.clock.facts(), **self._engine_facts()}
             self._to_collector(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
@@ -139,11 +145,16 @@ class Worker:
             self._emit_tokens(batch_id, out)
             finished.extend(out.finished)
             self.deferred.extend(self._receive(timeout_ms=0))
+            if self.stopping:  # a signal or Shutdown: abandon the batch (generate() ends by this raise)
+                raise WorkerStopping("worker stopped before the batch finished")
 
         try:
             self.backend.run_batch(rows, on_step)
         except OutOfMemory:
             oom = True
+        except WorkerStopping as exc:
+            done = set(finished)
+            failed = [[r.request_id, str(exc)] for r in rows if r.request_id not in done]
         except Exception as exc:  # a backend failure fails this batch, never the worker
             log.exception("batch %d failed", batch_id)
             done = set(finished)
