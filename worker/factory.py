@@ -20,6 +20,10 @@ def make_backend(cfg: RunConfig):
         if budget:
             backend.info.kv_budget_bytes = budget
         return backend
+    if cfg.backend == "hf" and mode == "continuous":
+        from worker.hf_continuous import HFContinuousBackend
+
+        return HFContinuousBackend.from_config(cfg, mode)
     if cfg.backend == "hf":
         from worker.hf import HFBackend
 

@@ -91,6 +91,15 @@ def resolve_dtype(name: str, device, checkpoint_dtype):
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
+def settings_from_config(cfg) -> HFSettings:
+    """A cli.config.RunConfig → HFSettings (static and continuous modes alike)."""
+    from cli.config import parse_bytes
+
+    return HFSettings(model=cfg.model, dtype=cfg.dtype, device=cfg.device,
+                      max_batch_size=max(cfg.max_batch_size, cfg.batch_size),
+                      memory_budget_bytes=parse_bytes(cfg.memory_budget), strict_memory=cfg.strict_memory)
+
+
 def special_prefix(tokenizer) -> list[int]:
     """The ids the tokenizer itself puts before a text (e.g. [BOS]); [] when it adds none."""
     plain = tokenizer.encode("a", add_special_tokens=False)
@@ -125,15 +134,11 @@ class HFBackend:
 
     @classmethod
     def from_config(cls, cfg, mode: str) -> "HFBackend":
-        """Build from a cli.config.RunConfig; continuous mode is not supported yet."""
-        from cli.config import parse_bytes
-
+        """Build from a cli.config.RunConfig; continuous mode is worker.hf_continuous's job."""
         if mode != "static":
-            raise BackendError("the hf backend runs static batches only for now; use --backend vllm or sim "
-                               "for continuous batching")
-        return cls(HFSettings(model=cfg.model, dtype=cfg.dtype, device=cfg.device,
-                              max_batch_size=max(cfg.max_batch_size, cfg.batch_size),
-                              memory_budget_bytes=parse_bytes(cfg.memory_budget), strict_memory=cfg.strict_memory))
+            raise BackendError("HFBackend runs static batches only; continuous mode is "
+                               "worker.hf_continuous.HFContinuousBackend")
+        return cls(settings_from_config(cfg))
 
     # --- loading ----------------------------------------------------------------------------------
     def _load(self, name: str):

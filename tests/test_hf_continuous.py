@@ -1,0 +1,171 @@
+"""HFContinuousBackend on tiny-mistral (CPU): exact lengths, join/leave at step boundaries, solo-equal
+greedy tokens, KV-budget waits and OOM requeues that lose no row; PaddedKV bookkeeping on toy tensors."""
+import pytest
+import torch
+
+from worker.backend import BackendError, Row, StepOutput
+from worker.hf import HFSettings
+from worker.hf_continuous import HFContinuousBackend, PaddedKV
+
+
+def mixed_rows() -> list[Row]:
+    prompts = [list(range(300, 330)), [7, 8, 9, 10, 11, 12, 13], list(range(900, 950)), [42, 43, 44],
+               list(range(5000, 5020))]
+    outputs = [12, 5, 9, 1, 15]
+    return [Row(i, len(p), n, p, i) for i, (p, n) in enumerate(zip(prompts, outputs))]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = HFContinuousBackend(HFSettings(model="tiny-mistral", device="cpu", max_batch_size=8))
+    b.warmup()
+    yield b
+    b.close()
+
+
+def drive(b: HFContinuousBackend, arrivals: list[list[Row]]) -> tuple[dict[int, list[int]], list[StepOutput]]:
+    """Admit arrivals[k] before step k, then step until idle: (tokens by request, steps)."""
+    tokens: dict[int, list[int]] = {}
+    outs: list[StepOutput] = []
+    k = 0
+    while k < len(arrivals) or b.has_work():
+        if k < len(arrivals):
+            b.admit(arrivals[k])
+            k += 1
+        out = b.step()
+        if out is not None:
+            outs.append(out)
+            for rid, tok in zip(out.request_ids, out.token_ids):
+                tokens.setdefault(rid, []).append(tok)
+    return tokens, outs
+
+
+@pytest.fixture(scope="module")
+def solo(backend):
+    """Each row run alone."""
+    return {r.request_id: drive(backend, [[r]])[0][r.request_id] for r in mixed_rows()}
+
+
+BUSY_ARRIVALS = [[0], [], [1, 2], [3], [], [4]]  # row indices admitted before steps 0..5
+
+
+def busy_run(b):
+    rows = mixed_rows()
+    return drive(b, [[rows[i] for i in group] for group in BUSY_ARRIVALS])
+
+
+def test_greedy_tokens_are_the_same_alone_or_joining_a_busy_batch(backend, solo):
+    tokens, _ = busy_run(backend)
+    assert tokens == solo
+
+
+def test_solo_tokens_equal_static_generate(backend, solo):
+    row = mixed_rows()[0]
+    outs: list[StepOutput] = []
+    backend.base.run_batch([row], outs.append)
+    assert [o.token_ids[0] for o in outs] == solo[row.request_id]
+
+
+def test_every_row_gets_exactly_its_output_len(backend):
+    tokens, outs = busy_run(backend)
+    assert {rid: len(t) for rid, t in tokens.items()} == {r.request_id: r.output_len for r in mixed_rows()}
+    finished = [rid for o in outs for rid in o.finished]
+    assert sorted(finished) == [0, 1, 2, 3, 4] and not any(o.failed for o in outs)
+
+
+def test_rows_join_at_the_next_step_and_leave_when_done(backend):
+    _, outs = busy_run(backend)
+    assert [o.joined for o in outs[:6]] == [1, 0, 2, 1, 0, 1]
+    assert outs[2].running == 3 and set(outs[2].request_ids) == {0, 1, 2}  # 1, 2 get their first token at once
+    assert outs[3].finished == [3]  # output_len 1: its prefill token is its last
+    assert 0 not in outs[12].request_ids and outs[11].finished == [0]  # 12 tokens: steps 0..11
+    assert all(o.running == len(o.request_ids) for o in outs)
+    assert all(o.start_time <= o.time for o in outs) and all(a.time <= b.start_time for a, b in zip(outs, outs[1:]))
+
+
+def test_a_short_request_finishes_while_a_long_one_runs(backend):
+    long, short = Row(0, 10, 40, list(range(10, 20)), 0), Row(1, 4, 3, [5, 6, 7, 8], 1)
+    tokens, outs = drive(backend, [[long], [], [short]])
+    done_step = {rid: i for i, o in enumerate(outs) for rid in o.finished}
+    assert done_step[1] == 4 < done_step[0] == 39 and len(tokens[0]) == 40
+
+
+def test_a_small_kv_budget_makes_joiners_wait_and_loses_none(backend, solo):
+    saved = backend.info.kv_budget_bytes
+    backend.info.kv_budget_bytes = 70 * backend.info.kv_bytes_per_token  # about one row at a time
+    waited = backend.run_facts()["row_steps_waiting"]
+    try:
+        tokens, outs = busy_run(backend)
+    finally:
+        backend.info.kv_budget_bytes = saved
+    assert tokens == solo
+    assert max(o.running for o in outs) <= 2 and backend.run_facts()["row_steps_waiting"] > waited
+
+
+def test_an_oom_in_decode_requeues_the_rows_and_they_resume(backend, solo, monkeypatch):
+    model, calls, preempted = backend.model, {"n": 0}, backend.run_facts()["preempted_rows"]
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5 and kwargs["input_ids"].shape[0] > 1:
+            raise torch.OutOfMemoryError("simulated")
+        return model(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "model", flaky)
+    tokens, outs = busy_run(backend)
+    halved, backend.max_rows = backend.max_rows, 8
+    assert backend.run_facts()["preempted_rows"] - preempted == 3 and halved == 1
+    assert tokens == solo and not any(o.failed for o in outs)
+
+
+def test_a_row_that_cannot_prefill_alone_fails_with_a_reason(backend, monkeypatch):
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(backend, "model", oom)
+    backend.admit([mixed_rows()[0]])
+    out = backend.step()
+    assert out.failed == [(0, "out of memory: the prompt does not fit alone")] and not backend.has_work()
+
+
+def test_factory_routes_hf_continuous_here_and_static_elsewhere(monkeypatch):
+    from cli.config import RunConfig
+    from worker import factory
+
+    built = []
+    monkeypatch.setattr(HFContinuousBackend, "__init__", lambda self, s: built.append(s))
+    b = factory.make_backend(RunConfig(backend="hf", strategy="continuous", max_batch_size=5, device="cpu"))
+    assert isinstance(b, HFContinuousBackend) and built[0].max_batch_size >= 5
+    with pytest.raises(BackendError, match="continuous"):
+        HFContinuousBackend.from_config(RunConfig(backend="hf"), "static")
+
+
+class _Layer:
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys, self.values = keys, keys.clone()
+
+
+class _Cache:
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.layers = [_Layer(keys)]
+
+    def get_seq_length(self) -> int:
+        return self.layers[0].keys.shape[-2]
+
+
+def toy_kv(cols: list[list[float]], pad: list[int]) -> PaddedKV:
+    kv = PaddedKV(torch, torch.device("cpu"))
+    kv.cache, kv.pad = _Cache(torch.tensor(cols)[:, None, :, None]), pad  # [B, 1, T, 1]
+    return kv
+
+
+def test_padded_kv_merge_left_pads_the_narrower_and_select_cuts_shared_padding():
+    kv = toy_kv([[0, 1, 2], [0, 0, 3]], [1, 2])
+    kv.merge(toy_kv([[7, 8, 9, 6, 5]], [0]))
+    assert kv.pad == [3, 4, 0] and kv.cache.layers[0].keys[:, 0, :, 0].tolist() == [
+        [0, 0, 0, 1, 2], [0, 0, 0, 0, 3], [7, 8, 9, 6, 5]]
+    assert kv.mask(1).tolist()[1] == [0, 0, 0, 0, 1, 1] and kv.positions().tolist() == [[2], [1], [5]]
+    kv.select([1, 0])
+    assert kv.pad == [1, 0] and kv.cache.layers[0].keys[:, 0, :, 0].tolist() == [[0, 3], [1, 2]]
+    kv.select([])
+    assert kv.cache is None and kv.width() == 0

@@ -1,0 +1,295 @@
+"""The `hf` backend in continuous mode: iteration-level batching by a hand-written greedy decode loop.
+
+Every `step()` is one step boundary: (1) one batched decode forward over the running rows gives each
+its next token; (2) the rows admitted since the last step are prefilled together (left-padded) and each
+gets its first token from its own prefill; (3) rows that reached `output_len` leave; (4) the joiners'
+KV is merged into the running cache. Tokens are stamped with `now()` once they are on the host (after a
+CUDA sync). Decoding is greedy and EOS is ignored, so every row gets exactly `output_len` tokens.
+
+KV layout (`PaddedKV`): one transformers `DynamicCache` for the whole running set, left-padded so every
+row's newest token sits in the last column; row i's real tokens start at column `pad[i]`. The decode
+step then needs only an attention mask (col ≥ pad[i]) and per-row positions (T − pad[i]). Joining left-
+pads the narrower of the two caches and concatenates along the batch; leaving selects rows and cuts the
+columns that are padding for every remaining row. This keeps one batched forward per step (as fast as
+static batching on CPU) at the cost of some padded columns; per-row caches would need a forward per row.
+Padded columns are masked out, so a row's greedy tokens match a solo run up to float rounding
+(tests/test_hf_continuous.py checks the token ids on tiny-mistral). Caches must be plain full-attention
+`DynamicLayer`s (sliding-window or hybrid models are refused at warm-up).
+
+Why not transformers' `ContinuousBatchingManager`: it generates on its own background thread, so step
+boundaries (rows running, joined, finished per step) are not visible and the worker's step-by-step
+loop would become a queue reader competing for the GIL on a 2-core CPU; its paged cache is sized by its
+own heuristic (its first request took ~20 s to allocate on this CPU) rather than our KV budget.
+
+Memory: a joiner waits (`run_facts()["row_steps_waiting"]`) while the padded cache it would make could
+outgrow `kv_budget_bytes`; a row alone always runs. On a real OOM the row cap halves; joiners go back to
+the queue's front; a failed decode drops the (half-updated) cache and requeues the running rows, which
+resume by recompute (a row's context keeps its generated tokens); a row that cannot run alone fails
+with the reason. No row is dropped.
+"""
+from dataclasses import dataclass
+
+from protocol.clock import now
+from worker.backend import BackendError, Row, StepOutput
+from worker.hf import HFBackend, HFSettings, left_pad, settings_from_config
+
+
+@dataclass(slots=True)
+class _Live:
+    """A row in flight: `context` (prefix + prompt + tokens so far) is what a (re)prefill reads."""
+
+    row: Row
+    context: list[int]
+    generated: int = 0
+
+    def remaining(self) -> int:
+        return self.row.output_len - self.generated
+
+
+class PaddedKV:
+    """A left-padded batched DynamicCache: keys/values [B, H, T, D]; row i is real from column pad[i]."""
+
+    def __init__(self, torch, device) -> None:
+        self.torch, self.device = torch, device
+        self.cache = None
+        self.pad: list[int] = []
+
+    def width(self) -> int:
+        """T, the cache's column count."""
+        return self.cache.get_seq_length() if self.cache is not None else 0
+
+    def mask(self, extra: int):
+        """attention_mask [B, T + extra]: 1 where a row has a real token (or a new one)."""
+        cols = self.torch.arange(self.width() + extra, device=self.device)  # [T + extra]
+        pad = self.torch.tensor(self.pad, device=self.device)  # [B]
+        return (cols[None, :] >= pad[:, None]).long()
+
+    def positions(self):
+        """position_ids [B, 1] of the next token: each row's real length."""
+        t = self.width()
+        return self.torch.tensor([[t - p] for p in self.pad], device=self.device)
+
+    def select(self, keep: list[int]) -> None:
+        """Keep rows `keep` (in order) and drop columns that are padding for all of them."""
+        if not keep:
+            self.cache, self.pad = None, []
+            return
+        cut = min(self.pad[i] for i in keep)
+        index = self.torch.tensor(keep, device=self.device)
+        self._map(lambda x: x.index_select(0, index)[:, :, cut:])
+        self.pad = [self.pad[i] - cut for i in keep]
+
+    def merge(self, other: "PaddedKV") -> None:
+        """Append `other`'s rows below ours, left-padding whichever cache is narrower."""
+        if self.cache is None:
+            self.cache, self.pad = other.cache, list(other.pad)
+            return
+        width = max(self.width(), other.width())
+        self.widen(width)
+        other.widen(width)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = self.torch.cat([mine.keys, theirs.keys], dim=0)
+            mine.values = self.torch.cat([mine.values, theirs.values], dim=0)
+        self.pad += other.pad
+
+    def widen(self, width: int) -> None:
+        """Left-pad every row with zero columns up to `width`."""
+        extra = width - self.width()
+        if extra > 0:
+            self._map(lambda x: self.torch.nn.functional.pad(x, (0, 0, extra, 0)))
+            self.pad = [p + extra for p in self.pad]
+
+    def _map(self, fn) -> None:
+        for layer in self.cache.layers:
+            layer.keys, layer.values = fn(layer.keys), fn(layer.values)
+
+
+class HFContinuousBackend:
+    """Continuous batching over an HF causal LM (see the module docstring); loading is HFBackend's."""
+
+    def __init__(self, settings: HFSettings) -> None:
+        self.base = HFBackend(settings)  # model, tokenizer, BOS prefix, pad id, budget, device
+        self.torch, self.model, self.device = self.base.torch, self.base.model, self.base.device
+        self.info = self.base.info
+        self.info.mode = "continuous"
+        self.info.facts["decode"] = ("greedy loop: batched decode forward per step, joiners prefilled "
+                                     "together, left-padded shared DynamicCache")
+        self.kv = PaddedKV(self.torch, self.device)
+        self.pending: list[_Live] = []
+        self.running: list[_Live] = []
+        self.max_rows = self.info.max_batch_size  # halved by an OOM (as the static back-off)
+        self.stats = {"row_steps_waiting": 0, "preempted_rows": 0, "oom_requeues": 0}
+
+    @classmethod
+    def from_config(cls, cfg, mode: str) -> "HFContinuousBackend":
+        """Build from a cli.config.RunConfig (continuous mode only)."""
+        if mode != "continuous":
+            raise BackendError("HFContinuousBackend runs continuous mode only")
+        return cls(settings_from_config(cfg))
+
+    # --- the ContinuousBackend protocol -------------------------------------------------------------
+    def warmup(self) -> None:
+        """HFBackend's warm-up (and CUDA reserve measurement), then the warm-up rows through this loop."""
+        self.base.warmup()
+        self._check_cache_layers()
+        started = now()
+        self.admit(self.base.warmup_rows())
+        while self.has_work():
+            self.step()
+        self.stats = dict.fromkeys(self.stats, 0)
+        self.info.facts["continuous_warmup_s"] = round(now() - started, 3)
+
+    def admit(self, rows: list[Row]) -> None:
+        """Rows join at the next step boundary."""
+        self.pending += [_Live(r, self.base.prefix + list(r.prompt_tokens)) for r in rows]
+
+    def has_work(self) -> bool:
+        """True while any admitted row waits or runs."""
+        return bool(self.pending or self.running)
+
+    def step(self) -> StepOutput | None:
+        """Decode the running rows, prefill the joiners, retire finished rows, merge the joiners."""
+        if not self.has_work():
+            return None
+        out = StepOutput(time=0.0, request_ids=[], token_ids=[], start_time=now())
+        with self.torch.inference_mode():
+            self._decode(out)
+            joiners, joined_kv = self._prefill(self._take_joiners(), out)
+        out.running, out.joined = len(out.request_ids), len(joiners)
+        self._retire(joiners, joined_kv, out)
+        self._sync()
+        out.time = now()
+        return out
+
+    def peak_memory_bytes(self) -> int:
+        """As HFBackend: CUDA max allocated, or the process's peak RSS on CPU."""
+        return self.base.peak_memory_bytes()
+
+    def run_facts(self) -> dict:
+        """Waits, preemptions and OOM requeues over the run (WorkerBye stats)."""
+        return dict(self.stats)
+
+    def close(self) -> None:
+        """Drop the cache and the model."""
+        self.kv = PaddedKV(self.torch, self.device)
+        self.model = None
+        self.base.close()
+
+    # --- one step -----------------------------------------------------------------------------------
+    def _decode(self, out: StepOutput) -> None:
+        """One batched forward over the running rows: each gets its next token."""
+        if not self.running:
+            return
+        last = self.torch.tensor([[lv.context[-1]] for lv in self.running], device=self.device)  # [R, 1]
+        try:
+            logits = self.model(input_ids=last, attention_mask=self.kv.mask(1), position_ids=self.kv.positions(),
+                                past_key_values=self.kv.cache, use_cache=True).logits  # [R, 1, V]
+        except self.torch.OutOfMemoryError:
+            self._preempt_all(out)
+            return
+        self._emit(self.running, logits[:, -1].argmax(-1).tolist(), out)
+
+    def _take_joiners(self) -> list[_Live]:
+        """Pending rows, oldest first, while the padded cache would stay within the KV budget."""
+        slots = self.max_rows - len(self.running)
+        n = 0
+        while n < min(slots, len(self.pending)) and self._fits(self.pending[: n + 1]):
+            n += 1
+        if n == 0 and not self.running and self.pending:
+            n = 1  # a row alone always runs
+        self.stats["row_steps_waiting"] += len(self.pending) - n
+        joiners, self.pending = self.pending[:n], self.pending[n:]
+        return joiners
+
+    def _fits(self, joiners: list[_Live]) -> bool:
+        """Upper bound of the padded cache at its widest: rows × (width now + longest remaining)."""
+        lives = self.running + joiners
+        width = max([self.kv.width()] + [len(lv.context) for lv in joiners])
+        need = len(lives) * (width + max(lv.remaining() for lv in lives)) * self.info.kv_bytes_per_token
+        return need <= self.info.kv_budget_bytes
+
+    def _prefill(self, joiners: list[_Live], out: StepOutput) -> tuple[list[_Live], PaddedKV | None]:
+        """Left-padded prefill of the joiners together: their first tokens and their own cache."""
+        if not joiners:
+            return [], None
+        from transformers import DynamicCache
+
+        torch = self.torch
+        ids, mask = left_pad([lv.context for lv in joiners], self.base.pad_id)
+        input_ids = torch.tensor(ids, device=self.device)  # [J, S]
+        attention_mask = torch.tensor(mask, device=self.device)  # [J, S]
+        kv = PaddedKV(torch, self.device)
+        kv.cache, kv.pad = DynamicCache(), [len(ids[0]) - len(lv.context) for lv in joiners]
+        try:
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0), past_key_values=kv.cache,
+                                use_cache=True, logits_to_keep=1).logits  # [J, 1, V]
+        except torch.OutOfMemoryError:
+            return self._requeue_or_fail(joiners, out), None
+        self._emit(joiners, logits[:, -1].argmax(-1).tolist(), out)
+        return joiners, kv
+
+    def _emit(self, lives: list[_Live], tokens: list[int], out: StepOutput) -> None:
+        for lv, token in zip(lives, tokens):
+            lv.context.append(token)
+            lv.generated += 1
+            out.request_ids.append(lv.row.request_id)
+            out.token_ids.append(token)
+            if lv.remaining() <= 0:
+                out.finished.append(lv.row.request_id)
+
+    def _retire(self, joiners: list[_Live], joined_kv: PaddedKV | None, out: StepOutput) -> None:
+        """Finished rows leave the running set and the cache; unfinished joiners merge in."""
+        keep = [i for i, lv in enumerate(self.running) if lv.remaining() > 0]
+        if len(keep) < len(self.running):
+            self.kv.select(keep)
+            self.running = [self.running[i] for i in keep]
+        if joined_kv is None:
+            return
+        stay = [i for i, lv in enumerate(joiners) if lv.remaining() > 0]
+        if stay:
+            joined_kv.select(stay)
+            self.kv.merge(joined_kv)
+            self.running += [joiners[i] for i in stay]
+
+    # --- out of memory ------------------------------------------------------------------------------
+    def _requeue_or_fail(self, joiners: list[_Live], out: StepOutput) -> list[_Live]:
+        """A prefill OOM: a row alone fails with the reason; else the joiners wait at the queue's front."""
+        self._free()
+        if len(joiners) == 1 and not self.running:
+            out.failed.append((joiners[0].row.request_id, "out of memory: the prompt does not fit alone"))
+            return []
+        self.max_rows = max(1, (len(self.running) + len(joiners)) // 2)
+        self.stats["oom_requeues"] += len(joiners)
+        self.pending = joiners + self.pending
+        return []
+
+    def _preempt_all(self, out: StepOutput) -> None:
+        """A decode OOM leaves the cache half-updated: drop it; the rows resume by recompute, fewer at a time."""
+        self.kv = PaddedKV(self.torch, self.device)
+        self._free()
+        if len(self.running) == 1:
+            out.failed.append((self.running[0].row.request_id, "out of memory: the row does not fit alone"))
+        else:
+            self.max_rows = max(1, len(self.running) // 2)
+            self.stats["preempted_rows"] += len(self.running)
+            self.pending = self.running + self.pending
+        self.running = []
+
+    def _free(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.empty_cache()
+
+    def _check_cache_layers(self) -> None:
+        from transformers.cache_utils import DynamicLayer
+
+        with self.torch.inference_mode():
+            layers = self.model(input_ids=self.torch.tensor([[self.base.pad_id]], device=self.device),
+                                use_cache=True).past_key_values.layers
+        if any(type(layer) is not DynamicLayer for layer in layers):
+            raise BackendError("continuous hf needs full-attention DynamicLayer caches (no sliding window)")
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
