@@ -3,26 +3,16 @@ from typing import Annotated, Optional
 
 import typer
 
-Opt = typer.Option
+from cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue, MaxQueueTok,
+                         MaxWait, Opt, Schedule, Seed)
+
 ConfigArg = Annotated[Optional[str], typer.Argument(
     help="a sweep YAML (base: and grid:, one folder per point) or a run's settings YAML")]
 Strategies = Annotated[Optional[str], Opt(help="naive | dynamic | continuous, or a comma list")]
 Preset = Annotated[Optional[str], Opt(help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral")]
 Rates = Annotated[Optional[str], Opt(help="arrival rate, requests/s, or a comma list (5,10,20)")]
-Duration = Annotated[Optional[float], Opt("--duration", help="seconds of traffic")]
-Arrival = Annotated[Optional[str], Opt(help="poisson | gamma | constant")]
-Burst = Annotated[Optional[float], Opt(help="gamma shape: 1 = Poisson, < 1 burstier")]
-Dataset = Annotated[Optional[str], Opt(help="sharegpt | synthetic | PATH (ShareGPT JSON/JSONL)")]
-Schedule = Annotated[Optional[str], Opt(help="replay this saved schedule.parquet")]
-BatchSize = Annotated[Optional[int], Opt(help="naive: launch exactly N")]
-MaxBatch = Annotated[Optional[int], Opt(help="dynamic: size trigger / worker rows")]
-MaxWait = Annotated[Optional[float], Opt(help="dynamic: age trigger, ms")]
-MaxNew = Annotated[Optional[int], Opt(help="cap on output tokens per request")]
-Seed = Annotated[Optional[int], Opt(help="seed of the arrival and prompt streams")]
 Out = Annotated[Optional[str], Opt(help="output folder (default runs/simulated)")]
 Workers = Annotated[Optional[int], Opt(help="simulated workers")]
-MaxQueue = Annotated[Optional[int], Opt(help="reject arrivals beyond this queue length (0: unbounded)")]
-MaxQueueTokens = Annotated[Optional[int], Opt(help="reject arrivals beyond this many queued tokens (0: unbounded)")]
 Budget = Annotated[Optional[str], Opt(help="KV memory budget, e.g. 2GiB (default: the preset's)")]
 
 
@@ -36,7 +26,7 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, preset: P
              dataset: Dataset = None, schedule: Schedule = None, batch_size: BatchSize = None,
              max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
              seed: Seed = None, out: Out = None, workers: Workers = None, max_queue: MaxQueue = None,
-             max_queue_tokens: MaxQueueTokens = None, memory_budget: Budget = None) -> None:
+             max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
     overrides = dict(locals())
     overrides.pop("config")
