@@ -27,11 +27,13 @@ the queue's front; a failed decode drops the (half-updated) cache and requeues t
 resume by recompute (a row's context keeps its generated tokens); a row that cannot run alone fails
 with the reason. No row is dropped.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from protocol.clock import now
 from worker.backend import BackendError, Row, StepOutput
 from worker.hf import HFBackend, HFSettings, left_pad, settings_from_config
+
+DECODE = "greedy loop: one batched decode forward per step, joiners prefilled together, left-padded DynamicCache"
 
 
 @dataclass(slots=True)
@@ -110,10 +112,7 @@ class HFContinuousBackend:
     def __init__(self, settings: HFSettings) -> None:
         self.base = HFBackend(settings)  # model, tokenizer, BOS prefix, pad id, budget, device
         self.torch, self.model, self.device = self.base.torch, self.base.model, self.base.device
-        self.info = self.base.info
-        self.info.mode = "continuous"
-        self.info.facts["decode"] = ("greedy loop: batched decode forward per step, joiners prefilled "
-                                     "together, left-padded shared DynamicCache")
+        self.info = replace(self.base.info, mode="continuous", facts={**self.base.info.facts, "decode": DECODE})
         self.kv = PaddedKV(self.torch, self.device)
         self.pending: list[_Live] = []
         self.running: list[_Live] = []
@@ -131,6 +130,8 @@ class HFContinuousBackend:
     def warmup(self) -> None:
         """HFBackend's warm-up (and CUDA reserve measurement), then the warm-up rows through this loop."""
         self.base.warmup()
+        self.info.kv_budget_bytes = self.base.info.kv_budget_bytes  # CUDA: measured by the warm-up
+        self.info.facts.update(self.base.info.facts, decode=DECODE)
         self._check_cache_layers()
         started = now()
         self.admit(self.base.warmup_rows())
