@@ -4,7 +4,7 @@ import typing
 
 import msgpack
 
-from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION
+from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, FailedRow, RequestRow, TokenBytes
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger frames are rejected before unpacking
 
@@ -24,6 +24,19 @@ def _check_list_of(kind: type) -> typing.Callable[[object], bool]:
     return lambda v: type(v) is list and set(map(type, v)) <= only
 
 
+def _is_token_bytes(v: object) -> bool:
+    return type(v) is bytes and len(v) % 4 == 0
+
+
+def _is_request_row(r: object) -> bool:
+    return (type(r) is list and len(r) == 4 and _is_int(r[0]) and _is_int(r[1]) and _is_int(r[2])
+            and _is_token_bytes(r[3]))
+
+
+def _is_failed_row(r: object) -> bool:
+    return type(r) is list and len(r) == 2 and _is_int(r[0]) and type(r[1]) is str
+
+
 _CHECKS: dict[object, typing.Callable[[object], bool]] = {
     int: _is_int,
     float: lambda v: type(v) is float or type(v) is int,
@@ -32,7 +45,9 @@ _CHECKS: dict[object, typing.Callable[[object], bool]] = {
     dict: lambda v: type(v) is dict,
     list[int]: _check_list_of(int),
     list[str]: _check_list_of(str),
-    list[list]: _check_list_of(list),
+    TokenBytes: _is_token_bytes,
+    list[RequestRow]: lambda v: type(v) is list and all(_is_request_row(r) for r in v),
+    list[FailedRow]: lambda v: type(v) is list and all(_is_failed_row(r) for r in v),
 }
 
 

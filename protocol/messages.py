@@ -6,8 +6,32 @@ declared here. All times are seconds on the scheduler host's monotonic clock (se
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+import numpy as np
+
 PROTOCOL_VERSION = 1
 STEP_BATCH = -1  # Tokens.batch_id of a continuous step: each token belongs to its request's latest batch
+
+
+class TokenBytes(bytes):
+    """Token ids packed as little-endian uint32 (`pack_tokens`): the scheduler forwards them unread."""
+
+
+class RequestRow(list):
+    """A request inside a Dispatch: [request_id, prompt_len, output_len, TokenBytes]."""
+
+
+class FailedRow(list):
+    """A failed request inside a BatchDone: [request_id, reason]."""
+
+
+def pack_tokens(ids) -> bytes:
+    """Token ids → TokenBytes wire form."""
+    return np.asarray(ids, dtype="<u4").tobytes()
+
+
+def unpack_tokens(data: bytes) -> list[int]:
+    """TokenBytes wire form → token ids."""
+    return np.frombuffer(data, dtype="<u4").tolist()
 
 
 class Kind(IntEnum):
@@ -63,7 +87,7 @@ class RequestMsg:
     send_time: float
     prompt_len: int
     output_len: int
-    prompt_tokens: list[int] = field(default_factory=list)
+    prompt_tokens: TokenBytes = b""
 
 
 @dataclass(slots=True)
@@ -94,13 +118,13 @@ class WorkerHello:
 
 @dataclass(slots=True)
 class Dispatch:
-    """Scheduler → worker: run these requests. Each row: [request_id, prompt_len, output_len, tokens]."""
+    """Scheduler → worker: run these requests (RequestRow each)."""
 
     KIND = Kind.DISPATCH
     batch_id: int
     scheduled_time: float
     reason: str
-    requests: list[list] = field(default_factory=list)
+    requests: list[RequestRow] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -117,7 +141,7 @@ class BatchDone:
     start_time: float
     end_time: float
     finished: list[int] = field(default_factory=list)
-    failed: list[list] = field(default_factory=list)
+    failed: list[FailedRow] = field(default_factory=list)
     oom: bool = False
     peak_memory_bytes: int = 0
 

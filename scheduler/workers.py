@@ -14,7 +14,7 @@ class Pending:
     arrival_time: float
     prompt_len: int
     output_len: int
-    prompt_tokens: list[int]
+    prompt_tokens: bytes  # TokenBytes, forwarded unread
     losses: int = 0  # times its worker was lost while it ran
 
     def row(self) -> list:

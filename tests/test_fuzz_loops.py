@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import Dispatch, EndOfStream, ProtocolError, RequestMsg, Start, decode, encode
-from protocol.messages import PROTOCOL_VERSION, Kind
+from protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from tests.test_faults import COMMON, assert_conserved, finish, free_port, start
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ _frames = st.one_of(
     st.binary(max_size=64),  # raw garbage
     st.builds(lambda k, f: msgpack.packb([PROTOCOL_VERSION, k, *f]), st.integers(0, 40), _fields),  # bad fields
     st.builds(lambda v, f: msgpack.packb([v, int(Kind.REQUEST), *f]), st.integers(2, 9), _fields),  # version
-    st.builds(lambda n: encode(RequestMsg(1, 0.0, 0.0, 4, 4, [1, 2, 3, 4]))[:n], st.integers(0, 20)),  # cut
+    st.builds(lambda n: encode(RequestMsg(1, 0.0, 0.0, 4, 4, pack_tokens([1, 2, 3, 4])))[:n], st.integers(0, 20)),  # cut
 )
 
 
@@ -105,7 +105,7 @@ def test_worker_counts_garbage_and_still_runs_a_batch(malformed):
     try:
         ident, _hello = serve_pongs(router, WorkerHello)
         blast(router, malformed, prefix=[ident])
-        router.send_multipart([ident, encode(Dispatch(0, 0.0, "size", [[7, 4, 3, [1, 2, 3, 4]]]))])
+        router.send_multipart([ident, encode(Dispatch(0, 0.0, "size", [[7, 4, 3, pack_tokens([1, 2, 3, 4])]]))])
         _, done = serve_pongs(router, BatchDone)
         assert done.finished == [7]
         worker.terminate()

@@ -8,10 +8,10 @@ from protocol import PROTOCOL_VERSION, ProtocolError, decode, encode
 from protocol import messages as m
 
 SAMPLES = [
-    m.TrafficHello(10, "abc", 5.0), m.Start(12.5), m.RequestMsg(1, 2.0, 2.001, 4, 5, [1, 2, 3, 4]),
+    m.TrafficHello(10, "abc", 5.0), m.Start(12.5), m.RequestMsg(1, 2.0, 2.001, 4, 5, m.pack_tokens([1, 2, 3, 4])),
     m.EndOfStream(10),
     m.WorkerHello("w0", "sim", "tiny", "static", 8, 1024, 10**12, "cpu", "none", {"dtype": "float32"}),
-    m.Dispatch(3, 1.5, "age", [[1, 4, 5, [1, 2, 3, 4]], [2, 3, 2, [5, 6, 7]]]),
+    m.Dispatch(3, 1.5, "age", [[1, 4, 5, m.pack_tokens([1, 2, 3, 4])], [2, 3, 2, m.pack_tokens([5, 6, 7])]]),
     m.BatchDone(3, "w0", 1.5, 2.5, [1], [[2, "worker error: boom"]], False, 123),
     m.Heartbeat("w0", 3.0), m.Shutdown("done"), m.ClockPing(1, 2.0), m.ClockPong(1, 2.0, 2.5),
     m.Tokens(3, 0, 1.6, [1, 2], [11, 12]), m.Step("w0", 4, 1.0, 1.1, 3, 1, 0),
@@ -53,7 +53,20 @@ def test_wrong_field_type_is_rejected():
     with pytest.raises(ProtocolError, match="request_id"):
         decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.REQUEST), "x", 1.0, 1.0, 1, 1, []]))
     with pytest.raises(ProtocolError, match="prompt_tokens"):
-        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.REQUEST), 1, 1.0, 1.0, 1, 1, [1, "a"]]))
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.REQUEST), 1, 1.0, 1.0, 1, 1, b"\x01\x02\x03"]))
+
+
+def test_malformed_rows_inside_a_dispatch_or_batch_done_are_rejected():
+    for rows in ([[1, 2, 3]], [[1, 2, 3, [4]]], [[1, "2", 3, b""]], [1]):
+        with pytest.raises(ProtocolError, match="requests"):
+            decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.DISPATCH), 1, 1.0, "size", rows]))
+    with pytest.raises(ProtocolError, match="failed"):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.BATCH_DONE), 1, "w", 1.0, 2.0, [], [[1]]]))
+
+
+def test_token_ids_survive_packing():
+    ids = [0, 1, 31999, 2**32 - 1]
+    assert m.unpack_tokens(m.pack_tokens(ids)) == ids
 
 
 def test_missing_and_extra_fields_are_rejected():

@@ -9,6 +9,7 @@ import pytest
 import zmq
 
 from protocol import EndOfStream, Heartbeat, RequestMsg, Shutdown, Start, TrafficHello, decode, encode, now
+from protocol.messages import unpack_tokens
 from traffic.config import TrafficConfig
 from traffic.process import TrafficStartTimeout, run_traffic
 from traffic.schedule import Schedule, build_schedule, load_schedule
@@ -94,7 +95,7 @@ def test_every_request_arrives_at_t0_plus_its_offset(tmp_path: Path) -> None:
     for req, offset, tokens in zip(fake.requests, frame["arrival_offset_s"], frame["prompt_tokens"]):
         assert req.arrival_time == fake.t0 + offset
         assert req.send_time >= req.arrival_time - 1e-3
-        assert req.prompt_tokens == tokens and req.prompt_len == len(tokens)
+        assert unpack_tokens(req.prompt_tokens) == list(tokens) and req.prompt_len == len(tokens)
     assert load_schedule(tmp_path / "schedule.parquet").content_hash == schedule.content_hash
 
 

@@ -16,6 +16,7 @@ from protocol import (
     EndOfStream, Heartbeat, ProtocolError, RequestMsg, Shutdown, Start, TrafficHello, decode, encode,
 )
 from protocol.clock import now, sleep_until
+from protocol.messages import pack_tokens
 from protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
 from traffic.schedule import Schedule, save_schedule
 
@@ -105,7 +106,7 @@ def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control) ->
     arrivals = (frame["arrival_offset_s"].to_numpy() + t0).tolist()
     prompt_lens = frame["prompt_len"].tolist()
     output_lens = frame["output_len"].tolist()
-    tokens = frame["prompt_tokens"].tolist()
+    tokens = [pack_tokens(t) for t in frame["prompt_tokens"]]  # packed once: forwarded unread
     gc.collect()
     gc.freeze()  # the schedule's lists are permanent while sending: collections need not scan them
     try:

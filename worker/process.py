@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from protocol.messages import STEP_BATCH
+from protocol.messages import STEP_BATCH, unpack_tokens
 from protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
                       WorkerHello, decode, encode, now)
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
@@ -127,7 +127,7 @@ class Worker:
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Dispatch):
-            rows = [Row(r[0], r[1], r[2], r[3], msg.batch_id) for r in msg.requests]
+            rows = [Row(r[0], r[1], r[2], unpack_tokens(r[3]), msg.batch_id) for r in msg.requests]
             if self.backend.info.mode == "continuous":
                 self._admit(msg.batch_id, rows)
             else:
