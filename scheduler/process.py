@@ -157,7 +157,7 @@ class Scheduler:
 
     def _on_batch_done(self, wid: str, done: BatchDone) -> None:
         state = self.workers.get(wid)
-        batch = state.inflight.pop(done.batch_id, None) if state else None
+        batch = state.end(done.batch_id) if state else None
         if batch is None:
             return
         state.batches_done += 1
@@ -204,7 +204,7 @@ class Scheduler:
                 self._lose_worker(wid, f"unreachable: {exc}")
                 return
             self.next_batch_id += 1
-            state.inflight[dispatch.batch_id] = group
+            state.start(dispatch.batch_id, group)
             self._to_collector(BatchLaunch(dispatch.batch_id, wid, t, reason, [p.request_id for p in group],
                                            len(self.queue)))
 

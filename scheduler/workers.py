@@ -24,17 +24,28 @@ class Pending:
 
 @dataclass(slots=True)
 class WorkerState:
-    """One worker as the scheduler sees it."""
+    """One worker as the scheduler sees it (counters kept as batches come and go: no re-summing)."""
 
     hello: WorkerHello
     last_heard: float
     inflight: dict[int, list[Pending]] = field(default_factory=dict)  # batch_id -> requests
     batches_done: int = 0
+    running: int = 0  # requests in flight on this worker
+    promised_tokens: int = 0  # Σ (prompt + output) of the requests in flight
 
-    @property
-    def running(self) -> int:
-        """Requests in flight on this worker."""
-        return sum(len(b) for b in self.inflight.values())
+    def start(self, batch_id: int, group: list[Pending]) -> None:
+        """A batch was dispatched to this worker."""
+        self.inflight[batch_id] = group
+        self.running += len(group)
+        self.promised_tokens += sum(p.prompt_len + p.output_len for p in group)
+
+    def end(self, batch_id: int) -> list[Pending] | None:
+        """A batch is over; returns its requests (None if unknown)."""
+        group = self.inflight.pop(batch_id, None)
+        if group is not None:
+            self.running -= len(group)
+            self.promised_tokens -= sum(p.prompt_len + p.output_len for p in group)
+        return group
 
     def capacity(self) -> Capacity:
         """Free room: a static worker takes one batch at a time; a continuous one fills its slots."""
@@ -42,9 +53,8 @@ class WorkerState:
         if h.mode != "continuous":
             idle = not self.inflight
             return Capacity(h.max_batch_size if idle else 0, h.kv_budget_bytes, h.kv_bytes_per_token, idle)
-        promised = sum((p.prompt_len + p.output_len) * h.kv_bytes_per_token
-                       for batch in self.inflight.values() for p in batch)
-        return Capacity(h.max_batch_size - self.running, h.kv_budget_bytes - promised,
+        return Capacity(h.max_batch_size - self.running,
+                        h.kv_budget_bytes - self.promised_tokens * h.kv_bytes_per_token,
                         h.kv_bytes_per_token, not self.inflight)
 
 

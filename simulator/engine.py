@@ -140,7 +140,7 @@ class Simulation:
         continuous = state.hello.mode == "continuous"
         for group in ([r] for r in batch) if continuous else [batch]:
             batch_id, self.next_batch_id = self.next_batch_id, self.next_batch_id + 1
-            state.inflight[batch_id] = group
+            state.start(batch_id, group)
             self.store.handle(BatchLaunch(batch_id, wid, t, reason, [r.request_id for r in group],
                                           len(self.queue)))
             if continuous:
@@ -153,7 +153,7 @@ class Simulation:
         """A worker's BatchDone: to the collector, and the scheduler frees the worker's room."""
         self.store.handle(done)
         state = self.workers[done.worker_id]
-        batch = state.inflight.pop(done.batch_id)
+        batch = state.end(done.batch_id)
         state.batches_done += 1
         self.policy.on_batch_done(len(batch), done.oom)
 
