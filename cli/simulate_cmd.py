@@ -31,8 +31,8 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, preset: P
     overrides = dict(locals())
     overrides.pop("config")
     from cli.config import ConfigError
-    from cli.sweep_cmd import SweepError
-    from simulator.sweep import plan_simulation, run_simulation
+    from cli.sweep_plan import SweepError
+    from scheduler.simulator.sweep import plan_simulation, run_simulation
     from traffic.datasets import DatasetError
 
     try:

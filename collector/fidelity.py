@@ -61,7 +61,7 @@ def timing_fidelity(live_requests: pd.DataFrame, settings: dict, schedule: pd.Da
     """The run's fidelity block, or None when the backend's true timings are unknown or there is no schedule."""
     if settings.get("backend") not in FIDELITY_BACKENDS or schedule is None:
         return None
-    from simulator.run import simulate  # the simulator is needed only here
+    from scheduler.simulator.run import simulate  # the simulator is needed only here
     from traffic.schedule import Schedule
 
     cfg = config_from_settings(settings)

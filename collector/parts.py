@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 PARTS_DIR = ".parts"
 TABLE_NAMES = ("requests", "tokens", "batches", "steps")
 SCHEDULE_FILE = "schedule.parquet"
-SUMMARY_FILE = "summary.json"
+from collector.layout import SUMMARY_FILE
 SCHEDULE_SKIPPED_COLUMNS = ("prompt", "prompt_tokens")  # bulky, and the collector needs neither
 
 

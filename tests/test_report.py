@@ -3,11 +3,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from report.build import parse_slos
-from report.headline import Comparison, compare, sentence
-from report.points import ReportError, load_collection
-from report.stats import GroupStats, bootstrap_ci, tool_formulas
-from report.timeline import queue_length
+from collector.report.build import parse_slos
+from collector.report.headline import Comparison, compare, sentence
+from collector.report.points import ReportError, load_collection
+from collector.report.stats import GroupStats, bootstrap_ci, tool_formulas
+from collector.report.timeline import queue_length
 
 
 def group(label: str, rate: float, throughput: float, ttft: float, e2e: float = 1.0) -> GroupStats:

@@ -13,8 +13,8 @@ import pytest
 from collector.store import RunStore
 from protocol import WorkerHello
 from scheduler.policies import Continuous, Dynamic, Naive
-from simulator.engine import Simulation
-from simulator.record import build_tables
+from scheduler.simulator.engine import Simulation
+from scheduler.simulator.record import build_tables
 from worker.stepmodel import StepModel
 
 ARRIVALS_S = [0, 1, 5, 6, 7]

@@ -4,7 +4,7 @@ import json
 from typer.testing import CliRunner
 
 from cli.main import app
-from report.points import load_collection
+from collector.report.points import load_collection
 
 runner = CliRunner()
 FAST = ["--duration", "2", "--dataset", "synthetic", "--preset", "a100-llama2-7b"]

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from simulator.continuous import FastContinuousCore
+from scheduler.simulator.continuous import FastContinuousCore
 from worker.backend import Row
 from worker.sim import ContinuousCore
 from worker.stepmodel import PRESETS

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from cli.config import ConfigError
-from cli.sweep_cmd import SweepError, auto_rates, load_plan, plan_points
+from cli.sweep_plan import SweepError, auto_rates, load_plan, plan_points
 
 ROOT = Path(__file__).resolve().parent.parent
 

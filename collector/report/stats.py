@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics, summarize
-from report.points import RunData
+from collector.report.points import RunData
 
 N_BOOT = 400
 CI_LEVEL = 0.95

@@ -23,8 +23,8 @@ from collector.store import RunStore
 from protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, WorkerBye, WorkerHello
 from scheduler.policies import Policy, QueuedRequest
 from scheduler.workers import PendingQueue, WorkerState, least_loaded
-from simulator.continuous import FastContinuousCore, StepPlan
-from simulator.record import Recorder
+from scheduler.simulator.continuous import FastContinuousCore, StepPlan
+from scheduler.simulator.record import Recorder
 from worker.backend import Row
 from worker.sim import static_step_durations
 from worker.stepmodel import StepModel

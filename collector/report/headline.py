@@ -1,7 +1,7 @@
 """The one-line result in the seed's form, with honest signs, for each strategy against naive."""
 from dataclasses import dataclass
 
-from report.stats import GroupStats
+from collector.report.stats import GroupStats
 
 BASELINE = "naive"
 NAMES = {"dynamic": "Dynamic batching", "continuous": "Continuous batching",

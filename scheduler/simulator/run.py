@@ -10,8 +10,8 @@ from collector.parts import SCHEDULE_FILE, write_final
 from collector.tables import Tables
 from protocol import WorkerHello
 from scheduler.policies import make_policy
-from simulator.engine import Simulation
-from simulator.record import build_tables
+from scheduler.simulator.engine import Simulation
+from scheduler.simulator.record import build_tables
 from traffic.schedule import Schedule, save_schedule
 from worker.factory import worker_mode
 from worker.stepmodel import StepModel, get_preset

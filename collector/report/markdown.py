@@ -1,7 +1,7 @@
 """REPORT.md: the one-line results, a table per rate, intervals, tool formulas, failures and setup."""
-from report.points import Collection
-from report.setup import knob_table, setup_lines
-from report.stats import GroupStats
+from collector.report.points import Collection
+from collector.report.setup import knob_table, setup_lines
+from collector.report.stats import GroupStats
 
 QS = ("p50", "p90", "p99")
 

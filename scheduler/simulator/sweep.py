@@ -1,6 +1,6 @@
 """Simulated sweeps: the `batchlab sweep` grid (strategies × rates × repeats) in virtual time.
 
-The config is either a sweep YAML (`base:` and `grid:`, read by cli.sweep_cmd.load_plan, so one file
+The config is either a sweep YAML (`base:` and `grid:`, read by cli.sweep_plan.load_plan, so one file
 serves `batchlab sweep` and `batchlab simulate`) or a flat RunConfig YAML; options override `base`, and
 `--strategy`/`--rate` may be comma lists that replace the grid's. Several points are written like the
 live sweep: OUT/<label>/rate-<r>/rep-<k>/ with point.json, and OUT/sweep.json as the index, so
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.config import ConfigError, RunConfig, load_yaml
-from cli.sweep_cmd import (DONE_FILE, INDEX_FILE, PROBE_DIR, PROBE_DURATION_S, PROBE_REQUESTS, Entry, Plan, Point,
-                           auto_rates, load_plan, plan_points)
-from simulator.run import simulate_run
+from cli.sweep_plan import (PROBE_DURATION_S, PROBE_REQUESTS, Entry, Plan, Point, auto_rates, load_plan,
+                            plan_points)
+from collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
+from scheduler.simulator.run import simulate_run
 
 DEFAULT_OUT = "runs/simulated"
 

@@ -6,12 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from collector.parts import SUMMARY_FILE, load_table
+from collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE
+from collector.parts import load_table
 
-INDEX_FILE = "sweep.json"  # the same names cli/sweep_cmd.py writes
-DONE_FILE = "point.json"
-FAILED_FILE = "FAILED.txt"
-PROBE_DIR = "_probe"
 
 
 class ReportError(ValueError):

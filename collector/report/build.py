@@ -3,7 +3,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from report.points import Collection, ReportError, load_collection
+from collector.report.points import Collection, ReportError, load_collection
 
 REPORT_FILE = "REPORT.md"
 SLO_NAMES = ("ttft", "tpot", "e2e", "queue_wait")
@@ -45,11 +45,11 @@ def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: f
 
 def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None) -> ReportResult:
     """Write the plots and REPORT.md into `folder`."""
-    from report import plots, timeline
-    from report.headline import compare, headlines
-    from report.markdown import render
-    from report.setup import hardware
-    from report.stats import all_stats
+    from collector.report import plots, timeline
+    from collector.report.headline import compare, headlines
+    from collector.report.markdown import render
+    from collector.report.setup import hardware
+    from collector.report.stats import all_stats
 
     collection = load_collection(folder)
     root = collection.root

@@ -1,0 +1,125 @@
+"""A sweep's plan: the YAML grid (base: and grid:) parsed into points. Pure: no runs, no I/O but the file.
+
+Layout of a sweep folder: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic
+rates) and OUT/<label>/rate-<r>/rep-<k>/ (one run each); the names live in collector.layout.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+
+from cli.config import RunConfig, build_config, load_yaml
+
+DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
+PROBE_REQUESTS = 32  # sent within probe_duration_s: a burst far above any worker's capacity
+PROBE_DURATION_S = 1.0
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run; the CLI prints it as one line and exits 1."""
+
+
+@dataclass(slots=True)
+class Entry:
+    """One line of the grid: a label and the RunConfig settings it lays over `base`."""
+
+    label: str
+    overrides: dict
+
+
+@dataclass(slots=True)
+class Plan:
+    """A parsed sweep config."""
+
+    base: dict
+    entries: list[Entry]
+    rates: list[float]  # empty when placed automatically
+    auto: dict  # {} when rates are given
+    repeats: int
+    seed: int
+    point_timeout_s: float = 0.0  # 0: a point runs until it drains
+
+
+@dataclass(slots=True)
+class Point:
+    """One run of the grid; its traffic seed is seed + repeat, shared by every strategy."""
+
+    entry: Entry
+    rate: float
+    repeat: int
+    seed: int
+    folder: Path
+
+    def config(self, base: dict) -> RunConfig:
+        """The run's settings: base ← entry ← this point's rate, seed and folder."""
+        values = {**base, **self.entry.overrides, "rate": self.rate, "seed": self.seed + self.repeat,
+                  "out": str(self.folder)}
+        return build_config(values, {})
+
+    def record(self, status: str, reason: str = "", elapsed_s: float | None = None) -> dict:
+        """This point's row in sweep.json."""
+        cfg = {**self.entry.overrides}
+        return {"label": self.entry.label, "strategy": cfg.get("strategy"), "backend": cfg.get("backend"),
+                "rate": self.rate, "repeat": self.repeat, "seed": self.seed + self.repeat,
+                "dir": "/".join(self.folder.parts[-3:]), "status": status, "reason": reason, "elapsed_s": elapsed_s}
+
+
+def _keys(mapping: dict) -> dict:
+    return {str(k).replace("-", "_"): v for k, v in mapping.items()}
+
+
+def _entry(item: object, base: dict) -> Entry:
+    """'dynamic' or {strategy: continuous, backend: hf, label: ..., <RunConfig fields>}."""
+    if isinstance(item, str):
+        item = {"strategy": item}
+    if not isinstance(item, dict) or "strategy" not in item:
+        raise SweepError(f"grid.strategies: {item!r} needs a strategy name")
+    overrides = _keys(item)
+    label = str(overrides.pop("label", ""))
+    backend = overrides.get("backend", base.get("backend"))
+    if not label:
+        strategy = overrides["strategy"]
+        label = strategy if strategy == "vllm" or "backend" not in overrides else f"{strategy}-{backend}"
+    overrides.setdefault("backend", "vllm" if overrides["strategy"] == "vllm" else backend or RunConfig.backend)
+    return Entry(label, overrides)
+
+
+def _rates(raw: object) -> tuple[list[float], dict]:
+    """A list of req/s, or {auto: {fractions, probe_duration_s, probe_requests, probe}}."""
+    if isinstance(raw, dict):
+        auto = _keys(raw.get("auto", raw) or {})
+        auto.setdefault("fractions", list(DEFAULT_FRACTIONS))
+        return [], auto
+    if not isinstance(raw, list) or not raw or not all(isinstance(r, (int, float)) and r > 0
+                                                       for r in raw):
+        raise SweepError("grid.rates must be a list of positive req/s or {auto: {fractions: [...]}}")
+    return sorted({float(r) for r in raw}), {}
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Parse and check a sweep YAML (top-level `base:` and `grid:`)."""
+    raw = load_yaml(path)
+    extra = sorted(set(raw) - {"base", "grid"})
+    if extra:
+        raise SweepError(f"{path}: unknown top-level key(s) {', '.join(extra)} (expected base, grid)")
+    base, grid = _keys(raw.get("base") or {}), _keys(raw.get("grid") or {})
+    build_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
+    entries = [_entry(item, base) for item in grid.get("strategies") or []]
+    labels = [e.label for e in entries]
+    if not entries or len(set(labels)) != len(labels):
+        raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
+    rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig.rate)]))
+    return Plan(base, entries, rates, auto, int(grid.get("repeats", 1)), int(grid.get("seed", 0)),
+                float(grid.get("point_timeout_s", 0)))
+
+
+def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
+    """Repeat → rate → strategy, so an interrupted sweep already holds whole comparisons."""
+    return [Point(e, r, k, plan.seed, out / e.label / f"rate-{r:g}" / f"rep-{k}")
+            for k in range(plan.repeats) for r in rates for e in plan.entries]
+
+
+def auto_rates(capacity_req_s: float, fractions: list[float]) -> list[float]:
+    """Fractions of the measured capacity, 3 significant digits, distinct and positive."""
+    rates = {float(f"{capacity_req_s * f:.3g}") for f in fractions}
+    return sorted(r for r in rates if r > 0)
+
+

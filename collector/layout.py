@@ -1,0 +1,8 @@
+"""Names of the files and folders in a run folder and a sweep folder (written by the collector and
+the sweep, read by the report)."""
+
+SUMMARY_FILE = "summary.json"
+INDEX_FILE = "sweep.json"  # a sweep's index of points
+DONE_FILE = "point.json"  # a point whose run returned (summary.json alone is also written on failure)
+FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
+PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
