@@ -175,12 +175,13 @@ def engine_columns(store: "RunStore", requests: pd.DataFrame, t0: float) -> pd.D
     return requests
 
 
-def build_tables(store: "RunStore", schedule: pd.DataFrame | None, slos: dict | None) -> Tables:
-    """Every final table and the summary."""
+def build_tables(store: "RunStore", schedule: pd.DataFrame | None, slos: dict | None,
+                 tokens: pd.DataFrame | None = None) -> Tables:
+    """Every final table and the summary (`tokens` when the caller built that table already)."""
     t0 = store.t0()
     rids = sorted(store.requests)
     requests = engine_columns(store, requests_frame(store, rids, t0, schedule), t0)
-    tokens = tokens_frame(store, rids, t0)
+    tokens = tokens_frame(store, rids, t0) if tokens is None else tokens
     batches = batches_frame(store, sorted(set(store.launches) | set(store.dones)), t0)
     steps = steps_frame(store.steps, t0) if store.steps else None
     summary = summarize(requests, tokens, store.settings, slos) | run_facts(store)

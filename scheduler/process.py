@@ -139,7 +139,7 @@ class Scheduler:
         self.stats["submitted"] += 1
         self._to_collector(Arrival(msg.request_id, msg.arrival_time, msg.send_time, now(), msg.prompt_len,
                                    msg.output_len))
-        if self._queue_full(msg.prompt_len + msg.output_len):
+        if self.queue.is_full_for(msg.prompt_len + msg.output_len, self.max_queue, self.max_queue_tokens):
             self.stats["queue_full"] += 1
             self._to_collector(RequestFailed(msg.request_id, "queue full", now()))
             return
@@ -149,11 +149,6 @@ class Scheduler:
         self.queue.append(Pending(msg.request_id, msg.arrival_time, msg.prompt_len, msg.output_len,
                                   msg.prompt_tokens))
         self.stats["max_queue_len"] = max(self.stats["max_queue_len"], len(self.queue))
-
-    def _queue_full(self, tokens: int) -> bool:
-        by_count = self.max_queue and len(self.queue) >= self.max_queue
-        by_tokens = self.max_queue_tokens and self.queue.tokens + tokens > self.max_queue_tokens
-        return bool(by_count or by_tokens)
 
     def _on_batch_done(self, wid: str, done: BatchDone) -> None:
         state = self.workers.get(wid)

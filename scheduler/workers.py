@@ -80,6 +80,12 @@ class PendingQueue(deque):
         super().appendleft(p)
         self.tokens += p.prompt_len + p.output_len
 
+    def is_full_for(self, tokens: int, max_requests: int, max_tokens: int) -> bool:
+        """Would one more request of `tokens` (prompt + output) break a bound? 0 means unbounded."""
+        by_count = max_requests and len(self) >= max_requests
+        by_tokens = max_tokens and self.tokens + tokens > max_tokens
+        return bool(by_count or by_tokens)
+
     def popleft(self) -> Pending:
         """Leave from the front."""
         p = super().popleft()

@@ -6,10 +6,9 @@ The engine spawns its own processes (EngineCore, model worker): build it only in
 under `if __name__ == "__main__"`.
 """
 import logging
-import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from protocol.clock import now
 from worker.backend import BackendError, BackendInfo, Row, StepOutput

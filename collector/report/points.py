@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE
+from collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE
 from collector.parts import load_table
 
 

@@ -106,18 +106,12 @@ class Simulation:
         if index == len(self.requests) - 1:  # traffic's EndOfStream follows its last request
             self.eos = True
             self.stats["sent_by_traffic"] = len(self.requests)
-        if self._queue_full(prompt_len + output_len):
+        if self.queue.is_full_for(prompt_len + output_len, self.max_queue, self.max_queue_tokens):
             self.stats["queue_full"] += 1
             self.store.handle(RequestFailed(rid, "queue full", t))
             return
         self.queue.append(QueuedRequest(rid, t, prompt_len, output_len))
         self.stats["max_queue_len"] = max(self.stats["max_queue_len"], len(self.queue))
-
-    def _queue_full(self, tokens: int) -> bool:
-        """scheduler.process.Scheduler._queue_full: by request count or by queued tokens."""
-        by_count = self.max_queue and len(self.queue) >= self.max_queue
-        by_tokens = self.max_queue_tokens and self.queue.tokens + tokens > self.max_queue_tokens
-        return bool(by_count or by_tokens)
 
     def _schedule(self, t: float) -> None:
         """scheduler.process.Scheduler._schedule, in virtual time."""

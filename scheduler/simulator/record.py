@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from collector import tables
-from collector.metrics import summarize
 from collector.store import RunStore
 from collector.tables import TOKEN_DTYPES, Tables
 from protocol import Tokens
@@ -113,10 +112,5 @@ def _tokens_frame(spans: list[tuple[_Span, np.ndarray]], t0: float) -> pd.DataFr
 
 def build_tables(store: RunStore, tokens: pd.DataFrame, schedule: pd.DataFrame | None,
                  slos: dict | None) -> Tables:
-    """collector.tables.build_tables with the tokens table given (built above, not row by row)."""
-    t0 = store.t0()
-    requests = tables.requests_frame(store, sorted(store.requests), t0, schedule)
-    batches = tables.batches_frame(store, sorted(set(store.launches) | set(store.dones)), t0)
-    steps = tables.steps_frame(store.steps, t0) if store.steps else None
-    summary = summarize(requests, tokens, store.settings, slos) | tables.run_facts(store)
-    return Tables(requests, tokens, batches, steps, summary)
+    """The collector's tables, with the tokens table given (built above, not row by row)."""
+    return tables.build_tables(store, schedule, slos, tokens=tokens)
