@@ -1,4 +1,5 @@
 """The model's tokenizer, for the traffic process (prompts are tokenized once, there)."""
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -6,7 +7,10 @@ TINY_MISTRAL = "tiny-mistral"
 
 
 def mistral_tokenizer_file() -> Path:
-    """Mistral-7B v0.1's SentencePiece model, shipped inside the mistral_common package."""
+    """Mistral-7B v0.1's SentencePiece model, shipped inside the mistral_common package
+    (or the file named by $BATCHLAB_MISTRAL_TOKENIZER, for hosts without that package)."""
+    if os.environ.get("BATCHLAB_MISTRAL_TOKENIZER"):
+        return Path(os.environ["BATCHLAB_MISTRAL_TOKENIZER"])
     import mistral_common
 
     path = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
