@@ -2,6 +2,7 @@
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,8 +115,13 @@ def test_sigint_stops_sending_and_restores_the_old_handler(tmp_path: Path) -> No
     schedule = _schedule(rate=20.0, duration_s=30.0)
     fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock").start()
     before = signal.getsignal(signal.SIGINT)
-    timer = threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT))
-    timer.start()
+    def interrupt_once_sending() -> None:
+        deadline = now() + 10
+        while not fake.requests and now() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_sending, daemon=True).start()
     sent = run_traffic(schedule, fake.address, out_dir=None, start_timeout_s=5)
     fake.join()
     assert 0 < sent < schedule.n_requests
