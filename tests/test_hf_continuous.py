@@ -5,7 +5,8 @@ import torch
 
 from worker.backend import BackendError, Row, StepOutput
 from worker.hf import HFSettings
-from worker.hf_continuous import HFContinuousBackend, PaddedKV
+from worker.hf_continuous import HFContinuousBackend
+from worker.hf_kv import PaddedKV
 
 
 def mixed_rows() -> list[Row]:
