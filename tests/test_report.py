@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from collector.report.build import parse_slos
-from collector.report.headline import Comparison, compare, sentence
+from collector.report.headline import Comparison, compare, headlines, sentence
 from collector.report.points import ReportError, load_collection
 from collector.report.stats import GroupStats, bootstrap_ci, tool_formulas
 from collector.report.timeline import queue_length
@@ -28,12 +28,15 @@ def test_worse_dynamic_reads_changed_and_increased():
     assert "E2E p50 changed by +4.0%" in line
 
 
-def test_comparison_uses_the_highest_rate_both_completed():
+def test_comparison_uses_the_rate_both_completed_where_latency_differs_most():
     stats = {("naive", 5.0): group("naive", 5, 100, 1.0), ("dynamic", 5.0): group("dynamic", 5, 110, 0.5),
              ("naive", 20.0): group("naive", 20, 200, 4.0), ("dynamic", 20.0): group("dynamic", 20, 300, 1.0),
+             ("naive", 40.0): group("naive", 40, 250, 8.0), ("dynamic", 40.0): group("dynamic", 40, 260, 7.0),
              ("dynamic", 50.0): group("dynamic", 50, 400, 2.0)}
     c = compare(stats, "dynamic")
     assert c.rate == 20 and c.throughput_pct == pytest.approx(50.0) and c.ttft_p50_pct == pytest.approx(-75.0)
+    line = headlines(stats, ["naive", "dynamic"], {})[0]
+    assert "at λ = 20 req/s" in line and "At the highest rate, λ = 40 req/s: throughput +4.0%, TTFT p50 −12.5%." in line
 
 
 def test_no_comparison_without_a_completed_baseline():

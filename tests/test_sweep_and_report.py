@@ -72,10 +72,12 @@ def test_report_headline_matches_the_parquet(smoke):
     match = HEADLINE.search((out / "REPORT.md").read_text())
     assert match, "no one-line result in REPORT.md"
     verb_t, sign_t, x, verb_l, sign_l, y, rate, _hw = match.groups()
-    assert float(rate) == 12  # the highest rate both strategies completed
-    dyn, naive = (numbers(out / lb / "rate-12" / "rep-0") for lb in ("dynamic", "naive"))
-    x_true = (dyn["throughput"] / naive["throughput"] - 1) * 100
-    y_true = (dyn["ttft_p50"] / naive["ttft_p50"] - 1) * 100
+    changes = {}
+    for r in (4, 12):
+        dyn, naive = (numbers(out / lb / f"rate-{r}" / "rep-0") for lb in ("dynamic", "naive"))
+        changes[r] = ((dyn["throughput"] / naive["throughput"] - 1) * 100, (dyn["ttft_p50"] / naive["ttft_p50"] - 1) * 100)
+    assert float(rate) == max(changes, key=lambda r: (abs(changes[r][1]), r))  # where TTFT differs most
+    x_true, y_true = changes[int(float(rate))]
     assert (1 if sign_t == "+" else -1) * float(x) == pytest.approx(x_true, abs=0.051)
     assert (1 if sign_l == "+" else -1) * float(y) == pytest.approx(y_true, abs=0.051)
     assert verb_t == ("improved" if x_true >= 0 else "changed")

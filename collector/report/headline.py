@@ -31,20 +31,26 @@ def _completed(stats: dict, label: str) -> set[float]:
             if lb == label and g.scheduled - g.failed > 0 and g.latency["ttft"]["p50"] is not None}
 
 
-def compare(stats: dict[tuple[str, float], GroupStats], label: str,
-            baseline: str = BASELINE) -> Comparison | None:
-    """At the highest rate both completed: the most loaded comparison, where batching matters most."""
-    common = _completed(stats, label) & _completed(stats, baseline)
-    if not common:
-        return None
-    rate = max(common)
+def _at(stats: dict, label: str, baseline: str, rate: float) -> Comparison | None:
     new, old = stats[(label, rate)], stats[(baseline, rate)]
     pcts = [_pct(new.throughput_tok_s, old.throughput_tok_s),
             _pct(new.latency["ttft"]["p50"], old.latency["ttft"]["p50"]),
             _pct(new.latency["e2e"]["p50"], old.latency["e2e"]["p50"])]
-    if any(p is None for p in pcts):
-        return None
-    return Comparison(label, rate, *pcts)
+    return None if any(p is None for p in pcts) else Comparison(label, rate, *pcts)
+
+
+def comparisons(stats: dict[tuple[str, float], GroupStats], label: str,
+                baseline: str = BASELINE) -> list[Comparison]:
+    """The strategy against the baseline at every rate both completed, lowest rate first."""
+    common = _completed(stats, label) & _completed(stats, baseline)
+    return [c for rate in sorted(common) if (c := _at(stats, label, baseline, rate)) is not None]
+
+
+def compare(stats: dict[tuple[str, float], GroupStats], label: str,
+            baseline: str = BASELINE) -> Comparison | None:
+    """At the most informative rate: where TTFT p50 differs most between the two (ties: higher rate).
+    Below capacity every strategy serves the same throughput and batching shows in latency."""
+    return max(comparisons(stats, label, baseline), key=lambda c: (abs(c.ttft_p50_pct), c.rate), default=None)
 
 
 def signed(pct: float) -> str:
@@ -63,9 +69,21 @@ def sentence(c: Comparison, hardware: str) -> str:
             f"Throughput = output tokens/s; latency = TTFT p50; E2E p50 changed by {signed(c.e2e_p50_pct)}.")
 
 
+def at_highest(c: Comparison, highest: Comparison) -> str:
+    """The same comparison at the highest rate, when the line's rate is another one."""
+    if highest.rate == c.rate:
+        return ""
+    return (f" At the highest rate, λ = {highest.rate:g} req/s: throughput {signed(highest.throughput_pct)}, "
+            f"TTFT p50 {signed(highest.ttft_p50_pct)}.")
+
+
 def headlines(stats: dict[tuple[str, float], GroupStats], labels: list[str],
               hardware_of: dict[str, str]) -> list[str]:
     """One sentence per non-naive strategy (dynamic first); none when naive is absent."""
     ordered = sorted((lb for lb in labels if lb != BASELINE), key=lambda lb: lb != "dynamic")
-    comparisons = [compare(stats, lb) for lb in ordered]
-    return [sentence(c, hardware_of.get(c.label, "this machine")) for c in comparisons if c is not None]
+    lines = []
+    for label in ordered:
+        c, every = compare(stats, label), comparisons(stats, label)
+        if c is not None:
+            lines.append(sentence(c, hardware_of.get(label, "this machine")) + at_highest(c, every[-1]))
+    return lines
