@@ -1,4 +1,6 @@
 """Build a worker backend from the run's settings; heavy imports happen only for the chosen one."""
+import os
+
 from cli.config import RunConfig, parse_bytes
 from worker.backend import BackendError
 
@@ -8,9 +10,20 @@ def worker_mode(cfg: RunConfig) -> str:
     return "continuous" if cfg.strategy in ("continuous", "vllm") else "static"
 
 
+def quiet_libraries() -> None:
+    """Model libraries log progress bars and INFO lines by default: keep a run's terminal readable
+    (the worker's own log still has every warning; set VLLM_LOGGING_LEVEL=INFO to see vLLM's)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def make_backend(cfg: RunConfig):
     """The backend named by cfg.backend, configured for this run's strategy."""
     mode = worker_mode(cfg)
+    if cfg.backend in ("hf", "vllm"):
+        quiet_libraries()
     if cfg.backend in ("sim", "echo"):
         from worker.sim import SimBackend, make_echo
 
