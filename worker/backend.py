@@ -88,3 +88,19 @@ class ContinuousBackend(Protocol):
     def peak_memory_bytes(self) -> int: ...
 
     def close(self) -> None: ...
+
+
+def run_to_completion(backend: "ContinuousBackend", rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
+    """A static batch on a continuous backend: admit every row and step until all ended.
+
+    Rows that failed raise BackendError at the end (the static worker loop then fails the unfinished rows).
+    """
+    backend.admit(rows)
+    failed: list[tuple[int, str]] = []
+    while backend.has_work():
+        out = backend.step()
+        if out is not None:
+            on_step(out)
+            failed.extend(out.failed)
+    if failed:
+        raise BackendError("; ".join(f"request {rid}: {why}" for rid, why in failed[:3]))

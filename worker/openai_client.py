@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from protocol.clock import now
-from worker.backend import BackendError, BackendInfo, Row, StepOutput
+from worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
 
 log = logging.getLogger("batchlab.openai")
 
@@ -205,16 +205,8 @@ class OpenAIBackend:
         return out
 
     def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
-        """Static mode: start every row and stream until all ended; failures raise BackendError at the end."""
-        self.admit(rows)
-        failed: list[tuple[int, str]] = []
-        while self.has_work():
-            out = self.step()
-            if out is not None:
-                on_step(out)
-                failed.extend(out.failed)
-        if failed:
-            raise BackendError("; ".join(f"request {rid}: {why}" for rid, why in failed[:3]))
+        """Static mode: start every row and stream until all ended (see backend.run_to_completion)."""
+        run_to_completion(self, rows, on_step)
 
     def peak_memory_bytes(self) -> int:
         """The server's memory is not visible from here."""

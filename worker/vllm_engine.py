@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from protocol.clock import now
-from worker.backend import BackendError, BackendInfo, Row, StepOutput
+from worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
 
 log = logging.getLogger("batchlab.vllm")
 
@@ -238,19 +238,8 @@ class VLLMBackend:
                 out.failed.append((rid, f"vllm returned {lv.generated} of {lv.row.output_len} tokens"))
 
     def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
-        """Static mode: admit the whole batch and step until every row is done.
-
-        A row that failed raises BackendError at the end (the static worker loop fails the unfinished rows).
-        """
-        self.admit(rows)
-        failed: list[tuple[int, str]] = []
-        while self.has_work():
-            out = self.step()
-            if out is not None:
-                on_step(out)
-                failed.extend(out.failed)
-        if failed:
-            raise BackendError("; ".join(f"request {rid}: {why}" for rid, why in failed[:3]))
+        """Static mode: admit the whole batch and step until every row is done (backend.run_to_completion)."""
+        run_to_completion(self, rows, on_step)
 
     def peak_memory_bytes(self) -> int:
         """Peak KV pool bytes in use (vLLM's kv_cache_usage × pool size); the pool itself is reserved."""
