@@ -6,10 +6,10 @@ import signal
 
 import zmq
 
-from protocol import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, ProtocolError,
-                      RequestFailed, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
+from protocol import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat,
+                      ProtocolError, RequestFailed, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                       WorkerHello, decode, encode, now)
-from protocol.security import check_bind, start_authenticator
+from protocol.security import start_authenticator
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
 from scheduler.policies import Policy
 from scheduler.workers import Pending, PendingQueue, WorkerState, least_loaded
@@ -32,8 +32,7 @@ class Scheduler:
         self.settings = dict(settings or {})
         self.stream_ended = stream_ended  # a multiprocessing.Event, or None
         self.ctx = zmq.Context()
-        check_bind(scheduler_addr, keys)
-        self.auth = start_authenticator(self.ctx, keys) if keys else None
+        self.auth = start_authenticator(self.ctx, keys) if keys else None  # make_socket refuses a bare bind
         self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True, keys=keys)
         self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
         self.workers: dict[str, WorkerState] = {}
@@ -128,9 +127,10 @@ class Scheduler:
         if self.t0 is not None or self.traffic is None or len(self.workers) < self.min_workers:
             return
         self.t0 = now() + START_LEAD_S
-        hellos = {w: {"backend": s.hello.backend, "model": s.hello.model, "mode": s.hello.mode,
+        hellos = {w: {**s.hello.facts, "backend": s.hello.backend, "model": s.hello.model, "mode": s.hello.mode,
                       "device": s.hello.device, "max_batch_size": s.hello.max_batch_size,
-                      "kv_budget_bytes": s.hello.kv_budget_bytes} for w, s in self.workers.items()}
+                      "kv_budget_bytes": s.hello.kv_budget_bytes, "kv_bytes_per_token": s.hello.kv_bytes_per_token,
+                      "memory_kind": s.hello.memory_kind} for w, s in self.workers.items()}
         self._to_collector(RunInfo({**self.settings, "t0": self.t0, "workers": hellos}))
         self.router.send_multipart([self.traffic, encode(Start(self.t0))])
         self.traffic_heard = now()
