@@ -177,3 +177,16 @@ def test_a_client_without_keys_gets_nothing_through_and_the_run_is_unaffected(tm
     assert requests.request_id.max() < 10_000 and set(requests.status) == {"finished"}
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rejected_messages"] == 0 and summary["scheduler_stats"]["rejected_messages"] == 0
+
+
+def test_a_worker_started_before_the_scheduler_waits_and_joins(tmp_path):
+    sched, coll = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    procs = {"worker": start("worker", "--backend", "sim", "--scheduler", sched, "--collector", coll)}
+    time.sleep(5.0)  # longer than the liveness limit: an impatient worker would have given up
+    assert procs["worker"].poll() is None
+    procs["collector"] = start("collector", "--address", coll, "--out", str(tmp_path))
+    procs["scheduler"] = start("scheduler", "--address", sched, "--collector", coll, "--out", str(tmp_path))
+    procs["traffic"] = start("traffic", *COMMON[2:], "--rate", "10", "--duration", "1", "--scheduler", sched,
+                             "--out", str(tmp_path))
+    finish(procs)
+    assert set(assert_conserved(tmp_path).status) == {"finished"}

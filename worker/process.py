@@ -5,15 +5,16 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from protocol.messages import STEP_BATCH, unpack_tokens
 from protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
                       WorkerHello, decode, encode, now)
+from protocol.messages import STEP_BATCH, unpack_tokens
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
 from worker.backend import OutOfMemory, Row, StepOutput
 from worker.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from worker.heartbeat import HeartbeatThread
 
 log = logging.getLogger("batchlab.worker")
+WAITING_LOG_INTERVAL_S = 30.0  # before the scheduler first answers, say so this often
 
 
 class WorkerStopping(Exception):
@@ -47,6 +48,7 @@ class Worker:
         self.stopping = False
         self.rejected = 0
         self.last_heard = now()
+        self.heard_once = False
         self.deferred: list[object] = []
         self.heart = HeartbeatThread(self.ctx, scheduler_addr, worker_id, keys)
         self.clock = OffsetEstimate()
@@ -116,7 +118,7 @@ class Worker:
                     frame = self.sched.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                self.last_heard = now()
+                self.last_heard, self.heard_once = now(), True
                 try:
                     msgs.append(decode(frame))
                 except ProtocolError as exc:
@@ -224,6 +226,11 @@ class Worker:
     def _check_scheduler_alive(self) -> None:
         """Called after a poll that heard nothing; our own heartbeats go from a thread (heartbeat.py)."""
         silent_s = now() - self.last_heard
+        if not self.heard_once:  # a scheduler that is not up yet gets our hello when it binds
+            if silent_s > WAITING_LOG_INTERVAL_S:
+                log.warning("no word from the scheduler yet; still waiting")
+                self.last_heard = now()
+            return
         if silent_s > HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL_S:
             log.error("scheduler silent for %.1f s: stopping", silent_s)
             self.stopping = True
