@@ -157,6 +157,23 @@ def test_openai_streams_exact_token_counts_from_vllm(server):
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_batchlab_run_on_the_openai_backend_gets_exact_token_counts(server, tmp_path):
+    import pandas as pd
+
+    from tests.conftest import run_cli
+
+    run_cli("run", "--backend", "openai", "--endpoint", f"{server[0]}/v1", "--strategy", "continuous",
+            "--rate", "4", "--duration", "3", "--max-new-tokens", "16", "--max-concurrency", "8",
+            "--out", str(tmp_path), timeout_s=180)
+    requests, tokens = pd.read_parquet(tmp_path / "requests.parquet"), pd.read_parquet(tmp_path / "tokens.parquet")
+    assert len(requests) > 3 and set(requests.status) == {"finished"}
+    assert (tokens.groupby("request_id").size().reindex(requests.request_id).to_numpy()
+            == requests.output_len.to_numpy()).all()
+    assert (requests.ttft > 0).all() and (requests.tpot > 0).all()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_openai_cut_streams_fail_and_finished_ones_stay_finished(server):
     """Runs last: it kills the module's server while long streams run."""
     from worker.openai_client import OpenAIBackend
