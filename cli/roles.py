@@ -55,7 +55,10 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str) -> int:
     from traffic.process import run_traffic
 
     setup_logging(cfg.out, "traffic")
-    run_traffic(make_schedule(cfg), scheduler_addr, out_dir=Path(cfg.out), keys=cfg.keys or None)
+    target = Path(cfg.out) / "schedule.parquet"
+    already_there = bool(cfg.schedule) and Path(cfg.schedule).resolve() == target.resolve()  # the launcher's
+    run_traffic(make_schedule(cfg), scheduler_addr, out_dir=None if already_there else Path(cfg.out),
+                keys=cfg.keys or None)
     return 0
 
 
