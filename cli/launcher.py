@@ -113,6 +113,9 @@ def _watch(children: list[Child], on_tick, stream_ended) -> None:
                 stream_ended.set()
         if on_tick is not None:
             on_tick(time.monotonic() - t_start, {c.name: c.proc.is_alive() for c in children})
+        if not any(c.proc.is_alive() for c in children if c.name in ("scheduler", "collector")):
+            _stop(children, signal.SIGTERM)  # the run is over: a worker that never joined it must not wait
+            return
         time.sleep(POLL_S)
 
 

@@ -17,11 +17,28 @@ COMMON = ["--backend", "sim", "--dataset", "synthetic", "--max-new-tokens", "64"
 pytestmark = pytest.mark.slow
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    """A test that fails half way must not leave its processes running into the next tests."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def start(*args: str, env: dict | None = None) -> subprocess.Popen:
-    """A batchlab command in the background; its output goes to files (a full pipe would block it)."""
+    """A batchlab command in the background, in its own process group; its output goes to files (a
+    full pipe would block it)."""
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=tempfile.TemporaryFile(), stderr=(err := tempfile.TemporaryFile()))
+                            stdout=tempfile.TemporaryFile(), stderr=(err := tempfile.TemporaryFile()),
+                            start_new_session=True)
     proc.err_file = err
+    STARTED.append(proc)
     return proc
 
 

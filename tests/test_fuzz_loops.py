@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from protocol import Dispatch, EndOfStream, ProtocolError, RequestMsg, Start, decode, encode
 from protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
-from tests.test_faults import COMMON, assert_conserved, finish, free_port, start
+from tests.test_faults import COMMON, assert_conserved, finish, free_port, no_leftovers, start  # noqa: F401
 
 pytestmark = pytest.mark.slow
 N_FRAMES = 10_000

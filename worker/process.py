@@ -60,6 +60,7 @@ class Worker:
         self.backend.warmup()
         self.heart.start()
         self.deferred.extend(measure(self.sched, self.clock))
+        self.heard_once = bool(self.clock.window)  # a pong proves the scheduler is there
         self._hello()
         self.last_heard = now()
         while not self.stopping:
