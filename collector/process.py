@@ -1,8 +1,6 @@
 """The collector process: PULL every event, join it in a RunStore, write the run's tables."""
 import logging
-import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -13,6 +11,7 @@ from collector.store import RunStore
 from protocol import ProtocolError, decode
 from protocol.clock import now
 from protocol.security import start_authenticator
+from protocol.signals import on_stop_signal
 from protocol.sockets import make_socket
 
 log = logging.getLogger(__name__)
@@ -74,14 +73,6 @@ def _end_reason(store: RunStore, loop: _Loop, stop: threading.Event, grace_s: fl
     return ""
 
 
-def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
-    """SIGINT/SIGTERM set `stop` (main thread only); returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    return lambda: [signal.signal(sig, handler) for sig, handler in old.items()]
-
-
 def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threading.Event,
            grace_s: float, idle_timeout_s: float | None) -> str:
     """The main loop; returns why it stopped."""
@@ -106,25 +97,24 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
     """Collect one run's events from `address` into out_dir's tables; returns the summary."""
     out_dir = Path(out_dir)
     store, writer, stop = RunStore(), PartWriter(out_dir), threading.Event()
-    restore_signals = _install_signal_handlers(stop)
     ctx = zmq.Context()
     sock, auth = None, None
     try:
-        auth = start_authenticator(ctx, keys) if keys else None  # make_socket refuses a bare bind
-        sock = make_socket(ctx, zmq.PULL, address, bind=True, keys=keys)
-        reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s)
-        log.info("collector: stopping (%s)", reason)
-        writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
-        schedule = read_schedule(out_dir)
-        tables = store.finish(schedule, slos=slos)
-        tables.summary["end_reason"] = reason
-        add_timing_fidelity(tables.summary, tables.requests, store.settings, schedule)  # sim/echo only
-        write_final(out_dir, tables)
-        return tables.summary
+        with on_stop_signal(lambda _signum: stop.set()):
+            auth = start_authenticator(ctx, keys) if keys else None  # make_socket refuses a bare bind
+            sock = make_socket(ctx, zmq.PULL, address, bind=True, keys=keys)
+            reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s)
+            log.info("collector: stopping (%s)", reason)
+            writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
+            schedule = read_schedule(out_dir)
+            tables = store.finish(schedule, slos=slos)
+            tables.summary["end_reason"] = reason
+            add_timing_fidelity(tables.summary, tables.requests, store.settings, schedule)  # sim/echo only
+            write_final(out_dir, tables)
+            return tables.summary
     finally:
         if sock is not None:
             sock.close()
         if auth is not None:
             auth.stop()
         ctx.term()
-        restore_signals()

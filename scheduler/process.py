@@ -2,7 +2,6 @@
 import itertools
 import logging
 import math
-import signal
 
 import zmq
 
@@ -10,6 +9,7 @@ from protocol import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dis
                       ProtocolError, RequestFailed, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                       WorkerHello, decode, encode, now)
 from protocol.security import start_authenticator
+from protocol.signals import on_stop_signal
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
 from scheduler.policies import Policy
 from scheduler.workers import Pending, PendingQueue, WorkerState, least_loaded
@@ -273,15 +273,9 @@ def run_scheduler(policy: Policy, scheduler_addr: str, collector_addr: str, **kw
     """Run the scheduler until the run ends; SIGINT/SIGTERM end it early, cleanly. A set
     `stream_ended` event (the launcher saw traffic die) ends the stream: what arrived is still served."""
     sched = Scheduler(policy, scheduler_addr, collector_addr, **kwargs)
-
-    def stop(signum: int, _frame: object) -> None:
-        sched.stopping = True
-
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        sched.run()
-    finally:
-        sched.close()
-        for s, h in old.items():
-            signal.signal(s, h)
+    with on_stop_signal(lambda _signum: setattr(sched, "stopping", True)):
+        try:
+            sched.run()
+        finally:
+            sched.close()
     return 0

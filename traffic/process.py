@@ -17,6 +17,7 @@ from protocol import (
 )
 from protocol.clock import now, sleep_until
 from protocol.messages import pack_tokens
+from protocol.signals import on_stop_signal
 from protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
 from traffic.schedule import Schedule, save_schedule
 
@@ -43,6 +44,10 @@ class _Control:
     protocol_errors: int = 0
     last_send: float = 0.0  # now() of the last frame sent (the scheduler counts any frame as a sign of life)
 
+    def stop(self, reason: str) -> None:
+        """The first reason to stop wins."""
+        self.stop_reason = self.stop_reason or reason
+
 
 def _beat(sock: zmq.Socket, ctl: _Control) -> None:
     """Send a Heartbeat if nothing went out for HEARTBEAT_INTERVAL_S (the scheduler drops silent traffic)."""
@@ -66,7 +71,7 @@ def _drain(sock: zmq.Socket, ctl: _Control, timeout_s: float = 0.0) -> Start | N
                 log.warning("ignoring bad frame from scheduler (%d so far): %s", ctl.protocol_errors, exc)
             continue
         if isinstance(msg, Shutdown):
-            ctl.stop_reason = ctl.stop_reason or f"scheduler shutdown: {msg.reason}"
+            ctl.stop(f"scheduler shutdown: {msg.reason}")
         elif isinstance(msg, Start):
             start = msg
     return start
@@ -149,24 +154,18 @@ def _punctual_sender() -> None:
             log.info("traffic: running at normal priority (raising it is not allowed here)")
 
 
-def _install_signals(ctl: _Control) -> dict[int, object]:
-    """SIGINT/SIGTERM set the stop reason; returns the previous handlers (none off the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handler(signum: int, _frame: object) -> None:
-        ctl.stop_reason = ctl.stop_reason or f"signal {signal.Signals(signum).name}"
-
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
 def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None,
                 start_timeout_s: float = 600, keys: str | None = None) -> int:
     """Announce the schedule, wait for Start, send every request on time, end the stream; return sent."""
     if out_dir is not None:
         save_schedule(schedule, Path(out_dir) / "schedule.parquet")
     ctl = _Control()
-    previous = _install_signals(ctl)
+    with on_stop_signal(lambda signum: ctl.stop(f"signal {signal.Signals(signum).name}")):
+        return _announce_and_send(schedule, scheduler_addr, ctl, start_timeout_s, keys)
+
+
+def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, start_timeout_s: float,
+                       keys: str | None) -> int:
     _punctual_sender()
     ctx = zmq.Context()
     sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity="traffic", keys=keys)
@@ -190,5 +189,3 @@ def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None
     finally:
         sock.close()
         ctx.term()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -1,6 +1,5 @@
 """The worker process: owns a backend, runs what the scheduler dispatches, streams every step."""
 import logging
-import signal
 from dataclasses import dataclass, field
 
 import zmq
@@ -8,6 +7,7 @@ import zmq
 from protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
                       WorkerHello, decode, encode, now)
 from protocol.messages import STEP_BATCH, unpack_tokens
+from protocol.signals import on_stop_signal
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
 from worker.backend import OutOfMemory, Row, StepOutput
 from worker.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
@@ -244,15 +244,9 @@ def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str
                keys: str | None = None) -> int:
     """Serve until told to stop; SIGINT/SIGTERM stop after the current step. Returns an exit code."""
     worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys)
-
-    def stop(signum: int, _frame: object) -> None:
-        worker.stopping = True
-
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        worker.run()
-    finally:
-        worker.close()
-        for s, h in old.items():
-            signal.signal(s, h)
+    with on_stop_signal(lambda _signum: setattr(worker, "stopping", True)):
+        try:
+            worker.run()
+        finally:
+            worker.close()
     return 0
