@@ -5,6 +5,7 @@ answered with the scheduler's reading ts, and received at local t2: rtt = t2 −
 clock read ts somewhere in [t1, t2], so offset = ts − (t1 + t2)/2 with an error of at most rtt/2.
 """
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
@@ -14,6 +15,7 @@ from protocol import ClockPing, ClockPong, ProtocolError, decode, encode, now
 SYNC_SAMPLES = 8  # ping-pongs at hello
 SYNC_TIMEOUT_S = 2.0  # per pong at hello
 RESYNC_INTERVAL_S = 30.0  # one more ping this often while running
+POLL_SLICE_MS = 100  # while waiting for a pong, look for a stop this often
 
 
 @dataclass
@@ -41,19 +43,32 @@ class OffsetEstimate:
                 "clock_samples": len(self.window)}
 
 
-def measure(sock: zmq.Socket, estimate: OffsetEstimate, samples: int = SYNC_SAMPLES) -> list[object]:
-    """Ping-pong `samples` times on `sock` (a DEALER to the scheduler); returns other messages seen."""
+def measure(sock: zmq.Socket, estimate: OffsetEstimate, samples: int = SYNC_SAMPLES,
+            stopping: Callable[[], bool] = lambda: False) -> list[object]:
+    """Ping-pong `samples` times on `sock` (a DEALER to the scheduler); returns other messages seen.
+    Gives up early when `stopping()` turns true (a signal during start-up)."""
     others: list[object] = []
     for seq in range(samples):
+        if stopping():
+            break
         sock.send(encode(ClockPing(seq, now())))
-        deadline = now() + SYNC_TIMEOUT_S
-        while (left := deadline - now()) > 0 and sock.poll(int(left * 1000) + 1):
-            try:
-                msg = decode(sock.recv())
-            except ProtocolError:
-                continue
-            if isinstance(msg, ClockPong) and msg.seq == seq:
-                estimate.add(msg.t_send, msg.t_server, now())
-                break
-            others.append(msg)
+        others += _await_pong(sock, estimate, seq, stopping)
+    return others
+
+
+def _await_pong(sock: zmq.Socket, estimate: OffsetEstimate, seq: int, stopping: Callable[[], bool]) -> list[object]:
+    """Wait up to SYNC_TIMEOUT_S for pong `seq` (looking at `stopping` every POLL_SLICE_MS)."""
+    others: list[object] = []
+    deadline = now() + SYNC_TIMEOUT_S
+    while not stopping() and now() < deadline:
+        if not sock.poll(POLL_SLICE_MS):
+            continue
+        try:
+            msg = decode(sock.recv())
+        except ProtocolError:
+            continue
+        if isinstance(msg, ClockPong) and msg.seq == seq:
+            estimate.add(msg.t_send, msg.t_server, now())
+            break
+        others.append(msg)
     return others

@@ -59,7 +59,7 @@ class Worker:
         """Warm up, say hello, then serve until Shutdown, a signal, or a silent scheduler."""
         self.backend.warmup()
         self.heart.start()
-        self.deferred.extend(measure(self.sched, self.clock))
+        self.deferred.extend(measure(self.sched, self.clock, stopping=lambda: self.stopping))
         self.heard_once = bool(self.clock.window)  # a pong proves the scheduler is there
         self._hello()
         self.last_heard = now()
