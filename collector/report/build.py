@@ -61,8 +61,8 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     at = chosen_rate(collection, first.rate if first else None, rate)
     made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png")]
     if at is not None:
-        made += [plots.latency_cdfs(collection, at, root / "latency_cdf.png"),
-                 plots.itl_distribution(collection, at, root / "itl_distribution.png"),
+        made += [plots.latency_cdfs(collection, stats, at, root / "latency_cdf.png"),
+                 plots.itl_distribution(collection, stats, at, root / "itl_distribution.png"),
                  timeline.batch_timeline(collection, at, root / "batch_timeline.png"),
                  timeline.load_over_time(collection, at, root / "batch_size_queue.png")]
     text = render(collection, stats, lines, [p.name for p in made], at, slos)

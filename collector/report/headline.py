@@ -1,4 +1,5 @@
-"""The one-line result in the seed's form, with honest signs, for each strategy against naive."""
+"""The one-line result in the seed's form, with honest signs, for each strategy against naive, stated at
+a rate a fixed rule picks (RULE), never at the rate where the result looks best."""
 from dataclasses import dataclass
 
 from collector.report.stats import GroupStats
@@ -7,6 +8,9 @@ BASELINE = "naive"
 NAMES = {"dynamic": "Dynamic batching", "continuous": "Continuous batching",
          "vllm": "vLLM (continuous batching)", "naive": "naive batching"}
 LATENCY = ("ttft", "p50")  # the latency the line's Y is about; E2E p50 is given beside it
+MIN_FINISHED_SHARE = 0.99  # a rate where either side dropped more than 1% is not a fair comparison
+RULE = (f"the highest rate at which both finished ≥ {MIN_FINISHED_SHARE:.0%} of the requests they scheduled "
+        "(over the repeats at that rate)")
 
 
 @dataclass(slots=True)
@@ -46,11 +50,17 @@ def comparisons(stats: dict[tuple[str, float], GroupStats], label: str,
     return [c for rate in sorted(common) if (c := _at(stats, label, baseline, rate)) is not None]
 
 
+def qualifies(stats: dict[tuple[str, float], GroupStats], label: str, baseline: str, rate: float) -> bool:
+    """Both finished at least MIN_FINISHED_SHARE of what they scheduled at this rate."""
+    return all(stats[(lb, rate)].finished_share >= MIN_FINISHED_SHARE for lb in (label, baseline))
+
+
 def compare(stats: dict[tuple[str, float], GroupStats], label: str,
             baseline: str = BASELINE) -> Comparison | None:
-    """At the most informative rate: where TTFT p50 differs most between the two (ties: higher rate).
-    Below capacity every strategy serves the same throughput and batching shows in latency."""
-    return max(comparisons(stats, label, baseline), key=lambda c: (abs(c.ttft_p50_pct), c.rate), default=None)
+    """At the rate RULE fixes in advance: the highest rate where both finished ≥ 99% of their requests.
+    A fixed rule, not the rate where the result looks best; None when no rate qualifies."""
+    good = [c for c in comparisons(stats, label, baseline) if qualifies(stats, label, baseline, c.rate)]
+    return good[-1] if good else None
 
 
 def signed(pct: float) -> str:
@@ -69,21 +79,35 @@ def sentence(c: Comparison, hardware: str) -> str:
             f"Throughput = output tokens/s; latency = TTFT p50; E2E p50 changed by {signed(c.e2e_p50_pct)}.")
 
 
-def at_highest(c: Comparison, highest: Comparison) -> str:
-    """The same comparison at the highest rate, when the line's rate is another one."""
+def _failed(stats: dict[tuple[str, float], GroupStats], c: Comparison, baseline: str) -> str:
+    return ", ".join(f"{lb} {stats[(lb, c.rate)].failed_text()}" for lb in (c.label, baseline))
+
+
+def at_highest(c: Comparison, highest: Comparison, stats: dict[tuple[str, float], GroupStats],
+               baseline: str = BASELINE) -> str:
+    """The same comparison at the highest rate measured, with its failed shares, when it is another rate."""
     if highest.rate == c.rate:
         return ""
     return (f" At the highest rate, λ = {highest.rate:g} req/s: throughput {signed(highest.throughput_pct)}, "
-            f"TTFT p50 {signed(highest.ttft_p50_pct)}.")
+            f"TTFT p50 {signed(highest.ttft_p50_pct)}; failed: {_failed(stats, highest, baseline)}.")
+
+
+def no_rate_qualifies(label: str) -> str:
+    """The one sentence in place of a headline when no rate passes the rule."""
+    return (f"{NAMES.get(label, label)} is not compared to naive batching: no rate qualifies under the "
+            f"fixed rule ({RULE}).")
 
 
 def headlines(stats: dict[tuple[str, float], GroupStats], labels: list[str],
               hardware_of: dict[str, str]) -> list[str]:
-    """One sentence per non-naive strategy (dynamic first); none when naive is absent."""
+    """One sentence per non-naive strategy measured beside naive (dynamic first); none without naive."""
     ordered = sorted((lb for lb in labels if lb != BASELINE), key=lambda lb: lb != "dynamic")
     lines = []
     for label in ordered:
-        c, every = compare(stats, label), comparisons(stats, label)
-        if c is not None:
-            lines.append(sentence(c, hardware_of.get(label, "this machine")) + at_highest(c, every[-1]))
+        every = comparisons(stats, label)
+        if not every:
+            continue
+        c = compare(stats, label)
+        lines.append(no_rate_qualifies(label) if c is None else
+                     sentence(c, hardware_of.get(label, "this machine")) + at_highest(c, every[-1], stats))
     return lines

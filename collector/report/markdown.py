@@ -1,7 +1,8 @@
 """REPORT.md: the one-line results, a table per rate, intervals, tool formulas, failures and setup."""
+from collector.report.headline import RULE
 from collector.report.points import Collection
 from collector.report.setup import knob_table, setup_lines
-from collector.report.stats import GroupStats
+from collector.report.stats import FAILED_MARK_SHARE, GroupStats
 
 QS = ("p50", "p90", "p99")
 
@@ -26,12 +27,12 @@ def _num(value: float | None, fmt: str = "{:.2f}") -> str:
 def rate_table(groups: list[GroupStats], with_goodput: bool) -> list[str]:
     """One row per strategy at one rate; latencies in ms as p50 / p90 / p99."""
     head = ["strategy", "repeats", "throughput (tok/s)", "requests/s", "TTFT ms", "TPOT ms", "ITL ms",
-            "E2E ms", "failed / scheduled", *(["goodput"] if with_goodput else []), "peak memory",
+            "E2E ms", "failed", *(["goodput"] if with_goodput else []), "peak memory",
             "mean useful_fraction"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in groups:
         cells = [g.label, str(g.repeats), f"{g.throughput_tok_s:.1f}", f"{g.requests_per_s:.2f}",
-                 *(_pcts(g.latency[m]) for m in ("ttft", "tpot", "itl", "e2e")), f"{g.failed} / {g.scheduled}",
+                 *(_pcts(g.latency[m]) for m in ("ttft", "tpot", "itl", "e2e")), g.failed_text(),
                  *([_num(g.goodput, "{:.1%}")] if with_goodput else []), _bytes(g.peak_memory_bytes),
                  _num(g.useful_fraction)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -41,21 +42,21 @@ def rate_table(groups: list[GroupStats], with_goodput: bool) -> list[str]:
 def ci_table(groups: list[GroupStats]) -> list[str]:
     """95% bootstrap intervals of TTFT and E2E p50 / p99 (ms)."""
     keys = ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99")
-    lines = ["| strategy | λ | " + " | ".join(k.replace("_", " ").upper() for k in keys) + " |",
-             "|---|---|" + "---|" * len(keys)]
+    lines = ["| strategy | λ | failed | " + " | ".join(k.replace("_", " ").upper() for k in keys) + " |",
+             "|---|---|---|" + "---|" * len(keys)]
     for g in groups:
         cells = [f"{ms(g.ci[k][0])} – {ms(g.ci[k][1])}" if g.ci.get(k) else "—" for k in keys]
-        lines.append(f"| {g.label} | {g.rate:g} | " + " | ".join(cells) + " |")
+        lines.append(f"| {g.label} | {g.rate:g} | {g.failed_text()} | " + " | ".join(cells) + " |")
     return lines
 
 
 def tools_table(groups: list[GroupStats]) -> list[str]:
     """TPOT / ITL by each tool's formula: mean / median / p99 (ms)."""
     names = list(groups[0].tools) if groups else []
-    lines = ["| strategy | λ | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    lines = ["| strategy | λ | failed | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     for g in groups:
         cells = [" / ".join(ms(g.tools[n][k]) for k in ("mean", "p50", "p99")) for n in names]
-        lines.append(f"| {g.label} | {g.rate:g} | " + " | ".join(cells) + " |")
+        lines.append(f"| {g.label} | {g.rate:g} | {g.failed_text()} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -65,13 +66,20 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
     groups = list(stats.values())
     out = [f"# batchlab report: {collection.root}", "", "## Result", ""]
     out += [f"- {h}" for h in headlines] or ["- No naive run completed at a rate another strategy completed."]
+    if headlines:
+        out += ["", f"The rate is chosen by a fixed rule: {RULE}. The highest rate measured is given beside "
+                "it when it differs, with the failed shares there."]
     out += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    out += ["", "Latency plots cover finished requests only: each curve point is labelled with its failed "
+            f"share, a red x marks points where more than {FAILED_MARK_SHARE:.0%} failed, and each "
+            "distribution's legend gives failed / scheduled."]
     if chosen_rate is not None:
         out += ["", f"CDFs, ITL histogram, timeline and load plots are at λ = {chosen_rate:g} req/s."]
     slo_text = ", ".join(f"{k} ≤ {v * 1e3:g} ms" for k, v in (slos or {}).items())
     out += ["", "## Results per rate", "",
-            "Latencies in ms as p50 / p90 / p99 over the finished requests of every repeat; throughput is "
-            "the mean over repeats." + (f" Goodput: share of submitted requests meeting {slo_text} "
+            "Latencies in ms as p50 / p90 / p99 over the finished requests of every repeat, so the failed "
+            "column (failed / scheduled) belongs beside them: a strategy that drops more looks faster. "
+            "Throughput is the mean over repeats." + (f" Goodput: share of submitted requests meeting {slo_text} "
                                         "(failed requests are misses)." if slos else "")]
     for rate in collection.rates():
         out += ["", f"### λ = {rate:g} req/s", ""]
@@ -88,7 +96,9 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
 
 def failures(collection: Collection) -> list[str]:
     """Points that did not complete, with their reasons."""
-    stopped = [p for p in collection.index.get("points", []) if p["status"] != "failed" and p.get("reason")]
+    listed = {(f.label, f.rate, f.repeat) for f in collection.failed}  # a stopped point that measured nothing
+    stopped = [p for p in collection.index.get("points", []) if p["status"] != "failed" and p.get("reason")
+               and (p["label"], p["rate"], p["repeat"]) not in listed]
     if not collection.failed and not stopped:
         return []
     lines = ["", "## Failed and stopped points", ""]

@@ -10,10 +10,12 @@ import pandas as pd  # noqa: E402
 
 from collector.metrics import inter_token_latencies, request_metrics  # noqa: E402
 from collector.report.points import Collection  # noqa: E402
-from collector.report.stats import GroupStats  # noqa: E402
+from collector.report.stats import FAILED_MARK_SHARE, GroupStats, share_text  # noqa: E402
 
 DPI = 110
 PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))
+FAILED_NOTE = ("Latencies cover finished requests only; labels give the failed share, "
+               f"a red x marks > {FAILED_MARK_SHARE:.0%} failed.")
 
 
 def save(fig, path: Path) -> Path:
@@ -29,8 +31,26 @@ def _error(g: GroupStats, metric: str, q: str, value: float) -> list[float]:
     return [max(value - ci[0], 0.0), max(ci[1] - value, 0.0)] if ci else [0.0, 0.0]
 
 
+def point_note(g: GroupStats) -> str:
+    """A curve point's label: its rate, and its failed share when any request failed."""
+    return f"λ={g.rate:g}" + (f", {share_text(g.failed_share)} failed" if g.failed else "")
+
+
+def legend_label(label: str, g: GroupStats | None) -> str:
+    """A distribution's legend entry: the strategy and how many of its requests the curve leaves out."""
+    return label if g is None else f"{label} (failed {g.failed_text()})"
+
+
+def _mark_failures(ax, groups: list[GroupStats], x: list[float], y: list[float]) -> None:
+    """Cross out the points whose latency leaves out more than FAILED_MARK_SHARE of the requests."""
+    bad = [(xi, yi) for g, xi, yi in zip(groups, x, y) if g.failed_share > FAILED_MARK_SHARE]
+    if bad:
+        ax.scatter(*zip(*bad), marker="x", s=90, color="red", zorder=5)
+
+
 def latency_vs_throughput(stats: dict[tuple[str, float], GroupStats], labels: list[str], path: Path) -> Path:
-    """Four panels (TTFT / E2E × p50 / p99) against throughput, one line per strategy, rates marked."""
+    """Four panels (TTFT / E2E × p50 / p99) against throughput, one line per strategy, rates and failed
+    shares marked."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
     for ax, (metric, q) in zip(axes.flat, PANELS):
         for label in labels:
@@ -42,8 +62,9 @@ def latency_vs_throughput(stats: dict[tuple[str, float], GroupStats], labels: li
             y = [g.latency[metric][q] * 1e3 for g in groups]
             err = np.array([_error(g, metric, q, g.latency[metric][q]) for g in groups]).T * 1e3
             ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+            _mark_failures(ax, groups, x, y)
             for g, xi, yi in zip(groups, x, y):
-                ax.annotate(f"λ={g.rate:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                ax.annotate(point_note(g), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set_yscale("log")
         ax.set_title(f"{metric.upper()} {q} (95% bootstrap CI)")
         ax.set_ylabel("ms")
@@ -51,7 +72,8 @@ def latency_vs_throughput(stats: dict[tuple[str, float], GroupStats], labels: li
     for ax in axes[1]:
         ax.set_xlabel("throughput (output tokens/s)")
     axes[0][0].legend()
-    fig.suptitle("Latency against throughput across arrival rates (the knee is where latency takes off)")
+    fig.suptitle("Latency against throughput across arrival rates (the knee is where latency takes off)\n"
+                 + FAILED_NOTE, fontsize=10)
     return save(fig, path)
 
 
@@ -61,8 +83,10 @@ def _cdf(ax, values: pd.Series, label: str) -> None:
         ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
 
 
-def latency_cdfs(collection: Collection, rate: float, path: Path) -> Path:
-    """TTFT and E2E CDFs of every strategy at one rate (repeats pooled, finished requests)."""
+def latency_cdfs(collection: Collection, stats: dict[tuple[str, float], GroupStats], rate: float,
+                 path: Path) -> Path:
+    """TTFT and E2E CDFs of every strategy at one rate (repeats pooled, finished requests), each legend
+    entry with the failed share the curve leaves out."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for label in collection.labels():
         runs = collection.group(label, rate)
@@ -71,7 +95,7 @@ def latency_cdfs(collection: Collection, rate: float, path: Path) -> Path:
         df = pd.concat([request_metrics(r.requests) for r in runs])
         df = df[df["status"] == "finished"]
         for ax, metric in zip(axes, ("ttft", "e2e")):
-            _cdf(ax, df[metric], label)
+            _cdf(ax, df[metric], legend_label(label, stats.get((label, rate))))
     for ax, metric in zip(axes, ("TTFT", "E2E")):
         ax.set_xscale("log")
         ax.set_xlabel(f"{metric} (ms)")
@@ -79,11 +103,15 @@ def latency_cdfs(collection: Collection, rate: float, path: Path) -> Path:
         ax.set_title(f"{metric} CDF at λ = {rate:g} req/s")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
+    fig.suptitle("Latencies cover finished requests only; the legend gives what each curve leaves out",
+                 fontsize=10)
     return save(fig, path)
 
 
-def itl_distribution(collection: Collection, rate: float, path: Path) -> Path:
-    """Every inter-token gap from tokens.parquet at one rate: a histogram per strategy (log bins)."""
+def itl_distribution(collection: Collection, stats: dict[tuple[str, float], GroupStats], rate: float,
+                     path: Path) -> Path:
+    """Every inter-token gap from tokens.parquet at one rate: a histogram per strategy (log bins), each
+    legend entry with its failed share."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     series = {lb: pd.concat([inter_token_latencies(r.tokens) for r in collection.group(lb, rate)]) * 1e3
               for lb in collection.labels() if collection.group(lb, rate)}
@@ -92,7 +120,8 @@ def itl_distribution(collection: Collection, rate: float, path: Path) -> Path:
     if not positive.empty:
         bins = np.geomspace(positive.min(), max(positive.max(), positive.min() * 1.01), 60)
         for label, s in series.items():
-            ax.hist(s[s > 0], bins=bins, histtype="step", label=f"{label} ({len(s)} gaps)")
+            ax.hist(s[s > 0], bins=bins, histtype="step",
+                    label=legend_label(f"{label} ({len(s)} gaps)", stats.get((label, rate))))
         ax.set_xscale("log")
         ax.legend()
     ax.set_xlabel("inter-token latency (ms)")

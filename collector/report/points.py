@@ -7,9 +7,10 @@ from pathlib import Path
 import pandas as pd
 
 from collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE
+from collector.metrics import NOT_SENT, window_s
 from collector.parts import load_table
 
-
+RATE_DIR = re.compile(r"rate-([0-9.eE+-]+)")  # a sweep point's folder: OUT/<label>/rate-<r>/rep-<k>
 
 class ReportError(ValueError):
     """A folder that holds nothing to report; the CLI prints it as one line and exits 1."""
@@ -74,16 +75,56 @@ def label_of(settings: dict) -> str:
     return "vllm" if settings.get("backend") == "vllm" else str(settings.get("strategy", "run"))
 
 
-def load_run(folder: Path, label: str | None = None, repeat: int | None = None) -> RunData:
-    """A run folder's summary and tables."""
+def planned_rate(folder: Path, settings: dict) -> float:
+    """The rate the sweep planned for a folder (its `rate-<r>` parent), else the run's --rate; 0 if none.
+    Never a measured one: a point that measured nothing has no measured rate worth a table row."""
+    match = RATE_DIR.fullmatch(folder.parent.name)
+    try:
+        return float(match.group(1)) if match else float(settings.get("rate") or 0.0)
+    except ValueError:
+        return 0.0
+
+
+def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
+             rate: float | None = None) -> RunData:
+    """A run folder's summary and tables; `rate` is the sweep's planned rate when the index gives it."""
     summary = json.loads((folder / SUMMARY_FILE).read_text())
     settings = summary.get("settings", {})
     if repeat is None:
         match = re.fullmatch(r"rep-(\d+)", folder.name)
         repeat = int(match.group(1)) if match else 0
     tables = {name: load_table(folder, name) for name in ("requests", "tokens", "batches", "steps")}
-    return RunData(label or label_of(settings), float(settings.get("rate", 0.0)), repeat, folder,
-                   summary, **tables)
+    rate = planned_rate(folder, settings) if rate is None else float(rate)
+    return RunData(label or label_of(settings), rate, repeat, folder, summary, **tables)
+
+
+def _first_error(requests: pd.DataFrame) -> str:
+    """The first failure reason in the table, preferring a cause over 'not sent' (its consequence)."""
+    if "error" not in requests or "status" not in requests:
+        return "requests.parquet holds no failure reason"
+    errors = [str(e) for e in requests.loc[requests["status"] != "finished", "error"].dropna() if str(e)]
+    causes = [e for e in errors if e != NOT_SENT]
+    return (causes or errors or ["no failure reason recorded"])[0].splitlines()[0]
+
+
+def emptiness(run: RunData) -> str | None:
+    """Why a run measured nothing (no planned rate, or no finished request in a window), else None."""
+    if not run.rate > 0:  # also NaN
+        return "measured nothing: no planned rate"
+    requests = run.requests
+    finished = int((requests["status"] == "finished").sum()) if "status" in requests else 0
+    if finished and window_s(requests) > 0:
+        return None
+    return f"measured nothing: {finished} of {len(requests)} requests finished; {_first_error(requests)}"
+
+
+def _add(coll: "Collection", run: RunData, note: str = "") -> None:
+    """A run that measured something joins the runs; one that measured nothing is a failed point."""
+    why = emptiness(run)
+    if why is None:
+        coll.runs.append(run)
+    else:
+        coll.failed.append(FailedPoint(run.label, run.rate, run.repeat, why + (f" ({note})" if note else "")))
 
 
 def _from_index(root: Path, index: dict) -> Collection:
@@ -91,7 +132,8 @@ def _from_index(root: Path, index: dict) -> Collection:
     for point in index.get("points", []):
         folder = root / point["dir"]
         if point["status"] in ("done", "skipped") and (folder / SUMMARY_FILE).exists():
-            coll.runs.append(load_run(folder, point["label"], point["repeat"]))
+            run = load_run(folder, point["label"], point["repeat"], point["rate"])
+            _add(coll, run, (point.get("reason") or "").partition("\n")[0])
         elif point["status"] != "pending":
             reason = point.get("reason") or "no summary.json"
             coll.failed.append(FailedPoint(point["label"], point["rate"], point["repeat"], reason))
@@ -106,11 +148,12 @@ def _from_scan(root: Path) -> Collection:
         if PROBE_DIR in folder.relative_to(root).parts:
             continue
         if (folder / FAILED_FILE).exists():
-            coll.failed.append(FailedPoint(folder.parent.parent.name, 0.0, 0,
+            rate = planned_rate(folder, json.loads(summary.read_text()).get("settings", {}))
+            coll.failed.append(FailedPoint(folder.parent.parent.name, rate, 0,
                                            (folder / FAILED_FILE).read_text().strip()))
             continue
         parts = folder.relative_to(root).parts
-        coll.runs.append(load_run(folder, parts[-3] if len(parts) >= 3 else None))
+        _add(coll, load_run(folder, parts[-3] if len(parts) >= 3 else None))
     return coll
 
 

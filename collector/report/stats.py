@@ -12,6 +12,7 @@ N_BOOT = 400
 CI_LEVEL = 0.95
 CI_METRICS = ("ttft", "e2e")  # request-level latencies that get bootstrap intervals
 CI_QUANTILES = (50, 99)
+FAILED_MARK_SHARE = 0.01  # above this failed share a latency figure flags the point: it flatters
 
 
 @dataclass(slots=True)
@@ -31,6 +32,25 @@ class GroupStats:
     useful_fraction: float
     goodput: float | None
     tools: dict = field(default_factory=dict)  # tool formula -> {mean, p50, p99} (s)
+
+    @property
+    def failed_share(self) -> float:
+        """Failed ÷ scheduled over the repeats (0 when nothing was scheduled)."""
+        return self.failed / self.scheduled if self.scheduled else 0.0
+
+    @property
+    def finished_share(self) -> float:
+        """Finished ÷ scheduled over the repeats (0 when nothing was scheduled)."""
+        return (self.scheduled - self.failed) / self.scheduled if self.scheduled else 0.0
+
+    def failed_text(self) -> str:
+        """'50 / 234 (21%)': latencies cover finished requests only, so this goes beside every one."""
+        return f"{self.failed} / {self.scheduled} ({share_text(self.failed_share)})"
+
+
+def share_text(share: float) -> str:
+    """A share as a percent, with a decimal near 0% and 100% so a few failures never read as none (or all)."""
+    return f"{share:.1%}" if 0 < share < 0.01 or 0.99 < share < 1 else f"{share:.0%}"
 
 
 def _finished(run: RunData) -> pd.DataFrame:
