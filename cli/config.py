@@ -1,5 +1,7 @@
 """One run's settings: defaults, then a YAML file, then command-line options; validated once."""
-from dataclasses import asdict, dataclass, field, fields
+import numbers
+import typing
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
@@ -8,6 +10,9 @@ from scheduler.policies import STRATEGIES
 
 BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
 ARRIVALS = ("poisson", "gamma", "constant")
+# The settings a schedule is built from: a replayed schedule brings its own.
+TRAFFIC_FIELDS = ("arrival", "rate", "duration_s", "burstiness", "seed", "dataset", "max_new_tokens",
+                  "max_prompt_len")
 
 
 class ConfigError(ValueError):
@@ -52,6 +57,7 @@ class RunConfig:
     max_concurrency: int = 64
     warmup_requests: int = 2
     keys: str = ""  # CurveZMQ key folder (required to bind a non-loopback address)
+    slo: list = field(default_factory=list)  # e.g. ["ttft=500ms", "tpot=50ms"]: goodput in summary.json
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "RunConfig":
@@ -77,7 +83,17 @@ class RunConfig:
         if self.strategy == "vllm":
             self.strategy, self.backend = "continuous", "vllm"
         parse_bytes(self.memory_budget)
+        self.slos()
         return self
+
+    def slos(self) -> dict[str, float]:
+        """The SLOs in seconds ({} when none); ConfigError on a bad one."""
+        from collector.metrics import parse_slos
+
+        try:
+            return parse_slos(self.slo)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def as_settings(self) -> dict:
         """Flat dict for RunInfo and reports."""
@@ -121,14 +137,61 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def build_config(file_values: dict, overrides: dict) -> RunConfig:
-    """Defaults ← file ← command line (only options the user gave), validated."""
-    known = {f.name for f in fields(RunConfig)}
-    merged = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
-    unknown = sorted(set(merged) - known)
+    """Defaults ← file ← command line (only options the user gave), validated; None means not given."""
+    known = typing.get_type_hints(RunConfig)
+    merged = {k: v for values in (file_values, overrides) for k, v in values.items() if v is not None}
+    unknown = sorted(set(merged) - set(known))
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+    return RunConfig(**{k: _typed(k, v, known[k]) for k, v in merged.items()}).validate()
+
+
+def _typed(name: str, value: object, kind: type) -> object:
+    """`value` as the field's type (an int is a fine float; a bool is no number), or ConfigError."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind in (int, float):
+        base = numbers.Integral if kind is int else numbers.Real
+        ok = isinstance(value, base) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise ConfigError(f"setting {name} must be {_KIND_NAMES[kind]}, got {value!r} ({type(value).__name__})")
+    return kind(value) if kind in (int, float) else value  # numpy scalars → plain numbers
+
+
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
+               list: "a list"}
+
+
+def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
+    """With --schedule, the traffic settings recorded are the schedule's own; a setting in `given` (the
+    command line) that contradicts them is a ConfigError. A schedule saved without its settings yields
+    what its rows tell (duration, mean rate); the rest is recorded as unknown (None) unless given, but for
+    max_new_tokens: the scheduler's policy runs with the configured cap, so that is what is recorded."""
+    from traffic.datasets import DatasetError
+    from traffic.schedule import saved_settings
+
     try:
-        cfg = RunConfig(**merged)
-    except TypeError as exc:
+        saved, exact = saved_settings(cfg.schedule)
+    except DatasetError as exc:
         raise ConfigError(str(exc)) from None
-    return cfg.validate()
+    given = {k: v for k, v in given.items() if k in TRAFFIC_FIELDS and v is not None}
+    if exact:
+        _refuse_conflicts(given, saved)
+    values = {k: v for k, v in {**saved, **({} if exact else given)}.items() if k in TRAFFIC_FIELDS}
+    unknown = {k: None for k in TRAFFIC_FIELDS if k not in values and k != "max_new_tokens"}
+    return replace(cfg, **values, extra={**unknown, **cfg.extra})
+
+
+def _refuse_conflicts(given: dict, saved: dict) -> None:
+    """ConfigError for the first option given whose value differs from the schedule's."""
+    for name, value in given.items():
+        if value != saved.get(name):
+            option = "--duration" if name == "duration_s" else "--" + name.replace("_", "-")
+            raise ConfigError(f"{option} {_show(value)} conflicts with the replayed schedule "
+                              f"({name} {_show(saved.get(name))}); drop it or build a new schedule")
+
+
+def _show(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

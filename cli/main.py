@@ -1,33 +1,64 @@
 """The `batchlab` command. Each command is a thin wrapper; heavy imports happen inside commands."""
-from typing import Annotated
+from typing import Annotated, NoReturn
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from cli import report_cmd, simulate_cmd, sweep_cmd
-from cli.config import ConfigError, RunConfig, build_config, load_yaml
+from cli.config import ConfigError, RunConfig, build_config, load_yaml, replay_config
 from cli.model_cmd import model_app
 from cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, Burst, ConfigOpt, Dataset, Device,
                          Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew, MaxPrompt,
                          MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset, Rate,
-                         Schedule, Seed, Strategy, Strict, Workers)
+                         Schedule, Seed, SloOpt, Strategy, Strict, Workers)
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """What a user can cause (a bad setting, path, model or busy port): one line, never a traceback."""
+    import zmq
+
+    from cli.launcher import RunFailed
+    from traffic.datasets import DatasetError
+    from traffic.process import TrafficStartTimeout
+    from worker.backend import BackendError
+
+    # ValueError covers ConfigError, SweepError, ReportError, InsecureAddress; OSError: PermissionError,
+    # a missing model or folder; zmq.ZMQError: a busy port. Other errors are bugs: they keep a traceback.
+    return OSError, ValueError, zmq.ZMQError, DatasetError, BackendError, RunFailed, TrafficStartTimeout
+
+
+class _OneLineErrors(TyperGroup):
+    """Every command's user errors become `error: <one line>` and exit 1 (KeyboardInterrupt is left alone)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the command; a user error is printed as one line."""
+        try:
+            return super().invoke(ctx)
+        except _user_errors() as exc:
+            _fail(exc)
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,
                   help="Study how LLM requests should be batched.")
 app.add_typer(model_app, name="model")
 
 
-def _config(config: str | None, overrides: dict) -> RunConfig:
-    """Defaults ← YAML ← options; a bad setting is one line and exit 1."""
+def _config(config: str | None, overrides: dict, *, replay: bool = False) -> RunConfig:
+    """Defaults ← YAML ← options (with `replay`, a --schedule's own traffic settings); a bad setting is
+    one line and exit 1."""
     try:
-        return build_config(load_yaml(config) if config else {}, overrides)
+        cfg = build_config(load_yaml(config) if config else {}, overrides)
+        return replay_config(cfg, overrides) if replay and cfg.schedule else cfg
     except ConfigError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(code=1) from None
+        _fail(exc)
 
 
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(code=1)
+def _fail(error: str | BaseException) -> NoReturn:
+    """`error: <one line>` on stderr and exit 1."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    typer.secho(f"error: {text}", fg="red", err=True)
+    raise typer.Exit(code=1) from None
 
 
 @app.command()
@@ -41,19 +72,18 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, backend: Backend
         dtype: Dtype = None, device: Device = None, endpoint: Endpoint = None,
         max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
         max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, tensor_parallel_size: TP = None,
-        pipeline_parallel_size: PP = None) -> None:
+        pipeline_parallel_size: PP = None, slo: SloOpt = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
-    cfg = _config(overrides.pop("config"), overrides)
+    cfg = _config(overrides.pop("config"), overrides, replay=True)
     from cli.live import run_with_status
-    from traffic.datasets import DatasetError
 
     try:
         summary = run_with_status(cfg)
     except KeyboardInterrupt:
         _fail(f"interrupted; partial results in {cfg.out}")
-    except (RuntimeError, DatasetError, ValueError) as exc:
-        _fail(str(exc))
+    except _user_errors() as exc:
+        _fail(exc)
     typer.echo(f"results in {cfg.out}: {summary['finished']} finished, {summary['failed']} failed")
 
 
@@ -68,15 +98,10 @@ def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp
 
 def _role(role, *args) -> None:
     """Run one role in this process; its known failures become one line and exit 1."""
-    from protocol.security import InsecureAddress
-    from traffic.datasets import DatasetError
-    from traffic.process import TrafficStartTimeout
-    from worker.backend import BackendError
-
     try:
         code = role(*args)
-    except (InsecureAddress, BackendError, DatasetError, ConfigError, TrafficStartTimeout, ValueError) as exc:
-        _fail(str(exc))
+    except _user_errors() as exc:
+        _fail(exc)
     raise typer.Exit(code or 0)
 
 
@@ -134,7 +159,7 @@ def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None,
     overrides = {k: v for k, v in locals().items() if k not in ("config", "scheduler")}
     from cli.roles import traffic_role
 
-    _role(traffic_role, _config(config, overrides), scheduler)
+    _role(traffic_role, _config(config, overrides, replay=True), scheduler)
 
 
 for _command in (sweep_cmd, report_cmd, simulate_cmd):

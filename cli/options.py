@@ -22,6 +22,8 @@ MaxNew = Annotated[Optional[int], Opt(help="cap on output tokens per request")]
 MaxPrompt = Annotated[Optional[int], Opt(help="drop prompts longer than this many tokens")]
 Seed = Annotated[Optional[int], Opt(help="seed of the arrival and prompt streams")]
 Out = Annotated[Optional[str], Opt(help="output folder")]
+SloOpt = Annotated[Optional[list[str]], Opt("--slo", help="SLO for goodput in summary.json, e.g. ttft=500ms "
+                                                          "(repeatable; names ttft, tpot, e2e, queue_wait)")]
 Workers = Annotated[Optional[int], Opt(help="worker processes (the scheduler waits for this many)")]
 MaxQueue = Annotated[Optional[int], Opt(help="reject arrivals beyond this queue length (0: unbounded)")]
 MaxQueueTok = Annotated[Optional[int], Opt(help="reject arrivals beyond this many queued tokens (0: unbounded)")]

@@ -7,6 +7,16 @@ import msgpack
 from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, FailedRow, RequestRow, TokenBytes
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger frames are rejected before unpacking
+# msgpack builds a container at its header, before its elements are read: an array header of 5 bytes
+# claiming n elements costs 8n bytes at once. So every length is capped by what a legal message holds.
+# The longest array is a list with one entry per request of one batch or step (Dispatch.requests,
+# Tokens.token_ids, BatchDone.finished): a million is far above any worker's rows (vLLM: max_num_seqs).
+MAX_ARRAY_LEN = 1 << 20
+MAX_MAP_LEN = 1 << 16  # dict fields (settings, facts, stats) hold dozens of named values
+# A str or bin is built only once all its bytes are in the frame, so the frame limit is its only bound
+# (TokenBytes of one long prompt may fill a frame). No message holds an ext type.
+_UNPACK_LIMITS = {"max_array_len": MAX_ARRAY_LEN, "max_map_len": MAX_MAP_LEN, "max_str_len": MAX_MESSAGE_BYTES,
+                  "max_bin_len": MAX_MESSAGE_BYTES, "max_ext_len": 0}
 
 
 class ProtocolError(ValueError):
@@ -75,7 +85,7 @@ def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> object:
     if len(frame) > max_bytes:
         raise ProtocolError(f"message of {len(frame)} bytes exceeds the {max_bytes}-byte limit")
     try:
-        arr = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+        arr = msgpack.unpackb(frame, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
     except Exception as exc:  # msgpack raises several types for bad input
         raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
     if type(arr) is not list or len(arr) < 2:

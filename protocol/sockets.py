@@ -36,6 +36,17 @@ def make_socket(ctx: zmq.Context, kind: int, address: str, *, bind: bool,
     if bind:
         check_bind(address, keys)
     sock = ctx.socket(kind)
+    try:
+        _configure(sock, kind, address, bind=bind, identity=identity, keys=keys)
+    except BaseException:
+        sock.close(linger=0)  # else the caller's ctx.term() waits forever for it (a port in use)
+        raise
+    return sock
+
+
+def _configure(sock: zmq.Socket, kind: int, address: str, *, bind: bool, identity: str | None,
+               keys: str | None) -> None:
+    """Set the options, then bind or connect."""
     sock.setsockopt(zmq.LINGER, LINGER_MS)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a peer sending more is disconnected unread
     sock.setsockopt(zmq.SNDHWM, SEND_HWM)
@@ -50,4 +61,3 @@ def make_socket(ctx: zmq.Context, kind: int, address: str, *, bind: bool,
         sock.bind(address)
     else:
         sock.connect(address)
-    return sock

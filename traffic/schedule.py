@@ -124,6 +124,32 @@ def _read_config(meta: dict[bytes, bytes]) -> TrafficConfig | None:
         return None
 
 
+def saved_settings(path: str | Path) -> tuple[dict, bool]:
+    """(settings, exact) from the file's footer alone: the TrafficConfig the schedule was built with
+    (exact), or for a file saved without it what its rows tell: duration_s and the mean rate n / duration_s."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"schedule file not found: {path}")
+    try:
+        footer = pq.read_metadata(path)
+    except Exception as exc:  # pyarrow raises several types for a bad file
+        raise DatasetError(f"cannot read schedule {path}: {exc}") from None
+    meta = footer.metadata or {}
+    if _META_HASH not in meta:
+        raise DatasetError(f"{path} is not a batchlab schedule (missing its hash)")
+    config = _read_config(meta)
+    if config is not None:
+        return config.to_dict(), True
+    duration_s = float(meta[_META_DURATION]) if _META_DURATION in meta else _last_offset_s(path)
+    return {"duration_s": duration_s, **({"rate": footer.num_rows / duration_s} if duration_s > 0 else {})}, False
+
+
+def _last_offset_s(path: Path) -> float:
+    """The latest planned arrival (the duration of a schedule saved without one)."""
+    offsets = pq.read_table(path, columns=["arrival_offset_s"]).column(0).to_numpy()
+    return float(offsets.max(initial=0.0))
+
+
 def _consistent(frame: pd.DataFrame, tokens: list[list[int]]) -> bool:
     """request_id is 0..n-1 and prompt_len matches the tokens (neither is covered by the hash)."""
     n = len(tokens)

@@ -1,13 +1,11 @@
 """`batchlab report DIR`: load every run, compute the numbers, draw the plots, write REPORT.md."""
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from collector import metrics
 from collector.report.points import Collection, ReportError, load_collection
 
 REPORT_FILE = "REPORT.md"
-SLO_NAMES = ("ttft", "tpot", "e2e", "queue_wait")
-UNITS_S = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
 
 
 @dataclass(slots=True)
@@ -20,17 +18,11 @@ class ReportResult:
 
 
 def parse_slos(items: list[str]) -> dict[str, float]:
-    """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds)."""
-    slos = {}
-    for item in items:
-        match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9.eE+-]+)\s*(ms|s|us)?\s*", item)
-        if not match or match.group(1) not in SLO_NAMES:
-            raise ReportError(f"--slo {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")
-        try:
-            slos[match.group(1)] = float(match.group(2)) * UNITS_S[match.group(3) or "ms"]
-        except ValueError:
-            raise ReportError(f"--slo {item!r}: {match.group(2)!r} is not a number") from None
-    return slos
+    """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds); ReportError on a bad item."""
+    try:
+        return metrics.parse_slos(items)
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: float | None) -> float | None:

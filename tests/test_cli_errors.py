@@ -1,0 +1,93 @@
+"""A user's mistake (bad setting, model, folder or port) is one `error:` line on stderr and exit 1."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.config import ConfigError, build_config
+from cli.main import app
+from tests.conftest import ROOT
+
+runner = CliRunner()
+
+
+def batchlab(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """`python -m cli.main ARGS` offline (no hub lookups), output captured."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s, env=env)
+
+
+def assert_one_error_line(returncode: int, stderr: str, *needles: str) -> None:
+    """Exit 1, and stderr is exactly one `error:` line holding every needle."""
+    assert returncode == 1, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_a_model_path_without_a_tokenizer_is_one_line(tmp_path):
+    model = str(tmp_path / "no-such-model")
+    proc = batchlab("run", "--backend", "sim", "--model", model, "--duration", "1", "--out", str(tmp_path / "out"))
+    assert_one_error_line(proc.returncode, proc.stderr, model)
+
+
+def test_an_out_folder_that_cannot_be_created_is_one_line(tmp_path):
+    proc = batchlab("run", "--backend", "sim", "--dataset", "synthetic", "--duration", "1",
+                    "--out", "/proc/batchlab-test/out")
+    assert_one_error_line(proc.returncode, proc.stderr, "/proc/batchlab-test")
+
+
+def test_a_port_in_use_is_one_line_not_a_hang(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        proc = batchlab("collector", "--address", address, "--out", str(tmp_path), timeout_s=60)
+    assert_one_error_line(proc.returncode, proc.stderr, "Address already in use")
+
+
+def test_a_string_rate_in_the_yaml_is_refused_naming_the_setting(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text('rate: "10"\n')
+    result = runner.invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "out")])
+    assert_one_error_line(result.exit_code, result.stderr, "rate", "'10'")
+
+
+@pytest.mark.parametrize("name, value", [("rate", "10"), ("workers", True), ("workers", 2.0), ("seed", "0"),
+                                         ("strict_memory", "yes"), ("model", 7), ("extra", ["a"])])
+def test_a_value_of_the_wrong_type_is_a_config_error_naming_it(name, value):
+    with pytest.raises(ConfigError, match=f"setting {name} must be"):
+        build_config({name: value}, {})
+
+
+def test_an_int_is_a_fine_float_and_becomes_one():
+    cfg = build_config({"rate": 5, "max_wait_ms": 0}, {"duration_s": 2})
+    assert (cfg.rate, cfg.max_wait_ms, cfg.duration_s) == (5.0, 0.0, 2.0)
+    assert type(cfg.rate) is float and type(cfg.duration_s) is float
+
+
+def test_a_null_in_the_yaml_keeps_the_default():
+    assert build_config({"seed": None}, {}).seed == 0
+
+
+def test_an_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path):
+    def crash(*_args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("cli.roles.collector_role", crash)
+    result = runner.invoke(app, ["collector", "--out", str(tmp_path)])
+    assert isinstance(result.exception, KeyError)
+
+
+def test_keyboard_interrupt_is_not_turned_into_an_error_line(monkeypatch, tmp_path):
+    def interrupted(*_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("cli.roles.collector_role", interrupted)
+    result = runner.invoke(app, ["collector", "--out", str(tmp_path)])
+    assert result.exit_code == 130 and "error:" not in result.output  # typer's own handling of Ctrl-C
