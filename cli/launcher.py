@@ -2,18 +2,20 @@
 import json
 import logging
 import multiprocessing as mp
-import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from cli import roles
+from cli import procs, roles
 from cli.config import RunConfig
+from cli.procs import Child
 from protocol.sockets import Addresses
 
 log = logging.getLogger("batchlab.launcher")
@@ -26,32 +28,49 @@ class RunFailed(RuntimeError):
     """A child process died; the message names it."""
 
 
-@dataclass
-class Child:
-    """One launched role."""
+class RunTimeout(RuntimeError):
+    """A run passed one of its limits: `phase` says which ("startup": the workers never got ready, or
+    "run": the traffic had started); a stopped run keeps what finished."""
 
-    name: str
-    proc: mp.Process
+    def __init__(self, message: str, phase: str) -> None:
+        super().__init__(message)
+        self.phase = phase
 
 
-def _entry(target, args: tuple) -> None:
-    """Child main: run the role; its return value is the exit code; a crash goes into its log too."""
+@dataclass(slots=True)
+class Limits:
+    """How long a run may take: start-up (process start until the traffic's Start: model loads, engine
+    compilation, warm-up) and the run itself (from its first request). 0: no limit."""
+
+    startup_s: float = 0.0
+    run_s: float = 0.0
+
+
+def _entry(target, args: tuple, out_dir: str | None = None) -> None:
+    """Child main: its own process group, its terminal output into its log folder, then the role; its
+    return value is the exit code; a crash goes into its log too."""
+    procs.become_group_leader()
+    name = mp.current_process().name
+    if out_dir:
+        procs.redirect_output(Path(out_dir) / "logs" / f"{name}.out")
     try:
         code = target(*args)
     except Exception:
-        logging.getLogger("batchlab").exception("%s crashed", mp.current_process().name)
+        logging.getLogger("batchlab").exception("%s crashed", name)
         raise
     raise SystemExit(code)
 
 
-def _start(ctx, name: str, target, *args) -> Child:
-    proc = ctx.Process(target=_entry, args=(target, args), name=name, daemon=False)
-    proc.start()
-    return Child(name, proc)
+def start_role(ctx, name: str, target, *args, out_dir: str | None = None) -> Child:
+    """Start a role as a process leading its own group; its terminal output goes to OUT/logs/NAME.out."""
+    return procs.start(ctx, name, _entry, target, args, out_dir)
 
 
-def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None) -> dict:
-    """Run everything to the end; return the summary. Raises RunFailed naming a dead child."""
+def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=None,
+               limits: Limits | None = None) -> dict:
+    """Run everything to the end; return the summary. Raises RunFailed naming a dead child, RunTimeout
+    past a limit. With `pool` (a cli.pool.WorkerPool) its warm workers join this run instead of new ones.
+    Every process this run started, and every process those started, is gone when it returns."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
@@ -60,25 +79,56 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None) -> dic
     addrs = Addresses.ipc(tmp)
     ctx = mp.get_context("spawn")  # fork is unsafe with torch/vLLM threads
     stream_ended = ctx.Event()  # set when traffic dies: the scheduler then ends the stream
-    children = [_start(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos),
-                _start(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector,
-                       stream_ended)]
-    children += [_start(ctx, f"worker-{i}", roles.worker_role, cfg, addrs.scheduler, addrs.collector,
-                        f"worker-{i}") for i in range(cfg.workers)]
-    children.append(_start(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler))
-    (out / "pids.json").write_text(json.dumps({c.name: c.proc.pid for c in children}))
+    traffic_started = ctx.Event()  # set when the traffic got Start: the run's clock starts
+    own = [start_role(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos, out_dir=cfg.out),
+           start_role(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector,
+                  stream_ended, out_dir=cfg.out)]
+    if pool is None:
+        own += [start_role(ctx, f"worker-{i}", roles.worker_role, cfg, addrs.scheduler, addrs.collector,
+                       f"worker-{i}", out_dir=cfg.out) for i in range(cfg.workers)]
+        workers = []
+    else:
+        workers = pool.join(addrs, cfg.out)
+    own.append(start_role(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler, traffic_started, out_dir=cfg.out))
+    (out / "pids.json").write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
     try:
-        _watch(children, on_tick, stream_ended)
-    except KeyboardInterrupt:
-        _stop(children, signal.SIGINT)
-        raise
+        _watch(own, workers, on_tick, stream_ended, _Clock(limits or Limits(), traffic_started, out))
     finally:
-        _stop(children, signal.SIGTERM)
+        _stop(own)  # producers first, then the collector; every group reaped
         shutil.rmtree(tmp, ignore_errors=True)
     summary_path = out / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"the collector wrote no summary in {out}")
     return json.loads(summary_path.read_text())
+
+
+class _Clock:
+    """A run's two phases and their limits; start-up and run times go into OUT/timing.json."""
+
+    def __init__(self, limits: Limits, started_event, out: Path) -> None:
+        self.limits, self.started_event, self.out = limits, started_event, out
+        self.t_launch, self.t_started = time.monotonic(), None
+
+    def elapsed_s(self) -> float:
+        """Seconds since launch (what a status line shows)."""
+        return time.monotonic() - self.t_launch
+
+    def check(self) -> None:
+        """Note when the traffic started; raise RunTimeout past the limit of the current phase."""
+        t = time.monotonic()
+        if self.t_started is None and self.started_event.is_set():
+            self.t_started = t
+            self._write(startup_s=round(t - self.t_launch, 3))
+        if self.t_started is None:
+            if self.limits.startup_s and t - self.t_launch > self.limits.startup_s:
+                raise RunTimeout(f"start-up passed its limit of {self.limits.startup_s:g} s: the workers were "
+                                 "still loading or warming up (no Start was sent to the traffic)", "startup")
+        elif self.limits.run_s and t - self.t_started > self.limits.run_s:
+            raise RunTimeout(f"stopped {self.limits.run_s:g} s after the first request (the run's limit); "
+                             "what finished is kept, the rest failed", "run")
+
+    def _write(self, **facts) -> None:
+        (self.out / "timing.json").write_text(json.dumps(facts))
 
 
 def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
@@ -93,11 +143,12 @@ def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
     return replace(cfg, schedule=str(path))
 
 
-def _watch(children: list[Child], on_tick, stream_ended) -> None:
-    """Wait for every child. A dead collector or scheduler, or the last worker, stops the run; a dead
-    traffic process or one of several workers does not: the scheduler notices and the run goes on."""
-    t_start, reported = time.monotonic(), set()
-    while any(c.proc.is_alive() for c in children):
+def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock) -> None:
+    """Wait for the run's end. A dead collector or scheduler, or the last worker, stops the run; a dead
+    traffic process or one of several workers does not: the scheduler notices and the run goes on.
+    Warm workers (`workers`, from a pool) outlive the run: its end is the scheduler's and collector's."""
+    children, reported = own + workers, set()
+    while any(c.proc.is_alive() for c in own if c.name in ("scheduler", "collector")):
         for c in children:
             code = c.proc.exitcode
             if code in (None, 0) or c.name in reported:
@@ -106,16 +157,13 @@ def _watch(children: list[Child], on_tick, stream_ended) -> None:
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
             message = f"{c.name} died ({how}); see its log in the out folder's logs/"
             if _fatal(c, children):
-                _stop(children, signal.SIGTERM)
                 raise RunFailed(message)
             log.warning("%s; the run goes on", message)
             if c.name == "traffic":  # it may have died before its hello: tell the scheduler directly
                 stream_ended.set()
+        clock.check()
         if on_tick is not None:
-            on_tick(time.monotonic() - t_start, {c.name: c.proc.is_alive() for c in children})
-        if not any(c.proc.is_alive() for c in children if c.name in ("scheduler", "collector")):
-            _stop(children, signal.SIGTERM)  # the run is over: a worker that never joined it must not wait
-            return
+            on_tick(clock.elapsed_s(), {c.name: c.proc.is_alive() for c in children})
         time.sleep(POLL_S)
 
 
@@ -127,26 +175,32 @@ def _fatal(dead: Child, children: list[Child]) -> bool:
     return True
 
 
-def _stop(children: list[Child], sig: int) -> None:
-    """Stop the producers first, then give the collector time to write before it is told to stop."""
-    producers = [c for c in children if c.name != "collector"]
+def _stop(children: list[Child]) -> None:
+    """Stop the producers first (traffic, then the scheduler, which tells the workers), then give the
+    collector time to read what is queued and write before it is told to stop; reap every group."""
+    with _sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
+        _stop_in_order(children)
+
+
+@contextmanager
+def _sigint_ignored():
+    """SIGINT is ignored inside (main thread only; elsewhere Python allows no handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _stop_in_order(children: list[Child]) -> None:
+    order = {"traffic": 0, "scheduler": 1}
+    producers = sorted((c for c in children if c.name != "collector"), key=lambda c: order.get(c.name, 2))
     collector = [c for c in children if c.name == "collector"]
-    _signal_and_join(producers, sig, STOP_GRACE_S)
+    for c in producers:
+        procs.stop([c], signal.SIGTERM, STOP_GRACE_S)
     for c in collector:
         c.proc.join(timeout=COLLECTOR_GRACE_S)  # it ends by itself once RunEnd and the byes arrive
-    _signal_and_join(collector, signal.SIGTERM, STOP_GRACE_S)
-
-
-def _signal_and_join(children: list[Child], sig: int, grace_s: float) -> None:
-    for c in children:
-        if c.proc.is_alive():
-            try:
-                os.kill(c.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace_s
-    for c in children:
-        c.proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        if c.proc.is_alive():
-            c.proc.kill()
-            c.proc.join()
+    procs.stop(collector, signal.SIGTERM, STOP_GRACE_S)

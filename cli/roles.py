@@ -24,7 +24,7 @@ def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None
     from collector.process import run_collector
 
     setup_logging(cfg.out, "collector")
-    run_collector(collector_addr, Path(cfg.out), slos=slos, keys=cfg.keys or None)
+    run_collector(collector_addr, Path(cfg.out), slos=slos or cfg.slos() or None, keys=cfg.keys or None)
     return 0
 
 
@@ -50,20 +50,40 @@ def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker
     return run_worker(make_backend(cfg), scheduler_addr, collector_addr, worker_id, keys=cfg.keys or None)
 
 
-def traffic_role(cfg: RunConfig, scheduler_addr: str) -> int:
-    """Build (or load) the schedule and replay it against the scheduler."""
+def warm_worker_role(cfg: RunConfig, worker_id: str, sessions, on_run_log=None) -> int:
+    """A worker kept warm across runs (a sweep's points that share its settings): the backend is built
+    once from `cfg`, then joins each run that `sessions` (a multiprocessing queue) hands it."""
+    from worker.factory import make_backend
+    from worker.process import serve_sessions
+
+    def on_session(session) -> None:
+        setup_logging(session.out_dir, worker_id)
+        if on_run_log is not None:
+            on_run_log(session.out_dir)
+
+    setup_logging(None, worker_id)
+    return serve_sessions(lambda: make_backend(cfg), lambda timeout_s: sessions.get(timeout=timeout_s),
+                          worker_id, keys=cfg.keys or None, on_session=on_session,
+                          run_over=lambda: not sessions.empty())  # the launcher queues the next run only
+                                                                  # after this one ended
+
+
+def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
+    """Build (or load) the schedule and replay it against the scheduler; set `started` (an event) when
+    the scheduler's Start came: the run's own time limit counts from then."""
     from traffic.process import run_traffic
 
     setup_logging(cfg.out, "traffic")
     target = Path(cfg.out) / "schedule.parquet"
     already_there = bool(cfg.schedule) and Path(cfg.schedule).resolve() == target.resolve()  # the launcher's
     run_traffic(make_schedule(cfg), scheduler_addr, out_dir=None if already_there else Path(cfg.out),
-                keys=cfg.keys or None)
+                keys=cfg.keys or None, on_start=None if started is None else (lambda _t0: started.set()))
     return 0
 
 
 def make_schedule(cfg: RunConfig):
     """The run's schedule: a saved one (replay) or a new one from the seed."""
+    from cli.config import ConfigError
     from traffic.schedule import TrafficConfig, build_schedule, load_schedule
 
     if cfg.schedule:
@@ -71,7 +91,12 @@ def make_schedule(cfg: RunConfig):
     tcfg = TrafficConfig(arrival=cfg.arrival, rate=cfg.rate, duration_s=cfg.duration_s,
                          burstiness=cfg.burstiness, seed=cfg.seed, dataset=cfg.dataset,
                          max_new_tokens=cfg.max_new_tokens, max_prompt_len=cfg.max_prompt_len)
-    return build_schedule(tcfg, tokenizer_for(cfg))
+    try:
+        tokenizer = tokenizer_for(cfg)
+    except (OSError, ValueError) as exc:  # transformers: a path or hub id that holds no tokenizer
+        why = " ".join(str(exc).split())
+        raise ConfigError(f"--model {cfg.model}: cannot load its tokenizer ({why})") from None
+    return build_schedule(tcfg, tokenizer)
 
 
 def tokenizer_for(cfg: RunConfig):

@@ -15,54 +15,54 @@ from typing import Annotated, Optional
 import typer
 
 from cli.config import ConfigError
-from cli.sweep_plan import PROBE_DURATION_S, PROBE_REQUESTS, Plan, Point, SweepError, auto_rates, load_plan, plan_points
-from collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR
+from cli.launcher import Limits
+from cli.pool import PoolKeeper, worker_key
+from cli.sweep_plan import (PROBE_DURATION_S, PROBE_REQUESTS, Plan, Point, SweepError, auto_rates, load_plan,
+                            plan_points, warm_order)
+from collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
 
 
 def _failure_reason(exc: Exception, folder: Path) -> str:
     """The exception, plus the last error line of the child logs when there is one."""
     hints = []
-    for log in sorted((folder / "logs").glob("*.log")):
+    for log in sorted([*(folder / "logs").glob("*.log"), *(folder / "logs").glob("*.out")]):
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln]
-        hints += [f"{log.stem}: {lines[-1].strip()}"] if lines else []
+        hints += [f"{log.name}: {lines[-1].strip()}"] if lines else []
     return "\n".join([f"{type(exc).__name__}: {exc}", *hints])
 
 
-class PointTimeout(Exception):
-    """A point ran past grid.point_timeout_s: it is stopped and keeps what finished."""
+def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None,
+            pools: PoolKeeper | None = None) -> dict:
+    """Run one point into a clean folder; a failure becomes FAILED.txt, never an exception.
 
-
-def _guard(on_tick, timeout_s: float):
-    """launch_run's on_tick, raising PointTimeout once the point has run timeout_s (0: never)."""
-    def tick(elapsed_s: float, alive: dict) -> None:
-        if timeout_s and elapsed_s > timeout_s:
-            raise PointTimeout(f"stopped after {timeout_s:g} s (grid.point_timeout_s)")
-        if on_tick is not None:
-            on_tick(elapsed_s, alive)
-
-    return tick
-
-
-def execute(point: Point, base: dict, on_tick=None, timeout_s: float = 0.0) -> dict:
-    """Run one point into a clean folder; a failure becomes FAILED.txt, never an exception."""
-    from cli.launcher import launch_run
+    A run stopped at its limit keeps what finished (the rest failed) and is done, with a note; a run
+    whose workers never got ready within the start-up limit measured nothing and is failed."""
+    from cli.launcher import RunTimeout, launch_run
 
     shutil.rmtree(point.folder, ignore_errors=True)  # leftovers of an interrupted or failed try
     point.folder.mkdir(parents=True)
     started, note = time.monotonic(), ""
     try:
-        summary = launch_run(point.config(base), on_tick=_guard(on_tick, timeout_s))
-    except (ConfigError, RuntimeError, OSError, ValueError, PointTimeout) as exc:
+        cfg = point.config(base)
+        summary = launch_run(cfg, on_tick=on_tick, limits=limits, pool=pools.for_config(cfg) if pools else None)
+    except (ConfigError, RuntimeError, OSError, ValueError) as exc:
         summary_path = point.folder / "summary.json"
-        if not isinstance(exc, PointTimeout) or not summary_path.exists():
+        stopped = isinstance(exc, RunTimeout) and exc.phase == "run"
+        if not stopped or not summary_path.exists():
             reason = _failure_reason(exc, point.folder)
             (point.folder / FAILED_FILE).write_text(reason + "\n")
             return point.record("failed", reason, round(time.monotonic() - started, 2))
         summary, note = json.loads(summary_path.read_text()), str(exc)  # unfinished requests: failed
-    record = point.record("done", note, round(time.monotonic() - started, 2))
+    record = point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
     headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
     _write_json(point.folder / DONE_FILE, {**record, "summary": headline})
     return record
+
+
+def _timing(folder: Path) -> dict:
+    """Start-up seconds (launch until the traffic's Start: loads, compilation, warm-up) from the launcher."""
+    path = folder / "timing.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -71,7 +71,7 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def probe_capacity(plan: Plan, out: Path, on_tick=None) -> dict:
+def probe_capacity(plan: Plan, out: Path, on_tick=None, pools: PoolKeeper | None = None) -> dict:
     """A short saturating run (a burst of requests) on the probe entry: capacity = finished / window."""
     folder = out / PROBE_DIR
     if (folder / DONE_FILE).exists():  # resume keeps the rates the sweep started with
@@ -85,8 +85,8 @@ def probe_capacity(plan: Plan, out: Path, on_tick=None) -> dict:
     duration_s = float(auto.get("probe_duration_s", PROBE_DURATION_S))
     n = int(auto.get("probe_requests", PROBE_REQUESTS))
     point = Point(entry, n / duration_s, 0, plan.seed, folder)
-    record = execute(point, {**plan.base, "duration_s": duration_s, "max_queue": 0}, on_tick,
-                     plan.point_timeout_s)
+    base = {**plan.base, "duration_s": duration_s, "max_queue": 0}
+    record = execute(point, base, on_tick, plan.limits(), pools)
     if record["status"] != "done":
         raise SweepError(f"the capacity probe ({wanted}) failed: {record['reason'].splitlines()[0]}")
     summary = json.loads((folder / "summary.json").read_text())
@@ -99,28 +99,31 @@ def probe_capacity(plan: Plan, out: Path, on_tick=None) -> dict:
 
 
 def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
-    """Every point of the grid, skipping finished ones; returns the sweep.json index."""
+    """Every point of the grid, skipping finished ones; returns the sweep.json index. Points that share
+    their workers' settings run one after another on the same warm workers (cli.pool)."""
     from collector.report.live import SweepView
 
     plan, out_dir = load_plan(config), Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         shutil.rmtree(out_dir / PROBE_DIR, ignore_errors=True)
-    with SweepView() as view:
-        probe = probe_capacity(plan, out_dir, view.ticker(None, "probe")) if plan.auto else None
+    with SweepView() as view, PoolKeeper(out_dir / WORKERS_DIR) as pools:
+        probe = (probe_capacity(plan, out_dir, view.ticker(None, "probe"), pools) if plan.auto else None)
         rates = plan.rates or auto_rates(probe["capacity_req_s"], plan.auto["fractions"])
         if probe:
             view.note(f"capacity of {probe['label']}: {probe['capacity_req_s']:.3g} req/s → rates {rates}")
-        points = plan_points(plan, rates, out_dir)
+        points = warm_order(plan_points(plan, rates, out_dir), plan.base, worker_key,
+                            first=probe["label"] if probe else None)
         index = {"config": str(config), "base": plan.base, "rates": rates, "repeats": plan.repeats,
                  "seed": plan.seed, "probe": probe, "points": [p.record("pending") for p in points],
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))
         for i, point in enumerate(points):
             done_file = point.folder / DONE_FILE
-            index["points"][i] = (json.loads(done_file.read_text()) | {"status": "skipped"}
-                                  if resume and done_file.exists()
-                                  else execute(point, plan.base, view.ticker(point, "run"), plan.point_timeout_s))
+            if resume and done_file.exists():
+                index["points"][i] = json.loads(done_file.read_text()) | {"status": "skipped"}
+            else:
+                index["points"][i] = execute(point, plan.base, view.ticker(point, "run"), plan.limits(), pools)
             view.finished(point, index["points"][i])
             _write_json(out_dir / INDEX_FILE, index)
     return index

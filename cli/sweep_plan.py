@@ -6,11 +6,12 @@ rates) and OUT/<label>/rate-<r>/rep-<k>/ (one run each); the names live in colle
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli.config import RunConfig, build_config, load_yaml
+from cli.config import ConfigError, RunConfig, build_config, load_yaml
 
 DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 PROBE_REQUESTS = 32  # sent within probe_duration_s: a burst far above any worker's capacity
 PROBE_DURATION_S = 1.0
+DEFAULT_STARTUP_TIMEOUT_S = 900.0  # model loads, engine compilation and warm-up: minutes on a slow host
 
 
 class SweepError(ValueError):
@@ -35,7 +36,14 @@ class Plan:
     auto: dict  # {} when rates are given
     repeats: int
     seed: int
-    point_timeout_s: float = 0.0  # 0: a point runs until it drains
+    point_timeout_s: float = 0.0  # from a point's first request; 0: a point runs until it drains
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S  # launch until the first request; 0: no limit
+
+    def limits(self):
+        """Each point's time limits (cli.launcher.Limits)."""
+        from cli.launcher import Limits
+
+        return Limits(startup_s=self.startup_timeout_s, run_s=self.point_timeout_s)
 
 
 @dataclass(slots=True)
@@ -108,13 +116,31 @@ def load_plan(path: str | Path) -> Plan:
         raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
     rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig.rate)]))
     return Plan(base, entries, rates, auto, int(grid.get("repeats", 1)), int(grid.get("seed", 0)),
-                float(grid.get("point_timeout_s", 0)))
+                float(grid.get("point_timeout_s", 0)),
+                float(grid.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)))
 
 
 def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
     """Repeat → rate → strategy, so an interrupted sweep already holds whole comparisons."""
     return [Point(e, r, k, plan.seed, out / e.label / f"rate-{r:g}" / f"rep-{k}")
             for k in range(plan.repeats) for r in rates for e in plan.entries]
+
+
+def warm_order(points: list[Point], base: dict, key_of, first: str | None = None) -> list[Point]:
+    """Points regrouped so that those whose workers share a key (`key_of(RunConfig)`) run one after
+    another on the same warm workers; within a group the plan's order (repeat → rate → strategy) is
+    kept, groups come in the order of their first point (the group of the entry labelled `first`, the
+    probe's, leads: its workers are already warm)."""
+    groups: dict = {}
+    for p in points:
+        try:
+            key = key_of(p.config(base))
+        except ConfigError:  # a point with a bad setting fails on its own when it runs
+            key = ("invalid", p.entry.label)
+        groups.setdefault(key, []).append(p)
+    ordered = list(groups.values())
+    ordered.sort(key=lambda g: not any(p.entry.label == first for p in g))
+    return [p for g in ordered for p in g]
 
 
 def auto_rates(capacity_req_s: float, fractions: list[float]) -> list[float]:

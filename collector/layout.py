@@ -6,3 +6,4 @@ INDEX_FILE = "sweep.json"  # a sweep's index of points
 DONE_FILE = "point.json"  # a point whose run returned (summary.json alone is also written on failure)
 FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
 PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
+WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, between points)

@@ -20,6 +20,8 @@ POLL_TIMEOUT_MS = 100
 FLUSH_INTERVAL_S = 1.0  # how often new rows go to a part file
 REJECT_LOG_INTERVAL_S = 5.0  # at most one log line about rejected frames per interval
 MAX_FRAMES_PER_POLL = 10_000  # drain this many before looking at the clock again
+STOP_IDLE_S = 1.0  # after a stop signal: stop once nothing arrived for this long (or every bye is in)
+STOP_DRAIN_MAX_S = 10.0  # ... and at the latest this long after the signal
 
 
 class _Loop:
@@ -30,6 +32,7 @@ class _Loop:
         self.last_message_s = self.last_flush_s = t
         self.last_reject_log_s = float("-inf")  # the first rejection is logged at once
         self.run_end_s: float | None = None
+        self.stop_s: float | None = None  # when a stop signal came
         self.rejected_since_log = 0
         self.stop_reason = ""
 
@@ -63,13 +66,26 @@ def _end_reason(store: RunStore, loop: _Loop, stop: threading.Event, grace_s: fl
     if store.run_end is not None and loop.run_end_s is None:
         loop.run_end_s = t
     if stop.is_set():
-        return "signal"
+        return _drained_after_signal(store, loop, t)
     if store.all_byes_in():
         return "run end and every worker's bye"
     if loop.run_end_s is not None and t - loop.run_end_s > grace_s:
         return "grace expired after run end"
     if idle_timeout_s is not None and t - loop.last_message_s > idle_timeout_s:
         return "idle timeout"
+    return ""
+
+
+def _drained_after_signal(store: RunStore, loop: _Loop, t: float) -> str:
+    """A stop signal does not drop what is queued: read on until every role said goodbye, or nothing
+    came for STOP_IDLE_S, or STOP_DRAIN_MAX_S passed ("" to go on reading)."""
+    loop.stop_s = t if loop.stop_s is None else loop.stop_s
+    if store.all_byes_in():
+        return "signal; every worker's bye was in"
+    if t - loop.last_message_s > STOP_IDLE_S:
+        return "signal; nothing more arrived"
+    if t - loop.stop_s > STOP_DRAIN_MAX_S:
+        return "signal; drain time over"
     return ""
 
 

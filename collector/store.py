@@ -41,6 +41,7 @@ class RunStore:
         self.steps: list[Step] = []
         self.run_end: RunEnd | None = None
         self.byes: dict[str, WorkerBye] = {}
+        self.engine_metrics: dict[int, dict] = {}  # request_id -> an engine's own stamps (BatchDone)
         self.counters = {"rejected_messages": 0, "ignored_tokens": 0, "duplicate_terminals": 0}
         self._new_terminal: list[int] = []  # terminal since the last take_parts
         self._pending_batches: list[int] = []  # done, not yet in a part
@@ -135,6 +136,9 @@ class RunStore:
         if msg.oom:  # the scheduler requeues every row: this attempt never counts
             self._discard_tokens(msg.batch_id)
             return
+        for rid, m in msg.engine_metrics.items():
+            if isinstance(m, dict) and str(rid).lstrip("-").isdigit():
+                self.engine_metrics[int(rid)] = m
         for rid in msg.finished:
             self._terminate(rid, "finished", "", msg.batch_id)
         for row in msg.failed:

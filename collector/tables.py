@@ -164,15 +164,27 @@ def run_facts(store: "RunStore") -> dict:
 
 
 def engine_columns(store: "RunStore", requests: pd.DataFrame, t0: float) -> pd.DataFrame:
-    """The engine's own per-request timestamps (vLLM: queued/scheduled/first/last token), where a
-    worker reported them in its bye, as engine_* columns (s since t0; already on the scheduler clock)."""
+    """The engine's own per-request timestamps (vLLM: queued/scheduled/first/last token), sent with each
+    completion (older workers: in their bye), as engine_* columns (s since t0; on the scheduler clock)."""
     per_request = {int(rid): m for b in store.byes.values() for rid, m in b.stats.get(ENGINE_METRICS, {}).items()}
+    per_request.update(store.engine_metrics)
     if not per_request:
         return requests
     for key in sorted({k for m in per_request.values() for k in m}):
         values = requests.request_id.map(lambda r: per_request.get(r, {}).get(key, NAN)).astype("float64")
         requests[f"engine_{key}"] = values - t0 if key.endswith("_ts") else values
     return requests
+
+
+def prefix_cache(requests: pd.DataFrame) -> dict:
+    """How much of the prompts an engine's prefix cache served (where the engine reports it: vLLM),
+    over finished requests; {} when no engine reported it."""
+    if "engine_cached_tokens" not in requests:
+        return {}
+    done = requests[requests.engine_cached_tokens.notna()]
+    cached, prompt = float(done.engine_cached_tokens.sum()), float(done.prompt_len.sum())
+    return {"prefix_cache": {"cached_prompt_tokens": int(cached), "prompt_tokens": int(prompt),
+                             "hit_rate": cached / prompt if prompt else None}}
 
 
 def build_tables(store: "RunStore", schedule: pd.DataFrame | None, slos: dict | None,
@@ -184,5 +196,5 @@ def build_tables(store: "RunStore", schedule: pd.DataFrame | None, slos: dict | 
     tokens = tokens_frame(store, rids, t0) if tokens is None else tokens
     batches = batches_frame(store, sorted(set(store.launches) | set(store.dones)), t0)
     steps = steps_frame(store.steps, t0) if store.steps else None
-    summary = summarize(requests, tokens, store.settings, slos) | run_facts(store)
+    summary = summarize(requests, tokens, store.settings, slos) | run_facts(store) | prefix_cache(requests)
     return Tables(requests, tokens, batches, steps, summary)

@@ -4,12 +4,13 @@ from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import PROTOCOL_VERSION, Kind
 from protocol.messages import (
     Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, RequestFailed, RequestMsg,
-    RunEnd, RunInfo, Shutdown, Start, Step, Tokens, TrafficHello, WorkerBye, WorkerHello,
+    RunEnd, RunInfo, Shutdown, Start, Step, Tokens, TrafficHello, WorkerBye, WorkerCapacity,
+    WorkerHello,
 )
 
 __all__ = [
     "PROTOCOL_VERSION", "Kind", "ProtocolError", "decode", "encode", "now",
     "Arrival", "BatchDone", "BatchLaunch", "ClockPing", "ClockPong", "Dispatch", "EndOfStream", "Heartbeat", "RequestFailed",
     "RequestMsg", "RunEnd", "RunInfo", "Shutdown", "Start", "Step", "Tokens", "TrafficHello", "WorkerBye",
-    "WorkerHello",
+    "WorkerCapacity", "WorkerHello",
 ]

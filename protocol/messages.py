@@ -56,6 +56,7 @@ class Kind(IntEnum):
     STEP = 17
     CLOCK_PING = 18
     CLOCK_PONG = 19
+    WORKER_CAPACITY = 20
 
 
 # --- traffic <-> scheduler -------------------------------------------------------------------------
@@ -144,6 +145,7 @@ class BatchDone:
     failed: list[FailedRow] = field(default_factory=list)
     oom: bool = False
     peak_memory_bytes: int = 0
+    engine_metrics: dict = field(default_factory=dict)  # {request_id (str): {name: value}} (vLLM's own stamps)
 
 
 @dataclass(slots=True)
@@ -180,6 +182,20 @@ class ClockPong:
     seq: int
     t_send: float
     t_server: float
+
+
+@dataclass(slots=True)
+class WorkerCapacity:
+    """Worker → scheduler: the rows it runs at once changed (an OOM halved them, clean steps probed them up).
+
+    The scheduler uses `max_rows` instead of the hello's max_batch_size for this worker's credit, never
+    above that announced maximum.
+    """
+
+    KIND = Kind.WORKER_CAPACITY
+    worker_id: str
+    max_rows: int
+    reason: str
 
 
 # --- everyone -> collector -------------------------------------------------------------------------
@@ -278,6 +294,6 @@ class WorkerBye:
 
 MESSAGE_TYPES: tuple[type, ...] = (
     TrafficHello, Start, RequestMsg, EndOfStream, WorkerHello, Dispatch, BatchDone, Heartbeat,
-    Shutdown, ClockPing, ClockPong, Tokens, Step, Arrival, BatchLaunch, RequestFailed, RunInfo,
+    Shutdown, ClockPing, ClockPong, WorkerCapacity, Tokens, Step, Arrival, BatchLaunch, RequestFailed, RunInfo,
     RunEnd, WorkerBye,
 )

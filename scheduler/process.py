@@ -7,7 +7,7 @@ import zmq
 
 from protocol import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat,
                       ProtocolError, RequestFailed, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
-                      WorkerHello, decode, encode, now)
+                      WorkerCapacity, WorkerHello, decode, encode, now)
 from protocol.security import start_authenticator
 from protocol.signals import on_stop_signal
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
@@ -43,7 +43,7 @@ class Scheduler:
         self.next_batch_id = 0
         self.wake_at: float | None = None
         self.stats = {"submitted": 0, "rejected_messages": 0, "queue_full": 0, "oom_batches": 0,
-                      "workers_lost": 0, "max_queue_len": 0}
+                      "workers_lost": 0, "workers_rejoined": 0, "capacity_changes": 0, "max_queue_len": 0}
         self.last_beat = now()
         self.traffic_heard = now()
         self.orphaned_since: float | None = None  # when the last worker was lost
@@ -105,6 +105,8 @@ class Scheduler:
             self._on_batch_done(wid, msg)
         elif isinstance(msg, WorkerHello):
             self._on_hello(wid, msg)
+        elif isinstance(msg, WorkerCapacity):
+            self._on_capacity(wid, msg)
         elif isinstance(msg, TrafficHello):
             self.traffic = sender
             self._maybe_start()
@@ -119,9 +121,23 @@ class Scheduler:
     def _on_hello(self, wid: str, hello: WorkerHello) -> None:
         log.info("worker %s joined: %s %s (%s, max batch %d)", wid, hello.backend, hello.model, hello.mode,
                  hello.max_batch_size)
+        old = self.workers.get(wid)
+        if old is not None:  # a restarted worker: what its last process ran is gone with it
+            self.stats["workers_rejoined"] += 1
+            log.error("worker %s rejoined with %d request(s) in flight", wid, old.running)
+            self._drop_inflight(old, "worker rejoined: its running requests were lost")
         self.workers[wid] = WorkerState(hello, now())
         self.orphaned_since = None
         self._maybe_start()
+
+    def _on_capacity(self, wid: str, msg: WorkerCapacity) -> None:
+        """The worker's row cap moved (OOM back-off or probe): its credit follows from the next decision."""
+        state = self.workers.get(wid)
+        if state is None:
+            return
+        self.stats["capacity_changes"] += 1
+        rows = state.set_max_rows(msg.max_rows)
+        log.info("worker %s now runs at most %d rows (%s)", wid, rows, msg.reason)
 
     def _maybe_start(self) -> None:
         if self.t0 is not None or self.traffic is None or len(self.workers) < self.min_workers:
@@ -183,7 +199,7 @@ class Scheduler:
 
     def _head(self, state: WorkerState) -> list[Pending]:
         """The part of the queue a decision can use (no more than the worker could take)."""
-        return list(itertools.islice(self.queue, max(state.hello.max_batch_size, 1)))  # deque[i] is O(i)
+        return list(itertools.islice(self.queue, max(state.max_rows, 1)))  # deque[i] is O(i)
 
     def _launch(self, wid: str, batch: list[Pending], reason: str) -> None:
         state = self.workers[wid]
@@ -232,13 +248,17 @@ class Scheduler:
         state = self.workers.pop(wid)
         if not self.workers:
             self.orphaned_since = now()
+        self._drop_inflight(state, f"worker lost: {wid}")
+
+    def _drop_inflight(self, state: WorkerState, reason: str) -> None:
+        """A worker's in-flight requests went with it: each is requeued once, then failed with `reason`."""
         lost = [p for batch in state.inflight.values() for p in batch]
         for p in reversed(lost):
             p.losses += 1
             if p.losses <= MAX_LOSSES:
                 self.queue.appendleft(p)  # a live worker, or one that rejoins within the grace
             else:
-                self._to_collector(RequestFailed(p.request_id, f"worker lost: {wid}", now()))
+                self._to_collector(RequestFailed(p.request_id, reason, now()))
 
     def _send_worker(self, wid: str, msg: object) -> None:
         try:

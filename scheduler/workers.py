@@ -28,10 +28,19 @@ class WorkerState:
 
     hello: WorkerHello
     last_heard: float
+    max_rows: int = 0  # rows it runs at once: the hello's max_batch_size until a WorkerCapacity moves it
     inflight: dict[int, list[Pending]] = field(default_factory=dict)  # batch_id -> requests
     batches_done: int = 0
     running: int = 0  # requests in flight on this worker
     promised_tokens: int = 0  # Σ (prompt + output) of the requests in flight
+
+    def __post_init__(self) -> None:
+        self.max_rows = self.max_rows or self.hello.max_batch_size
+
+    def set_max_rows(self, rows: int) -> int:
+        """The worker's reported row cap, kept within [1, announced max]; returns the cap now used."""
+        self.max_rows = max(1, min(rows, self.hello.max_batch_size))
+        return self.max_rows
 
     def start(self, batch_id: int, group: list[Pending]) -> None:
         """A batch was dispatched to this worker."""
@@ -52,8 +61,9 @@ class WorkerState:
         h = self.hello
         if h.mode != "continuous":
             idle = not self.inflight
-            return Capacity(h.max_batch_size if idle else 0, h.kv_budget_bytes, h.kv_bytes_per_token, idle)
-        return Capacity(h.max_batch_size - self.running,
+            return Capacity(self.max_rows if idle else 0, h.kv_budget_bytes, h.kv_bytes_per_token, idle)
+        # below 0 when the cap fell under what runs: those rows finish, nothing new starts until then
+        return Capacity(self.max_rows - self.running,
                         h.kv_budget_bytes - self.promised_tokens * h.kv_bytes_per_token,
                         h.kv_bytes_per_token, not self.inflight)
 

@@ -119,3 +119,18 @@ def test_bad_options_print_one_line_and_exit_1(args, message):
     proc = run_cli("run", *args, check=False, timeout_s=60)
     assert proc.returncode == 1
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_slos_given_to_run_and_to_a_sweep_put_goodput_in_the_summary(tmp_path):
+    run_cli("run", *COMMON, "--strategy", "dynamic", "--rate", "10", "--duration", "1", "--slo", "ttft=2s",
+            "--slo", "e2e=60s", "--out", str(tmp_path / "run"))
+    requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    met = int(((requests.status == "finished") & (requests.ttft <= 2.0) & (requests.e2e <= 60.0)).sum())
+    goodput = json.loads((tmp_path / "run" / "summary.json").read_text())["goodput"]
+    assert goodput["slos"] == {"ttft": 2.0, "e2e": 60.0} and goodput["met"] == met > 0
+    config = tmp_path / "sweep.yaml"
+    config.write_text("base: {backend: sim, dataset: synthetic, duration_s: 1, max_new_tokens: 8,\n"
+                      "       slo: [ttft=500ms]}\ngrid: {strategies: [dynamic], rates: [5]}\n")
+    run_cli("sweep", str(config), "--out", str(tmp_path / "sweep"))
+    summary = json.loads((tmp_path / "sweep" / "dynamic" / "rate-5" / "rep-0" / "summary.json").read_text())
+    assert summary["goodput"]["slos"] == {"ttft": 0.5}

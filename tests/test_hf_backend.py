@@ -102,9 +102,12 @@ def test_continuous_mode_is_refused_clearly():
 def test_from_config_reads_run_settings():
     from cli.config import RunConfig
 
-    cfg = RunConfig(backend="hf", batch_size=32, max_batch_size=4, memory_budget="1MiB", device="cpu")
+    cfg = RunConfig(backend="hf", strategy="naive", batch_size=32, max_batch_size=4, memory_budget="1MiB",
+                    device="cpu")
     b = HFBackend.from_config(cfg, "static")
-    assert (b.info.max_batch_size, b.info.kv_budget_bytes) == (32, 2**20)
+    assert (b.info.max_batch_size, b.info.kv_budget_bytes) == (32, 2**20)  # naive's rows: its batch size
+    cfg = RunConfig(backend="hf", strategy="dynamic", batch_size=32, max_batch_size=4, device="cpu")
+    assert HFBackend.from_config(cfg, "static").info.max_batch_size == 4  # dynamic's: its cap
 
 
 def test_left_pad_and_bos_prefix():

@@ -3,6 +3,7 @@ greedy tokens, KV-budget waits and OOM requeues that lose no row; PaddedKV bookk
 import pytest
 import torch
 
+from protocol.clock import now
 from worker.backend import BackendError, Row, StepOutput
 from worker.hf import HFSettings
 from worker.hf_continuous import HFContinuousBackend
@@ -127,6 +128,55 @@ def test_a_row_that_cannot_prefill_alone_fails_with_a_reason(backend, monkeypatc
     backend.admit([mixed_rows()[0]])
     out = backend.step()
     assert out.failed == [(0, "out of memory: the prompt does not fit alone")] and not backend.has_work()
+
+
+def token_times(out: StepOutput) -> dict[int, float]:
+    """Each request's token time in one step (a continuous step yields one token per row)."""
+    return dict(zip(out.request_ids, out.times or [out.time] * len(out.request_ids)))
+
+
+def test_running_rows_tokens_are_stamped_before_a_joiners_prefill(backend, monkeypatch):
+    model, prefills = backend.model, []
+
+    def timed(*args, **kwargs):
+        if kwargs["input_ids"].shape[1] == 1:  # a decode [R, 1]
+            return model(*args, **kwargs)
+        started = now()
+        logits = model(*args, **kwargs)
+        prefills.append((started, now()))
+        return logits
+
+    monkeypatch.setattr(backend, "model", timed)
+    rows = mixed_rows()
+    _, outs = drive(backend, [[rows[0]], [], [rows[1], rows[2]]])
+    started, ended = prefills[1]  # rows 1 and 2 join at step 2, while row 0 runs
+    times = token_times(outs[2])
+    assert times[0] <= started and ended <= times[1] == times[2] <= outs[2].time
+    assert all(o.start_time <= t <= o.time for o in outs for t in token_times(o).values())
+
+
+def test_eos_is_banned_even_where_it_is_the_models_top_choice(backend, solo):
+    eos, row, tops, seconds = backend.model.generation_config.eos_token_id, mixed_rows()[0], [], []
+
+    def eos_on_top(module, args, logits):  # lm_head's output [N, S, V]: EOS beats every other id
+        boosted = logits.clone()
+        boosted[..., eos] = logits.max(-1).values + 10.0
+        top2 = boosted[:, -1].topk(2).indices  # [N, 2]
+        tops.extend(top2[:, 0].tolist())
+        seconds.extend(top2[:, 1].tolist())
+        return boosted
+
+    handle = backend.model.lm_head.register_forward_hook(eos_on_top)
+    try:
+        alone = drive(backend, [[row]])[0][row.request_id]  # one row per forward: a token per call
+        alone_seconds, busy = list(seconds), busy_run(backend)[0]
+        static: list[StepOutput] = []
+        backend.base.run_batch([row], static.append)
+    finally:
+        handle.remove()
+    assert set(tops) == {eos} and eos not in alone
+    assert alone == alone_seconds == solo[row.request_id] and busy == solo
+    assert [o.token_ids[0] for o in static] == alone
 
 
 def test_factory_routes_hf_continuous_here_and_static_elsewhere(monkeypatch):

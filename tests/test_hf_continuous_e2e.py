@@ -63,7 +63,8 @@ def test_hf_continuous_steps_count_joins_and_finishes(hf_run):
 
 
 SEED_ARRIVALS_S = [0.0, 0.1, 0.5, 0.6, 0.7]  # the seed's [0, 1, 5, 6, 7] s at a tenth of the scale
-SEED_OUTPUTS = [120, 60, 80, 40, 100]  # its needs [6, 3, 4, 2, 5] × 20 steps (~9 ms each on a100)
+SEED_OUTPUTS = [120, 60, 80, 40, 100]
+CLOCK_TOLERANCE_S = 0.001  # worker and scheduler share this host's clock; the offset estimate is ~µs  # its needs [6, 3, 4, 2, 5] × 20 steps (~9 ms each on a100)
 
 
 def test_sim_continuous_starts_each_of_the_seed_requests_on_arrival_and_frees_it_when_done(tmp_path):
@@ -73,8 +74,12 @@ def test_sim_continuous_starts_each_of_the_seed_requests_on_arrival_and_frees_it
     r, t, s = tables(tmp_path / "run")
     assert_exact_lengths(r, t)
     r = r.set_index("request_id")
-    assert (r.scheduled_time - r.arrival_time).max() < 0.05  # credit exists: no batch formation wait
-    assert (r.first_token_time - r.arrival_time).max() < 0.1  # its own prefill, in the next step
+    batches = pd.read_parquet(tmp_path / "run" / "batches.parquet")
+    assert (batches["size"] == 1).all() and (batches.launch_reason == "credit").all()  # no batch formation
+    steps = s.sort_values("start_time")
+    for rid, row in r.iterrows():  # its own prefill: in the first step begun after its dispatch, or the next
+        later = steps[steps.start_time >= row.scheduled_time - CLOCK_TOLERANCE_S]  # (a dispatch may land mid-step)
+        assert row.first_token_time <= later.end_time.iloc[1] + CLOCK_TOLERANCE_S, rid
     # each leaves when its own tokens are done, not the batch's longest: B, D finish before A
     assert r.sort_values("completion_time").index.tolist() == [1, 3, 0, 2, 4]
     assert s.joined.sum() == 5 and s.finished.sum() == 5 and s.running.max() <= 4

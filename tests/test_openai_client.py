@@ -1,4 +1,5 @@
 """The `openai` backend: the token-count rule (pure), then against a real vLLM OpenAI server on loopback."""
+import json
 import os
 import signal
 import socket
@@ -68,6 +69,18 @@ def test_a_short_completion_fails_with_the_counts():
     assert out[-1].end == "stream error: server returned 4 of 10 tokens"
 
 
+def test_prefix_cache_counters_are_summed_over_label_sets():
+    from worker.openai_client import parse_prefix_cache_counters
+
+    text = ('# HELP vllm:prefix_cache_queries_total Prefix cache queries\n'
+            'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 120.0\n'
+            'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 30.0\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 48.0\n'
+            'vllm:prefix_cache_hits_total_created{engine="0"} 1.7e9\n')
+    assert parse_prefix_cache_counters(text) == {"queries": 150.0, "hits": 48.0}
+    assert parse_prefix_cache_counters("no such metrics\n") == {}
+
+
 def test_endpoint_base_drops_v1_and_slashes():
     assert base_url("http://h:8000/v1/") == base_url("http://h:8000") == "http://h:8000"
 
@@ -110,8 +123,9 @@ def server(tmp_path_factory):
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model("tiny-mistral"),
            "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "8", "--enforce-eager",
            "--kv-cache-memory-bytes", str(2**30)]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # serves POST /reset_prefix_cache
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
@@ -170,6 +184,10 @@ def test_batchlab_run_on_the_openai_backend_gets_exact_token_counts(server, tmp_
     assert (tokens.groupby("request_id").size().reindex(requests.request_id).to_numpy()
             == requests.output_len.to_numpy()).all()
     assert (requests.ttft > 0).all() and (requests.tpot > 0).all()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["settings"]["workers"]["worker-0"]["prefix_cache_reset"] == "reset before the run"
+    cache = summary["worker_stats"]["worker-0"]["server_prefix_cache"]
+    assert cache["queried_tokens"] >= requests.prompt_len.sum() and 0 <= cache["hit_rate"] <= 1
 
 
 @pytest.mark.vllm

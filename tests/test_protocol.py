@@ -1,4 +1,6 @@
 """Protocol: every message round-trips; anything else is rejected with ProtocolError, never a crash."""
+import tracemalloc
+
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -6,6 +8,7 @@ from hypothesis import strategies as st
 
 from protocol import PROTOCOL_VERSION, ProtocolError, decode, encode
 from protocol import messages as m
+from protocol.codec import MAX_ARRAY_LEN
 
 SAMPLES = [
     m.TrafficHello(10, "abc", 5.0), m.Start(12.5), m.RequestMsg(1, 2.0, 2.001, 4, 5, m.pack_tokens([1, 2, 3, 4])),
@@ -13,7 +16,8 @@ SAMPLES = [
     m.WorkerHello("w0", "sim", "tiny", "static", 8, 1024, 10**12, "cpu", "none", {"dtype": "float32"}),
     m.Dispatch(3, 1.5, "age", [[1, 4, 5, m.pack_tokens([1, 2, 3, 4])], [2, 3, 2, m.pack_tokens([5, 6, 7])]]),
     m.BatchDone(3, "w0", 1.5, 2.5, [1], [[2, "worker error: boom"]], False, 123),
-    m.Heartbeat("w0", 3.0), m.Shutdown("done"), m.ClockPing(1, 2.0), m.ClockPong(1, 2.0, 2.5),
+    m.Heartbeat("w0", 3.0), m.Shutdown("done"), m.WorkerCapacity("w0", 4, "out of memory with 8 rows"),
+    m.ClockPing(1, 2.0), m.ClockPong(1, 2.0, 2.5),
     m.Tokens(3, 0, 1.6, [1, 2], [11, 12]), m.Step("w0", 4, 1.0, 1.1, 3, 1, 0),
     m.Arrival(1, 2.0, 2.001, 2.002, 4, 5), m.BatchLaunch(3, "w0", 1.5, "size", [1, 2], 7),
     m.RequestFailed(1, "queue full", 2.0), m.RunInfo({"strategy": "naive", "rate": 5.0}),
@@ -79,6 +83,36 @@ def test_missing_and_extra_fields_are_rejected():
 def test_oversized_frame_is_rejected_before_unpacking():
     with pytest.raises(ProtocolError, match="exceeds"):
         decode(b"\x00" * 101, max_bytes=100)
+
+
+def _peak_bytes_of_decoding(frame: bytes) -> int:
+    """Peak Python allocation while `frame` is decoded (it must be rejected)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError):
+            decode(frame)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_an_array_header_claiming_2_31_elements_is_rejected_before_allocating():
+    assert _peak_bytes_of_decoding(b"\xdd" + (2**31).to_bytes(4, "big")) < 2**20
+
+
+def test_nested_headers_claiming_more_than_any_message_holds_are_rejected_before_allocating():
+    """Each header claims twice the longest legal array, within what the frame's size would allow: msgpack
+    would build an 8-byte slot per claimed element (16 MiB a header) before reading any."""
+    claim = 2 * MAX_ARRAY_LEN
+    for header in (b"\xdd", b"\xdf"):  # array32, map32
+        frame = (header + claim.to_bytes(4, "big")) * 8
+        frame += b"\x00" * (claim - len(frame))
+        assert _peak_bytes_of_decoding(frame) < 2**20
+
+
+def test_an_ext_value_is_rejected():
+    with pytest.raises(ProtocolError):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.RUN_INFO), {"t": msgpack.ExtType(1, b"x")}]))
 
 
 def test_bool_is_not_an_int():

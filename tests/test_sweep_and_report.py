@@ -161,6 +161,6 @@ def test_a_point_past_its_timeout_is_stopped_and_keeps_what_finished(tmp_path):
         "grid": {"rates": [3], "strategies": ["dynamic"], "point_timeout_s": 7}}))
     run_cli("sweep", str(config), "--out", str(tmp_path / "out"), timeout_s=120)
     point = index(tmp_path / "out")["points"][0]
-    assert point["status"] == "done" and "stopped after 7 s" in point["reason"]
+    assert point["status"] == "done" and "stopped 7 s after the first request" in point["reason"]
     requests = pd.read_parquet(tmp_path / "out" / point["dir"] / "requests.parquet")
     assert (requests.status == "finished").any() and (requests.status == "failed").any()

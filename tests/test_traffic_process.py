@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from protocol import EndOfStream, Heartbeat, RequestMsg, Shutdown, Start, TrafficHello, decode, encode, now
+from protocol import ClockPing, ClockPong, EndOfStream, Heartbeat, RequestMsg, Shutdown, Start, TrafficHello, decode, encode, now
 from protocol.messages import unpack_tokens
+from protocol.sockets import HEARTBEAT_INTERVAL_S
 from traffic.config import TrafficConfig
 from traffic.process import TrafficStartTimeout, run_traffic
 from traffic.schedule import Schedule, build_schedule, load_schedule
@@ -26,6 +27,7 @@ class FakeScheduler:
     shutdown_after: int | None = None  # send Shutdown after this many requests
     answer_hello: bool = True
     start_on_heartbeat: bool = False  # answer the hello only once a heartbeat came
+    skew_s: float = 0.0  # this fake's clock runs this far ahead of the traffic's (another host)
     heartbeats: list[Heartbeat] = field(default_factory=list)
     hello: TrafficHello | None = None
     t0: float = 0.0
@@ -68,10 +70,12 @@ class FakeScheduler:
                 sock.send_multipart([identity, encode(Shutdown("test"))])
         elif isinstance(msg, EndOfStream):
             self.end = msg
+        elif isinstance(msg, ClockPing):
+            sock.send_multipart([identity, encode(ClockPong(msg.seq, msg.t_send, now() + self.skew_s))])
 
     def _start(self, sock: zmq.Socket, identity: bytes) -> None:
         sock.send_multipart([identity, b"\xc1garbage"])  # a bad frame is logged and ignored
-        self.t0 = now() + START_DELAY_S
+        self.t0 = now() + self.skew_s + START_DELAY_S
         sock.send_multipart([identity, encode(Start(self.t0))])
 
     def join(self) -> None:
@@ -137,12 +141,35 @@ def test_missing_start_raises_a_clear_timeout(tmp_path: Path) -> None:
 
 
 def test_traffic_beats_while_waiting_for_start_and_between_sparse_requests(tmp_path: Path) -> None:
-    cfg = TrafficConfig(arrival="constant", rate=0.6, duration_s=2.0, dataset="synthetic")
-    schedule = build_schedule(cfg, None)  # offsets 0 and 1.67 s
+    # Two requests 3.5 heartbeat intervals apart: a beat falls due one interval after the first send,
+    # so it lands between them unless the sender stalls for 2.5 intervals (the margin is this gap, not
+    # a quiet machine).
+    gap_s = 3.5 * HEARTBEAT_INTERVAL_S
+    cfg = TrafficConfig(arrival="constant", rate=1 / gap_s, duration_s=gap_s + 0.5, dataset="synthetic")
+    schedule = build_schedule(cfg, None)
+    assert schedule.frame.arrival_offset_s.tolist() == pytest.approx([0.0, gap_s])
     fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock", start_on_heartbeat=True).start()
-    assert run_traffic(schedule, fake.address, out_dir=None, start_timeout_s=5) == 2
+    assert run_traffic(schedule, fake.address, out_dir=None, start_timeout_s=30) == 2
     fake.join()
     beat_times = [b.time for b in fake.heartbeats]
     assert beat_times[0] < fake.t0  # kept alive before Start
     assert any(fake.requests[0].send_time < t < fake.requests[1].send_time for t in beat_times)
     assert all(b.sender == "traffic" for b in fake.heartbeats)
+
+
+def test_traffic_to_a_scheduler_on_another_host_sends_on_its_clock(tmp_path: Path, monkeypatch) -> None:
+    import traffic.process as tp
+
+    monkeypatch.setattr(tp, "is_loopback", lambda _address: False)  # as if the scheduler were remote
+    skew_s = 500.0
+    cfg = TrafficConfig(arrival="constant", rate=4.0, duration_s=1.0, dataset="synthetic")
+    schedule = build_schedule(cfg, None)
+    fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock", skew_s=skew_s).start()
+    local_start = now()
+    assert run_traffic(schedule, fake.address, out_dir=None, start_timeout_s=30) == len(schedule.frame)
+    fake.join()
+    offsets = schedule.frame.arrival_offset_s.tolist()
+    for req, offset in zip(fake.requests, offsets):
+        assert req.arrival_time == pytest.approx(fake.t0 + offset, abs=1e-6)  # planned, on its clock
+        assert req.send_time - skew_s > local_start  # sent on our clock, stamped on the scheduler's
+        assert req.send_time >= req.arrival_time - 0.01  # not early: the 500 s were taken out of the wait

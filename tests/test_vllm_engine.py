@@ -107,9 +107,20 @@ def _engine_children() -> list[psutil.Process]:
             if "resource_tracker" not in " ".join(p.cmdline())]
 
 
-def test_vllm_close_stops_the_engine_processes(backend):
-    children = _engine_children()
-    assert children, "the engine core runs in a child process"
-    backend.close()
-    _gone, alive = psutil.wait_procs(children, timeout=30)
-    assert not alive
+def test_vllm_engine_core_runs_in_the_workers_own_process(backend):
+    assert not _engine_children(), "in-process engine core: no EngineCore or model worker process"
+    assert backend.info.facts["engine_core"].startswith("in-process")
+
+
+def test_vllm_reset_empties_the_prefix_cache_between_runs(backend):
+    block = backend.info.facts["kv_block_size_tokens"]  # only whole blocks are cached
+    prompt = [300 + (11 * j) % 400 for j in range(2 * block + 8)]
+
+    def cached_after_run(rid: int) -> int:
+        backend.run_batch([Row(rid, len(prompt), 4, prompt, 0)], lambda _out: None)
+        return backend.request_metrics.pop(rid)["cached_tokens"]
+
+    cached_after_run(900)
+    assert cached_after_run(901) >= block  # the same prompt again: served from the cache
+    backend.reset()
+    assert cached_after_run(902) == 0 and not backend.has_work()

@@ -16,7 +16,9 @@ from protocol import (
     EndOfStream, Heartbeat, ProtocolError, RequestMsg, Shutdown, Start, TrafficHello, decode, encode,
 )
 from protocol.clock import now, sleep_until
+from protocol.clock_sync import OffsetEstimate, measure
 from protocol.messages import pack_tokens
+from protocol.security import is_loopback
 from protocol.signals import on_stop_signal
 from protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
 from traffic.schedule import Schedule, save_schedule
@@ -43,6 +45,7 @@ class _Control:
     stop_reason: str = ""
     protocol_errors: int = 0
     last_send: float = 0.0  # now() of the last frame sent (the scheduler counts any frame as a sign of life)
+    clock_offset_s: float = 0.0  # scheduler's clock − this host's (0 on the same host)
 
     def stop(self, reason: str) -> None:
         """The first reason to stop wins."""
@@ -103,12 +106,14 @@ def _wait_until(deadline: float, sock: zmq.Socket, ctl: _Control) -> None:
         _drain(sock, ctl, min(left, WAIT_SLICE_S))
 
 
-def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control) -> int:
-    """Send each request at t0 + offset; return how many were sent before the end or a stop."""
+def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control, clock_offset_s: float = 0.0) -> int:
+    """Send each request at t0 + offset (t0 on this host's clock); every time in a message is on the
+    scheduler's clock (+ clock_offset_s). Returns how many were sent before the end or a stop."""
     frame = schedule.frame
     # plain lists, built once: no pandas in the loop
     ids = frame["request_id"].tolist()
     arrivals = (frame["arrival_offset_s"].to_numpy() + t0).tolist()
+    ctl.clock_offset_s = clock_offset_s
     prompt_lens = frame["prompt_len"].tolist()
     output_lens = frame["output_len"].tolist()
     tokens = [pack_tokens(t) for t in frame["prompt_tokens"]]  # packed once: forwarded unread
@@ -134,9 +139,26 @@ def _send_loop(sock: zmq.Socket, ctl: _Control, ids: list, arrivals: list, promp
             t = now()
         if ctl.stop_reason:
             return i
-        send(encode(RequestMsg(ids[i], arrival, t, prompt_lens[i], output_lens[i], tokens[i])))  # 3. send
+        off = ctl.clock_offset_s  # 0 on the scheduler's host
+        send(encode(RequestMsg(ids[i], arrival + off, t + off, prompt_lens[i], output_lens[i], tokens[i])))  # 3.
         ctl.last_send = t
     return len(arrivals)
+
+
+def _sync_clock(sock: zmq.Socket, scheduler_addr: str, ctl: _Control) -> OffsetEstimate:
+    """The scheduler's clock minus ours: 0 on the same host (one monotonic clock), else measured by
+    ping-pongs (minimum round trip, as the workers do; error ≤ rtt/2, logged)."""
+    clock = OffsetEstimate()
+    if is_loopback(scheduler_addr):
+        clock.offset_s, clock.uncertainty_s = 0.0, 0.0
+        return clock
+    for msg in measure(sock, clock, stopping=lambda: bool(ctl.stop_reason)):
+        if isinstance(msg, Shutdown):
+            ctl.stop(f"scheduler shutdown: {msg.reason}")
+    if not clock.window and not ctl.stop_reason:
+        raise TrafficStartTimeout(f"no clock pong from the scheduler at {scheduler_addr}")
+    log.info("traffic: clock offset to the scheduler %.6f s (± %.6f s)", clock.offset_s, clock.uncertainty_s)
+    return clock
 
 
 def _punctual_sender() -> None:
@@ -155,22 +177,25 @@ def _punctual_sender() -> None:
 
 
 def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None,
-                start_timeout_s: float = 600, keys: str | None = None) -> int:
-    """Announce the schedule, wait for Start, send every request on time, end the stream; return sent."""
+                start_timeout_s: float = 600, keys: str | None = None, on_start=None) -> int:
+    """Announce the schedule, wait for Start, send every request on time, end the stream; return sent.
+    `on_start(t0)` is called when Start came, before the first send (the launcher's run clock)."""
     if out_dir is not None:
         save_schedule(schedule, Path(out_dir) / "schedule.parquet")
     ctl = _Control()
     with on_stop_signal(lambda signum: ctl.stop(f"signal {signal.Signals(signum).name}")):
-        return _announce_and_send(schedule, scheduler_addr, ctl, start_timeout_s, keys)
+        return _announce_and_send(schedule, scheduler_addr, ctl, start_timeout_s, keys, on_start)
 
 
 def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, start_timeout_s: float,
-                       keys: str | None) -> int:
+                       keys: str | None, on_start=None) -> int:
     _punctual_sender()
     ctx = zmq.Context()
     sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity="traffic", keys=keys)
     sent = 0
     try:
+        # 0. a scheduler on another host has another monotonic clock: measure the offset (as workers do)
+        clock = _sync_clock(sock, scheduler_addr, ctl)
         # 1. announce
         sock.send(encode(TrafficHello(schedule.n_requests, schedule.content_hash, schedule.duration_s)))
         ctl.last_send = now()
@@ -178,9 +203,12 @@ def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, s
         t0 = _wait_for_start(sock, ctl, start_timeout_s)
         # 3. send on schedule
         if t0 is not None:
+            t0 -= clock.offset_s  # Start's t0 is on the scheduler's clock
+            if on_start is not None:
+                on_start(t0)
             log.info("traffic: start at t0=%.3f, %d requests over %.1f s", t0, schedule.n_requests,
                      schedule.duration_s)
-            sent = _send_all(sock, schedule, t0, ctl)
+            sent = _send_all(sock, schedule, t0, ctl, clock.offset_s)
         # 4. end the stream, with the real count
         sock.send(encode(EndOfStream(sent)))
         log.info("traffic: sent %d of %d requests%s", sent, schedule.n_requests,

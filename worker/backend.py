@@ -27,7 +27,8 @@ class Row:
 class StepOutput:
     """The result of one model step (static or continuous).
 
-    `time` is when the step's tokens were really available on the host (after a CUDA sync).
+    `time` is when the step's tokens were really available on the host (after a CUDA sync); when
+    `times` is set, `times[i]` is when `token_ids[i]` was, and `time` is the step's end.
     `token_ids[i]` belongs to `request_ids[i]`; a request may appear more than once.
     """
 
@@ -39,6 +40,7 @@ class StepOutput:
     failed: list[tuple[int, str]] = field(default_factory=list)
     running: int = 0  # rows in the step (continuous mode)
     joined: int = 0  # rows that were prefilled in this step (continuous mode)
+    times: list[float] | None = None  # per token, parallel to request_ids; None: every token at `time`
 
 
 @dataclass(slots=True)

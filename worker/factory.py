@@ -10,6 +10,13 @@ def worker_mode(cfg: RunConfig) -> str:
     return "continuous" if cfg.strategy in ("continuous", "vllm") else "static"
 
 
+def worker_rows(cfg: RunConfig) -> int:
+    """The most rows a worker runs at once (its hello's max_batch_size): naive's batch size for naive,
+    else --max-batch-size. batch_size belongs to naive alone: it must not widen another strategy's cap
+    (with the default batch size 8, `--max-batch-size 4` once let a continuous worker run 8 rows)."""
+    return cfg.batch_size if cfg.strategy == "naive" else cfg.max_batch_size
+
+
 def quiet_libraries() -> None:
     """Model libraries log progress bars and INFO lines by default: keep a run's terminal readable
     (the worker's own log still has every warning; set VLLM_LOGGING_LEVEL=INFO to see vLLM's)."""
@@ -27,8 +34,8 @@ def make_backend(cfg: RunConfig):
     if cfg.backend in ("sim", "echo"):
         from worker.sim import SimBackend, make_echo
 
-        backend = (make_echo(mode, max(cfg.max_batch_size, cfg.batch_size)) if cfg.backend == "echo"
-                   else SimBackend(cfg.preset, mode, max(cfg.max_batch_size, cfg.batch_size)))
+        backend = (make_echo(mode, worker_rows(cfg)) if cfg.backend == "echo"
+                   else SimBackend(cfg.preset, mode, worker_rows(cfg)))
         budget = parse_bytes(cfg.memory_budget)
         if budget:
             backend.info.kv_budget_bytes = budget

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from protocol.clock import now
 from worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
-from worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, cuda_free_bytes,
+from worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss, cuda_free_bytes,
                            cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
 
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun. " * 2
@@ -94,9 +94,9 @@ def resolve_dtype(name: str, device, checkpoint_dtype):
 def settings_from_config(cfg) -> HFSettings:
     """A cli.config.RunConfig → HFSettings (static and continuous modes alike)."""
     from cli.config import parse_bytes
+    from worker.factory import worker_rows
 
-    return HFSettings(model=cfg.model, dtype=cfg.dtype, device=cfg.device,
-                      max_batch_size=max(cfg.max_batch_size, cfg.batch_size),
+    return HFSettings(model=cfg.model, dtype=cfg.dtype, device=cfg.device, max_batch_size=worker_rows(cfg),
                       memory_budget_bytes=parse_bytes(cfg.memory_budget), strict_memory=cfg.strict_memory)
 
 
@@ -263,6 +263,13 @@ class HFBackend:
         if self.device.type == "cuda":
             return int(self.torch.cuda.max_memory_allocated(self.device))
         return cpu_peak_rss_bytes()
+
+    def reset(self) -> None:
+        """Between runs of a warm worker: a fresh peak-memory reading (generate() keeps no state)."""
+        if self.device.type == "cuda":
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            reset_cpu_peak_rss()
 
     def close(self) -> None:
         """Drop the model and give cached device memory back."""

@@ -3,8 +3,11 @@
 Every `step()` is one step boundary: (1) one batched decode forward over the running rows gives each
 its next token; (2) the rows admitted since the last step are prefilled together (left-padded) and each
 gets its first token from its own prefill; (3) rows that reached `output_len` leave; (4) the joiners'
-KV is merged into the running cache. Tokens are stamped with `now()` once they are on the host (after a
-CUDA sync). Decoding is greedy and EOS is ignored, so every row gets exactly `output_len` tokens.
+KV is merged into the running cache. Each token is stamped (`StepOutput.times`) when it reached the host:
+a running row's when the decode's argmax is read back (on CUDA that copy is the sync), a joiner's after its
+prefill, so a joiner's prefill does not inflate the running rows' inter-token latency. Decoding is greedy
+with EOS banned (logit −inf, as generate()'s min_new_tokens does), so every row gets exactly `output_len`
+tokens and they match the static path even where EOS is the model's top choice.
 
 KV layout (`worker.hf_kv.PaddedKV`): one transformers `DynamicCache` for the whole running set, left-padded so every
 row's newest token sits in the last column; row i's real tokens start at column `pad[i]`. The decode
@@ -22,7 +25,9 @@ loop would become a queue reader competing for the GIL on a 2-core CPU; its page
 own heuristic (its first request took ~20 s to allocate on this CPU) rather than our KV budget.
 
 Memory: a joiner waits (`run_facts()["row_steps_waiting"]`) while the padded cache it would make could
-outgrow `kv_budget_bytes`; a row alone always runs. On a real OOM the row cap halves; joiners go back to
+outgrow `kv_budget_bytes`; a row alone always runs. On a real OOM the row cap halves (`RowCap`: back up by
+one after CLEAN_STEPS_TO_PROBE clean steps, as the static back-off probes; the worker reports every change
+to the scheduler, whose credit follows, and rows already over the cap wait here); joiners go back to
 the queue's front; a failed decode drops the (half-updated) cache and requeues the running rows, which
 resume by recompute (a row's context keeps its generated tokens); a row that cannot run alone fails
 with the reason. No row is dropped.
@@ -34,7 +39,50 @@ from worker.backend import BackendError, Row, StepOutput
 from worker.hf import HFBackend, HFSettings, left_pad, settings_from_config
 from worker.hf_kv import PaddedKV
 
-DECODE = "greedy loop: one batched decode forward per step, joiners prefilled together, left-padded DynamicCache"
+CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by one: the static back-off's
+# 20 clean batches (scheduler.policies) × 32 steps, one batch's worth at the CPU config's 32-token outputs
+DECODE = ("greedy loop, EOS banned: one batched decode forward per step, joiners prefilled together, "
+          "left-padded DynamicCache")
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """The ids generate() bans under min_new_tokens (generation config's EOS), else the tokenizer's EOS."""
+    ids = model.generation_config.eos_token_id
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    if ids is None:
+        return []
+    return [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
+
+
+@dataclass(slots=True)
+class RowCap:
+    """Rows run at once: halved by an OOM (min 1), +1 after CLEAN_STEPS_TO_PROBE clean steps, up to `limit`."""
+
+    limit: int  # the cap announced at hello
+    rows: int = 0
+    reason: str = "announced"
+    clean_steps: int = 0
+    oom_in_step: bool = False
+
+    def __post_init__(self) -> None:
+        self.rows = self.rows or self.limit
+
+    def halve(self, rows_at_oom: int) -> None:
+        """An OOM with `rows_at_oom` rows in the forward (rows over the cap never raise it)."""
+        self.rows = max(1, min(self.rows, rows_at_oom) // 2)
+        self.reason = f"out of memory with {rows_at_oom} rows"
+        self.clean_steps, self.oom_in_step = 0, True
+
+    def end_step(self) -> None:
+        """Count a finished step; enough in a row without an OOM probe the cap up by one."""
+        if self.oom_in_step:
+            self.oom_in_step = False
+            return
+        self.clean_steps += 1
+        if self.clean_steps >= CLEAN_STEPS_TO_PROBE and self.rows < self.limit:
+            self.rows, self.clean_steps = self.rows + 1, 0
+            self.reason = f"probe: {CLEAN_STEPS_TO_PROBE} steps without an out-of-memory"
 
 
 @dataclass(slots=True)
@@ -57,9 +105,11 @@ class HFContinuousBackend:
         self.torch, self.model, self.device = self.base.torch, self.base.model, self.base.device
         self.info = replace(self.base.info, mode="continuous", facts={**self.base.info.facts, "decode": DECODE})
         self.kv = PaddedKV(self.torch, self.device)
+        self.eos = self.torch.tensor(eos_ids(self.model, self.base.tokenizer), dtype=self.torch.long,
+                                     device=self.device)  # [E]
         self.pending: list[_Live] = []
         self.running: list[_Live] = []
-        self.max_rows = self.info.max_batch_size  # halved by an OOM (as the static back-off)
+        self.cap = RowCap(self.info.max_batch_size)  # what the worker reports to the scheduler
         self.stats = {"row_steps_waiting": 0, "preempted_rows": 0, "oom_requeues": 0}
 
     @classmethod
@@ -91,18 +141,39 @@ class HFContinuousBackend:
         """True while any admitted row waits or runs."""
         return bool(self.pending or self.running)
 
+    @property
+    def max_rows(self) -> int:
+        """The rows a step runs at most now (the worker reports changes as WorkerCapacity)."""
+        return self.cap.rows
+
+    @max_rows.setter
+    def max_rows(self, rows: int) -> None:
+        self.cap.rows = rows
+
+    @property
+    def max_rows_reason(self) -> str:
+        """Why the cap last moved."""
+        return self.cap.reason
+
+    def abort_all(self) -> None:
+        """Drop every admitted row and the cache (after a failed step: else the next step repeats it)."""
+        self.pending, self.running = [], []
+        self.kv = PaddedKV(self.torch, self.device)
+        self._free()
+
     def step(self) -> StepOutput | None:
         """Decode the running rows, prefill the joiners, retire finished rows, merge the joiners."""
         if not self.has_work():
             return None
-        out = StepOutput(time=0.0, request_ids=[], token_ids=[], start_time=now())
+        out = StepOutput(time=0.0, request_ids=[], token_ids=[], start_time=now(), times=[])
         with self.torch.inference_mode():
             self._decode(out)
             joiners, joined_kv = self._prefill(self._take_joiners(), out)
         out.running, out.joined = len(out.request_ids), len(joiners)
         self._retire(joiners, joined_kv, out)
+        self.cap.end_step()
         self._sync()
-        out.time = now()
+        out.time = now()  # the step's end (cache merged); each token's own time is in out.times
         return out
 
     def peak_memory_bytes(self) -> int:
@@ -112,6 +183,13 @@ class HFContinuousBackend:
     def run_facts(self) -> dict:
         """Waits, preemptions and OOM requeues over the run (WorkerBye stats)."""
         return dict(self.stats)
+
+    def reset(self) -> None:
+        """Between runs of a warm worker: no rows, an empty cache, the full row cap, fresh stats and peak."""
+        self.abort_all()
+        self.cap = RowCap(self.info.max_batch_size)
+        self.stats = dict.fromkeys(self.stats, 0)
+        self.base.reset()
 
     def close(self) -> None:
         """Drop the cache and the model."""
@@ -131,11 +209,11 @@ class HFContinuousBackend:
         except self.torch.OutOfMemoryError:
             self._preempt_all(out)
             return
-        self._emit(self.running, logits[:, -1].argmax(-1).tolist(), out)
+        self._emit(self.running, self._pick(logits), now(), out)
 
     def _take_joiners(self) -> list[_Live]:
         """Pending rows, oldest first, while the padded cache would stay within the KV budget."""
-        slots = self.max_rows - len(self.running)
+        slots = self.cap.rows - len(self.running)  # < 0 after an OOM: the rows over the cap run on
         n = 0
         while n < min(slots, len(self.pending)) and self._fits(self.pending[: n + 1]):
             n += 1
@@ -170,15 +248,24 @@ class HFContinuousBackend:
                                 use_cache=True, logits_to_keep=1).logits  # [J, 1, V]
         except torch.OutOfMemoryError:
             return self._requeue_or_fail(joiners, out), None
-        self._emit(joiners, logits[:, -1].argmax(-1).tolist(), out)
+        self._emit(joiners, self._pick(logits), now(), out)
         return joiners, kv
 
-    def _emit(self, lives: list[_Live], tokens: list[int], out: StepOutput) -> None:
+    def _pick(self, logits) -> list[int]:
+        """Greedy next tokens on the host from logits [N, 1, V], EOS banned since output lengths are exact."""
+        scores = logits[:, -1]  # [N, V]
+        if self.eos.numel():
+            scores = scores.index_fill(-1, self.eos, float("-inf"))
+        return scores.argmax(-1).tolist()  # the host read (a CUDA sync): the tokens exist from here
+
+    def _emit(self, lives: list[_Live], tokens: list[int], t: float, out: StepOutput) -> None:
+        """Append each row's token, stamped `t` (when it reached the host), and note rows now done."""
         for lv, token in zip(lives, tokens):
             lv.context.append(token)
             lv.generated += 1
             out.request_ids.append(lv.row.request_id)
             out.token_ids.append(token)
+            out.times.append(t)
             if lv.remaining() <= 0:
                 out.finished.append(lv.row.request_id)
 
@@ -203,7 +290,7 @@ class HFContinuousBackend:
         if len(joiners) == 1 and not self.running:
             out.failed.append((joiners[0].row.request_id, "out of memory: the prompt does not fit alone"))
             return []
-        self.max_rows = max(1, (len(self.running) + len(joiners)) // 2)
+        self.cap.halve(len(self.running) + len(joiners))
         self.stats["oom_requeues"] += len(joiners)
         self.pending = joiners + self.pending
         return []
@@ -215,7 +302,7 @@ class HFContinuousBackend:
         if len(self.running) == 1:
             out.failed.append((self.running[0].row.request_id, "out of memory: the row does not fit alone"))
         else:
-            self.max_rows = max(1, len(self.running) // 2)
+            self.cap.halve(len(self.running))
             self.stats["preempted_rows"] += len(self.running)
             self.pending = self.running + self.pending
         self.running = []

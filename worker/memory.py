@@ -1,6 +1,7 @@
 """KV-cache arithmetic, the KV budget and peak-memory readings for the Hugging Face backend."""
 import resource
 import sys
+from pathlib import Path
 
 CPU_BUDGET_FRACTION = 0.5  # default CPU KV budget: this share of the RAM available at start
 CUDA_RESERVE_MARGIN = 1.25  # measured warm-up activation memory × this, kept out of the KV budget
@@ -52,6 +53,22 @@ def cuda_reserve_bytes(warmup_peak_bytes: int, before_bytes: int, warmup_kv_byte
 
 
 def cpu_peak_rss_bytes() -> int:
-    """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    """Peak resident set size of this process since start or the last reset_cpu_peak_rss(): Linux's
+    VmHWM, else ru_maxrss (KiB on Linux, bytes on macOS; it cannot be reset)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def reset_cpu_peak_rss() -> None:
+    """Start a new peak (a warm worker's next run must not report the last run's peak): writing 5 to
+    /proc/self/clear_refs resets VmHWM to the current RSS on Linux; elsewhere nothing can."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass

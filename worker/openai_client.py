@@ -105,6 +105,19 @@ def settle(tally: _Tally, t: float) -> list[Chunk]:
     return out
 
 
+def parse_prefix_cache_counters(text: str) -> dict[str, float]:
+    """{'queries': Σ, 'hits': Σ} from vLLM's /metrics text (every label set summed); {} if absent."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        for key, name in (("queries", "vllm:prefix_cache_queries_total"), ("hits", "vllm:prefix_cache_hits_total")):
+            if line.startswith(name) and (len(line) == len(name) or line[len(name)] in "{ "):
+                try:
+                    totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+                except (IndexError, ValueError):
+                    continue
+    return totals if len(totals) == 2 else {}
+
+
 class OpenAIBackend:
     """Streams completions from --endpoint with at most --max-concurrency requests in flight."""
 
@@ -174,9 +187,44 @@ class OpenAIBackend:
 
     # --- the ContinuousBackend protocol -----------------------------------------------------------
     def warmup(self) -> None:
-        """A couple of short completions; raises BackendError if the endpoint cannot serve them."""
+        """A couple of short completions (BackendError if the endpoint cannot serve them), then the
+        server's prefix cache is emptied where its API allows, and its cache counters are read."""
         rows = [Row(-1 - i, len(WARMUP_PROMPT), WARMUP_OUTPUT_LEN, WARMUP_PROMPT, -1) for i in range(2)]
         self.run_batch(rows, lambda _out: None)
+        self.info.facts["prefix_cache_reset"] = self._reset_prefix_cache()
+        self.cache_start = self._prefix_cache_counters()
+        self.info.facts["prefix_cache_metrics"] = "vllm:prefix_cache_{queries,hits}_total" if self.cache_start else None
+
+    def _reset_prefix_cache(self) -> str:
+        """vLLM's POST /reset_prefix_cache (served only with VLLM_SERVER_DEV_MODE=1): a run must not hit
+        prompts that an earlier run left in the cache. Says what happened, in words."""
+        try:
+            resp = self.client.post(f"{self.base}/reset_prefix_cache", timeout=CONNECT_TIMEOUT_S)
+        except Exception as exc:
+            return f"not reset: {type(exc).__name__}"
+        if resp.status_code == 200:
+            return "reset before the run"
+        return (f"not reset: the server answered HTTP {resp.status_code} (a vLLM server allows it when "
+                "started with VLLM_SERVER_DEV_MODE=1); an earlier run's prompts may be served from its cache")
+
+    def _prefix_cache_counters(self) -> dict[str, float]:
+        """vLLM's Prometheus counters of prefix-cache queries and hits ({} when the server has none)."""
+        try:
+            resp = self.client.get(f"{self.base}/metrics", timeout=CONNECT_TIMEOUT_S)
+        except Exception:
+            return {}
+        if resp.status_code != 200:
+            return {}
+        return parse_prefix_cache_counters(resp.text)
+
+    def run_facts(self) -> dict:
+        """The server's prefix-cache hit rate over this run (token queries and hits since warm-up)."""
+        start, end = getattr(self, "cache_start", {}), self._prefix_cache_counters()
+        if not start or not end:
+            return {}
+        queries, hits = end["queries"] - start["queries"], end["hits"] - start["hits"]
+        return {"server_prefix_cache": {"queried_tokens": queries, "hit_tokens": hits,
+                                        "hit_rate": hits / queries if queries else None}}
 
     def admit(self, rows: list[Row]) -> None:
         """Start a stream per row (queued in the pool beyond --max-concurrency)."""
@@ -207,6 +255,16 @@ class OpenAIBackend:
     def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
         """Static mode: start every row and stream until all ended (see backend.run_to_completion)."""
         run_to_completion(self, rows, on_step)
+
+    def abort_all(self) -> None:
+        """Forget every open stream (after a failed step): the stop flag ends each at its next line (a stalled
+        read within READ_TIMEOUT_S), then a fresh pool and queue serve on, so no stale chunk reopens a row."""
+        self.stopping.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool = ThreadPoolExecutor(max_workers=self.info.max_batch_size, thread_name_prefix="openai-stream")
+        self.chunks = queue.Queue()
+        self.open.clear()
+        self.stopping.clear()
 
     def peak_memory_bytes(self) -> int:
         """The server's memory is not visible from here."""

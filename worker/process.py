@@ -5,12 +5,12 @@ from dataclasses import dataclass, field
 import zmq
 
 from protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
-                      WorkerHello, decode, encode, now)
+                      WorkerCapacity, WorkerHello, decode, encode, now)
 from protocol.messages import STEP_BATCH, unpack_tokens
 from protocol.signals import on_stop_signal
 from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
 from worker.backend import OutOfMemory, Row, StepOutput
-from worker.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
+from protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from worker.heartbeat import HeartbeatThread
 
 log = logging.getLogger("batchlab.worker")
@@ -35,8 +35,9 @@ class Worker:
     """Socket edges around a backend: hello, dispatches in, tokens and batch results out."""
 
     def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str,
-                 keys: str | None = None) -> None:
+                 keys: str | None = None, run_over=None) -> None:
         self.backend, self.worker_id = backend, worker_id
+        self.run_over = run_over  # a warm worker's "the run I wait for has ended" (its launcher moved on)
         self.ctx = zmq.Context()
         self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id, keys=keys)
         self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
@@ -45,6 +46,7 @@ class Worker:
         self.open: dict[int, _Open] = {}  # batch_id -> continuous bookkeeping
         self.batch_of: dict[int, int] = {}  # request_id -> batch_id (continuous)
         self.step_no = 0
+        self.max_rows = backend.info.max_batch_size  # the row cap the scheduler last heard (hello, then reports)
         self.stopping = False
         self.rejected = 0
         self.last_heard = now()
@@ -56,12 +58,13 @@ class Worker:
 
     # --- main loop --------------------------------------------------------------------------------
     def run(self) -> None:
-        """Warm up, say hello, then serve until Shutdown, a signal, or a silent scheduler."""
-        self.backend.warmup()
+        """Say hello to this run's scheduler (the backend is warm), then serve until Shutdown, a signal,
+        or a silent scheduler."""
         self.heart.start()
-        self.deferred.extend(measure(self.sched, self.clock, stopping=lambda: self.stopping))
+        self.deferred.extend(measure(self.sched, self.clock, stopping=lambda: self.stopping or self._abandoned()))
         self.heard_once = bool(self.clock.window)  # a pong proves the scheduler is there
         self._hello()
+        self._report_capacity()  # a warm-up OOM may already have lowered the cap the hello announced
         self.last_heard = now()
         while not self.stopping:
             busy = self.backend.info.mode == "continuous" and self.backend.has_work()
@@ -74,8 +77,9 @@ class Worker:
             # 3. keep the clock offset fresh
             self._resync()
 
-    def close(self) -> None:
-        """Fail what is still running, say goodbye to the collector, then close sockets and context."""
+    def close(self, close_backend: bool = True) -> None:
+        """Fail what is still running, say goodbye to the collector, then close sockets and context
+        (and the backend, unless it stays warm for the next run)."""
         for rid in list(self.batch_of):  # continuous rows cut off by a stop: terminal, never silent
             self._close_row(rid, "worker stopped before the request finished")
         try:
@@ -84,20 +88,29 @@ class Worker:
                                          self.backend.info.memory_kind, stats))
         finally:
             self.heart.stop()
-            self.backend.close()
+            if close_backend:
+                self.backend.close()
             self.sched.close()
             self.coll.close()
             self.ctx.term()
 
     def _engine_facts(self) -> dict:
-        """What an engine reports about the run (vLLM: KV usage, its own per-request timestamps)."""
-        facts = dict(getattr(self.backend, "run_facts", dict)())
+        """What an engine reports about the run as a whole (vLLM: KV usage); per-request engine
+        metrics travel with each completion instead (`_batch_done`), so no message grows with the run."""
+        return dict(getattr(self.backend, "run_facts", dict)())
+
+    def _engine_metrics(self, request_ids: list[int]) -> dict:
+        """The engine's own timestamps for these requests (vLLM), on the scheduler's clock; taken, so
+        the backend holds only what is in flight."""
         metrics = getattr(self.backend, "request_metrics", None)
-        if metrics:
-            conv = self.clock.to_scheduler
-            facts["request_metrics"] = {str(rid): {k: conv(v) if k.endswith("_ts") else v for k, v in m.items()}
-                                        for rid, m in metrics.items()}
-        return facts
+        if not metrics:
+            return {}
+        conv, out = self.clock.to_scheduler, {}
+        for rid in request_ids:
+            m = metrics.pop(rid, None)
+            if m:
+                out[str(rid)] = {k: conv(v) if k.endswith("_ts") else v for k, v in m.items()}
+        return out
 
     # --- steps ------------------------------------------------------------------------------------
     def _hello(self) -> None:
@@ -176,9 +189,9 @@ class Worker:
         try:
             out = self.backend.step()
         except Exception as exc:
-            log.exception("continuous step failed")
-            out = StepOutput(now(), [], [], failed=[(rid, f"worker error: {type(exc).__name__}: {exc}")
-                                                    for rid in list(self.batch_of)])
+            out = None
+            self._fail_step(exc)
+        self._report_capacity()  # an OOM inside the step may have moved the backend's row cap
         if out is None:
             return
         self._emit_tokens(STEP_BATCH, out)  # one step serves many dispatches
@@ -190,6 +203,26 @@ class Worker:
             self._close_row(rid, None)
         for rid, reason in out.failed:
             self._close_row(rid, reason)
+
+    def _fail_step(self, exc: Exception) -> None:
+        """A step that raised fails every row once; the backend drops them, or the next step would repeat it."""
+        log.exception("continuous step failed")
+        try:
+            self.backend.abort_all()
+        except Exception:  # the rows fail below either way
+            log.exception("aborting the backend's rows failed")
+        reason = f"worker error: {type(exc).__name__}: {exc}"
+        for rid in list(self.batch_of):
+            self._close_row(rid, reason)
+
+    def _report_capacity(self) -> None:
+        """Tell the scheduler when the backend's row cap (optional `max_rows`) moved, so its credit follows."""
+        rows = getattr(self.backend, "max_rows", None)
+        if rows is None or rows == self.max_rows:
+            return
+        self.max_rows = rows
+        reason = getattr(self.backend, "max_rows_reason", "")
+        self.sched.send(encode(WorkerCapacity(self.worker_id, rows, reason)))
 
     def _close_row(self, request_id: int, reason: str | None) -> None:
         batch_id = self.batch_of.pop(request_id, None)
@@ -207,12 +240,20 @@ class Worker:
                                        False, self.backend.peak_memory_bytes()))
 
     def _emit_tokens(self, batch_id: int, out: StepOutput) -> None:
+        """One Tokens message per distinct token time (a backend may stamp rows at different moments
+        of one step: decode tokens when the forward's results reached the host, joiners after prefill)."""
         if not out.request_ids:
             return
-        self._to_collector(Tokens(batch_id, self.step_no, self.clock.to_scheduler(out.time), out.request_ids,
-                                  out.token_ids))
+        times = out.times or [out.time] * len(out.request_ids)
+        start = 0
+        for i in range(1, len(times) + 1):
+            if i == len(times) or times[i] != times[start]:
+                self._to_collector(Tokens(batch_id, self.step_no, self.clock.to_scheduler(times[start]),
+                                          out.request_ids[start:i], out.token_ids[start:i]))
+                start = i
 
     def _batch_done(self, done: BatchDone) -> None:
+        done.engine_metrics = self._engine_metrics([*done.finished, *(row[0] for row in done.failed)])
         done.start_time = self.clock.to_scheduler(done.start_time)
         done.end_time = self.clock.to_scheduler(done.end_time)
         self._to_collector(done)
@@ -228,7 +269,10 @@ class Worker:
         """Called after a poll that heard nothing; our own heartbeats go from a thread (heartbeat.py)."""
         silent_s = now() - self.last_heard
         if not self.heard_once:  # a scheduler that is not up yet gets our hello when it binds
-            if silent_s > WAITING_LOG_INTERVAL_S:
+            if self._abandoned():
+                log.warning("the run ended before its scheduler was heard: leaving it")
+                self.stopping = True
+            elif silent_s > WAITING_LOG_INTERVAL_S:
                 log.warning("no word from the scheduler yet; still waiting")
                 self.last_heard = now()
             return
@@ -236,17 +280,82 @@ class Worker:
             log.error("scheduler silent for %.1f s: stopping", silent_s)
             self.stopping = True
 
+    def _abandoned(self) -> bool:
+        """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
+        return self.run_over is not None and not self.heard_once and self.run_over()
+
     def _to_collector(self, msg: object) -> None:
         self.coll.send(encode(msg))
 
 
 def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
                keys: str | None = None) -> int:
-    """Serve until told to stop; SIGINT/SIGTERM stop after the current step. Returns an exit code."""
+    """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step."""
     worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys)
     with on_stop_signal(lambda _signum: setattr(worker, "stopping", True)):
         try:
+            backend.warmup()
             worker.run()
         finally:
             worker.close()
+    return 0
+
+
+@dataclass(slots=True)
+class Session:
+    """One run that a warm worker joins: where its scheduler and collector listen, and its folder."""
+
+    scheduler_addr: str
+    collector_addr: str
+    out_dir: str
+
+
+def serve_sessions(make_backend, next_session, worker_id: str, keys: str | None = None,
+                   on_session=None, run_over=None) -> int:
+    """A warm worker: build and warm the backend once, then join run after run.
+
+    `next_session(timeout_s)` returns the next Session, None to end, or raises queue.Empty; between
+    runs the backend is reset (`reset()`: no rows, no cached prefixes, fresh peak memory), so no run
+    inherits another's state. `on_session(session)` runs first in each (per-run logs); `run_over()` says
+    the launcher has moved on (a run whose scheduler never came up is then left). SIGINT/SIGTERM end
+    the current run after its step, then the process.
+    """
+    import queue
+
+    state: dict = {"exit": False, "worker": None}
+
+    def on_signal(_signum: int) -> None:
+        state["exit"] = True
+        if state["worker"] is not None:
+            state["worker"].stopping = True
+
+    with on_stop_signal(on_signal):
+        started = now()
+        backend = make_backend()
+        try:
+            backend.warmup()
+            backend.info.facts["startup_s"] = round(now() - started, 3)  # load + warm-up, once
+            runs = 0
+            while not state["exit"]:
+                try:
+                    session = next_session(0.5)
+                except queue.Empty:
+                    continue
+                if session is None:
+                    break
+                if on_session is not None:
+                    on_session(session)
+                if runs:
+                    backend.reset()
+                backend.info.facts["warm_runs_before"] = runs  # 0: this run paid the start-up
+                state["worker"] = Worker(backend, session.scheduler_addr, session.collector_addr, worker_id,
+                                         keys, run_over)
+                try:
+                    state["worker"].run()
+                finally:
+                    state["worker"].close(close_backend=False)
+                    state["worker"] = None
+                runs += 1
+        finally:
+            backend.close()
     return 0

@@ -40,6 +40,8 @@ class ContinuousCore:
     model: StepModel
     pending: list[Row] = field(default_factory=list)
     running: list[_Live] = field(default_factory=list)
+    max_rows: int = 0  # the most rows in a step (the worker's announced cap); 0: no cap
+    held_back: int = 0  # joiners that had to wait for a free row (a scheduler over its credit)
 
     def has_work(self) -> bool:
         """True while any row waits or runs."""
@@ -47,7 +49,9 @@ class ContinuousCore:
 
     def plan_step(self) -> tuple[float, list[int], list[int], list[int], int, int]:
         """Advance one step: (duration_s, request_ids, token_indices, finished, running, joined)."""
-        joiners, self.pending = self.pending, []
+        room = max(0, self.max_rows - len(self.running)) if self.max_rows else len(self.pending)
+        joiners, self.pending = self.pending[:room], self.pending[room:]
+        self.held_back += len(self.pending)
         context = sum(lv.row.prompt_len + lv.generated for lv in self.running)
         duration = self.model.decode_step_s(context) if self.running else 0.0
         duration += self.model.prefill_s(sum(r.prompt_len for r in joiners))
@@ -68,7 +72,7 @@ class SimBackend:
     def __init__(self, preset: str = "a100-llama2-7b", mode: str = "static", max_batch_size: int = 64,
                  model_name: str | None = None, backend: str = "sim") -> None:
         self.model = get_preset(preset)
-        self.core = ContinuousCore(self.model)
+        self.core = ContinuousCore(self.model, max_rows=max_batch_size)
         self.info = BackendInfo(
             backend=backend, model=model_name or preset, mode=mode, max_batch_size=max_batch_size,
             kv_bytes_per_token=self.model.kv_bytes_per_token,
@@ -110,6 +114,18 @@ class SimBackend:
         return StepOutput(time=now(), start_time=start, request_ids=ids,
                           token_ids=[fake_token(r, i) for r, i in zip(ids, idx)],
                           finished=finished, running=running, joined=joined)
+
+    def abort_all(self) -> None:
+        """Drop every admitted row (after a failed step): none is stepped again."""
+        self.core.pending, self.core.running = [], []
+
+    def reset(self) -> None:
+        """Between runs of a warm worker: no rows left over."""
+        self.core = ContinuousCore(self.model, max_rows=self.info.max_batch_size)
+
+    def run_facts(self) -> dict:
+        """Joiners held back for want of a free row (never, while the scheduler keeps to its credit)."""
+        return {"rows_held_back": self.core.held_back}
 
     def peak_memory_bytes(self) -> int:
         """A simulator allocates nothing."""

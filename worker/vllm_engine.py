@@ -1,11 +1,12 @@
 """The `vllm` backend: a vLLM v1 `LLMEngine` owned by the worker and stepped by it.
 
-vLLM does its own iteration-level batching and paging; every `step()` is one `LLMEngine.step()`, and the
-tokens it returns (RequestOutputKind.DELTA) are stamped with the time the worker received them.
-The engine spawns its own processes (EngineCore, model worker): build it only in a worker process or
-under `if __name__ == "__main__"`.
+vLLM does its own iteration-level batching and paging. The engine core runs inside the worker's own
+process (vLLM's in-process mode, VLLM_ENABLE_V1_MULTIPROCESSING=0): every `step()` is one engine
+iteration (schedule, forward, sample), its tokens are stamped when it returns, and the engine starts no
+process of its own that could outlive the worker.
 """
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -66,10 +67,11 @@ def resolve_model(name: str) -> str:
 
 
 def settings_from_config(cfg, mode: str) -> VLLMSettings:
-    """RunConfig → VLLMSettings (max_num_seqs 0 means max_batch_size)."""
+    """RunConfig → VLLMSettings (max_num_seqs 0 means the worker's row cap, factory.worker_rows)."""
     from cli.config import parse_bytes
+    from worker.factory import worker_rows
 
-    seqs = cfg.max_num_seqs or max(cfg.max_batch_size, cfg.batch_size if mode == "static" else 1)
+    seqs = cfg.max_num_seqs or worker_rows(cfg)
     return VLLMSettings(
         model=cfg.model, dtype=cfg.dtype, max_num_seqs=seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
@@ -130,11 +132,14 @@ def _kv_geometry(engine) -> dict:
             "dtype": str(mc.dtype).removeprefix("torch.")}
 
 
-def _engine_metrics(m, offset_s: float) -> dict:
-    """vLLM's own per-request timestamps (EngineCore monotonic clock → protocol.clock)."""
+def _engine_metrics(ro, offset_s: float) -> dict:
+    """vLLM's own per-request timestamps (EngineCore monotonic clock → protocol.clock) and how many
+    prompt tokens its prefix cache served."""
+    cached = {"cached_tokens": int(ro.num_cached_tokens)} if getattr(ro, "num_cached_tokens", None) is not None else {}
+    m = ro.metrics
     if m is None:
-        return {}
-    return {"queued_ts": m.queued_ts + offset_s, "scheduled_ts": m.scheduled_ts + offset_s,
+        return cached
+    return {**cached, "queued_ts": m.queued_ts + offset_s, "scheduled_ts": m.scheduled_ts + offset_s,
             "first_token_ts": m.first_token_ts + offset_s, "last_token_ts": m.last_token_ts + offset_s,
             "first_token_latency_s": m.first_token_latency, "num_preemptions": m.num_preemptions}
 
@@ -143,6 +148,10 @@ class VLLMBackend:
     """A vLLM engine in the worker process: admit() adds requests, step() runs one engine step."""
 
     def __init__(self, settings: VLLMSettings, mode: str = "continuous") -> None:
+        # In-process engine core: one step() = one iteration, and no EngineCore/Worker processes. With
+        # the default multiprocessing the core loops on its own in another process, so step() only
+        # collects what it produced meanwhile (tokens arriving together would share one time).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
             from vllm.v1.engine.llm_engine import LLMEngine
             from vllm.platforms import current_platform
@@ -167,6 +176,9 @@ class VLLMBackend:
     def _info(self, mode: str, engine_start_s: float) -> BackendInfo:
         geo = _kv_geometry(self.engine)
         facts = {**geo, "engine_start_s": round(engine_start_s, 3), "vllm_settings": asdict(self.settings),
+                 "engine_core": "in-process (one step() = one engine iteration)",
+                 "prefix_caching": bool(self.engine.vllm_config.cache_config.enable_prefix_caching),
+                 "prefix_cache_reset_between_runs": True,
                  "kv_cache_usage_source": "SchedulerStats.kv_cache_usage via a StatLogger",
                  "request_metrics_source": "RequestOutput.metrics (RequestStateStats)"}
         return BackendInfo(backend="vllm", model=self.settings.model, mode=mode,
@@ -211,7 +223,7 @@ class VLLMBackend:
         start = now()
         outputs = self.engine.step() if self.live else []
         t = now()
-        out = StepOutput(time=t, request_ids=[], token_ids=[], start_time=start, failed=self.failed)
+        out = StepOutput(time=t, request_ids=[], token_ids=[], start_time=start, failed=self.failed, times=[])
         self.failed = []
         for ro in outputs:
             self._take(ro, out)
@@ -226,20 +238,53 @@ class VLLMBackend:
         new = list(ro.outputs[0].token_ids) if ro.outputs else []
         if new and lv.generated == 0:
             out.joined += 1
+        out.times.extend(self._token_times(ro.metrics, lv.generated, len(new), out))
         lv.generated += len(new)
         out.request_ids.extend([rid] * len(new))
         out.token_ids.extend(new)
         if ro.finished:
             del self.live[rid]
-            self.request_metrics[rid] = _engine_metrics(ro.metrics, self.clock_offset_s)
+            self.request_metrics[rid] = _engine_metrics(ro, self.clock_offset_s)
             if lv.generated == lv.row.output_len:
                 out.finished.append(rid)
             else:
                 out.failed.append((rid, f"vllm returned {lv.generated} of {lv.row.output_len} tokens"))
 
+    def _token_times(self, metrics, generated: int, n_new: int, out: StepOutput) -> list[float]:
+        """When each new token existed: vLLM's own engine-core stamp of this iteration's output
+        (RequestStateStats.last_token_ts, also first_token_ts for the first) where it keeps one, else
+        the step's return. In-process both lie within the step; the engine's is the earlier, exact one."""
+        t = out.time
+        if metrics is not None and getattr(metrics, "last_token_ts", 0.0):
+            stamp = metrics.last_token_ts + self.clock_offset_s
+            if out.start_time <= stamp <= out.time:  # a stamp from this iteration, on our clock
+                t = stamp
+        return [t] * n_new
+
     def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
         """Static mode: admit the whole batch and step until every row is done (backend.run_to_completion)."""
         run_to_completion(self, rows, on_step)
+
+    def abort_all(self) -> None:
+        """Abort every live request in the engine (after a failed step) and drop unreported rejections."""
+        if self.live:
+            self.engine.abort_request([str(r) for r in self.live])
+            self.live.clear()
+        self.failed = []
+
+    def reset(self) -> None:
+        """Between runs of a warm worker: abort what is left, empty the prefix cache (no run may hit
+        another's cached prompts), forget the stats."""
+        if self.live:
+            self.engine.abort_request([str(r) for r in self.live])
+            self.live.clear()
+        self.failed = []
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        if not self.engine.reset_prefix_cache():
+            raise BackendError("vLLM refused to reset its prefix cache between runs")
+        self.usage.reset()
+        self.request_metrics.clear()
 
     def peak_memory_bytes(self) -> int:
         """Peak KV pool bytes in use (vLLM's kv_cache_usage × pool size); the pool itself is reserved."""
@@ -258,7 +303,7 @@ class VLLMBackend:
         try:
             if self.live:
                 engine.abort_request([str(r) for r in self.live])
-            engine.engine_core.shutdown()
+            engine.engine_core.shutdown()  # in-process: frees the executor; nothing to join
         except Exception:  # shutting down must never raise into the worker's finally
             log.exception("vLLM shutdown failed")
         self.live.clear()

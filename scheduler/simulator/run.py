@@ -13,7 +13,7 @@ from scheduler.policies import make_policy
 from scheduler.simulator.engine import Simulation
 from scheduler.simulator.record import build_tables
 from traffic.schedule import Schedule, save_schedule
-from worker.factory import worker_mode
+from worker.factory import worker_mode, worker_rows
 from worker.stepmodel import StepModel, get_preset
 
 END_REASON = "simulated"
@@ -28,7 +28,7 @@ def worker_hellos(cfg: RunConfig, model: StepModel) -> list[WorkerHello]:
     """The hellos the live `sim`/`echo` workers of this config would send (see worker/factory.py)."""
     backend = "echo" if cfg.backend == "echo" else "sim"
     budget_bytes = parse_bytes(cfg.memory_budget) or model.kv_budget_bytes()
-    rows = max(cfg.max_batch_size, cfg.batch_size)
+    rows = worker_rows(cfg)  # what the live worker announces
     return [WorkerHello(f"worker-{i}", backend, model.name, worker_mode(cfg), rows, model.kv_bytes_per_token,
                         budget_bytes, "simulated", "none", {"preset": model.as_dict()})
             for i in range(cfg.workers)]

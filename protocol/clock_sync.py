@@ -1,4 +1,5 @@
-"""Clock offset to the scheduler's host, the way NTP/Cristian do it: keep the minimum-RTT sample.
+"""Clock offset to the scheduler's host (workers and remote traffic), the way NTP/Cristian do it: keep
+the minimum-RTT sample.
 
 A worker on another host does not share the scheduler's monotonic clock. For a ping sent at local t1,
 answered with the scheduler's reading ts, and received at local t2: rtt = t2 − t1, and the scheduler's

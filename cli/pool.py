@@ -1,0 +1,118 @@
+"""Workers kept warm across the runs of a sweep that share their settings.
+
+Loading a model and starting an engine is paid once per group of points (vLLM's CPU engine compiles
+its graph for tens of seconds; Mistral-7B takes minutes to load on a GPU box). Each point's scheduler
+and collector are new; the warm worker joins them as a `worker.process.Session`, and its backend is
+reset between points (no rows, an empty prefix cache, a fresh peak-memory reading), so no point
+inherits another's state. At most one pool is alive at a time: two engines would compete for one
+GPU's memory.
+"""
+import logging
+import multiprocessing as mp
+import queue
+import signal
+from dataclasses import fields
+from pathlib import Path
+
+from cli import procs, roles
+from cli.config import RunConfig
+from cli.launcher import STOP_GRACE_S, start_role
+from cli.procs import Child
+from protocol.sockets import Addresses
+from worker.factory import worker_mode, worker_rows
+from worker.process import Session
+
+log = logging.getLogger("batchlab.pool")
+
+# RunConfig fields that shape the traffic, the scheduler or the output folder, never the worker
+RUN_ONLY = frozenset({"strategy", "rate", "duration_s", "arrival", "burstiness", "dataset", "schedule",
+                      "max_wait_ms", "max_new_tokens", "max_prompt_len", "seed", "out", "max_queue",
+                      "max_queue_tokens", "extra"})
+
+
+def worker_key(cfg: RunConfig) -> tuple | None:
+    """What a run's workers are built from; runs with equal keys can share warm workers. None: never
+    pooled (the openai backend holds no model: the server it talks to is the user's)."""
+    if cfg.backend == "openai":
+        return None
+    values = {f.name: getattr(cfg, f.name) for f in fields(RunConfig) if f.name not in RUN_ONLY}
+    values.update(mode=worker_mode(cfg), rows=worker_rows(cfg))
+    return tuple(sorted((k, repr(v)) for k, v in values.items()))
+
+
+class WorkerPool:
+    """cfg.workers warm worker processes built from one run's settings."""
+
+    def __init__(self, cfg: RunConfig, log_dir: Path) -> None:
+        self.key = worker_key(cfg)
+        ctx = mp.get_context("spawn")
+        self.queues = [ctx.Queue() for _ in range(cfg.workers)]
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.children = [start_role(ctx, f"worker-{i}", roles.warm_worker_role, cfg, f"worker-{i}", q,
+                                    _session_output, out_dir=str(log_dir))
+                         for i, q in enumerate(self.queues)]
+        log.info("warm workers started for %s/%s: pids %s", cfg.backend, cfg.model,
+                 [c.proc.pid for c in self.children])
+
+    def alive(self) -> bool:
+        """True while every worker of the pool lives."""
+        return all(c.proc.is_alive() for c in self.children)
+
+    def join(self, addrs: Addresses, out_dir: str) -> list[Child]:
+        """Send every worker to this run; returns them (for the launcher's liveness watch)."""
+        for q in self.queues:
+            q.put(Session(addrs.scheduler, addrs.collector, out_dir))
+        return self.children
+
+    def close(self) -> None:
+        """Tell every worker to end, then stop and reap whatever did not (process groups included)."""
+        for q in self.queues:
+            try:
+                q.put(None)
+            except (ValueError, OSError):
+                pass
+        procs.stop(self.children, signal.SIGTERM, STOP_GRACE_S)
+        for q in self.queues:
+            q.close()
+            q.join_thread()
+
+
+def _session_output(out_dir: str) -> None:
+    """In a warm worker, at each run: its terminal output goes into that run's logs/ folder."""
+    import multiprocessing
+
+    procs.redirect_output(Path(out_dir) / "logs" / f"{multiprocessing.current_process().name}.out")
+
+
+class PoolKeeper:
+    """Holds the one warm pool of a sweep: the same one while the points share its key, a new one
+    (the old one closed first) when they do not, a fresh one when a worker died."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir, self.pool = log_dir, None
+
+    def for_config(self, cfg: RunConfig) -> WorkerPool | None:
+        """The pool this run's workers come from (None: the run starts its own)."""
+        key = worker_key(cfg)
+        if self.pool is not None and (self.pool.key != key or not self.pool.alive()):
+            self.close()
+        if key is None:
+            return None
+        if self.pool is None:
+            self.pool = WorkerPool(cfg, self.log_dir)
+        return self.pool
+
+    def close(self) -> None:
+        """End the current pool, if any."""
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            pool.close()
+
+    def __enter__(self) -> "PoolKeeper":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_ = queue  # queue.Empty is what a warm worker's session wait raises between runs

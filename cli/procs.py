@@ -1,0 +1,113 @@
+"""Process trees a launcher owns: each child leads its own process group, and the whole group is
+reaped on every exit path, so nothing a run started (vLLM's engine processes included) outlives it.
+
+Why a group per child: a role may start processes of its own (a vLLM engine core, tokenizer pools,
+compiler workers); they inherit the group, so one `killpg` reaches them even after their parent died
+and they were re-parented to init. A group of its own also keeps the terminal's Ctrl-C away from the
+children: it reaches only the launcher, which then stops the roles in order (producers first).
+"""
+import ctypes
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("batchlab.procs")
+PR_SET_PDEATHSIG = 1  # Linux prctl: a signal this process gets when its parent dies
+REAP_WAIT_S = 5.0  # after SIGKILL to a group, how long to wait for its members to be gone
+
+
+@dataclass
+class Child:
+    """One launched role: its process leads a process group of the same id."""
+
+    name: str
+    proc: mp.process.BaseProcess
+
+
+def become_group_leader() -> None:
+    """In a child, first thing: lead a new process group and die with the launcher (SIGTERM)."""
+    parent = os.getppid()
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the launcher died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def redirect_output(log_file: Path) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so C libraries' prints and
+    Python warnings too) to `log_file`: the terminal keeps batchlab's own progress only."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def start(ctx, name: str, entry, *args) -> Child:
+    """Start `entry(*args)` as a process (which must call become_group_leader first)."""
+    proc = ctx.Process(target=entry, args=args, name=name, daemon=False)
+    proc.start()
+    return Child(name, proc)
+
+
+def signal_group(child: Child, sig: int) -> None:
+    """Send `sig` to the child's whole group (to the child alone before it has made its group)."""
+    pid = child.proc.pid
+    if pid is None:
+        return
+    for send in (lambda: os.killpg(pid, sig), lambda: os.kill(pid, sig)):
+        try:
+            send()
+            return
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group `pgid` exists (zombies of our own children excepted)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def reap(children: list[Child]) -> None:
+    """Kill whatever is left of each child's group (grandchildren included) and wait until it is gone."""
+    for c in children:
+        if c.proc.pid is None:
+            continue
+        if c.proc.is_alive():
+            c.proc.kill()
+        c.proc.join(timeout=REAP_WAIT_S)
+        try:
+            os.killpg(c.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+        deadline = time.monotonic() + REAP_WAIT_S
+        while group_alive(c.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if group_alive(c.proc.pid):
+            log.error("processes of %s's group %d survived SIGKILL", c.name, c.proc.pid)
+
+
+def stop(children: list[Child], sig: int, grace_s: float) -> None:
+    """Signal each live child, wait up to grace_s for all, then SIGKILL the rest and reap every group."""
+    for c in children:
+        if c.proc.is_alive():
+            signal_group(c, sig)
+    deadline = time.monotonic() + grace_s
+    for c in children:
+        c.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    reap(children)

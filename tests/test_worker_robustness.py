@@ -1,0 +1,351 @@
+"""Worker robustness: a continuous worker's row cap reaches the scheduler's credit and probes back up;
+a worker that rejoins under its id loses no request; a continuous step that raises fails its rows once
+and leaves the worker idle and serving. Real Scheduler and Worker loops run in threads against fake
+peers on loopback sockets; every wait polls for its condition until a generous deadline."""
+import itertools
+import threading
+import time
+from collections.abc import Callable
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+from protocol import (BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, ProtocolError,
+                      RequestFailed, RequestMsg, RunEnd, Shutdown, Start, Tokens, TrafficHello, WorkerBye,
+                      WorkerCapacity, WorkerHello, decode, encode, now)
+from protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
+from scheduler.policies import make_policy
+from scheduler.process import Scheduler
+from tests.test_faults import free_port
+from worker import hf_continuous
+from worker.backend import Row
+from worker.hf import HFSettings
+from worker.process import Worker
+from worker.sim import SimBackend
+
+DEADLINE_S = 60.0  # generous: every wait ends as soon as its condition holds
+BEAT_S = 0.3  # fake peers beat this often, well inside the 3 s (3 × 1 s) liveness limit
+POLL_MS = 50
+WORKER = "w0"
+PROMPT = [1, 2, 3, 4]
+
+
+def tcp() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def hello(max_rows: int = 4) -> WorkerHello:
+    """A continuous worker with KV to spare: only rows limit its credit."""
+    return WorkerHello(WORKER, "sim", "fake", "continuous", max_rows, 1, 10**12, "cpu", "none")
+
+
+def request(rid: int) -> RequestMsg:
+    t = now()
+    return RequestMsg(rid, t, t, len(PROMPT), 4, pack_tokens(PROMPT))
+
+
+def is_dispatch(msg: object) -> bool:
+    return isinstance(msg, Dispatch)
+
+
+def dispatched(seen: list[object]) -> list[int]:
+    """Request ids in the Dispatches seen so far, in order."""
+    return [row[0] for m in seen if isinstance(m, Dispatch) for row in m.requests]
+
+
+# --- a real Scheduler with a fake traffic and a fake worker -------------------------------------------
+class Peer:
+    """A fake process on one DEALER socket: it beats while it waits and keeps what it read."""
+
+    def __init__(self, ctx: zmq.Context, address: str, identity: str) -> None:
+        self.identity, self.seen, self.last_beat = identity, [], 0.0
+        self.others: list[Peer] = []  # beaten for while this one waits (the scheduler hears every peer)
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.ROUTING_ID, identity.encode())
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.pings = itertools.count()
+
+    def send(self, msg: object) -> None:
+        self.sock.send(encode(msg))
+
+    def wait_for(self, cond: Callable[[object], bool]) -> object:
+        """Read until a message satisfies `cond` (beating meanwhile, so the scheduler never loses us)."""
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            msg = self.read_one()
+            if msg is not None and cond(msg):
+                return msg
+        raise AssertionError(f"{self.identity}: no match within {DEADLINE_S} s; last seen {self.seen[-3:]}")
+
+    def read_one(self) -> object | None:
+        """Beat every peer, then the next message within POLL_MS (kept in `seen`), or None."""
+        for peer in (self, *self.others):
+            peer.beat()
+        if not self.sock.poll(POLL_MS):
+            return None
+        msg = decode(self.sock.recv())
+        self.seen.append(msg)
+        return msg
+
+    def beat(self) -> None:
+        """A Heartbeat every BEAT_S."""
+        if time.monotonic() - self.last_beat > BEAT_S:
+            self.send(Heartbeat(self.identity, now()))
+            self.last_beat = time.monotonic()
+
+    def settled(self) -> None:
+        """Return once the scheduler handled all we sent before and scheduled after it: it answers pings
+        in order, and a second ping is read in a later loop pass than the first one's schedule step."""
+        for _ in range(2):
+            seq = next(self.pings)
+            self.send(ClockPing(seq, now()))
+            self.wait_for(lambda m, s=seq: isinstance(m, ClockPong) and m.seq == s)
+
+
+class SchedulerRig:
+    """A real Scheduler (continuous policy) in a thread; the test plays traffic, one worker and the collector."""
+
+    def __init__(self) -> None:
+        sched_addr, coll_addr = tcp(), tcp()
+        self.ctx = zmq.Context()
+        self.collector = self.ctx.socket(zmq.PULL)
+        self.collector.bind(coll_addr)
+        self.recorded: list[object] = []
+        self.sched = Scheduler(make_policy("continuous", max_batch_size=16), sched_addr, coll_addr)
+        self.thread = threading.Thread(target=self.sched.run, name="scheduler", daemon=True)
+        self.thread.start()
+        self.worker = Peer(self.ctx, sched_addr, WORKER)
+        self.traffic = Peer(self.ctx, sched_addr, "traffic")
+        self.worker.others, self.traffic.others = [self.traffic], [self.worker]
+
+    def join(self, max_rows: int = 4) -> None:
+        """The worker says hello and the traffic is told to start."""
+        self.worker.send(hello(max_rows))
+        self.worker.settled()
+        self.traffic.send(TrafficHello(10, "hash", 1.0))
+        self.traffic.wait_for(lambda m: isinstance(m, Start))
+
+    def recorded_until(self, cond: Callable[[object], bool]) -> object:
+        """What the scheduler sent the collector, read until a message satisfies `cond`."""
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            self.worker.read_one()  # beats both peers
+            while self.collector.poll(0):
+                msg = decode(self.collector.recv())
+                self.recorded.append(msg)
+                if cond(msg):
+                    return msg
+        raise AssertionError(f"the collector got no match within {DEADLINE_S} s")
+
+    def close(self) -> None:
+        self.sched.stopping = True
+        self.thread.join(timeout=DEADLINE_S)
+        self.sched.close()
+        for sock in (self.worker.sock, self.traffic.sock, self.collector):
+            sock.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def rig():
+    r = SchedulerRig()
+    yield r
+    r.close()
+
+
+def test_a_reported_row_cap_replaces_the_hellos_in_the_workers_credit(rig):
+    rig.join(max_rows=4)
+    rig.worker.send(WorkerCapacity(WORKER, 1, "out of memory"))
+    rig.worker.settled()
+    for rid in range(6):
+        rig.traffic.send(request(rid))
+    rig.traffic.settled()
+    rig.worker.settled()
+    assert dispatched(rig.worker.seen) == [0]  # credit = reported cap 1 − 1 running, not the hello's 4
+    rig.worker.send(WorkerCapacity(WORKER, 2, "probe"))
+    rig.worker.settled()
+    assert dispatched(rig.worker.seen) == [0, 1]
+    rig.worker.send(WorkerCapacity(WORKER, 99, "probe"))  # never above the announced maximum
+    rig.worker.settled()
+    assert dispatched(rig.worker.seen) == [0, 1, 2, 3]
+
+
+def test_a_worker_that_rejoins_under_its_id_gets_its_running_request_again_then_a_reason(rig):
+    rig.join()
+    rig.traffic.send(request(7))
+    first = rig.worker.wait_for(is_dispatch)
+    rig.worker.send(hello())  # a restart: what the old process ran is gone
+    again = rig.worker.wait_for(is_dispatch)
+    assert again.requests[0][0] == 7 and again.batch_id != first.batch_id
+    rig.worker.send(hello())  # a second restart: its one requeue is spent
+    failed = rig.recorded_until(lambda m: isinstance(m, RequestFailed))
+    assert (failed.request_id, failed.reason) == (7, "worker rejoined: its running requests were lost")
+    rig.traffic.send(EndOfStream(1))
+    end = rig.recorded_until(lambda m: isinstance(m, RunEnd))
+    assert end.stats["workers_rejoined"] == 2 and end.stats["workers_lost"] == 0
+
+
+# --- a real Worker with a fake scheduler -------------------------------------------------------------
+class WorkerRig:
+    """A real Worker in a thread; the test plays its scheduler (ROUTER) and its collector (PULL)."""
+
+    def __init__(self, backend) -> None:
+        sched_addr, coll_addr = tcp(), tcp()
+        self.ctx = zmq.Context()
+        self.router, self.collector = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.PULL)
+        self.router.bind(sched_addr)
+        self.collector.bind(coll_addr)
+        self.seen: list[object] = []
+        self.last_beat = 0.0
+        self.backend = backend
+        self.worker = Worker(backend, sched_addr, coll_addr, WORKER)
+        self.thread = threading.Thread(target=self.worker.run, name="worker", daemon=True)
+        self.thread.start()
+        self.wait_for(lambda m: isinstance(m, WorkerHello))
+
+    def wait_for(self, cond: Callable[[object], bool]) -> object:
+        """Read what the worker sends until `cond` holds, answering its pings and beating."""
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            if self.seen and time.monotonic() - self.last_beat > BEAT_S:
+                self.send(Heartbeat("scheduler", now()))
+                self.last_beat = time.monotonic()
+            if not self.router.poll(POLL_MS):
+                continue
+            ident, frame = self.router.recv_multipart()
+            msg = decode(frame)
+            if ident != WORKER.encode():  # the worker's heartbeat thread
+                continue
+            self.seen.append(msg)
+            if isinstance(msg, ClockPing):
+                self.send(ClockPong(msg.seq, msg.t_send, now()))
+            elif cond(msg):
+                return msg
+        raise AssertionError(f"no match from the worker within {DEADLINE_S} s; last seen {self.seen[-3:]}")
+
+    def send(self, msg: object) -> None:
+        self.router.send_multipart([WORKER.encode(), encode(msg)])
+
+    def dispatch(self, batch_id: int, rows: list[tuple[int, int]]) -> BatchDone:
+        """Dispatch (request_id, output_len) rows as one batch and wait for its BatchDone."""
+        self.send(Dispatch(batch_id, now(), "credit", [[rid, len(PROMPT), n, pack_tokens(PROMPT)] for rid, n in rows]))
+        return self.wait_for(lambda m: isinstance(m, BatchDone) and m.batch_id == batch_id)
+
+    def close(self) -> list[object]:
+        """Shut the worker down; returns everything it sent the collector (through its WorkerBye)."""
+        self.send(Shutdown("test over"))
+        self.thread.join(timeout=DEADLINE_S)
+        self.worker.close()
+        recorded = []
+        while not recorded or not isinstance(recorded[-1], WorkerBye):
+            assert self.collector.poll(int(DEADLINE_S * 1000)), "no WorkerBye"
+            recorded.append(decode(self.collector.recv()))
+        self.router.close(linger=0)
+        self.collector.close(linger=0)
+        self.ctx.term()
+        return recorded
+
+
+class RaisesOnce(SimBackend):
+    """The echo backend in continuous mode whose first step raises."""
+
+    def __init__(self) -> None:
+        super().__init__("echo", mode="continuous", max_batch_size=8, backend="echo")
+        self.raised = False
+
+    def step(self):
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("boom")
+        return super().step()
+
+
+def test_a_step_that_raises_fails_its_rows_once_then_the_worker_idles_and_serves():
+    rig = WorkerRig(RaisesOnce())
+    try:
+        done = rig.dispatch(0, [(1, 1000), (2, 1000)])  # long rows: a backend that kept them stays busy
+        assert not rig.backend.has_work()
+        assert done.finished == [] and sorted(done.failed) == [[1, "worker error: RuntimeError: boom"],
+                                                               [2, "worker error: RuntimeError: boom"]]
+        again = rig.dispatch(1, [(3, 4)])
+        assert again.finished == [3] and again.failed == []
+    finally:
+        recorded = rig.close()
+    assert sum(isinstance(m, BatchDone) and m.batch_id == 0 for m in rig.seen) == 1
+    tokens = [rid for m in recorded if isinstance(m, Tokens) for rid in m.request_ids]
+    assert tokens == [3] * 4  # the failed rows never produced a token
+
+
+class HalvesOnce(SimBackend):
+    """The echo backend in continuous mode with a row cap that its first step halves, as an OOM would."""
+
+    max_rows_reason = "out of memory (simulated)"
+
+    def __init__(self) -> None:
+        super().__init__("echo", mode="continuous", max_batch_size=8, backend="echo")
+
+    @property
+    def max_rows(self) -> int:
+        return self.core.max_rows
+
+    def step(self):
+        if self.core.max_rows == self.info.max_batch_size:
+            self.core.max_rows //= 2
+        return super().step()
+
+
+def test_the_worker_reports_its_backends_changed_row_cap_once():
+    rig = WorkerRig(HalvesOnce())
+    try:
+        done = rig.dispatch(0, [(1, 5)])
+        assert done.finished == [1]
+    finally:
+        rig.close()
+    reports = [m for m in rig.seen if isinstance(m, WorkerCapacity)]
+    assert reports == [WorkerCapacity(WORKER, 4, "out of memory (simulated)")]
+
+
+# --- the HF continuous backend's row cap --------------------------------------------------------------
+def test_an_oom_halves_the_hf_row_cap_and_clean_steps_probe_it_back_to_the_announced_max(monkeypatch):
+    probe_steps = 2
+    monkeypatch.setattr(hf_continuous, "CLEAN_STEPS_TO_PROBE", probe_steps)
+    b = hf_continuous.HFContinuousBackend(HFSettings(model="tiny-mistral", device="cpu", max_batch_size=8))
+    model, raised = b.model, []
+
+    def oom_once_in_decode(*args, **kwargs):
+        if not raised and tuple(kwargs["input_ids"].shape) == (4, 1):  # the first decode of the 4 rows
+            raised.append(True)
+            raise torch.OutOfMemoryError("simulated")
+        return model(*args, **kwargs)
+
+    monkeypatch.setattr(b, "model", oom_once_in_decode)
+    b.admit([Row(i, len(PROMPT), 20, PROMPT, i) for i in range(4)])
+    caps, tokens = [], {}
+    while b.has_work():
+        out = b.step()
+        assert not out.failed
+        for rid in out.request_ids:
+            tokens[rid] = tokens.get(rid, 0) + 1
+        caps.append((b.max_rows, b.max_rows_reason))
+    b.close()
+    assert tokens == {i: 20 for i in range(4)}  # the preempted rows resumed; none lost a token
+    changes = [(i, cap) for i, (cap, _) in enumerate(caps) if i and cap != caps[i - 1][0]]
+    oom_step, halved = changes[0]
+    assert caps[0][0] == 8 and halved == 2 and caps[oom_step][1].startswith("out of memory")
+    probes = changes[1:]
+    assert [cap for _, cap in probes] == list(range(3, 9))  # +1 at a time, up to the announced max
+    assert [i for i, _ in probes] == [oom_step + probe_steps * k for k in range(1, 7)]
+    assert caps[-1][0] == 8 and "probe" in caps[probes[0][0]][1]
+
+
+# --- the message ------------------------------------------------------------------------------------
+def test_worker_capacity_round_trips_and_bad_fields_are_rejected():
+    msg = WorkerCapacity(WORKER, 4, "out of memory")
+    assert decode(encode(msg)) == msg
+    with pytest.raises(ProtocolError, match="max_rows"):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(Kind.WORKER_CAPACITY), WORKER, "4", "oom"]))
+    with pytest.raises(ProtocolError):
+        decode(encode(msg)[:-1])
