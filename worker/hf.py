@@ -124,13 +124,14 @@ class HFBackend:
     def __init__(self, settings: HFSettings) -> None:
         import torch
 
-        self.torch, self.settings = torch, settings
+        self.torch, self.settings, self.model_facts = torch, settings, {}
         self.device = resolve_device(settings.device)
         started = now()
         self.tokenizer, self.model = self._load(settings.model)
         self.prefix = special_prefix(self.tokenizer)
         self.pad_id = self._pad_id()
         self.info = self._info(load_s=now() - started)
+        self.info.facts.update(self.model_facts)  # e.g. "random weights, real architecture" (worker.archs)
 
     @classmethod
     def from_config(cls, cfg, mode: str) -> "HFBackend":
@@ -142,15 +143,22 @@ class HFBackend:
 
     # --- loading ----------------------------------------------------------------------------------
     def _load(self, name: str):
+        """(tokenizer, model) on self.device; `NAME:random` is built from its config (worker.archs)."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+        from worker.archs import RANDOM_SEED, build_random_model, facts, random_arch
         from worker.tiny import resolve_model
 
-        path = resolve_model(name)
         try:
+            arch = random_arch(name)
+            path = resolve_model(name)
             config = AutoConfig.from_pretrained(path)
             dtype = resolve_dtype(self.settings.dtype, self.device, getattr(config, "dtype", None))
             tokenizer = AutoTokenizer.from_pretrained(path)
+            if arch is not None:  # no weights on disk: seeded init straight on the device, in dtype
+                self.model_facts = {**facts(arch), "random_seed": RANDOM_SEED,
+                                    "init": "from_config on the device in the run's dtype"}
+                return tokenizer, build_random_model(config, self.device, dtype)
             device_map = str(self.device) if self.device.type == "cuda" else None
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map)
         except (OSError, ValueError) as exc:

@@ -5,6 +5,8 @@ prefill_s     = overhead_s + weights_bytes / bandwidth_Bps + prefill_s_per_token
 """
 from dataclasses import asdict, dataclass
 
+from worker.archs import ARCHS, kv_bytes_per_token, n_params, weights_bytes
+
 GB = 1e9
 
 
@@ -43,14 +45,20 @@ def _llama_kv(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> in
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
+def _on_gpu(name: str, arch: str, bandwidth_Bps: float, prefill_Fps: float, overhead_s: float,
+            memory_bytes: float) -> StepModel:
+    """A 16-bit model of worker.archs on a GPU: weights and KV bytes from the architecture (so a preset and
+    `--model ARCH:random` agree); prefill ≈ 2·N flops per token at `prefill_Fps` achieved flop/s."""
+    a = ARCHS[arch]
+    return StepModel(name, float(weights_bytes(a, 2)), kv_bytes_per_token(a, 2), bandwidth_Bps,
+                     2 * n_params(a) / prefill_Fps, overhead_s, memory_bytes)
+
+
 PRESETS: dict[str, StepModel] = {
-    # Llama-2-7B FP16 (6.74e9 params) on an A100-40GB: 1.555 TB/s HBM; prefill ≈ 2·N flops/token at
-    # ~50% of 312 TFLOP/s.
-    "a100-llama2-7b": StepModel("a100-llama2-7b", 13.48 * GB, _llama_kv(32, 32, 128, 2), 1555 * GB,
-                                2 * 6.74e9 / 156e12, 0.0005, 40 * GB),
+    # Llama-2-7B FP16 (6.74e9 params) on an A100-40GB: 1.555 TB/s HBM; prefill at ~50% of 312 TFLOP/s.
+    "a100-llama2-7b": _on_gpu("a100-llama2-7b", "llama-2-7b", 1555 * GB, 156e12, 0.0005, 40 * GB),
     # Mistral-7B FP16 (7.24e9 params, GQA 8 KV heads) on an RTX 3090: 936 GB/s, 71 TFLOP/s fp16 dense.
-    "3090-mistral-7b": StepModel("3090-mistral-7b", 14.48 * GB, _llama_kv(32, 8, 128, 2), 936 * GB,
-                                 2 * 7.24e9 / 35e12, 0.0008, 24 * GB),
+    "3090-mistral-7b": _on_gpu("3090-mistral-7b", "mistral-7b-v0.1", 936 * GB, 35e12, 0.0008, 24 * GB),
     # tiny-mistral (56.37M params, fp32) on this 2-core CPU: fitted by benchmarks/step_time.py (15 shapes,
     # B 1-64 × P 33-513, fastest of 7 runs per shape). Mean |relative error| 35% decode, 38% prefill: the
     # box was shared (load ~5), so refit on a quiet machine. Overhead fits to 0 (absorbed in bandwidth).

@@ -8,6 +8,7 @@ the weights from `torch.manual_seed(TINY_SEED)`.
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from worker.tokenizers import TINY_MISTRAL, hf_tokenizer_from_sentencepiece, mistral_tokenizer_file
@@ -50,9 +51,9 @@ def build_tiny_model(seed: int = TINY_SEED):
     return MistralForCausalLM(tiny_config()).eval()
 
 
-def _is_complete(folder: Path) -> bool:
-    marker = folder / MARKER_FILE
-    return marker.is_file() and f'"format": {TINY_FORMAT}' in marker.read_text()
+def _is_complete(folder: Path, marker_file: str = MARKER_FILE, stamp: str = f'"format": {TINY_FORMAT}') -> bool:
+    marker = folder / marker_file
+    return marker.is_file() and stamp in marker.read_text()
 
 
 def _write(folder: Path) -> None:
@@ -63,7 +64,7 @@ def _write(folder: Path) -> None:
     (folder / MARKER_FILE).write_text(f'{{"format": {TINY_FORMAT}, "seed": {TINY_SEED}}}\n')
 
 
-def _swap_in(tmp: Path, final: Path, force: bool) -> None:
+def _swap_in(tmp: Path, final: Path, force: bool, is_complete: Callable[[Path], bool] = _is_complete) -> None:
     """Rename `tmp` to `final`; with force, an existing `final` is moved aside and removed."""
     if force and final.exists():
         trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
@@ -72,34 +73,48 @@ def _swap_in(tmp: Path, final: Path, force: bool) -> None:
     try:
         os.rename(tmp, final)
     except OSError:  # someone else finished first (or left an old folder): theirs wins unless broken
-        if _is_complete(final):
+        if is_complete(final):
             shutil.rmtree(tmp, ignore_errors=True)
             return
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
 
 
-def make_tiny_mistral(home: str | None = None, force: bool = False) -> Path:
-    """Create tiny-mistral in the cache unless it is already there; returns its folder.
+def make_model_folder(final: Path, write: Callable[[Path], None], marker_file: str, stamp: str,
+                      force: bool = False) -> Path:
+    """Create a model folder with `write(folder)` unless a complete one (its marker holds `stamp`) is there.
 
     Written into a temporary sibling folder and renamed at the end, so a killed or concurrent
     creation never leaves a half-written model where loaders look.
     """
-    final = tiny_mistral_dir(home)
-    if _is_complete(final) and not force:
+    def complete(folder: Path) -> bool:
+        return _is_complete(folder, marker_file, stamp)
+
+    if complete(final) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        _write(tmp)
-        _swap_in(tmp, final, force)
+        write(tmp)
+        _swap_in(tmp, final, force, complete)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
+def make_tiny_mistral(home: str | None = None, force: bool = False) -> Path:
+    """Create tiny-mistral in the cache unless it is already there; returns its folder."""
+    return make_model_folder(tiny_mistral_dir(home), _write, MARKER_FILE, f'"format": {TINY_FORMAT}', force)
+
+
 def resolve_model(name: str) -> str:
-    """tiny-mistral → its folder (created on first use); any other hub id or path unchanged."""
+    """tiny-mistral → its folder (created on first use); `NAME:random` → its config + tokenizer folder
+    (worker.archs, no weights); any other hub id or path unchanged."""
+    from worker.archs import make_random_dir, random_arch
+
     if name == TINY_MISTRAL:
         return str(make_tiny_mistral())
+    arch = random_arch(name)
+    if arch is not None:
+        return str(make_random_dir(arch))
     return name

@@ -79,7 +79,10 @@ class HFTokenizer:
 
 @lru_cache(maxsize=4)
 def get_tokenizer(model: str):
-    """tiny-mistral → SentencePiece on Mistral's file; anything else → AutoTokenizer (hub id or path)."""
-    if model == TINY_MISTRAL:
+    """tiny-mistral and `NAME:random` (worker.archs) → SentencePiece on Mistral's file; anything else →
+    AutoTokenizer (hub id or path)."""
+    from worker.archs import random_arch
+
+    if model == TINY_MISTRAL or random_arch(model) is not None:
         return SentencePieceTokenizer(mistral_tokenizer_file())
     return HFTokenizer(model)

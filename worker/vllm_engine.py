@@ -60,10 +60,24 @@ class _Live:
 
 
 def resolve_model(name: str) -> str:
-    """'tiny-mistral' → the embedded model's folder (worker.tiny); anything else is a path or hub id."""
+    """'tiny-mistral' → the embedded model's folder, `NAME:random` → a config + tokenizer folder without
+    weights (worker.tiny, worker.archs); anything else is a path or hub id."""
     from worker.tiny import resolve_model as tiny_resolve
 
-    return tiny_resolve(name)
+    try:
+        return tiny_resolve(name)
+    except ValueError as exc:  # an unknown NAME:random
+        raise BackendError(str(exc)) from None
+
+
+def _load_format(name: str) -> str:
+    """`NAME:random` → vLLM's dummy loader (random weights, no checkpoint); else vLLM's default."""
+    from worker.archs import random_arch
+
+    try:
+        return "dummy" if random_arch(name) is not None else "auto"
+    except ValueError as exc:
+        raise BackendError(str(exc)) from None
 
 
 def settings_from_config(cfg, mode: str) -> VLLMSettings:
@@ -86,11 +100,20 @@ def _engine_args(s: VLLMSettings, on_cpu: bool):
     # auto on CPU: float32 like the hf backend (vLLM's own auto would pick bfloat16), so both do the same work
     dtype = "float32" if on_cpu and s.dtype == "auto" else s.dtype
     return EngineArgs(
-        model=resolve_model(s.model), dtype=dtype, max_num_seqs=s.max_num_seqs,
+        model=resolve_model(s.model), load_format=_load_format(s.model), dtype=dtype,
+        max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens or None,
         gpu_memory_utilization=s.gpu_memory_utilization, enforce_eager=s.enforce_eager,
         tensor_parallel_size=s.tensor_parallel_size, pipeline_parallel_size=s.pipeline_parallel_size,
         kv_cache_memory_bytes=kv_bytes or None, disable_log_stats=False, seed=0)
+
+
+def _model_facts(name: str) -> dict:
+    """A `NAME:random` model's facts (worker.archs.facts) plus how vLLM got its weights; {} otherwise."""
+    from worker.archs import facts, random_arch
+
+    arch = random_arch(name)
+    return {**facts(arch), "load_format": "dummy (vLLM's random init)"} if arch is not None else {}
 
 
 def _stats_tap(usage: KVUsage) -> Callable:
@@ -180,7 +203,8 @@ class VLLMBackend:
                  "prefix_caching": bool(self.engine.vllm_config.cache_config.enable_prefix_caching),
                  "prefix_cache_reset_between_runs": True,
                  "kv_cache_usage_source": "SchedulerStats.kv_cache_usage via a StatLogger",
-                 "request_metrics_source": "RequestOutput.metrics (RequestStateStats)"}
+                 "request_metrics_source": "RequestOutput.metrics (RequestStateStats)",
+                 **_model_facts(self.settings.model)}
         return BackendInfo(backend="vllm", model=self.settings.model, mode=mode,
                            max_batch_size=self.settings.max_num_seqs, kv_bytes_per_token=geo["kv_bytes_per_token"],
                            kv_budget_bytes=geo["kv_pool_bytes"], device="cpu" if self.on_cpu else "cuda",
