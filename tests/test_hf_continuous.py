@@ -1,5 +1,6 @@
 """HFContinuousBackend on tiny-mistral (CPU): exact lengths, join/leave at step boundaries, solo-equal
-greedy tokens, KV-budget waits and OOM requeues that lose no row; PaddedKV bookkeeping on toy tensors."""
+greedy tokens, KV-budget waits and OOM requeues that lose no row, on the slot layout (the default) and the
+padded one; PaddedKV bookkeeping on toy tensors (SlotKV's is in test_hf_slots.py)."""
 import pytest
 import torch
 
@@ -220,3 +221,52 @@ def test_padded_kv_merge_left_pads_the_narrower_and_select_cuts_shared_padding()
     assert kv.pad == [1, 0] and kv.cache.layers[0].keys[:, 0, :, 0].tolist() == [[0, 3], [1, 2]]
     kv.select([])
     assert kv.cache is None and kv.width() == 0
+
+
+@pytest.fixture(scope="module")
+def padded():
+    b = HFContinuousBackend(HFSettings(model="tiny-mistral", device="cpu", max_batch_size=8), layout="padded")
+    b.warmup()
+    yield b
+    b.close()
+
+
+def test_the_padded_layout_gives_the_same_tokens_as_the_slot_layout(padded, solo):
+    tokens, outs = busy_run(padded)
+    assert tokens == solo and [o.joined for o in outs[:6]] == [1, 0, 2, 1, 0, 1]
+
+
+def test_slot_decode_steps_write_in_place_without_growing_the_cache(backend):
+    backend.admit([Row(0, 10, 20, list(range(10, 20)), 0), Row(1, 4, 20, [5, 6, 7, 8], 1)])
+    backend.step()
+    slots = backend.kv.kv
+    storage, shape = slots.keys[0].data_ptr(), slots.keys[0].shape
+    for _ in range(18):
+        backend.step()
+    assert slots.keys[0].data_ptr() == storage and slots.keys[0].shape == shape
+    assert slots.col_h == [29, 29]  # 11 prompt columns (BOS + 10, the short row left-padded) + 18 decoded
+    backend.step()
+    assert not backend.has_work() and slots.rows == 0
+
+
+def test_a_sliding_window_model_runs_rows_inside_its_window_and_refuses_longer_ones(tmp_path, solo):
+    import json
+    import shutil
+
+    from worker.tiny import resolve_model
+
+    folder = tmp_path / "tiny-mistral-window"
+    shutil.copytree(resolve_model("tiny-mistral"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "sliding_window": 48}))  # as Mistral-7B's 4096
+    b = HFContinuousBackend(HFSettings(model=str(folder), device="cpu", max_batch_size=8))
+    try:
+        b.warmup()
+        inside, outside = mixed_rows()[0], mixed_rows()[2]  # 1 + 30 + 12 ≤ 48 < 1 + 50 + 9 (BOS counted)
+        tokens, outs = drive(b, [[inside, outside]])
+    finally:
+        b.close()
+    failed = {rid: why for o in outs for rid, why in o.failed}
+    assert tokens[inside.request_id] == solo[inside.request_id]  # inside the window: the same model
+    assert list(failed) == [outside.request_id] and "sliding window (48 tokens)" in failed[outside.request_id]
+    assert outside.request_id not in tokens

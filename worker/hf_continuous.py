@@ -1,48 +1,54 @@
 """The `hf` backend in continuous mode: iteration-level batching by a hand-written greedy decode loop.
 
-Every `step()` is one step boundary: (1) one batched decode forward over the running rows gives each
-its next token; (2) the rows admitted since the last step are prefilled together (left-padded) and each
-gets its first token from its own prefill; (3) rows that reached `output_len` leave; (4) the joiners'
-KV is merged into the running cache. Each token is stamped (`StepOutput.times`) when it reached the host:
-a running row's when the decode's argmax is read back (on CUDA that copy is the sync), a joiner's after its
-prefill, so a joiner's prefill does not inflate the running rows' inter-token latency. Decoding is greedy
-with EOS banned (logit −inf, as generate()'s min_new_tokens does), so every row gets exactly `output_len`
-tokens and they match the static path even where EOS is the model's top choice.
+Every `step()` is one step boundary: (1) one batched decode forward over the running rows gives each its
+next token; (2) the rows admitted since the last step are prefilled together (left-padded) and each gets its
+first token from its own prefill; (3) rows that reached `output_len` leave; (4) the joiners join the running
+set (in the slot layout their KV is already in place). Each token is stamped (`StepOutput.times`) when it
+reached the host: a running row's when the decode's argmax is read back (on CUDA that copy is the sync), a
+joiner's after its prefill, so a joiner's prefill does not inflate the running rows' inter-token latency.
+Decoding is greedy with EOS banned (logit −inf, as generate()'s min_new_tokens does), so every row gets
+exactly `output_len` tokens and they match the static path even where EOS is the model's top choice.
 
-KV layout (`worker.hf_kv.PaddedKV`): one transformers `DynamicCache` for the whole running set, left-padded so every
-row's newest token sits in the last column; row i's real tokens start at column `pad[i]`. The decode
-step then needs only an attention mask (col ≥ pad[i]) and per-row positions (T − pad[i]). Joining left-
-pads the narrower of the two caches and concatenates along the batch; leaving selects rows and cuts the
-columns that are padding for every remaining row. This keeps one batched forward per step (as fast as
-static batching on CPU) at the cost of some padded columns; per-row caches would need a forward per row.
-Padded columns are masked out, so a row's greedy tokens match a solo run up to float rounding
+KV layout (`worker.hf_layouts`): `slots`, the default (`worker.hf_slots.SlotKV`), keeps per layer one K and
+one V tensor [slots, kv_heads, columns, head_dim], allocated once and grown only when an admitted row's final
+length or the row count outgrows it; running row i lives in slot i and is written in place at its own column,
+a joiner is prefilled straight into the next free slot, a finished row frees its slot (the last row moves
+into the hole). Last tokens, positions and lengths stay on the device; a decode step reads back only its
+tokens. Decode attention reads the grouped KV heads without repeating them (`slot_attention`, registered with
+transformers' AttentionInterface; prefill and generate() keep transformers' SDPA). `padded`, the earlier
+layout (`worker.hf_kv.PaddedKV`), keeps one left-padded `DynamicCache`: every step concatenates it, a joiner
+re-pads it, a leaver copies it; kept for comparison (benchmarks/continuous_step.py) and as a fallback.
+Padded columns are masked out in both, so a row's greedy tokens match a solo run up to float rounding
 (tests/test_hf_continuous.py checks the token ids on tiny-mistral). Caches must be plain full-attention
-`DynamicLayer`s (sliding-window or hybrid models are refused at warm-up).
+layers (sliding-window or hybrid models are refused at warm-up).
 
 Why not transformers' `ContinuousBatchingManager`: it generates on its own background thread, so step
 boundaries (rows running, joined, finished per step) are not visible and the worker's step-by-step
 loop would become a queue reader competing for the GIL on a 2-core CPU; its paged cache is sized by its
 own heuristic (its first request took ~20 s to allocate on this CPU) rather than our KV budget.
 
-Memory: a joiner waits (`run_facts()["row_steps_waiting"]`) while the padded cache it would make could
-outgrow `kv_budget_bytes`; a row alone always runs. On a real OOM the row cap halves (`RowCap`: back up by
-one after CLEAN_STEPS_TO_PROBE clean steps, as the static back-off probes; the worker reports every change
-to the scheduler, whose credit follows, and rows already over the cap wait here); joiners go back to
-the queue's front; a failed decode drops the (half-updated) cache and requeues the running rows, which
-resume by recompute (a row's context keeps its generated tokens); a row that cannot run alone fails
-with the reason. No row is dropped.
+Memory: a joiner waits (`run_facts()["row_steps_waiting"]`) while the cache it would need (running rows ×
+the widest row's final length) could outgrow `kv_budget_bytes` (the slot layout rounds its allocation up to
+whole blocks of columns and doubles its slots, so it may hold up to that much more); a row alone always
+runs. On a real OOM the row cap halves (`RowCap`: back up by one after CLEAN_STEPS_TO_PROBE clean steps, as
+the static back-off probes; the worker reports every change to the scheduler, whose credit follows, and rows
+already over the cap wait here); joiners go back to the queue's front; a failed decode drops the
+(half-updated) cache and requeues the running rows, which resume by recompute (a row's context keeps its
+generated tokens); a row that cannot run alone fails with the reason. No row is dropped.
 """
 from dataclasses import dataclass, replace
 
 from protocol.clock import now
 from worker.backend import BackendError, Row, StepOutput
-from worker.hf import HFBackend, HFSettings, left_pad, settings_from_config
-from worker.hf_kv import PaddedKV
+from worker.hf import HFBackend, HFSettings, settings_from_config
+from worker.hf_layouts import LAYOUTS, make_layout
 
 CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by one: the static back-off's
 # 20 clean batches (scheduler.policies) × 32 steps, one batch's worth at the CPU config's 32-token outputs
-DECODE = ("greedy loop, EOS banned: one batched decode forward per step, joiners prefilled together, "
-          "left-padded DynamicCache")
+DECODE = {"slots": "greedy loop, EOS banned: one batched decode forward per step, joiners prefilled together "
+                   "into free slots of a preallocated per-row KV cache, grouped-query decode attention",
+          "padded": "greedy loop, EOS banned: one batched decode forward per step, joiners prefilled together, "
+                    "left-padded DynamicCache"}
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -100,14 +106,20 @@ class _Live:
 class HFContinuousBackend:
     """Continuous batching over an HF causal LM (see the module docstring); loading is HFBackend's."""
 
-    def __init__(self, settings: HFSettings) -> None:
+    def __init__(self, settings: HFSettings, layout: str = "slots") -> None:
+        if layout not in LAYOUTS:
+            raise BackendError(f"unknown KV layout {layout!r} (one of {', '.join(LAYOUTS)})")
         self.base = HFBackend(settings)  # model, tokenizer, BOS prefix, pad id, budget, device
         self.torch, self.model, self.device = self.base.torch, self.base.model, self.base.device
-        self.info = replace(self.base.info, mode="continuous", facts={**self.base.info.facts, "decode": DECODE})
-        self.kv = PaddedKV(self.torch, self.device)
+        self.decode_fact = DECODE[layout]
+        self.info = replace(self.base.info, mode="continuous",
+                            facts={**self.base.info.facts, "decode": self.decode_fact})
+        self.kv = make_layout(layout, self.torch, self.model, self.device, self.info.max_batch_size)
         self.eos = self.torch.tensor(eos_ids(self.model, self.base.tokenizer), dtype=self.torch.long,
                                      device=self.device)  # [E]
         self.pending: list[_Live] = []
+        self.refused: list[tuple[int, str]] = []  # rows admit() could not take, failed at the next step
+        self.window = 0  # a sliding-window model's window (tokens); 0: full attention
         self.running: list[_Live] = []
         self.cap = RowCap(self.info.max_batch_size)  # what the worker reports to the scheduler
         self.stats = {"row_steps_waiting": 0, "preempted_rows": 0, "oom_requeues": 0}
@@ -124,7 +136,7 @@ class HFContinuousBackend:
         """HFBackend's warm-up (and CUDA reserve measurement), then the warm-up rows through this loop."""
         self.base.warmup()
         self.info.kv_budget_bytes = self.base.info.kv_budget_bytes  # CUDA: measured by the warm-up
-        self.info.facts.update(self.base.info.facts, decode=DECODE)
+        self.info.facts.update(self.base.info.facts, decode=self.decode_fact)
         self._check_cache_layers()
         started = now()
         self.admit(self.base.warmup_rows())
@@ -134,12 +146,19 @@ class HFContinuousBackend:
         self.info.facts["continuous_warmup_s"] = round(now() - started, 3)
 
     def admit(self, rows: list[Row]) -> None:
-        """Rows join at the next step boundary."""
-        self.pending += [_Live(r, self.base.prefix + list(r.prompt_tokens)) for r in rows]
+        """Rows join at the next step boundary; a row longer than a sliding-window model's window is
+        refused (reported failed at the next step): the loop attends over every key it keeps."""
+        for r in rows:
+            lv = _Live(r, self.base.prefix + list(r.prompt_tokens))
+            if self.window and len(lv.context) + r.output_len > self.window:
+                self.refused.append((r.request_id, f"longer than the model's sliding window ({self.window} tokens): "
+                                                   "continuous hf attends over the whole context"))
+            else:
+                self.pending.append(lv)
 
     def has_work(self) -> bool:
-        """True while any admitted row waits or runs."""
-        return bool(self.pending or self.running)
+        """True while any admitted row waits or runs, or a refusal waits to be reported."""
+        return bool(self.pending or self.running or self.refused)
 
     @property
     def max_rows(self) -> int:
@@ -157,20 +176,21 @@ class HFContinuousBackend:
 
     def abort_all(self) -> None:
         """Drop every admitted row and the cache (after a failed step: else the next step repeats it)."""
-        self.pending, self.running = [], []
-        self.kv = PaddedKV(self.torch, self.device)
+        self.pending, self.running, self.refused = [], [], []
+        self.kv.clear()
         self._free()
 
     def step(self) -> StepOutput | None:
         """Decode the running rows, prefill the joiners, retire finished rows, merge the joiners."""
         if not self.has_work():
             return None
-        out = StepOutput(time=0.0, request_ids=[], token_ids=[], start_time=now(), times=[])
+        out = StepOutput(time=0.0, request_ids=[], token_ids=[], start_time=now(), times=[], failed=self.refused)
+        self.refused = []
         with self.torch.inference_mode():
             self._decode(out)
-            joiners, joined_kv = self._prefill(self._take_joiners(), out)
-        out.running, out.joined = len(out.request_ids), len(joiners)
-        self._retire(joiners, joined_kv, out)
+            joiners = self._prefill(self._take_joiners(), out)
+            out.running, out.joined = len(out.request_ids), len(joiners)
+            self._retire(joiners)
         self.cap.end_step()
         self._sync()
         out.time = now()  # the step's end (cache merged); each token's own time is in out.times
@@ -193,7 +213,7 @@ class HFContinuousBackend:
 
     def close(self) -> None:
         """Drop the cache and the model."""
-        self.kv = PaddedKV(self.torch, self.device)
+        self.kv.clear()
         self.model = None
         self.base.close()
 
@@ -202,17 +222,17 @@ class HFContinuousBackend:
         """One batched forward over the running rows: each gets its next token."""
         if not self.running:
             return
-        last = self.torch.tensor([[lv.context[-1]] for lv in self.running], device=self.device)  # [R, 1]
         try:
-            logits = self.model(input_ids=last, attention_mask=self.kv.mask(1), position_ids=self.kv.positions(),
-                                past_key_values=self.kv.cache, use_cache=True).logits  # [R, 1, V]
+            logits = self.kv.decode(self.model, self.running)  # [R, 1, V]
         except self.torch.OutOfMemoryError:
             self._preempt_all(out)
             return
-        self._emit(self.running, self._pick(logits), now(), out)
+        tokens, host = self._pick(logits)
+        self.kv.decoded(tokens)
+        self._emit(self.running, host, now(), out)
 
     def _take_joiners(self) -> list[_Live]:
-        """Pending rows, oldest first, while the padded cache would stay within the KV budget."""
+        """Pending rows, oldest first, while the cache would stay within the KV budget."""
         slots = self.cap.rows - len(self.running)  # < 0 after an OOM: the rows over the cap run on
         n = 0
         while n < min(slots, len(self.pending)) and self._fits(self.pending[: n + 1]):
@@ -230,33 +250,27 @@ class HFContinuousBackend:
         need = len(lives) * (width + max(lv.remaining() for lv in lives)) * self.info.kv_bytes_per_token
         return need <= self.info.kv_budget_bytes
 
-    def _prefill(self, joiners: list[_Live], out: StepOutput) -> tuple[list[_Live], PaddedKV | None]:
-        """Left-padded prefill of the joiners together: their first tokens and their own cache."""
+    def _prefill(self, joiners: list[_Live], out: StepOutput) -> list[_Live]:
+        """Left-padded prefill of the joiners together: their first tokens, their KV in the layout."""
         if not joiners:
-            return [], None
-        from transformers import DynamicCache
-
-        torch = self.torch
-        ids, mask = left_pad([lv.context for lv in joiners], self.base.pad_id)
-        input_ids = torch.tensor(ids, device=self.device)  # [J, S]
-        attention_mask = torch.tensor(mask, device=self.device)  # [J, S]
-        kv = PaddedKV(torch, self.device)
-        kv.cache, kv.pad = DynamicCache(), [len(ids[0]) - len(lv.context) for lv in joiners]
+            return []
         try:
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                                position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0), past_key_values=kv.cache,
-                                use_cache=True, logits_to_keep=1).logits  # [J, 1, V]
-        except torch.OutOfMemoryError:
-            return self._requeue_or_fail(joiners, out), None
-        self._emit(joiners, self._pick(logits), now(), out)
-        return joiners, kv
+            logits = self.kv.prefill(self.model, joiners, self.running, self.base.pad_id)  # [J, 1, V]
+        except self.torch.OutOfMemoryError:
+            return self._requeue_or_fail(joiners, out)
+        tokens, host = self._pick(logits)
+        self.kv.prefilled(tokens)
+        self._emit(joiners, host, now(), out)
+        return joiners
 
-    def _pick(self, logits) -> list[int]:
-        """Greedy next tokens on the host from logits [N, 1, V], EOS banned since output lengths are exact."""
+    def _pick(self, logits):
+        """Greedy next tokens from logits [N, 1, V], EOS banned since output lengths are exact: (on the
+        device [N], on the host)."""
         scores = logits[:, -1]  # [N, V]
         if self.eos.numel():
             scores = scores.index_fill(-1, self.eos, float("-inf"))
-        return scores.argmax(-1).tolist()  # the host read (a CUDA sync): the tokens exist from here
+        tokens = scores.argmax(-1)  # [N]
+        return tokens, tokens.tolist()  # the host read (a CUDA sync): the tokens exist from here
 
     def _emit(self, lives: list[_Live], tokens: list[int], t: float, out: StepOutput) -> None:
         """Append each row's token, stamped `t` (when it reached the host), and note rows now done."""
@@ -269,19 +283,12 @@ class HFContinuousBackend:
             if lv.remaining() <= 0:
                 out.finished.append(lv.row.request_id)
 
-    def _retire(self, joiners: list[_Live], joined_kv: PaddedKV | None, out: StepOutput) -> None:
-        """Finished rows leave the running set and the cache; unfinished joiners merge in."""
-        keep = [i for i, lv in enumerate(self.running) if lv.remaining() > 0]
-        if len(keep) < len(self.running):
-            self.kv.select(keep)
-            self.running = [self.running[i] for i in keep]
-        if joined_kv is None:
-            return
-        stay = [i for i, lv in enumerate(joiners) if lv.remaining() > 0]
-        if stay:
-            joined_kv.select(stay)
-            self.kv.merge(joined_kv)
-            self.running += [joiners[i] for i in stay]
+    def _retire(self, joiners: list[_Live]) -> None:
+        """Finished rows leave the running set and the cache; unfinished joiners join it."""
+        lives = self.running + joiners
+        done = [i for i, lv in enumerate(lives) if lv.remaining() <= 0]
+        if done or joiners:
+            self.running = [lives[i] for i in self.kv.retire(done)]
 
     # --- out of memory ------------------------------------------------------------------------------
     def _requeue_or_fail(self, joiners: list[_Live], out: StepOutput) -> list[_Live]:
@@ -297,7 +304,7 @@ class HFContinuousBackend:
 
     def _preempt_all(self, out: StepOutput) -> None:
         """A decode OOM leaves the cache half-updated: drop it; the rows resume by recompute, fewer at a time."""
-        self.kv = PaddedKV(self.torch, self.device)
+        self.kv.clear()
         self._free()
         if len(self.running) == 1:
             out.failed.append((self.running[0].row.request_id, "out of memory: the row does not fit alone"))
@@ -312,13 +319,19 @@ class HFContinuousBackend:
             self.torch.cuda.empty_cache()
 
     def _check_cache_layers(self) -> None:
-        from transformers.cache_utils import DynamicLayer
+        """Every layer must be full attention, or a sliding window (Mistral-7B's 4096): inside the window a
+        sliding-window model is the same model, and rows that would outgrow it are refused at admit()."""
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
         with self.torch.inference_mode():
             layers = self.model(input_ids=self.torch.tensor([[self.base.pad_id]], device=self.device),
                                 use_cache=True).past_key_values.layers
-        if any(type(layer) is not DynamicLayer for layer in layers):
-            raise BackendError("continuous hf needs full-attention DynamicLayer caches (no sliding window)")
+        if any(type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
+            raise BackendError("continuous hf needs full-attention or sliding-window caches, got "
+                               f"{sorted({type(layer).__name__ for layer in layers})}")
+        # the loop attends over every key it keeps: a row must fit the window (Mistral-7B's 4096) to be
+        # the same model; whether transformers built sliding-window layers depends on its config's layer_types
+        self.window = int(getattr(self.model.config.get_text_config(), "sliding_window", None) or 0)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
