@@ -169,7 +169,7 @@ def test_ctrl_c_mid_run_on_the_real_vllm_engine_leaves_no_process(tmp_path):
                   "--max-num-seqs", "8", "--enforce-eager", "--rate", "4", "--duration", "60",
                   "--max-new-tokens", "16", "--max-prompt-len", "128", "--out", str(tmp_path)], marker)
     wait_until(lambda: run_started(tmp_path), 600, "the vLLM engine to start and the first request")
-    time.sleep(2.0)
+    wait_until(lambda: any(tmp_path.glob(".parts/requests-*")), 300, "a finished request")  # mid-run
     assert len(marked(marker)) >= 5
     ctrl_c(proc)
     proc.wait(timeout=180)
