@@ -15,3 +15,27 @@ def make_tiny(*, force: Annotated[bool, typer.Option(help="rebuild even if it ex
 
     path = make_tiny_mistral(home=home, force=force)
     typer.echo(f"tiny-mistral is at {path}")
+
+
+@model_app.command("serve-command")
+def serve_command(model: Annotated[str, typer.Argument(help="NAME:random (mistral-7b-v0.1, tinyllama-1.1b, "
+                                                             "llama-2-7b) or tiny-mistral")], *,
+                  port: Annotated[int, typer.Option(help="the server's port")] = 8000,
+                  dtype: Annotated[str, typer.Option(help="the server's dtype")] = "auto") -> None:
+    """Print the command that starts a vLLM OpenAI server on this model without weights to download
+    (random weights: vLLM's dummy load format), for `batchlab run --backend openai --endpoint ...`."""
+    from worker.archs import random_arch
+    from worker.tiny import resolve_model
+
+    try:
+        arch = random_arch(model)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(code=1) from None
+    folder = resolve_model(model)
+    words = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name",
+             model, "--dtype", dtype, "--port", str(port)]
+    if arch is not None:
+        words += ["--load-format", "dummy"]  # the folder holds config.json and the tokenizer, no weights
+    typer.echo(" ".join(words))
+    typer.echo(f"then: batchlab run --backend openai --endpoint http://127.0.0.1:{port}/v1 --model {model}", err=True)

@@ -1,4 +1,6 @@
 """Real architectures with random weights (worker.archs): shapes, sizes, folders and tokenizer, no network."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -88,3 +90,18 @@ def test_vllm_loads_a_random_model_with_its_dummy_format(tmp_path, monkeypatch):
     args = _engine_args(VLLMSettings(model="tinyllama-1.1b:random"), on_cpu=True)
     assert args.load_format == "dummy" and args.model == str(tmp_path / "models" / "tinyllama-1.1b-random")
     assert _engine_args(VLLMSettings(model="mistralai/Mistral-7B-v0.1"), on_cpu=True).load_format == "auto"
+
+
+def test_serve_command_starts_a_vllm_server_on_the_random_folder_with_dummy_weights():
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["model", "serve-command", "tinyllama-1.1b:random", "--port", "8123"])
+    assert result.exit_code == 0
+    words = result.stdout.split()
+    folder = Path(words[words.index("--model") + 1])
+    assert (folder / "config.json").exists() and not list(folder.glob("*.safetensors"))
+    assert words[words.index("--load-format") + 1] == "dummy" and "8123" in words
+    bad = CliRunner().invoke(app, ["model", "serve-command", "gpt-5:random"])
+    assert bad.exit_code == 1 and "unknown architecture" in bad.output

@@ -1,4 +1,6 @@
 """Report pieces on hand-made tables: honest signs, SLO parsing, intervals, tool formulas, queue length."""
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -108,3 +110,24 @@ def test_queue_length_counts_arrivals_minus_launches():
 def test_a_folder_without_runs_is_a_report_error(tmp_path):
     with pytest.raises(ReportError, match="holds no run"):
         load_collection(tmp_path)
+
+
+def test_the_setup_says_what_an_engines_prefix_cache_did():
+    import pandas as pd
+
+    from collector.report.points import RunData
+    from collector.report.setup import prefix_cache_line
+
+    def run(facts: dict, summary: dict) -> RunData:
+        empty = pd.DataFrame()
+        return RunData("vllm", 4.0, 0, Path("."), {"settings": {"workers": {"worker-0": facts}}, **summary},
+                       empty, empty, empty, empty)
+
+    warm = run({"prefix_caching": True, "prefix_cache_reset_between_runs": True},
+               {"prefix_cache": {"hit_rate": 0.25}})
+    assert prefix_cache_line(warm) == ("- prefix cache (vllm): on, emptied before every run; hit rate 25.0% of "
+                                       "prompt tokens at λ = 4 req/s")
+    server = run({"prefix_cache_reset": "not reset: the server answered HTTP 404"},
+                 {"worker_stats": {"worker-0": {"server_prefix_cache": {"hit_rate": 0.5}}}})
+    assert "server's, not reset: the server answered HTTP 404; hit rate 50.0%" in prefix_cache_line(server)
+    assert prefix_cache_line(run({"dtype": "float32"}, {})) == ""  # an engine without one: no line

@@ -1,7 +1,7 @@
 """REPORT.md: the one-line results, a table per rate, intervals, tool formulas, failures and setup."""
 from collector.report.headline import RULE
 from collector.report.points import Collection
-from collector.report.setup import knob_table, setup_lines
+from collector.report.setup import knob_table, prefix_cache_line, setup_lines
 from collector.report.stats import FAILED_MARK_SHARE, GroupStats
 
 QS = ("p50", "p90", "p99")
@@ -117,6 +117,7 @@ def setup(collection: Collection) -> list[str]:
     if not first:
         return []
     lines = ["", "## Setup", ""] + setup_lines(next(iter(first.values())))
+    lines += [line for run in first.values() if (line := prefix_cache_line(run))]
     index = collection.index
     if index:
         lines.append(f"- sweep: rates {index.get('rates')} req/s, {index.get('repeats')} repeat(s), "

@@ -83,6 +83,23 @@ def setup_lines(run: RunData) -> list[str]:
     return lines
 
 
+def prefix_cache_line(run: RunData) -> str:
+    """What an engine's prefix cache did for this run ('' when it has none): a warm or long-running
+    server that remembers an earlier run's prompts would make its TTFT look better than it is."""
+    facts, summary = worker_facts(run.settings), run.summary
+    if "prefix_caching" not in facts and "prefix_cache_reset" not in facts:
+        return ""
+    state = ("on" if facts.get("prefix_caching") else "off") if "prefix_caching" in facts else "server's"
+    reset = ("emptied before every run" if facts.get("prefix_cache_reset_between_runs")
+             else str(facts.get("prefix_cache_reset", "not reset")))
+    stats = summary.get("prefix_cache") or next((s.get("server_prefix_cache") for s in
+                                                 summary.get("worker_stats", {}).values()
+                                                 if isinstance(s, dict) and s.get("server_prefix_cache")), None)
+    rate = stats.get("hit_rate") if stats else None
+    hits = f"; hit rate {rate:.1%} of prompt tokens at λ = {run.rate:g} req/s" if rate is not None else ""
+    return f"- prefix cache ({run.label}): {state}, {reset}{hits}"
+
+
 def _cell(value: object) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
