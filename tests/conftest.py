@@ -1,5 +1,6 @@
 """Shared fixtures: a private BATCHLAB_HOME cache for the session, and a helper to run the CLI."""
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,12 @@ def batchlab_home(tmp_path_factory):
     if not os.environ.get("BATCHLAB_HOME"):
         os.environ["BATCHLAB_HOME"] = str(Path.home() / ".cache" / "batchlab")
     return Path(os.environ["BATCHLAB_HOME"])
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child a test will send SIGINT: a shell that starts jobs without job control (a CI
+    script's background step) makes them ignore SIGINT, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(*args: str, timeout_s: float = 300, check: bool = True) -> subprocess.CompletedProcess:

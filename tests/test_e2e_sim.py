@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, default_sigint, run_cli
 
 COMMON = ["--backend", "sim", "--dataset", "synthetic", "--max-new-tokens", "32", "--seed", "7"]
 
@@ -93,7 +93,8 @@ def test_same_seed_gives_the_same_trace_for_every_strategy(tmp_path):
 def test_sigint_stops_every_process_and_leaves_readable_files(tmp_path):
     cmd = [sys.executable, "-m", "cli.main", "run", *COMMON, "--strategy", "naive", "--batch-size", "4",
            "--rate", "10", "--duration", "30", "--out", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=default_sigint)
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".parts/requests-*")) and time.monotonic() < deadline:
         time.sleep(0.1)  # wait until requests are finishing

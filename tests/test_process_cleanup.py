@@ -18,7 +18,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, default_sigint
 
 pytestmark = pytest.mark.slow
 MARKER = "BATCHLAB_TEST_MARKER"
@@ -42,7 +42,7 @@ def start(args: list[str], marker: str) -> subprocess.Popen:
     """`batchlab ARGS` in a session of its own, as a terminal would start it; output to /dev/null."""
     return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT,
                             env={**os.environ, MARKER: marker}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=default_sigint)
 
 
 def wait_until(condition, timeout_s: float, what: str) -> None:
@@ -67,6 +67,11 @@ def assert_nothing_left(marker: str, proc: subprocess.Popen) -> None:
 def ctrl_c(proc: subprocess.Popen) -> None:
     """SIGINT to the command's whole process group: what the terminal does on Ctrl-C."""
     os.killpg(proc.pid, signal.SIGINT)
+
+
+def cut_short(requests: pd.DataFrame) -> bool:
+    """The interrupt really stopped the run: some of its requests were never sent."""
+    return bool(requests.error.fillna("").str.startswith("not sent").any())
 
 
 def run_started(out: Path) -> bool:
@@ -94,6 +99,7 @@ def test_ctrl_c_mid_run_leaves_no_process_and_a_terminal_row_for_every_request(t
     assert_nothing_left(marker, proc)
     schedule, requests = (pd.read_parquet(tmp_path / f"{t}.parquet") for t in ("schedule", "requests"))
     assert sorted(requests.request_id) == sorted(schedule.request_id)
+    assert proc.returncode != 0 and cut_short(requests)
 
 
 def test_a_sweep_stopped_by_ctrl_c_leaves_no_warm_worker(tmp_path):
@@ -107,6 +113,7 @@ def test_a_sweep_stopped_by_ctrl_c_leaves_no_warm_worker(tmp_path):
     ctrl_c(proc)
     proc.wait(timeout=120)
     assert_nothing_left(marker, proc)
+    assert proc.returncode != 0 and not (tmp_path / "out" / "dynamic" / "rate-5" / "rep-0" / "point.json").exists()
 
 
 def test_points_sharing_worker_settings_run_on_one_warm_worker(tmp_path):
@@ -175,4 +182,4 @@ def test_ctrl_c_mid_run_on_the_real_vllm_engine_leaves_no_process(tmp_path):
     proc.wait(timeout=180)
     assert_nothing_left(marker, proc)
     requests = pd.read_parquet(tmp_path / "requests.parquet")
-    assert (requests.status == "finished").any()
+    assert (requests.status == "finished").any() and proc.returncode != 0 and cut_short(requests)
