@@ -9,7 +9,6 @@ GPU's memory.
 """
 import logging
 import multiprocessing as mp
-import queue
 import signal
 from dataclasses import fields
 from pathlib import Path
@@ -20,7 +19,7 @@ from cli.launcher import STOP_GRACE_S, start_role
 from cli.procs import Child
 from protocol.sockets import Addresses
 from worker.factory import worker_mode, worker_rows
-from worker.process import Session
+from worker.sessions import Session
 
 log = logging.getLogger("batchlab.pool")
 
@@ -79,9 +78,7 @@ class WorkerPool:
 
 def _session_output(out_dir: str) -> None:
     """In a warm worker, at each run: its terminal output goes into that run's logs/ folder."""
-    import multiprocessing
-
-    procs.redirect_output(Path(out_dir) / "logs" / f"{multiprocessing.current_process().name}.out")
+    procs.redirect_output(Path(out_dir) / "logs" / f"{mp.current_process().name}.out")
 
 
 class PoolKeeper:
@@ -114,5 +111,3 @@ class PoolKeeper:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-_ = queue  # queue.Empty is what a warm worker's session wait raises between runs

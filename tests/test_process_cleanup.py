@@ -45,6 +45,14 @@ def start(args: list[str], marker: str) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=default_sigint)
 
 
+def start_sweep(tmp_path: Path, base: str, grid: str, marker: str) -> subprocess.Popen:
+    """`batchlab sweep` of sim points (synthetic prompts ≤ 64 tokens) into tmp_path/out."""
+    config = tmp_path / "sweep.yaml"
+    config.write_text("base: {backend: sim, preset: cpu-tiny-mistral, dataset: synthetic, max_prompt_len: 64, "
+                      f"{base}}}\ngrid: {{{grid}}}\n")
+    return start(["sweep", str(config), "--out", str(tmp_path / "out")], marker)
+
+
 def wait_until(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -103,12 +111,9 @@ def test_ctrl_c_mid_run_leaves_no_process_and_a_terminal_row_for_every_request(t
 
 
 def test_a_sweep_stopped_by_ctrl_c_leaves_no_warm_worker(tmp_path):
-    config = tmp_path / "sweep.yaml"
-    config.write_text("base: {backend: sim, preset: cpu-tiny-mistral, dataset: synthetic, duration_s: 30,\n"
-                      "       max_new_tokens: 16, max_prompt_len: 64}\n"
-                      "grid: {strategies: [naive, dynamic], rates: [5]}\n")
     marker = uuid.uuid4().hex
-    proc = start(["sweep", str(config), "--out", str(tmp_path / "out")], marker)
+    proc = start_sweep(tmp_path, "duration_s: 30, max_new_tokens: 16", "strategies: [naive, dynamic], rates: [5]",
+                       marker)
     wait_until(lambda: run_started(tmp_path / "out" / "naive" / "rate-5" / "rep-0"), 120, "the first point")
     ctrl_c(proc)
     proc.wait(timeout=120)
@@ -117,12 +122,9 @@ def test_a_sweep_stopped_by_ctrl_c_leaves_no_warm_worker(tmp_path):
 
 
 def test_points_sharing_worker_settings_run_on_one_warm_worker(tmp_path):
-    config = tmp_path / "sweep.yaml"
-    config.write_text("base: {backend: sim, preset: cpu-tiny-mistral, dataset: synthetic, duration_s: 1,\n"
-                      "       max_new_tokens: 8, max_prompt_len: 64, batch_size: 4, max_batch_size: 4}\n"
-                      "grid: {strategies: [naive, dynamic, continuous], rates: [4, 8]}\n")
     marker = uuid.uuid4().hex
-    proc = start(["sweep", str(config), "--out", str(tmp_path / "out")], marker)
+    proc = start_sweep(tmp_path, "duration_s: 1, max_new_tokens: 8, batch_size: 4, max_batch_size: 4",
+                       "strategies: [naive, dynamic, continuous], rates: [4, 8]", marker)
     assert proc.wait(timeout=300) == 0
     assert_nothing_left(marker, proc)
     index = json.loads((tmp_path / "out" / "sweep.json").read_text())

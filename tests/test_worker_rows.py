@@ -33,7 +33,7 @@ def test_a_warm_worker_leaves_a_run_whose_scheduler_never_came_up(tmp_path):
     import queue
     import threading
 
-    from worker.process import Session, serve_sessions
+    from worker.sessions import Session, serve_sessions
     from worker.sim import SimBackend
 
     sessions: queue.Queue = queue.Queue()

@@ -45,7 +45,6 @@ class _Control:
     stop_reason: str = ""
     protocol_errors: int = 0
     last_send: float = 0.0  # now() of the last frame sent (the scheduler counts any frame as a sign of life)
-    clock_offset_s: float = 0.0  # scheduler's clock − this host's (0 on the same host)
 
     def stop(self, reason: str) -> None:
         """The first reason to stop wins."""
@@ -113,21 +112,21 @@ def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control, cl
     # plain lists, built once: no pandas in the loop
     ids = frame["request_id"].tolist()
     arrivals = (frame["arrival_offset_s"].to_numpy() + t0).tolist()
-    ctl.clock_offset_s = clock_offset_s
     prompt_lens = frame["prompt_len"].tolist()
     output_lens = frame["output_len"].tolist()
     tokens = [pack_tokens(t) for t in frame["prompt_tokens"]]  # packed once: forwarded unread
     gc.collect()
     gc.freeze()  # the schedule's lists are permanent while sending: collections need not scan them
     try:
-        return _send_loop(sock, ctl, ids, arrivals, prompt_lens, output_lens, tokens)
+        return _send_loop(sock, ctl, ids, arrivals, prompt_lens, output_lens, tokens, clock_offset_s)
     finally:
         gc.unfreeze()
 
 
 def _send_loop(sock: zmq.Socket, ctl: _Control, ids: list, arrivals: list, prompt_lens: list,
-               output_lens: list, tokens: list) -> int:
-    """The hot loop: plain lists in, one encoded RequestMsg out per request."""
+               output_lens: list, tokens: list, off: float = 0.0) -> int:
+    """The hot loop: plain lists in, one encoded RequestMsg out per request; `off` turns our clock into
+    the scheduler's (0 on its host)."""
     send, next_check = sock.send, 0.0
     for i, arrival in enumerate(arrivals):
         t = now()
@@ -139,7 +138,6 @@ def _send_loop(sock: zmq.Socket, ctl: _Control, ids: list, arrivals: list, promp
             t = now()
         if ctl.stop_reason:
             return i
-        off = ctl.clock_offset_s  # 0 on the scheduler's host
         send(encode(RequestMsg(ids[i], arrival + off, t + off, prompt_lens[i], output_lens[i], tokens[i])))  # 3.
         ctl.last_send = t
     return len(arrivals)

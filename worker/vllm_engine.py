@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from protocol.clock import now
 from worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
+from worker.vllm_stats import KVUsage, engine_metrics, kv_geometry, stats_tap
 
 log = logging.getLogger("batchlab.vllm")
 
@@ -35,22 +36,6 @@ class VLLMSettings:
     pipeline_parallel_size: int = 1
     kv_cache_bytes: int = 0  # 0: vLLM decides (gpu_memory_utilization), DEFAULT_CPU_KV_BYTES on CPU
     warmup_requests: int = 2
-
-
-@dataclass(slots=True)
-class KVUsage:
-    """What the engine's scheduler stats said over the run (filled by `_StatsTap`)."""
-
-    kv_cache_usage: float = 0.0  # fraction of the KV pool in use at the last step
-    kv_cache_usage_peak: float = 0.0
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    num_preemptions: int = 0
-
-    def reset(self) -> None:
-        """Forget the warm-up."""
-        self.kv_cache_usage = self.kv_cache_usage_peak = 0.0
-        self.num_preemptions = 0
 
 
 @dataclass(slots=True)
@@ -116,57 +101,6 @@ def _model_facts(name: str) -> dict:
     return {**facts(arch), "load_format": "dummy (vLLM's random init)"} if arch is not None else {}
 
 
-def _stats_tap(usage: KVUsage) -> Callable:
-    """A per-engine StatLogger factory that copies scheduler stats into `usage`."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class _StatsTap(StatLoggerBase):
-        def __init__(self, vllm_config, engine_index: int = 0) -> None:
-            pass
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
-            if scheduler_stats is not None:
-                usage.kv_cache_usage = scheduler_stats.kv_cache_usage
-                usage.kv_cache_usage_peak = max(usage.kv_cache_usage_peak, scheduler_stats.kv_cache_usage)
-                usage.num_running_reqs = scheduler_stats.num_running_reqs
-                usage.num_waiting_reqs = scheduler_stats.num_waiting_reqs
-            if iteration_stats is not None:
-                usage.num_preemptions += iteration_stats.num_preempted_reqs
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _StatsTap
-
-
-def _kv_geometry(engine) -> dict:
-    """Pool facts from the started engine: blocks, block size, bytes per token, pool bytes."""
-    vc = engine.vllm_config
-    mc, cc, pc = vc.model_config, vc.cache_config, vc.parallel_config
-    import torch
-
-    dtype = mc.dtype if cc.cache_dtype == "auto" else getattr(torch, cc.cache_dtype, mc.dtype)
-    layers = mc.get_num_layers(pc) * pc.pipeline_parallel_size
-    per_token = 2 * layers * mc.get_total_num_kv_heads() * mc.get_head_size() * dtype.itemsize
-    blocks, block_size = int(cc.num_gpu_blocks or 0), int(cc.block_size)
-    return {"kv_pool_blocks": blocks, "kv_block_size_tokens": block_size, "kv_pool_tokens": blocks * block_size,
-            "kv_bytes_per_token": per_token, "kv_pool_bytes": blocks * block_size * per_token,
-            "kv_cache_memory_bytes_setting": cc.kv_cache_memory_bytes or 0,
-            "dtype": str(mc.dtype).removeprefix("torch.")}
-
-
-def _engine_metrics(ro, offset_s: float) -> dict:
-    """vLLM's own per-request timestamps (EngineCore monotonic clock → protocol.clock) and how many
-    prompt tokens its prefix cache served."""
-    cached = {"cached_tokens": int(ro.num_cached_tokens)} if getattr(ro, "num_cached_tokens", None) is not None else {}
-    m = ro.metrics
-    if m is None:
-        return cached
-    return {**cached, "queued_ts": m.queued_ts + offset_s, "scheduled_ts": m.scheduled_ts + offset_s,
-            "first_token_ts": m.first_token_ts + offset_s, "last_token_ts": m.last_token_ts + offset_s,
-            "first_token_latency_s": m.first_token_latency, "num_preemptions": m.num_preemptions}
-
-
 class VLLMBackend:
     """A vLLM engine in the worker process: admit() adds requests, step() runs one engine step."""
 
@@ -184,10 +118,10 @@ class VLLMBackend:
         self.on_cpu = current_platform.is_cpu()
         started = now()
         self.engine = LLMEngine.from_engine_args(_engine_args(settings, self.on_cpu),
-                                                 stat_loggers=[_stats_tap(self.usage)])
+                                                 stat_loggers=[stats_tap(self.usage)])
         self.live: dict[int, _Live] = {}
         self.failed: list[tuple[int, str]] = []
-        self.request_metrics: dict[int, dict] = {}  # request_id -> vLLM's own timestamps (see _engine_metrics)
+        self.request_metrics: dict[int, dict] = {}  # request_id -> vLLM's own timestamps (vllm_stats.engine_metrics)
         self.clock_offset_s = now() - time.monotonic()
         self.info = self._info(mode, engine_start_s=now() - started)
 
@@ -197,7 +131,7 @@ class VLLMBackend:
         return cls(settings_from_config(cfg, mode), mode)
 
     def _info(self, mode: str, engine_start_s: float) -> BackendInfo:
-        geo = _kv_geometry(self.engine)
+        geo = kv_geometry(self.engine)
         facts = {**geo, "engine_start_s": round(engine_start_s, 3), "vllm_settings": asdict(self.settings),
                  "engine_core": "in-process (one step() = one engine iteration)",
                  "prefix_caching": bool(self.engine.vllm_config.cache_config.enable_prefix_caching),
@@ -268,7 +202,7 @@ class VLLMBackend:
         out.token_ids.extend(new)
         if ro.finished:
             del self.live[rid]
-            self.request_metrics[rid] = _engine_metrics(ro, self.clock_offset_s)
+            self.request_metrics[rid] = engine_metrics(ro, self.clock_offset_s)
             if lv.generated == lv.row.output_len:
                 out.finished.append(rid)
             else:
