@@ -12,16 +12,15 @@ arrival). The summary gives continuous(HF) ÷ vLLM per rate and at each column's
 import argparse
 import json
 import random
-import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from protocol.clock import now, sleep_until  # noqa: E402
-from scheduler.policies import Capacity, Continuous, Dynamic, Naive, QueuedRequest  # noqa: E402
-from worker.backend import Row, StepOutput  # noqa: E402
+from batchlab.protocol.clock import now, sleep_until  # noqa: E402
+from batchlab.scheduler.policies import Capacity, Continuous, Dynamic, Naive, QueuedRequest  # noqa: E402
+from batchlab.worker.backend import Row, StepOutput  # noqa: E402
 
 IDLE_SLEEP_S = 0.05  # longest nap while nothing is queued or running
 
@@ -148,8 +147,8 @@ class Driver:
 
 def hf_columns(args) -> dict[str, tuple[object, object]]:
     """naive and dynamic share the continuous backend's HFBackend (one model in memory)."""
-    from worker.hf import HFSettings
-    from worker.hf_continuous import HFContinuousBackend
+    from batchlab.worker.hf import HFSettings
+    from batchlab.worker.hf_continuous import HFContinuousBackend
 
     cont = HFContinuousBackend(HFSettings(model=args.model, dtype=args.dtype, device="cpu",
                                           max_batch_size=args.max_batch_size))
@@ -162,7 +161,7 @@ def hf_columns(args) -> dict[str, tuple[object, object]]:
 
 def vllm_column(args) -> dict[str, tuple[object, object]]:
     """vLLM's own continuous batching, fed by the same credit policy."""
-    from worker.vllm_engine import VLLMBackend, VLLMSettings
+    from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
 
     backend = VLLMBackend(VLLMSettings(model=args.model, dtype=args.dtype, max_num_seqs=args.max_batch_size,
                                        enforce_eager=args.enforce_eager, kv_cache_bytes=2**30))

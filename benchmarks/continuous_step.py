@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker.backend import Row, StepOutput  # noqa: E402
-from worker.hf import HFBackend, HFSettings  # noqa: E402
-from worker.hf_continuous import HFContinuousBackend  # noqa: E402
+from batchlab.worker.backend import Row, StepOutput  # noqa: E402
+from batchlab.worker.hf import HFBackend, HFSettings  # noqa: E402
+from batchlab.worker.hf_continuous import HFContinuousBackend  # noqa: E402
 
 SKIP_DECODE_STEPS = 1  # the first decode step after a prefill is not measured (step_time.py does the same)
 

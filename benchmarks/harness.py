@@ -25,8 +25,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli.config import RunConfig  # noqa: E402
-from cli.launcher import launch_run  # noqa: E402
+from batchlab.protocol.settings import RunConfig  # noqa: E402
+from batchlab.cli.launcher import launch_run  # noqa: E402
 
 LAG_P99_LIMIT_S = 0.001
 MIN_ACHIEVED_FRACTION = 0.95

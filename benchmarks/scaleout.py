@@ -15,10 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli.config import RunConfig  # noqa: E402
-from cli.launcher import launch_run  # noqa: E402
-from cli.roles import make_schedule  # noqa: E402
-from traffic.schedule import save_schedule  # noqa: E402
+from batchlab.protocol.settings import RunConfig  # noqa: E402
+from batchlab.cli.launcher import launch_run  # noqa: E402
+from batchlab.traffic.run_schedule import make_schedule  # noqa: E402
+from batchlab.traffic.schedule import save_schedule  # noqa: E402
 
 
 def base_config(args: argparse.Namespace) -> RunConfig:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli.sweep_plan import Point  # noqa: E402
-from scheduler.simulator.sweep import plan_simulation, run_simulation  # noqa: E402
+from batchlab.cli.sweep_plan import Point  # noqa: E402
+from batchlab.scheduler.simulator.sweep import plan_simulation, run_simulation  # noqa: E402
 
 GOAL_WALL_S = 5.0
 

@@ -24,7 +24,7 @@ CHILD = """
 import json, os, sys, time
 t0 = time.monotonic()
 sys.path.insert(0, {root!r})
-from worker.vllm_engine import VLLMBackend, VLLMSettings
+from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
 t1 = time.monotonic()
 be = VLLMBackend(VLLMSettings(model={model!r}, max_num_seqs=8, enforce_eager={eager!r}, kv_cache_bytes={kv!r}))
 t2 = time.monotonic()

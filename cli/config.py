@@ -1,167 +1,17 @@
-"""One run's settings: defaults, then a YAML file, then command-line options; validated once."""
-import numbers
-import typing
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
+"""The front end's part of a run's settings: a replayed schedule's own traffic settings, and the one
+check of a whole config (its strategy resolved) before anything starts."""
+from dataclasses import replace
 
-import yaml
-
-from scheduler.policies import STRATEGIES
-
-BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
-ARRIVALS = ("poisson", "gamma", "constant")
-# The settings a schedule is built from: a replayed schedule brings its own.
-TRAFFIC_FIELDS = ("arrival", "rate", "duration_s", "burstiness", "seed", "dataset", "max_new_tokens",
-                  "max_prompt_len")
+from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig, build_config
 
 
-class ConfigError(ValueError):
-    """A setting that cannot work; the CLI prints it as one line and exits 1."""
+def checked_config(file_values: dict, overrides: dict) -> RunConfig:
+    """build_config, then the strategy resolved (an unknown name or a bad parameter is a ConfigError)."""
+    from batchlab.scheduler.strategies import resolve
 
-
-@dataclass(slots=True)
-class RunConfig:
-    """Everything that defines a run (written into every table and summary)."""
-
-    strategy: str = "dynamic"
-    backend: str = "sim"
-    model: str = "tiny-mistral"
-    preset: str = "a100-llama2-7b"  # sim backend step-time preset
-    rate: float = 10.0  # requests/s
-    duration_s: float = 10.0
-    arrival: str = "poisson"
-    burstiness: float = 1.0
-    dataset: str = "sharegpt"  # sharegpt | synthetic | PATH
-    schedule: str = ""  # replay a saved schedule.parquet instead of generating one
-    batch_size: int = 8  # naive: exactly N
-    max_batch_size: int = 16  # dynamic cap / worker rows
-    max_wait_ms: float = 50.0
-    max_new_tokens: int = 128
-    max_prompt_len: int = 1024
-    seed: int = 0
-    out: str = "runs/latest"
-    workers: int = 1
-    max_queue: int = 0  # requests; 0: unbounded
-    max_queue_tokens: int = 0  # prompt + output tokens queued; 0: unbounded
-    memory_budget: str = ""  # KV budget, e.g. "2GiB"; default: the backend's own
-    strict_memory: bool = False
-    dtype: str = "auto"
-    device: str = "auto"
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 0
-    max_num_batched_tokens: int = 0
-    enforce_eager: bool = False
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    endpoint: str = ""
-    max_concurrency: int = 64
-    warmup_requests: int = 2
-    keys: str = ""  # CurveZMQ key folder (required to bind a non-loopback address)
-    slo: list = field(default_factory=list)  # e.g. ["ttft=500ms", "tpot=50ms"]: goodput in summary.json
-    extra: dict = field(default_factory=dict)
-
-    def validate(self) -> "RunConfig":
-        """Raise ConfigError on the first impossible setting."""
-        strategies = (*STRATEGIES, "vllm")
-        checks = [
-            (self.strategy in strategies, f"--strategy must be one of {', '.join(strategies)}"),
-            (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}"),
-            (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}"),
-            (self.rate > 0, "--rate must be > 0 requests/s"),
-            (self.duration_s > 0, "--duration must be > 0 s"),
-            (self.burstiness > 0, "--burstiness must be > 0"),
-            (self.batch_size >= 1, "--batch-size must be ≥ 1"),
-            (self.max_batch_size >= 1, "--max-batch-size must be ≥ 1"),
-            (self.max_wait_ms >= 0, "--max-wait-ms must be ≥ 0"),
-            (self.max_new_tokens >= 1, "--max-new-tokens must be ≥ 1"),
-            (self.workers >= 1, "--workers must be ≥ 1"),
-            (self.backend != "openai" or bool(self.endpoint), "--backend openai needs --endpoint URL"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
-        if self.strategy == "vllm":
-            self.strategy, self.backend = "continuous", "vllm"
-        parse_bytes(self.memory_budget)
-        self.slos()
-        return self
-
-    def slos(self) -> dict[str, float]:
-        """The SLOs in seconds ({} when none); ConfigError on a bad one."""
-        from collector.metrics import parse_slos
-
-        try:
-            return parse_slos(self.slo)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-
-    def as_settings(self) -> dict:
-        """Flat dict for RunInfo and reports."""
-        d = asdict(self)
-        d.update(d.pop("extra"))
-        return d
-
-
-def parse_bytes(text: str) -> int:
-    """'2GiB', '512MB', '1e9' → bytes; '' → 0 (meaning: the backend's default)."""
-    if not text:
-        return 0
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 1e3, "mb": 1e6, "gb": 1e9, "b": 1}
-    t = str(text).strip().lower()
-    for unit, scale in units.items():
-        if t.endswith(unit):
-            t, mult = t[: -len(unit)], scale
-            break
-    else:
-        mult = 1
-    try:
-        value = int(float(t) * mult)
-    except ValueError:
-        raise ConfigError(f"cannot read {text!r} as a size (e.g. 2GiB, 512MB)") from None
-    if value <= 0:
-        raise ConfigError(f"size {text!r} must be positive")
-    return value
-
-
-def load_yaml(path: str | Path) -> dict:
-    """A YAML mapping of RunConfig fields (dashes or underscores), or ConfigError."""
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of settings")
-    return {k.replace("-", "_"): v for k, v in data.items()}
-
-
-def build_config(file_values: dict, overrides: dict) -> RunConfig:
-    """Defaults ← file ← command line (only options the user gave), validated; None means not given."""
-    known = typing.get_type_hints(RunConfig)
-    merged = {k: v for values in (file_values, overrides) for k, v in values.items() if v is not None}
-    unknown = sorted(set(merged) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
-    return RunConfig(**{k: _typed(k, v, known[k]) for k, v in merged.items()}).validate()
-
-
-def _typed(name: str, value: object, kind: type) -> object:
-    """`value` as the field's type (an int is a fine float; a bool is no number), or ConfigError."""
-    if kind is bool:
-        ok = isinstance(value, bool)
-    elif kind in (int, float):
-        base = numbers.Integral if kind is int else numbers.Real
-        ok = isinstance(value, base) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        raise ConfigError(f"setting {name} must be {_KIND_NAMES[kind]}, got {value!r} ({type(value).__name__})")
-    return kind(value) if kind in (int, float) else value  # numpy scalars → plain numbers
-
-
-_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
-               list: "a list"}
+    cfg = build_config(file_values, overrides)
+    resolve(cfg)
+    return cfg
 
 
 def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
@@ -169,8 +19,8 @@ def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
     command line) that contradicts them is a ConfigError. A schedule saved without its settings yields
     what its rows tell (duration, mean rate); the rest is recorded as unknown (None) unless given, but for
     max_new_tokens: the scheduler's policy runs with the configured cap, so that is what is recorded."""
-    from traffic.datasets import DatasetError
-    from traffic.schedule import saved_settings
+    from batchlab.traffic.datasets import DatasetError
+    from batchlab.traffic.schedule import saved_settings
 
     try:
         saved, exact = saved_settings(cfg.schedule)

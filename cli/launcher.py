@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from cli import procs, roles
-from cli.config import RunConfig
-from cli.procs import Child
-from protocol.sockets import Addresses
+from batchlab.cli import procs, roles
+from batchlab.protocol.settings import RunConfig
+from batchlab.cli.procs import Child
+from batchlab.protocol.sockets import Addresses
 
 log = logging.getLogger("batchlab.launcher")
 POLL_S = 0.2
@@ -136,7 +136,7 @@ def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
     traffic process then replays the saved file."""
     from dataclasses import replace
 
-    from traffic.schedule import save_schedule
+    from batchlab.traffic.schedule import save_schedule
 
     path = out / "schedule.parquet"
     save_schedule(roles.make_schedule(cfg), path)

@@ -3,8 +3,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from cli.config import RunConfig
-from cli.launcher import launch_run
+from batchlab.protocol.settings import RunConfig
+from batchlab.cli.launcher import launch_run
 
 
 def run_with_status(cfg: RunConfig) -> dict:

@@ -5,10 +5,11 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from cli import report_cmd, simulate_cmd, sweep_cmd
-from cli.config import ConfigError, RunConfig, build_config, load_yaml, replay_config
-from cli.model_cmd import model_app
-from cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, Burst, ConfigOpt, Dataset, Device,
+from batchlab.cli import report_cmd, simulate_cmd, sweep_cmd
+from batchlab.cli.config import checked_config, replay_config
+from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
+from batchlab.cli.model_cmd import model_app
+from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, Burst, ConfigOpt, Dataset, Device,
                          Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew, MaxPrompt,
                          MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset, Rate,
                          Schedule, Seed, SloOpt, Strategy, Strict, Workers)
@@ -18,10 +19,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """What a user can cause (a bad setting, path, model or busy port): one line, never a traceback."""
     import zmq
 
-    from cli.launcher import RunFailed
-    from traffic.datasets import DatasetError
-    from traffic.process import TrafficStartTimeout
-    from worker.backend import BackendError
+    from batchlab.cli.launcher import RunFailed
+    from batchlab.traffic.datasets import DatasetError
+    from batchlab.traffic.process import TrafficStartTimeout
+    from batchlab.worker.backend import BackendError
 
     # ValueError covers ConfigError, SweepError, ReportError, InsecureAddress; OSError: PermissionError,
     # a missing model or folder; zmq.ZMQError: a busy port. Other errors are bugs: they keep a traceback.
@@ -48,7 +49,7 @@ def _config(config: str | None, overrides: dict, *, replay: bool = False) -> Run
     """Defaults ← YAML ← options (with `replay`, a --schedule's own traffic settings); a bad setting is
     one line and exit 1."""
     try:
-        cfg = build_config(load_yaml(config) if config else {}, overrides)
+        cfg = checked_config(load_yaml(config) if config else {}, overrides)
         return replay_config(cfg, overrides) if replay and cfg.schedule else cfg
     except ConfigError as exc:
         _fail(exc)
@@ -76,7 +77,7 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, backend: Backend
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
     cfg = _config(overrides.pop("config"), overrides, replay=True)
-    from cli.live import run_with_status
+    from batchlab.cli.live import run_with_status
 
     try:
         summary = run_with_status(cfg)
@@ -91,7 +92,7 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, backend: Backend
 def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp://127.0.0.1:5558",
               out: Annotated[str, Opt(help="output folder")] = "runs/latest", keys: Keys = None) -> None:
     """Run the collector alone."""
-    from cli.roles import collector_role
+    from batchlab.cli.roles import collector_role
 
     _role(collector_role, RunConfig(out=out, keys=keys or ""), address)
 
@@ -112,7 +113,7 @@ app.add_typer(keys_app, name="keys")
 @keys_app.command("generate")
 def keys_generate(folder: Annotated[str, typer.Argument(help="where to write the key folder")]) -> None:
     """Create server and client key pairs (copy the folder to every host of the run)."""
-    from protocol.security import generate_keys
+    from batchlab.protocol.security import generate_keys
 
     typer.echo(f"keys written to {generate_keys(folder)}")
 
@@ -126,7 +127,7 @@ def scheduler(*, config: ConfigOpt = None, strategy: Strategy = None, batch_size
               collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558") -> None:
     """Run the scheduler alone (a new strategy in place of the old)."""
     overrides = {k: v for k, v in locals().items() if k not in ("config", "address", "collector")}
-    from cli.roles import scheduler_role
+    from batchlab.cli.roles import scheduler_role
 
     _role(scheduler_role, _config(config, overrides), address, collector)
 
@@ -145,7 +146,7 @@ def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = 
     """Run one worker alone (e.g. on a remote GPU box)."""
     overrides = {k: v for k, v in locals().items()
                  if k not in ("config", "scheduler", "collector", "worker_id")}
-    from cli.roles import worker_role
+    from batchlab.cli.roles import worker_role
 
     _role(worker_role, _config(config, overrides), scheduler, collector, worker_id)
 
@@ -157,7 +158,7 @@ def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None,
             seed: Seed = None, out: Out = None, keys: Keys = None, scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
     """Run the traffic generator alone."""
     overrides = {k: v for k, v in locals().items() if k not in ("config", "scheduler")}
-    from cli.roles import traffic_role
+    from batchlab.cli.roles import traffic_role
 
     _role(traffic_role, _config(config, overrides, replay=True), scheduler)
 

@@ -13,13 +13,13 @@ import signal
 from dataclasses import fields
 from pathlib import Path
 
-from cli import procs, roles
-from cli.config import RunConfig
-from cli.launcher import STOP_GRACE_S, start_role
-from cli.procs import Child
-from protocol.sockets import Addresses
-from worker.factory import worker_mode, worker_rows
-from worker.sessions import Session
+from batchlab.cli import procs, roles
+from batchlab.protocol.settings import RunConfig
+from batchlab.cli.launcher import STOP_GRACE_S, start_role
+from batchlab.cli.procs import Child
+from batchlab.protocol.sockets import Addresses
+from batchlab.scheduler.strategies import resolve
+from batchlab.worker.sessions import Session
 
 log = logging.getLogger("batchlab.pool")
 
@@ -35,7 +35,8 @@ def worker_key(cfg: RunConfig) -> tuple | None:
     if cfg.backend == "openai":
         return None
     values = {f.name: getattr(cfg, f.name) for f in fields(RunConfig) if f.name not in RUN_ONLY}
-    values.update(mode=worker_mode(cfg), rows=worker_rows(cfg))
+    strategy = resolve(cfg)
+    values.update(mode=strategy.mode, rows=strategy.rows)
     return tuple(sorted((k, repr(v)) for k, v in values.items()))
 
 

@@ -15,8 +15,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def report(folder: Folder, *, rate: Rate = None, slo: Slo = None) -> None:
         """Plots (PNG) and REPORT.md: latency vs throughput, CDFs, batch timeline, tables per rate."""
-        from collector.report.build import parse_slos, run_report
-        from collector.report.points import ReportError
+        from batchlab.collector.report.build import parse_slos, run_report
+        from batchlab.collector.report.points import ReportError
 
         try:
             result = run_report(folder, rate=rate, slos=parse_slos(slo or []))

@@ -1,9 +1,10 @@
 """Each role's entry point: what a child process of `batchlab run` (or `batchlab ROLE`) executes."""
 import logging
-import os
 from pathlib import Path
 
-from cli.config import RunConfig
+from batchlab.protocol.settings import RunConfig, run_settings
+from batchlab.scheduler.strategies import resolve
+from batchlab.traffic.run_schedule import make_schedule
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
@@ -21,7 +22,7 @@ def setup_logging(out_dir: str | None, role: str) -> None:
 
 def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None) -> int:
     """Receive every event, write the tables."""
-    from collector.process import run_collector
+    from batchlab.collector.process import run_collector
 
     setup_logging(cfg.out, "collector")
     run_collector(collector_addr, Path(cfg.out), slos=slos or cfg.slos() or None, keys=cfg.keys or None)
@@ -30,31 +31,29 @@ def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None
 
 def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, stream_ended=None) -> int:
     """Form batches with the configured strategy."""
-    from scheduler.policies import make_policy
-    from scheduler.process import run_scheduler
+    from batchlab.scheduler.process import run_scheduler
 
     setup_logging(cfg.out, "scheduler")
-    policy = make_policy(cfg.strategy, batch_size=cfg.batch_size, max_batch_size=cfg.max_batch_size,
-                         max_wait_ms=cfg.max_wait_ms, max_new_tokens=cfg.max_new_tokens)
-    return run_scheduler(policy, scheduler_addr, collector_addr, min_workers=cfg.workers,
+    return run_scheduler(resolve(cfg).policy(), scheduler_addr, collector_addr, min_workers=cfg.workers,
                          max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
                          settings=run_settings(cfg), keys=cfg.keys or None, stream_ended=stream_ended)
 
 
 def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:
     """Own the model and run what the scheduler dispatches."""
-    from worker.factory import make_backend
-    from worker.process import run_worker
+    from batchlab.worker.factory import make_backend
+    from batchlab.worker.process import run_worker
 
     setup_logging(cfg.out, worker_id)
-    return run_worker(make_backend(cfg), scheduler_addr, collector_addr, worker_id, keys=cfg.keys or None)
+    strategy = resolve(cfg)  # the worker's mode and rows come from the strategy, never its name
+    return run_worker(make_backend(cfg, strategy.mode, strategy.rows), scheduler_addr, collector_addr, worker_id, keys=cfg.keys or None)
 
 
 def warm_worker_role(cfg: RunConfig, worker_id: str, sessions, on_run_log=None) -> int:
     """A worker kept warm across runs (a sweep's points that share its settings): the backend is built
     once from `cfg`, then joins each run that `sessions` (a multiprocessing queue) hands it."""
-    from worker.factory import make_backend
-    from worker.sessions import serve_sessions
+    from batchlab.worker.factory import make_backend
+    from batchlab.worker.sessions import serve_sessions
 
     def on_session(session) -> None:
         setup_logging(session.out_dir, worker_id)
@@ -62,7 +61,8 @@ def warm_worker_role(cfg: RunConfig, worker_id: str, sessions, on_run_log=None) 
             on_run_log(session.out_dir)
 
     setup_logging(None, worker_id)
-    return serve_sessions(lambda: make_backend(cfg), lambda timeout_s: sessions.get(timeout=timeout_s),
+    strategy = resolve(cfg)
+    return serve_sessions(lambda: make_backend(cfg, strategy.mode, strategy.rows), lambda timeout_s: sessions.get(timeout=timeout_s),
                           worker_id, keys=cfg.keys or None, on_session=on_session,
                           run_over=lambda: not sessions.empty())  # the launcher queues the next run only
                                                                   # after this one ended
@@ -71,7 +71,7 @@ def warm_worker_role(cfg: RunConfig, worker_id: str, sessions, on_run_log=None) 
 def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
     """Build (or load) the schedule and replay it against the scheduler; set `started` (an event) when
     the scheduler's Start came: the run's own time limit counts from then."""
-    from traffic.process import run_traffic
+    from batchlab.traffic.process import run_traffic
 
     setup_logging(cfg.out, "traffic")
     target = Path(cfg.out) / "schedule.parquet"
@@ -79,40 +79,3 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
     run_traffic(make_schedule(cfg), scheduler_addr, out_dir=None if already_there else Path(cfg.out),
                 keys=cfg.keys or None, on_start=None if started is None else (lambda _t0: started.set()))
     return 0
-
-
-def make_schedule(cfg: RunConfig):
-    """The run's schedule: a saved one (replay) or a new one from the seed."""
-    from cli.config import ConfigError
-    from traffic.schedule import TrafficConfig, build_schedule, load_schedule
-
-    if cfg.schedule:
-        return load_schedule(Path(cfg.schedule))
-    tcfg = TrafficConfig(arrival=cfg.arrival, rate=cfg.rate, duration_s=cfg.duration_s,
-                         burstiness=cfg.burstiness, seed=cfg.seed, dataset=cfg.dataset,
-                         max_new_tokens=cfg.max_new_tokens, max_prompt_len=cfg.max_prompt_len)
-    try:
-        tokenizer = tokenizer_for(cfg)
-    except (OSError, ValueError) as exc:  # transformers: a path or hub id that holds no tokenizer
-        why = " ".join(str(exc).split())
-        raise ConfigError(f"--model {cfg.model}: cannot load its tokenizer ({why})") from None
-    return build_schedule(tcfg, tokenizer)
-
-
-def tokenizer_for(cfg: RunConfig):
-    """The model's tokenizer (synthetic prompts need none)."""
-    if cfg.dataset == "synthetic":
-        return None
-    from worker.tokenizers import get_tokenizer
-
-    return get_tokenizer(cfg.model)
-
-
-def run_settings(cfg: RunConfig) -> dict:
-    """The settings written into every table, plus the host they ran on."""
-    import platform
-
-    settings = cfg.as_settings()
-    settings.update(host=platform.node(), cpu=platform.processor() or platform.machine(),
-                    cpu_count=os.cpu_count(), python=platform.python_version())
-    return settings

@@ -3,7 +3,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue, MaxQueueTok,
+from batchlab.cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue, MaxQueueTok,
                          MaxWait, Opt, Schedule, Seed)
 
 ConfigArg = Annotated[Optional[str], typer.Argument(
@@ -30,10 +30,10 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, preset: P
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
     overrides = dict(locals())
     overrides.pop("config")
-    from cli.config import ConfigError
-    from cli.sweep_plan import SweepError
-    from scheduler.simulator.sweep import plan_simulation, run_simulation
-    from traffic.datasets import DatasetError
+    from batchlab.protocol.settings import ConfigError
+    from batchlab.cli.sweep_plan import SweepError
+    from batchlab.scheduler.simulator.sweep import plan_simulation, run_simulation
+    from batchlab.traffic.datasets import DatasetError
 
     try:
         results = run_simulation(plan_simulation(config, overrides))

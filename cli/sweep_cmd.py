@@ -14,12 +14,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.config import ConfigError
-from cli.launcher import Limits
-from cli.pool import PoolKeeper, worker_key
-from cli.sweep_plan import (PROBE_DURATION_S, PROBE_REQUESTS, Plan, Point, SweepError, auto_rates, load_plan,
+from batchlab.protocol.settings import ConfigError
+from batchlab.cli.launcher import Limits
+from batchlab.cli.pool import PoolKeeper, worker_key
+from batchlab.cli.sweep_plan import (PROBE_DURATION_S, PROBE_REQUESTS, Plan, Point, SweepError, auto_rates, load_plan,
                             plan_points, warm_order)
-from collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
+from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
 
 
 def _failure_reason(exc: Exception, folder: Path) -> str:
@@ -37,7 +37,7 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
 
     A run stopped at its limit keeps what finished (the rest failed) and is done, with a note; a run
     whose workers never got ready within the start-up limit measured nothing and is failed."""
-    from cli.launcher import RunTimeout, launch_run
+    from batchlab.cli.launcher import RunTimeout, launch_run
 
     shutil.rmtree(point.folder, ignore_errors=True)  # leftovers of an interrupted or failed try
     point.folder.mkdir(parents=True)
@@ -101,7 +101,7 @@ def probe_capacity(plan: Plan, out: Path, on_tick=None, pools: PoolKeeper | None
 def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
     """Every point of the grid, skipping finished ones; returns the sweep.json index. Points that share
     their workers' settings run one after another on the same warm workers (cli.pool)."""
-    from collector.report.live import SweepView
+    from batchlab.collector.report.live import SweepView
 
     plan, out_dir = load_plan(config), Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)

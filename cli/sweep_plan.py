@@ -6,7 +6,8 @@ rates) and OUT/<label>/rate-<r>/rep-<k>/ (one run each); the names live in colle
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli.config import ConfigError, RunConfig, build_config, load_yaml
+from batchlab.cli.config import checked_config
+from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 
 DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 PROBE_REQUESTS = 32  # sent within probe_duration_s: a burst far above any worker's capacity
@@ -41,7 +42,7 @@ class Plan:
 
     def limits(self):
         """Each point's time limits (cli.launcher.Limits)."""
-        from cli.launcher import Limits
+        from batchlab.cli.launcher import Limits
 
         return Limits(startup_s=self.startup_timeout_s, run_s=self.point_timeout_s)
 
@@ -60,7 +61,7 @@ class Point:
         """The run's settings: base ← entry ← this point's rate, seed and folder."""
         values = {**base, **self.entry.overrides, "rate": self.rate, "seed": self.seed + self.repeat,
                   "out": str(self.folder)}
-        return build_config(values, {})
+        return checked_config(values, {})
 
     def record(self, status: str, reason: str = "", elapsed_s: float | None = None) -> dict:
         """This point's row in sweep.json."""
@@ -109,7 +110,7 @@ def load_plan(path: str | Path) -> Plan:
     if extra:
         raise SweepError(f"{path}: unknown top-level key(s) {', '.join(extra)} (expected base, grid)")
     base, grid = _keys(raw.get("base") or {}), _keys(raw.get("grid") or {})
-    build_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
+    checked_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
     entries = [_entry(item, base) for item in grid.get("strategies") or []]
     labels = [e.label for e in entries]
     if not entries or len(set(labels)) != len(labels):

@@ -18,7 +18,7 @@ from dataclasses import fields
 import numpy as np
 import pandas as pd
 
-from cli.config import RunConfig
+from batchlab.protocol.settings import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ def timing_fidelity(live_requests: pd.DataFrame, settings: dict, schedule: pd.Da
     """The run's fidelity block, or None when the backend's true timings are unknown or there is no schedule."""
     if settings.get("backend") not in FIDELITY_BACKENDS or schedule is None:
         return None
-    from scheduler.simulator.run import simulate  # the simulator is needed only here
-    from traffic.schedule import Schedule
+    from batchlab.scheduler.simulator.run import simulate  # the simulator is needed only here
+    from batchlab.traffic.schedule import Schedule
 
     cfg = config_from_settings(settings)
     start_s = time.perf_counter()

@@ -4,10 +4,10 @@ The live collector, the report and the discrete-event simulator all call these o
 same columns. Every time is in seconds since the run's t0; latency is measured from the *planned*
 arrival time, and failed requests stay in the tables (they count as SLO misses).
 """
-import re
-
 import numpy as np
 import pandas as pd
+
+from batchlab.protocol.settings import SLO_NAMES, parse_slos  # noqa: F401  (the report reads them here)
 
 NOT_SENT = "not sent: traffic stopped before its planned time"
 NO_TERMINAL = "no terminal record: run ended before it completed"
@@ -68,25 +68,6 @@ def window_s(requests: pd.DataFrame) -> float:
     if arrivals.empty or last.empty:
         return 0.0
     return max(float(last.max() - arrivals.min()), 0.0)
-
-
-SLO_NAMES = ("ttft", "tpot", "e2e", "queue_wait")
-UNITS_S = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
-
-
-def parse_slos(items: list[str]) -> dict[str, float]:
-    """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds; no unit: ms); ValueError on a
-    bad item, naming it."""
-    slos = {}
-    for item in items:
-        match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9.eE+-]+)\s*(ms|s|us)?\s*", str(item))
-        if not match or match.group(1) not in SLO_NAMES:
-            raise ValueError(f"--slo {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")
-        try:
-            slos[match.group(1)] = float(match.group(2)) * UNITS_S[match.group(3) or "ms"]
-        except ValueError:
-            raise ValueError(f"--slo {item!r}: {match.group(2)!r} is not a number") from None
-    return slos
 
 
 def goodput(requests: pd.DataFrame, slos: dict) -> dict:

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
-    from collector.tables import Tables
+    from batchlab.collector.tables import Tables
 
 PARTS_DIR = ".parts"
 TABLE_NAMES = ("requests", "tokens", "batches", "steps")
 SCHEDULE_FILE = "schedule.parquet"
-from collector.layout import SUMMARY_FILE
+from batchlab.collector.layout import SUMMARY_FILE
 SCHEDULE_SKIPPED_COLUMNS = ("prompt", "prompt_tokens")  # bulky, and the collector needs neither
 
 

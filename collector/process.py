@@ -5,14 +5,14 @@ from pathlib import Path
 
 import zmq
 
-from collector.fidelity import add_timing_fidelity
-from collector.parts import PartWriter, read_schedule, write_final
-from collector.store import RunStore
-from protocol import ProtocolError, decode
-from protocol.clock import now
-from protocol.security import start_authenticator
-from protocol.signals import on_stop_signal
-from protocol.sockets import make_socket
+from batchlab.collector.fidelity import add_timing_fidelity
+from batchlab.collector.parts import PartWriter, read_schedule, write_final
+from batchlab.collector.store import RunStore
+from batchlab.protocol import ProtocolError, decode
+from batchlab.protocol.clock import now
+from batchlab.protocol.security import start_authenticator
+from batchlab.protocol.signals import on_stop_signal
+from batchlab.protocol.sockets import make_socket
 
 log = logging.getLogger(__name__)
 

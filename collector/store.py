@@ -4,11 +4,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from collector import tables
-from collector.parts import load_table
-from collector.tables import Tables
-from protocol.messages import STEP_BATCH
-from protocol import (
+from batchlab.collector import tables
+from batchlab.collector.parts import load_table
+from batchlab.collector.tables import Tables
+from batchlab.protocol.messages import STEP_BATCH
+from batchlab.protocol import (
     Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye,
 )
 

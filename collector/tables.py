@@ -4,10 +4,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from collector.metrics import NO_TERMINAL, NOT_SENT, request_metrics, summarize, useful_fraction
+from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, request_metrics, summarize, useful_fraction
 
 if TYPE_CHECKING:
-    from collector.store import RequestState, RunStore
+    from batchlab.collector.store import RequestState, RunStore
 
 NAN = float("nan")
 ENGINE_METRICS = "request_metrics"  # WorkerBye.stats key: {request_id (str): {name: value}}

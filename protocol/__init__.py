@@ -1,8 +1,8 @@
 """Wire protocol: every message batchlab sends, its codec, clock and sockets."""
-from protocol.clock import now
-from protocol.codec import ProtocolError, decode, encode
-from protocol.messages import PROTOCOL_VERSION, Kind
-from protocol.messages import (
+from batchlab.protocol.clock import now
+from batchlab.protocol.codec import ProtocolError, decode, encode
+from batchlab.protocol.messages import PROTOCOL_VERSION, Kind
+from batchlab.protocol.messages import (
     Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, RequestFailed, RequestMsg,
     RunEnd, RunInfo, Shutdown, Start, Step, Tokens, TrafficHello, WorkerBye, WorkerCapacity,
     WorkerHello,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from protocol import ClockPing, ClockPong, ProtocolError, decode, encode, now
+from batchlab.protocol import ClockPing, ClockPong, ProtocolError, decode, encode, now
 
 SYNC_SAMPLES = 8  # ping-pongs at hello
 SYNC_TIMEOUT_S = 2.0  # per pong at hello

@@ -4,7 +4,7 @@ import typing
 
 import msgpack
 
-from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, FailedRow, RequestRow, TokenBytes
+from batchlab.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, FailedRow, RequestRow, TokenBytes
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger frames are rejected before unpacking
 # msgpack builds a container at its header, before its elements are read: an array header of 5 bytes

@@ -3,8 +3,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from protocol.codec import MAX_MESSAGE_BYTES
-from protocol.security import check_bind, secure_client, secure_server
+from batchlab.protocol.codec import MAX_MESSAGE_BYTES
+from batchlab.protocol.security import check_bind, secure_client, secure_server
 
 SEND_HWM = 100_000  # messages queued per peer before send blocks (PUSH) or drops (ROUTER)
 RECV_HWM = 100_000

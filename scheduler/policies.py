@@ -101,6 +101,11 @@ class Naive:
     def __post_init__(self) -> None:
         self.adaptive = AdaptiveCap(self.batch_size)
 
+    @property
+    def rows(self) -> int:
+        """Naive's worker runs `batch_size` rows: --max-batch-size must not widen it."""
+        return self.batch_size
+
     def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
         if cap.free_slots <= 0 or not queue:

@@ -5,14 +5,14 @@ import math
 
 import zmq
 
-from protocol import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat,
+from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat,
                       ProtocolError, RequestFailed, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                       WorkerCapacity, WorkerHello, decode, encode, now)
-from protocol.security import start_authenticator
-from protocol.signals import on_stop_signal
-from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
-from scheduler.policies import Policy
-from scheduler.workers import Pending, PendingQueue, WorkerState, least_loaded
+from batchlab.protocol.security import start_authenticator
+from batchlab.protocol.signals import on_stop_signal
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
+from batchlab.scheduler.policies import Policy
+from batchlab.scheduler.workers import Pending, PendingQueue, WorkerState, least_loaded
 
 log = logging.getLogger("batchlab.scheduler")
 START_LEAD_S = 0.2  # planned time 0 lies this far after Start is sent, so the first sends are on time

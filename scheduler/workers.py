@@ -2,8 +2,8 @@
 from collections import deque
 from dataclasses import dataclass, field
 
-from protocol import WorkerHello
-from scheduler.policies import Capacity
+from batchlab.protocol import WorkerHello
+from batchlab.scheduler.policies import Capacity
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ def default_sigint() -> None:
 
 def run_cli(*args: str, timeout_s: float = 300, check: bool = True) -> subprocess.CompletedProcess:
     """`python -m cli.main ARGS` from the repository root; output captured."""
-    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "batchlab.cli.main", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout_s)
     if check and proc.returncode != 0:
         raise AssertionError(f"batchlab {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")

@@ -4,11 +4,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.archs import (ARCHS, build_random_model, facts, hf_config, kv_bytes_per_token, make_random_dir, n_params,
+from batchlab.worker.archs import (ARCHS, build_random_model, facts, hf_config, kv_bytes_per_token, make_random_dir, n_params,
                           random_arch, weights_bytes)
-from worker.memory import kv_bytes_per_token as worker_kv_bytes_per_token
-from worker.stepmodel import PRESETS
-from worker.tokenizers import (SentencePieceTokenizer, get_tokenizer, hf_tokenizer_from_sentencepiece,
+from batchlab.worker.memory import kv_bytes_per_token as worker_kv_bytes_per_token
+from batchlab.worker.stepmodel import PRESETS
+from batchlab.worker.tokenizers import (SentencePieceTokenizer, get_tokenizer, hf_tokenizer_from_sentencepiece,
                                mistral_tokenizer_file)
 
 PUBLISHED_PARAMS = {"mistral-7b-v0.1": 7.24e9, "tinyllama-1.1b": 1.10e9, "llama-2-7b": 6.74e9}
@@ -84,7 +84,7 @@ def test_facts_say_random_weights_and_whose_tokenizer():
 @pytest.mark.vllm
 def test_vllm_loads_a_random_model_with_its_dummy_format(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
-    from worker.vllm_engine import VLLMSettings, _engine_args
+    from batchlab.worker.vllm_engine import VLLMSettings, _engine_args
 
     monkeypatch.setenv("BATCHLAB_HOME", str(tmp_path))
     args = _engine_args(VLLMSettings(model="tinyllama-1.1b:random"), on_cpu=True)
@@ -95,7 +95,7 @@ def test_vllm_loads_a_random_model_with_its_dummy_format(tmp_path, monkeypatch):
 def test_serve_command_starts_a_vllm_server_on_the_random_folder_with_dummy_weights():
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from batchlab.cli.main import app
 
     result = CliRunner().invoke(app, ["model", "serve-command", "tinyllama-1.1b:random", "--port", "8123"])
     assert result.exit_code == 0

@@ -7,8 +7,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from cli.config import ConfigError, build_config
-from cli.main import app
+from batchlab.protocol.settings import ConfigError, build_config
+from batchlab.cli.main import app
 from tests.conftest import ROOT
 
 runner = CliRunner()
@@ -17,7 +17,7 @@ runner = CliRunner()
 def batchlab(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     """`python -m cli.main ARGS` offline (no hub lookups), output captured."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "batchlab.cli.main", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout_s, env=env)
 
 
@@ -79,7 +79,7 @@ def test_an_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path):
     def crash(*_args):
         raise KeyError("a bug")
 
-    monkeypatch.setattr("cli.roles.collector_role", crash)
+    monkeypatch.setattr("batchlab.cli.roles.collector_role", crash)
     result = runner.invoke(app, ["collector", "--out", str(tmp_path)])
     assert isinstance(result.exception, KeyError)
 
@@ -88,6 +88,6 @@ def test_keyboard_interrupt_is_not_turned_into_an_error_line(monkeypatch, tmp_pa
     def interrupted(*_args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("cli.roles.collector_role", interrupted)
+    monkeypatch.setattr("batchlab.cli.roles.collector_role", interrupted)
     result = runner.invoke(app, ["collector", "--out", str(tmp_path)])
     assert result.exit_code == 130 and "error:" not in result.output  # typer's own handling of Ctrl-C

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import zmq
 
-from collector.metrics import NO_TERMINAL, NOT_SENT, goodput, percentiles, summarize
-from collector.parts import PartWriter, load_table
-from collector.process import run_collector
-from collector.store import RunStore
-from protocol import (
+from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, percentiles, summarize
+from batchlab.collector.parts import PartWriter, load_table
+from batchlab.collector.process import run_collector
+from batchlab.collector.store import RunStore
+from batchlab.protocol import (
     Arrival, BatchDone, BatchLaunch, Heartbeat, RequestFailed, RunEnd, RunInfo, Step, Tokens,
     WorkerBye, encode,
 )

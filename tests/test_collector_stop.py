@@ -4,10 +4,10 @@ import threading
 
 import zmq
 
-from collector.parts import PartWriter
-from collector.process import _serve
-from collector.store import RunStore
-from protocol import Tokens, encode
+from batchlab.collector.parts import PartWriter
+from batchlab.collector.process import _serve
+from batchlab.collector.store import RunStore
+from batchlab.protocol import Tokens, encode
 
 FRAMES = 25_000  # more than one drain pass takes (MAX_FRAMES_PER_POLL)
 

@@ -34,7 +34,7 @@ def no_leftovers():
 def start(*args: str, env: dict | None = None) -> subprocess.Popen:
     """A batchlab command in the background, in its own process group; its output goes to files (a
     full pipe would block it)."""
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env={**os.environ, **(env or {})},
+    proc = subprocess.Popen([sys.executable, "-m", "batchlab.cli.main", *args], cwd=ROOT, env={**os.environ, **(env or {})},
                             stdout=tempfile.TemporaryFile(), stderr=(err := tempfile.TemporaryFile()),
                             start_new_session=True)
     proc.err_file = err
@@ -169,8 +169,8 @@ def test_a_worker_with_a_skewed_clock_still_stamps_on_the_scheduler_clock(tmp_pa
 def test_a_client_without_keys_gets_nothing_through_and_the_run_is_unaffected(tmp_path):
     import zmq
 
-    from protocol import RequestMsg, encode
-    from protocol.security import generate_keys
+    from batchlab.protocol import RequestMsg, encode
+    from batchlab.protocol.security import generate_keys
 
     keys = generate_keys(tmp_path / "keys")
     sched, coll, procs = roles(tmp_path / "run", keys=["--keys", str(keys)])

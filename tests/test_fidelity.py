@@ -4,12 +4,12 @@ import math
 import pandas as pd
 import pytest
 
-from cli.config import RunConfig
-from cli.launcher import launch_run
-from collector.fidelity import add_timing_fidelity, compare, config_from_settings
-from collector.store import RunStore
-from protocol import Arrival, BatchLaunch, Tokens
-from protocol.messages import STEP_BATCH
+from batchlab.protocol.settings import RunConfig
+from batchlab.cli.launcher import launch_run
+from batchlab.collector.fidelity import add_timing_fidelity, compare, config_from_settings
+from batchlab.collector.store import RunStore
+from batchlab.protocol import Arrival, BatchLaunch, Tokens
+from batchlab.protocol.messages import STEP_BATCH
 
 ERROR_KEYS = ("ttft_error_s", "tpot_error_s", "e2e_error_s", "queue_wait_error_s")
 

@@ -9,8 +9,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import Dispatch, EndOfStream, ProtocolError, RequestMsg, Start, decode, encode
-from protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
+from batchlab.protocol import Dispatch, EndOfStream, ProtocolError, RequestMsg, Start, decode, encode
+from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from tests.test_faults import COMMON, assert_conserved, finish, free_port, no_leftovers, start  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ def test_scheduler_and_collector_count_and_survive_garbage(tmp_path, malformed):
 
 def serve_pongs(router: zmq.Socket, until_kind: type, timeout_s: float = 60) -> tuple[bytes, object]:
     """Play the scheduler until a message of `until_kind` arrives (answering clock pings)."""
-    from protocol import ClockPing, ClockPong
+    from batchlab.protocol import ClockPing, ClockPong
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -93,7 +93,7 @@ def serve_pongs(router: zmq.Socket, until_kind: type, timeout_s: float = 60) -> 
 
 
 def test_worker_counts_garbage_and_still_runs_a_batch(malformed):
-    from protocol import BatchDone, WorkerBye, WorkerHello
+    from batchlab.protocol import BatchDone, WorkerBye, WorkerHello
 
     sched, coll = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     ctx = zmq.Context()
@@ -123,7 +123,7 @@ def test_worker_counts_garbage_and_still_runs_a_batch(malformed):
 
 
 def test_traffic_ignores_garbage_and_sends_its_schedule(tmp_path, malformed):
-    from protocol import TrafficHello
+    from batchlab.protocol import TrafficHello
 
     sched = f"tcp://127.0.0.1:{free_port()}"
     ctx = zmq.Context()

@@ -1,8 +1,8 @@
 """HFBackend on tiny-mistral (CPU): exact token counts, per-step stamps, greedy determinism, memory."""
 import pytest
 
-from worker.backend import BackendError, OutOfMemory, Row, StepOutput
-from worker.hf import HFBackend, HFSettings, left_pad, special_prefix
+from batchlab.worker.backend import BackendError, OutOfMemory, Row, StepOutput
+from batchlab.worker.hf import HFBackend, HFSettings, left_pad, special_prefix
 
 
 def rows_of_mixed_lengths(batch_id: int = 0) -> list[Row]:
@@ -93,21 +93,22 @@ def test_strict_memory_refuses_big_batch_but_runs_single_row():
 
 
 def test_continuous_mode_is_refused_clearly():
-    from cli.config import RunConfig
+    from batchlab.protocol.settings import RunConfig
 
     with pytest.raises(BackendError, match="static"):
-        HFBackend.from_config(RunConfig(backend="hf", strategy="continuous"), "continuous")
+        HFBackend.from_config(RunConfig(backend="hf", strategy="continuous"), "continuous", 16)
 
 
 def test_from_config_reads_run_settings():
-    from cli.config import RunConfig
+    from batchlab.protocol.settings import RunConfig
+    from batchlab.scheduler.strategies import resolve
 
     cfg = RunConfig(backend="hf", strategy="naive", batch_size=32, max_batch_size=4, memory_budget="1MiB",
                     device="cpu")
-    b = HFBackend.from_config(cfg, "static")
+    b = HFBackend.from_config(cfg, "static", resolve(cfg).rows)
     assert (b.info.max_batch_size, b.info.kv_budget_bytes) == (32, 2**20)  # naive's rows: its batch size
     cfg = RunConfig(backend="hf", strategy="dynamic", batch_size=32, max_batch_size=4, device="cpu")
-    assert HFBackend.from_config(cfg, "static").info.max_batch_size == 4  # dynamic's: its cap
+    assert HFBackend.from_config(cfg, "static", resolve(cfg).rows).info.max_batch_size == 4  # dynamic's: its cap
 
 
 def test_left_pad_and_bos_prefix():

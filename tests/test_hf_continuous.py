@@ -4,11 +4,11 @@ padded one; PaddedKV bookkeeping on toy tensors (SlotKV's is in test_hf_slots.py
 import pytest
 import torch
 
-from protocol.clock import now
-from worker.backend import BackendError, Row, StepOutput
-from worker.hf import HFSettings
-from worker.hf_continuous import HFContinuousBackend
-from worker.hf_kv import PaddedKV
+from batchlab.protocol.clock import now
+from batchlab.worker.backend import BackendError, Row, StepOutput
+from batchlab.worker.hf import HFSettings
+from batchlab.worker.hf_continuous import HFContinuousBackend
+from batchlab.worker.hf_kv import PaddedKV
 
 
 def mixed_rows() -> list[Row]:
@@ -181,15 +181,16 @@ def test_eos_is_banned_even_where_it_is_the_models_top_choice(backend, solo):
 
 
 def test_factory_routes_hf_continuous_here_and_static_elsewhere(monkeypatch):
-    from cli.config import RunConfig
-    from worker import factory
+    from batchlab.protocol.settings import RunConfig
+    from batchlab.worker import factory
 
     built = []
     monkeypatch.setattr(HFContinuousBackend, "__init__", lambda self, s: built.append(s))
-    b = factory.make_backend(RunConfig(backend="hf", strategy="continuous", max_batch_size=5, device="cpu"))
+    b = factory.make_backend(RunConfig(backend="hf", strategy="continuous", max_batch_size=5, device="cpu"),
+                             "continuous", 5)
     assert isinstance(b, HFContinuousBackend) and built[0].max_batch_size >= 5
     with pytest.raises(BackendError, match="continuous"):
-        HFContinuousBackend.from_config(RunConfig(backend="hf"), "static")
+        HFContinuousBackend.from_config(RunConfig(backend="hf"), "static", 16)
 
 
 class _Layer:
@@ -253,7 +254,7 @@ def test_a_sliding_window_model_runs_rows_inside_its_window_and_refuses_longer_o
     import json
     import shutil
 
-    from worker.tiny import resolve_model
+    from batchlab.worker.tiny import resolve_model
 
     folder = tmp_path / "tiny-mistral-window"
     shutil.copytree(resolve_model("tiny-mistral"), folder)

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import run_cli
-from traffic.schedule import Schedule, content_hash, save_schedule
+from batchlab.traffic.schedule import Schedule, content_hash, save_schedule
 
 pytestmark = pytest.mark.slow
 CLOCK_TOLERANCE_S = 0.001  # worker and scheduler share this host's clock; the offset estimate is ~µs

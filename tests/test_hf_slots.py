@@ -2,7 +2,7 @@
 positions, freeing a slot by moving the last row, growth) and the grouped-query decode attention."""
 import torch
 
-from worker.hf_slots import COLUMN_BLOCK, SlotKV, slot_attention
+from batchlab.worker.hf_slots import COLUMN_BLOCK, SlotKV, slot_attention
 
 
 def toy_slots(rows: int = 4) -> SlotKV:

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from worker.backend import Row
-from worker.openai_client import _Tally, base_url, count_chunk, settle
+from batchlab.worker.backend import Row
+from batchlab.worker.openai_client import _Tally, base_url, count_chunk, settle
 
 SERVER_START_TIMEOUT_S = 240.0
 
@@ -70,7 +70,7 @@ def test_a_short_completion_fails_with_the_counts():
 
 
 def test_prefix_cache_counters_are_summed_over_label_sets():
-    from worker.openai_client import parse_prefix_cache_counters
+    from batchlab.worker.openai_client import parse_prefix_cache_counters
 
     text = ('# HELP vllm:prefix_cache_queries_total Prefix cache queries\n'
             'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 120.0\n'
@@ -117,7 +117,7 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
 def server(tmp_path_factory):
     """`python -m vllm.entrypoints.openai.api_server` on tiny-mistral, in its own process group."""
     pytest.importorskip("vllm")
-    from worker.tiny import resolve_model
+    from batchlab.worker.tiny import resolve_model
 
     port, log_path = _free_port(), tmp_path_factory.mktemp("vllm-server") / "server.log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model("tiny-mistral"),
@@ -152,7 +152,7 @@ def _drain(backend, limit_s: float = 120.0) -> list:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_openai_streams_exact_token_counts_from_vllm(server):
-    from worker.openai_client import OpenAIBackend
+    from batchlab.worker.openai_client import OpenAIBackend
 
     backend = OpenAIBackend(f"{server[0]}/v1", "tiny-mistral", max_concurrency=4)
     try:
@@ -194,7 +194,7 @@ def test_batchlab_run_on_the_openai_backend_gets_exact_token_counts(server, tmp_
 @pytest.mark.slow
 def test_openai_cut_streams_fail_and_finished_ones_stay_finished(server):
     """Runs last: it kills the module's server while long streams run."""
-    from worker.openai_client import OpenAIBackend
+    from batchlab.worker.openai_client import OpenAIBackend
 
     url, proc = server
     backend = OpenAIBackend(url, "tiny-mistral", max_concurrency=8)

@@ -40,7 +40,7 @@ def marked(marker: str) -> list[psutil.Process]:
 
 def start(args: list[str], marker: str) -> subprocess.Popen:
     """`batchlab ARGS` in a session of its own, as a terminal would start it; output to /dev/null."""
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "batchlab.cli.main", *args], cwd=ROOT,
                             env={**os.environ, MARKER: marker}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=default_sigint)
 
@@ -145,8 +145,8 @@ def test_points_sharing_worker_settings_run_on_one_warm_worker(tmp_path):
 
 
 def test_the_run_limit_counts_from_the_first_request_and_startup_has_its_own(tmp_path):
-    from cli.config import build_config
-    from cli.launcher import Limits, RunTimeout, launch_run
+    from batchlab.protocol.settings import build_config
+    from batchlab.cli.launcher import Limits, RunTimeout, launch_run
 
     cfg = build_config({"backend": "sim", "preset": "cpu-tiny-mistral", "dataset": "synthetic", "rate": 20,
                         "duration_s": 20, "max_new_tokens": 16, "max_prompt_len": 64,

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import PROTOCOL_VERSION, ProtocolError, decode, encode
-from protocol import messages as m
-from protocol.codec import MAX_ARRAY_LEN
+from batchlab.protocol import PROTOCOL_VERSION, ProtocolError, decode, encode
+from batchlab.protocol import messages as m
+from batchlab.protocol.codec import MAX_ARRAY_LEN
 
 SAMPLES = [
     m.TrafficHello(10, "abc", 5.0), m.Start(12.5), m.RequestMsg(1, 2.0, 2.001, 4, 5, m.pack_tokens([1, 2, 3, 4])),

@@ -8,11 +8,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli.config import ConfigError, build_config, replay_config
-from cli.main import app
+from batchlab.cli.config import replay_config
+from batchlab.protocol.settings import ConfigError, build_config
+from batchlab.cli.main import app
 from tests.conftest import ROOT
-from traffic.config import TrafficConfig
-from traffic.schedule import Schedule, build_schedule, save_schedule, saved_settings
+from batchlab.traffic.config import TrafficConfig
+from batchlab.traffic.schedule import Schedule, build_schedule, save_schedule, saved_settings
 
 TRAFFIC = TrafficConfig(arrival="gamma", rate=7.0, duration_s=1.0, burstiness=0.5, seed=5, dataset="synthetic",
                         max_new_tokens=32, max_prompt_len=64)
@@ -87,7 +88,7 @@ def test_a_missing_schedule_is_a_config_error(tmp_path):
 @pytest.mark.slow
 def test_a_replayed_run_writes_the_schedules_settings(schedule_file, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", "--backend", "sim", "--schedule",
+    proc = subprocess.run([sys.executable, "-m", "batchlab.cli.main", "run", "--backend", "sim", "--schedule",
                            str(schedule_file), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=180, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr

@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.report.build import parse_slos
-from collector.report.headline import RULE, Comparison, compare, headlines, sentence
-from collector.report.points import ReportError, load_collection
-from collector.report.stats import GroupStats, bootstrap_ci, tool_formulas
-from collector.report.timeline import queue_length
+from batchlab.collector.report.build import parse_slos
+from batchlab.collector.report.headline import RULE, Comparison, compare, headlines, sentence
+from batchlab.collector.report.points import ReportError, load_collection
+from batchlab.collector.report.stats import GroupStats, bootstrap_ci, tool_formulas
+from batchlab.collector.report.timeline import queue_length
 
 
 def group(label: str, rate: float, throughput: float, ttft: float, e2e: float = 1.0,
@@ -115,8 +115,8 @@ def test_a_folder_without_runs_is_a_report_error(tmp_path):
 def test_the_setup_says_what_an_engines_prefix_cache_did():
     import pandas as pd
 
-    from collector.report.points import RunData
-    from collector.report.setup import prefix_cache_line
+    from batchlab.collector.report.points import RunData
+    from batchlab.collector.report.setup import prefix_cache_line
 
     def run(facts: dict, summary: dict) -> RunData:
         empty = pd.DataFrame()

@@ -6,12 +6,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from collector.metrics import NOT_SENT
-from collector.report import plots
-from collector.report.build import run_report
-from collector.report.markdown import render
-from collector.report.points import load_collection
-from collector.report.stats import all_stats
+from batchlab.collector.metrics import NOT_SENT
+from batchlab.collector.report import plots
+from batchlab.collector.report.build import run_report
+from batchlab.collector.report.markdown import render
+from batchlab.collector.report.points import load_collection
+from batchlab.collector.report.stats import all_stats
 
 DIED = "worker-0 died: CUDA out of memory"
 

@@ -10,12 +10,12 @@ seed's integer arrivals tie with step ends (see the continuous test for how ties
 import pandas as pd
 import pytest
 
-from collector.store import RunStore
-from protocol import WorkerHello
-from scheduler.policies import Continuous, Dynamic, Naive
-from scheduler.simulator.engine import Simulation
-from scheduler.simulator.record import build_tables
-from worker.stepmodel import StepModel
+from batchlab.collector.store import RunStore
+from batchlab.protocol import WorkerHello
+from batchlab.scheduler.policies import Continuous, Dynamic, Naive
+from batchlab.scheduler.simulator.engine import Simulation
+from batchlab.scheduler.simulator.record import build_tables
+from batchlab.worker.stepmodel import StepModel
 
 ARRIVALS_S = [0, 1, 5, 6, 7]
 NEEDS = [6, 3, 4, 2, 5]

@@ -3,8 +3,8 @@ import json
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from collector.report.points import load_collection
+from batchlab.cli.main import app
+from batchlab.collector.report.points import load_collection
 
 runner = CliRunner()
 FAST = ["--duration", "2", "--dataset", "synthetic", "--preset", "a100-llama2-7b"]

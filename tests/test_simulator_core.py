@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from scheduler.simulator.continuous import FastContinuousCore
-from worker.backend import Row
-from worker.sim import ContinuousCore
-from worker.stepmodel import PRESETS
+from batchlab.scheduler.simulator.continuous import FastContinuousCore
+from batchlab.worker.backend import Row
+from batchlab.worker.sim import ContinuousCore
+from batchlab.worker.stepmodel import PRESETS
 
 
 @pytest.mark.parametrize("preset", ["a100-llama2-7b", "3090-mistral-7b", "cpu-tiny-mistral"])

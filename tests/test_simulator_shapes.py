@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.simulator.sweep import plan_simulation, run_simulation
+from batchlab.scheduler.simulator.sweep import plan_simulation, run_simulation
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim-shapes.yaml"
 SUSTAINED_FRACTION = 0.9

@@ -2,8 +2,8 @@
 import pytest
 import zmq
 
-from protocol import sockets
-from protocol.security import InsecureAddress, check_bind, generate_keys, is_loopback
+from batchlab.protocol import sockets
+from batchlab.protocol.security import InsecureAddress, check_bind, generate_keys, is_loopback
 
 
 @pytest.mark.parametrize("address, loopback", [
@@ -27,7 +27,7 @@ def test_default_addresses_are_loopback():
 
 
 def test_a_client_with_the_keys_gets_through_a_curve_server(tmp_path):
-    from protocol.security import start_authenticator
+    from batchlab.protocol.security import start_authenticator
 
     keys = str(generate_keys(tmp_path / "keys"))
     ctx = zmq.Context()

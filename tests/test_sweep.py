@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.config import ConfigError
-from cli.sweep_plan import SweepError, auto_rates, load_plan, plan_points
+from batchlab.protocol.settings import ConfigError
+from batchlab.cli.sweep_plan import SweepError, auto_rates, load_plan, plan_points
 
 ROOT = Path(__file__).resolve().parent.parent
 

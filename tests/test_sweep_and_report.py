@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from collector.metrics import goodput, summarize
-from collector.report.stats import share_text
+from batchlab.collector.metrics import goodput, summarize
+from batchlab.collector.report.stats import share_text
 from tests.conftest import run_cli
 
 PLOTS = ("latency_vs_throughput.png", "latency_cdf.png", "itl_distribution.png", "batch_timeline.png",

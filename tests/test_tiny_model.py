@@ -3,7 +3,7 @@ import os
 
 import torch
 
-from worker.tiny import MARKER_FILE, build_tiny_model, make_tiny_mistral, resolve_model, tiny_mistral_dir
+from batchlab.worker.tiny import MARKER_FILE, build_tiny_model, make_tiny_mistral, resolve_model, tiny_mistral_dir
 
 
 def test_make_tiny_creates_a_loadable_56m_mistral():

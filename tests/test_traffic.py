@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 import sentencepiece
 
-from traffic.arrivals import arrival_offsets
-from traffic.config import TrafficConfig
-from traffic.datasets import DatasetError, LengthSpec, _cache_path, load_conversations, load_sharegpt
-from traffic.schedule import build_schedule, load_schedule, save_schedule
+from batchlab.traffic.arrivals import arrival_offsets
+from batchlab.traffic.config import TrafficConfig
+from batchlab.traffic.datasets import DatasetError, LengthSpec, _cache_path, load_conversations, load_sharegpt
+from batchlab.traffic.schedule import build_schedule, load_schedule, save_schedule
 
 TOKENIZER_FILE = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from protocol import ClockPing, ClockPong, EndOfStream, Heartbeat, RequestMsg, Shutdown, Start, TrafficHello, decode, encode, now
-from protocol.messages import unpack_tokens
-from protocol.sockets import HEARTBEAT_INTERVAL_S
-from traffic.config import TrafficConfig
-from traffic.process import TrafficStartTimeout, run_traffic
-from traffic.schedule import Schedule, build_schedule, load_schedule
+from batchlab.protocol import ClockPing, ClockPong, EndOfStream, Heartbeat, RequestMsg, Shutdown, Start, TrafficHello, decode, encode, now
+from batchlab.protocol.messages import unpack_tokens
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S
+from batchlab.traffic.config import TrafficConfig
+from batchlab.traffic.process import TrafficStartTimeout, run_traffic
+from batchlab.traffic.schedule import Schedule, build_schedule, load_schedule
 
 START_DELAY_S = 0.05
 
@@ -158,7 +158,7 @@ def test_traffic_beats_while_waiting_for_start_and_between_sparse_requests(tmp_p
 
 
 def test_traffic_to_a_scheduler_on_another_host_sends_on_its_clock(tmp_path: Path, monkeypatch) -> None:
-    import traffic.process as tp
+    import batchlab.traffic.process as tp
 
     monkeypatch.setattr(tp, "is_loopback", lambda _address: False)  # as if the scheduler were remote
     skew_s = 500.0

@@ -3,8 +3,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from protocol.clock import now
-from worker.backend import BackendError, Row
+from batchlab.protocol.clock import now
+from batchlab.worker.backend import BackendError, Row
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm")
@@ -32,7 +32,7 @@ def drain(backend) -> list:
 
 @pytest.fixture(scope="module")
 def backend():
-    from worker.vllm_engine import VLLMBackend, VLLMSettings
+    from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
 
     be = VLLMBackend(VLLMSettings(model="tiny-mistral", max_num_seqs=8, enforce_eager=True,
                                   kv_cache_bytes=KV_POOL_BYTES))

@@ -12,18 +12,18 @@ import pytest
 import torch
 import zmq
 
-from protocol import (BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, ProtocolError,
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, ProtocolError,
                       RequestFailed, RequestMsg, RunEnd, Shutdown, Start, Tokens, TrafficHello, WorkerBye,
                       WorkerCapacity, WorkerHello, decode, encode, now)
-from protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
-from scheduler.policies import make_policy
-from scheduler.process import Scheduler
+from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
+from batchlab.scheduler.policies import make_policy
+from batchlab.scheduler.process import Scheduler
 from tests.test_faults import free_port
-from worker import hf_continuous
-from worker.backend import Row
-from worker.hf import HFSettings
-from worker.process import Worker
-from worker.sim import SimBackend
+from batchlab.worker import hf_continuous
+from batchlab.worker.backend import Row
+from batchlab.worker.hf import HFSettings
+from batchlab.worker.process import Worker
+from batchlab.worker.sim import SimBackend
 
 DEADLINE_S = 60.0  # generous: every wait ends as soon as its condition holds
 BEAT_S = 0.3  # fake peers beat this often, well inside the 3 s (3 × 1 s) liveness limit

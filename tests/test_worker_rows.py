@@ -1,21 +1,23 @@
 """A worker never runs more rows than it announced: the cap it announces is the strategy's own."""
-from cli.config import build_config
-from worker.backend import Row
-from worker.factory import make_backend, worker_rows
-from worker.sim import ContinuousCore
-from worker.stepmodel import get_preset
+from batchlab.protocol.settings import build_config
+from batchlab.worker.backend import Row
+from batchlab.scheduler.strategies import resolve
+from batchlab.worker.factory import make_backend
+from batchlab.worker.sim import ContinuousCore
+from batchlab.worker.stepmodel import get_preset
 
 
 def test_max_batch_size_is_a_continuous_workers_cap_even_below_the_default_batch_size():
     cfg = build_config({"backend": "sim", "strategy": "continuous", "max_batch_size": 4}, {})
     assert cfg.batch_size == 8  # the default naive batch size must not widen the cap
-    assert worker_rows(cfg) == 4 and make_backend(cfg).info.max_batch_size == 4
+    strategy = resolve(cfg)
+    assert strategy.rows == 4 and make_backend(cfg, strategy.mode, strategy.rows).info.max_batch_size == 4
 
 
 def test_naive_workers_take_the_naive_batch_size_and_dynamic_its_cap():
     naive = build_config({"backend": "sim", "strategy": "naive", "batch_size": 6, "max_batch_size": 16}, {})
     dynamic = build_config({"backend": "sim", "strategy": "dynamic", "batch_size": 6, "max_batch_size": 16}, {})
-    assert (worker_rows(naive), worker_rows(dynamic)) == (6, 16)
+    assert (resolve(naive).rows, resolve(dynamic).rows) == (6, 16)
 
 
 def test_the_continuous_core_holds_joiners_beyond_its_cap_until_a_row_is_free():
@@ -33,8 +35,8 @@ def test_a_warm_worker_leaves_a_run_whose_scheduler_never_came_up(tmp_path):
     import queue
     import threading
 
-    from worker.sessions import Session, serve_sessions
-    from worker.sim import SimBackend
+    from batchlab.worker.sessions import Session, serve_sessions
+    from batchlab.worker.sim import SimBackend
 
     sessions: queue.Queue = queue.Queue()
     sessions.put(Session(f"ipc://{tmp_path}/never.sock", f"ipc://{tmp_path}/coll.sock", str(tmp_path)))

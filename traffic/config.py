@@ -2,7 +2,7 @@
 import dataclasses
 from dataclasses import dataclass, field
 
-from traffic.datasets import LengthSpec
+from batchlab.traffic.datasets import LengthSpec
 
 
 def _default_output_lengths() -> LengthSpec:

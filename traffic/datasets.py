@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traffic.sharegpt import ParseResult, parse_file
+from batchlab.traffic.sharegpt import ParseResult, parse_file
 
 log = logging.getLogger(__name__)
 

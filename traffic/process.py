@@ -12,16 +12,16 @@ from pathlib import Path
 
 import zmq
 
-from protocol import (
+from batchlab.protocol import (
     EndOfStream, Heartbeat, ProtocolError, RequestMsg, Shutdown, Start, TrafficHello, decode, encode,
 )
-from protocol.clock import now, sleep_until
-from protocol.clock_sync import OffsetEstimate, measure
-from protocol.messages import pack_tokens
-from protocol.security import is_loopback
-from protocol.signals import on_stop_signal
-from protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
-from traffic.schedule import Schedule, save_schedule
+from batchlab.protocol.clock import now, sleep_until
+from batchlab.protocol.clock_sync import OffsetEstimate, measure
+from batchlab.protocol.messages import pack_tokens
+from batchlab.protocol.security import is_loopback
+from batchlab.protocol.signals import on_stop_signal
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
+from batchlab.traffic.schedule import Schedule, save_schedule
 
 log = logging.getLogger(__name__)
 

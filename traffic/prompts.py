@@ -8,8 +8,8 @@ from typing import Protocol
 
 import numpy as np
 
-from traffic.config import TrafficConfig
-from traffic.datasets import DatasetError, ParseResult, sample_lengths, synthetic_tokens
+from batchlab.traffic.config import TrafficConfig
+from batchlab.traffic.datasets import DatasetError, ParseResult, sample_lengths, synthetic_tokens
 
 SYNTHETIC_BLOCK = 256  # requests drawn per block, so request k's draws do not depend on n
 MIN_REPLY_TOKENS = 2  # shorter replies are dropped, as vLLM's ShareGPT sampler does

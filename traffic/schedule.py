@@ -10,10 +10,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traffic.arrivals import arrival_offsets
-from traffic.config import TrafficConfig
-from traffic.datasets import DatasetError, load_conversations, load_sharegpt
-from traffic.prompts import Prompts, Tokenizer, sharegpt_prompts, synthetic_prompts
+from batchlab.traffic.arrivals import arrival_offsets
+from batchlab.traffic.config import TrafficConfig
+from batchlab.traffic.datasets import DatasetError, load_conversations, load_sharegpt
+from batchlab.traffic.prompts import Prompts, Tokenizer, sharegpt_prompts, synthetic_prompts
 
 COLUMNS = ("request_id", "arrival_offset_s", "prompt", "prompt_len", "output_len", "prompt_tokens")
 SCHEMA = pa.schema([

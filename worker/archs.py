@@ -115,14 +115,14 @@ def build_random_model(config, device, dtype, seed: int = RANDOM_SEED):
 
 def random_dir(arch: Arch, home: str | None = None) -> Path:
     """Where `NAME:random`'s folder (config + tokenizer, no weights) lives; it may not exist yet."""
-    from worker.tiny import cache_home
+    from batchlab.worker.tiny import cache_home
 
     return cache_home(home) / "models" / f"{arch.name}-random"
 
 
 def _write(arch: Arch):
     def write(folder: Path) -> None:
-        from worker.tokenizers import hf_tokenizer_from_sentencepiece, mistral_tokenizer_file
+        from batchlab.worker.tokenizers import hf_tokenizer_from_sentencepiece, mistral_tokenizer_file
 
         folder.mkdir(parents=True)
         hf_config(arch).save_pretrained(folder)
@@ -133,6 +133,6 @@ def _write(arch: Arch):
 
 def make_random_dir(arch: Arch, home: str | None = None, force: bool = False) -> Path:
     """Create `NAME:random`'s folder (config.json + tokenizer files, no weights) unless it is there."""
-    from worker.tiny import make_model_folder
+    from batchlab.worker.tiny import make_model_folder
 
     return make_model_folder(random_dir(arch, home), _write(arch), MARKER_FILE, f'"format": {RANDOM_FORMAT}', force)

@@ -3,8 +3,8 @@ import threading
 
 import zmq
 
-from protocol import Heartbeat, encode, now
-from protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
+from batchlab.protocol import Heartbeat, encode, now
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
 
 
 class HeartbeatThread:

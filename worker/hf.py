@@ -15,9 +15,9 @@ import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocol.clock import now
-from worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
-from worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss, cuda_free_bytes,
+from batchlab.protocol.clock import now
+from batchlab.worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
+from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss, cuda_free_bytes,
                            cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
 
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun. " * 2
@@ -91,12 +91,11 @@ def resolve_dtype(name: str, device, checkpoint_dtype):
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
-def settings_from_config(cfg) -> HFSettings:
-    """A cli.config.RunConfig → HFSettings (static and continuous modes alike)."""
-    from cli.config import parse_bytes
-    from worker.factory import worker_rows
+def settings_from_config(cfg, rows: int) -> HFSettings:
+    """A RunConfig and the worker's row cap → HFSettings (static and continuous modes alike)."""
+    from batchlab.protocol.settings import parse_bytes
 
-    return HFSettings(model=cfg.model, dtype=cfg.dtype, device=cfg.device, max_batch_size=worker_rows(cfg),
+    return HFSettings(model=cfg.model, dtype=cfg.dtype, device=cfg.device, max_batch_size=rows,
                       memory_budget_bytes=parse_bytes(cfg.memory_budget), strict_memory=cfg.strict_memory)
 
 
@@ -134,20 +133,20 @@ class HFBackend:
         self.info.facts.update(self.model_facts)  # e.g. "random weights, real architecture" (worker.archs)
 
     @classmethod
-    def from_config(cls, cfg, mode: str) -> "HFBackend":
-        """Build from a cli.config.RunConfig; continuous mode is worker.hf_continuous's job."""
+    def from_config(cls, cfg, mode: str, rows: int) -> "HFBackend":
+        """Build from a RunConfig; continuous mode is worker.hf_continuous's job."""
         if mode != "static":
             raise BackendError("HFBackend runs static batches only; continuous mode is "
-                               "worker.hf_continuous.HFContinuousBackend")
-        return cls(settings_from_config(cfg))
+                               "batchlab.worker.hf_continuous.HFContinuousBackend")
+        return cls(settings_from_config(cfg, rows))
 
     # --- loading ----------------------------------------------------------------------------------
     def _load(self, name: str):
         """(tokenizer, model) on self.device; `NAME:random` is built from its config (worker.archs)."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        from worker.archs import RANDOM_SEED, build_random_model, facts, random_arch
-        from worker.tiny import resolve_model
+        from batchlab.worker.archs import RANDOM_SEED, build_random_model, facts, random_arch
+        from batchlab.worker.tiny import resolve_model
 
         try:
             arch = random_arch(name)

@@ -38,10 +38,10 @@ generated tokens); a row that cannot run alone fails with the reason. No row is 
 """
 from dataclasses import dataclass, replace
 
-from protocol.clock import now
-from worker.backend import BackendError, Row, StepOutput
-from worker.hf import HFBackend, HFSettings, settings_from_config
-from worker.hf_layouts import LAYOUTS, make_layout
+from batchlab.protocol.clock import now
+from batchlab.worker.backend import BackendError, Row, StepOutput
+from batchlab.worker.hf import HFBackend, HFSettings, settings_from_config
+from batchlab.worker.hf_layouts import LAYOUTS, make_layout
 
 CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by one: the static back-off's
 # 20 clean batches (scheduler.policies) × 32 steps, one batch's worth at the CPU config's 32-token outputs
@@ -125,11 +125,11 @@ class HFContinuousBackend:
         self.stats = {"row_steps_waiting": 0, "preempted_rows": 0, "oom_requeues": 0}
 
     @classmethod
-    def from_config(cls, cfg, mode: str) -> "HFContinuousBackend":
-        """Build from a cli.config.RunConfig (continuous mode only)."""
+    def from_config(cls, cfg, mode: str, rows: int) -> "HFContinuousBackend":
+        """Build from a RunConfig (continuous mode only), with `rows` slots."""
         if mode != "continuous":
             raise BackendError("HFContinuousBackend runs continuous mode only")
-        return cls(settings_from_config(cfg))
+        return cls(settings_from_config(cfg, rows))
 
     # --- the ContinuousBackend protocol -------------------------------------------------------------
     def warmup(self) -> None:

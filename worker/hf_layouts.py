@@ -5,9 +5,9 @@ A layout owns the cache and the model inputs; the loop owns rows, tokens, stamps
 Per step the loop calls decode → decoded (if running rows), prefill → prefilled (if joiners), then
 retire, which returns the running rows' new order as indices into running + committed joiners.
 """
-from worker.hf import left_pad
-from worker.hf_kv import PaddedKV
-from worker.hf_slots import SlotKV, use_slot_attention
+from batchlab.worker.hf import left_pad
+from batchlab.worker.hf_kv import PaddedKV
+from batchlab.worker.hf_slots import SlotKV, use_slot_attention
 
 LAYOUTS = ("slots", "padded")
 
@@ -16,7 +16,7 @@ class SlotLayout:
     """Running row i in slot i of a preallocated cache; decode inputs and state stay on the device."""
 
     def __init__(self, torch, model, device, max_rows: int) -> None:
-        from worker.memory import kv_shape
+        from batchlab.worker.memory import kv_shape
 
         layers, kv_heads, head_dim = kv_shape(model.config)
         self.kv = SlotKV(torch, device, model.dtype, layers, kv_heads, head_dim)

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from protocol.clock import now
-from worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
+from batchlab.protocol.clock import now
+from batchlab.worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
 
 log = logging.getLogger("batchlab.openai")
 
@@ -139,8 +139,8 @@ class OpenAIBackend:
                                                            "(held, settled against final usage)"})
 
     @classmethod
-    def from_config(cls, cfg, mode: str) -> "OpenAIBackend":
-        """Build from a cli.config.RunConfig."""
+    def from_config(cls, cfg, mode: str, rows: int = 0) -> "OpenAIBackend":
+        """Build from a RunConfig (the server's concurrency is --max-concurrency: `rows` is unused)."""
         return cls(cfg.endpoint, cfg.model, cfg.max_concurrency, mode)
 
     def _pick_model(self, wanted: str) -> str:

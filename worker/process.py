@@ -4,14 +4,14 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
                       WorkerCapacity, WorkerHello, decode, encode, now)
-from protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
-from protocol.messages import STEP_BATCH, unpack_tokens
-from protocol.signals import on_stop_signal
-from protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
-from worker.backend import OutOfMemory, Row, StepOutput
-from worker.heartbeat import HeartbeatThread
+from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
+from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
+from batchlab.protocol.signals import on_stop_signal
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
+from batchlab.worker.backend import OutOfMemory, Row, StepOutput
+from batchlab.worker.heartbeat import HeartbeatThread
 
 log = logging.getLogger("batchlab.worker")
 WAITING_LOG_INTERVAL_S = 30.0  # before the scheduler first answers, say so this often

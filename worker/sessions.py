@@ -2,9 +2,9 @@
 its settings; see cli/pool.py). Each run is a `Session`; worker.process.Worker serves it."""
 from dataclasses import dataclass
 
-from protocol import now
-from protocol.signals import on_stop_signal
-from worker.process import Worker
+from batchlab.protocol import now
+from batchlab.protocol.signals import on_stop_signal
+from batchlab.worker.process import Worker
 
 
 @dataclass(slots=True)

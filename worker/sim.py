@@ -6,9 +6,9 @@ discrete-event simulator reuses in virtual time.
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from protocol.clock import now, sleep_until
-from worker.backend import BackendInfo, Row, StepOutput
-from worker.stepmodel import StepModel, get_preset
+from batchlab.protocol.clock import now, sleep_until
+from batchlab.worker.backend import BackendInfo, Row, StepOutput
+from batchlab.worker.stepmodel import StepModel, get_preset
 
 FAKE_VOCAB = 32000
 

@@ -5,7 +5,7 @@ prefill_s     = overhead_s + weights_bytes / bandwidth_Bps + prefill_s_per_token
 """
 from dataclasses import asdict, dataclass
 
-from worker.archs import ARCHS, kv_bytes_per_token, n_params, weights_bytes
+from batchlab.worker.archs import ARCHS, kv_bytes_per_token, n_params, weights_bytes
 
 GB = 1e9
 

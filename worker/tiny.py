@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from worker.tokenizers import TINY_MISTRAL, hf_tokenizer_from_sentencepiece, mistral_tokenizer_file
+from batchlab.worker.tokenizers import TINY_MISTRAL, hf_tokenizer_from_sentencepiece, mistral_tokenizer_file
 
 TINY_SEED = 0
 TINY_FORMAT = 1  # bump when the recipe changes; an older folder is then rebuilt
@@ -110,7 +110,7 @@ def make_tiny_mistral(home: str | None = None, force: bool = False) -> Path:
 def resolve_model(name: str) -> str:
     """tiny-mistral → its folder (created on first use); `NAME:random` → its config + tokenizer folder
     (worker.archs, no weights); any other hub id or path unchanged."""
-    from worker.archs import make_random_dir, random_arch
+    from batchlab.worker.archs import make_random_dir, random_arch
 
     if name == TINY_MISTRAL:
         return str(make_tiny_mistral())

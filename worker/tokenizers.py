@@ -81,7 +81,7 @@ class HFTokenizer:
 def get_tokenizer(model: str):
     """tiny-mistral and `NAME:random` (worker.archs) → SentencePiece on Mistral's file; anything else →
     AutoTokenizer (hub id or path)."""
-    from worker.archs import random_arch
+    from batchlab.worker.archs import random_arch
 
     if model == TINY_MISTRAL or random_arch(model) is not None:
         return SentencePieceTokenizer(mistral_tokenizer_file())

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from protocol.clock import now
-from worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
-from worker.vllm_stats import KVUsage, engine_metrics, kv_geometry, stats_tap
+from batchlab.protocol.clock import now
+from batchlab.worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
+from batchlab.worker.vllm_stats import KVUsage, engine_metrics, kv_geometry, stats_tap
 
 log = logging.getLogger("batchlab.vllm")
 
@@ -47,7 +47,7 @@ class _Live:
 def resolve_model(name: str) -> str:
     """'tiny-mistral' → the embedded model's folder, `NAME:random` → a config + tokenizer folder without
     weights (worker.tiny, worker.archs); anything else is a path or hub id."""
-    from worker.tiny import resolve_model as tiny_resolve
+    from batchlab.worker.tiny import resolve_model as tiny_resolve
 
     try:
         return tiny_resolve(name)
@@ -57,7 +57,7 @@ def resolve_model(name: str) -> str:
 
 def _load_format(name: str) -> str:
     """`NAME:random` → vLLM's dummy loader (random weights, no checkpoint); else vLLM's default."""
-    from worker.archs import random_arch
+    from batchlab.worker.archs import random_arch
 
     try:
         return "dummy" if random_arch(name) is not None else "auto"
@@ -65,12 +65,11 @@ def _load_format(name: str) -> str:
         raise BackendError(str(exc)) from None
 
 
-def settings_from_config(cfg, mode: str) -> VLLMSettings:
-    """RunConfig → VLLMSettings (max_num_seqs 0 means the worker's row cap, factory.worker_rows)."""
-    from cli.config import parse_bytes
-    from worker.factory import worker_rows
+def settings_from_config(cfg, mode: str, rows: int) -> VLLMSettings:
+    """RunConfig → VLLMSettings (max_num_seqs 0 means the worker's row cap, `rows`)."""
+    from batchlab.protocol.settings import parse_bytes
 
-    seqs = cfg.max_num_seqs or worker_rows(cfg)
+    seqs = cfg.max_num_seqs or rows
     return VLLMSettings(
         model=cfg.model, dtype=cfg.dtype, max_num_seqs=seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
@@ -95,7 +94,7 @@ def _engine_args(s: VLLMSettings, on_cpu: bool):
 
 def _model_facts(name: str) -> dict:
     """A `NAME:random` model's facts (worker.archs.facts) plus how vLLM got its weights; {} otherwise."""
-    from worker.archs import facts, random_arch
+    from batchlab.worker.archs import facts, random_arch
 
     arch = random_arch(name)
     return {**facts(arch), "load_format": "dummy (vLLM's random init)"} if arch is not None else {}
@@ -126,9 +125,9 @@ class VLLMBackend:
         self.info = self._info(mode, engine_start_s=now() - started)
 
     @classmethod
-    def from_config(cls, cfg, mode: str) -> "VLLMBackend":
+    def from_config(cls, cfg, mode: str, rows: int) -> "VLLMBackend":
         """Build from a cli.config.RunConfig."""
-        return cls(settings_from_config(cfg, mode), mode)
+        return cls(settings_from_config(cfg, mode, rows), mode)
 
     def _info(self, mode: str, engine_start_s: float) -> BackendInfo:
         geo = kv_geometry(self.engine)

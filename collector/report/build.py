@@ -2,8 +2,8 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from collector import metrics
-from collector.report.points import Collection, ReportError, load_collection
+from batchlab.collector import metrics
+from batchlab.collector.report.points import Collection, ReportError, load_collection
 
 REPORT_FILE = "REPORT.md"
 
@@ -37,11 +37,11 @@ def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: f
 
 def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None) -> ReportResult:
     """Write the plots and REPORT.md into `folder`."""
-    from collector.report import plots, timeline
-    from collector.report.headline import compare, headlines
-    from collector.report.markdown import render
-    from collector.report.setup import hardware
-    from collector.report.stats import all_stats
+    from batchlab.collector.report import plots, timeline
+    from batchlab.collector.report.headline import compare, headlines
+    from batchlab.collector.report.markdown import render
+    from batchlab.collector.report.setup import hardware
+    from batchlab.collector.report.stats import all_stats
 
     collection = load_collection(folder)
     root = collection.root

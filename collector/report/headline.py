@@ -2,7 +2,7 @@
 a rate a fixed rule picks (RULE), never at the rate where the result looks best."""
 from dataclasses import dataclass
 
-from collector.report.stats import GroupStats
+from batchlab.collector.report.stats import GroupStats
 
 BASELINE = "naive"
 NAMES = {"dynamic": "Dynamic batching", "continuous": "Continuous batching",

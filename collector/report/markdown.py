@@ -1,8 +1,8 @@
 """REPORT.md: the one-line results, a table per rate, intervals, tool formulas, failures and setup."""
-from collector.report.headline import RULE
-from collector.report.points import Collection
-from collector.report.setup import knob_table, prefix_cache_line, setup_lines
-from collector.report.stats import FAILED_MARK_SHARE, GroupStats
+from batchlab.collector.report.headline import RULE
+from batchlab.collector.report.points import Collection
+from batchlab.collector.report.setup import knob_table, prefix_cache_line, setup_lines
+from batchlab.collector.report.stats import FAILED_MARK_SHARE, GroupStats
 
 QS = ("p50", "p90", "p99")
 

@@ -8,9 +8,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from collector.metrics import inter_token_latencies, request_metrics  # noqa: E402
-from collector.report.points import Collection  # noqa: E402
-from collector.report.stats import FAILED_MARK_SHARE, GroupStats, share_text  # noqa: E402
+from batchlab.collector.metrics import inter_token_latencies, request_metrics  # noqa: E402
+from batchlab.collector.report.points import Collection  # noqa: E402
+from batchlab.collector.report.stats import FAILED_MARK_SHARE, GroupStats, share_text  # noqa: E402
 
 DPI = 110
 PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))

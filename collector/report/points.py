@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE
-from collector.metrics import NOT_SENT, window_s
-from collector.parts import load_table
+from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE
+from batchlab.collector.metrics import NOT_SENT, window_s
+from batchlab.collector.parts import load_table
 
 RATE_DIR = re.compile(r"rate-([0-9.eE+-]+)")  # a sweep point's folder: OUT/<label>/rate-<r>/rep-<k>
 

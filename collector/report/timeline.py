@@ -10,8 +10,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from collector.report.plots import save  # noqa: E402
-from collector.report.points import Collection, RunData  # noqa: E402
+from batchlab.collector.report.plots import save  # noqa: E402
+from batchlab.collector.report.points import Collection, RunData  # noqa: E402
 
 WINDOW_S = 8.0  # the Gantt shows this much of the run, from its middle
 REASON_COLORS = {"size": "tab:blue", "age": "tab:orange", "memory": "tab:green", "flush": "tab:red",

@@ -11,7 +11,7 @@ tests/test_simulator_core.py proves it step-for-step equal to ContinuousCore.
 """
 from dataclasses import dataclass, field
 
-from worker.stepmodel import StepModel
+from batchlab.worker.stepmodel import StepModel
 
 
 @dataclass(slots=True)

@@ -19,15 +19,15 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from collector.store import RunStore
-from protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, WorkerBye, WorkerHello
-from scheduler.policies import Policy, QueuedRequest
-from scheduler.workers import PendingQueue, WorkerState, least_loaded
-from scheduler.simulator.continuous import FastContinuousCore, StepPlan
-from scheduler.simulator.record import Recorder
-from worker.backend import Row
-from worker.sim import static_step_durations
-from worker.stepmodel import StepModel
+from batchlab.collector.store import RunStore
+from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, WorkerBye, WorkerHello
+from batchlab.scheduler.policies import Policy, QueuedRequest
+from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
+from batchlab.scheduler.simulator.continuous import FastContinuousCore, StepPlan
+from batchlab.scheduler.simulator.record import Recorder
+from batchlab.worker.backend import Row
+from batchlab.worker.sim import static_step_durations
+from batchlab.worker.stepmodel import StepModel
 
 ARRIVAL, WAKE, BATCH_END, STEP_END = range(4)
 

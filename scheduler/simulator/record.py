@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from collector import tables
-from collector.store import RunStore
-from collector.tables import TOKEN_DTYPES, Tables
-from protocol import Tokens
-from protocol.messages import STEP_BATCH
-from worker.sim import fake_token
+from batchlab.collector import tables
+from batchlab.collector.store import RunStore
+from batchlab.collector.tables import TOKEN_DTYPES, Tables
+from batchlab.protocol import Tokens
+from batchlab.protocol.messages import STEP_BATCH
+from batchlab.worker.sim import fake_token
 
 
 class TokenView(Sequence):

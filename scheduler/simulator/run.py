@@ -5,16 +5,16 @@ from pathlib import Path
 
 import yaml
 
-from cli.config import RunConfig, parse_bytes
-from collector.parts import SCHEDULE_FILE, write_final
-from collector.tables import Tables
-from protocol import WorkerHello
-from scheduler.policies import make_policy
-from scheduler.simulator.engine import Simulation
-from scheduler.simulator.record import build_tables
-from traffic.schedule import Schedule, save_schedule
-from worker.factory import worker_mode, worker_rows
-from worker.stepmodel import StepModel, get_preset
+from batchlab.protocol.settings import RunConfig, parse_bytes, run_settings
+from batchlab.collector.parts import SCHEDULE_FILE, write_final
+from batchlab.collector.tables import Tables
+from batchlab.protocol import WorkerHello
+from batchlab.scheduler.strategies import Strategy, resolve
+from batchlab.scheduler.simulator.engine import Simulation
+from batchlab.scheduler.simulator.record import build_tables
+from batchlab.traffic.schedule import Schedule, save_schedule
+from batchlab.traffic.run_schedule import make_schedule
+from batchlab.worker.stepmodel import StepModel, get_preset
 
 END_REASON = "simulated"
 
@@ -24,20 +24,17 @@ def step_model(cfg: RunConfig) -> StepModel:
     return get_preset("echo" if cfg.backend == "echo" else cfg.preset)
 
 
-def worker_hellos(cfg: RunConfig, model: StepModel) -> list[WorkerHello]:
+def worker_hellos(cfg: RunConfig, strategy: Strategy, model: StepModel) -> list[WorkerHello]:
     """The hellos the live `sim`/`echo` workers of this config would send (see worker/factory.py)."""
     backend = "echo" if cfg.backend == "echo" else "sim"
     budget_bytes = parse_bytes(cfg.memory_budget) or model.kv_budget_bytes()
-    rows = worker_rows(cfg)  # what the live worker announces
-    return [WorkerHello(f"worker-{i}", backend, model.name, worker_mode(cfg), rows, model.kv_bytes_per_token,
+    return [WorkerHello(f"worker-{i}", backend, model.name, strategy.mode, strategy.rows, model.kv_bytes_per_token,
                         budget_bytes, "simulated", "none", {"preset": model.as_dict()})
             for i in range(cfg.workers)]
 
 
 def sim_settings(cfg: RunConfig) -> dict:
-    """The settings a live run writes (cli.roles.run_settings), marked as simulated."""
-    from cli.roles import run_settings
-
+    """The settings a live run writes (protocol.settings.run_settings), marked as simulated."""
     settings = run_settings(cfg)
     settings.update(backend="echo" if cfg.backend == "echo" else "sim", simulated=True)
     return settings
@@ -45,10 +42,8 @@ def sim_settings(cfg: RunConfig) -> dict:
 
 def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) -> Tables:
     """Play `schedule` through cfg's policy and workers in virtual time; the run's tables."""
-    policy = make_policy(cfg.strategy, batch_size=cfg.batch_size, max_batch_size=cfg.max_batch_size,
-                         max_wait_ms=cfg.max_wait_ms, max_new_tokens=cfg.max_new_tokens)
-    model = step_model(cfg)
-    sim = Simulation(policy, model, worker_hellos(cfg, model), schedule.frame, settings=sim_settings(cfg),
+    strategy, model = resolve(cfg), step_model(cfg)
+    sim = Simulation(strategy.policy(), model, worker_hellos(cfg, strategy, model), schedule.frame, settings=sim_settings(cfg),
                      max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens)
     store = sim.run()
     tokens = sim.recorder.attach(store)
@@ -74,8 +69,6 @@ def write_run(out_dir: Path, cfg: RunConfig, schedule: Schedule, tables: Tables,
 def simulate_run(cfg: RunConfig, schedule: Schedule | None = None, *, slos: dict | None = None,
                  saved_schedule: Path | None = None) -> dict:
     """Simulate cfg (building its schedule unless given) into cfg.out; return the summary."""
-    from cli.roles import make_schedule
-
     start_s = time.perf_counter()
     schedule = schedule if schedule is not None else make_schedule(cfg)
     tables = simulate(cfg, schedule, slos=slos)

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli.config import ConfigError, RunConfig, load_yaml
-from cli.sweep_plan import (PROBE_DURATION_S, PROBE_REQUESTS, Entry, Plan, Point, auto_rates, load_plan,
+from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
+from batchlab.cli.sweep_plan import (PROBE_DURATION_S, PROBE_REQUESTS, Entry, Plan, Point, auto_rates, load_plan,
                             plan_points)
-from collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
-from scheduler.simulator.run import simulate_run
+from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
+from batchlab.scheduler.simulator.run import simulate_run
+from batchlab.traffic.run_schedule import make_schedule
 
 DEFAULT_OUT = "runs/simulated"
 
@@ -106,8 +107,6 @@ def _points(sim: SimPlan, probe: dict | None) -> list[Point]:
 
 def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None = None) -> list[tuple[Point, dict]]:
     """Simulate every point (one schedule per rate and seed at a time); (point, summary) in grid order."""
-    from cli.roles import make_schedule
-
     probe = _probe(sim) if sim.plan.auto and not sim.plan.rates else None
     points = _points(sim, probe)
     configs = [p.config(sim.plan.base) for p in points]

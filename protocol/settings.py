@@ -1,0 +1,194 @@
+"""One run's settings: defaults, then a YAML file, then command-line options; validated once.
+
+The project's shared vocabulary, at the bottom of the layers: every package may read a RunConfig, none
+needs the front end (`cli`) for it. Which strategy names exist is the scheduler's business
+(`scheduler.strategies.resolve`), checked where the front end composes a run.
+"""
+import numbers
+import os
+import platform
+import re
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
+ARRIVALS = ("poisson", "gamma", "constant")
+# The settings a schedule is built from: a replayed schedule brings its own.
+TRAFFIC_FIELDS = ("arrival", "rate", "duration_s", "burstiness", "seed", "dataset", "max_new_tokens",
+                  "max_prompt_len")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the CLI prints it as one line and exits 1."""
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """Everything that defines a run (written into every table and summary)."""
+
+    strategy: str = "dynamic"
+    backend: str = "sim"
+    model: str = "tiny-mistral"
+    preset: str = "a100-llama2-7b"  # sim backend step-time preset
+    rate: float = 10.0  # requests/s
+    duration_s: float = 10.0
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    dataset: str = "sharegpt"  # sharegpt | synthetic | PATH
+    schedule: str = ""  # replay a saved schedule.parquet instead of generating one
+    batch_size: int = 8  # naive: exactly N
+    max_batch_size: int = 16  # dynamic cap / worker rows
+    max_wait_ms: float = 50.0
+    max_new_tokens: int = 128
+    max_prompt_len: int = 1024
+    seed: int = 0
+    out: str = "runs/latest"
+    workers: int = 1
+    max_queue: int = 0  # requests; 0: unbounded
+    max_queue_tokens: int = 0  # prompt + output tokens queued; 0: unbounded
+    memory_budget: str = ""  # KV budget, e.g. "2GiB"; default: the backend's own
+    strict_memory: bool = False
+    dtype: str = "auto"
+    device: str = "auto"
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    endpoint: str = ""
+    max_concurrency: int = 64
+    warmup_requests: int = 2
+    keys: str = ""  # CurveZMQ key folder (required to bind a non-loopback address)
+    slo: list = field(default_factory=list)  # e.g. ["ttft=500ms", "tpot=50ms"]: goodput in summary.json
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> "RunConfig":
+        """Raise ConfigError on the first impossible setting."""
+        checks = [
+            (bool(self.strategy), "--strategy must name a strategy"),
+            (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}"),
+            (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}"),
+            (self.rate > 0, "--rate must be > 0 requests/s"),
+            (self.duration_s > 0, "--duration must be > 0 s"),
+            (self.burstiness > 0, "--burstiness must be > 0"),
+            (self.batch_size >= 1, "--batch-size must be ≥ 1"),
+            (self.max_batch_size >= 1, "--max-batch-size must be ≥ 1"),
+            (self.max_wait_ms >= 0, "--max-wait-ms must be ≥ 0"),
+            (self.max_new_tokens >= 1, "--max-new-tokens must be ≥ 1"),
+            (self.workers >= 1, "--workers must be ≥ 1"),
+            (self.backend != "openai" or bool(self.endpoint), "--backend openai needs --endpoint URL"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        if self.strategy == "vllm":
+            self.strategy, self.backend = "continuous", "vllm"
+        parse_bytes(self.memory_budget)
+        self.slos()
+        return self
+
+    def slos(self) -> dict[str, float]:
+        """The SLOs in seconds ({} when none); ConfigError on a bad one."""
+        try:
+            return parse_slos(self.slo)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def as_settings(self) -> dict:
+        """Flat dict for RunInfo and reports."""
+        d = asdict(self)
+        d.update(d.pop("extra"))
+        return d
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '512MB', '1e9' → bytes; '' → 0 (meaning: the backend's default)."""
+    if not text:
+        return 0
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 1e3, "mb": 1e6, "gb": 1e9, "b": 1}
+    t = str(text).strip().lower()
+    for unit, scale in units.items():
+        if t.endswith(unit):
+            t, mult = t[: -len(unit)], scale
+            break
+    else:
+        mult = 1
+    try:
+        value = int(float(t) * mult)
+    except ValueError:
+        raise ConfigError(f"cannot read {text!r} as a size (e.g. 2GiB, 512MB)") from None
+    if value <= 0:
+        raise ConfigError(f"size {text!r} must be positive")
+    return value
+
+
+def load_yaml(path: str | Path) -> dict:
+    """A YAML mapping of RunConfig fields (dashes or underscores), or ConfigError."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def build_config(file_values: dict, overrides: dict) -> RunConfig:
+    """Defaults ← file ← command line (only options the user gave), validated; None means not given."""
+    known = typing.get_type_hints(RunConfig)
+    merged = {k: v for values in (file_values, overrides) for k, v in values.items() if v is not None}
+    unknown = sorted(set(merged) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+    return RunConfig(**{k: _typed(k, v, known[k]) for k, v in merged.items()}).validate()
+
+
+def _typed(name: str, value: object, kind: type) -> object:
+    """`value` as the field's type (an int is a fine float; a bool is no number), or ConfigError."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind in (int, float):
+        base = numbers.Integral if kind is int else numbers.Real
+        ok = isinstance(value, base) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise ConfigError(f"setting {name} must be {_KIND_NAMES[kind]}, got {value!r} ({type(value).__name__})")
+    return kind(value) if kind in (int, float) else value  # numpy scalars → plain numbers
+
+
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
+               list: "a list"}
+
+
+SLO_NAMES = ("ttft", "tpot", "e2e", "queue_wait")
+UNITS_S = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
+
+
+def parse_slos(items: list[str]) -> dict[str, float]:
+    """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds; no unit: ms); ValueError on a
+    bad item, naming it."""
+    slos = {}
+    for item in items:
+        match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9.eE+-]+)\s*(ms|s|us)?\s*", str(item))
+        if not match or match.group(1) not in SLO_NAMES:
+            raise ValueError(f"--slo {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")
+        try:
+            slos[match.group(1)] = float(match.group(2)) * UNITS_S[match.group(3) or "ms"]
+        except ValueError:
+            raise ValueError(f"--slo {item!r}: {match.group(2)!r} is not a number") from None
+    return slos
+
+
+def run_settings(cfg: RunConfig) -> dict:
+    """The settings written into every table, plus the host they ran on."""
+    settings = cfg.as_settings()
+    settings.update(host=platform.node(), cpu=platform.processor() or platform.machine(),
+                    cpu_count=os.cpu_count(), python=platform.python_version())
+    return settings
