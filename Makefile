@@ -30,9 +30,12 @@ run: $(STAMP)
 	$(VENV)/bin/batchlab sweep configs/cpu.yaml --out $(OUT)
 	$(VENV)/bin/batchlab report $(OUT)
 
+# Everything; a missing vllm fails it (tests/conftest.py) instead of skipping its tests silently.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	BATCHLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q
 
+# Unit tests and short single-process runs (under 2 minutes on 2 cores); multi-process and real-model
+# tests are marked `slow`. A missing vllm only skips its tests here.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 

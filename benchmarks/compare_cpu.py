@@ -1,28 +1,37 @@
 """Four columns on the same open-loop trace: naive (HF), dynamic (HF), continuous (HF) and continuous (vLLM).
 
-Each column plays one seeded Poisson trace per rate against a backend in this process: a small loop
-stands in for the scheduler (the same pure policies from scheduler/policies.py decide), so process and
-socket overheads are left out and only batching and the engine differ. Rows are random token ids
-(prompt 16..`--max-prompt-len`, output 4..`--max-new-tokens` tokens, greedy, exact lengths).
-Per point: output tokens/s (all tokens ÷ first arrival → last token) and TTFT p50/p99 (first token −
-arrival). The summary gives continuous(HF) ÷ vLLM per rate and at each column's knee (best tokens/s).
+Each column plays one seeded Poisson trace per rate (traffic/'s synthetic schedule) against a backend in
+this process: a small loop stands in for the scheduler process around the same SchedulerCore and pure
+policies, so process and socket overheads are left out and only batching and the engine differ. Rows are
+random token ids (prompt 16..`--max-prompt-len`, output 4..`--max-new-tokens` tokens, greedy, exact
+lengths). Per point: output tokens/s (all tokens ÷ first arrival → last token) and TTFT p50/p99 (first
+token − arrival; collector.metrics.percentiles). The summary gives continuous(HF) ÷ vLLM per rate and at
+each column's knee (best tokens/s).
 
     python benchmarks/compare_cpu.py --rates 2,4,8,16 --duration 10 [--json out.json]
 """
 import argparse
 import json
-import random
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from batchlab.collector.metrics import percentiles  # noqa: E402
 from batchlab.protocol.clock import now, sleep_until  # noqa: E402
-from batchlab.scheduler.policies import Capacity, Continuous, Dynamic, Naive, QueuedRequest  # noqa: E402
-from batchlab.worker.backend import Row, StepOutput  # noqa: E402
+from batchlab.scheduler.core import Launch, SchedulerCore  # noqa: E402
+from batchlab.scheduler.policies import Continuous, Dynamic, Naive, QueuedRequest  # noqa: E402
+from batchlab.traffic.config import TrafficConfig  # noqa: E402
+from batchlab.traffic.lengths import LengthSpec  # noqa: E402
+from batchlab.traffic.schedule import Schedule, build_schedule  # noqa: E402
+from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello  # noqa: E402
 
 IDLE_SLEEP_S = 0.05  # longest nap while nothing is queued or running
+WORKER = "worker-0"
+MIN_PROMPT_LEN, MIN_OUTPUT_LEN = 16, 4
 
 
 @dataclass(slots=True)
@@ -55,80 +64,95 @@ class Tally:
         self.tokens += len(out.request_ids)
 
 
-def make_trace(rate: float, duration_s: float, args, seed: int) -> list[tuple[float, Row]]:
-    """Poisson arrivals over `duration_s`; seeded random prompts and output lengths."""
-    rng, t, trace = random.Random(seed), 0.0, []
-    while (t := t + rng.expovariate(rate)) < duration_s:
-        p, o = rng.randint(16, args.max_prompt_len), rng.randint(4, args.max_new_tokens)
-        trace.append((t, Row(len(trace), p, o, [rng.randrange(100, 32000) for _ in range(p)], len(trace))))
-    return trace
+def make_trace(rate: float, args) -> Schedule:
+    """Poisson arrivals over --duration; seeded uniform prompt and output lengths (traffic's synthetic set)."""
+    cfg = TrafficConfig("poisson", rate, args.duration, seed=args.seed, dataset="synthetic",
+                        max_new_tokens=args.max_new_tokens, max_prompt_len=args.max_prompt_len,
+                        min_prompt_len=MIN_PROMPT_LEN,
+                        prompt_lengths=LengthSpec("uniform", min=MIN_PROMPT_LEN, max=args.max_prompt_len),
+                        output_lengths=LengthSpec("uniform", min=MIN_OUTPUT_LEN, max=args.max_new_tokens))
+    return build_schedule(cfg, None)
 
 
-def quantile(values: list[float], q: float) -> float:
-    """Nearest-rank quantile (0 for no values)."""
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
-
-
-def point(column: str, rate: float, trace: list[tuple[float, Row]], tally: Tally) -> Point:
-    ttft = [tally.first[rid] - tally.arrival[rid] for rid in tally.first]
+def point(column: str, rate: float, trace: Schedule, tally: Tally) -> Point:
+    ttft = percentiles(pd.Series([tally.first[rid] - tally.arrival[rid] for rid in tally.first], dtype="float64"))
     wall = max(tally.last.values(), default=0.0)
-    done = sum(1 for _, r in trace if r.request_id in tally.last and r.output_len)
-    return Point(column, rate, len(trace), done, round(wall, 2), round(tally.tokens / wall if wall else 0.0, 1),
-                 round(quantile(ttft, 0.5), 4), round(quantile(ttft, 0.99), 4))
+    return Point(column, rate, trace.n_requests, len(tally.last), round(wall, 2),
+                 round(tally.tokens / wall if wall else 0.0, 1), round(ttft["p50"] or 0.0, 4),
+                 round(ttft["p99"] or 0.0, 4))
 
 
 class Driver:
-    """The scheduler's job in-process: arrivals into a queue, a policy decides, the backend runs."""
+    """The scheduler process's job in-process, around SchedulerCore: the trace's arrivals in, its
+    launches to the backend (a static batch runs to its end here; a continuous backend steps)."""
 
-    def __init__(self, backend, policy, trace: list[tuple[float, Row]]) -> None:
-        self.backend, self.policy, self.trace = backend, policy, trace
-        self.queue: list[tuple[float, Row]] = []
-        self.next, self.running, self.promised_bytes = 0, {}, 0
-        self.tally = Tally({r.request_id: t for t, r in trace})
+    def __init__(self, backend, policy, trace: Schedule) -> None:
+        self.backend = backend
+        self.core = SchedulerCore(policy)
+        self.core.on_hello(WORKER, worker_hello(WORKER, backend.info), 0.0)
+        frame = trace.frame
+        self.arrivals = frame["arrival_offset_s"].tolist()
+        self.requests = list(zip(frame["request_id"].tolist(), frame["prompt_len"].tolist(),
+                                 frame["output_len"].tolist(), frame["prompt_tokens"].tolist()))
+        self.next = 0
+        self.wake_at: float | None = None
+        self.batch_of: dict[int, int] = {}  # request id -> its batch (continuous)
+        self.failed: dict[int, str] = {}  # request id -> the core's reason
+        self.tally = Tally(dict(zip(frame["request_id"].tolist(), self.arrivals)))
 
     def play(self) -> Tally:
-        """Run the trace to the end; continuous backends step while busy, static ones run whole batches."""
+        """Run the trace until every request ended."""
         self.t0 = now()
-        while self.next < len(self.trace) or self.queue or self.running or self._busy():
+        while True:
+            # 1. arrivals due by now (the last one ends the stream)
             self._arrivals()
+            # 2. the core launches: a continuous backend admits, a static one runs the batch to its end
             launched = self._launch()
-            if self.backend.info.mode == "continuous" and self._busy():
+            # 3. a continuous backend advances one step; else nap until something is due
+            if self._busy():
                 self._step()
             elif not launched:
                 self._nap()
-        return self.tally
+            self.failed.update((f.request_id, f.reason) for f in self.core.drain())
+            # 4. done?
+            if self.core.done():
+                return self.tally
+
+    def _clock(self) -> float:
+        return now() - self.t0
 
     def _busy(self) -> bool:
         return self.backend.info.mode == "continuous" and self.backend.has_work()
 
     def _arrivals(self) -> None:
-        t = now() - self.t0
-        while self.next < len(self.trace) and self.trace[self.next][0] <= t:
-            self.queue.append(self.trace[self.next])
+        t = self._clock()
+        while self.next < len(self.requests) and self.arrivals[self.next] <= t:
+            rid, prompt_len, output_len, _ = self.requests[self.next]
+            self.core.on_request(QueuedRequest(rid, self.arrivals[self.next], prompt_len, output_len), t)
             self.next += 1
+        if self.next == len(self.requests):
+            self.core.end_of_stream()
 
     def _launch(self) -> bool:
-        info = self.backend.info
-        cap = Capacity(info.max_batch_size - len(self.running), info.kv_budget_bytes - self.promised_bytes,
-                       info.kv_bytes_per_token, idle=not self.running)
-        queued = [QueuedRequest(r.request_id, t, r.prompt_len, r.output_len) for t, r in self.queue]
-        decision = self.policy.decide(queued, now() - self.t0, cap, self.next >= len(self.trace))
-        self.wake_at = decision.wake_at
-        if not decision.n:
-            return False
-        rows, self.queue = [r for _, r in self.queue[:decision.n]], self.queue[decision.n:]
-        if info.mode == "continuous":
-            self._admit(rows)
-        else:
-            self.backend.run_batch(rows, lambda out: self.tally.take(out, self.t0))
-        return True
+        decisions = self.core.schedule(self._clock())
+        self.wake_at = decisions.wake_at
+        for launch in decisions.launches:
+            rows = [Row(r.request_id, r.prompt_len, r.output_len, self.requests[r.request_id][3], launch.batch_id)
+                    for r in launch.requests]
+            if self.backend.info.mode == "continuous":
+                self.batch_of.update((r.request_id, launch.batch_id) for r in rows)
+                self.backend.admit(rows)
+            else:
+                self._run_static(launch, rows)
+        return bool(decisions.launches)
 
-    def _admit(self, rows: list[Row]) -> None:
-        for r in rows:
-            self.running[r.request_id] = (r.prompt_len + r.output_len) * self.backend.info.kv_bytes_per_token
-            self.promised_bytes += self.running[r.request_id]
-        self.backend.admit(rows)
+    def _run_static(self, launch: Launch, rows: list[Row]) -> None:
+        oom = False
+        try:
+            self.backend.run_batch(rows, lambda out: self.tally.take(out, self.t0))
+        except OutOfMemory:  # the core requeues the batch (or fails a single row) and the policy backs off
+            oom = True
+        self.core.on_batch_done(WORKER, launch.batch_id, oom, self._clock())
 
     def _step(self) -> None:
         out = self.backend.step()
@@ -136,11 +160,13 @@ class Driver:
             return
         self.tally.take(out, self.t0)
         for rid in out.finished + [rid for rid, _ in out.failed]:
-            self.promised_bytes -= self.running.pop(rid, 0)
+            batch_id = self.batch_of.pop(rid, None)
+            if batch_id is not None:
+                self.core.on_batch_done(WORKER, batch_id, False, self._clock())
 
     def _nap(self) -> None:
-        t = now() - self.t0
-        wake = min([t + IDLE_SLEEP_S] + [self.trace[self.next][0]] * (self.next < len(self.trace))
+        t = self._clock()
+        wake = min([t + IDLE_SLEEP_S] + [self.arrivals[self.next]] * (self.next < len(self.arrivals))
                    + [self.wake_at] * (self.wake_at is not None))
         sleep_until(self.t0 + wake)
 
@@ -185,7 +211,7 @@ def run_columns(columns: dict, args) -> list[Point]:
     points = []
     for name, (backend, make_policy) in columns.items():
         for rate in args.rate_list:
-            trace = make_trace(rate, args.duration, args, args.seed)
+            trace = make_trace(rate, args)
             points.append(point(name, rate, trace, Driver(backend, make_policy(), trace).play()))
             print("  ".join(f"{k}={v}" for k, v in asdict(points[-1]).items()), flush=True)
     return points

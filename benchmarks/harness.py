@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.protocol.settings import RunConfig  # noqa: E402
 from batchlab.cli.launcher import launch_run  # noqa: E402
+from batchlab.scheduler.simulator.fidelity import add_run_fidelity  # noqa: E402
 
 LAG_P99_LIMIT_S = 0.001
 MIN_ACHIEVED_FRACTION = 0.95
@@ -89,6 +90,7 @@ def run_rate(rate: float, args: argparse.Namespace) -> dict:
                     out=str(out)).validate()
     sampler = CpuSampler(out)
     summary = launch_run(cfg, on_tick=sampler.tick)
+    summary["timing_fidelity"] = add_run_fidelity(out)  # post-processing: the simulator on the same schedule
     return table_row(cfg, summary, pd.read_parquet(out / "requests.parquet"), sampler)
 
 

@@ -6,12 +6,28 @@ from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig, b
 
 
 def checked_config(file_values: dict, overrides: dict) -> RunConfig:
-    """build_config, then the strategy resolved (an unknown name or a bad parameter is a ConfigError)."""
+    """build_config, then the strategy resolved (an unknown name or a bad parameter is a ConfigError);
+    its strategy_args are kept typed (--strategy-arg gives text)."""
     from batchlab.scheduler.strategies import resolve
 
     cfg = build_config(file_values, overrides)
-    resolve(cfg)
+    cfg.strategy_args = resolve(cfg).args
+    for name in ("prompt_lengths", "output_lengths"):  # one text form, whatever the YAML held
+        setattr(cfg, name, _lengths_text(name, getattr(cfg, name)))
     return cfg
+
+
+def _lengths_text(name: str, value: object) -> str:
+    """A length setting (int, list, mapping or text) as the text traffic.lengths reads back; "" stays "";
+    ConfigError naming the setting when it describes no lengths."""
+    from batchlab.traffic.lengths import LengthSpec, parse_lengths
+
+    if value in (None, ""):
+        return ""
+    try:
+        return parse_lengths(value, LengthSpec(), name).text()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
@@ -37,6 +53,8 @@ def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
 def _refuse_conflicts(given: dict, saved: dict) -> None:
     """ConfigError for the first option given whose value differs from the schedule's."""
     for name, value in given.items():
+        if name in ("prompt_lengths", "output_lengths"):
+            value = _lengths_text(name, value)
         if value != saved.get(name):
             option = "--duration" if name == "duration_s" else "--" + name.replace("_", "-")
             raise ConfigError(f"{option} {_show(value)} conflicts with the replayed schedule "

@@ -12,7 +12,8 @@ from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, Burst, ConfigOpt, Dataset, Device,
                          Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew, MaxPrompt,
                          MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset, Rate,
-                         Schedule, Seed, SloOpt, Strategy, Strict, Workers)
+                         Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
+from batchlab.cli.options import OutputLens, PromptLens, TraceStart
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -63,13 +64,14 @@ def _fail(error: str | BaseException) -> NoReturn:
 
 
 @app.command()
-def run(*, config: ConfigOpt = None, strategy: Strategy = None, backend: Backend = None, model: Model = None,
-        preset: Preset = None, rate: Rate = None, duration_s: Duration = None, arrival: Arrival = None,
-        burstiness: Burst = None, dataset: Dataset = None, schedule: Schedule = None,
-        batch_size: BatchSize = None, max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None,
-        max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None, seed: Seed = None, out: Out = None,
-        workers: Workers = None,
-        max_queue: MaxQueue = None, max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, strict_memory: Strict = None,
+def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: StrategyArgs = None,
+        backend: Backend = None, model: Model = None, preset: Preset = None, rate: Rate = None,
+        duration_s: Duration = None, arrival: Arrival = None, burstiness: Burst = None, dataset: Dataset = None,
+        trace_start_s: TraceStart = None, prompt_lengths: PromptLens = None, output_lengths: OutputLens = None,
+        schedule: Schedule = None, batch_size: BatchSize = None, max_batch_size: MaxBatch = None,
+        max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None,
+        seed: Seed = None, out: Out = None, workers: Workers = None, max_queue: MaxQueue = None,
+        max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, strict_memory: Strict = None,
         dtype: Dtype = None, device: Device = None, endpoint: Endpoint = None,
         max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
         max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, tensor_parallel_size: TP = None,
@@ -119,7 +121,8 @@ def keys_generate(folder: Annotated[str, typer.Argument(help="where to write the
 
 
 @app.command()
-def scheduler(*, config: ConfigOpt = None, strategy: Strategy = None, batch_size: BatchSize = None,
+def scheduler(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: StrategyArgs = None,
+              batch_size: BatchSize = None,
               max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
               workers: Workers = None, max_queue: MaxQueue = None, max_queue_tokens: MaxQueueTok = None,
               out: Out = None, keys: Keys = None,
@@ -134,7 +137,8 @@ def scheduler(*, config: ConfigOpt = None, strategy: Strategy = None, batch_size
 
 @app.command()
 def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = None, preset: Preset = None,
-           strategy: Strategy = None, max_batch_size: MaxBatch = None, memory_budget: Budget = None,
+           strategy: Strategy = None, strategy_args: StrategyArgs = None, max_batch_size: MaxBatch = None,
+           batch_size: BatchSize = None, memory_budget: Budget = None,
            strict_memory: Strict = None, dtype: Dtype = None, device: Device = None,
            endpoint: Endpoint = None, max_concurrency: MaxConc = None, out: Out = None, keys: Keys = None,
            gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
@@ -154,6 +158,7 @@ def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = 
 @app.command()
 def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None, duration_s: Duration = None,
             arrival: Arrival = None, burstiness: Burst = None, dataset: Dataset = None,
+            trace_start_s: TraceStart = None, prompt_lengths: PromptLens = None, output_lengths: OutputLens = None,
             schedule: Schedule = None, max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None,
             seed: Seed = None, out: Out = None, keys: Keys = None, scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
     """Run the traffic generator alone."""

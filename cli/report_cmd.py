@@ -1,4 +1,5 @@
 """`batchlab report DIR`: plots and REPORT.md from a sweep folder or a single run folder."""
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -14,12 +15,17 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def report(folder: Folder, *, rate: Rate = None, slo: Slo = None) -> None:
-        """Plots (PNG) and REPORT.md: latency vs throughput, CDFs, batch timeline, tables per rate."""
+        """Plots (PNG) and REPORT.md: latency vs throughput, CDFs, batch timeline, tables per rate; each
+        live sim/echo run's summary.json first gains its timing fidelity (against the simulator)."""
         from batchlab.collector.report.build import parse_slos, run_report
         from batchlab.collector.report.points import ReportError
+        from batchlab.scheduler.simulator.fidelity import add_folder_fidelity
 
         try:
-            result = run_report(folder, rate=rate, slos=parse_slos(slo or []))
+            slos = parse_slos(slo or [])
+            if Path(folder).is_dir():
+                add_folder_fidelity(folder)
+            result = run_report(folder, rate=rate, slos=slos)
         except ReportError as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None

@@ -3,16 +3,19 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchlab.cli.options import OutputLens, PromptLens, TraceStart
 from batchlab.cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue, MaxQueueTok,
-                         MaxWait, Opt, Schedule, Seed)
+                         MaxWait, Opt, Schedule, Seed, StrategyArgs, setting)
 
 ConfigArg = Annotated[Optional[str], typer.Argument(
     help="a sweep YAML (base: and grid:, one folder per point) or a run's settings YAML")]
-Strategies = Annotated[Optional[str], Opt(help="naive | dynamic | continuous, or a comma list")]
-Preset = Annotated[Optional[str], Opt(help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral")]
-Rates = Annotated[Optional[str], Opt(help="arrival rate, requests/s, or a comma list (5,10,20)")]
+Strategies = Annotated[Optional[str], setting("strategy", help="naive | dynamic | continuous, a plugin's name or "
+                                                           "package.module:Class, or a comma list")]
+Preset = Annotated[Optional[str], setting(
+    "preset", help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral")]
+Rates = Annotated[Optional[str], setting("rate", help="arrival rate, requests/s, or a comma list (5,10,20)")]
 Out = Annotated[Optional[str], Opt(help="output folder (default runs/simulated)")]
-Workers = Annotated[Optional[int], Opt(help="simulated workers")]
+Workers = Annotated[Optional[int], setting("workers", help="simulated workers")]
 Budget = Annotated[Optional[str], Opt(help="KV memory budget, e.g. 2GiB (default: the preset's)")]
 
 
@@ -21,9 +24,11 @@ def register(app: typer.Typer) -> None:
     app.command("simulate")(simulate)
 
 
-def simulate(config: ConfigArg = None, *, strategy: Strategies = None, preset: Preset = None, rate: Rates = None,
+def simulate(config: ConfigArg = None, *, strategy: Strategies = None, strategy_args: StrategyArgs = None,
+             preset: Preset = None, rate: Rates = None,
              duration_s: Duration = None, arrival: Arrival = None, burstiness: Burst = None,
-             dataset: Dataset = None, schedule: Schedule = None, batch_size: BatchSize = None,
+             dataset: Dataset = None, trace_start_s: TraceStart = None, prompt_lengths: PromptLens = None,
+             output_lengths: OutputLens = None, schedule: Schedule = None, batch_size: BatchSize = None,
              max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
              seed: Seed = None, out: Out = None, workers: Workers = None, max_queue: MaxQueue = None,
              max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None) -> None:
@@ -32,7 +37,8 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, preset: P
     overrides.pop("config")
     from batchlab.protocol.settings import ConfigError
     from batchlab.cli.sweep_plan import SweepError
-    from batchlab.scheduler.simulator.sweep import plan_simulation, run_simulation
+    from batchlab.cli.sim_plan import plan_simulation
+    from batchlab.cli.sim_run import run_simulation
     from batchlab.traffic.datasets import DatasetError
 
     try:

@@ -6,7 +6,6 @@ after its run returned: summary.json alone proves nothing, since the collector a
 run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
 """
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -17,9 +16,10 @@ import typer
 from batchlab.protocol.settings import ConfigError
 from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
-from batchlab.cli.sweep_plan import (PROBE_DURATION_S, PROBE_REQUESTS, Plan, Point, SweepError, auto_rates, load_plan,
-                            plan_points, warm_order)
+from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, load_plan, plan_points, probe_point,
+                            warm_order)
 from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
+from batchlab.protocol.files import write_json_atomic
 
 
 def _failure_reason(exc: Exception, folder: Path) -> str:
@@ -66,9 +66,7 @@ def _timing(folder: Path) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    write_json_atomic(path, data, default=str)
 
 
 def probe_capacity(plan: Plan, out: Path, on_tick=None, pools: PoolKeeper | None = None) -> dict:
@@ -76,15 +74,8 @@ def probe_capacity(plan: Plan, out: Path, on_tick=None, pools: PoolKeeper | None
     folder = out / PROBE_DIR
     if (folder / DONE_FILE).exists():  # resume keeps the rates the sweep started with
         return json.loads((folder / DONE_FILE).read_text())["probe"]
-    auto = plan.auto
-    wanted = auto.get("probe") or next((e.label for e in plan.entries if e.label == "dynamic"),
-                                       plan.entries[0].label)
-    entry = next((e for e in plan.entries if e.label == wanted), None)
-    if entry is None:
-        raise SweepError(f"grid.rates.auto.probe: no strategy labelled {wanted!r}")
-    duration_s = float(auto.get("probe_duration_s", PROBE_DURATION_S))
-    n = int(auto.get("probe_requests", PROBE_REQUESTS))
-    point = Point(entry, n / duration_s, 0, plan.seed, folder)
+    point, duration_s = probe_point(plan, folder)
+    wanted = point.entry.label
     base = {**plan.base, "duration_s": duration_s, "max_queue": 0}
     record = execute(point, base, on_tick, plan.limits(), pools)
     if record["status"] != "done":

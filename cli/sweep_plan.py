@@ -8,6 +8,7 @@ from pathlib import Path
 
 from batchlab.cli.config import checked_config
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
+from batchlab.scheduler.strategies import label as strategy_label
 
 DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 PROBE_REQUESTS = 32  # sent within probe_duration_s: a burst far above any worker's capacity
@@ -85,7 +86,7 @@ def _entry(item: object, base: dict) -> Entry:
     label = str(overrides.pop("label", ""))
     backend = overrides.get("backend", base.get("backend"))
     if not label:
-        strategy = overrides["strategy"]
+        strategy = strategy_label(str(overrides["strategy"]))
         label = strategy if strategy == "vllm" or "backend" not in overrides else f"{strategy}-{backend}"
     overrides.setdefault("backend", "vllm" if overrides["strategy"] == "vllm" else backend or RunConfig.backend)
     return Entry(label, overrides)
@@ -142,6 +143,19 @@ def warm_order(points: list[Point], base: dict, key_of, first: str | None = None
     ordered = list(groups.values())
     ordered.sort(key=lambda g: not any(p.entry.label == first for p in g))
     return [p for g in ordered for p in g]
+
+
+def probe_point(plan: Plan, folder: Path) -> tuple[Point, float]:
+    """The capacity probe's run (a burst of probe_requests within probe_duration_s on the entry labelled
+    grid.rates.auto.probe, else `dynamic`, else the first) and its duration, s."""
+    auto, entries = plan.auto, plan.entries
+    wanted = auto.get("probe") or next((e.label for e in entries if e.label == "dynamic"), entries[0].label)
+    entry = next((e for e in entries if e.label == wanted), None)
+    if entry is None:
+        raise SweepError(f"grid.rates.auto.probe: no strategy labelled {wanted!r}")
+    duration_s = float(auto.get("probe_duration_s", PROBE_DURATION_S))
+    n = int(auto.get("probe_requests", PROBE_REQUESTS))
+    return Point(entry, n / duration_s, 0, plan.seed, folder), duration_s
 
 
 def auto_rates(capacity_req_s: float, fractions: list[float]) -> list[float]:

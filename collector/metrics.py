@@ -12,6 +12,7 @@ from batchlab.protocol.settings import SLO_NAMES, parse_slos  # noqa: F401  (the
 NOT_SENT = "not sent: traffic stopped before its planned time"
 NO_TERMINAL = "no terminal record: run ended before it completed"
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "queue_wait")
+LATENCY_STATS = ("mean", "p50", "p90", "p99")  # each latency metric's summary
 
 
 def request_metrics(df: pd.DataFrame) -> pd.DataFrame:
@@ -33,13 +34,16 @@ def useful_fraction(output_lens: list[int]) -> float:
     return sum(output_lens) / (len(output_lens) * max(output_lens))
 
 
-def percentiles(series: pd.Series) -> dict:
-    """{mean, p50, p90, p99} of the non-NaN values (None each when there are none)."""
+def percentiles(series: pd.Series, stats: tuple[str, ...] = LATENCY_STATS) -> dict:
+    """The named statistics of the non-NaN values, in `stats` order (None each when there are none):
+    "mean", "pNN" (the NN-th percentile) or "max_abs" (the largest magnitude)."""
     values = pd.to_numeric(pd.Series(series), errors="coerce").dropna().to_numpy(dtype="float64")
     if values.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+        return dict.fromkeys(stats)
+    ranks = [s for s in stats if s.startswith("p")]
+    out = dict(zip(ranks, np.percentile(values, [float(s[1:]) for s in ranks]))) if ranks else {}
+    out |= {"mean": values.mean(), "max_abs": np.abs(values).max()}
+    return {s: float(out[s]) for s in stats}
 
 
 def inter_token_latencies(tokens: pd.DataFrame, request_ids: pd.Series | None = None) -> pd.Series:

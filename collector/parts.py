@@ -1,7 +1,5 @@
 """Crash-safe table files: small Parquet part files while running, merged final files at the end."""
-import json
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,21 +8,22 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchlab.collector.layout import SUMMARY_FILE
+from batchlab.protocol.files import write_atomic, write_json_atomic
+
 if TYPE_CHECKING:
     from batchlab.collector.tables import Tables
 
 PARTS_DIR = ".parts"
 TABLE_NAMES = ("requests", "tokens", "batches", "steps")
 SCHEDULE_FILE = "schedule.parquet"
-from batchlab.collector.layout import SUMMARY_FILE
 SCHEDULE_SKIPPED_COLUMNS = ("prompt", "prompt_tokens")  # bulky, and the collector needs neither
 
 
 def _write_parquet(df: pd.DataFrame, path: Path) -> None:
     """Write then rename, so a reader never sees a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
-    os.replace(tmp, path)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    write_atomic(path, lambda tmp: pq.write_table(table, tmp))
 
 
 class PartWriter:
@@ -62,10 +61,13 @@ def write_final(out_dir: Path, tables: "Tables") -> None:
         df = getattr(tables, name)
         if df is not None:
             _write_parquet(df, out_dir / f"{name}.parquet")
-    tmp = out_dir / (SUMMARY_FILE + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(tables.summary), indent=2, allow_nan=False))
-    os.replace(tmp, out_dir / SUMMARY_FILE)
+    write_summary(out_dir, tables.summary)
     shutil.rmtree(out_dir / PARTS_DIR, ignore_errors=True)
+
+
+def write_summary(out_dir: Path, summary: dict) -> None:
+    """out_dir/summary.json, strict JSON (NaN → null), written atomically."""
+    write_json_atomic(Path(out_dir) / SUMMARY_FILE, _jsonable(summary), allow_nan=False)
 
 
 def read_schedule(out_dir: Path) -> pd.DataFrame | None:

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import zmq
 
-from batchlab.collector.fidelity import add_timing_fidelity
 from batchlab.collector.parts import PartWriter, read_schedule, write_final
 from batchlab.collector.store import RunStore
 from batchlab.protocol import ProtocolError, decode
@@ -122,10 +121,8 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
             reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s)
             log.info("collector: stopping (%s)", reason)
             writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
-            schedule = read_schedule(out_dir)
-            tables = store.finish(schedule, slos=slos)
+            tables = store.finish(read_schedule(out_dir), slos=slos)
             tables.summary["end_reason"] = reason
-            add_timing_fidelity(tables.summary, tables.requests, store.settings, schedule)  # sim/echo only
             write_final(out_dir, tables)
             return tables.summary
     finally:

@@ -1,4 +1,10 @@
-"""Build the run's tables from a RunStore's state (times become seconds since t0)."""
+"""Build the run's tables from a RunStore's state.
+
+One time vocabulary: a message's `*_time`/`time` field (and an engine's `*_ts` stamp) is a process-clock
+stamp on the scheduler's clock; a table's `*_time`/`time` column is seconds since the run's t0
+(RunInfo.settings["t0"]). The conversion happens here, once; latencies (`ttft`, `e2e`, ...) and `*_s`
+values are durations in seconds.
+"""
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,7 +38,7 @@ BATCH_DTYPES = {
 }
 STEP_DTYPES = {"worker": "str", "step": "int64", "start_time": "float64", "end_time": "float64",
                "running": "int64", "joined": "int64", "finished": "int64"}
-SCHEDULE_OFFSET_COLUMNS = ("arrival_time", "offset_s", "arrival_offset_s", "planned_time", "offset")
+SCHEDULE_OFFSET_COLUMN = "arrival_offset_s"  # traffic.schedule's planned arrival, s since t0
 
 
 @dataclass(slots=True)
@@ -73,14 +79,13 @@ def _request_row(store: "RunStore", state: "RequestState", t0: float) -> list:
 
 
 def _unsent_rows(schedule: pd.DataFrame, seen: set[int]) -> list[list]:
-    offset_col = next((c for c in SCHEDULE_OFFSET_COLUMNS if c in schedule.columns), None)
     rows = []
     for rec in schedule.to_dict("records"):
         if int(rec["request_id"]) in seen:
             continue
-        offset_s = float(rec[offset_col]) if offset_col else NAN
+        arrival_time = float(rec.get(SCHEDULE_OFFSET_COLUMN, NAN))  # an offset from t0 is a table time
         rows.append([int(rec["request_id"]), "failed", NOT_SENT, int(rec.get("prompt_len", 0)),
-                     int(rec.get("output_len", 0)), offset_s, NAN, NAN, NAN, NAN, NAN, 0, -1, "", 0, False])
+                     int(rec.get("output_len", 0)), arrival_time, NAN, NAN, NAN, NAN, NAN, 0, -1, "", 0, False])
     return rows
 
 
@@ -164,15 +169,19 @@ def run_facts(store: "RunStore") -> dict:
 
 
 def engine_columns(store: "RunStore", requests: pd.DataFrame, t0: float) -> pd.DataFrame:
-    """The engine's own per-request timestamps (vLLM: queued/scheduled/first/last token), sent with each
-    completion (older workers: in their bye), as engine_* columns (s since t0; on the scheduler clock)."""
+    """The engine's own per-request figures (vLLM: queued/scheduled/first/last token stamps, cached
+    tokens), sent with each completion (older workers: in their bye), as engine_* columns; a stamp
+    `<name>_ts` (scheduler clock) becomes the column engine_<name>_time (s since t0)."""
     per_request = {int(rid): m for b in store.byes.values() for rid, m in b.stats.get(ENGINE_METRICS, {}).items()}
     per_request.update(store.engine_metrics)
     if not per_request:
         return requests
     for key in sorted({k for m in per_request.values() for k in m}):
         values = requests.request_id.map(lambda r: per_request.get(r, {}).get(key, NAN)).astype("float64")
-        requests[f"engine_{key}"] = values - t0 if key.endswith("_ts") else values
+        if key.endswith("_ts"):
+            requests[f"engine_{key.removesuffix('_ts')}_time"] = values - t0
+        else:
+            requests[f"engine_{key}"] = values
     return requests
 
 

@@ -116,6 +116,13 @@ class WorkerHello:
     memory_kind: str  # what peak_memory_bytes measures, e.g. "cuda_max_allocated", "cpu_peak_rss"
     facts: dict = field(default_factory=dict)
 
+    def as_run_info(self) -> dict:
+        """This worker as RunInfo's `workers[worker_id]` records it: its facts, the hello's fields over them."""
+        return {**self.facts, "backend": self.backend, "model": self.model, "mode": self.mode,
+                "device": self.device, "max_batch_size": self.max_batch_size,
+                "kv_budget_bytes": self.kv_budget_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "memory_kind": self.memory_kind}
+
 
 @dataclass(slots=True)
 class Dispatch:

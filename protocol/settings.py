@@ -15,10 +15,11 @@ from pathlib import Path
 import yaml
 
 BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
-ARRIVALS = ("poisson", "gamma", "constant")
+ARRIVALS = ("poisson", "gamma", "constant", "trace")
 # The settings a schedule is built from: a replayed schedule brings its own.
 TRAFFIC_FIELDS = ("arrival", "rate", "duration_s", "burstiness", "seed", "dataset", "max_new_tokens",
-                  "max_prompt_len")
+                  "max_prompt_len", "trace_start_s", "prompt_lengths", "output_lengths")
+Lengths = str | int | list | dict  # 128, "32-512", "64,128,256", [64, 128], "lognormal:mean=256", {dist: ...}
 
 
 class ConfigError(ValueError):
@@ -29,7 +30,8 @@ class ConfigError(ValueError):
 class RunConfig:
     """Everything that defines a run (written into every table and summary)."""
 
-    strategy: str = "dynamic"
+    strategy: str = "dynamic"  # a built-in, an entry point's name, or package.module:Class
+    strategy_args: dict = field(default_factory=dict)  # the strategy's parameters (scheduler.strategies)
     backend: str = "sim"
     model: str = "tiny-mistral"
     preset: str = "a100-llama2-7b"  # sim backend step-time preset
@@ -37,7 +39,10 @@ class RunConfig:
     duration_s: float = 10.0
     arrival: str = "poisson"
     burstiness: float = 1.0
-    dataset: str = "sharegpt"  # sharegpt | synthetic | PATH
+    dataset: str = "sharegpt"  # sharegpt | synthetic | azure-conv | azure-code | trace:PATH | PATH
+    trace_start_s: float = 0.0  # traces: where in the trace the run starts, s after its first request
+    prompt_lengths: Lengths = ""  # synthetic prompts' lengths (traffic.lengths); "": uniform 32-512
+    output_lengths: Lengths = ""  # synthetic requests' output lengths; "": uniform 16-256
     schedule: str = ""  # replay a saved schedule.parquet instead of generating one
     batch_size: int = 8  # naive: exactly N
     max_batch_size: int = 16  # dynamic cap / worker rows
@@ -72,7 +77,9 @@ class RunConfig:
             (bool(self.strategy), "--strategy must name a strategy"),
             (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}"),
             (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}"),
-            (self.rate > 0, "--rate must be > 0 requests/s"),
+            (self.rate > 0 or (self.rate == 0 and self.arrival == "trace"),
+             "--rate must be > 0 requests/s (0 only with --arrival trace: the trace's own rate)"),
+            (self.trace_start_s >= 0, "--trace-start must be ≥ 0 s"),
             (self.duration_s > 0, "--duration must be > 0 s"),
             (self.burstiness > 0, "--burstiness must be > 0"),
             (self.batch_size >= 1, "--batch-size must be ≥ 1"),
@@ -143,10 +150,31 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
     """Defaults ← file ← command line (only options the user gave), validated; None means not given."""
     known = typing.get_type_hints(RunConfig)
     merged = {k: v for values in (file_values, overrides) for k, v in values.items() if v is not None}
+    args = [values.get("strategy_args") for values in (file_values, overrides)]
+    if any(a is not None for a in args):  # the command line's parameters are laid over the file's, key by key
+        merged["strategy_args"] = {k: v for a in args if a is not None for k, v in parse_strategy_args(a).items()}
+    if merged.get("arrival") == "trace" and "rate" not in merged:
+        merged["rate"] = 0.0  # a trace keeps its own timing unless a rate is asked for
     unknown = sorted(set(merged) - set(known))
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
     return RunConfig(**{k: _typed(k, v, known[k]) for k, v in merged.items()}).validate()
+
+
+def parse_strategy_args(given: object) -> dict:
+    """A mapping (YAML) or ['KEY=VALUE', ...] (--strategy-arg) → {key: value}; values stay as given (the
+    strategy types them by its parameters); ConfigError on an item that is neither."""
+    if isinstance(given, dict):
+        return {str(k).replace("-", "_"): v for k, v in given.items()}
+    if not isinstance(given, (list, tuple)):
+        raise ConfigError(f"setting strategy_args must be a mapping, got {given!r}")
+    pairs = {}
+    for item in given:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--strategy-arg {item!r}: expected KEY=VALUE")
+        pairs[key.strip().replace("-", "_")] = value.strip()
+    return pairs
 
 
 def _typed(name: str, value: object, kind: type) -> object:
@@ -159,7 +187,8 @@ def _typed(name: str, value: object, kind: type) -> object:
     else:
         ok = isinstance(value, kind)
     if not ok:
-        raise ConfigError(f"setting {name} must be {_KIND_NAMES[kind]}, got {value!r} ({type(value).__name__})")
+        raise ConfigError(f"setting {name} must be {_KIND_NAMES.get(kind, 'token lengths (e.g. 128, 32-512)')}, "
+                          f"got {value!r} ({type(value).__name__})")
     return kind(value) if kind in (int, float) else value  # numpy scalars → plain numbers
 
 

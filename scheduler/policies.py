@@ -7,19 +7,26 @@ simulator drive the same classes.
 """
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 OOM_CLEAN_BATCHES_TO_PROBE = 20  # clean batches after an OOM before the cap is probed up by one
 
 
 @dataclass(slots=True)
 class QueuedRequest:
-    """What a policy may know of a waiting request (its output length is the target, known)."""
+    """A request the scheduler holds, queued or in flight; a policy reads its first four fields (the
+    output length is the target, known)."""
 
     request_id: int
     arrival_time: float  # planned arrival, s
     prompt_len: int
     output_len: int
+    prompt_tokens: bytes = b""  # TokenBytes, forwarded unread
+    losses: int = 0  # times its worker was lost while it ran
+
+    def row(self) -> list:
+        """The wire form inside a Dispatch (a RequestRow)."""
+        return [self.request_id, self.prompt_len, self.output_len, self.prompt_tokens]
 
 
 @dataclass(slots=True)
@@ -42,7 +49,8 @@ class Decision:
 
 
 class Policy(Protocol):
-    """What the scheduler and the simulator need from a strategy."""
+    """What the scheduler and the simulator need from a strategy (scheduler.strategies loads one by
+    name and builds it from its `Params` dataclass, if it has one)."""
 
     name: str
     mode: str  # "static" (batch at a time) or "continuous" (join at step boundaries)
@@ -51,6 +59,13 @@ class Policy(Protocol):
                end_of_stream: bool) -> Decision: ...
 
     def on_batch_done(self, size: int, oom: bool) -> None: ...
+
+
+def at_least(low: float, **params: float) -> None:
+    """ValueError naming the first parameter below `low` (a strategy refusing its parameters)."""
+    for name, value in params.items():
+        if value < low:
+            raise ValueError(f"{name} must be ≥ {low:g}, got {value:g}")
 
 
 def fit_padded(queue: Sequence[QueuedRequest], limit: int, cap: Capacity, max_new_tokens: int) -> int:
@@ -87,6 +102,16 @@ class AdaptiveCap:
             self.clean_batches = 0
 
 
+@dataclass(slots=True)
+class NaiveParams:
+    """naive's parameters (each defaults to the run's setting of the same name)."""
+
+    batch_size: int = 8  # launch exactly N; also the worker's rows
+
+    def __post_init__(self) -> None:
+        at_least(1, batch_size=self.batch_size)
+
+
 @dataclass
 class Naive:
     """Wait for exactly `batch_size` requests; at end of stream flush the rest as a smaller batch.
@@ -95,8 +120,14 @@ class Naive:
     """
 
     batch_size: int
-    name: str = "naive"
-    mode: str = "static"
+    name: ClassVar[str] = "naive"
+    mode: ClassVar[str] = "static"
+    Params: ClassVar[type] = NaiveParams
+
+    @classmethod
+    def from_params(cls, params: NaiveParams) -> "Naive":
+        """The policy a run's parameters describe."""
+        return cls(params.batch_size)
 
     def __post_init__(self) -> None:
         self.adaptive = AdaptiveCap(self.batch_size)
@@ -122,6 +153,19 @@ class Naive:
         self.adaptive.update(size, oom)
 
 
+@dataclass(slots=True)
+class DynamicParams:
+    """dynamic's parameters (each defaults to the run's setting of the same name)."""
+
+    max_batch_size: int = 16  # size trigger; also the worker's rows
+    max_wait_ms: float = 50.0  # age trigger
+    max_new_tokens: int = 128  # output tokens a padded batch reserves KV for, per row
+
+    def __post_init__(self) -> None:
+        at_least(1, max_batch_size=self.max_batch_size, max_new_tokens=self.max_new_tokens)
+        at_least(0, max_wait_ms=self.max_wait_ms)
+
+
 @dataclass
 class Dynamic:
     """Launch on size, age of the oldest request, or memory budget; the cap halves on OOM."""
@@ -129,8 +173,14 @@ class Dynamic:
     max_batch_size: int
     max_wait_s: float
     max_new_tokens: int
-    name: str = "dynamic"
-    mode: str = "static"
+    name: ClassVar[str] = "dynamic"
+    mode: ClassVar[str] = "static"
+    Params: ClassVar[type] = DynamicParams
+
+    @classmethod
+    def from_params(cls, params: DynamicParams) -> "Dynamic":
+        """The policy a run's parameters describe."""
+        return cls(params.max_batch_size, params.max_wait_ms / 1000.0, params.max_new_tokens)
 
     def __post_init__(self) -> None:
         self.adaptive = AdaptiveCap(self.max_batch_size)
@@ -162,13 +212,29 @@ class Dynamic:
         self.adaptive.update(size, oom)
 
 
+@dataclass(slots=True)
+class ContinuousParams:
+    """continuous's parameters (each defaults to the run's setting of the same name)."""
+
+    max_batch_size: int = 16  # rows running at once on a worker
+
+    def __post_init__(self) -> None:
+        at_least(1, max_batch_size=self.max_batch_size)
+
+
 @dataclass
 class Continuous:
     """Forward queued requests as soon as the worker has credit (slots and KV), oldest first."""
 
     max_batch_size: int
-    name: str = "continuous"
-    mode: str = "continuous"
+    name: ClassVar[str] = "continuous"
+    mode: ClassVar[str] = "continuous"
+    Params: ClassVar[type] = ContinuousParams
+
+    @classmethod
+    def from_params(cls, params: ContinuousParams) -> "Continuous":
+        """The policy a run's parameters describe."""
+        return cls(params.max_batch_size)
 
     def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
@@ -184,16 +250,10 @@ class Continuous:
         """Credit comes back through the capacity the scheduler reports."""
 
 
-STRATEGIES = ("naive", "dynamic", "continuous")
+BUILTINS: dict[str, type] = {"naive": Naive, "dynamic": Dynamic, "continuous": Continuous}
 
 
-def make_policy(strategy: str, *, batch_size: int = 8, max_batch_size: int = 16,
-                max_wait_ms: float = 50.0, max_new_tokens: int = 128) -> Policy:
-    """Build a strategy by name (`vllm` is continuous on the vllm backend)."""
-    if strategy == "naive":
-        return Naive(batch_size)
-    if strategy == "dynamic":
-        return Dynamic(max_batch_size, max_wait_ms / 1000.0, max_new_tokens)
-    if strategy in ("continuous", "vllm"):
-        return Continuous(max_batch_size)
-    raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)}, vllm)")
+def make_policy(strategy: str, **params: object) -> Policy:
+    """A built-in policy by name; `params` are fields of its Params (the rest keep their defaults)."""
+    cls = BUILTINS[strategy]
+    return cls.from_params(cls.Params(**params))

@@ -1,14 +1,35 @@
-"""The run's strategy resolved once: its policy, the worker mode it needs and the rows a worker runs.
+"""Strategies found by name and resolved once: the policy, the worker mode it needs, the rows a worker runs.
 
-Everything that needs to know the strategy asks here: the scheduler builds its policy, the front end
+A strategy is a policy class (scheduler.policies.Policy) with class attributes `name`, `mode` ("static"
+or "continuous") and, when it takes parameters, `Params`: a dataclass of typed fields with defaults.
+`--strategy` names it: a built-in (naive, dynamic, continuous), the name of a `batchlab.strategies`
+entry point, or `package.module:Class`. It is built as `Class(params)` (or `Class.from_params(params)`
+where the class defines it; `Class()` without Params). A run sets parameters with `strategy_args`
+(--strategy-arg KEY=VALUE, or a YAML mapping), typed by the Params field; a parameter named like a run
+setting (batch_size, max_batch_size, max_wait_ms, max_new_tokens, ...) takes the run's value unless
+strategy_args sets it.
+
+Everything that needs the strategy asks `resolve(cfg)`: the scheduler builds its policy, the front end
 tells each worker its mode and row cap (a worker never reads the strategy's name), the simulator does
 both.
 """
+import dataclasses
+import importlib
+import numbers
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 
 from batchlab.protocol.settings import ConfigError, RunConfig
-from batchlab.scheduler.policies import Policy, make_policy
+from batchlab.scheduler.policies import BUILTINS, Policy
+
+ENTRY_POINT_GROUP = "batchlab.strategies"
+MODES = ("static", "continuous")
+REQUIRED = ("name", "mode", "decide", "on_batch_done")
+KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+RUN_SETTINGS = frozenset(f.name for f in dataclasses.fields(RunConfig)) - {"strategy", "strategy_args", "extra"}
+TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +39,7 @@ class Strategy:
     name: str
     mode: str  # "static" (batch at a time) or "continuous" (join at step boundaries)
     rows: int  # the most rows a worker runs at once: its hello's max_batch_size
+    args: dict  # the run's strategy_args, typed by the strategy's Params
     build: Callable[[], Policy]
 
     def policy(self) -> Policy:
@@ -26,14 +48,128 @@ class Strategy:
 
 
 def resolve(cfg: RunConfig) -> Strategy:
-    """cfg's strategy, or ConfigError naming what is wrong."""
+    """cfg's strategy with cfg's parameters, or ConfigError naming what is wrong."""
+    cls = load_class(cfg.strategy)
+    args = typed_args(cls, cfg.strategy_args)
 
     def build() -> Policy:
-        return make_policy(cfg.strategy, batch_size=cfg.batch_size, max_batch_size=cfg.max_batch_size,
-                           max_wait_ms=cfg.max_wait_ms, max_new_tokens=cfg.max_new_tokens)
+        try:
+            params = make_params(cls, cfg, args)
+            return cls() if params is None else getattr(cls, "from_params", cls)(params)
+        except (TypeError, ValueError) as exc:  # the strategy refused its parameters
+            raise ConfigError(f"strategy {cls.name}: {exc}") from None
 
+    policy = build()
+    params = make_params(cls, cfg, args)
+    rows = getattr(policy, "rows", getattr(params, "max_batch_size", cfg.max_batch_size))
+    return Strategy(cls.name, cls.mode, int(rows), args, build)
+
+
+def load_class(spec: str) -> type:
+    """The policy class `spec` names (built-in, entry point or package.module:Class), checked."""
+    if spec in BUILTINS or spec == "vllm":  # vllm: continuous (validate() also moves it to the vllm backend)
+        return BUILTINS.get(spec, BUILTINS["continuous"])
+    cls = _import(spec) if ":" in spec else _entry_point(spec)
+    missing = [a for a in REQUIRED if not hasattr(cls, a)]
+    if missing or not isinstance(cls, type):
+        raise ConfigError(f"strategy {spec} is not a policy class: it lacks {', '.join(missing) or 'a class'} "
+                          f"(a strategy is a class with {', '.join(REQUIRED)})")
+    if cls.mode not in MODES:
+        raise ConfigError(f"strategy {spec}: mode must be one of {', '.join(MODES)}, got {cls.mode!r}")
+    return cls
+
+
+def label(spec: str) -> str:
+    """A name for folders and tables: package.module:Class gives its class's `name`; others are names."""
+    if ":" not in spec:
+        return spec
     try:
-        policy = build()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return Strategy(policy.name, policy.mode, int(getattr(policy, "rows", cfg.max_batch_size)), build)
+        return load_class(spec).name
+    except ConfigError:  # the point fails on its own when it runs
+        return spec.rpartition(":")[2]
+
+
+def names() -> list[str]:
+    """Every strategy `--strategy NAME` accepts (vllm: continuous on the vllm backend)."""
+    return [*BUILTINS, "vllm", *sorted(ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))]
+
+
+def _entry_point(name: str) -> object:
+    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        raise ConfigError(f"unknown strategy {name!r} (choose from {', '.join(names())}, "
+                          f"or give package.module:Class)")
+    try:
+        return found[0].load()
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"strategy {name}: entry point {found[0].value} does not load ({exc})") from None
+
+
+def _import(spec: str) -> object:
+    """package.module:Class (the module importable: installed, or on PYTHONPATH)."""
+    module_name, _, qualname = spec.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"strategy {spec}: cannot import {module_name} ({exc}; is it on PYTHONPATH?)") from None
+    try:
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigError(f"strategy {spec}: module {module_name} has no {qualname!r}") from None
+    return obj
+
+
+def typed_args(cls: type, given: dict) -> dict:
+    """`given` (strategy_args) checked against cls.Params: known keys, values of the fields' types."""
+    kind = getattr(cls, "Params", None)
+    if kind is None:
+        if given:
+            raise ConfigError(f"strategy {cls.name} takes no parameters, got {', '.join(given)}")
+        return {}
+    if not dataclasses.is_dataclass(kind):
+        raise ConfigError(f"strategy {cls.name}: its Params must be a dataclass")
+    fields = [f.name for f in dataclasses.fields(kind) if f.init]
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise ConfigError(f"strategy {cls.name} has no parameter {', '.join(unknown)} "
+                          f"(parameters: {', '.join(fields) or 'none'})")
+    hints = typing.get_type_hints(kind)
+    return {k: _typed(cls.name, k, v, hints.get(k)) for k, v in given.items()}
+
+
+def make_params(cls: type, cfg: RunConfig, args: dict) -> object | None:
+    """cls.Params from `args` (typed) over the run's same-named settings; None when cls has none."""
+    kind = getattr(cls, "Params", None)
+    if kind is None:
+        return None
+    names = [f.name for f in dataclasses.fields(kind) if f.init]
+    return kind(**{**{k: getattr(cfg, k) for k in names if k in RUN_SETTINGS}, **args})
+
+
+def _typed(strategy: str, key: str, value: object, kind: object) -> object:
+    """`value` as the parameter's type (text from --strategy-arg is parsed), or ConfigError naming it."""
+    if isinstance(value, str) and kind in (int, float, bool):
+        value = _from_text(value, kind)
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind in (int, float):
+        base = numbers.Integral if kind is int else numbers.Real
+        ok = isinstance(value, base) and not isinstance(value, bool)
+    else:
+        ok = not isinstance(kind, type) or isinstance(value, kind)  # a hint we cannot check passes as given
+    if not ok:
+        raise ConfigError(f"strategy {strategy}: parameter {key} must be "
+                          f"{KIND_NAMES.get(kind, getattr(kind, '__name__', kind))}, got {value!r}")
+    return kind(value) if kind in (int, float) else value
+
+
+def _from_text(text: str, kind: type) -> object:
+    """'8' → 8, '0.5' → 0.5, 'true' → True; the text itself when it does not parse (refused next)."""
+    if kind is bool:
+        low = text.strip().lower()
+        return True if low in TRUE else False if low in FALSE else text
+    try:
+        return kind(text)
+    except ValueError:
+        return text

@@ -3,23 +3,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from batchlab.protocol import WorkerHello
-from batchlab.scheduler.policies import Capacity
-
-
-@dataclass(slots=True)
-class Pending:
-    """A request held by the scheduler (queued or in flight)."""
-
-    request_id: int
-    arrival_time: float
-    prompt_len: int
-    output_len: int
-    prompt_tokens: bytes  # TokenBytes, forwarded unread
-    losses: int = 0  # times its worker was lost while it ran
-
-    def row(self) -> list:
-        """The wire form inside a Dispatch."""
-        return [self.request_id, self.prompt_len, self.output_len, self.prompt_tokens]
+from batchlab.scheduler.policies import Capacity, QueuedRequest
 
 
 @dataclass(slots=True)
@@ -29,7 +13,7 @@ class WorkerState:
     hello: WorkerHello
     last_heard: float
     max_rows: int = 0  # rows it runs at once: the hello's max_batch_size until a WorkerCapacity moves it
-    inflight: dict[int, list[Pending]] = field(default_factory=dict)  # batch_id -> requests
+    inflight: dict[int, list[QueuedRequest]] = field(default_factory=dict)  # batch_id -> requests
     batches_done: int = 0
     running: int = 0  # requests in flight on this worker
     promised_tokens: int = 0  # Σ (prompt + output) of the requests in flight
@@ -42,13 +26,13 @@ class WorkerState:
         self.max_rows = max(1, min(rows, self.hello.max_batch_size))
         return self.max_rows
 
-    def start(self, batch_id: int, group: list[Pending]) -> None:
+    def start(self, batch_id: int, group: list[QueuedRequest]) -> None:
         """A batch was dispatched to this worker."""
         self.inflight[batch_id] = group
         self.running += len(group)
         self.promised_tokens += sum(p.prompt_len + p.output_len for p in group)
 
-    def end(self, batch_id: int) -> list[Pending] | None:
+    def end(self, batch_id: int) -> list[QueuedRequest] | None:
         """A batch is over; returns its requests (None if unknown)."""
         group = self.inflight.pop(batch_id, None)
         if group is not None:
@@ -74,18 +58,18 @@ def least_loaded(workers: dict[str, WorkerState]) -> list[str]:
 
 
 class PendingQueue(deque):
-    """The scheduler's FIFO of Pending requests, counting the tokens (prompt + output) it holds."""
+    """The scheduler's FIFO of QueuedRequests, counting the tokens (prompt + output) it holds."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tokens = 0
 
-    def append(self, p: Pending) -> None:
+    def append(self, p: QueuedRequest) -> None:
         """Join at the back."""
         super().append(p)
         self.tokens += p.prompt_len + p.output_len
 
-    def appendleft(self, p: Pending) -> None:
+    def appendleft(self, p: QueuedRequest) -> None:
         """Go back to the front (requeue after an OOM or a lost worker)."""
         super().appendleft(p)
         self.tokens += p.prompt_len + p.output_len
@@ -96,7 +80,7 @@ class PendingQueue(deque):
         by_tokens = max_tokens and self.tokens + tokens > max_tokens
         return bool(by_count or by_tokens)
 
-    def popleft(self) -> Pending:
+    def popleft(self) -> QueuedRequest:
         """Leave from the front."""
         p = super().popleft()
         self.tokens -= p.prompt_len + p.output_len

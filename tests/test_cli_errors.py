@@ -30,6 +30,7 @@ def assert_one_error_line(returncode: int, stderr: str, *needles: str) -> None:
         assert needle in lines[0]
 
 
+@pytest.mark.slow  # loads transformers in a CLI process
 def test_a_model_path_without_a_tokenizer_is_one_line(tmp_path):
     model = str(tmp_path / "no-such-model")
     proc = batchlab("run", "--backend", "sim", "--model", model, "--duration", "1", "--out", str(tmp_path / "out"))
@@ -59,10 +60,18 @@ def test_a_string_rate_in_the_yaml_is_refused_naming_the_setting(tmp_path):
 
 
 @pytest.mark.parametrize("name, value", [("rate", "10"), ("workers", True), ("workers", 2.0), ("seed", "0"),
-                                         ("strict_memory", "yes"), ("model", 7), ("extra", ["a"])])
+                                         ("strict_memory", "yes"), ("model", 7), ("extra", ["a"]),
+                                         ("strategy_args", 5)])
 def test_a_value_of_the_wrong_type_is_a_config_error_naming_it(name, value):
     with pytest.raises(ConfigError, match=f"setting {name} must be"):
         build_config({name: value}, {})
+
+
+def test_a_strategy_parameter_of_the_wrong_type_in_the_yaml_is_one_line_naming_it(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("strategy: naive\nstrategy_args: {batch_size: many}\n")
+    result = runner.invoke(app, ["run", "--config", str(config), "--out", str(tmp_path / "out")])
+    assert_one_error_line(result.exit_code, result.stderr, "batch_size must be an integer", "'many'")
 
 
 def test_an_int_is_a_fine_float_and_becomes_one():

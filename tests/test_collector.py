@@ -117,7 +117,7 @@ def test_batches_table_has_useful_fraction_and_times():
 
 
 def test_schedule_rows_never_sent_become_failed():
-    schedule = pd.DataFrame({"request_id": [1, 2, 3, 4, 5, 6], "arrival_time": [0, .1, .2, .3, .4, 5.0],
+    schedule = pd.DataFrame({"request_id": [1, 2, 3, 4, 5, 6], "arrival_offset_s": [0, .1, .2, .3, .4, 5.0],
                              "prompt_len": [10, 20, 5, 5, 5, 8], "output_len": [3, 4, 2, 2, 2, 9]})
     tables = run_store(script()).finish(schedule)
     r6 = by_id(tables.requests)[6]
@@ -273,3 +273,28 @@ def test_tokens_with_mismatched_lengths_are_rejected_not_joined():
     store = run_store(script()[:7] + [Tokens(1, 0, T0 + 1.0, [1, 2], [11])])
     assert store.counters["rejected_messages"] == 1
     assert (1, 1) not in store.tokens
+
+
+def test_engine_stamps_become_time_columns_since_t0():
+    messages = script()
+    done = messages.index(next(m for m in messages if isinstance(m, BatchDone) and m.batch_id == 3))
+    messages[done] = BatchDone(3, "w0", T0 + 1.7, T0 + 2.0, [3], [], False, 700,
+                               {"3": {"first_token_ts": T0 + 1.9, "cached_tokens": 4}})
+    requests = run_store(messages).finish().requests
+    r3 = by_id(requests)[3]
+    assert r3["engine_first_token_time"] == pytest.approx(1.9) and r3["engine_cached_tokens"] == 4
+    assert not any(c.endswith("_ts") for c in requests.columns)
+
+
+def test_percentiles_give_the_statistics_asked_for_in_order():
+    stats = percentiles(pd.Series([-3.0, 1.0, 2.0, np.nan]), ("p50", "max_abs", "mean"))
+    assert list(stats) == ["p50", "max_abs", "mean"]
+    assert stats == {"p50": 1.0, "max_abs": 3.0, "mean": 0.0}
+    assert percentiles(pd.Series([], dtype="float64"), ("mean", "p99")) == {"mean": None, "p99": None}
+
+
+def test_unsent_rows_read_the_schedules_own_offset_column():
+    from batchlab.collector.tables import SCHEDULE_OFFSET_COLUMN
+    from batchlab.traffic.schedule import COLUMNS
+
+    assert SCHEDULE_OFFSET_COLUMN in COLUMNS

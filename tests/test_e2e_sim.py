@@ -12,6 +12,8 @@ from tests.conftest import ROOT, default_sigint, run_cli
 
 COMMON = ["--backend", "sim", "--dataset", "synthetic", "--max-new-tokens", "32", "--seed", "7"]
 
+pytestmark = pytest.mark.slow  # real processes through the CLI
+
 
 def read(out, name: str) -> pd.DataFrame:
     return pd.read_parquet(out / f"{name}.parquet")
@@ -113,6 +115,7 @@ def test_sigint_stops_every_process_and_leaves_readable_files(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--rate", "0"], "--rate must be > 0"),
     (["--strategy", "fastest"], "unknown strategy"),
+    (["--strategy", "naive", "--strategy-arg", "max_wait_ms=5"], "naive has no parameter max_wait_ms"),
     (["--config", "/nonexistent.yaml"], "does not exist"),
     (["--memory-budget", "lots"], "cannot read 'lots' as a size"),
 ])

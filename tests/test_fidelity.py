@@ -1,13 +1,17 @@
-"""Timing fidelity: live sim runs against the simulator on the same schedule; the collector never breaks."""
+"""Timing fidelity: live sim runs against the simulator on the same schedule, a post-processing step
+over finished run folders that never breaks its caller."""
+import json
 import math
 
 import pandas as pd
 import pytest
 
-from batchlab.protocol.settings import RunConfig
 from batchlab.cli.launcher import launch_run
-from batchlab.collector.fidelity import add_timing_fidelity, compare, config_from_settings
+from batchlab.cli.sim_run import simulate_run
 from batchlab.collector.store import RunStore
+from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.scheduler.simulator.fidelity import (add_folder_fidelity, add_run_fidelity, add_timing_fidelity,
+                                                   compare, config_from_settings)
 from batchlab.protocol import Arrival, BatchLaunch, Tokens
 from batchlab.protocol.messages import STEP_BATCH
 
@@ -42,6 +46,11 @@ def test_settings_become_a_run_config_with_the_worker_count():
     assert (cfg.backend, cfg.rate, cfg.workers) == ("sim", 5.0, 2)
 
 
+def test_recorded_settings_are_checked_like_any_config():
+    with pytest.raises(ConfigError, match="rate"):
+        config_from_settings({"backend": "sim", "rate": -1.0})
+
+
 def test_a_failing_simulation_is_logged_not_raised(caplog):
     summary: dict = {}
     broken_schedule = pd.DataFrame({"request_id": [0]})  # no arrival offsets: the simulator fails
@@ -67,14 +76,60 @@ def test_step_tokens_that_overtake_their_launch_are_kept():
     assert store.counters["ignored_tokens"] == 0
 
 
+def _simulated_folder(folder, *, live: bool) -> dict:
+    """A simulated run's folder; with `live`, its settings claim a live run (its simulation is then exact)."""
+    cfg = RunConfig(backend="sim", strategy="dynamic", dataset="synthetic", rate=20, duration_s=1.0,
+                    max_new_tokens=8, seed=1, out=str(folder)).validate()
+    summary = simulate_run(cfg)
+    if live:
+        summary["settings"]["simulated"] = False
+        (folder / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def test_a_run_folder_gains_its_fidelity_block_once(tmp_path):
+    _simulated_folder(tmp_path, live=True)
+    fidelity = add_run_fidelity(tmp_path)
+    assert fidelity["matched"] > 0 and fidelity["ttft_error_s"]["max_abs"] == pytest.approx(0.0, abs=1e-9)
+    assert json.loads((tmp_path / "summary.json").read_text())["timing_fidelity"] == fidelity
+    assert add_run_fidelity(tmp_path) == fidelity  # kept, not computed again
+
+
+def test_simulated_runs_and_folders_without_runs_get_no_block(tmp_path):
+    _simulated_folder(tmp_path / "simulated", live=False)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "summary.json").write_text("{not json")
+    assert add_folder_fidelity(tmp_path) == 0
+    assert "timing_fidelity" not in json.loads((tmp_path / "simulated" / "summary.json").read_text())
+
+
+def test_the_collector_leaves_fidelity_to_post_processing():
+    import batchlab.collector.process as process
+
+    assert "fidelity" not in process.__dict__ and not hasattr(process, "add_timing_fidelity")
+
+
+@pytest.mark.slow
 def test_a_short_sim_run_reports_small_timing_errors(tmp_path):
     cfg = RunConfig(backend="sim", strategy="continuous", dataset="synthetic", rate=20, duration_s=1.5,
                     max_new_tokens=16, seed=3, out=str(tmp_path)).validate()
     summary = launch_run(cfg)
-    fidelity = summary["timing_fidelity"]
+    assert "timing_fidelity" not in summary  # the run itself no longer simulates
+    fidelity = add_run_fidelity(tmp_path)
     assert fidelity["backend"] == "sim"
     assert fidelity["matched"] == summary["finished"] > 0
     assert all(set(fidelity[k]) == {"mean", "p50", "p99", "max_abs"} for k in ERROR_KEYS)
     assert abs(fidelity["ttft_error_s"]["p50"]) < 0.05
     assert abs(fidelity["tpot_error_s"]["p50"]) < 0.005
     assert not math.isnan(fidelity["sim_wall_s"])
+
+
+def test_batchlab_report_adds_the_block_before_reporting(tmp_path):
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    _simulated_folder(tmp_path, live=True)
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "summary.json").read_text())["timing_fidelity"]["backend"] == "sim"

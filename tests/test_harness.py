@@ -4,10 +4,13 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import harness  # noqa: E402
+
+pytestmark = pytest.mark.slow  # all four processes
 
 
 def test_a_modest_rate_finishes_without_loss_and_writes_its_table(tmp_path, capsys):

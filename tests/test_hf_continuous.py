@@ -57,11 +57,13 @@ def busy_run(b):
     return drive(b, [[rows[i] for i in group] for group in BUSY_ARRIVALS])
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_greedy_tokens_are_the_same_alone_or_joining_a_busy_batch(backend, solo):
     tokens, _ = busy_run(backend)
     assert tokens == solo
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_solo_tokens_equal_static_generate(backend, solo):
     row = mixed_rows()[0]
     outs: list[StepOutput] = []
@@ -69,6 +71,7 @@ def test_solo_tokens_equal_static_generate(backend, solo):
     assert [o.token_ids[0] for o in outs] == solo[row.request_id]
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_every_row_gets_exactly_its_output_len(backend):
     tokens, outs = busy_run(backend)
     assert {rid: len(t) for rid, t in tokens.items()} == {r.request_id: r.output_len for r in mixed_rows()}
@@ -76,6 +79,7 @@ def test_every_row_gets_exactly_its_output_len(backend):
     assert sorted(finished) == [0, 1, 2, 3, 4] and not any(o.failed for o in outs)
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_rows_join_at_the_next_step_and_leave_when_done(backend):
     _, outs = busy_run(backend)
     assert [o.joined for o in outs[:6]] == [1, 0, 2, 1, 0, 1]
@@ -86,6 +90,7 @@ def test_rows_join_at_the_next_step_and_leave_when_done(backend):
     assert all(o.start_time <= o.time for o in outs) and all(a.time <= b.start_time for a, b in zip(outs, outs[1:]))
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_a_short_request_finishes_while_a_long_one_runs(backend):
     long, short = Row(0, 10, 40, list(range(10, 20)), 0), Row(1, 4, 3, [5, 6, 7, 8], 1)
     tokens, outs = drive(backend, [[long], [], [short]])
@@ -93,6 +98,7 @@ def test_a_short_request_finishes_while_a_long_one_runs(backend):
     assert done_step[1] == 4 < done_step[0] == 39 and len(tokens[0]) == 40
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_a_small_kv_budget_makes_joiners_wait_and_loses_none(backend, solo):
     saved = backend.info.kv_budget_bytes
     backend.info.kv_budget_bytes = 70 * backend.info.kv_bytes_per_token  # about one row at a time
@@ -105,6 +111,7 @@ def test_a_small_kv_budget_makes_joiners_wait_and_loses_none(backend, solo):
     assert max(o.running for o in outs) <= 2 and backend.run_facts()["row_steps_waiting"] > waited
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_an_oom_in_decode_requeues_the_rows_and_they_resume(backend, solo, monkeypatch):
     model, calls, preempted = backend.model, {"n": 0}, backend.run_facts()["preempted_rows"]
 
@@ -121,6 +128,7 @@ def test_an_oom_in_decode_requeues_the_rows_and_they_resume(backend, solo, monke
     assert tokens == solo and not any(o.failed for o in outs)
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_a_row_that_cannot_prefill_alone_fails_with_a_reason(backend, monkeypatch):
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("simulated")
@@ -136,6 +144,7 @@ def token_times(out: StepOutput) -> dict[int, float]:
     return dict(zip(out.request_ids, out.times or [out.time] * len(out.request_ids)))
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_running_rows_tokens_are_stamped_before_a_joiners_prefill(backend, monkeypatch):
     model, prefills = backend.model, []
 
@@ -156,6 +165,7 @@ def test_running_rows_tokens_are_stamped_before_a_joiners_prefill(backend, monke
     assert all(o.start_time <= t <= o.time for o in outs for t in token_times(o).values())
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_eos_is_banned_even_where_it_is_the_models_top_choice(backend, solo):
     eos, row, tops, seconds = backend.model.generation_config.eos_token_id, mixed_rows()[0], [], []
 
@@ -232,11 +242,13 @@ def padded():
     b.close()
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_the_padded_layout_gives_the_same_tokens_as_the_slot_layout(padded, solo):
     tokens, outs = busy_run(padded)
     assert tokens == solo and [o.joined for o in outs[:6]] == [1, 0, 2, 1, 0, 1]
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_slot_decode_steps_write_in_place_without_growing_the_cache(backend):
     backend.admit([Row(0, 10, 20, list(range(10, 20)), 0), Row(1, 4, 20, [5, 6, 7, 8], 1)])
     backend.step()
@@ -250,6 +262,7 @@ def test_slot_decode_steps_write_in_place_without_growing_the_cache(backend):
     assert not backend.has_work() and slots.rows == 0
 
 
+@pytest.mark.slow  # tiny-mistral on HF
 def test_a_sliding_window_model_runs_rows_inside_its_window_and_refuses_longer_ones(tmp_path, solo):
     import json
     import shutil

@@ -47,7 +47,8 @@ def test_replayed_schedule_records_its_own_settings_not_the_defaults_or_the_yaml
     settings = replayed(schedule_file, file_values={"rate": 3.0, "seed": 1, "arrival": "poisson"})
     assert {k: settings[k] for k in TRAFFIC.to_dict() if k in settings} == {
         "arrival": "gamma", "rate": 7.0, "duration_s": 1.0, "burstiness": 0.5, "seed": 5, "dataset": "synthetic",
-        "max_new_tokens": 32, "max_prompt_len": 64}
+        "max_new_tokens": 32, "max_prompt_len": 64, "trace_start_s": 0.0, "prompt_lengths": "32-512",
+        "output_lengths": "16-256"}
 
 
 def test_an_option_equal_to_the_schedules_value_is_accepted(schedule_file):

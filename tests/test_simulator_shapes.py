@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from batchlab.scheduler.simulator.sweep import plan_simulation, run_simulation
+from batchlab.cli.sim_plan import plan_simulation
+from batchlab.cli.sim_run import run_simulation
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim-shapes.yaml"
 SUSTAINED_FRACTION = 0.9

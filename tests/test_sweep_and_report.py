@@ -10,6 +10,8 @@ import yaml
 
 from batchlab.collector.metrics import goodput, summarize
 from batchlab.collector.report.stats import share_text
+
+pytestmark = pytest.mark.slow  # real sweeps: four processes per point
 from tests.conftest import run_cli
 
 PLOTS = ("latency_vs_throughput.png", "latency_cdf.png", "itl_distribution.png", "batch_timeline.png",

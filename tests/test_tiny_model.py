@@ -1,11 +1,13 @@
 """tiny-mistral: created once, atomically, loadable like any model, weights fixed by the seed."""
 import os
 
+import pytest
 import torch
 
 from batchlab.worker.tiny import MARKER_FILE, build_tiny_model, make_tiny_mistral, resolve_model, tiny_mistral_dir
 
 
+@pytest.mark.slow  # builds and loads a real model
 def test_make_tiny_creates_a_loadable_56m_mistral():
     from transformers import AutoModelForCausalLM
 
@@ -23,6 +25,7 @@ def test_second_call_reuses_the_folder():
     assert os.stat(first / "model.safetensors").st_mtime_ns == stamp
 
 
+@pytest.mark.slow  # builds and loads a real model
 def test_same_seed_same_weights_and_saved_weights_match():
     from transformers import AutoModelForCausalLM
 
@@ -35,6 +38,7 @@ def test_same_seed_same_weights_and_saved_weights_match():
     assert not torch.equal(a[name], other[name])
 
 
+@pytest.mark.slow  # builds and loads a real model
 def test_creation_is_atomic_and_force_rebuilds(tmp_path):
     folder = make_tiny_mistral(home=str(tmp_path))
     assert folder == tiny_mistral_dir(str(tmp_path)) and (folder / MARKER_FILE).is_file()
@@ -44,6 +48,7 @@ def test_creation_is_atomic_and_force_rebuilds(tmp_path):
     assert sorted(p.name for p in folder.parent.iterdir()) == ["tiny-mistral"]  # no temp folders left
 
 
+@pytest.mark.slow  # builds and loads a real model
 def test_half_written_folder_is_replaced(tmp_path):
     folder = tiny_mistral_dir(str(tmp_path))
     folder.mkdir(parents=True)

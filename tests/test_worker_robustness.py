@@ -309,6 +309,7 @@ def test_the_worker_reports_its_backends_changed_row_cap_once():
 
 
 # --- the HF continuous backend's row cap --------------------------------------------------------------
+@pytest.mark.slow  # tiny-mistral on HF
 def test_an_oom_halves_the_hf_row_cap_and_clean_steps_probe_it_back_to_the_announced_max(monkeypatch):
     probe_steps = 2
     monkeypatch.setattr(hf_continuous, "CLEAN_STEPS_TO_PROBE", probe_steps)

@@ -1,6 +1,7 @@
 """A worker never runs more rows than it announced: the cap it announces is the strategy's own."""
+import pytest
+
 from batchlab.protocol.settings import build_config
-from batchlab.worker.backend import Row
 from batchlab.scheduler.strategies import resolve
 from batchlab.worker.factory import make_backend
 from batchlab.worker.sim import ContinuousCore
@@ -22,15 +23,16 @@ def test_naive_workers_take_the_naive_batch_size_and_dynamic_its_cap():
 
 def test_the_continuous_core_holds_joiners_beyond_its_cap_until_a_row_is_free():
     core = ContinuousCore(get_preset("a100-llama2-7b"), max_rows=2)
-    core.pending = [Row(i, 4, 3 if i == 0 else 10, [1, 2, 3, 4], i) for i in range(3)]
+    for i in range(3):
+        core.admit(i, 4, 3 if i == 0 else 10)
     running = []
     while core.has_work():
-        *_, n_running, _joined = core.plan_step()
-        running.append(n_running)
+        running.append(core.plan_step().running)
     assert max(running) == 2 and core.held_back > 0
     assert sum(running) == 3 + 10 + 10  # every token of every row, none lost
 
 
+@pytest.mark.slow  # real worker process
 def test_a_warm_worker_leaves_a_run_whose_scheduler_never_came_up(tmp_path):
     import queue
     import threading

@@ -1,5 +1,6 @@
-"""Seeded arrival processes: when each request of a run is planned to arrive."""
+"""When each request of a run is planned to arrive: a seeded arrival process, or a window of a trace."""
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -54,3 +55,56 @@ def arrival_offsets(kind: str, rate: float, duration_s: float, rng: np.random.Ge
         offsets = np.arange(n, dtype=np.float64) / rate
         return offsets[offsets < duration_s]
     return _random_offsets(kind, rate, duration_s, burstiness, rng)
+
+
+@dataclass(slots=True)
+class TraceWindow:
+    """The stretch of a trace a run replays: trace requests first..first+n-1, at run offsets_s."""
+
+    first: int  # index of the window's first request in the trace
+    offsets_s: np.ndarray  # [n] run offsets in [0, duration_s), sorted
+    start_s: float  # the window is [start_s, end_s) in trace seconds
+    end_s: float
+    speedup: float  # trace seconds per run second (1 = the trace's own timing)
+
+
+def trace_window(trace_offsets_s: np.ndarray, span_s: float, start_s: float, duration_s: float,
+                 rate: float) -> TraceWindow:
+    """The requests of a trace (offsets in [0, span_s)) that a run of `duration_s` replays from `start_s`.
+
+    rate 0: the trace's own timing, window [start_s, start_s + duration_s). rate > 0: the next
+    round(rate * duration_s) requests from start_s, their times scaled by one factor so that they fill
+    [0, duration_s): the mean rate is `rate` and the burst shape (the ratio of any two intervals' counts)
+    is the trace's. ValueError when the trace cannot supply the window.
+    """
+    if not (math.isfinite(start_s) and 0 <= start_s < span_s):
+        raise ValueError(f"trace start must be in [0, {span_s:.0f}) s, the trace's span; got {start_s!r}")
+    if not duration_s > 0 or not math.isfinite(duration_s):
+        raise ValueError(f"duration must be a positive number of seconds, got {duration_s!r}")
+    if not rate >= 0 or not math.isfinite(rate):
+        raise ValueError(f"trace rate must be >= 0 requests/s (0: the trace's own), got {rate!r}")
+    first = int(np.searchsorted(trace_offsets_s, start_s, side="left"))
+    if rate == 0:
+        end_s = start_s + duration_s
+        stop = int(np.searchsorted(trace_offsets_s, end_s, side="left"))
+        if stop == first:
+            raise ValueError(f"the trace has no request in [{start_s:g}, {end_s:g}) s")
+        return TraceWindow(first, trace_offsets_s[first:stop] - start_s, start_s, min(end_s, span_s), 1.0)
+    return _rescaled_window(trace_offsets_s, span_s, start_s, duration_s, rate, first)
+
+
+def _rescaled_window(trace_offsets_s: np.ndarray, span_s: float, start_s: float, duration_s: float,
+                     rate: float, first: int) -> TraceWindow:
+    """rate > 0: n = round(rate * duration_s) requests, scaled to fill [0, duration_s)."""
+    n = round(rate * duration_s)
+    available = len(trace_offsets_s) - first
+    if n < 1 or n > available:
+        raise ValueError(f"rate {rate:g} req/s for {duration_s:g} s needs {n} requests; the trace holds "
+                         f"{available} from {start_s:g} s (lower the rate or the duration, or start earlier)")
+    last_s = float(trace_offsets_s[first + n - 1])
+    # the window closes at the next later arrival (or the trace's end), so every kept request maps below duration_s
+    later = int(np.searchsorted(trace_offsets_s, last_s, side="right"))
+    end_s = float(trace_offsets_s[later]) if later < len(trace_offsets_s) else span_s
+    speedup = (end_s - start_s) / duration_s
+    offsets = (trace_offsets_s[first:first + n] - start_s) / speedup
+    return TraceWindow(first, np.minimum(offsets, np.nextafter(duration_s, 0.0)), start_s, end_s, speedup)

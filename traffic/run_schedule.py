@@ -2,7 +2,8 @@
 from pathlib import Path
 
 from batchlab.protocol.settings import ConfigError, RunConfig
-from batchlab.traffic.config import TrafficConfig
+from batchlab.traffic.config import TrafficConfig, default_output_lengths
+from batchlab.traffic.lengths import LengthSpec, parse_lengths
 from batchlab.traffic.schedule import Schedule, build_schedule, load_schedule
 
 
@@ -10,15 +11,28 @@ def make_schedule(cfg: RunConfig) -> Schedule:
     """The run's schedule: a saved one (replay) or a new one from the seed."""
     if cfg.schedule:
         return load_schedule(Path(cfg.schedule))
-    tcfg = TrafficConfig(arrival=cfg.arrival, rate=cfg.rate, duration_s=cfg.duration_s,
-                         burstiness=cfg.burstiness, seed=cfg.seed, dataset=cfg.dataset,
-                         max_new_tokens=cfg.max_new_tokens, max_prompt_len=cfg.max_prompt_len)
+    tcfg = traffic_config(cfg)
     try:
         tokenizer = tokenizer_for(cfg)
     except (OSError, ValueError) as exc:  # transformers: a path or hub id that holds no tokenizer
         why = " ".join(str(exc).split())
         raise ConfigError(f"--model {cfg.model}: cannot load its tokenizer ({why})") from None
     return build_schedule(tcfg, tokenizer)
+
+
+def traffic_config(cfg: RunConfig) -> TrafficConfig:
+    """The TrafficConfig of a run's settings; ConfigError for unreadable synthetic lengths."""
+    try:
+        prompt_lengths = parse_lengths(getattr(cfg, "prompt_lengths", None), LengthSpec(), "prompt_lengths")
+        output_lengths = parse_lengths(getattr(cfg, "output_lengths", None), default_output_lengths(),
+                                       "output_lengths")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return TrafficConfig(arrival=cfg.arrival, rate=cfg.rate, duration_s=cfg.duration_s,
+                         burstiness=cfg.burstiness, seed=cfg.seed, dataset=cfg.dataset,
+                         max_new_tokens=cfg.max_new_tokens, max_prompt_len=cfg.max_prompt_len,
+                         prompt_lengths=prompt_lengths, output_lengths=output_lengths,
+                         trace_start_s=float(getattr(cfg, "trace_start_s", 0.0)))
 
 
 def tokenizer_for(cfg: RunConfig):

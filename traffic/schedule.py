@@ -2,7 +2,7 @@
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,8 @@ from batchlab.traffic.arrivals import arrival_offsets
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.datasets import DatasetError, load_conversations, load_sharegpt
 from batchlab.traffic.prompts import Prompts, Tokenizer, sharegpt_prompts, synthetic_prompts
+from batchlab.traffic.trace_requests import trace_requests
+from batchlab.traffic.traces import is_trace_dataset
 
 COLUMNS = ("request_id", "arrival_offset_s", "prompt", "prompt_len", "output_len", "prompt_tokens")
 SCHEMA = pa.schema([
@@ -22,6 +24,7 @@ SCHEMA = pa.schema([
 ])
 _HASH_TAG = b"batchlab-schedule-v1"
 _META_HASH, _META_CONFIG, _META_DURATION = b"batchlab.schedule_hash", b"batchlab.config", b"batchlab.duration_s"
+_META_NOTES = b"batchlab.notes"
 
 
 @dataclass(slots=True)
@@ -32,6 +35,11 @@ class Schedule:
     content_hash: str  # sha256 hex over offsets, prompt tokens and output lengths
     duration_s: float
     config: TrafficConfig | None = None  # None when loaded from a file without a readable config
+    # how it was made, for the summary (JSON-able, not covered by the hash): prompt_source (a
+    # prompts.PROMPT_SOURCES key), capped_prompts, capped_outputs; from a trace also trace_requests,
+    # trace_skipped_rows, and trace_window_s, trace_speedup, trace_native_rate (arrival "trace") or
+    # trace_first_request (generated arrivals)
+    notes: dict = field(default_factory=dict)
 
     @property
     def n_requests(self) -> int:
@@ -77,14 +85,19 @@ def build_schedule(cfg: TrafficConfig, tokenizer: Tokenizer | None) -> Schedule:
     """Seeded schedule: offsets from default_rng([seed, 0]), prompts from default_rng([seed, 1]).
 
     The two streams are separate, so request k gets the same prompt at any rate or arrival kind.
-    `tokenizer` may be None for the synthetic dataset.
+    `tokenizer` may be None for the synthetic dataset, and for a trace (its prompts are then random ids).
     """
     cfg.check()
-    offsets = arrival_offsets(cfg.arrival, cfg.rate, cfg.duration_s, np.random.default_rng([cfg.seed, 0]),
-                              burstiness=cfg.burstiness)
-    prompts = _prompts(cfg, len(offsets), tokenizer, np.random.default_rng([cfg.seed, 1]))
+    if is_trace_dataset(cfg.dataset):
+        offsets, prompts, notes = trace_requests(cfg, tokenizer)
+    else:
+        offsets = arrival_offsets(cfg.arrival, cfg.rate, cfg.duration_s, np.random.default_rng([cfg.seed, 0]),
+                                  burstiness=cfg.burstiness)
+        prompts, notes = _prompts(cfg, len(offsets), tokenizer, np.random.default_rng([cfg.seed, 1])), {}
+    notes = {"prompt_source": prompts.source, "capped_prompts": prompts.capped_prompts,
+             "capped_outputs": prompts.capped_outputs, **notes}
     digest = content_hash(offsets, prompts.tokens, np.asarray(prompts.output_lens))
-    return Schedule(_make_frame(offsets, prompts), digest, float(cfg.duration_s), cfg)
+    return Schedule(_make_frame(offsets, prompts), digest, float(cfg.duration_s), cfg, notes)
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> None:
@@ -95,6 +108,7 @@ def save_schedule(schedule: Schedule, path: str | Path) -> None:
         _META_HASH: schedule.content_hash.encode(),
         _META_DURATION: repr(float(schedule.duration_s)).encode(),
         _META_CONFIG: json.dumps(config).encode(),
+        _META_NOTES: json.dumps(schedule.notes).encode(),
     })
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
@@ -124,9 +138,26 @@ def _read_config(meta: dict[bytes, bytes]) -> TrafficConfig | None:
         return None
 
 
+def _read_notes(meta: dict[bytes, bytes]) -> dict:
+    """The saved notes ({} if absent or unreadable)."""
+    try:
+        notes = json.loads(meta.get(_META_NOTES, b"{}"))
+    except ValueError:
+        return {}
+    return notes if isinstance(notes, dict) else {}
+
+
+def saved_notes(path: str | Path) -> dict:
+    """A saved schedule's notes (Schedule.notes) from the file's footer alone; {} if it has none."""
+    try:
+        return _read_notes(pq.read_metadata(Path(path)).metadata or {})
+    except Exception as exc:  # pyarrow raises several types for a bad file
+        raise DatasetError(f"cannot read schedule {path}: {exc}") from None
+
+
 def saved_settings(path: str | Path) -> tuple[dict, bool]:
     """(settings, exact) from the file's footer alone: the TrafficConfig the schedule was built with
-    (exact), or for a file saved without it what its rows tell: duration_s and the mean rate n / duration_s."""
+    (exact; TrafficConfig.settings, length specs as text), or for a file saved without it what its rows tell: duration_s and the mean rate n / duration_s."""
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"schedule file not found: {path}")
@@ -139,7 +170,7 @@ def saved_settings(path: str | Path) -> tuple[dict, bool]:
         raise DatasetError(f"{path} is not a batchlab schedule (missing its hash)")
     config = _read_config(meta)
     if config is not None:
-        return config.to_dict(), True
+        return config.settings(), True
     duration_s = float(meta[_META_DURATION]) if _META_DURATION in meta else _last_offset_s(path)
     return {"duration_s": duration_s, **({"rate": footer.num_rows / duration_s} if duration_s > 0 else {})}, False
 
@@ -174,4 +205,4 @@ def load_schedule(path: str | Path) -> Schedule:
                            f"content hash {actual[:12]}...); it was modified or damaged")
     offsets = frame["arrival_offset_s"].to_numpy()
     duration_s = float(meta[_META_DURATION]) if _META_DURATION in meta else float(offsets.max(initial=0.0))
-    return Schedule(frame, actual, duration_s, _read_config(meta))
+    return Schedule(frame, actual, duration_s, _read_config(meta), _read_notes(meta))

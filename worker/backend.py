@@ -3,6 +3,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from batchlab.protocol import WorkerHello
+
 
 class OutOfMemory(Exception):
     """A batch did not fit the device (torch.OutOfMemoryError, or --strict-memory on CPU)."""
@@ -56,6 +58,13 @@ class BackendInfo:
     device: str = "cpu"
     memory_kind: str = "none"
     facts: dict = field(default_factory=dict)
+
+
+def worker_hello(worker_id: str, info: BackendInfo, facts: dict | None = None) -> WorkerHello:
+    """The hello a worker with this backend sends; `facts` (e.g. its clock offset) join the backend's."""
+    return WorkerHello(worker_id, info.backend, info.model, info.mode, info.max_batch_size,
+                       info.kv_bytes_per_token, info.kv_budget_bytes, info.device, info.memory_kind,
+                       {**info.facts, **(facts or {})})
 
 
 class StaticBackend(Protocol):

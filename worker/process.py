@@ -5,12 +5,12 @@ from dataclasses import dataclass, field
 import zmq
 
 from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
-                      WorkerCapacity, WorkerHello, decode, encode, now)
+                      WorkerCapacity, decode, encode, now)
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
-from batchlab.worker.backend import OutOfMemory, Row, StepOutput
+from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.heartbeat import HeartbeatThread
 
 log = logging.getLogger("batchlab.worker")
@@ -114,10 +114,7 @@ class Worker:
 
     # --- steps ------------------------------------------------------------------------------------
     def _hello(self) -> None:
-        info = self.backend.info
-        hello = WorkerHello(self.worker_id, info.backend, info.model, info.mode, info.max_batch_size,
-                            info.kv_bytes_per_token, info.kv_budget_bytes, info.device, info.memory_kind,
-                            {**info.facts, **self.clock.facts()})
+        hello = worker_hello(self.worker_id, self.backend.info, self.clock.facts())
         self.sched.send(encode(hello))
         self._to_collector(hello)
 

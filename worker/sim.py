@@ -1,7 +1,7 @@
 """The `sim` and `echo` backends: the step-time model played in real time (no model).
 
-The timing rules live in pure functions (`static_step_durations`, `ContinuousCore.plan_step`) that the
-discrete-event simulator reuses in virtual time.
+The timing rules live in pure code (`static_step_durations`, `ContinuousCore`) that the discrete-event
+simulator reuses in virtual time; `sim_info` is what both kinds of worker report.
 """
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,42 +28,91 @@ def static_step_durations(rows: list[Row], model: StepModel) -> list[float]:
 
 
 @dataclass(slots=True)
-class _Live:
-    row: Row
-    generated: int = 0
+class StepPlan:
+    """One planned continuous step: its duration, who joined (prefilled) and who finished in it.
+
+    `request_ids[i]` yields its `token_indices[i]`-th token at the step's end (filled only when asked:
+    the simulator needs no per-row lists)."""
+
+    step: int
+    duration_s: float
+    joined: list[int]  # request ids prefilled in this step (their token 0 ends it)
+    finished: list[int]  # request ids whose last token ends this step
+    running: int  # rows in the step, joiners included
+    request_ids: list[int] = field(default_factory=list)
+    token_indices: list[int] = field(default_factory=list)
 
 
 @dataclass
 class ContinuousCore:
-    """Iteration-level batching bookkeeping: joiners are prefilled in the next step, rows leave when done."""
+    """Iteration-level batching's timing, for the live `sim` worker and the simulator alike.
+
+    Joiners are prefilled in the next step (at most `max_rows` rows run at once); a row leaves after
+    max(output_len, 1) tokens: one joining at step k yields its i-th token at the end of step k + i.
+
+        duration = decode_step_s(Σ_running (prompt_len + generated))   [if rows were running]
+                   + prefill_s(Σ_joiners prompt_len)
+
+    The context is kept as a running sum and rows leave from a per-step list, so a step costs
+    O(joiners + finishers), not O(running).
+    """
 
     model: StepModel
-    pending: list[Row] = field(default_factory=list)
-    running: list[_Live] = field(default_factory=list)
     max_rows: int = 0  # the most rows in a step (the worker's announced cap); 0: no cap
     held_back: int = 0  # joiners that had to wait for a free row (a scheduler over its credit)
+    step_no: int = 0  # the next step's number
+    pending: list[tuple[int, int, int]] = field(default_factory=list)  # (request_id, prompt_len, output_len)
+    rows: dict[int, tuple[int, int]] = field(default_factory=dict)  # running: row key -> (request_id, first step)
+    context_tokens: int = 0  # Σ (prompt_len + generated) over running rows
+    finishing: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # step -> [(row key, kv tokens)]
+    keys: int = 0  # rows admitted so far (a row's key: a request id may come back after a failure)
+
+    def admit(self, request_id: int, prompt_len: int, output_len: int) -> None:
+        """The row joins at the next step boundary (or later, while `max_rows` rows run)."""
+        self.pending.append((request_id, prompt_len, output_len))
 
     def has_work(self) -> bool:
         """True while any row waits or runs."""
-        return bool(self.pending or self.running)
+        return bool(self.pending or self.rows)
 
-    def plan_step(self) -> tuple[float, list[int], list[int], list[int], int, int]:
-        """Advance one step: (duration_s, request_ids, token_indices, finished, running, joined)."""
-        room = max(0, self.max_rows - len(self.running)) if self.max_rows else len(self.pending)
+    def plan_step(self, tokens: bool = False) -> StepPlan:
+        """Advance one step; with `tokens`, also list each running row's token index (O(running))."""
+        room = max(0, self.max_rows - len(self.rows)) if self.max_rows else len(self.pending)
         joiners, self.pending = self.pending[:room], self.pending[room:]
         self.held_back += len(self.pending)
-        context = sum(lv.row.prompt_len + lv.generated for lv in self.running)
-        duration = self.model.decode_step_s(context) if self.running else 0.0
-        duration += self.model.prefill_s(sum(r.prompt_len for r in joiners))
-        self.running.extend(_Live(r) for r in joiners)
-        ids, idx, finished, still = [], [], [], []
-        for lv in self.running:
-            ids.append(lv.row.request_id)
-            idx.append(lv.generated)
-            lv.generated += 1
-            (finished if lv.generated >= lv.row.output_len else still).append(lv)
-        self.running = still
-        return duration, ids, idx, [lv.row.request_id for lv in finished], len(ids), len(joiners)
+        step = self.step_no
+        duration = self.model.decode_step_s(self.context_tokens) if self.rows else 0.0
+        duration += self.model.prefill_s(sum(p for _, p, _ in joiners))
+        for rid, prompt_len, output_len in joiners:
+            self.rows[self.keys] = (rid, step)
+            last = step + max(output_len, 1) - 1  # every row yields at least one token
+            self.finishing.setdefault(last, []).append((self.keys, prompt_len + max(output_len, 1)))
+            self.context_tokens += prompt_len
+            self.keys += 1
+        plan = StepPlan(step, duration, [rid for rid, _, _ in joiners], [], len(self.rows))
+        if tokens:
+            plan.request_ids = [rid for rid, _ in self.rows.values()]
+            plan.token_indices = [step - first for _, first in self.rows.values()]
+        self.context_tokens += plan.running  # every running row generated one token
+        for key, kv_tokens in self.finishing.pop(step, []):
+            plan.finished.append(self.rows.pop(key)[0])
+            self.context_tokens -= kv_tokens
+        self.step_no += 1
+        return plan
+
+    def abort(self) -> None:
+        """Drop every row, waiting or running (none is stepped again)."""
+        self.pending, self.rows, self.finishing, self.context_tokens = [], {}, {}, 0
+
+
+def sim_info(model: StepModel, mode: str, max_batch_size: int, *, backend: str = "sim",
+             model_name: str | None = None, kv_budget_bytes: int = 0) -> BackendInfo:
+    """What a `sim`/`echo` worker playing `model` reports (the simulator's workers report the same);
+    `kv_budget_bytes` 0: the model's own budget."""
+    return BackendInfo(backend=backend, model=model_name or model.name, mode=mode, max_batch_size=max_batch_size,
+                       kv_bytes_per_token=model.kv_bytes_per_token,
+                       kv_budget_bytes=kv_budget_bytes or model.kv_budget_bytes(), device="simulated",
+                       memory_kind="none", facts={"preset": model.as_dict()})
 
 
 class SimBackend:
@@ -73,12 +122,7 @@ class SimBackend:
                  model_name: str | None = None, backend: str = "sim") -> None:
         self.model = get_preset(preset)
         self.core = ContinuousCore(self.model, max_rows=max_batch_size)
-        self.info = BackendInfo(
-            backend=backend, model=model_name or preset, mode=mode, max_batch_size=max_batch_size,
-            kv_bytes_per_token=self.model.kv_bytes_per_token,
-            kv_budget_bytes=self.model.kv_budget_bytes(), device="simulated", memory_kind="none",
-            facts={"preset": self.model.as_dict()},
-        )
+        self.info = sim_info(self.model, mode, max_batch_size, backend=backend, model_name=model_name)
 
     def warmup(self) -> None:
         """Nothing to warm."""
@@ -98,7 +142,8 @@ class SimBackend:
 
     def admit(self, rows: list[Row]) -> None:
         """Rows join at the next step boundary."""
-        self.core.pending.extend(rows)
+        for r in rows:
+            self.core.admit(r.request_id, r.prompt_len, r.output_len)
 
     def has_work(self) -> bool:
         """True while any admitted row is unfinished."""
@@ -109,15 +154,15 @@ class SimBackend:
         if not self.core.has_work():
             return None
         start = now()
-        duration, ids, idx, finished, running, joined = self.core.plan_step()
-        sleep_until(start + duration)
-        return StepOutput(time=now(), start_time=start, request_ids=ids,
-                          token_ids=[fake_token(r, i) for r, i in zip(ids, idx)],
-                          finished=finished, running=running, joined=joined)
+        plan = self.core.plan_step(tokens=True)
+        sleep_until(start + plan.duration_s)
+        return StepOutput(time=now(), start_time=start, request_ids=plan.request_ids,
+                          token_ids=[fake_token(r, i) for r, i in zip(plan.request_ids, plan.token_indices)],
+                          finished=plan.finished, running=plan.running, joined=len(plan.joined))
 
     def abort_all(self) -> None:
         """Drop every admitted row (after a failed step): none is stepped again."""
-        self.core.pending, self.core.running = [], []
+        self.core.abort()
 
     def reset(self) -> None:
         """Between runs of a warm worker: no rows left over."""

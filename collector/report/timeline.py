@@ -1,5 +1,5 @@
 """What the worker did over time: a Gantt of batches (static) or steps (continuous) per strategy for a
-short window, and batch size and queue length over the whole run."""
+short window, and batch size, queue length and the arrival rate over the whole run."""
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +17,8 @@ WINDOW_S = 8.0  # the Gantt shows this much of the run, from its middle
 REASON_COLORS = {"size": "tab:blue", "age": "tab:orange", "memory": "tab:green", "flush": "tab:red",
                  "credit": "tab:cyan", "step": "tab:purple"}  # the policies' launch reasons
 OTHER_COLOR = "tab:gray"
+RATE_BINS = 60  # the arrival-rate panel counts arrivals in about this many bins over the run
+MIN_RATE_BIN_S = 0.1
 
 
 def activity(run: RunData) -> pd.DataFrame:
@@ -78,9 +80,28 @@ def queue_length(requests: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return times[order], np.cumsum(steps)
 
 
+def arrival_rate(requests: pd.DataFrame, bin_s: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """(bin starts, requests/s in each bin, bin_s) from every request's arrival time, from 0 on. By
+    default up to RATE_BINS equal bins (at least MIN_RATE_BIN_S each) end at the last arrival, so no bin
+    is cut short; a given bin_s makes bins of that width up to the bin holding the last arrival."""
+    arrivals = np.clip(requests["arrival_time"].dropna().to_numpy(dtype=np.float64), 0.0, None)
+    if arrivals.size == 0:
+        return np.zeros(0), np.zeros(0), bin_s or MIN_RATE_BIN_S
+    span_s = float(arrivals.max())
+    if bin_s is None:
+        n_bins = max(1, min(RATE_BINS, int(span_s // MIN_RATE_BIN_S)))
+        bin_s = span_s / n_bins if span_s > 0 else MIN_RATE_BIN_S
+    else:
+        n_bins = int(span_s // bin_s) + 1
+    counts = np.bincount(np.minimum(arrivals // bin_s, n_bins - 1).astype(np.int64), minlength=n_bins)
+    return np.arange(n_bins) * bin_s, counts / bin_s, bin_s
+
+
 def load_over_time(collection: Collection, rate: float, path: Path) -> Path:
-    """Batch size (or running rows) and queue length over the whole run, one line per strategy."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    """Batch size (or running rows), queue length and arrival rate over the whole run, one line per
+    strategy (a trace's bursts show in the arrival rate, and the queue they build beside it)."""
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    bin_s = MIN_RATE_BIN_S
     for label in collection.labels():
         runs = collection.group(label, rate)
         if not runs:
@@ -88,12 +109,15 @@ def load_over_time(collection: Collection, rate: float, path: Path) -> Path:
         act = activity(runs[0]).sort_values("start")
         top.step(act["start"], act["size"], where="post", label=label, linewidth=1)
         t, q = queue_length(runs[0].requests)
-        bottom.step(t, q, where="post", label=label, linewidth=1)
+        middle.step(t, q, where="post", label=label, linewidth=1)
+        starts, rates, bin_s = arrival_rate(runs[0].requests)
+        bottom.step(starts, rates, where="post", label=label, linewidth=1)
     top.set_ylabel("batch size / running rows")
-    bottom.set_ylabel("queue length (requests)")
+    middle.set_ylabel("queue length (requests)")
+    bottom.set_ylabel(f"arrivals (req/s, {bin_s:.2g} s bins)")
     bottom.set_xlabel("time since the run's t0 (s)")
-    top.set_title(f"Batch size and queue length over time at λ = {rate:g} req/s (repeat 0)")
-    for ax in (top, bottom):
+    top.set_title(f"Batch size, queue length and arrival rate over time at λ = {rate:g} req/s (repeat 0)")
+    for ax in (top, middle, bottom):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     return save(fig, path)

@@ -2,6 +2,8 @@
 
     simulator.engine.Simulation(policy, model, hellos, schedule_frame, settings=...).run() -> RunStore
     simulator.run.simulate(cfg, schedule) -> collector.tables.Tables        (nothing written)
-    simulator.run.simulate_run(cfg, schedule=None) -> summary              (writes cfg.out like a live run)
-    simulator.sweep.plan_simulation(config, overrides) / run_simulation(plan)   (`batchlab simulate`)
+    simulator.fidelity.add_run_fidelity(run_dir) -> a live sim/echo run's timing fidelity (post-processing)
+
+The front end composes files and grids from these: cli.sim_run.simulate_run(cfg) writes cfg.out like a
+live run, cli.sim_plan / cli.sim_run play `batchlab simulate`'s grid.
 """

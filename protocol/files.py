@@ -1,0 +1,29 @@
+"""Atomic file writes: a temporary sibling is written, then renamed over the target, so a reader (or a
+crash mid-write) never sees half a file. Every package writes its files through these."""
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a temporary sibling of `path`, which then replaces `path` in one rename; the
+    temporary file never outlives a failed write. Its name carries the pid, so concurrent writers of one
+    path do not collide (the last rename wins)."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """`text` into `path`, atomically."""
+    write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def write_json_atomic(path: str | Path, data: object, **dumps_kwargs: object) -> None:
+    """`data` as indented JSON into `path`, atomically (`dumps_kwargs` go to json.dumps)."""
+    write_text_atomic(path, json.dumps(data, indent=2, **dumps_kwargs))

@@ -1,0 +1,226 @@
+"""The scheduler's rules, pure: events in, decisions out. No sockets, no clock, no logging.
+
+    events     on_hello, on_request, on_batch_done, on_capacity, on_worker_lost, on_send_failed,
+               end_of_stream, tick (the no-worker grace rule)
+    decisions  schedule(now) -> Decisions(launches, wake_at)
+    records    drain() -> the terminal RequestFailed records it decided, for the collector
+
+Every method is given the time (`now`, seconds): the ZeroMQ process (scheduler/process.py) passes its
+monotonic clock, the simulator (scheduler/simulator/engine.py) virtual time, benchmarks/compare_cpu.py
+its own. A request the core holds leaves it launched (the worker then decides how it ends) or failed:
+nothing vanishes.
+"""
+import itertools
+from dataclasses import dataclass, field
+
+from batchlab.protocol import BatchLaunch, Dispatch, RequestFailed, WorkerHello
+from batchlab.scheduler.policies import Policy, QueuedRequest
+from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
+
+MAX_LOSSES = 1  # a request lost with its worker is requeued this often, then failed
+WORKER_REJOIN_GRACE_S = 10.0  # with no worker left, queued requests wait this long for one to (re)join
+
+QUEUE_FULL = "queue full"
+NO_WORKER_LEFT = "worker lost: no worker left"
+OOM_ALONE = "out of memory: does not fit alone"
+REJOINED = "worker rejoined: its running requests were lost"
+
+
+@dataclass(slots=True)
+class Launch:
+    """A batch the core started: `requests` run on `worker_id` as batch `batch_id`."""
+
+    worker_id: str
+    batch_id: int
+    reason: str
+    requests: list[QueuedRequest]
+    queue_len: int  # requests still queued after this launch
+
+    def dispatch(self, t: float) -> Dispatch:
+        """The message that sends it to the worker, scheduled at `t`."""
+        return Dispatch(self.batch_id, t, self.reason, [r.row() for r in self.requests])
+
+    def record(self, t: float) -> BatchLaunch:
+        """The collector's record of it, launched at `t`."""
+        return BatchLaunch(self.batch_id, self.worker_id, t, self.reason, [r.request_id for r in self.requests],
+                           self.queue_len)
+
+
+@dataclass(slots=True)
+class Decisions:
+    """What one scheduling pass decided: batches to send now, and when to ask again (None: at the next event)."""
+
+    launches: list[Launch] = field(default_factory=list)
+    wake_at: float | None = None
+
+
+class SchedulerCore:
+    """The queue, each worker's room, the policy, and what happens to a request when things go wrong."""
+
+    def __init__(self, policy: Policy, *, max_queue: int = 0, max_queue_tokens: int = 0) -> None:
+        self.policy = policy
+        self.max_queue, self.max_queue_tokens = max_queue, max_queue_tokens  # 0: unbounded
+        self.queue = PendingQueue()
+        self.workers: dict[str, WorkerState] = {}
+        self.eos = False  # traffic sent its last request
+        self.next_batch_id = 0
+        self.orphaned_since: float | None = None  # when the last worker was lost
+        self.outbox: list[RequestFailed] = []  # terminal records not yet drained
+        self.stats = {"submitted": 0, "queue_full": 0, "oom_batches": 0, "workers_lost": 0,
+                      "workers_rejoined": 0, "capacity_changes": 0, "max_queue_len": 0}
+
+    # --- events in ----------------------------------------------------------------------------------
+    def on_hello(self, worker_id: str, hello: WorkerHello, now: float) -> int | None:
+        """A worker joined; returns how many requests a previous process of it had in flight (None: new)."""
+        old = self.workers.get(worker_id)
+        if old is not None:  # a restarted worker: what its last process ran is gone with it
+            self.stats["workers_rejoined"] += 1
+            self._drop_inflight(old, REJOINED, now)
+        self.workers[worker_id] = WorkerState(hello, now)
+        self.orphaned_since = None
+        return None if old is None else old.running
+
+    def on_request(self, request: QueuedRequest, now: float) -> bool:
+        """A request arrived; False when it failed at once (queue full, or no worker left)."""
+        self.stats["submitted"] += 1
+        if self.queue.is_full_for(request.prompt_len + request.output_len, self.max_queue, self.max_queue_tokens):
+            self.stats["queue_full"] += 1
+            self._fail(request, QUEUE_FULL, now)
+            return False
+        if self._grace_over(now):
+            self._fail(request, NO_WORKER_LEFT, now)
+            return False
+        self.queue.append(request)
+        self.stats["max_queue_len"] = max(self.stats["max_queue_len"], len(self.queue))
+        return True
+
+    def on_batch_done(self, worker_id: str, batch_id: int, oom: bool, now: float) -> list[QueuedRequest] | None:
+        """A batch is over (its worker decided each row's end, unless it ran out of memory); returns its
+        requests (None: unknown). After an OOM they go back to the front, in order; one alone fails."""
+        state = self.workers.get(worker_id)
+        batch = state.end(batch_id) if state else None
+        if batch is None:
+            return None
+        state.batches_done += 1
+        self.policy.on_batch_done(len(batch), oom)
+        if oom:
+            self.stats["oom_batches"] += 1
+            if len(batch) == 1:  # it does not fit even alone: retrying cannot help
+                self._fail(batch[0], OOM_ALONE, now)
+            else:
+                self._requeue(batch)  # the policy's cap has halved
+        return batch
+
+    def on_capacity(self, worker_id: str, max_rows: int) -> int | None:
+        """The worker's row cap moved (OOM back-off or probe); returns the cap now used (None: unknown worker)."""
+        state = self.workers.get(worker_id)
+        if state is None:
+            return None
+        self.stats["capacity_changes"] += 1
+        return state.set_max_rows(max_rows)
+
+    def on_worker_lost(self, worker_id: str, now: float) -> None:
+        """A worker is gone: each request it ran is requeued once (MAX_LOSSES), then failed."""
+        state = self.workers.pop(worker_id, None)
+        if state is None:
+            return
+        self.stats["workers_lost"] += 1
+        if not self.workers:
+            self.orphaned_since = now
+        self._drop_inflight(state, f"worker lost: {worker_id}", now)
+
+    def on_send_failed(self, unsent: list[Launch], now: float) -> None:
+        """These launches (of one worker, in order) never reached it: they go back to the front, not
+        counting as a loss, and the worker is lost (with what it did receive)."""
+        state = self.workers.get(unsent[0].worker_id)
+        if state is not None:
+            for launch in unsent:
+                state.end(launch.batch_id)
+        self._requeue([r for launch in unsent for r in launch.requests])
+        self.on_worker_lost(unsent[0].worker_id, now)
+
+    def end_of_stream(self) -> None:
+        """Traffic sent its last request: policies may flush what is left."""
+        self.eos = True
+
+    def tick(self, now: float) -> None:
+        """With no worker back within the grace, every queued request fails."""
+        if self._grace_over(now):
+            self.fail_queue(NO_WORKER_LEFT, now)
+
+    def fail_queue(self, reason: str, now: float) -> None:
+        """Every queued request becomes a terminal failure (a stop, or no worker left)."""
+        while self.queue:
+            self._fail(self.queue.popleft(), reason, now)
+
+    # --- decisions out ------------------------------------------------------------------------------
+    def schedule(self, now: float) -> Decisions:
+        """Ask the policy, worker by worker (least loaded first), and start what it launches."""
+        out = Decisions(wake_at=self._grace_end(now))
+        for wid in least_loaded(self.workers) if len(self.workers) > 1 else list(self.workers):
+            if not self.queue:
+                break
+            state = self.workers[wid]
+            decision = self.policy.decide(self._head(state), now, state.capacity(), self.eos)
+            if decision.n:
+                out.launches += self._launch(wid, [self.queue.popleft() for _ in range(decision.n)], decision.reason)
+            elif decision.wake_at is not None:
+                out.wake_at = decision.wake_at if out.wake_at is None else min(out.wake_at, decision.wake_at)
+        return out
+
+    def drain(self) -> list[RequestFailed]:
+        """The terminal records decided since the last call, oldest first."""
+        out, self.outbox = self.outbox, []
+        return out
+
+    def done(self) -> bool:
+        """The stream ended and every request is terminal or back with its worker's BatchDone."""
+        return self.eos and not self.queue and not any(w.inflight for w in self.workers.values())
+
+    def workers_info(self) -> dict[str, dict]:
+        """RunInfo's `workers`: each worker's hello, flattened."""
+        return {wid: state.hello.as_run_info() for wid, state in self.workers.items()}
+
+    # --- the rules' parts ---------------------------------------------------------------------------
+    def _head(self, state: WorkerState) -> list[QueuedRequest]:
+        """The part of the queue a decision can use (no more than the worker could take)."""
+        return list(itertools.islice(self.queue, max(state.max_rows, 1)))  # deque[i] is O(i)
+
+    def _launch(self, wid: str, batch: list[QueuedRequest], reason: str) -> list[Launch]:
+        """A continuous worker gets one batch per request (they join and leave alone); a static one, one."""
+        state = self.workers[wid]
+        groups = [[r] for r in batch] if state.hello.mode == "continuous" else [batch]
+        launches = []
+        for group in groups:
+            launches.append(Launch(wid, self.next_batch_id, reason, group, len(self.queue)))
+            state.start(self.next_batch_id, group)
+            self.next_batch_id += 1
+        return launches
+
+    def _drop_inflight(self, state: WorkerState, reason: str, now: float) -> None:
+        """A worker's in-flight requests went with it: each is requeued once, then failed with `reason`."""
+        lost = [r for batch in state.inflight.values() for r in batch]
+        for r in lost:
+            r.losses += 1
+        self._requeue([r for r in lost if r.losses <= MAX_LOSSES])  # a live worker, or one that rejoins
+        for r in lost:
+            if r.losses > MAX_LOSSES:
+                self._fail(r, reason, now)
+
+    def _requeue(self, requests: list[QueuedRequest]) -> None:
+        """Back to the front of the queue, in their order."""
+        for r in reversed(requests):
+            self.queue.appendleft(r)
+
+    def _fail(self, request: QueuedRequest, reason: str, now: float) -> None:
+        self.outbox.append(RequestFailed(request.request_id, reason, now))
+
+    def _grace_end(self, now: float) -> float | None:
+        """When queued requests stop waiting for a worker (None: one is there, nothing waits, or it passed)."""
+        if self.orphaned_since is None or not self.queue:
+            return None
+        end = self.orphaned_since + WORKER_REJOIN_GRACE_S
+        return end if end > now else None
+
+    def _grace_over(self, now: float) -> bool:
+        return self.orphaned_since is not None and now >= self.orphaned_since + WORKER_REJOIN_GRACE_S
