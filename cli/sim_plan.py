@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchlab.scheduler.strategies import label
 from batchlab.cli.config import checked_config
 from batchlab.cli.sweep_plan import Entry, Plan, load_plan
 from batchlab.protocol.settings import ConfigError, load_yaml
@@ -58,9 +59,11 @@ def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
     plan = load_plan(config) if swept else _flat_plan(raw)
     plan.base.update(given)
     if strategies:
-        plan.entries = [Entry(s, {"strategy": s}) for s in strategies]
+        plan.entries = [Entry(label(s), {"strategy": s}) for s in strategies]
     if rates:
         plan.rates, plan.auto = sorted(set(rates)), {}
+    elif not swept and plan.base.get("arrival") == "trace" and "rate" not in raw:
+        plan.rates = [0.0]  # a trace keeps its own timing unless a rate is asked for (as build_config)
     if "seed" in given:
         plan.seed = int(given["seed"])
     default_out = str(Path("results") / Path(config).stem) if swept else DEFAULT_OUT

@@ -3,7 +3,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchlab.cli.options import OutputLens, PromptLens, TraceStart
+from batchlab.cli.options import OutputLens, PromptLens, SloOpt, TraceStart
 from batchlab.cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue, MaxQueueTok,
                          MaxWait, Opt, Schedule, Seed, StrategyArgs, setting)
 
@@ -31,7 +31,7 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, strategy_
              output_lengths: OutputLens = None, schedule: Schedule = None, batch_size: BatchSize = None,
              max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
              seed: Seed = None, out: Out = None, workers: Workers = None, max_queue: MaxQueue = None,
-             max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None) -> None:
+             max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, slo: SloOpt = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
     overrides = dict(locals())
     overrides.pop("config")

@@ -14,7 +14,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from batchlab.protocol import BatchLaunch, Dispatch, RequestFailed, WorkerHello
-from batchlab.scheduler.policies import Policy, QueuedRequest
+from batchlab.scheduler.policies import Decision, Policy, QueuedRequest
 from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
 
 MAX_LOSSES = 1  # a request lost with its worker is requeued this often, then failed
@@ -161,9 +161,11 @@ class SchedulerCore:
             if not self.queue:
                 break
             state = self.workers[wid]
-            decision = self.policy.decide(self._head(state), now, state.capacity(), self.eos)
-            if decision.n:
-                out.launches += self._launch(wid, [self.queue.popleft() for _ in range(decision.n)], decision.reason)
+            shown = self._head(state)
+            decision = self.policy.decide(shown, now, state.capacity(), self.eos)
+            batch = self._carry_out(decision, len(shown), now)
+            if batch:
+                out.launches += self._launch(wid, batch, decision.reason)
             elif decision.wake_at is not None:
                 out.wake_at = decision.wake_at if out.wake_at is None else min(out.wake_at, decision.wake_at)
         return out
@@ -183,8 +185,30 @@ class SchedulerCore:
 
     # --- the rules' parts ---------------------------------------------------------------------------
     def _head(self, state: WorkerState) -> list[QueuedRequest]:
-        """The part of the queue a decision can use (no more than the worker could take)."""
-        return list(itertools.islice(self.queue, max(state.max_rows, 1)))  # deque[i] is O(i)
+        """The part of the queue a decision can use: what the worker could take, or the policy's
+        `lookahead` when it ranks more (sjf, edf)."""
+        n = max(state.max_rows, getattr(self.policy, "lookahead", 0), 1)
+        return list(itertools.islice(self.queue, n))  # deque[i] is O(i)
+
+    def _carry_out(self, decision: Decision, shown: int, now: float) -> list[QueuedRequest]:
+        """Fail what the decision rejects; take out of the queue, in launch order, what it launches."""
+        if not (decision.pick or decision.reject):
+            return [self.queue.popleft() for _ in range(decision.n)]
+        positions = [*decision.pick, *decision.reject]
+        if len(set(positions)) != len(positions) or not all(0 <= i < shown for i in positions):
+            raise ValueError(f"policy {self.policy.name}: pick {decision.pick} and reject {decision.reject} "
+                             f"must be distinct positions of the {shown} queued requests it was shown")
+        taken = self._take(positions)
+        for r in taken[len(decision.pick):]:
+            self._fail(r, decision.reject_reason or "rejected by the strategy", now)
+        return taken[:len(decision.pick)]
+
+    def _take(self, positions: list[int]) -> list[QueuedRequest]:
+        """The requests at these queue positions, in the order given; the rest keep their order."""
+        head = [self.queue.popleft() for _ in range(max(positions) + 1)]
+        chosen = set(positions)
+        self._requeue([r for i, r in enumerate(head) if i not in chosen])
+        return [head[i] for i in positions]
 
     def _launch(self, wid: str, batch: list[QueuedRequest], reason: str) -> list[Launch]:
         """A continuous worker gets one batch per request (they join and leave alone); a static one, one."""

@@ -1,9 +1,10 @@
 """Batching policies: pure classes. No sockets, no clock reads.
 
 A policy is shown the queue (oldest first), the time it is given, and one worker's free capacity, and
-answers with a Decision: launch the first `n` queued requests (with a reason), or nothing until
-`wake_at` (or until the next event, when `wake_at` is None). The live scheduler and the discrete-event
-simulator drive the same classes.
+answers with a Decision: launch the first `n` queued requests (with a reason) or the ones at the
+positions it `pick`s, fail the ones it `reject`s, or nothing until `wake_at` (or until the next event,
+when `wake_at` is None). It sees the first max(worker rows, its `lookahead`) queued requests. The live
+scheduler and the discrete-event simulator drive the same classes through scheduler.core.
 """
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,11 +42,20 @@ class Capacity:
 
 @dataclass(slots=True)
 class Decision:
-    """Launch queue[:n] because of `reason`, or (n == 0) ask to be woken at `wake_at`."""
+    """Launch queue[:n] (or, when `pick` is given, the requests at those positions of the queue shown, in
+    that order) because of `reason`; fail the requests at the positions in `reject` with `reject_reason`;
+    or, launching nothing, ask to be woken at `wake_at`."""
 
     n: int = 0
     reason: str = ""
     wake_at: float | None = None
+    pick: tuple[int, ...] = ()
+    reject: tuple[int, ...] = ()
+    reject_reason: str = ""
+
+    def launched(self) -> int:
+        """How many requests this decision launches."""
+        return len(self.pick) if self.pick else self.n
 
 
 class Policy(Protocol):

@@ -2,7 +2,7 @@
 
 A strategy is a policy class (scheduler.policies.Policy) with class attributes `name`, `mode` ("static"
 or "continuous") and, when it takes parameters, `Params`: a dataclass of typed fields with defaults.
-`--strategy` names it: a built-in (naive, dynamic, continuous), the name of a `batchlab.strategies`
+`--strategy` names it: a built-in (naive, dynamic, continuous, sjf, edf), the name of a `batchlab.strategies`
 entry point, or `package.module:Class`. It is built as `Class(params)` (or `Class.from_params(params)`
 where the class defines it; `Class()` without Params). A run sets parameters with `strategy_args`
 (--strategy-arg KEY=VALUE, or a YAML mapping), typed by the Params field; a parameter named like a run
@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from batchlab.protocol.settings import ConfigError, RunConfig
-from batchlab.scheduler.policies import BUILTINS, Policy
+from batchlab.scheduler.ordered import ORDERED
+from batchlab.scheduler.policies import BUILTINS as BASIC
+from batchlab.scheduler.policies import Policy
 
 ENTRY_POINT_GROUP = "batchlab.strategies"
+BUILTINS: dict[str, type] = {**BASIC, **ORDERED}  # naive, dynamic, continuous, sjf, edf
 MODES = ("static", "continuous")
 REQUIRED = ("name", "mode", "decide", "on_batch_done")
 KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
@@ -62,7 +65,10 @@ def resolve(cfg: RunConfig) -> Strategy:
     policy = build()
     params = make_params(cls, cfg, args)
     rows = getattr(policy, "rows", getattr(params, "max_batch_size", cfg.max_batch_size))
-    return Strategy(cls.name, cls.mode, int(rows), args, build)
+    mode = getattr(policy, "mode", cls.mode)  # a strategy may take its mode as a parameter (sjf, edf)
+    if mode not in MODES:
+        raise ConfigError(f"strategy {cls.name}: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return Strategy(cls.name, mode, int(rows), args, build)
 
 
 def load_class(spec: str) -> type:
