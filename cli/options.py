@@ -30,7 +30,8 @@ def setting(name: str, *decls: str, help: str) -> OptionInfo:
 
 ConfigOpt = Annotated[Optional[str], Opt("--config", help="YAML file of settings (options override it)")]
 Strategy = Annotated[Optional[str], setting(
-    "strategy", help="naive | dynamic | continuous | vllm, an installed plugin's name, or package.module:Class")]
+    "strategy", help="naive | dynamic | continuous | sjf | edf | vllm, an installed plugin's name, "
+                     "or package.module:Class")]
 StrategyArgs = Annotated[Optional[list[str]], Opt(
     "--strategy-arg", help="a strategy parameter, KEY=VALUE (repeatable); a parameter named like an option "
                            "(e.g. max_batch_size) defaults to that option's value")]

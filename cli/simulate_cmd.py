@@ -9,7 +9,7 @@ from batchlab.cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, 
 
 ConfigArg = Annotated[Optional[str], typer.Argument(
     help="a sweep YAML (base: and grid:, one folder per point) or a run's settings YAML")]
-Strategies = Annotated[Optional[str], setting("strategy", help="naive | dynamic | continuous, a plugin's name or "
+Strategies = Annotated[Optional[str], setting("strategy", help="naive | dynamic | continuous | sjf | edf, a plugin's name or "
                                                            "package.module:Class, or a comma list")]
 Preset = Annotated[Optional[str], setting(
     "preset", help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral")]

@@ -8,6 +8,7 @@ import numbers
 import os
 import platform
 import re
+import types
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -177,16 +178,20 @@ def parse_strategy_args(given: object) -> dict:
     return pairs
 
 
-def _typed(name: str, value: object, kind: type) -> object:
-    """`value` as the field's type (an int is a fine float; a bool is no number), or ConfigError."""
+def fits(value: object, kind: object) -> bool:
+    """Is `value` of the type `kind`? An int is a fine float, a bool is no number; a hint that is no class
+    (a generic, Any) passes."""
     if kind is bool:
-        ok = isinstance(value, bool)
-    elif kind in (int, float):
+        return isinstance(value, bool)
+    if kind in (int, float):
         base = numbers.Integral if kind is int else numbers.Real
-        ok = isinstance(value, base) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
+        return isinstance(value, base) and not isinstance(value, bool)
+    return not isinstance(kind, (type, types.UnionType)) or isinstance(value, kind)
+
+
+def _typed(name: str, value: object, kind: type) -> object:
+    """`value` as the field's type, or ConfigError."""
+    if not fits(value, kind):
         raise ConfigError(f"setting {name} must be {_KIND_NAMES.get(kind, 'token lengths (e.g. 128, 32-512)')}, "
                           f"got {value!r} ({type(value).__name__})")
     return kind(value) if kind in (int, float) else value  # numpy scalars → plain numbers

@@ -15,13 +15,12 @@ both.
 """
 import dataclasses
 import importlib
-import numbers
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
-from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.protocol.settings import ConfigError, RunConfig, fits
 from batchlab.scheduler.ordered import ORDERED
 from batchlab.scheduler.policies import BUILTINS as BASIC
 from batchlab.scheduler.policies import Policy
@@ -157,14 +156,7 @@ def _typed(strategy: str, key: str, value: object, kind: object) -> object:
     """`value` as the parameter's type (text from --strategy-arg is parsed), or ConfigError naming it."""
     if isinstance(value, str) and kind in (int, float, bool):
         value = _from_text(value, kind)
-    if kind is bool:
-        ok = isinstance(value, bool)
-    elif kind in (int, float):
-        base = numbers.Integral if kind is int else numbers.Real
-        ok = isinstance(value, base) and not isinstance(value, bool)
-    else:
-        ok = not isinstance(kind, type) or isinstance(value, kind)  # a hint we cannot check passes as given
-    if not ok:
+    if not fits(value, kind):
         raise ConfigError(f"strategy {strategy}: parameter {key} must be "
                           f"{KIND_NAMES.get(kind, getattr(kind, '__name__', kind))}, got {value!r}")
     return kind(value) if kind in (int, float) else value

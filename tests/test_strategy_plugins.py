@@ -62,7 +62,7 @@ def test_command_line_strategy_args_are_typed_and_laid_over_the_files():
     ({"strategy": "dynamic", "strategy_args": ["max_batch_size=eight"]}, ["max_batch_size must be an integer", "eight"]),
     ({"strategy": "naive", "strategy_args": ["batch_size=0"]}, ["batch_size must be ≥ 1"]),
     ({"strategy": "dynamic", "strategy_args": ["max_batch_size"]}, ["expected KEY=VALUE"]),
-    ({"strategy": "fastest"}, ["unknown strategy 'fastest'", "naive, dynamic, continuous, vllm"]),
+    ({"strategy": "fastest"}, ["unknown strategy 'fastest'", "naive, dynamic, continuous, sjf, edf, vllm"]),
     ({"strategy": "no_such_module:Policy"}, ["cannot import no_such_module"]),
     ({"strategy": "token_budget:NoSuchClass"}, ["token_budget has no 'NoSuchClass'"]),
     ({"strategy": "token_budget:Params"}, ["not a policy class", "name, mode, decide"]),
@@ -109,7 +109,7 @@ def test_an_entry_point_names_a_strategy(monkeypatch):
                         lambda **kw: [point] if kw.get("group") == ENTRY_POINT_GROUP else real(**kw))
     strategy = resolve(config(strategy="late", strategy_args={"rows": 2}))
     assert (strategy.name, strategy.mode, strategy.rows) == ("naive_looking", "continuous", 2)
-    with pytest.raises(ConfigError, match="choose from naive, dynamic, continuous, vllm, late"):
+    with pytest.raises(ConfigError, match="choose from naive, dynamic, continuous, sjf, edf, vllm, late"):
         config(strategy="early")
 
 
