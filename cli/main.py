@@ -168,7 +168,9 @@ def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None,
     _role(traffic_role, _config(config, overrides, replay=True), scheduler)
 
 
-for _command in (sweep_cmd, report_cmd, simulate_cmd):
+from batchlab.cli import tune_cmd  # noqa: E402
+
+for _command in (sweep_cmd, report_cmd, simulate_cmd, tune_cmd):
     _command.register(app)
 
 if __name__ == "__main__":
