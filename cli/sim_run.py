@@ -41,6 +41,8 @@ def simulate_run(cfg: RunConfig, schedule: Schedule | None = None, *, slos: dict
     schedule = schedule if schedule is not None else make_schedule(cfg)
     tables = simulate(cfg, schedule, slos=slos)
     tables.summary["simulation_wall_s"] = time.perf_counter() - start_s
+    if schedule.notes:
+        tables.summary["schedule"] = dict(schedule.notes)
     write_run(Path(cfg.out), cfg, schedule, tables, saved_schedule)
     return tables.summary
 

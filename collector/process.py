@@ -1,11 +1,13 @@
 """The collector process: PULL every event, join it in a RunStore, write the run's tables."""
+import json
 import logging
 import threading
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import zmq
 
-from batchlab.collector.parts import PartWriter, read_schedule, write_final
+from batchlab.collector.parts import SCHEDULE_FILE, PartWriter, read_schedule, write_final
 from batchlab.collector.store import RunStore
 from batchlab.protocol import ProtocolError, decode
 from batchlab.protocol.clock import now
@@ -18,6 +20,8 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_MS = 100
 FLUSH_INTERVAL_S = 1.0  # how often new rows go to a part file
 REJECT_LOG_INTERVAL_S = 5.0  # at most one log line about rejected frames per interval
+# traffic.schedule's footer key of Schedule.notes: read from the file, as the collector imports protocol only
+SCHEDULE_NOTES_KEY = b"batchlab.notes"
 MAX_FRAMES_PER_POLL = 10_000  # drain this many before looking at the clock again
 STOP_IDLE_S = 1.0  # after a stop signal: stop once nothing arrived for this long (or every bye is in)
 STOP_DRAIN_MAX_S = 10.0  # ... and at the latest this long after the signal
@@ -41,6 +45,21 @@ class _Loop:
         if now() - self.last_reject_log_s >= REJECT_LOG_INTERVAL_S:
             log.warning("collector: %d frame(s) rejected, last: %s", self.rejected_since_log, exc)
             self.last_reject_log_s, self.rejected_since_log = now(), 0
+
+
+def schedule_notes(out_dir: Path) -> dict:
+    """How the run's schedule was made (Schedule.notes: prompt source, capped lengths, trace window) from
+    out_dir/schedule.parquet's footer; {} when the file, or its notes, are absent or unreadable."""
+    path = Path(out_dir) / SCHEDULE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = (pq.read_metadata(path).metadata or {}).get(SCHEDULE_NOTES_KEY)
+        notes = json.loads(raw) if raw else {}
+    except Exception as exc:  # pyarrow raises several types for a bad file; the notes are an extra
+        log.warning("collector: cannot read the schedule's notes in %s: %s", path, exc)
+        return {}
+    return notes if isinstance(notes, dict) else {}
 
 
 def _drain(sock: zmq.Socket, store: RunStore, loop: _Loop) -> None:
@@ -123,6 +142,8 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
             writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
             tables = store.finish(read_schedule(out_dir), slos=slos)
             tables.summary["end_reason"] = reason
+            if notes := schedule_notes(out_dir):
+                tables.summary["schedule"] = notes
             write_final(out_dir, tables)
             return tables.summary
     finally:

@@ -131,3 +131,21 @@ def test_the_setup_says_what_an_engines_prefix_cache_did():
                  {"worker_stats": {"worker-0": {"server_prefix_cache": {"hit_rate": 0.5}}}})
     assert "server's, not reset: the server answered HTTP 404; hit rate 50.0%" in prefix_cache_line(server)
     assert prefix_cache_line(run({"dtype": "float32"}, {})) == ""  # an engine without one: no line
+
+
+def test_a_trace_replayed_at_its_own_timing_is_reported_at_the_traces_rate(tmp_path):
+    from batchlab.collector.report.build import run_report
+    from batchlab.collector.report.points import own_trace_rate
+    from tests.conftest import run_cli
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp,input_len,output_len\n" + "".join(f"{i * 0.25},{16 + i},{4 + i % 5}\n"
+                                                                   for i in range(40)))
+    out = tmp_path / "sweep"
+    run_cli("simulate", "--strategy", "naive,dynamic", "--dataset", f"trace:{trace}", "--arrival", "trace",
+            "--duration", "5", "--out", str(out), timeout_s=120)
+    result = run_report(str(out))
+    text = result.path.read_text()
+    assert "no planned rate" not in text and "### λ = 4 req/s" in text  # 20 requests in [0, 5) s
+    assert own_trace_rate({"settings": {"arrival": "trace", "duration_s": 5}, "scheduled": 20}) == 4.0
+    assert own_trace_rate({"settings": {"arrival": "poisson", "duration_s": 5}, "scheduled": 20}) == 0.0

@@ -1,7 +1,8 @@
 """REPORT.md: the one-line results, a table per rate, intervals, tool formulas, failures and setup."""
+from batchlab.collector.report import oracle
 from batchlab.collector.report.headline import RULE
 from batchlab.collector.report.points import Collection
-from batchlab.collector.report.setup import knob_table, prefix_cache_line, setup_lines
+from batchlab.collector.report.setup import knob_table, prefix_cache_line, schedule_lines, setup_lines
 from batchlab.collector.report.stats import FAILED_MARK_SHARE, GroupStats
 
 QS = ("p50", "p90", "p99")
@@ -84,6 +85,7 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
     for rate in collection.rates():
         out += ["", f"### λ = {rate:g} req/s", ""]
         out += rate_table([g for g in groups if g.rate == rate], bool(slos))
+    out += oracle.section(collection, stats, slos)
     out += ["", "## Confidence intervals", "", "95% bootstrap (repeats resampled, then requests within "
             "each), in ms.", ""] + ci_table(groups)
     out += ["", "## TPOT and ITL by other tools' formulas", "",
@@ -118,9 +120,11 @@ def setup(collection: Collection) -> list[str]:
         return []
     lines = ["", "## Setup", ""] + setup_lines(next(iter(first.values())))
     lines += [line for run in first.values() if (line := prefix_cache_line(run))]
+    lines += schedule_lines(collection.runs)
     index = collection.index
     if index:
-        lines.append(f"- sweep: rates {index.get('rates')} req/s, {index.get('repeats')} repeat(s), "
+        own = " (0: a trace's own timing)" if 0 in (index.get("rates") or []) else ""
+        lines.append(f"- sweep: rates {index.get('rates')} req/s{own}, {index.get('repeats')} repeat(s), "
                      f"traffic seed = {index.get('seed')} + repeat (every strategy replays the same schedule)")
         if index.get("probe"):
             p = index["probe"]

@@ -85,9 +85,21 @@ def planned_rate(folder: Path, settings: dict) -> float:
         return 0.0
 
 
+def own_trace_rate(summary: dict) -> float:
+    """A trace replayed at its own timing (--arrival trace, rate 0) plans the trace's mean rate in its
+    window: the schedule's notes give it, else scheduled requests ÷ duration; 0 for anything else."""
+    settings = summary.get("settings", {})
+    if settings.get("arrival") != "trace":
+        return 0.0
+    native = (summary.get("schedule") or {}).get("trace_native_rate")
+    duration_s, scheduled = settings.get("duration_s") or 0, summary.get("scheduled") or 0
+    return float(native) if native else scheduled / duration_s if duration_s > 0 else 0.0
+
+
 def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
              rate: float | None = None) -> RunData:
-    """A run folder's summary and tables; `rate` is the sweep's planned rate when the index gives it."""
+    """A run folder's summary and tables; `rate` is the sweep's planned rate when the index gives it
+    (a trace at its own timing: the trace's rate)."""
     summary = json.loads((folder / SUMMARY_FILE).read_text())
     settings = summary.get("settings", {})
     if repeat is None:
@@ -95,6 +107,7 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
         repeat = int(match.group(1)) if match else 0
     tables = {name: load_table(folder, name) for name in ("requests", "tokens", "batches", "steps")}
     rate = planned_rate(folder, settings) if rate is None else float(rate)
+    rate = rate if rate > 0 else own_trace_rate(summary) or rate
     return RunData(label or label_of(settings), rate, repeat, folder, summary, **tables)
 
 

@@ -100,6 +100,48 @@ def prefix_cache_line(run: RunData) -> str:
     return f"- prefix cache ({run.label}): {state}, {reset}{hits}"
 
 
+# traffic.prompts.PROMPT_SOURCES, restated: the collector does not import traffic
+PROMPT_SOURCES = {
+    "sharegpt": "whole prompts of a conversation file (text and its tokens)",
+    "synthetic": "uniform random token ids, lengths from the synthetic length settings",
+    "sharegpt-cut": "the trace's lengths; ShareGPT prompts' token ids joined and cut to each length",
+    "synthetic-ids": "the trace's lengths; uniform random token ids",
+}
+
+
+def _trace_text(notes: dict) -> str:
+    """What part of a trace a schedule replays ('' when it is not from a trace)."""
+    parts = []
+    if "trace_window_s" in notes:
+        start_s, end_s = notes["trace_window_s"]
+        parts.append(f"trace window [{start_s:g}, {end_s:g}) s at {notes.get('trace_speedup', 1.0):.3g}× its speed "
+                     f"(its own rate there {notes.get('trace_native_rate', float('nan')):.3g} req/s)")
+    if "trace_first_request" in notes:
+        parts.append(f"trace lengths from its request {notes['trace_first_request']} on")
+    if notes.get("trace_skipped_rows"):
+        parts.append(f"{notes['trace_skipped_rows']} trace rows skipped (a zero length)")
+    return "; ".join(parts)
+
+
+def schedule_lines(runs: list[RunData]) -> list[str]:
+    """Where the prompts came from, and per rate how many lengths were capped (from summary["schedule"],
+    the first run at each rate that has it: every strategy replays the same schedule); [] without notes."""
+    first: dict[float, RunData] = {}
+    for run in sorted(runs, key=lambda r: r.repeat):
+        if isinstance(run.summary.get("schedule"), dict) and run.summary["schedule"]:
+            first.setdefault(run.rate, run)
+    sources = dict.fromkeys(str(r.summary["schedule"].get("prompt_source", "")) for r in first.values())
+    lines = [f"- prompts: {src} ({PROMPT_SOURCES.get(src, 'not described')})" for src in sources if src]
+    for rate, run in sorted(first.items()):
+        notes, s = run.summary["schedule"], run.settings
+        text = (f"- schedule at λ = {rate:g} req/s: {run.summary.get('scheduled', '?')} requests; capped: "
+                f"{notes.get('capped_prompts', 0)} prompt lengths to max_prompt_len {s.get('max_prompt_len', '?')}, "
+                f"{notes.get('capped_outputs', 0)} output lengths to max_new_tokens {s.get('max_new_tokens', '?')}")
+        trace = _trace_text(notes)
+        lines.append(text + (f"; {trace}" if trace else ""))
+    return lines
+
+
 def _cell(value: object) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
