@@ -19,11 +19,12 @@ def fake_token(request_id: int, index: int) -> int:
 
 
 def static_step_durations(rows: list[Row], model: StepModel) -> list[float]:
-    """Durations of a padded lockstep batch: step 0 is the prefill (first token), then decode steps."""
+    """Durations of a padded lockstep batch (generate()): step 0 is the prefill (first token), then decode
+    steps; every row, padded to the longest prompt, rides along until the longest output ends."""
     b, p_max = len(rows), max(r.prompt_len for r in rows)
     o_max = max(r.output_len for r in rows)
-    durations = [model.prefill_s(b * p_max)]
-    durations += [model.decode_step_s(b * (p_max + i)) for i in range(1, o_max)]
+    durations = [model.prefill_s(b * p_max, b)]
+    durations += [model.decode_step_s(b * (p_max + i), b) for i in range(1, o_max)]
     return durations
 
 
@@ -50,8 +51,11 @@ class ContinuousCore:
     Joiners are prefilled in the next step (at most `max_rows` rows run at once); a row leaves after
     max(output_len, 1) tokens: one joining at step k yields its i-th token at the end of step k + i.
 
-        duration = decode_step_s(Σ_running (prompt_len + generated))   [if rows were running]
-                   + prefill_s(Σ_joiners prompt_len)
+        duration = decode_step_s(Σ_running (prompt_len + generated), running)   [if rows were running]
+                   + prefill_s(Σ_joiners prompt_len, joiners, Σ_joiners prompt_len²)
+
+    With a `padded` model (the HF loop) joiners are left-padded to the longest joiner and a decode step
+    attends over running × the widest row's columns (that part costs O(running) per step).
 
     The context is kept as a running sum and rows leave from a per-step list, so a step costs
     O(joiners + finishers), not O(running).
@@ -66,6 +70,7 @@ class ContinuousCore:
     context_tokens: int = 0  # Σ (prompt_len + generated) over running rows
     finishing: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # step -> [(row key, kv tokens)]
     keys: int = 0  # rows admitted so far (a row's key: a request id may come back after a failure)
+    pad_base: dict[int, int] = field(default_factory=dict)  # padded: row key -> its columns − step number
 
     def admit(self, request_id: int, prompt_len: int, output_len: int) -> None:
         """The row joins at the next step boundary (or later, while `max_rows` rows run)."""
@@ -81,10 +86,13 @@ class ContinuousCore:
         joiners, self.pending = self.pending[:room], self.pending[room:]
         self.held_back += len(self.pending)
         step = self.step_no
-        duration = self.model.decode_step_s(self.context_tokens) if self.rows else 0.0
-        duration += self.model.prefill_s(sum(p for _, p, _ in joiners))
+        duration = self._decode_s(step) if self.rows else 0.0
+        duration += self._prefill_s(joiners)
+        width = max((p for _, p, _ in joiners), default=0)
         for rid, prompt_len, output_len in joiners:
             self.rows[self.keys] = (rid, step)
+            if self.model.padded:
+                self.pad_base[self.keys] = width - step
             last = step + max(output_len, 1) - 1  # every row yields at least one token
             self.finishing.setdefault(last, []).append((self.keys, prompt_len + max(output_len, 1)))
             self.context_tokens += prompt_len
@@ -96,13 +104,30 @@ class ContinuousCore:
         self.context_tokens += plan.running  # every running row generated one token
         for key, kv_tokens in self.finishing.pop(step, []):
             plan.finished.append(self.rows.pop(key)[0])
+            self.pad_base.pop(key, None)
             self.context_tokens -= kv_tokens
         self.step_no += 1
         return plan
 
+    def _decode_s(self, step: int) -> float:
+        """The running rows' decode step: over their own tokens, or (padded) rows × the widest row."""
+        rows = len(self.rows)
+        if self.model.padded:
+            return self.model.decode_step_s(rows * (max(self.pad_base.values()) + step), rows)
+        return self.model.decode_step_s(self.context_tokens, rows)
+
+    def _prefill_s(self, joiners: list[tuple[int, int, int]]) -> float:
+        """The joiners' prefill in one forward: packed, or (padded) left-padded to the longest joiner."""
+        lens = [p for _, p, _ in joiners]
+        if not lens:
+            return 0.0
+        if self.model.padded:
+            return self.model.prefill_s(len(lens) * max(lens), len(lens))
+        return self.model.prefill_s(sum(lens), len(lens), sum(p * p for p in lens))
+
     def abort(self) -> None:
         """Drop every row, waiting or running (none is stepped again)."""
-        self.pending, self.rows, self.finishing, self.context_tokens = [], {}, {}, 0
+        self.pending, self.rows, self.finishing, self.context_tokens, self.pad_base = [], {}, {}, 0, {}
 
 
 def sim_info(model: StepModel, mode: str, max_batch_size: int, *, backend: str = "sim",

@@ -1,9 +1,22 @@
-"""The seed's step-time model: a decode step streams the weights and the live KV cache from memory.
+"""Step-time models: how long one prefill or decode step of one model on one device takes.
 
-decode_step_s = overhead_s + (weights_bytes + kv_bytes_per_token × context_tokens) / bandwidth_Bps
-prefill_s     = overhead_s + weights_bytes / bandwidth_Bps + prefill_s_per_token × prompt_tokens
+Two forms, each term named and fitted (`batchlab calibrate`) or taken from a datasheet (the GPU presets):
+
+    memory-bound (a GPU: the seed's model; a step streams the weights and the live KV cache)
+        decode_step_s = overhead_s + (weights_bytes + kv_bytes_per_token × context) / bandwidth_Bps
+        prefill_s     = prefill_overhead_s + weights_bytes / bandwidth_Bps + prefill_s_per_token × tokens
+    compute-bound (a CPU: cost grows with rows × hidden size, plus attention over the context)
+        decode_step_s = overhead_s + decode_s_per_row × rows + decode_s_per_context_token × context
+        prefill_s     = prefill_overhead_s + prefill_s_per_token × tokens + prefill_s_per_row × rows
+                        + prefill_s_per_token_pair × Σ prompt_len²
+
+Both are one formula: the terms a form does not use are 0 (bandwidth_Bps 0: no memory term).
+`context` is the cached tokens the step's attention reads (all rows); `padded` says whether the worker
+pads its rows to the widest (HF: generate()'s left padding, the slot cache's width) or packs them (vLLM),
+so callers count padding as context when it is set. A preset is a name in PRESETS or a YAML file.
 """
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from batchlab.worker.archs import ARCHS, kv_bytes_per_token, n_params, weights_bytes
 
@@ -17,27 +30,42 @@ class StepModel:
     name: str
     weights_bytes: float
     kv_bytes_per_token: int
-    bandwidth_Bps: float
+    bandwidth_Bps: float  # 0: no memory-bound term (a compute-bound fit)
     prefill_s_per_token: float
-    overhead_s: float = 0.0
+    overhead_s: float = 0.0  # fixed cost of a decode step (and of a prefill unless prefill_overhead_s)
     memory_bytes: float = 0.0  # device memory, for the KV budget
+    decode_s_per_row: float = 0.0  # rows × hidden size: the linear layers and the LM head, per row
+    decode_s_per_context_token: float = 0.0  # attention over the cached context, per token (all rows)
+    prefill_s_per_row: float = 0.0  # per prompt: its LM head and sampling
+    prefill_s_per_token_pair: float = 0.0  # attention within a prompt: per prompt_len² (summed over rows)
+    prefill_overhead_s: float | None = None  # None: overhead_s
+    padded: bool = False  # rows padded to the widest (HF) rather than packed (vLLM)
 
-    def decode_step_s(self, context_tokens: int) -> float:
-        """One decode step over `context_tokens` cached tokens (all rows, padding included)."""
-        return self.overhead_s + (self.weights_bytes + self.kv_bytes_per_token * context_tokens) / self.bandwidth_Bps
+    def _streamed_s(self, nbytes: float) -> float:
+        return nbytes / self.bandwidth_Bps if self.bandwidth_Bps > 0 else 0.0
 
-    def prefill_s(self, prompt_tokens: int) -> float:
-        """Prefill of `prompt_tokens` tokens in one forward pass (yields the first token)."""
+    def decode_step_s(self, context_tokens: int, rows: int = 1) -> float:
+        """One decode step of `rows` rows over `context_tokens` cached tokens (all rows, padding included)."""
+        return (self.overhead_s + self._streamed_s(self.weights_bytes + self.kv_bytes_per_token * context_tokens)
+                + self.decode_s_per_row * rows + self.decode_s_per_context_token * context_tokens)
+
+    def prefill_s(self, prompt_tokens: int, rows: int = 1, token_pairs: float | None = None) -> float:
+        """Prefill of `rows` prompts, `prompt_tokens` tokens in all, in one forward pass (yields each row's
+        first token); `token_pairs` = Σ prompt_len² (None: the rows are of equal length)."""
         if prompt_tokens <= 0:
             return 0.0
-        return self.overhead_s + self.weights_bytes / self.bandwidth_Bps + self.prefill_s_per_token * prompt_tokens
+        rows = max(rows, 1)
+        pairs = prompt_tokens * prompt_tokens / rows if token_pairs is None else token_pairs
+        overhead = self.overhead_s if self.prefill_overhead_s is None else self.prefill_overhead_s
+        return (overhead + self._streamed_s(self.weights_bytes) + self.prefill_s_per_token * prompt_tokens
+                + self.prefill_s_per_row * rows + self.prefill_s_per_token_pair * pairs)
 
     def kv_budget_bytes(self) -> int:
         """Device memory left for the KV cache after the weights (10% reserve)."""
         return max(0, int(0.9 * self.memory_bytes - self.weights_bytes))
 
     def as_dict(self) -> dict:
-        """Plain dict (for hello facts and summaries)."""
+        """Plain dict (for hello facts, summaries and preset files)."""
         return asdict(self)
 
 
@@ -62,16 +90,46 @@ PRESETS: dict[str, StepModel] = {
     # tiny-mistral (56.37M params, fp32) on this 2-core CPU: fitted by benchmarks/step_time.py (15 shapes,
     # B 1-64 × P 33-513, fastest of 7 runs per shape). Mean |relative error| 35% decode, 38% prefill: the
     # box was shared (load ~5), so refit on a quiet machine. Overhead fits to 0 (absorbed in bandwidth).
+    # `batchlab calibrate` writes a compute-bound preset file instead (README, Measured).
     "cpu-tiny-mistral": StepModel("cpu-tiny-mistral", 0.2255 * GB, _llama_kv(8, 4, 64, 4), 6.56 * GB,
                                   0.000417, 0.0, 8 * GB),
     # No model at all: the harness alone (the echo backend).
     "echo": StepModel("echo", 0.0, 0, 1.0, 0.0, 0.0, 1e12),
 }
+PRESET_SUFFIXES = (".yaml", ".yml")
+
+
+def load_preset(path: str | Path) -> StepModel:
+    """A preset file (`batchlab calibrate --out`): StepModel's fields at the top level; other keys (the
+    calibration's record) are ignored. ValueError when a field is missing or unknown to StepModel."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read sim preset {str(path)!r}: {exc}") from None
+    names = {f.name for f in fields(StepModel)}
+    values = {k: v for k, v in raw.items() if k in names} if isinstance(raw, dict) else {}
+    values.setdefault("name", Path(path).stem)
+    try:
+        return StepModel(**values)
+    except TypeError as exc:
+        raise ValueError(f"sim preset {str(path)!r} is not a step model: {exc}") from None
+
+
+def save_preset(model: StepModel, path: str | Path, record: dict | None = None) -> None:
+    """Write `model` as a preset file that get_preset(path) reads back; `record` goes under `calibration`."""
+    import yaml
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    body = {**model.as_dict(), **({"calibration": record} if record else {})}
+    Path(path).write_text(yaml.safe_dump(body, sort_keys=False))
 
 
 def get_preset(name: str) -> StepModel:
-    """A preset by name, or ValueError naming the choices."""
-    try:
+    """A preset by name or a preset file's path (.yaml/.yml), or ValueError naming the choices."""
+    if name in PRESETS:
         return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(PRESETS)})") from None
+    if str(name).endswith(PRESET_SUFFIXES) or Path(name).is_file():
+        return load_preset(name)
+    raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(PRESETS)}, or a preset file's path)")

@@ -1,0 +1,159 @@
+"""`batchlab calibrate`: measure a real backend's step times on this machine and fit a step-model preset.
+
+    batchlab calibrate --backend hf --model tiny-mistral --quick --out presets/cpu-tiny-mistral.yaml
+
+The preset file is accepted wherever a preset name is (`--preset PATH`: simulate, tune, the sim worker).
+"""
+import math
+import os
+import statistics
+import time
+from typing import Annotated
+
+import typer
+
+from batchlab.cli.options import Opt
+
+BackendOpt = Annotated[str, Opt(help="hf (static generate() or, with --mode continuous, the HF loop) | vllm")]
+ModelOpt = Annotated[str, Opt(help="a hub id, a local path or tiny-mistral")]
+DeviceOpt = Annotated[str, Opt(help="auto | cpu | cuda | cuda:N (hf)")]
+DtypeOpt = Annotated[str, Opt(help="auto | float32 | float16 | bfloat16")]
+ModeOpt = Annotated[str, Opt(help="static | continuous (hf; vllm is always continuous)")]
+FormOpt = Annotated[str, Opt(help="compute (a CPU) | memory (a GPU, the seed's form) | auto (by device)")]
+OutOpt = Annotated[str, Opt(help="the preset file to write (.yaml)")]
+QuickOpt = Annotated[bool, Opt(help="a small grid (B 1-8 × P 16-192) that runs in minutes on 2 cores")]
+NameOpt = Annotated[str, Opt(help="the preset's name (default: the file's stem)")]
+RowsOpt = Annotated[str, Opt(help="batch sizes, a comma list (default: the grid's)")]
+LensOpt = Annotated[str, Opt(help="prompt lengths, a comma list (default: the grid's)")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `batchlab calibrate` to the CLI."""
+    app.command("calibrate")(calibrate)
+
+
+def calibrate(*, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral", device: DeviceOpt = "auto",
+              dtype: DtypeOpt = "auto", mode: ModeOpt = "static", form: FormOpt = "auto",
+              out: OutOpt = "presets/calibrated.yaml", quick: QuickOpt = False, name: NameOpt = "",
+              batch_sizes: RowsOpt = "", prompt_lens: LensOpt = "") -> None:
+    """Measure prefill and decode step times over a grid, fit the step model, write a preset file."""
+    from batchlab.worker.calibrate_measure import FULL, QUICK
+
+    from dataclasses import replace
+
+    grid = replace(QUICK if quick else FULL)  # a copy: the options below must not change the module's grid
+    if batch_sizes:
+        grid.rows = [int(v) for v in batch_sizes.split(",")]
+    if prompt_lens:
+        grid.prompt_lens = [int(v) for v in prompt_lens.split(",")]
+    if backend not in ("hf", "vllm"):
+        raise ValueError(f"--backend must be hf or vllm, not {backend!r}")
+    run_calibrate(backend, model, device, dtype, mode, form, out, grid, name or _stem(out))
+
+
+def _stem(path: str) -> str:
+    from pathlib import Path
+
+    return Path(path).stem
+
+
+def _open_backend(backend: str, model: str, device: str, dtype: str, mode: str, rows: int):
+    """(a warm backend, whether it steps continuously, whether it pads rows to the widest)."""
+    if backend == "vllm":
+        from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
+
+        engine = VLLMBackend(VLLMSettings(model=model, dtype=dtype, max_num_seqs=rows, kv_cache_bytes=2**30))
+        engine.warmup()
+        return engine, True, False
+    from batchlab.worker.hf import HFBackend, HFSettings
+
+    settings = HFSettings(model=model, dtype=dtype, device=device, max_batch_size=rows)
+    if mode == "continuous":
+        from batchlab.worker.hf_continuous import HFContinuousBackend
+
+        loop = HFContinuousBackend(settings)
+        loop.warmup()
+        return loop, True, True
+    static = HFBackend(settings)
+    static.warmup()
+    return static, False, True
+
+
+def run_calibrate(backend: str, model: str, device: str, dtype: str, mode: str, form: str, out: str, grid,
+                  name: str) -> dict:
+    """Measure, fit, print the per-shape table, write the preset; the calibration record."""
+    from batchlab.worker.calibrate import errors, fit_model, held_out_errors
+    from batchlab.worker.calibrate_measure import measure_grid
+    from batchlab.worker.stepmodel import save_preset
+
+    started = time.monotonic()
+    engine, stepping, padded = _open_backend(backend, model, device, dtype, mode, max(grid.rows))
+    info = engine.info
+    form = form if form != "auto" else ("compute" if "cuda" not in str(info.device) else "memory")
+    typer.echo(f"calibrating {backend} ({'continuous' if stepping else 'static'}) {model} on {info.device}, "
+               f"form {form}: {len(grid.shapes())} shapes, load {os.getloadavg()[0]:.1f}")
+    samples = measure_grid(engine, grid, stepping, on_shape=_print_progress)
+    engine.close()
+    n_params = info.facts.get("n_params") or 0
+    weights = float(n_params * (4 if info.facts.get("dtype", "float32") == "float32" else 2))
+    options = dict(form=form, weights_bytes=weights, kv_bytes_per_token=info.kv_bytes_per_token,
+                   memory_bytes=(info.kv_budget_bytes + weights) / 0.9, padded=padded)
+    fitted = fit_model(samples, name, **options)
+    fit_err, held_err = errors(fitted, samples), held_out_errors(samples, name, **options)
+    table = _table(samples, fitted, fit_err, held_err)
+    record = _record(backend, model, info, stepping, grid, table, started)
+    _print_table(table, record)
+    save_preset(fitted, out, record)
+    typer.echo(f"wrote {out} (use --preset {out})")
+    return record
+
+
+def _print_progress(shape: list) -> None:
+    s = shape[0]
+    typer.echo(f"  B={s.rows:<3} P={s.prompt_len:<4} " + "  ".join(
+        f"{x.kind} {1e3 * x.seconds:7.2f} ms ±{x.spread:.0%} ({x.rounds} rounds{'' if x.settled else ', noisy'})"
+        for x in shape))
+
+
+def _table(samples: list, model, fit_err: list[float], held_err: list[float]) -> list[dict]:
+    from batchlab.worker.calibrate import predict
+
+    return [{"kind": s.kind, "rows": s.rows, "prompt_len": s.prompt_len, "measured_ms": round(1e3 * s.seconds, 3),
+             "model_ms": round(1e3 * predict(model, s), 3), "fit_error": round(e, 4),
+             "held_out_error": None if math.isnan(h) else round(h, 4), "spread": round(s.spread, 4),
+             "rounds": s.rounds, "settled": s.settled} for s, e, h in zip(samples, fit_err, held_err)]
+
+
+def _summary(table: list[dict], key: str) -> dict:
+    out = {}
+    for kind in ("prefill", "decode"):
+        values = [abs(r[key]) for r in table if r["kind"] == kind and r[key] is not None]
+        if values:
+            out[kind] = {"mean_abs": round(statistics.fmean(values), 4), "worst_abs": round(max(values), 4)}
+    return out
+
+
+def _record(backend: str, model: str, info, stepping: bool, grid, table: list[dict], started: float) -> dict:
+    noisy = sum(not r["settled"] for r in table)
+    return {"backend": backend, "model": model, "device": str(info.device),
+            "mode": "continuous" if stepping else "static", "measured": time.strftime("%Y-%m-%d %H:%M"),
+            "load_average_1m": round(os.getloadavg()[0], 2), "wall_s": round(time.monotonic() - started, 1),
+            "grid": {"rows": grid.rows, "prompt_lens": grid.prompt_lens, "steps": grid.steps},
+            "fit_error": _summary(table, "fit_error"), "held_out_error": _summary(table, "held_out_error"),
+            "unsettled_samples": noisy, "shapes": table}
+
+
+def _print_table(table: list[dict], record: dict) -> None:
+    typer.echo(f"{'kind':<8}{'B':>4}{'P':>5}{'measured ms':>13}{'model ms':>10}{'fit err':>9}{'held-out':>10}"
+               f"{'spread':>8}")
+    for r in table:
+        held = "-" if r["held_out_error"] is None else f"{r['held_out_error']:+.1%}"
+        typer.echo(f"{r['kind']:<8}{r['rows']:>4}{r['prompt_len']:>5}{r['measured_ms']:>13.2f}{r['model_ms']:>10.2f}"
+                   f"{r['fit_error']:>+9.1%}{held:>10}{r['spread']:>8.1%}{'' if r['settled'] else '  noisy'}")
+    for key in ("fit_error", "held_out_error"):
+        typer.echo(f"{key.replace('_', ' ')}: " + ", ".join(
+            f"{k} mean {v['mean_abs']:.1%} worst {v['worst_abs']:.1%}" for k, v in record[key].items()))
+    if record["unsettled_samples"]:
+        typer.echo(f"warning: {record['unsettled_samples']} of {len(table)} samples did not settle within "
+                   f"their rounds (load {record['load_average_1m']}): the machine was too noisy; "
+                   "refit when it is quiet")

@@ -1,0 +1,42 @@
+"""The step model's compute-bound terms, and how the simulator's cores count padding."""
+import pytest
+
+from batchlab.worker.backend import Row
+from batchlab.worker.sim import ContinuousCore, static_step_durations
+from batchlab.worker.stepmodel import PRESETS, StepModel
+
+CPU = StepModel("cpu", 0.0, 0, 0.0, 1e-3, overhead_s=0.01, decode_s_per_row=0.002,
+                decode_s_per_context_token=1e-5, prefill_s_per_row=0.004, prefill_s_per_token_pair=1e-6,
+                prefill_overhead_s=0.02)
+
+
+def test_compute_terms_add_up_per_rows_tokens_and_pairs():
+    assert CPU.decode_step_s(100, 4) == pytest.approx(0.01 + 4 * 0.002 + 100 * 1e-5)
+    assert CPU.prefill_s(60, 2, 10**2 + 50**2) == pytest.approx(0.02 + 60e-3 + 2 * 0.004 + 2600e-6)
+    assert CPU.prefill_s(60, 2) == pytest.approx(0.02 + 60e-3 + 2 * 0.004 + 1800e-6)  # equal rows: 2 × 30²
+
+
+def test_the_seed_presets_keep_their_memory_bound_times():
+    gpu = PRESETS["a100-llama2-7b"]
+    assert gpu.decode_step_s(1000, 8) == pytest.approx(gpu.overhead_s + (gpu.weights_bytes + gpu.kv_bytes_per_token * 1000)
+                                                      / gpu.bandwidth_Bps)
+
+
+def test_a_static_batch_pays_for_every_row_padded_to_the_longest_prompt():
+    rows = [Row(0, 10, 3, [], 0), Row(1, 30, 2, [], 0)]
+    assert static_step_durations(rows, CPU) == pytest.approx(
+        [CPU.prefill_s(60, 2), CPU.decode_step_s(2 * 31, 2), CPU.decode_step_s(2 * 32, 2)])
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_continuous_joiners_are_packed_or_padded_as_the_worker_does(padded):
+    model = StepModel(**{**CPU.as_dict(), "padded": padded})
+    core = ContinuousCore(model)
+    core.admit(1, 10, 3)
+    core.admit(2, 30, 3)
+    first = core.plan_step()
+    prefill = model.prefill_s(60, 2) if padded else model.prefill_s(40, 2, 10**2 + 30**2)
+    assert first.duration_s == pytest.approx(prefill)
+    second = core.plan_step()
+    context = 2 * (30 + 1) if padded else (10 + 1) + (30 + 1)  # padded: rows × the widest row
+    assert second.duration_s == pytest.approx(model.decode_step_s(context, 2))
