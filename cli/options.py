@@ -38,7 +38,8 @@ StrategyArgs = Annotated[Optional[list[str]], Opt(
 Backend = Annotated[Optional[str], setting("backend", help="sim | echo | hf | vllm | openai")]
 Model = Annotated[Optional[str], setting("model", help="a hub id or a local path")]
 Preset = Annotated[Optional[str], setting(
-    "preset", help="sim step-time preset (a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral)")]
+    "preset", help="sim step-time preset (a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral) or a file "
+                   "batchlab calibrate wrote")]
 Rate = Annotated[Optional[float], setting(
     "rate", help="arrival rate, requests/s (with --arrival trace: rescale to this mean rate, keeping the burst "
                  "shape; 0 or not given: the trace's own timing)")]

@@ -12,7 +12,8 @@ ConfigArg = Annotated[Optional[str], typer.Argument(
 Strategies = Annotated[Optional[str], setting("strategy", help="naive | dynamic | continuous | sjf | edf, a plugin's name or "
                                                            "package.module:Class, or a comma list")]
 Preset = Annotated[Optional[str], setting(
-    "preset", help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral")]
+    "preset", help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral, or a file "
+                   "batchlab calibrate wrote")]
 Rates = Annotated[Optional[str], setting("rate", help="arrival rate, requests/s, or a comma list (5,10,20)")]
 Out = Annotated[Optional[str], Opt(help="output folder (default runs/simulated)")]
 Workers = Annotated[Optional[int], setting("workers", help="simulated workers")]
