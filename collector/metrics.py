@@ -37,13 +37,23 @@ def useful_fraction(output_lens: list[int]) -> float:
 def percentiles(series: pd.Series, stats: tuple[str, ...] = LATENCY_STATS) -> dict:
     """The named statistics of the non-NaN values, in `stats` order (None each when there are none):
     "mean", "pNN" (the NN-th percentile) or "max_abs" (the largest magnitude)."""
-    values = pd.to_numeric(pd.Series(series), errors="coerce").dropna().to_numpy(dtype="float64")
+    values = _numbers(series)
     if values.size == 0:
         return dict.fromkeys(stats)
+    out = {"mean": values.mean(), "max_abs": max(abs(values.max()), abs(values.min()))}  # before the reorder
     ranks = [s for s in stats if s.startswith("p")]
-    out = dict(zip(ranks, np.percentile(values, [float(s[1:]) for s in ranks]))) if ranks else {}
-    out |= {"mean": values.mean(), "max_abs": np.abs(values).max()}
+    owned = values is not series  # a float64 array of the caller's is used as it is, not copied
+    if ranks:  # in place on our own copy (a million-row ITL array is not copied again)
+        out |= dict(zip(ranks, np.percentile(values, [float(s[1:]) for s in ranks], overwrite_input=owned)))
     return {s: float(out[s]) for s in stats}
+
+
+def _numbers(series: object) -> np.ndarray:
+    """The non-NaN numbers of `series`; a float64 array without NaN is returned as it is."""
+    if isinstance(series, np.ndarray) and series.dtype == np.float64:
+        nan = np.isnan(series)
+        return series[~nan] if nan.any() else series
+    return pd.to_numeric(pd.Series(series), errors="coerce").dropna().to_numpy(dtype="float64", copy=True)
 
 
 def inter_token_latencies(tokens: pd.DataFrame, request_ids: pd.Series | None = None) -> pd.Series:
@@ -88,9 +98,11 @@ def goodput(requests: pd.DataFrame, slos: dict) -> dict:
             "fraction": float(ok.sum() / n) if n else None}
 
 
-def summarize(requests: pd.DataFrame, tokens: pd.DataFrame, settings: dict,
-              slos: dict | None = None) -> dict:
-    """The run's headline numbers from its requests and tokens tables."""
+def summarize(requests: pd.DataFrame, tokens: pd.DataFrame | None, settings: dict,
+              slos: dict | None = None, *, itl: pd.Series | None = None) -> dict:
+    """The run's headline numbers from its requests and tokens tables (or, instead of the tokens,
+    the finished requests' inter-token gaps in request and token order: `itl`, a Series or a float64
+    array)."""
     df = request_metrics(requests)
     finished = df[df["status"] == "finished"]
     failed = df[df["status"] != "finished"]
@@ -104,7 +116,8 @@ def summarize(requests: pd.DataFrame, tokens: pd.DataFrame, settings: dict,
         "throughput_tok_s": out_tokens / span_s if span_s > 0 else 0.0,
         "requests_per_s": len(finished) / span_s if span_s > 0 else 0.0,
     }
-    itl = inter_token_latencies(tokens, finished["request_id"])
+    if itl is None:
+        itl = inter_token_latencies(tokens, finished["request_id"])
     for name in LATENCY_METRICS:
         summary[name] = percentiles(itl if name == "itl" else finished[name])
     summary["settings"] = dict(settings)

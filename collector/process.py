@@ -2,13 +2,17 @@
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import zmq
 
-from batchlab.collector.parts import SCHEDULE_FILE, PartWriter, read_schedule, write_final
+from batchlab.collector.parts import (
+    SCHEDULE_FILE, PartWriter, merge_steps, merge_tokens, read_schedule, write_final,
+)
 from batchlab.collector.store import RunStore
+from batchlab.collector.tables import Tables, harness_cpu
 from batchlab.protocol import ProtocolError, decode
 from batchlab.protocol.clock import now
 from batchlab.protocol.security import start_authenticator
@@ -126,9 +130,19 @@ def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threadin
             return reason
 
 
+def finish_run(store: RunStore, writer: PartWriter, out_dir: Path, slos: dict | None) -> Tables:
+    """The last rows to a part, then tokens.parquet and steps.parquet merged from the parts; returns
+    the other tables and the summary (tokens and steps None: they are on disk already)."""
+    writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
+    itl = merge_tokens(out_dir, store.held_tokens(), store.finished_ids())
+    merge_steps(out_dir)
+    return store.finish(read_schedule(out_dir), slos=slos, itl=itl)
+
+
 def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grace_s: float = 10.0,
                   idle_timeout_s: float | None = None, keys: str | None = None) -> dict:
     """Collect one run's events from `address` into out_dir's tables; returns the summary."""
+    cpu_start_s = time.process_time()  # the collector's own CPU, for the summary's harness_cpu
     out_dir = Path(out_dir)
     store, writer, stop = RunStore(), PartWriter(out_dir), threading.Event()
     ctx = zmq.Context()
@@ -139,9 +153,9 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
             sock = make_socket(ctx, zmq.PULL, address, bind=True, keys=keys)
             reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s)
             log.info("collector: stopping (%s)", reason)
-            writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
-            tables = store.finish(read_schedule(out_dir), slos=slos)
+            tables = finish_run(store, writer, out_dir, slos)
             tables.summary["end_reason"] = reason
+            tables.summary |= harness_cpu(store, time.process_time() - cpu_start_s)
             if notes := schedule_notes(out_dir):
                 tables.summary["schedule"] = notes
             write_final(out_dir, tables)

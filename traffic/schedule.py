@@ -2,6 +2,7 @@
 import hashlib
 import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ SCHEMA = pa.schema([
 _HASH_TAG = b"batchlab-schedule-v1"
 _META_HASH, _META_CONFIG, _META_DURATION = b"batchlab.schedule_hash", b"batchlab.config", b"batchlab.duration_s"
 _META_NOTES = b"batchlab.notes"
+HASH_ROWS = 4096  # prompts hashed per slice (bounds the flat copy's memory)
 
 
 @dataclass(slots=True)
@@ -47,15 +49,28 @@ class Schedule:
         return len(self.frame)
 
 
-def content_hash(offsets_s: np.ndarray, tokens: list[list[int]], output_lens: np.ndarray) -> str:
-    """sha256 (hex) over a canonical little-endian encoding of offsets, prompt tokens and output lengths."""
+def content_hash(offsets_s: np.ndarray, tokens: Sequence[Sequence[int]], output_lens: np.ndarray) -> str:
+    """sha256 (hex) over a canonical little-endian encoding of offsets, prompt tokens and output lengths
+    (each prompt's tokens: a list of ints, or an array)."""
     prompt_lens = np.fromiter(map(len, tokens), dtype="<i8", count=len(tokens))
-    flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype="<i8", count=int(prompt_lens.sum()))
     h = hashlib.sha256(_HASH_TAG)
     h.update(np.int64(len(tokens)).astype("<i8").tobytes())
-    for part in (np.asarray(offsets_s, dtype="<f8"), prompt_lens, np.asarray(output_lens, dtype="<i8"), flat):
+    for part in (np.asarray(offsets_s, dtype="<f8"), prompt_lens, np.asarray(output_lens, dtype="<i8")):
         h.update(part.tobytes())
+    for start in range(0, len(tokens), HASH_ROWS):  # the flat tokens, a slice of prompts at a time
+        rows = tokens[start:start + HASH_ROWS]
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype="<i8", count=int(sum(map(len, rows))))
+        h.update(flat.tobytes())
     return h.hexdigest()
+
+
+def _token_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:
+    """A list<int> column as one int32 array per row: views into the Arrow buffer, no Python ints."""
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    flat = array.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    offsets = array.offsets.to_numpy()
+    bounds = offsets - offsets[0]
+    return [flat[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 
 
 def _make_frame(offsets_s: np.ndarray, prompts: Prompts) -> pd.DataFrame:
@@ -193,7 +208,7 @@ def load_schedule(path: str | Path) -> Schedule:
     """Read a saved schedule for replay; the hash is recomputed and a mismatch raises DatasetError."""
     path = Path(path)
     table, meta = _read_table(path)
-    tokens = table.column("prompt_tokens").to_pylist()
+    tokens = _token_arrays(table.column("prompt_tokens"))
     frame = table.drop_columns(["prompt_tokens"]).to_pandas()
     frame["prompt"] = frame["prompt"].astype(object)
     frame["prompt_tokens"] = pd.Series(tokens, dtype=object)
