@@ -81,7 +81,9 @@ GpuUtil = Annotated[Optional[float], setting("gpu_memory_utilization",
                                              help="vllm: fraction of GPU memory for the engine")]
 MaxSeqs = Annotated[Optional[int], setting("max_num_seqs", help="vllm: max running sequences (0: --max-batch-size)")]
 MaxTok = Annotated[Optional[int], setting("max_num_batched_tokens",
-                                          help="vllm: max tokens per engine step (0: vLLM's default)")]
+                                          help="tokens per engine step, decodes and prompt chunks together "
+                                               "(0: vLLM's default; hf continuous: 256 on CPU, 2048 on CUDA); "
+                                               "not below --max-batch-size")]
 Eager = Annotated[Optional[bool], setting("enforce_eager", "--enforce-eager",
                                           help="vllm: no CUDA graphs / torch.compile")]
 TP = Annotated[Optional[int], setting("tensor_parallel_size", help="vllm: tensor-parallel GPUs")]

@@ -8,6 +8,7 @@ values are durations in seconds.
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, request_metrics, summarize, useful_fraction
@@ -37,8 +38,9 @@ BATCH_DTYPES = {
     "useful_fraction": "float64", "oom": "bool", "peak_memory_bytes": "int64",
 }
 STEP_DTYPES = {"worker": "str", "step": "int64", "start_time": "float64", "end_time": "float64",
-               "running": "int64", "joined": "int64", "finished": "int64"}
+               "running": "int64", "joined": "int64", "finished": "int64", "prefill_tokens": "int64"}
 SCHEDULE_OFFSET_COLUMN = "arrival_offset_s"  # traffic.schedule's planned arrival, s since t0
+CPU_STAT = "cpu_s"  # RunEnd.stats / WorkerBye.stats key: that process's own CPU time (user + system), s
 
 
 @dataclass(slots=True)
@@ -46,7 +48,7 @@ class Tables:
     """The run's final tables (times in s since t0) and its summary."""
 
     requests: pd.DataFrame
-    tokens: pd.DataFrame
+    tokens: pd.DataFrame | None  # None: written to disk from the part files (collector)
     batches: pd.DataFrame
     steps: pd.DataFrame | None
     summary: dict
@@ -64,17 +66,17 @@ def _worker_of(store: "RunStore", batch_id: int) -> str:
 
 def _request_row(store: "RunStore", state: "RequestState", t0: float) -> list:
     a, bid = state.arrival, store.counting_batch(state)
-    toks = store.tokens.get((state.request_id, bid), [])
+    n_tokens, first, last = store.token_stats(state, bid)
     launch = store.launches.get(bid)
     status = state.status or "failed"
-    first_s = toks[0][0] - t0 if toks else NAN
-    done_s = toks[-1][0] - t0 if toks and status == "finished" else NAN
+    first_s = first - t0 if n_tokens else NAN
+    done_s = last - t0 if n_tokens and status == "finished" else NAN
     return [
         state.request_id, status, state.error if state.status else NO_TERMINAL,
         a.prompt_len if a else 0, a.output_len if a else 0,
         a.arrival_time - t0 if a else NAN, a.send_time - t0 if a else NAN, a.recv_time - t0 if a else NAN,
         launch.scheduled_time - t0 if launch else NAN, first_s, done_s,
-        len(toks), bid, _worker_of(store, bid), len(state.batches), True,
+        n_tokens, bid, _worker_of(store, bid), len(state.batches), True,
     ]
 
 
@@ -107,13 +109,23 @@ def requests_frame(store: "RunStore", rids: list[int], t0: float,
 
 
 def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:
-    """The counting attempt's tokens of each request in `rids`, indexed in arrival order."""
-    rows = []
+    """The counting attempt's held tokens of each request in `rids`, indexed in arrival order."""
+    cols: dict[str, list[np.ndarray]] = {name: [] for name in TOKEN_DTYPES}
     for rid in rids:
-        bid = store.counting_batch(store.requests[rid])
-        for index, (t, tok) in enumerate(store.tokens.get((rid, bid), ())):
-            rows.append([rid, index, tok, t - t0, bid])
-    return frame(rows, TOKEN_DTYPES)
+        state = store.requests[rid]
+        bid = store.counting_batch(state)
+        buf = store.tokens.get((rid, bid))
+        if not buf:
+            continue
+        n, start = len(buf), store.token_offset(state, bid)
+        cols["request_id"].append(np.full(n, rid, dtype=np.int64))
+        cols["token_index"].append(np.arange(start, start + n, dtype=np.int64))
+        cols["token_id"].append(np.asarray(buf.ids, dtype=np.int64))
+        cols["time"].append(np.asarray(buf.times, dtype=np.float64) - t0)
+        cols["batch_id"].append(np.full(n, bid, dtype=np.int64))
+    if not cols["time"]:
+        return frame([], TOKEN_DTYPES)
+    return pd.DataFrame({name: np.concatenate(arrays) for name, arrays in cols.items()}).astype(TOKEN_DTYPES)
 
 
 def _batch_row(store: "RunStore", bid: int, t0: float) -> list:
@@ -142,8 +154,8 @@ def batches_frame(store: "RunStore", bids: list[int], t0: float) -> pd.DataFrame
 
 def steps_frame(steps: list, t0: float) -> pd.DataFrame:
     """One row per continuous-mode engine step."""
-    rows = [[s.worker_id, s.step, s.start_time - t0, s.end_time - t0, s.running, s.joined, s.finished]
-            for s in steps]
+    rows = [[s.worker_id, s.step, s.start_time - t0, s.end_time - t0, s.running, s.joined, s.finished,
+             s.prefill_tokens] for s in steps]
     return frame(rows, STEP_DTYPES)
 
 
@@ -166,6 +178,23 @@ def run_facts(store: "RunStore") -> dict:
                          for w, b in store.byes.items()},
         "workers_without_bye": [w for w in (end.workers if end else []) if w not in store.byes],
     }
+
+
+def harness_cpu(store: "RunStore", collector_cpu_s: float) -> dict:
+    """The harness's own CPU time (s) by role and per submitted request (µs): the collector's always;
+    the scheduler's and each worker's where their RunEnd / WorkerBye stats carry CPU_STAT (a model
+    worker's CPU is its engine's as well as the harness's)."""
+    end = store.run_end
+    roles = {"collector": float(collector_cpu_s)}
+    if end is not None and isinstance(end.stats.get(CPU_STAT), (int, float)):
+        roles["scheduler"] = float(end.stats[CPU_STAT])
+    for w, bye in sorted(store.byes.items()):
+        if isinstance(bye.stats.get(CPU_STAT), (int, float)):
+            roles[w] = float(bye.stats[CPU_STAT])
+    n = end.submitted if end is not None and end.submitted else sum(s.arrival is not None for s in store.requests.values())
+    per_us = {role: 1e6 * cpu_s / n if n else None for role, cpu_s in roles.items()}
+    return {"harness_cpu": {"cpu_s": roles, "us_per_request": per_us, "requests": n,
+                            "total_us_per_request": 1e6 * sum(roles.values()) / n if n else None}}
 
 
 def engine_columns(store: "RunStore", requests: pd.DataFrame, t0: float) -> pd.DataFrame:
@@ -197,13 +226,18 @@ def prefix_cache(requests: pd.DataFrame) -> dict:
 
 
 def build_tables(store: "RunStore", schedule: pd.DataFrame | None, slos: dict | None,
-                 tokens: pd.DataFrame | None = None) -> Tables:
-    """Every final table and the summary (`tokens` when the caller built that table already)."""
+                 tokens: pd.DataFrame | None = None, itl: np.ndarray | None = None) -> Tables:
+    """Every final table and the summary. `tokens`: the caller built that table already (the
+    simulator); `itl`: the tokens and steps tables are on disk (the collector merged its part files)
+    and these are their finished requests' inter-token gaps, so both tables are None here."""
     t0 = store.t0()
     rids = sorted(store.requests)
     requests = engine_columns(store, requests_frame(store, rids, t0, schedule), t0)
-    tokens = tokens_frame(store, rids, t0) if tokens is None else tokens
+    if itl is None:
+        tokens = tokens_frame(store, rids, t0) if tokens is None else tokens
+        steps = steps_frame(store.steps, t0) if store.steps else None
+    else:
+        steps = None
     batches = batches_frame(store, sorted(set(store.launches) | set(store.dones)), t0)
-    steps = steps_frame(store.steps, t0) if store.steps else None
-    summary = summarize(requests, tokens, store.settings, slos) | run_facts(store) | prefix_cache(requests)
+    summary = summarize(requests, tokens, store.settings, slos, itl=itl) | run_facts(store) | prefix_cache(requests)
     return Tables(requests, tokens, batches, steps, summary)

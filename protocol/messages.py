@@ -229,9 +229,10 @@ class Step:
     step: int
     start_time: float
     end_time: float
-    running: int
-    joined: int
+    running: int  # rows that got a token: the decoded ones, then the `joined` ones
+    joined: int  # rows whose (last) prefill chunk ran, so they got their first token
     finished: int
+    prefill_tokens: int = 0  # prompt tokens prefilled, chunks of rows still prefilling included
 
 
 @dataclass(slots=True)

@@ -3,6 +3,7 @@ import json
 import os
 import signal
 import math
+import random
 import threading
 
 import numpy as np
@@ -11,13 +12,15 @@ import pytest
 import zmq
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, percentiles, summarize
-from batchlab.collector.parts import PartWriter, load_table
-from batchlab.collector.process import run_collector
+from batchlab.collector import parts
+from batchlab.collector.parts import PartWriter, load_table, write_final
+from batchlab.collector.process import finish_run, run_collector
 from batchlab.collector.store import RunStore
 from batchlab.protocol import (
     Arrival, BatchDone, BatchLaunch, Heartbeat, RequestFailed, RunEnd, RunInfo, Step, Tokens,
     WorkerBye, encode,
 )
+from batchlab.protocol.messages import STEP_BATCH
 
 T0 = 1000.0
 SETTINGS = {"strategy": "static", "backend": "sim", "model": "m", "rate": 2.0, "arrival": "poisson",
@@ -168,10 +171,10 @@ def test_first_terminal_record_wins():
 
 def test_steps_table_only_when_steps_arrived():
     assert run_store(script()).finish().steps is None
-    steps = run_store(script() + [Step("w0", 4, T0 + 1.0, T0 + 1.1, 3, 1, 0)]).finish().steps
+    steps = run_store(script() + [Step("w0", 4, T0 + 1.0, T0 + 1.1, 3, 1, 0, 96)]).finish().steps
     assert steps.to_dict("records") == [{"worker": "w0", "step": 4, "start_time": pytest.approx(1.0),
                                          "end_time": pytest.approx(1.1), "running": 3, "joined": 1,
-                                         "finished": 0}]
+                                         "finished": 0, "prefill_tokens": 96}]
 
 
 def test_killed_run_is_readable_through_load_table(tmp_path):
@@ -298,3 +301,85 @@ def test_unsent_rows_read_the_schedules_own_offset_column():
     from batchlab.traffic.schedule import COLUMNS
 
     assert SCHEDULE_OFFSET_COLUMN in COLUMNS
+
+
+def interleaved_run(n: int, seed: int) -> list:
+    """n continuous requests whose events interleave at random (so they end out of id order): most
+    finish, every 5th fails, every 7th never ends, every 9th gets a token after its terminal record."""
+    rng = random.Random(seed)
+    streams = []
+    for rid in range(n):
+        out_len, t = 1 + rid % 6, T0 + 0.01 * rid
+        events = [arrival(rid, 0.01 * rid, 3, out_len), BatchLaunch(100 + rid, "w0", t + 0.1, "credit", [rid], 0)]
+        events += [Tokens(STEP_BATCH, i, t + 0.2 + 0.01 * i * (1 + rid % 3), [rid], [10 * rid + i])
+                   for i in range(out_len)]
+        if rid % 7 != 3:
+            failed = [[rid, "decode error"]] if rid % 5 == 1 else []
+            events.append(BatchDone(100 + rid, "w0", t + 0.1, t + 0.3, [] if failed else [rid], failed, False, 0))
+        if rid % 9 == 2:
+            events.append(Tokens(STEP_BATCH, out_len, t + 0.5, [rid], [7]))
+        streams.append(events)
+    messages = [RunInfo(SETTINGS)]
+    while streams:
+        stream = rng.choice(streams)
+        messages.append(stream.pop(0))
+        if rng.random() < 0.2:
+            messages.append(Step("w0", len(messages), T0 + 0.001 * len(messages), T0 + 0.002 * len(messages), 1, 0, 0))
+        streams = [s for s in streams if s]
+    return messages + [RunEnd(n, ["w0"], {}), WorkerBye("w0", 0, "cpu_peak_rss", {})]
+
+
+def test_tables_merged_from_parts_equal_the_tables_built_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(parts, "TOKEN_CHUNK_ROWS", 7)  # many request-id slices
+    messages, slos = interleaved_run(60, seed=3) + script()[1:], {"ttft": 1.0}
+    in_memory = run_store(messages).finish(slos=slos)
+    store, writer = RunStore(), PartWriter(tmp_path)
+    for i, msg in enumerate(messages):
+        store.handle(msg)
+        if i % 13 == 0:
+            writer.write(store.take_parts())
+    streamed = finish_run(store, writer, tmp_path, slos)
+    assert streamed.tokens is None and streamed.steps is None
+    write_final(tmp_path, streamed)
+    for name in ("requests", "tokens", "batches", "steps"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"), getattr(in_memory, name))
+    assert streamed.summary == in_memory.summary
+    assert streamed.summary["itl"]["p50"] is not None
+
+
+def test_taken_requests_keep_no_tokens_in_memory(tmp_path):
+    store, writer = RunStore(), PartWriter(tmp_path)
+    for msg in interleaved_run(30, seed=1):
+        store.handle(msg)
+    writer.write(store.take_parts())
+    held = {rid for rid, _ in store.tokens}
+    assert held and all(rid % 7 == 3 for rid in held)  # only requests without a terminal record
+    assert not store.steps and store.steps_taken > 0
+    assert sum(len(load_table(tmp_path, "tokens").query("request_id == @r")) for r in held) == 0
+
+
+def test_a_token_after_the_terminal_record_goes_to_the_next_part(tmp_path):
+    store, writer = RunStore(), PartWriter(tmp_path)
+    for msg in script():
+        store.handle(msg)
+    writer.write(store.take_parts())
+    store.handle(Tokens(1, 3, T0 + 1.3, [1], [14]))
+    assert store.tokens[(1, 1)] == [(T0 + 1.3, 14)]
+    writer.write(store.take_parts())
+    tokens = load_table(tmp_path, "tokens").query("request_id == 1")
+    assert tokens["token_index"].tolist() == [0, 1, 2, 3] and (1, 1) not in store.tokens
+    assert by_id(store.finish().requests)[1]["n_tokens"] == 4
+
+
+def test_summary_reports_the_harness_cpu_per_request(tmp_path):
+    messages = script()
+    messages[-2] = RunEnd(5, ["w0"], {"launched": 3, "cpu_s": 0.5})
+    messages[-1] = WorkerBye("w0", 1000, "cpu_peak_rss", {"batches": 3, "cpu_s": 0.25})
+    address, thread, result = serve(tmp_path, grace_s=30.0)
+    push_all(address, [encode(m) for m in messages])
+    thread.join(timeout=20)
+    cpu = result[0]["harness_cpu"]
+    assert cpu["requests"] == 5 and cpu["cpu_s"]["collector"] > 0
+    assert (cpu["cpu_s"]["scheduler"], cpu["cpu_s"]["w0"]) == (0.5, 0.25)
+    assert cpu["us_per_request"]["scheduler"] == pytest.approx(1e5)
+    assert cpu["total_us_per_request"] == pytest.approx(1e6 * sum(cpu["cpu_s"].values()) / 5)

@@ -31,7 +31,7 @@ def malformed() -> list[bytes]:
     """Hypothesis-generated frames that the decoder must reject."""
     frames: list[bytes] = []
 
-    @settings(max_examples=N_FRAMES * 3, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=N_FRAMES * 3, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(_frames)
     def collect(frame: bytes) -> None:
         if len(frames) < N_FRAMES:

@@ -1,12 +1,14 @@
 """HFContinuousBackend on tiny-mistral (CPU): exact lengths, join/leave at step boundaries, solo-equal
-greedy tokens, KV-budget waits and OOM requeues that lose no row, on the slot layout (the default) and the
-padded one; PaddedKV bookkeeping on toy tensors (SlotKV's is in test_hf_slots.py)."""
+greedy tokens (prompts whole or in chunks), the per-step token budget, KV-budget waits and OOM requeues that
+lose no row, on the slot layout (the default) and the padded one; the chunk plan and PaddedKV bookkeeping on
+toy data (SlotKV's is in test_hf_slots.py)."""
 import pytest
 import torch
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, Row, StepOutput
 from batchlab.worker.hf import HFSettings
+from batchlab.worker.hf_chunks import DEFAULT_BATCHED_TOKENS, plan_chunks, step_budget
 from batchlab.worker.hf_continuous import HFContinuousBackend
 from batchlab.worker.hf_kv import PaddedKV
 
@@ -195,10 +197,11 @@ def test_factory_routes_hf_continuous_here_and_static_elsewhere(monkeypatch):
     from batchlab.worker import factory
 
     built = []
-    monkeypatch.setattr(HFContinuousBackend, "__init__", lambda self, s: built.append(s))
-    b = factory.make_backend(RunConfig(backend="hf", strategy="continuous", max_batch_size=5, device="cpu"),
-                             "continuous", 5)
-    assert isinstance(b, HFContinuousBackend) and built[0].max_batch_size >= 5
+    monkeypatch.setattr(HFContinuousBackend, "__init__", lambda self, s, **kw: built.append((s, kw)))
+    b = factory.make_backend(RunConfig(backend="hf", strategy="continuous", max_batch_size=5, device="cpu",
+                                       max_num_batched_tokens=64), "continuous", 5)
+    assert isinstance(b, HFContinuousBackend) and built[0][0].max_batch_size >= 5
+    assert built[0][1] == {"max_num_batched_tokens": 64}
     with pytest.raises(BackendError, match="continuous"):
         HFContinuousBackend.from_config(RunConfig(backend="hf"), "static", 16)
 
@@ -257,7 +260,7 @@ def test_slot_decode_steps_write_in_place_without_growing_the_cache(backend):
     for _ in range(18):
         backend.step()
     assert slots.keys[0].data_ptr() == storage and slots.keys[0].shape == shape
-    assert slots.col_h == [29, 29]  # 11 prompt columns (BOS + 10, the short row left-padded) + 18 decoded
+    assert slots.col_h == [29, 23]  # prompt columns (BOS + 10, BOS + 4; no padding in the cache) + 18 decoded
     backend.step()
     assert not backend.has_work() and slots.rows == 0
 
@@ -284,3 +287,67 @@ def test_a_sliding_window_model_runs_rows_inside_its_window_and_refuses_longer_o
     assert tokens[inside.request_id] == solo[inside.request_id]  # inside the window: the same model
     assert list(failed) == [outside.request_id] and "sliding window (48 tokens)" in failed[outside.request_id]
     assert outside.request_id not in tokens
+
+
+# --- chunked prefill -------------------------------------------------------------------------------------
+def test_a_steps_budget_goes_to_the_oldest_prompts_first_the_next_one_in_part():
+    assert plan_chunks(16, [40, 5]) == [16]
+    assert plan_chunks(16, [10, 40, 3]) == [10, 6]
+    assert plan_chunks(0, [10]) == [] and plan_chunks(None, [300, 7]) == [300, 7]
+
+
+def test_the_budget_defaults_when_unset_and_a_budget_below_the_row_cap_is_refused():
+    assert step_budget(0, 8) == DEFAULT_BATCHED_TOKENS["cpu"] and step_budget(0, 10_000) == 10_000
+    assert step_budget(0, 8, "cuda") == DEFAULT_BATCHED_TOKENS["cuda"]
+    assert step_budget(16, 8) == 16
+    with pytest.raises(BackendError, match="below the row cap 32"):
+        step_budget(16, 32)
+
+
+@pytest.fixture
+def budget16(backend):
+    saved, backend.budget = backend.budget, 16
+    yield backend
+    backend.budget = saved
+
+
+@pytest.mark.slow  # tiny-mistral on HF
+def test_chunked_prefill_gives_the_same_tokens_as_a_solo_run(budget16, solo):
+    tokens, outs = busy_run(budget16)  # prompts of up to 51 tokens (BOS included) in chunks of ≤ 16
+    assert tokens == solo
+    assert {rid: len(t) for rid, t in tokens.items()} == {r.request_id: r.output_len for r in mixed_rows()}
+    assert max(o.prefill_tokens for o in outs) <= 16 and sum(o.prefill_tokens for o in outs) == sum(
+        1 + len(r.prompt_tokens) for r in mixed_rows())
+
+
+@pytest.mark.slow  # tiny-mistral on HF
+def test_a_long_prompt_joins_over_several_steps_while_the_running_row_gets_a_token_each_step(budget16, solo):
+    short, long = mixed_rows()[0], mixed_rows()[2]  # 31 and 51 prompt tokens (BOS included)
+    tokens, outs = drive(budget16, [[short], [], [long]])
+    assert tokens[long.request_id] == solo[long.request_id] and tokens[short.request_id] == solo[short.request_id]
+    first = next(i for i, o in enumerate(outs) if long.request_id in o.request_ids)
+    assert first == 2 + 3  # 51 tokens at 15 a step (one decode each): steps 2, 3, 4 and its last chunk at 5
+    assert [o.prefill_tokens for o in outs[2:6]] == [15, 15, 15, 6] and outs[first].joined == 1
+    assert all(short.request_id in o.request_ids for o in outs[1:first + 1])  # never stalled a whole prompt
+    assert all(len(o.request_ids) - o.joined + o.prefill_tokens <= 16 for o in outs)
+
+
+@pytest.mark.slow  # tiny-mistral on HF
+def test_an_oom_in_a_later_chunk_requeues_the_row_and_it_prefills_again_from_the_start(budget16, solo,
+                                                                                      monkeypatch):
+    model, chunks, requeued = budget16.model, [], budget16.run_facts()["oom_requeues"]
+
+    def flaky(*args, **kwargs):
+        if kwargs["input_ids"].shape[1] > 1:  # a prefill forward
+            chunks.append(kwargs["input_ids"].shape[1])
+            if len(chunks) == 4:  # the long row's second chunk (after the short row's two)
+                raise torch.OutOfMemoryError("simulated")
+        return model(*args, **kwargs)
+
+    monkeypatch.setattr(budget16, "model", flaky)
+    short, long = mixed_rows()[0], mixed_rows()[2]
+    tokens, outs = drive(budget16, [[short], [], [long]])
+    budget16.max_rows = 8
+    assert budget16.run_facts()["oom_requeues"] - requeued == 1 and not any(o.failed for o in outs)
+    assert tokens == {r.request_id: solo[r.request_id] for r in (short, long)}
+

@@ -66,6 +66,22 @@ def test_hf_continuous_steps_count_joins_and_finishes(hf_run):
     assert (s.end_time >= s.start_time).all() and s.step.tolist() == list(range(len(s)))
 
 
+
+def test_hf_continuous_with_chunked_prefill_gives_the_same_tokens(hf_run, tmp_path):
+    """The same schedule with a 16-token step budget: prompts of 40 and 60 tokens join over several steps."""
+    schedule = write_schedule(tmp_path / "in.parquet", [0.0, 0.3, 0.35, 0.6, 1.0, 1.05],
+                              [40, 12, 30, 5, 60, 20], [120, 4, 9, 1, 6, 12])
+    run_cli("run", "--backend", "hf", "--model", "tiny-mistral", "--device", "cpu", "--strategy", "continuous",
+            "--max-batch-size", "8", "--max-num-batched-tokens", "16", "--schedule", schedule,
+            "--out", str(tmp_path / "run"), timeout_s=600)
+    r, t, s = tables(tmp_path / "run")
+    assert_exact_lengths(r, t)
+    ids = ["request_id", "token_index", "token_id"]
+    whole = tables(hf_run)[1][ids].sort_values(ids[:2]).reset_index(drop=True)
+    assert t[ids].sort_values(ids[:2]).reset_index(drop=True).equals(whole)
+    assert s.joined.sum() == 6
+
+
 SEED_ARRIVALS_S = [0.0, 0.1, 0.5, 0.6, 0.7]  # the seed's [0, 1, 5, 6, 7] s at a tenth of the scale
 SEED_OUTPUTS = [120, 60, 80, 40, 100]  # its needs [6, 3, 4, 2, 5] × 20 steps (~9 ms each on a100)
 

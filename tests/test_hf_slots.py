@@ -1,5 +1,6 @@
-"""SlotKV bookkeeping on toy tensors (prefill into free slots, in-place decode writes, per-row masks and
-positions, freeing a slot by moving the last row, growth) and the grouped-query decode attention."""
+"""SlotKV bookkeeping on toy tensors (prefill into free slots, in chunks, in-place decode writes, per-row
+masks and positions, freeing a slot by moving the last running row and the prefilling rows behind it,
+growth) and the grouped-query decode attention."""
 import torch
 
 from batchlab.worker.hf_slots import COLUMN_BLOCK, SlotKV, slot_attention
@@ -7,67 +8,113 @@ from batchlab.worker.hf_slots import COLUMN_BLOCK, SlotKV, slot_attention
 
 def toy_slots(rows: int = 4) -> SlotKV:
     kv = SlotKV(torch, torch.device("cpu"), torch.float32, layers=1, kv_heads=1, head_dim=1)
-    kv.reserve(rows, 4, rows)
+    kv.reserve(rows, 8, rows)
     return kv
 
 
-def column(x: float, width: int) -> torch.Tensor:
-    return torch.full((1, 1, width, 1), float(x))  # one row's K/V [1, Hkv, S, D]
-
-
-def prefill(kv: SlotKV, ids: list[list[int]], pads: list[int], marks: list[float]) -> dict:
-    """Prefill rows whose K/V are constant `marks` (one per row), first tokens 100 + row."""
-    inputs = kv.prefill_inputs(ids, pads)
-    states = torch.cat([column(m, len(ids[0])) for m in marks])
+def prefill(kv: SlotKV, chunks: list[list[int]], marks: list[float], done: int) -> dict:
+    """Run chunks of the oldest prefilling rows; input p of row j carries K = V = 10 × marks[j] + p (so a
+    test sees which column each input went to); the oldest `done` rows then run, first tokens 100 + j."""
+    inputs = kv.prefill_inputs(chunks, pad_id=0)
+    width = inputs["input_ids"].shape[1]
+    states = torch.tensor([[10.0 * m + p for p in range(width)] for m in marks]).view(len(chunks), 1, width, 1)
     kv.update(states, states.clone(), 0)
-    kv.prefilled(torch.tensor([100 + i for i in range(len(ids))]))
+    kv.prefilled(torch.tensor([100 + j for j in range(done)]), done)
     return inputs
 
 
-def test_a_prefill_writes_joiners_into_the_next_free_slots_with_their_own_positions():
+def cached(kv: SlotKV, slots: int, columns: int) -> list[list[float]]:
+    return kv.keys[0][:slots, 0, :columns, 0].tolist()
+
+
+def test_a_prefill_writes_joiners_into_the_next_free_slots_at_their_own_columns():
     kv = toy_slots()
-    inputs = prefill(kv, [[5, 6, 7], [0, 8, 9]], [0, 1], [1.0, 2.0])
-    assert inputs["position_ids"].tolist() == [[0, 1, 2], [0, 0, 1]]
-    assert inputs["attention_mask"][1, 0].tolist() == [[True, False, False], [False, True, False], [False, True, True]]
-    prefill(kv, [[4, 4]], [0], [3.0])
-    assert kv.rows == 3 and kv.col_h == [3, 3, 2] and kv.start_h == [0, 1, 0]
-    assert kv.keys[0][:3, 0, :3, 0].tolist() == [[1, 1, 1], [2, 2, 2], [3, 3, 0]]
+    kv.add(2)
+    inputs = prefill(kv, [[5, 6, 7], [8, 9]], [1, 2], done=2)
+    assert inputs["input_ids"].tolist() == [[5, 6, 7], [0, 8, 9]]  # left-padded
+    assert inputs["position_ids"].tolist() == [[0, 1, 2], [2, 0, 1]]  # the padding input goes past the row
+    assert inputs["attention_mask"][1, 0].tolist() == [[True, True, True], [True, False, False], [True, True, False]]
+    kv.add(1)
+    prefill(kv, [[4, 4]], [3], done=1)
+    assert kv.rows == 3 and kv.prefilling == 0 and kv.col_h == [3, 2, 2]
+    assert cached(kv, 3, 3) == [[10, 11, 12], [21, 22, 20], [30, 31, 0]]  # row 1's column 2: padding, free
+
+
+def test_a_chunked_prompt_fills_its_slot_over_steps_and_attends_over_its_earlier_chunks():
+    kv = toy_slots()
+    kv.add(1)
+    prefill(kv, [[1, 2, 3]], [1], done=0)
+    assert kv.rows == 0 and kv.fill_h == [3]
+    inputs = prefill(kv, [[4, 5]], [2], done=1)
+    assert inputs["position_ids"].tolist() == [[3, 4]]
+    assert inputs["attention_mask"][0, 0].tolist() == [[True] * 4 + [False], [True] * 5]
+    assert kv.col_h == [5] and kv.fill_h == [] and cached(kv, 1, 5) == [[10, 11, 12, 20, 21]]
+    assert kv.decode_inputs()["position_ids"].tolist() == [[5]]
+
+
+def test_a_partly_filled_row_and_a_fresh_one_share_a_prefill_forward():
+    kv = toy_slots()
+    kv.add(1)
+    prefill(kv, [[1, 2, 3]], [1], done=0)
+    kv.add(1)
+    inputs = prefill(kv, [[4, 5], [6, 7, 8]], [2, 3], done=1)
+    assert inputs["position_ids"].tolist() == [[5, 3, 4], [0, 1, 2]]
+    assert inputs["attention_mask"].shape == (2, 1, 3, 6)  # columns: up to the partly filled row's chunk
+    assert kv.col_h == [5] and kv.fill_h == [3] and kv.tokens.tolist()[0] == 100
+    assert cached(kv, 2, 6) == [[10, 11, 12, 21, 22, 20], [30, 31, 32, 0, 0, 0]]
 
 
 def test_a_decode_step_writes_each_row_in_place_at_its_own_column_and_masks_by_length():
     kv = toy_slots()
-    prefill(kv, [[5, 6, 7], [0, 8, 9]], [0, 1], [1.0, 2.0])
-    prefill(kv, [[4, 4]], [0], [3.0])
+    kv.add(2)
+    prefill(kv, [[5, 6, 7], [8, 9]], [1, 2], done=2)
+    kv.add(1)
+    prefill(kv, [[4, 4]], [3], done=1)
     storage = kv.keys[0].data_ptr()
     inputs = kv.decode_inputs()
     assert inputs["input_ids"].tolist() == [[100], [101], [100]]
     assert inputs["position_ids"].tolist() == [[3], [2], [2]]
-    assert inputs["attention_mask"][:, 0, 0].tolist() == [[True] * 4, [False, True, True, True],
+    assert inputs["attention_mask"][:, 0, 0].tolist() == [[True] * 4, [True, True, True, False],
                                                          [True, True, True, False]]
     keys, _ = kv.update(torch.tensor([7.0, 8.0, 9.0]).view(3, 1, 1, 1), torch.zeros(3, 1, 1, 1), 0)
-    assert keys.shape == (3, 1, 4, 1) and keys[:, 0, :, 0].tolist() == [[1, 1, 1, 7], [2, 2, 2, 8], [3, 3, 9, 0]]
+    assert keys.shape == (3, 1, 4, 1) and keys[:, 0, :, 0].tolist() == [[10, 11, 12, 7], [21, 22, 8, 0],
+                                                                         [30, 31, 9, 0]]
     kv.decoded(torch.tensor([11, 12, 13]))
-    assert kv.col_h == [4, 4, 3] and kv.col.tolist()[:3] == [4, 4, 3] and kv.keys[0].data_ptr() == storage
+    assert kv.col_h == [4, 3, 3] and kv.col.tolist()[:3] == [4, 3, 3] and kv.keys[0].data_ptr() == storage
     assert kv.decode_inputs()["input_ids"].tolist() == [[11], [12], [13]]
 
 
 def test_a_finished_row_frees_its_slot_and_the_last_row_moves_in():
     kv = toy_slots()
-    prefill(kv, [[1], [2], [3]], [0, 0, 0], [1.0, 2.0, 3.0])
-    prefill(kv, [[9, 9]], [1], [4.0])
+    kv.add(3)
+    prefill(kv, [[1], [2], [3]], [1, 2, 3], done=3)
+    kv.add(1)
+    prefill(kv, [[9, 9]], [4], done=1)
     order = kv.release([0, 2])
-    assert order == [3, 1] and kv.rows == 2 and kv.start_h == [1, 0] and kv.col_h == [2, 1]
-    assert kv.keys[0][:2, 0, :2, 0].tolist() == [[4, 4], [2, 0]]
-    assert kv.start.tolist()[:2] == [1, 0] and kv.tokens.tolist()[:2] == [100, 101]
+    assert order == [3, 1] and kv.rows == 2 and kv.col_h == [2, 1]
+    assert cached(kv, 2, 2) == [[40, 41], [20, 0]] and kv.tokens.tolist()[:2] == [100, 101]
     assert kv.release([1]) == [0] and kv.release([0]) == [] and kv.rows == 0
 
 
-def test_growing_the_cache_keeps_the_running_rows():
-    kv = toy_slots(rows=1)
-    prefill(kv, [[1, 2]], [0], [5.0])
+def test_the_prefilling_rows_move_down_behind_the_running_ones():
+    kv = toy_slots()
+    kv.add(3)
+    prefill(kv, [[1], [2], [3]], [1, 2, 3], done=3)
+    kv.add(1)
+    prefill(kv, [[7, 8]], [4], done=0)  # slot 3, two columns filled
+    assert kv.release([0]) == [2, 1] and kv.rows == 2 and kv.fill_h == [2]
+    assert cached(kv, 3, 2) == [[30, 0], [20, 0], [40, 41]]
+    prefill(kv, [[9]], [5], done=1)  # its last chunk: it runs from slot 2
+    assert kv.col_h == [1, 1, 3] and cached(kv, 3, 3)[2] == [40, 41, 50]
+
+
+def test_growing_the_cache_keeps_the_running_and_the_prefilling_rows():
+    kv = toy_slots(rows=2)
+    kv.add(2)
+    prefill(kv, [[1, 2], [3]], [5, 6], done=1)
     kv.reserve(3, COLUMN_BLOCK + 1, 8)
-    assert kv.slots == 3 and kv.columns == 2 * COLUMN_BLOCK and kv.keys[0].shape == (3, 1, 2 * COLUMN_BLOCK, 1)
-    assert kv.keys[0][0, 0, :3, 0].tolist() == [5, 5, 0] and kv.col.tolist() == [2, 0, 0]
+    assert kv.slots == 4 and kv.columns == 2 * COLUMN_BLOCK and kv.keys[0].shape == (4, 1, 2 * COLUMN_BLOCK, 1)
+    assert cached(kv, 2, 3) == [[50, 51, 0], [61, 60, 0]] and kv.col.tolist() == [2, 0, 0, 0]
 
 
 class _Attention(torch.nn.Module):

@@ -120,7 +120,7 @@ def test_bool_is_not_an_int():
         decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.END_OF_STREAM), True]))
 
 
-@settings(max_examples=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=200))
 def test_random_bytes_only_ever_raise_protocol_error(frame):
     try:
@@ -136,7 +136,7 @@ _values = st.recursive(
     max_leaves=12)
 
 
-@settings(max_examples=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from([int(k) for k in m.Kind]), st.lists(_values, max_size=9))
 def test_well_formed_msgpack_with_random_fields_decodes_or_raises_protocol_error(kind, fields):
     try:

@@ -42,6 +42,7 @@ class StepOutput:
     failed: list[tuple[int, str]] = field(default_factory=list)
     running: int = 0  # rows in the step (continuous mode)
     joined: int = 0  # rows that were prefilled in this step (continuous mode)
+    prefill_tokens: int = 0  # prompt tokens prefilled in this step, chunks included (continuous mode)
     times: list[float] | None = None  # per token, parallel to request_ids; None: every token at `time`
 
 

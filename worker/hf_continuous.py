@@ -1,26 +1,21 @@
 """The `hf` backend in continuous mode: iteration-level batching by a hand-written greedy decode loop.
 
 Every `step()` is one step boundary: (1) one batched decode forward over the running rows gives each its
-next token; (2) the rows admitted since the last step are prefilled together (left-padded) and each gets its
-first token from its own prefill; (3) rows that reached `output_len` leave; (4) the joiners join the running
-set (in the slot layout their KV is already in place). Each token is stamped (`StepOutput.times`) when it
-reached the host: a running row's when the decode's argmax is read back (on CUDA that copy is the sync), a
-joiner's after its prefill, so a joiner's prefill does not inflate the running rows' inter-token latency.
+next token; (2) rows admitted since the last step start prefilling; (3) one prefill forward runs the prompt
+chunks that fit what the decodes left of the step's token budget (worker.hf_chunks), and a row whose last
+chunk ran gets its first token; (4) finished rows leave, fully prefilled ones join the running set. A token
+is stamped (`StepOutput.times`) when it reached the host: a running row's when the decode's argmax is read
+back (on CUDA that copy is the sync), a joiner's after its last chunk; the budget bounds how long a chunk
+delays the running rows' next tokens.
 Decoding is greedy with EOS banned (logit −inf, as generate()'s min_new_tokens does), so every row gets
 exactly `output_len` tokens and they match the static path even where EOS is the model's top choice.
 
-KV layout (`worker.hf_layouts`): `slots`, the default (`worker.hf_slots.SlotKV`), keeps per layer one K and
-one V tensor [slots, kv_heads, columns, head_dim], allocated once and grown only when an admitted row's final
-length or the row count outgrows it; running row i lives in slot i and is written in place at its own column,
-a joiner is prefilled straight into the next free slot, a finished row frees its slot (the last row moves
-into the hole). Last tokens, positions and lengths stay on the device; a decode step reads back only its
-tokens. Decode attention reads the grouped KV heads without repeating them (`slot_attention`, registered with
-transformers' AttentionInterface; prefill and generate() keep transformers' SDPA). `padded`, the earlier
-layout (`worker.hf_kv.PaddedKV`), keeps one left-padded `DynamicCache`: every step concatenates it, a joiner
-re-pads it, a leaver copies it; kept for comparison (benchmarks/continuous_step.py) and as a fallback.
-Padded columns are masked out in both, so a row's greedy tokens match a solo run up to float rounding
-(tests/test_hf_continuous.py checks the token ids on tiny-mistral). Caches must be plain full-attention
-layers (sliding-window or hybrid models are refused at warm-up).
+KV layout (`worker.hf_layouts`): `slots`, the default (`worker.hf_slots.SlotKV`: one preallocated K and V
+tensor per layer, a row per slot written in place, decode attention over the grouped KV heads without
+copies, prompts prefilled in chunks), or `padded` (`worker.hf_kv.PaddedKV`: the earlier left-padded
+`DynamicCache`, whole prompts only; kept for comparison in benchmarks/continuous_step.py). Both mask what is
+not a row's own, so its greedy tokens match a solo run (tests/test_hf_continuous.py checks the token ids on
+tiny-mistral, chunked too). A sliding-window model runs rows that fit its window and refuses longer ones.
 
 Why not transformers' `ContinuousBatchingManager`: it generates on its own background thread, so step
 boundaries (rows running, joined, finished per step) are not visible and the worker's step-by-step
@@ -32,21 +27,24 @@ the widest row's final length) could outgrow `kv_budget_bytes` (the slot layout 
 whole blocks of columns and doubles its slots, so it may hold up to that much more); a row alone always
 runs. On a real OOM the row cap halves (`RowCap`: back up by one after CLEAN_STEPS_TO_PROBE clean steps, as
 the static back-off probes; the worker reports every change to the scheduler, whose credit follows, and rows
-already over the cap wait here); joiners go back to the queue's front; a failed decode drops the
-(half-updated) cache and requeues the running rows, which resume by recompute (a row's context keeps its
-generated tokens); a row that cannot run alone fails with the reason. No row is dropped.
+already over the cap wait here); a failed prefill sends the prefilling rows back to the queue's front (their
+chunks dropped); a failed decode drops the (half-updated) cache and requeues every row, which resumes by
+recompute (a row's context keeps its generated tokens); a row that cannot run alone fails with the reason.
 """
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, Row, StepOutput
 from batchlab.worker.hf import HFBackend, HFSettings, settings_from_config
-from batchlab.worker.hf_layouts import LAYOUTS, make_layout
+from batchlab.worker.hf_chunks import Live, chunks_of, plan_chunks, step_budget
+from batchlab.worker.hf_layouts import LAYOUTS, make_layout, sliding_window
+from batchlab.worker.hf_rowcap import RowCap
 
 CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by one: the static back-off's
 # 20 clean batches (scheduler.policies) × 32 steps, one batch's worth at the CPU config's 32-token outputs
-DECODE = {"slots": "greedy loop, EOS banned: one batched decode forward per step, joiners prefilled together "
-                   "into free slots of a preallocated per-row KV cache, grouped-query decode attention",
+DECODE = {"slots": "greedy loop, EOS banned: one batched decode forward per step, joiners prefilled in chunks "
+                   "within a per-step token budget into free slots of a preallocated per-row KV cache, "
+                   "grouped-query decode attention",
           "padded": "greedy loop, EOS banned: one batched decode forward per step, joiners prefilled together, "
                     "left-padded DynamicCache"}
 
@@ -61,67 +59,29 @@ def eos_ids(model, tokenizer) -> list[int]:
     return [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
 
 
-@dataclass(slots=True)
-class RowCap:
-    """Rows run at once: halved by an OOM (min 1), +1 after CLEAN_STEPS_TO_PROBE clean steps, up to `limit`."""
-
-    limit: int  # the cap announced at hello
-    rows: int = 0
-    reason: str = "announced"
-    clean_steps: int = 0
-    oom_in_step: bool = False
-
-    def __post_init__(self) -> None:
-        self.rows = self.rows or self.limit
-
-    def halve(self, rows_at_oom: int) -> None:
-        """An OOM with `rows_at_oom` rows in the forward (rows over the cap never raise it)."""
-        self.rows = max(1, min(self.rows, rows_at_oom) // 2)
-        self.reason = f"out of memory with {rows_at_oom} rows"
-        self.clean_steps, self.oom_in_step = 0, True
-
-    def end_step(self) -> None:
-        """Count a finished step; enough in a row without an OOM probe the cap up by one."""
-        if self.oom_in_step:
-            self.oom_in_step = False
-            return
-        self.clean_steps += 1
-        if self.clean_steps >= CLEAN_STEPS_TO_PROBE and self.rows < self.limit:
-            self.rows, self.clean_steps = self.rows + 1, 0
-            self.reason = f"probe: {CLEAN_STEPS_TO_PROBE} steps without an out-of-memory"
-
-
-@dataclass(slots=True)
-class _Live:
-    """A row in flight: `context` (prefix + prompt + tokens so far) is what a (re)prefill reads."""
-
-    row: Row
-    context: list[int]
-    generated: int = 0
-
-    def remaining(self) -> int:
-        return self.row.output_len - self.generated
-
-
 class HFContinuousBackend:
     """Continuous batching over an HF causal LM (see the module docstring); loading is HFBackend's."""
 
-    def __init__(self, settings: HFSettings, layout: str = "slots") -> None:
+    def __init__(self, settings: HFSettings, layout: str = "slots", max_num_batched_tokens: int = 0) -> None:
         if layout not in LAYOUTS:
             raise BackendError(f"unknown KV layout {layout!r} (one of {', '.join(LAYOUTS)})")
         self.base = HFBackend(settings)  # model, tokenizer, BOS prefix, pad id, budget, device
         self.torch, self.model, self.device = self.base.torch, self.base.model, self.base.device
+        # tokens per step, decodes and prefill chunks together (None: no limit; the padded layout has none)
+        self.budget = (step_budget(max_num_batched_tokens, settings.max_batch_size, self.device.type)
+                       if layout == "slots" else None)
         self.decode_fact = DECODE[layout]
         self.info = replace(self.base.info, mode="continuous",
-                            facts={**self.base.info.facts, "decode": self.decode_fact})
+                            facts={**self.base.info.facts, "decode": self.decode_fact, **self._budget_fact()})
         self.kv = make_layout(layout, self.torch, self.model, self.device, self.info.max_batch_size)
         self.eos = self.torch.tensor(eos_ids(self.model, self.base.tokenizer), dtype=self.torch.long,
                                      device=self.device)  # [E]
-        self.pending: list[_Live] = []
+        self.pending: list[Live] = []  # admitted, waiting for a slot
+        self.prefilling: list[Live] = []  # in a slot, prompt partly in the cache (oldest first)
         self.refused: list[tuple[int, str]] = []  # rows admit() could not take, failed at the next step
         self.window = 0  # a sliding-window model's window (tokens); 0: full attention
-        self.running: list[_Live] = []
-        self.cap = RowCap(self.info.max_batch_size)  # what the worker reports to the scheduler
+        self.running: list[Live] = []
+        self.cap = RowCap(self.info.max_batch_size, CLEAN_STEPS_TO_PROBE)  # what the worker reports to the scheduler
         self.stats = {"row_steps_waiting": 0, "preempted_rows": 0, "oom_requeues": 0}
 
     @classmethod
@@ -129,15 +89,15 @@ class HFContinuousBackend:
         """Build from a RunConfig (continuous mode only), with `rows` slots."""
         if mode != "continuous":
             raise BackendError("HFContinuousBackend runs continuous mode only")
-        return cls(settings_from_config(cfg, rows))
+        return cls(settings_from_config(cfg, rows), max_num_batched_tokens=cfg.max_num_batched_tokens)
 
     # --- the ContinuousBackend protocol -------------------------------------------------------------
     def warmup(self) -> None:
         """HFBackend's warm-up (and CUDA reserve measurement), then the warm-up rows through this loop."""
         self.base.warmup()
         self.info.kv_budget_bytes = self.base.info.kv_budget_bytes  # CUDA: measured by the warm-up
-        self.info.facts.update(self.base.info.facts, decode=self.decode_fact)
-        self._check_cache_layers()
+        self.info.facts.update(self.base.info.facts, decode=self.decode_fact, **self._budget_fact())
+        self.window = sliding_window(self.torch, self.model, self.device, self.base.pad_id)
         started = now()
         self.admit(self.base.warmup_rows())
         while self.has_work():
@@ -149,7 +109,7 @@ class HFContinuousBackend:
         """Rows join at the next step boundary; a row longer than a sliding-window model's window is
         refused (reported failed at the next step): the loop attends over every key it keeps."""
         for r in rows:
-            lv = _Live(r, self.base.prefix + list(r.prompt_tokens))
+            lv = Live(r, self.base.prefix + list(r.prompt_tokens))
             if self.window and len(lv.context) + r.output_len > self.window:
                 self.refused.append((r.request_id, f"longer than the model's sliding window ({self.window} tokens): "
                                                    "continuous hf attends over the whole context"))
@@ -158,7 +118,7 @@ class HFContinuousBackend:
 
     def has_work(self) -> bool:
         """True while any admitted row waits or runs, or a refusal waits to be reported."""
-        return bool(self.pending or self.running or self.refused)
+        return bool(self.pending or self.prefilling or self.running or self.refused)
 
     @property
     def max_rows(self) -> int:
@@ -176,19 +136,20 @@ class HFContinuousBackend:
 
     def abort_all(self) -> None:
         """Drop every admitted row and the cache (after a failed step: else the next step repeats it)."""
-        self.pending, self.running, self.refused = [], [], []
+        self.pending, self.prefilling, self.running, self.refused = [], [], [], []
         self.kv.clear()
         self._free()
 
     def step(self) -> StepOutput | None:
-        """Decode the running rows, prefill the joiners, retire finished rows, merge the joiners."""
+        """Decode the running rows, prefill chunks within the budget, retire finished rows, merge the joiners."""
         if not self.has_work():
             return None
         out = StepOutput(time=0.0, request_ids=[], token_ids=[], start_time=now(), times=[], failed=self.refused)
         self.refused = []
         with self.torch.inference_mode():
             self._decode(out)
-            joiners = self._prefill(self._take_joiners(), out)
+            self._join(self._take_joiners())
+            joiners = self._prefill(out)
             out.running, out.joined = len(out.request_ids), len(joiners)
             self._retire(joiners)
         self.cap.end_step()
@@ -207,7 +168,7 @@ class HFContinuousBackend:
     def reset(self) -> None:
         """Between runs of a warm worker: no rows, an empty cache, the full row cap, fresh stats and peak."""
         self.abort_all()
-        self.cap = RowCap(self.info.max_batch_size)
+        self.cap = RowCap(self.info.max_batch_size, CLEAN_STEPS_TO_PROBE)
         self.stats = dict.fromkeys(self.stats, 0)
         self.base.reset()
 
@@ -231,37 +192,54 @@ class HFContinuousBackend:
         self.kv.decoded(tokens)
         self._emit(self.running, host, now(), out)
 
-    def _take_joiners(self) -> list[_Live]:
+    def _take_joiners(self) -> list[Live]:
         """Pending rows, oldest first, while the cache would stay within the KV budget."""
-        slots = self.cap.rows - len(self.running)  # < 0 after an OOM: the rows over the cap run on
+        slots = self.cap.rows - len(self.running) - len(self.prefilling)  # < 0 after an OOM: those run on
         n = 0
         while n < min(slots, len(self.pending)) and self._fits(self.pending[: n + 1]):
             n += 1
-        if n == 0 and not self.running and self.pending:
+        if n == 0 and not self.running and not self.prefilling and self.pending:
             n = 1  # a row alone always runs
         self.stats["row_steps_waiting"] += len(self.pending) - n
         joiners, self.pending = self.pending[:n], self.pending[n:]
         return joiners
 
-    def _fits(self, joiners: list[_Live]) -> bool:
+    def _fits(self, joiners: list[Live]) -> bool:
         """Upper bound of the padded cache at its widest: rows × (width now + longest remaining)."""
-        lives = self.running + joiners
-        width = max([self.kv.width()] + [len(lv.context) for lv in joiners])
+        lives = self.running + self.prefilling + joiners
+        width = max([self.kv.width()] + [len(lv.context) for lv in self.prefilling + joiners])
         need = len(lives) * (width + max(lv.remaining() for lv in lives)) * self.info.kv_bytes_per_token
         return need <= self.info.kv_budget_bytes
 
-    def _prefill(self, joiners: list[_Live], out: StepOutput) -> list[_Live]:
-        """Left-padded prefill of the joiners together: their first tokens, their KV in the layout."""
-        if not joiners:
+    def _join(self, joiners: list[Live]) -> None:
+        """The joiners start prefilling (in the slot layout: in the next free slots)."""
+        if joiners:
+            self.kv.join(len(joiners))
+            self.prefilling += joiners
+
+    def _prefill(self, out: StepOutput) -> list[Live]:
+        """One forward over the chunks that fit what the decodes left of the budget; the rows whose last chunk
+        ran get their first tokens (returned: they run from the next step)."""
+        left = None if self.budget is None else self.budget - len(out.request_ids)
+        counts = plan_chunks(left, [lv.unfilled() for lv in self.prefilling])
+        if not counts:
             return []
+        lives = self.prefilling[: len(counts)]
         try:
-            logits = self.kv.prefill(self.model, joiners, self.running, self.base.pad_id)  # [J, 1, V]
+            logits = self.kv.prefill(self.model, chunks_of(lives, counts), self.running, self.prefilling,
+                                     self.base.pad_id)  # [J, 1, V]
         except self.torch.OutOfMemoryError:
-            return self._requeue_or_fail(joiners, out)
-        tokens, host = self._pick(logits)
-        self.kv.prefilled(tokens)
-        self._emit(joiners, host, now(), out)
-        return joiners
+            self._requeue_or_fail(out)
+            return []
+        for lv, n in zip(lives, counts):
+            lv.filled += n
+        out.prefill_tokens = sum(counts)
+        done = [lv for lv in lives if not lv.unfilled()]  # the oldest rows: only the last chunk can be partial
+        tokens, host = self._pick(logits[: len(done)]) if done else (None, [])
+        self.kv.prefilled(tokens, len(done))
+        self._emit(done, host, now(), out)
+        self.prefilling = self.prefilling[len(done):]
+        return done
 
     def _pick(self, logits):
         """Greedy next tokens from logits [N, 1, V], EOS banned since output lengths are exact: (on the
@@ -272,7 +250,7 @@ class HFContinuousBackend:
         tokens = scores.argmax(-1)  # [N]
         return tokens, tokens.tolist()  # the host read (a CUDA sync): the tokens exist from here
 
-    def _emit(self, lives: list[_Live], tokens: list[int], t: float, out: StepOutput) -> None:
+    def _emit(self, lives: list[Live], tokens: list[int], t: float, out: StepOutput) -> None:
         """Append each row's token, stamped `t` (when it reached the host), and note rows now done."""
         for lv, token in zip(lives, tokens):
             lv.context.append(token)
@@ -283,7 +261,7 @@ class HFContinuousBackend:
             if lv.remaining() <= 0:
                 out.finished.append(lv.row.request_id)
 
-    def _retire(self, joiners: list[_Live]) -> None:
+    def _retire(self, joiners: list[Live]) -> None:
         """Finished rows leave the running set and the cache; unfinished joiners join it."""
         lives = self.running + joiners
         done = [i for i, lv in enumerate(lives) if lv.remaining() <= 0]
@@ -291,19 +269,29 @@ class HFContinuousBackend:
             self.running = [lives[i] for i in self.kv.retire(done)]
 
     # --- out of memory ------------------------------------------------------------------------------
-    def _requeue_or_fail(self, joiners: list[_Live], out: StepOutput) -> list[_Live]:
-        """A prefill OOM: a row alone fails with the reason; else the joiners wait at the queue's front."""
+    def _requeue_or_fail(self, out: StepOutput) -> None:
+        """A prefill OOM: a row alone fails with the reason; else the prefilling rows wait at the queue's
+        front (their chunks so far are dropped: they prefill again from the start)."""
         self._free()
+        joiners = self._unprefill()
         if len(joiners) == 1 and not self.running:
             out.failed.append((joiners[0].row.request_id, "out of memory: the prompt does not fit alone"))
-            return []
+            return
         self.cap.halve(len(self.running) + len(joiners))
         self.stats["oom_requeues"] += len(joiners)
         self.pending = joiners + self.pending
-        return []
+
+    def _unprefill(self) -> list[Live]:
+        """Take the prefilling rows out of their slots, nothing of them cached."""
+        self.kv.drop_prefilling()
+        lives, self.prefilling = self.prefilling, []
+        for lv in lives:
+            lv.filled = 0
+        return lives
 
     def _preempt_all(self, out: StepOutput) -> None:
         """A decode OOM leaves the cache half-updated: drop it; the rows resume by recompute, fewer at a time."""
+        back = self._unprefill()
         self.kv.clear()
         self._free()
         if len(self.running) == 1:
@@ -311,27 +299,18 @@ class HFContinuousBackend:
         else:
             self.cap.halve(len(self.running))
             self.stats["preempted_rows"] += len(self.running)
-            self.pending = self.running + self.pending
+            back = self.running + back
+        for lv in back:
+            lv.filled = 0
+        self.pending = back + self.pending
         self.running = []
+
+    def _budget_fact(self) -> dict:
+        return {"max_num_batched_tokens": self.budget or 0}  # 0: no limit (prompts prefilled whole)
 
     def _free(self) -> None:
         if self.device.type == "cuda":
             self.torch.cuda.empty_cache()
-
-    def _check_cache_layers(self) -> None:
-        """Every layer must be full attention, or a sliding window (Mistral-7B's 4096): inside the window a
-        sliding-window model is the same model, and rows that would outgrow it are refused at admit()."""
-        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
-        with self.torch.inference_mode():
-            layers = self.model(input_ids=self.torch.tensor([[self.base.pad_id]], device=self.device),
-                                use_cache=True).past_key_values.layers
-        if any(type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
-            raise BackendError("continuous hf needs full-attention or sliding-window caches, got "
-                               f"{sorted({type(layer).__name__ for layer in layers})}")
-        # the loop attends over every key it keeps: a row must fit the window (Mistral-7B's 4096) to be
-        # the same model; whether transformers built sliding-window layers depends on its config's layer_types
-        self.window = int(getattr(self.model.config.get_text_config(), "sliding_window", None) or 0)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -2,9 +2,12 @@
 worker.hf_slots.SlotKV) and `padded` (the earlier left-padded DynamicCache, worker.hf_kv.PaddedKV).
 
 A layout owns the cache and the model inputs; the loop owns rows, tokens, stamps and memory policy.
-Per step the loop calls decode → decoded (if running rows), prefill → prefilled (if joiners), then
-retire, which returns the running rows' new order as indices into running + committed joiners.
+Per step the loop calls decode → decoded (if running rows), join (rows admitted to prefill), prefill →
+prefilled (if a chunk runs; the oldest `done` prefilling rows ran their last one and now run), then retire,
+which returns the running rows' new order as indices into running + rows that just finished prefilling.
+Only the slot layout prefills in chunks; the padded one prefills each joiner whole in the step it joins.
 """
+from batchlab.worker.backend import BackendError
 from batchlab.worker.hf import left_pad
 from batchlab.worker.hf_kv import PaddedKV
 from batchlab.worker.hf_slots import SlotKV, use_slot_attention
@@ -32,17 +35,24 @@ class SlotLayout:
     def decoded(self, tokens) -> None:
         self.kv.decoded(tokens)
 
-    def prefill(self, model, joiners, running, pad_id: int):
-        ids, _ = left_pad([lv.context for lv in joiners], pad_id)
-        pads = [len(ids[0]) - len(lv.context) for lv in joiners]
-        ends = [c + lv.remaining() for c, lv in zip(self.kv.col_h, running)]
-        ends += [len(ids[0]) + lv.remaining() for lv in joiners]
-        self.kv.reserve(len(running) + len(joiners), max(ends), max(self.max_rows, len(running) + len(joiners)))
-        return model(**self.kv.prefill_inputs(ids, pads), past_key_values=self.kv, use_cache=True,
+    def join(self, count: int) -> None:
+        self.kv.add(count)
+
+    def prefill(self, model, chunks, running, prefilling, pad_id: int):
+        """Run chunks[j] of prefilling row j: logits [J, 1, V] at each chunk's last token."""
+        kv, rows = self.kv, len(running) + len(prefilling)
+        ends = [c + lv.remaining() for c, lv in zip(kv.col_h, running)]
+        ends += [len(lv.context) + lv.remaining() for lv in prefilling]
+        ends += [f + max(len(c) for c in chunks) for f in kv.fill_h[: len(chunks)]]  # a padding token's column
+        kv.reserve(rows, max(ends), max(self.max_rows, rows))
+        return model(**kv.prefill_inputs(chunks, pad_id), past_key_values=kv, use_cache=True,
                      logits_to_keep=1).logits  # [J, 1, V]
 
-    def prefilled(self, tokens) -> None:
-        self.kv.prefilled(tokens)
+    def prefilled(self, tokens, done: int) -> None:
+        self.kv.prefilled(tokens, done)
+
+    def drop_prefilling(self) -> None:
+        self.kv.drop_prefilling()
 
     def retire(self, done: list[int]) -> list[int]:
         return self.kv.release(done)
@@ -69,9 +79,16 @@ class PaddedLayout:
     def decoded(self, tokens) -> None:
         """Nothing: the next decode reads the tokens from the rows' contexts."""
 
-    def prefill(self, model, joiners, running, pad_id: int):
+    def join(self, count: int) -> None:
+        """Nothing: joiners get their own cache at prefill."""
+
+    def prefill(self, model, chunks, running, prefilling, pad_id: int):
+        """Prefill the joiners whole (this layout does not chunk): logits [J, 1, V]."""
         from transformers import DynamicCache
 
+        joiners = prefilling[: len(chunks)]
+        if [len(c) for c in chunks] != [len(lv.context) for lv in joiners]:
+            raise BackendError("the padded KV layout prefills whole prompts only (no --max-num-batched-tokens)")
         ids, mask = left_pad([lv.context for lv in joiners], pad_id)
         input_ids = self.torch.tensor(ids, device=self.device)  # [J, S]
         attention_mask = self.torch.tensor(mask, device=self.device)  # [J, S]
@@ -83,8 +100,11 @@ class PaddedLayout:
         self.pending = kv
         return logits
 
-    def prefilled(self, tokens) -> None:
+    def prefilled(self, tokens, done: int) -> None:
         self.joined, self.pending = self.pending, None
+
+    def drop_prefilling(self) -> None:
+        self.pending = None
 
     def retire(self, done: list[int]) -> list[int]:
         running = len(self.kv.pad)
@@ -106,3 +126,18 @@ class PaddedLayout:
 def make_layout(name: str, torch, model, device, max_rows: int):
     """The layout called `name` (one of LAYOUTS)."""
     return {"slots": SlotLayout, "padded": PaddedLayout}[name](torch, model, device, max_rows)
+
+
+def sliding_window(torch, model, device, pad_id: int) -> int:
+    """The model's sliding window (tokens; 0: full attention), after checking that every layer is full
+    attention or a sliding window (Mistral-7B's 4096): inside the window such a model is the same model, and
+    the loop refuses rows that would outgrow it (it attends over every key it keeps)."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    with torch.inference_mode():
+        layers = model(input_ids=torch.tensor([[pad_id]], device=device), use_cache=True).past_key_values.layers
+    if any(type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
+        raise BackendError("continuous hf needs full-attention or sliding-window caches, got "
+                           f"{sorted({type(layer).__name__ for layer in layers})}")
+    # whether transformers built sliding-window layers depends on its config's layer_types
+    return int(getattr(model.config.get_text_config(), "sliding_window", None) or 0)

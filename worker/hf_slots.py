@@ -2,23 +2,28 @@
 
 Per layer, K and V are one tensor each, [slots, kv_heads, columns, head_dim], allocated once and grown
 only when an admitted row's final length (known at admission: context + remaining tokens) or the row
-count outgrows it. Running row i lives in slot i. Row i's real tokens sit in columns [start[i], col[i]),
-where start[i] is its left padding from a batched prefill and col[i] the column its next token is written
-to; its rotary position is col[i] − start[i]. A decode step writes each row's new K/V in place at col[i]
-(one scatter per layer), attends over the first W = max(col) + 1 columns (a view, no copy) masked per row
-to [start[i], col[i]], and advances col in place. A joiner is prefilled straight into the next free slots.
-A finished row frees its slot: the highest running row moves into the hole (one row's columns per layer),
-so running rows always fill slots 0..R−1 and a decode forward needs no gather.
+count outgrows it. Slots 0..R−1 hold the running rows, slots R..R+P−1 the rows still being prefilled
+(oldest first). A row's tokens sit in columns [0, fill), its rotary position is its column. A decode
+step writes each running row's new K/V in place at its column (one scatter per layer), attends over the
+first W = max(col) + 1 columns (a view, no copy) masked per row, and advances col in place.
 
-Per-step state (last tokens, start, col) lives on the device; the host keeps mirrors of start and col
-(they follow deterministically), so a decode step copies nothing host→device and reads back only its tokens.
+A prefill forward runs a chunk of each of the oldest J prefilling rows (a whole prompt when prefill is
+not chunked), left-padded to [J, C]: each real token is scattered to its own column (after the row's
+earlier chunks) and attends causally over the row's columns up to its own; a padding token is scattered to
+a column past the row's chunk (one a later chunk or decode overwrites before anything reads it), so no
+token's K/V lands on a real one. When a row's last chunk has run, the row joins the running rows where
+it already sits (slot R). A finished row frees its slot: the highest running row moves into the hole
+and the prefilling rows move down behind the running ones (their filled columns), so a decode forward
+needs no gather and a prefill forward reads its J rows as one view.
+
+Per-step state (last tokens, col) lives on the device; the host keeps mirrors of the fills (they follow
+deterministically), so a decode step copies nothing host→device and reads back only its tokens.
 
 Attention: decode (one query per row) goes through `slot_attention`, registered with transformers'
 AttentionInterface: the query heads of one KV head are laid out as that head's G queries ([R, Hkv, G, D]),
 so SDPA reads the cached K/V once per KV head, never repeated (repeat_kv would copy them G times, 41% of a
 CPU decode step). Every other call (prefill, generate()) falls through to transformers' own SDPA function.
 """
-
 ATTENTION = "batchlab_slots"  # the model's attention implementation name while the slot loop owns it
 COLUMN_BLOCK = 256  # columns are allocated in blocks of this many tokens
 
@@ -51,8 +56,8 @@ def use_slot_attention(model) -> None:
 
 
 class SlotKV:
-    """Per-layer K/V slots, row i of the running set in slot i (see the module docstring); a transformers
-    cache as far as the model's forward needs one (`update`, `get_seq_length`)."""
+    """Per-layer K/V slots: running row i in slot i, prefilling row p in slot R + p (see the module
+    docstring); a transformers cache as far as the model's forward needs one (`update`, `get_seq_length`)."""
 
     is_compileable = False
 
@@ -65,17 +70,20 @@ class SlotKV:
         """Drop every row and the tensors."""
         self.keys, self.values = [], []
         self.slots = self.columns = 0
-        self.tokens = self.start = self.col = self.cols = None  # device [slots] ×3, [columns]
-        self.start_h: list[int] = []  # host mirrors of start and col for the running rows
-        self.col_h: list[int] = []
-        self.joining = 0  # slots after the running rows written by the last prefill, not yet committed
-        self.joining_pads: list[int] = []  # their left padding
-        self.mode, self.index, self.width = "", None, 0
+        self.tokens = self.col = self.cols = None  # device [slots] ×2, [columns]
+        self.col_h: list[int] = []  # host mirror of col for the running rows: the column each writes next
+        self.fill_h: list[int] = []  # the prefilling rows' filled columns, oldest first
+        self.mode, self.index, self.width, self.chunk = "", None, 0, []
 
     @property
     def rows(self) -> int:
         """Running rows (slots 0..rows−1)."""
         return len(self.col_h)
+
+    @property
+    def prefilling(self) -> int:
+        """Rows being prefilled (slots rows..rows+prefilling−1)."""
+        return len(self.fill_h)
 
     def widest(self) -> int:
         """The running rows' widest column count (what the next decode attends over, less one)."""
@@ -83,12 +91,12 @@ class SlotKV:
 
     # --- allocation -----------------------------------------------------------------------------------
     def reserve(self, slots: int, columns: int, slot_limit: int) -> None:
-        """Grow (copying the running rows) so `slots` rows of `columns` columns fit; no-op when they do."""
+        """Grow (copying the occupied slots) so `slots` rows of `columns` columns fit; no-op when they do."""
         if slots <= self.slots and columns <= self.columns:
             return
         torch, (layers, heads, dim) = self.torch, self.shape
         slots, columns = self._grown(slots, columns, slot_limit)
-        rows, used = self.rows, self.widest()
+        rows, used = min(self.rows + self.prefilling, self.slots), max(self.col_h + self.fill_h, default=0)
         keys, values = [], []
         for old_k, old_v in zip(self.keys or [None] * layers, self.values or [None] * layers):
             k = torch.zeros(slots, heads, columns, dim, dtype=self.dtype, device=self.device)
@@ -99,7 +107,7 @@ class SlotKV:
             keys.append(k)
             values.append(v)
         self.keys, self.values = keys, values
-        self.tokens, self.start, self.col = (self._grow_state(t, slots) for t in (self.tokens, self.start, self.col))
+        self.tokens, self.col = (self._grow_state(t, slots) for t in (self.tokens, self.col))
         self.cols = torch.arange(columns, device=self.device)
         self.slots, self.columns = slots, columns
 
@@ -118,12 +126,11 @@ class SlotKV:
     def decode_inputs(self) -> dict:
         """The model's keyword arguments for one decode step over the running rows (all device-resident)."""
         rows, (_, heads, dim) = self.rows, self.shape
-        col, start = self.col[:rows], self.start[:rows]
+        col = self.col[:rows]
         self.mode, self.width = "decode", self.widest() + 1
         self.index = col.view(rows, 1, 1, 1).expand(rows, heads, 1, dim)  # where each row's new K/V goes
-        cols = self.cols[: self.width]  # [W]
-        mask = (cols >= start[:, None]) & (cols <= col[:, None])  # [R, W]: the row's tokens and the new one
-        return {"input_ids": self.tokens[:rows, None], "position_ids": (col - start)[:, None],
+        mask = self.cols[: self.width] <= col[:, None]  # [R, W]: the row's tokens and the new one
+        return {"input_ids": self.tokens[:rows, None], "position_ids": col[:, None],
                 "attention_mask": mask[:, None, None, :], "slot_decode": True}
 
     def decoded(self, tokens) -> None:
@@ -133,44 +140,54 @@ class SlotKV:
         self.col[:rows] += 1
         self.col_h = [c + 1 for c in self.col_h]
 
-    # --- one prefill forward ----------------------------------------------------------------------------
-    def prefill_inputs(self, ids: list[list[int]], pads: list[int]) -> dict:
-        """The model's keyword arguments to prefill left-padded `ids` [J, S] into the slots after the running rows."""
-        torch = self.torch
-        width = len(ids[0])
-        self.mode, self.width, self.joining, self.joining_pads = "prefill", width, len(ids), pads
-        input_ids = torch.tensor(ids, device=self.device)  # [J, S]
-        pad = torch.tensor(pads, device=self.device)  # [J]
-        cols = torch.arange(width, device=self.device)  # [S]
-        real = cols[None, :] >= pad[:, None]  # [J, S]
-        causal = cols[None, :] <= cols[:, None]  # [S, S]: query row, key column
-        # a padding query sees only itself, so no row is fully masked (its K/V stay finite, and are never read)
-        mask = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)[None]
-        return {"input_ids": input_ids, "position_ids": (cols[None, :] - pad[:, None]).clamp(min=0),
-                "attention_mask": mask[:, None]}  # mask [J, 1, S, S]
+    # --- prefill forwards ---------------------------------------------------------------------------------
+    def add(self, count: int) -> None:
+        """`count` rows start prefilling in the next free slots (reserve them first)."""
+        self.fill_h += [0] * count
 
-    def prefilled(self, tokens) -> None:
-        """Commit the prefilled joiners as running rows: tokens [J] (device) are their next inputs."""
-        first, count, width = self.rows, self.joining, self.width
-        self.tokens[first:first + count].copy_(tokens)
-        self.start[first:first + count].copy_(self.torch.tensor(self.joining_pads, device=self.device))
-        self.col[first:first + count] = width
-        self.start_h += self.joining_pads
-        self.col_h += [width] * count
-        self.joining = 0
+    def prefill_inputs(self, chunks: list[list[int]], pad_id: int) -> dict:
+        """The model's keyword arguments to run chunks[j] (token ids, ≥ 1) of prefilling row j, for the oldest
+        len(chunks) rows, left-padded with `pad_id` to [J, C]."""
+        torch, (_, heads, dim) = self.torch, self.shape
+        width, fills = max(len(c) for c in chunks), self.fill_h[: len(chunks)]
+        pads = [width - len(c) for c in chunks]
+        # target[j, p]: the column input p of row j writes; a real token goes after the row's filled
+        # columns, a padding one past the row's chunk (a later chunk or decode overwrites it before any read)
+        target = [[f + p - pad if p >= pad else f + len(c) + p for p in range(width)]
+                  for f, pad, c in zip(fills, pads, chunks)]
+        index = torch.tensor(target, device=self.device)  # [J, C]
+        self.mode, self.chunk = "prefill", [len(c) for c in chunks]
+        self.width = max(f + width for f in fills)  # columns the forward attends over (and writes, at most)
+        self.index = index[:, None, :, None].expand(len(chunks), heads, width, dim)
+        mask = self.cols[: self.width] <= index[:, :, None]  # [J, C, W]: causal over the row's own columns
+        ids = torch.tensor([[pad_id] * pad + c for pad, c in zip(pads, chunks)], device=self.device)  # [J, C]
+        return {"input_ids": ids, "position_ids": index, "attention_mask": mask[:, None]}  # mask [J, 1, C, W]
+
+    def prefilled(self, tokens, done: int) -> None:
+        """After a prefill forward: the oldest `done` rows have run their last chunk and join the running
+        rows (where they already sit), tokens [done] (device) their next inputs."""
+        self.fill_h[: len(self.chunk)] = [f + n for f, n in zip(self.fill_h, self.chunk)]
+        first, fills = self.rows, self.fill_h[:done]
+        if done:
+            self.tokens[first:first + done].copy_(tokens)
+            self.col[first:first + done].copy_(self.torch.tensor(fills, device=self.device))
+        self.col_h += fills
+        self.fill_h = self.fill_h[done:]
+        self.chunk = []
+
+    def drop_prefilling(self) -> None:
+        """Forget the prefilling rows (their slots are free again)."""
+        self.fill_h, self.chunk = [], []
 
     # --- the transformers cache interface ------------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         """Write the forward's new K/V [N, Hkv, S, D] in place; return what this layer attends over."""
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        rows = self.rows
-        if self.mode == "decode":
-            k[:rows].scatter_(2, self.index, key_states)
-            v[:rows].scatter_(2, self.index, value_states)
-            return k[:rows, :, : self.width], v[:rows, :, : self.width]
-        k[rows:rows + self.joining, :, : self.width].copy_(key_states)
-        v[rows:rows + self.joining, :, : self.width].copy_(value_states)
-        return key_states, value_states
+        first = self.rows if self.mode == "prefill" else 0
+        rows = slice(first, first + key_states.shape[0])
+        k[rows].scatter_(2, self.index, key_states)
+        v[rows].scatter_(2, self.index, value_states)
+        return k[rows, :, : self.width], v[rows, :, : self.width]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Columns the current forward attends over."""
@@ -178,25 +195,26 @@ class SlotKV:
 
     # --- rows leaving -----------------------------------------------------------------------------------
     def release(self, done: list[int]) -> list[int]:
-        """Free the running slots `done`; the highest rows move into the holes. Returns the new order
-        (old slot of each new slot), for the caller's row list."""
+        """Free the running slots `done`; the highest running rows move into the holes and the prefilling
+        rows move down behind them. Returns the running rows' new order (old slot of each new slot)."""
         keep = [i for i in range(self.rows) if i not in set(done)]
         holes = [i for i in done if i < len(keep)]
         movers = [i for i in keep if i >= len(keep)]
         order = list(range(len(keep)))
         for hole, mover in zip(holes, movers):
             order[hole] = mover
-        if holes:
-            self._move(movers, holes)
-        self.start_h = [self.start_h[i] for i in order]
+        behind = list(range(self.rows, self.rows + self.prefilling))  # old slots of the prefilling rows
+        moves = [(old, new) for new, old in enumerate(order + behind) if old != new]
+        if moves:
+            self._move(moves, [self.col_h[i] for i in movers] + self.fill_h)
         self.col_h = [self.col_h[i] for i in order]
         return order
 
-    def _move(self, movers: list[int], holes: list[int]) -> None:
-        src = self.torch.tensor(movers, device=self.device)
-        dst = self.torch.tensor(holes, device=self.device)
-        used = max(self.col_h[i] for i in movers)
-        for t in self.keys + self.values:
+    def _move(self, moves: list[tuple[int, int]], fills: list[int]) -> None:
+        src = self.torch.tensor([old for old, _ in moves], device=self.device)
+        dst = self.torch.tensor([new for _, new in moves], device=self.device)
+        used = max(fills, default=0)
+        for t in self.keys + self.values:  # index_select copies first, so overlapping moves are safe
             t[:, :, :used].index_copy_(0, dst, t[:, :, :used].index_select(0, src))
-        for t in (self.tokens, self.start, self.col):
+        for t in (self.tokens, self.col):
             t.index_copy_(0, dst, t.index_select(0, src))

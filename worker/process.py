@@ -194,7 +194,7 @@ class Worker:
         self._emit_tokens(STEP_BATCH, out)  # one step serves many dispatches
         conv = self.clock.to_scheduler
         self._to_collector(Step(self.worker_id, self.step_no, conv(out.start_time), conv(out.time), out.running,
-                                out.joined, len(out.finished)))
+                                out.joined, len(out.finished), out.prefill_tokens))
         self.step_no += 1
         for rid in out.finished:
             self._close_row(rid, None)

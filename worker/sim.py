@@ -40,6 +40,7 @@ class StepPlan:
     joined: list[int]  # request ids prefilled in this step (their token 0 ends it)
     finished: list[int]  # request ids whose last token ends this step
     running: int  # rows in the step, joiners included
+    prefill_tokens: int = 0  # prompt tokens prefilled in it (joiners' whole prompts)
     request_ids: list[int] = field(default_factory=list)
     token_indices: list[int] = field(default_factory=list)
 
@@ -97,7 +98,8 @@ class ContinuousCore:
             self.finishing.setdefault(last, []).append((self.keys, prompt_len + max(output_len, 1)))
             self.context_tokens += prompt_len
             self.keys += 1
-        plan = StepPlan(step, duration, [rid for rid, _, _ in joiners], [], len(self.rows))
+        plan = StepPlan(step, duration, [rid for rid, _, _ in joiners], [], len(self.rows),
+                        sum(p for _, p, _ in joiners))
         if tokens:
             plan.request_ids = [rid for rid, _ in self.rows.values()]
             plan.token_indices = [step - first for _, first in self.rows.values()]
@@ -183,7 +185,8 @@ class SimBackend:
         sleep_until(start + plan.duration_s)
         return StepOutput(time=now(), start_time=start, request_ids=plan.request_ids,
                           token_ids=[fake_token(r, i) for r, i in zip(plan.request_ids, plan.token_indices)],
-                          finished=plan.finished, running=plan.running, joined=len(plan.joined))
+                          finished=plan.finished, running=plan.running, joined=len(plan.joined),
+                          prefill_tokens=plan.prefill_tokens)
 
     def abort_all(self) -> None:
         """Drop every admitted row (after a failed step): none is stepped again."""

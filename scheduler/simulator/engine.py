@@ -166,7 +166,8 @@ class Simulation:
     def _end_step(self, wid: str, t: float) -> bool:
         start_s, plan = self.stepping.pop(wid)
         self.recorder.step_end(wid, t)
-        self.store.handle(Step(wid, plan.step, start_s, t, plan.running, len(plan.joined), len(plan.finished)))
+        self.store.handle(Step(wid, plan.step, start_s, t, plan.running, len(plan.joined), len(plan.finished),
+                               plan.prefill_tokens))
         for rid in plan.finished:
             batch_id, admit_s, _ = self.admitted.pop(rid)
             self._done(BatchDone(batch_id, wid, admit_s, t, [rid]))
