@@ -2,6 +2,7 @@
 rule about requests; this file moves messages, reads the clock and watches liveness."""
 import logging
 import math
+import time
 
 import zmq
 
@@ -129,6 +130,7 @@ class Scheduler:
         if self.t0 is not None or self.traffic is None or len(self.core.workers) < self.min_workers:
             return
         self.t0 = now() + START_LEAD_S
+        self.cpu_at_start = time.process_time()  # the run's CPU counts from here (not imports, not waiting)
         self._to_collector(RunInfo({**self.settings, "t0": self.t0, "workers": self.core.workers_info()}))
         self.router.send_multipart([self.traffic, encode(Start(self.t0))])
         self.traffic_heard = now()
@@ -198,7 +200,8 @@ class Scheduler:
                 self.router.send_multipart([self.traffic, encode(Shutdown(why))], zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
-        stats = {**self.core.stats, **self.stats}
+        cpu_s = time.process_time() - self.cpu_at_start if self.t0 is not None else 0.0  # from Start on
+        stats = {**self.core.stats, **self.stats, "cpu_s": cpu_s}
         self._to_collector(RunEnd(self.core.stats["submitted"], list(self.core.workers), stats))
 
     def _forward(self) -> None:

@@ -1,5 +1,6 @@
 """The worker process: owns a backend, runs what the scheduler dispatches, streams every step."""
 import logging
+import time
 from dataclasses import dataclass, field
 
 import zmq
@@ -49,6 +50,7 @@ class Worker:
         self.max_rows = backend.info.max_batch_size  # the row cap the scheduler last heard (hello, then reports)
         self.stopping = False
         self.rejected = 0
+        self.cpu_start_s = time.process_time()  # this run's share of a warm worker's CPU
         self.last_heard = now()
         self.heard_once = False
         self.deferred: list[object] = []
@@ -83,7 +85,8 @@ class Worker:
         for rid in list(self.batch_of):  # continuous rows cut off by a stop: terminal, never silent
             self._close_row(rid, "worker stopped before the request finished")
         try:
-            stats = {"rejected_messages": self.rejected, **self.clock.facts(), **self._engine_facts()}
+            stats = {"rejected_messages": self.rejected, "cpu_s": time.process_time() - self.cpu_start_s,
+                     **self.clock.facts(), **self._engine_facts()}
             self._to_collector(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
                                          self.backend.info.memory_kind, stats))
         finally:
