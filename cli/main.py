@@ -10,9 +10,9 @@ from batchlab.cli.config import checked_config, replay_config
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, Burst, ConfigOpt, Dataset, Device,
-                         Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew, MaxPrompt,
-                         MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset, Rate,
-                         Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
+                                  Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
+                                  MaxPrompt, MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset,
+                                  Rate, Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
 from batchlab.cli.options import OutputLens, PromptLens, TraceStart
 
 

@@ -4,8 +4,8 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli.options import OutputLens, PromptLens, SloOpt, TraceStart
-from batchlab.cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue, MaxQueueTok,
-                         MaxWait, Opt, Schedule, Seed, StrategyArgs, setting)
+from batchlab.cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue,
+                                  MaxQueueTok, MaxWait, Opt, Schedule, Seed, StrategyArgs, setting)
 
 ConfigArg = Annotated[Optional[str], typer.Argument(
     help="a sweep YAML (base: and grid:, one folder per point) or a run's settings YAML")]

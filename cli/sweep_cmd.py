@@ -16,8 +16,7 @@ import typer
 from batchlab.protocol.settings import ConfigError
 from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
-from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, load_plan, plan_points, probe_point,
-                            warm_order)
+from batchlab.cli.sweep_plan import Plan, Point, SweepError, auto_rates, load_plan, plan_points, probe_point, warm_order
 from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
 from batchlab.protocol.files import write_json_atomic
 

@@ -8,9 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zmq
 
-from batchlab.collector.parts import (
-    SCHEDULE_FILE, PartWriter, merge_steps, merge_tokens, read_schedule, write_final,
-)
+from batchlab.collector.parts import SCHEDULE_FILE, PartWriter, merge_steps, merge_tokens, read_schedule, write_final
 from batchlab.collector.store import RunStore
 from batchlab.collector.tables import Tables, harness_cpu
 from batchlab.protocol import ProtocolError, decode

@@ -17,9 +17,7 @@ from batchlab.collector import tables
 from batchlab.collector.parts import load_table
 from batchlab.collector.tables import Tables
 from batchlab.protocol.messages import STEP_BATCH
-from batchlab.protocol import (
-    Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye,
-)
+from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye
 
 __all__ = ["RequestState", "RunStore", "Tables", "TokenBuffer", "load_table"]
 

@@ -2,11 +2,9 @@
 from batchlab.protocol.clock import now
 from batchlab.protocol.codec import ProtocolError, decode, encode
 from batchlab.protocol.messages import PROTOCOL_VERSION, Kind
-from batchlab.protocol.messages import (
-    Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, RequestFailed, RequestMsg,
-    RunEnd, RunInfo, Shutdown, Start, Step, Tokens, TrafficHello, WorkerBye, WorkerCapacity,
-    WorkerHello,
-)
+from batchlab.protocol.messages import (Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong, Dispatch, EndOfStream,
+                                        Heartbeat, RequestFailed, RequestMsg, RunEnd, RunInfo, Shutdown, Start, Step,
+                                        Tokens, TrafficHello, WorkerBye, WorkerCapacity, WorkerHello)
 
 __all__ = [
     "PROTOCOL_VERSION", "Kind", "ProtocolError", "decode", "encode", "now",

@@ -7,8 +7,8 @@ import time
 import zmq
 
 from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, Heartbeat, ProtocolError,
-                               RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello, WorkerCapacity,
-                               WorkerHello, decode, encode, now)
+                               RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello, WorkerCapacity, WorkerHello,
+                               decode, encode, now)
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket

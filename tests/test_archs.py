@@ -4,12 +4,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchlab.worker.archs import (ARCHS, build_random_model, facts, hf_config, kv_bytes_per_token, make_random_dir, n_params,
-                          random_arch, weights_bytes)
+from batchlab.worker.archs import (ARCHS, build_random_model, facts, hf_config, kv_bytes_per_token, make_random_dir,
+                                   n_params, random_arch, weights_bytes)
 from batchlab.worker.memory import kv_bytes_per_token as worker_kv_bytes_per_token
 from batchlab.worker.stepmodel import PRESETS
 from batchlab.worker.tokenizers import (SentencePieceTokenizer, get_tokenizer, hf_tokenizer_from_sentencepiece,
-                               mistral_tokenizer_file)
+                                        mistral_tokenizer_file)
 
 PUBLISHED_PARAMS = {"mistral-7b-v0.1": 7.24e9, "tinyllama-1.1b": 1.10e9, "llama-2-7b": 6.74e9}
 # 2 × layers × kv_heads × head_dim at 2 bytes (bf16/fp16)

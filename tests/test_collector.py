@@ -16,10 +16,8 @@ from batchlab.collector import parts
 from batchlab.collector.parts import PartWriter, load_table, write_final
 from batchlab.collector.process import finish_run, run_collector
 from batchlab.collector.store import RunStore
-from batchlab.protocol import (
-    Arrival, BatchDone, BatchLaunch, Heartbeat, RequestFailed, RunEnd, RunInfo, Step, Tokens,
-    WorkerBye, encode,
-)
+from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, Heartbeat, RequestFailed, RunEnd, RunInfo, Step,
+                               Tokens, WorkerBye, encode)
 from batchlab.protocol.messages import STEP_BATCH
 
 T0 = 1000.0

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from batchlab.protocol import ClockPing, ClockPong, EndOfStream, Heartbeat, RequestMsg, Shutdown, Start, TrafficHello, decode, encode, now
+from batchlab.protocol import (ClockPing, ClockPong, EndOfStream, Heartbeat, RequestMsg, Shutdown, Start, TrafficHello,
+                               decode, encode, now)
 from batchlab.protocol.messages import unpack_tokens
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S
 from batchlab.traffic.config import TrafficConfig

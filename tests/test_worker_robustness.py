@@ -13,8 +13,8 @@ import torch
 import zmq
 
 from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, ProtocolError,
-                      RequestFailed, RequestMsg, RunEnd, Shutdown, Start, Tokens, TrafficHello, WorkerBye,
-                      WorkerCapacity, WorkerHello, decode, encode, now)
+                               RequestFailed, RequestMsg, RunEnd, Shutdown, Start, Tokens, TrafficHello, WorkerBye,
+                               WorkerCapacity, WorkerHello, decode, encode, now)
 from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import zmq
 
-from batchlab.protocol import (
-    EndOfStream, Heartbeat, ProtocolError, RequestMsg, Shutdown, Start, TrafficHello, decode, encode,
-)
+from batchlab.protocol import (EndOfStream, Heartbeat, ProtocolError, RequestMsg, Shutdown, Start, TrafficHello,
+                               decode, encode)
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.clock_sync import OffsetEstimate, measure
 from batchlab.protocol.messages import pack_tokens

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
-from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss, cuda_free_bytes,
-                           cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
+from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
+                                    cuda_free_bytes, cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
 
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun. " * 2
 WARMUP_OUTPUT_LENS = (4, 2)  # a 2-row batch of different lengths: padding and masks get exercised

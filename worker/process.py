@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens, WorkerBye,
-                      WorkerCapacity, decode, encode, now)
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens,
+                               WorkerBye, WorkerCapacity, decode, encode, now)
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
