@@ -56,14 +56,12 @@ def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
     raw = load_yaml(config) if config else {}
     swept = "grid" in raw or "base" in raw
     slos = None if swept else raw.pop("slos", None)
-    plan = load_plan(config) if swept else _flat_plan(raw)
+    plan = load_plan(config) if swept else _flat_plan({**raw, **given})  # the options count for its rate too
     plan.base.update(given)
     if strategies:
         plan.entries = [Entry(label(s), {"strategy": s}) for s in strategies]
     if rates:
         plan.rates, plan.auto = sorted(set(rates)), {}
-    elif not swept and plan.base.get("arrival") == "trace" and "rate" not in raw:
-        plan.rates = [0.0]  # a trace keeps its own timing unless a rate is asked for (as build_config)
     if "seed" in given:
         plan.seed = int(given["seed"])
     default_out = str(Path("results") / Path(config).stem) if swept else DEFAULT_OUT

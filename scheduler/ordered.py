@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from batchlab.protocol.settings import parse_slos
-from batchlab.scheduler.policies import AdaptiveCap, Capacity, Decision, QueuedRequest, at_least, fit_padded
+from batchlab.scheduler.policies import (AdaptiveCap, Capacity, Decision, QueuedRequest, admit_by_credit, at_least,
+                                         batch_trigger)
 
 MODES = ("static", "continuous")
 PREDICTORS = ("oracle", "prompt", "noisy")
@@ -94,15 +95,9 @@ class Ranked:
         return decision
 
     def _admit(self, queue: Sequence[QueuedRequest], order: list[int], cap: Capacity) -> Decision:
-        """Best ranked first, while the worker has rows and KV (the first always fits an idle worker)."""
-        pick, kv = [], cap.kv_free_bytes
-        for i in order[: max(0, min(cap.free_slots, self.params.max_batch_size))]:
-            need = (queue[i].prompt_len + queue[i].output_len) * cap.kv_bytes_per_token
-            if need > kv and not (cap.idle and not pick):
-                break
-            pick.append(i)
-            kv -= need
-        return Decision(reason="credit", pick=tuple(pick)) if pick else Decision()
+        """Best ranked first, while the worker has rows and KV (continuous's credit rule)."""
+        n = admit_by_credit([queue[i] for i in order], min(cap.free_slots, self.params.max_batch_size), cap)
+        return Decision(reason="credit", pick=tuple(order[:n])) if n else Decision()
 
     def _batch(self, queue: Sequence[QueuedRequest], order: list[int], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
@@ -110,19 +105,12 @@ class Ranked:
         if cap.free_slots <= 0 or not order:
             return Decision()
         limit = min(self.adaptive.cap, self.params.max_batch_size, cap.free_slots)
-        ranked = [queue[i] for i in order]
-        n = fit_padded(ranked, limit, cap, self.params.max_new_tokens)
-        pick = tuple(order[:n])
-        if n < min(limit, len(ranked)):
-            return Decision(reason="memory", pick=pick)
-        if len(ranked) >= limit:
-            return Decision(reason="size", pick=pick)
-        deadline = min(r.arrival_time for r in ranked) + self.params.max_wait_ms / 1000.0
-        if now >= deadline:
-            return Decision(reason="age", pick=pick)
-        if end_of_stream:
-            return Decision(reason="flush", pick=pick)
-        return Decision(wake_at=deadline)
+        p = self.params
+        decision = batch_trigger([queue[i] for i in order], limit, now, cap, end_of_stream, p.max_wait_ms / 1000.0,
+                                 p.max_new_tokens)
+        if decision.n:  # the first n of the ranked order are positions of the queue shown
+            decision.pick, decision.n = tuple(order[:decision.n]), 0
+        return decision
 
     def on_batch_done(self, size: int, oom: bool) -> None:
         """Halve the static cap on OOM (min 1); after enough clean batches probe it up by one."""

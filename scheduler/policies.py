@@ -89,6 +89,35 @@ def fit_padded(queue: Sequence[QueuedRequest], limit: int, cap: Capacity, max_ne
     return min(limit, len(queue))
 
 
+def batch_trigger(queue: Sequence[QueuedRequest], limit: int, now: float, cap: Capacity, end_of_stream: bool,
+                  max_wait_s: float, max_new_tokens: int) -> Decision:
+    """dynamic's rule over `queue` taken in the order given: launch its first n (n ≤ limit) on memory,
+    size, the oldest's age or the end of the stream, else ask to be woken when the oldest ages out."""
+    n = fit_padded(queue, limit, cap, max_new_tokens)
+    if n < min(limit, len(queue)):
+        return Decision(n, "memory")
+    if len(queue) >= limit:
+        return Decision(n, "size")
+    deadline = min(r.arrival_time for r in queue) + max_wait_s
+    if now >= deadline:
+        return Decision(n, "age")
+    if end_of_stream:
+        return Decision(n, "flush")
+    return Decision(wake_at=deadline)
+
+
+def admit_by_credit(queue: Sequence[QueuedRequest], limit: int, cap: Capacity) -> int:
+    """How many of queue[:limit], in the order given, fit the worker's KV credit (the first always fits an
+    idle worker)."""
+    n, kv = 0, cap.kv_free_bytes
+    for req in queue[: max(0, limit)]:
+        need = (req.prompt_len + req.output_len) * cap.kv_bytes_per_token
+        if need > kv and not (cap.idle and n == 0):
+            break
+        n, kv = n + 1, kv - need
+    return n
+
+
 @dataclass
 class AdaptiveCap:
     """The OOM back-off every static strategy shares: halve on OOM (min 1), +1 after clean batches."""
@@ -205,17 +234,7 @@ class Dynamic:
         if cap.free_slots <= 0 or not queue:
             return Decision()
         limit = min(self.cap, self.max_batch_size, cap.free_slots)
-        n = fit_padded(queue, limit, cap, self.max_new_tokens)
-        if n < min(limit, len(queue)):
-            return Decision(n, "memory")
-        if len(queue) >= limit:
-            return Decision(n, "size")
-        deadline = queue[0].arrival_time + self.max_wait_s
-        if now >= deadline:
-            return Decision(n, "age")
-        if end_of_stream:
-            return Decision(n, "flush")
-        return Decision(wake_at=deadline)
+        return batch_trigger(queue, limit, now, cap, end_of_stream, self.max_wait_s, self.max_new_tokens)
 
     def on_batch_done(self, size: int, oom: bool) -> None:
         """Halve the cap on OOM (min 1); after enough clean batches probe it up by one."""
@@ -248,12 +267,7 @@ class Continuous:
 
     def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
-        n, kv = 0, cap.kv_free_bytes
-        for req in queue[: max(0, min(cap.free_slots, self.max_batch_size))]:
-            need = (req.prompt_len + req.output_len) * cap.kv_bytes_per_token
-            if need > kv and not (cap.idle and n == 0):
-                break
-            n, kv = n + 1, kv - need
+        n = admit_by_credit(queue, min(cap.free_slots, self.max_batch_size), cap)
         return Decision(n, "credit") if n else Decision()
 
     def on_batch_done(self, size: int, oom: bool) -> None:
