@@ -56,7 +56,10 @@ def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
     raw = load_yaml(config) if config else {}
     swept = "grid" in raw or "base" in raw
     slos = None if swept else raw.pop("slos", None)
-    plan = load_plan(config) if swept else _flat_plan({**raw, **given})  # the options count for its rate too
+    if swept:
+        plan = load_plan(config)
+    else:  # the options count for its rate and its checks too (strategy_args are checked against --strategy)
+        plan = _flat_plan({**raw, **given, **({"strategy": strategies[0]} if strategies else {})})
     plan.base.update(given)
     if strategies:
         plan.entries = [Entry(label(s), {"strategy": s}) for s in strategies]

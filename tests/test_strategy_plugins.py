@@ -113,6 +113,15 @@ def test_an_entry_point_names_a_strategy(monkeypatch):
         config(strategy="early")
 
 
+def test_simulate_checks_strategy_args_against_the_strategy_given_on_the_command_line(examples_on_path):
+    from batchlab.cli.sim_plan import plan_simulation
+    sim = plan_simulation(None, {"strategy": PLUGIN, "strategy_args": ["max_batch_tokens=600"], "rate": "20"})
+    assert [e.overrides["strategy"] for e in sim.plan.entries] == [PLUGIN]
+    assert sim.plan.base["strategy_args"] == ["max_batch_tokens=600"]
+    with pytest.raises(ConfigError, match="dynamic has no parameter max_batch_tokens"):
+        plan_simulation(None, {"strategy": "dynamic", "strategy_args": ["max_batch_tokens=600"], "rate": "20"})
+
+
 def test_a_bad_strategy_arg_on_the_command_line_is_one_line():
     result = CliRunner().invoke(app, ["run", "--strategy", "dynamic", "--strategy-arg", "size=4"])
     assert result.exit_code == 1
