@@ -8,7 +8,8 @@ load on the machine only ever adds time. Rounds interleave the methods, so drift
 
 Then the prefill stall: `--stall-rows` rows decode while one `--stall-prompt`-token prompt joins; the figure
 is the longest gap between two tokens of a running row from the join to the joiner's first token, with the
-whole prompt prefilled in one step and with chunked prefill (`--stall-budget` tokens per step), the
+whole prompt prefilled in one step and with chunked prefill (`--stall-budget` tokens per step), each with
+the running rows' decodes and the prompt's chunk in one fused forward (the default) and in two forwards, the
 smallest over the rounds; also the joiner's time to first token and the time the running rows took to
 finish (what chunking costs them, if anything).
 
@@ -83,17 +84,20 @@ def stall_run(loop: HFContinuousBackend, running: list[Row], joiner: Row, warm_s
 
 
 def measure_stall(loop: HFContinuousBackend, args, prefix: int, budgets: list[int | None]) -> dict:
-    """Per budget (None: the prompt whole), each Stall figure's smallest over `args.rounds` interleaved runs."""
+    """Per (budget, fused) (budget None: the prompt whole; fused: the decodes and the chunk in one forward, the
+    default, else a decode forward and a prefill forward), each Stall figure's smallest over `args.rounds`
+    interleaved runs."""
     rng, best = random.Random(1), {}
     running = make_rows(args.stall_rows, 128, 64, prefix, 0.0, rng)
     joiner = make_rows(1, args.stall_prompt, 4, prefix, 0.0, rng)[0]
     joiner.request_id = len(running)
     for _ in range(args.rounds):
-        for budget in budgets:
-            loop.budget = budget
+        for key in [(budget, fuse) for budget in budgets for fuse in (True, False)]:
+            loop.budget, loop.fuse = key
             run = stall_run(loop, running, joiner, warm_steps=4)
-            old = best.get(budget, run)
-            best[budget] = Stall(*(min(a, b) for a, b in zip(astuple(old), astuple(run))))
+            old = best.get(key, run)
+            best[key] = Stall(*(min(a, b) for a, b in zip(astuple(old), astuple(run))))
+    loop.fuse = True
     return best
 
 
@@ -168,9 +172,10 @@ def print_stall(best: dict, args) -> None:
     """One line per budget: the longest gap a running row saw, the joiner's TTFT, the running rows' finish."""
     print(f"prefill stall: {args.stall_rows} rows running (128-token contexts) while a {args.stall_prompt}-token "
           "prompt joins (fastest of the rounds)")
-    for budget, s in best.items():
-        name = "whole prompt" if budget is None else f"chunks, {budget} tokens/step"
-        print(f"  {name:>26}: longest running-row gap {s.longest_gap_s * 1e3:8.1f} ms, joiner TTFT "
+    for (budget, fuse), s in best.items():
+        name = ("whole prompt" if budget is None else f"chunks, {budget} tokens/step") + (
+            ", fused" if fuse else ", separate")
+        print(f"  {name:>36}: longest running-row gap {s.longest_gap_s * 1e3:8.1f} ms, joiner TTFT "
               f"{s.ttft_s * 1e3:8.1f} ms, running rows done after {s.running_done_s * 1e3:8.1f} ms", flush=True)
 
 

@@ -60,7 +60,9 @@ def busy_run(b):
 
 
 @pytest.mark.slow  # tiny-mistral on HF
-def test_greedy_tokens_are_the_same_alone_or_joining_a_busy_batch(backend, solo):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_greedy_tokens_are_the_same_alone_or_joining_a_busy_batch(backend, solo, monkeypatch, fuse):
+    monkeypatch.setattr(backend, "fuse", fuse)
     tokens, _ = busy_run(backend)
     assert tokens == solo
 
@@ -147,8 +149,12 @@ def token_times(out: StepOutput) -> dict[int, float]:
 
 
 @pytest.mark.slow  # tiny-mistral on HF
-def test_running_rows_tokens_are_stamped_before_a_joiners_prefill(backend, monkeypatch):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_each_token_is_stamped_when_the_forward_that_made_it_ends(backend, monkeypatch, fuse):
+    """Fused (the default): the running row's decode and the joiners' last chunks are one forward, so all three
+    tokens exist when it ends; not fused: the running row's token exists before the joiners' prefill starts."""
     model, prefills = backend.model, []
+    monkeypatch.setattr(backend, "fuse", fuse)
 
     def timed(*args, **kwargs):
         if kwargs["input_ids"].shape[1] == 1:  # a decode [R, 1]
@@ -163,7 +169,10 @@ def test_running_rows_tokens_are_stamped_before_a_joiners_prefill(backend, monke
     _, outs = drive(backend, [[rows[0]], [], [rows[1], rows[2]]])
     started, ended = prefills[1]  # rows 1 and 2 join at step 2, while row 0 runs
     times = token_times(outs[2])
-    assert times[0] <= started and ended <= times[1] == times[2] <= outs[2].time
+    if fuse:
+        assert len(prefills) == 2 and started <= ended <= times[0] == times[1] == times[2] <= outs[2].time
+    else:
+        assert times[0] <= started and ended <= times[1] == times[2] <= outs[2].time
     assert all(o.start_time <= t <= o.time for o in outs for t in token_times(o).values())
 
 
@@ -312,7 +321,9 @@ def budget16(backend):
 
 
 @pytest.mark.slow  # tiny-mistral on HF
-def test_chunked_prefill_gives_the_same_tokens_as_a_solo_run(budget16, solo):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_chunked_prefill_gives_the_same_tokens_as_a_solo_run(budget16, solo, monkeypatch, fuse):
+    monkeypatch.setattr(budget16, "fuse", fuse)
     tokens, outs = busy_run(budget16)  # prompts of up to 51 tokens (BOS included) in chunks of ≤ 16
     assert tokens == solo
     assert {rid: len(t) for rid, t in tokens.items()} == {r.request_id: r.output_len for r in mixed_rows()}

@@ -132,3 +132,54 @@ def test_grouped_decode_attention_equals_sdpa_over_repeated_kv_heads():
         query, key.repeat_interleave(2, dim=1), value.repeat_interleave(2, dim=1), attn_mask=mask[:, None, None, :],
         scale=0.25).transpose(1, 2)  # [R, 1, Hq, D]
     assert ours.shape == (3, 1, 8, 16) and torch.allclose(ours, want, atol=1e-5)
+
+
+def test_a_fused_forward_packs_the_decodes_then_the_chunks_and_writes_each_token_at_its_own_slot_and_column():
+    kv = toy_slots()
+    kv.add(2)
+    prefill(kv, [[5, 6, 7], [8, 9]], [1, 2], done=2)  # running: slot 0 at column 3, slot 1 at column 2
+    kv.add(2)
+    prefill(kv, [[4]], [3], done=0)  # prefilling: slot 2 has one column filled; slot 3 none
+    inputs = kv.fused_inputs([[6, 6], [7, 7, 7]])
+    assert inputs["input_ids"].tolist() == [[100, 101, 6, 6, 7, 7, 7]]
+    assert inputs["position_ids"].tolist() == [[3, 2, 1, 2, 0, 1, 2]]
+    assert inputs["attention_mask"][:, 0, 0].tolist() == [[True] * 4, [True, True, True, False]]
+    assert kv.fused_ends() == [0, 1, 3, 6]  # each decode, then each chunk's last token
+    plan = kv.fused
+    assert (plan.rows, plan.decode_width, plan.chunks) == (2, 4, [(2, 2, 1), (4, 3, 0)])
+    assert plan.masks[0].tolist() == [[True, True, False], [True, True, True]]  # causal after the filled column
+    states = torch.tensor([70.0, 80.0, 31.0, 32.0, 40.0, 41.0, 42.0]).view(1, 1, 7, 1)
+    keys, _ = kv.update(states, states.clone(), 0)
+    assert cached(kv, 4, 4) == [[10, 11, 12, 70], [21, 22, 80, 0], [30, 31, 32, 0], [40, 41, 42, 0]]
+    kv.decoded(torch.tensor([11, 12]))
+    kv.prefilled(torch.tensor([103]), done=1)  # slot 2's last chunk ran; slot 3 goes on prefilling
+    assert kv.col_h == [4, 3, 3] and kv.fill_h == [3] and kv.tokens.tolist()[:3] == [11, 12, 103]
+
+
+def test_fused_attention_equals_a_decode_step_and_a_causal_prefill_of_each_chunk():
+    gen = torch.Generator().manual_seed(1)
+    kv = SlotKV(torch, torch.device("cpu"), torch.float32, layers=1, kv_heads=2, head_dim=8)
+    kv.reserve(3, 8, 3)
+    kv.keys[0][:, :, :8] = torch.randn(3, 2, 8, 8, generator=gen)
+    kv.values[0][:, :, :8] = torch.randn(3, 2, 8, 8, generator=gen)
+    kv.col_h, kv.fill_h = [3], [3, 0]  # slot 0 runs (3 columns); slot 1 is filled to column 3; slot 2 is empty
+    kv.col[0] = 3
+    inputs = kv.fused_inputs([[1, 2], [3, 4, 5]])
+    query = torch.randn(1, 4, 6, 8, generator=gen)  # [1, Hq, T, D]: G = 2
+    new_k, new_v = torch.randn(2, 1, 2, 6, 8, generator=gen)
+    key, value = kv.update(new_k, new_v, 0)
+    ours, _ = slot_attention(_Attention(), query, key, value, inputs["attention_mask"], scaling=0.3,
+                             slot_fused=inputs["slot_fused"])
+    rep = dict(dim=1, repeats=2)
+    want = [torch.nn.functional.scaled_dot_product_attention(  # the decode: slot 0 over columns 0..3
+        query[:, :, :1], key[:1, :, :4].repeat_interleave(**rep), value[:1, :, :4].repeat_interleave(**rep),
+        scale=0.3)]
+    for slot, (start, n, fill) in ((1, (1, 2, 3)), (2, (3, 3, 0))):  # each chunk causally over its own row
+        seen = fill + n
+        mask = torch.arange(seen)[None, :] <= fill + torch.arange(n)[:, None]
+        want.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, start:start + n], key[slot:slot + 1, :, :seen].repeat_interleave(**rep),
+            value[slot:slot + 1, :, :seen].repeat_interleave(**rep), attn_mask=mask, scale=0.3))
+    want = torch.cat(want, dim=2).transpose(1, 2)  # [1, T, Hq, D]
+    assert ours.shape == (1, 6, 4, 8) and torch.allclose(ours, want, atol=1e-5)
+    assert torch.equal(key[1, :, 3:5], new_k[0, :, 1:3]) and torch.equal(key[0, :, 3], new_k[0, :, 0])

@@ -1,12 +1,15 @@
 """The `hf` backend in continuous mode: iteration-level batching by a hand-written greedy decode loop.
 
-Every `step()` is one step boundary: (1) one batched decode forward over the running rows gives each its
-next token; (2) rows admitted since the last step start prefilling; (3) one prefill forward runs the prompt
-chunks that fit what the decodes left of the step's token budget (worker.hf_chunks), and a row whose last
-chunk ran gets its first token; (4) finished rows leave, fully prefilled ones join the running set. A token
-is stamped (`StepOutput.times`) when it reached the host: a running row's when the decode's argmax is read
-back (on CUDA that copy is the sync), a joiner's after its last chunk; the budget bounds how long a chunk
-delays the running rows' next tokens.
+Every `step()` is one step boundary: (1) rows admitted since the last step start prefilling; (2) the prompt
+chunks that fit what the running rows' decodes leave of the step's token budget are planned
+(worker.hf_chunks); (3) one fused forward runs the decodes and the chunks together (the slot layout; else a
+decode forward, then a prefill forward): each running row gets its next token, and a row whose last chunk
+ran gets its first; (4) finished rows leave, fully prefilled ones join the running set. A token is stamped
+(`StepOutput.times`) when it reached the host, i.e. when the argmax of the forward that made it is read back
+(on CUDA that copy is the sync); the budget bounds how long a chunk delays the running rows' next tokens.
+Fusing reads the weights once for both: on this CPU a 1,024-token prompt joining 4 running rows in 256-token
+chunks left them a longest gap of 125 ms fused against 160 ms in two forwards, and its first token came
+after 488 ms against 641 (benchmarks/continuous_step.py).
 Decoding is greedy with EOS banned (logit −inf, as generate()'s min_new_tokens does), so every row gets
 exactly `output_len` tokens and they match the static path even where EOS is the model's top choice.
 
@@ -42,9 +45,9 @@ from batchlab.worker.hf_rowcap import RowCap
 
 CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by one: the static back-off's
 # 20 clean batches (scheduler.policies) × 32 steps, one batch's worth at the CPU config's 32-token outputs
-DECODE = {"slots": "greedy loop, EOS banned: one batched decode forward per step, joiners prefilled in chunks "
-                   "within a per-step token budget into free slots of a preallocated per-row KV cache, "
-                   "grouped-query decode attention",
+DECODE = {"slots": "greedy loop, EOS banned: one forward per step for the running rows' decodes and the joiners' "
+                   "prompt chunks (within a per-step token budget) into free slots of a preallocated per-row KV "
+                   "cache, grouped-query decode attention",
           "padded": "greedy loop, EOS banned: one batched decode forward per step, joiners prefilled together, "
                     "left-padded DynamicCache"}
 
@@ -62,7 +65,8 @@ def eos_ids(model, tokenizer) -> list[int]:
 class HFContinuousBackend:
     """Continuous batching over an HF causal LM (see the module docstring); loading is HFBackend's."""
 
-    def __init__(self, settings: HFSettings, layout: str = "slots", max_num_batched_tokens: int = 0) -> None:
+    def __init__(self, settings: HFSettings, layout: str = "slots", max_num_batched_tokens: int = 0,
+                 fuse: bool = True) -> None:
         if layout not in LAYOUTS:
             raise BackendError(f"unknown KV layout {layout!r} (one of {', '.join(LAYOUTS)})")
         self.base = HFBackend(settings)  # model, tokenizer, BOS prefix, pad id, budget, device
@@ -74,6 +78,7 @@ class HFContinuousBackend:
         self.info = replace(self.base.info, mode="continuous",
                             facts={**self.base.info.facts, "decode": self.decode_fact, **self._budget_fact()})
         self.kv = make_layout(layout, self.torch, self.model, self.device, self.info.max_batch_size)
+        self.fuse = fuse and callable(self.kv.fused)  # decodes and chunks in one forward (the slot layout)
         self.eos = self.torch.tensor(eos_ids(self.model, self.base.tokenizer), dtype=self.torch.long,
                                      device=self.device)  # [E]
         self.pending: list[Live] = []  # admitted, waiting for a slot
@@ -147,9 +152,13 @@ class HFContinuousBackend:
         out = StepOutput(time=0.0, request_ids=[], token_ids=[], start_time=now(), times=[], failed=self.refused)
         self.refused = []
         with self.torch.inference_mode():
-            self._decode(out)
             self._join(self._take_joiners())
-            joiners = self._prefill(out)
+            counts = self._plan()
+            if self.fuse and self.running and counts:
+                joiners = self._fused(out, counts)
+            else:
+                self._decode(out)
+                joiners = self._prefill(out, counts)
             out.running, out.joined = len(out.request_ids), len(joiners)
             self._retire(joiners)
         self.cap.end_step()
@@ -217,11 +226,14 @@ class HFContinuousBackend:
             self.kv.join(len(joiners))
             self.prefilling += joiners
 
-    def _prefill(self, out: StepOutput) -> list[Live]:
-        """One forward over the chunks that fit what the decodes left of the budget; the rows whose last chunk
-        ran get their first tokens (returned: they run from the next step)."""
-        left = None if self.budget is None else self.budget - len(out.request_ids)
-        counts = plan_chunks(left, [lv.unfilled() for lv in self.prefilling])
+    def _plan(self) -> list[int]:
+        """Prompt tokens each prefilling row runs this step: what the running rows' decodes leave of the budget."""
+        left = None if self.budget is None else self.budget - len(self.running)
+        return plan_chunks(left, [lv.unfilled() for lv in self.prefilling])
+
+    def _prefill(self, out: StepOutput, counts: list[int]) -> list[Live]:
+        """One forward over the planned chunks; the rows whose last chunk ran get their first tokens (returned:
+        they run from the next step)."""
         if not counts:
             return []
         lives = self.prefilling[: len(counts)]
@@ -231,15 +243,40 @@ class HFContinuousBackend:
         except self.torch.OutOfMemoryError:
             self._requeue_or_fail(out)
             return []
-        for lv, n in zip(lives, counts):
-            lv.filled += n
-        out.prefill_tokens = sum(counts)
-        done = [lv for lv in lives if not lv.unfilled()]  # the oldest rows: only the last chunk can be partial
+        done = self._filled(lives, counts, out)
         tokens, host = self._pick(logits[: len(done)]) if done else (None, [])
         self.kv.prefilled(tokens, len(done))
         self._emit(done, host, now(), out)
         self.prefilling = self.prefilling[len(done):]
         return done
+
+    def _fused(self, out: StepOutput, counts: list[int]) -> list[Live]:
+        """One forward over the running rows' decodes and the planned chunks (the slot layout's fused step): the
+        running rows and the rows whose last chunk ran get their tokens, all stamped when they reach the host."""
+        lives = self.prefilling[: len(counts)]
+        try:
+            logits = self.kv.fused(self.model, chunks_of(lives, counts), self.running, self.prefilling)
+        except self.torch.OutOfMemoryError:  # the running rows' cache is whole (the forward wrote only columns
+            self._requeue_or_fail(out)        # past theirs): they decode again, the prefilling rows wait
+            return []
+        done = self._filled(lives, counts, out)
+        rows = len(self.running)
+        tokens, host = self._pick(logits[: rows + len(done)])
+        self.kv.decoded(tokens[:rows])
+        self.kv.prefilled(tokens[rows:], len(done))
+        t = now()
+        self._emit(self.running, host[:rows], t, out)
+        self._emit(done, host[rows:], t, out)
+        self.prefilling = self.prefilling[len(done):]
+        return done
+
+    def _filled(self, lives: list[Live], counts: list[int], out: StepOutput) -> list[Live]:
+        """Count the chunks that ran; the rows now fully prefilled (the oldest: only the last chunk can be
+        partial)."""
+        for lv, n in zip(lives, counts):
+            lv.filled += n
+        out.prefill_tokens = sum(counts)
+        return [lv for lv in lives if not lv.unfilled()]
 
     def _pick(self, logits):
         """Greedy next tokens from logits [N, 1, V], EOS banned since output lengths are exact: (on the

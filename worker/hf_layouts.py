@@ -2,8 +2,9 @@
 worker.hf_slots.SlotKV) and `padded` (the earlier left-padded DynamicCache, worker.hf_kv.PaddedKV).
 
 A layout owns the cache and the model inputs; the loop owns rows, tokens, stamps and memory policy.
-Per step the loop calls decode → decoded (if running rows), join (rows admitted to prefill), prefill →
-prefilled (if a chunk runs; the oldest `done` prefilling rows ran their last one and now run), then retire,
+Per step the loop calls join (rows admitted to prefill), then decode → decoded (if running rows) and prefill →
+prefilled (if a chunk runs; the oldest `done` prefilling rows ran their last one and now run), or, where the
+layout has it and both are due, fused → decoded → prefilled (one forward for both), then retire,
 which returns the running rows' new order as indices into running + rows that just finished prefilling.
 Only the slot layout prefills in chunks; the padded one prefills each joiner whole in the step it joins.
 """
@@ -16,14 +17,15 @@ LAYOUTS = ("slots", "padded")
 
 
 class SlotLayout:
-    """Running row i in slot i of a preallocated cache; decode inputs and state stay on the device."""
+    """Running row i in slot i of a preallocated cache; decode inputs and state stay on the device; a step with
+    both decodes and chunks runs them as one fused forward."""
 
     def __init__(self, torch, model, device, max_rows: int) -> None:
         from batchlab.worker.memory import kv_shape
 
         layers, kv_heads, head_dim = kv_shape(model.config)
         self.kv = SlotKV(torch, device, model.dtype, layers, kv_heads, head_dim)
-        self.max_rows = max_rows
+        self.torch, self.device, self.max_rows = torch, device, max_rows
         use_slot_attention(model)
 
     def width(self) -> int:
@@ -40,13 +42,26 @@ class SlotLayout:
 
     def prefill(self, model, chunks, running, prefilling, pad_id: int):
         """Run chunks[j] of prefilling row j: logits [J, 1, V] at each chunk's last token."""
+        self._reserve(chunks, running, prefilling)
+        return model(**self.kv.prefill_inputs(chunks, pad_id), past_key_values=self.kv, use_cache=True,
+                     logits_to_keep=1).logits  # [J, 1, V]
+
+    def fused(self, model, chunks, running, prefilling):
+        """One forward: the running rows' decodes and chunks[j] of prefilling row j; logits [R + J, 1, V] (each
+        running row's, then each chunk's last token's). Then decoded() and prefilled(), in that order."""
+        kv = self._reserve(chunks, running, prefilling)
+        inputs = kv.fused_inputs(chunks)
+        keep = self.torch.tensor(kv.fused_ends(), device=self.device)
+        return model(**inputs, past_key_values=kv, use_cache=True, logits_to_keep=keep).logits.transpose(0, 1)
+
+    def _reserve(self, chunks, running, prefilling) -> SlotKV:
+        """Room for every row's final length and a padding token's column past each chunk."""
         kv, rows = self.kv, len(running) + len(prefilling)
         ends = [c + lv.remaining() for c, lv in zip(kv.col_h, running)]
         ends += [len(lv.context) + lv.remaining() for lv in prefilling]
         ends += [f + max(len(c) for c in chunks) for f in kv.fill_h[: len(chunks)]]  # a padding token's column
         kv.reserve(rows, max(ends), max(self.max_rows, rows))
-        return model(**kv.prefill_inputs(chunks, pad_id), past_key_values=kv, use_cache=True,
-                     logits_to_keep=1).logits  # [J, 1, V]
+        return kv
 
     def prefilled(self, tokens, done: int) -> None:
         self.kv.prefilled(tokens, done)
@@ -63,6 +78,8 @@ class SlotLayout:
 
 class PaddedLayout:
     """One left-padded DynamicCache for the running rows; joiners get their own, merged in at retire."""
+
+    fused = None  # no fused forward: a decode and a prefill forward
 
     def __init__(self, torch, model, device, max_rows: int) -> None:
         self.torch, self.device = torch, device

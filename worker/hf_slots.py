@@ -16,6 +16,12 @@ it already sits (slot R). A finished row frees its slot: the highest running row
 and the prefilling rows move down behind the running ones (their filled columns), so a decode forward
 needs no gather and a prefill forward reads its J rows as one view.
 
+A fused forward (the default when both are due in one step) runs the running rows' decodes and the chunks
+in one forward over the packed tokens [1, R + ΣC]: the linear layers read the weights once for both (on
+this CPU a forward's weight pass is about 18 ms, whatever its token count up to a few dozen), each token's
+K/V is written at (its slot, its column), and attention splits per kind: the decodes as a decode step,
+each chunk causally over its own row's columns.
+
 Per-step state (last tokens, col) lives on the device; the host keeps mirrors of the fills (they follow
 deterministically), so a decode step copies nothing host→device and reads back only its tokens.
 
@@ -24,25 +30,65 @@ AttentionInterface: the query heads of one KV head are laid out as that head's G
 so SDPA reads the cached K/V once per KV head, never repeated (repeat_kv would copy them G times, 41% of a
 CPU decode step). Every other call (prefill, generate()) falls through to transformers' own SDPA function.
 """
+from dataclasses import dataclass
+
 ATTENTION = "batchlab_slots"  # the model's attention implementation name while the slot loop owns it
 COLUMN_BLOCK = 256  # columns are allocated in blocks of this many tokens
 
 
 def slot_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-                   slot_decode: bool = False, **kwargs):
-    """Grouped-query decode without copies when `slot_decode`; else transformers' SDPA attention."""
+                   slot_decode: bool = False, slot_fused: "FusedPlan | None" = None, **kwargs):
+    """Grouped-query decode without copies when `slot_decode`, a fused step's split attention when `slot_fused`;
+    else transformers' SDPA attention."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if slot_fused is not None:
+        return _fused_attention(query, key, value, attention_mask, scaling, slot_fused), None
     if not slot_decode:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    rows, heads, _, dim = query.shape  # query [R, Hq, 1, D]; key, value [R, Hkv, W, D]
+    return _grouped_decode(query[:, :, 0], key, value, attention_mask, scaling).reshape(rows, 1, heads, dim), None
+
+
+def _grouped_decode(query, key, value, mask, scaling):
+    """One query per row [R, Hq, D] over its own K/V [R, Hkv, W, D], masked [R, 1, 1, W]: out [R, Hq, D]. The
+    query heads of a KV head are laid out as that head's G queries, so K/V are read once, never repeated."""
     import torch
 
-    rows, heads, _, dim = query.shape  # query [R, Hq, 1, D]; key, value [R, Hkv, W, D]
+    rows, heads, dim = query.shape
     grouped = query.reshape(rows, key.shape[1], heads // key.shape[1], dim)  # [R, Hkv, G, D]: head h = kv·G + g
-    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask,
-                                                           scale=scaling)  # [R, Hkv, G, D]
-    return out.reshape(rows, 1, heads, dim), None  # [R, 1, Hq, D], as sdpa_attention_forward returns
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(rows, heads, dim)
+
+
+def _fused_attention(query, key, value, mask, scaling, plan: "FusedPlan"):
+    """Packed queries [1, Hq, T, D] (the R decodes, then each chunk) over the whole cache [S, Hkv, C, D]:
+    out [1, T, Hq, D], as sdpa_attention_forward returns."""
+    import torch
+
+    rows, width = plan.rows, plan.decode_width
+    parts = [_grouped_decode(query[0, :, :rows].transpose(0, 1), key[:rows, :, :width], value[:rows, :, :width],
+                             mask, scaling)] if rows else []  # [R, Hq, D]
+    for j, (start, n, fill) in enumerate(plan.chunks):
+        slot, seen = rows + j, fill + n
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, start:start + n], key[slot:slot + 1, :, :seen], value[slot:slot + 1, :, :seen],
+            attn_mask=plan.masks[j], scale=scaling, enable_gqa=True)  # [1, Hq, n, D]
+        parts.append(out[0].transpose(0, 1))  # [n, Hq, D]
+    return torch.cat(parts)[None]  # [1, T, Hq, D]
+
+
+@dataclass(slots=True)
+class FusedPlan:
+    """A fused forward's layout in the packed tokens: the first `rows` are the running rows' decodes (attending
+    over `decode_width` columns, masked by the forward's attention_mask); then per chunk (start, tokens, the
+    row's columns filled before it), chunk j in slot rows + j, with its causal mask [tokens, fill + tokens]."""
+
+    rows: int
+    decode_width: int
+    chunks: list[tuple[int, int, int]]
+    masks: list
 
 
 def use_slot_attention(model) -> None:
@@ -73,7 +119,7 @@ class SlotKV:
         self.tokens = self.col = self.cols = None  # device [slots] ×2, [columns]
         self.col_h: list[int] = []  # host mirror of col for the running rows: the column each writes next
         self.fill_h: list[int] = []  # the prefilling rows' filled columns, oldest first
-        self.mode, self.index, self.width, self.chunk = "", None, 0, []
+        self.mode, self.index, self.width, self.chunk, self.fused = "", None, 0, [], None
 
     @property
     def rows(self) -> int:
@@ -163,6 +209,35 @@ class SlotKV:
         ids = torch.tensor([[pad_id] * pad + c for pad, c in zip(pads, chunks)], device=self.device)  # [J, C]
         return {"input_ids": ids, "position_ids": index, "attention_mask": mask[:, None]}  # mask [J, 1, C, W]
 
+    # --- one fused forward: the decodes and the chunks together -------------------------------------------
+    def fused_inputs(self, chunks: list[list[int]]) -> dict:
+        """The model's keyword arguments for one forward over the running rows' decodes and chunks[j] of the
+        oldest prefilling rows, packed as [1, R + ΣC] (see the module docstring); `fused_ends()` are the packed
+        positions of each row's last token (the logits to keep). After it: decoded(), then prefilled()."""
+        torch, rows = self.torch, self.rows
+        fills = self.fill_h[: len(chunks)]
+        col = self.col[:rows]
+        decode_width = self.widest() + 1
+        spans, start = [], rows
+        for fill, c in zip(fills, chunks):
+            spans.append((start, len(c), fill))
+            start += len(c)
+        columns = torch.tensor([f + p for f, c in zip(fills, chunks) for p in range(len(c))], device=self.device)
+        slots = torch.tensor([rows + j for j, c in enumerate(chunks) for _ in c], device=self.device)
+        self.mode, self.chunk = "fused", [len(c) for c in chunks]
+        self.width = max([decode_width] + [f + n for _, n, f in spans])
+        self.index = (torch.cat([torch.arange(rows, device=self.device), slots]), torch.cat([col, columns]))
+        masks = [self.cols[: f + n] <= (f + self.cols[:n])[:, None] for _, n, f in spans]  # [n, f + n] causal
+        self.fused = FusedPlan(rows, decode_width, spans, masks)
+        ids = torch.cat([self.tokens[:rows], torch.tensor([t for c in chunks for t in c], device=self.device)])
+        mask = self.cols[:decode_width] <= col[:, None]  # [R, W]: the decodes' mask, as decode_inputs'
+        return {"input_ids": ids[None], "position_ids": self.index[1][None], "attention_mask": mask[:, None, None, :],
+                "slot_fused": self.fused}
+
+    def fused_ends(self) -> list[int]:
+        """Packed positions of each running row's decode, then of each chunk's last token."""
+        return list(range(self.fused.rows)) + [start + n - 1 for start, n, _ in self.fused.chunks]
+
     def prefilled(self, tokens, done: int) -> None:
         """After a prefill forward: the oldest `done` rows have run their last chunk and join the running
         rows (where they already sit), tokens [done] (device) their next inputs."""
@@ -183,6 +258,10 @@ class SlotKV:
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         """Write the forward's new K/V [N, Hkv, S, D] in place; return what this layer attends over."""
         k, v = self.keys[layer_idx], self.values[layer_idx]
+        if self.mode == "fused":  # token t of the packed forward goes to (slot, column) index[0][t], index[1][t]
+            k.transpose(1, 2).index_put_(self.index, key_states[0].transpose(0, 1))  # [T, Hkv, D]
+            v.transpose(1, 2).index_put_(self.index, value_states[0].transpose(0, 1))
+            return k, v
         first = self.rows if self.mode == "prefill" else 0
         rows = slice(first, first + key_states.shape[0])
         k[rows].scatter_(2, self.index, key_states)
