@@ -10,7 +10,7 @@ from batchlab.cli.config import checked_config, replay_config
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, Burst, ConfigOpt, Dataset, Device,
-                                  Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
+                                  Compile, Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
                                   MaxPrompt, MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset,
                                   Rate, Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
 from batchlab.cli.options import OutputLens, PromptLens, TraceStart
@@ -74,7 +74,8 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
         max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, strict_memory: Strict = None,
         dtype: Dtype = None, device: Device = None, endpoint: Endpoint = None,
         max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
-        max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, tensor_parallel_size: TP = None,
+        max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
+        tensor_parallel_size: TP = None,
         pipeline_parallel_size: PP = None, slo: SloOpt = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
@@ -142,7 +143,8 @@ def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = 
            strict_memory: Strict = None, dtype: Dtype = None, device: Device = None,
            endpoint: Endpoint = None, max_concurrency: MaxConc = None, out: Out = None, keys: Keys = None,
            gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
-           max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, tensor_parallel_size: TP = None,
+           max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
+           tensor_parallel_size: TP = None,
            pipeline_parallel_size: PP = None,
            scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557",
            collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558",

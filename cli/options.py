@@ -86,6 +86,9 @@ MaxTok = Annotated[Optional[int], setting("max_num_batched_tokens",
                                                "not below --max-batch-size")]
 Eager = Annotated[Optional[bool], setting("enforce_eager", "--enforce-eager",
                                           help="vllm: no CUDA graphs / torch.compile")]
+Compile = Annotated[Optional[bool], setting(
+    "torch_compile", "--torch-compile",
+    help="hf static: static KV cache, batches padded to --max-batch-size, decode compiled once (CUDA graphs)")]
 TP = Annotated[Optional[int], setting("tensor_parallel_size", help="vllm: tensor-parallel GPUs")]
 PP = Annotated[Optional[int], setting("pipeline_parallel_size", help="vllm: pipeline-parallel stages")]
 Keys = Annotated[Optional[str], setting("keys", help="CurveZMQ key folder (needed to bind a non-loopback address)")]

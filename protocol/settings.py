@@ -63,6 +63,7 @@ class RunConfig:
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
     enforce_eager: bool = False
+    torch_compile: bool = False  # hf static: a fixed-shape decode compiled by torch.compile (CUDA graphs on CUDA)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     endpoint: str = ""

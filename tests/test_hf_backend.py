@@ -109,6 +109,8 @@ def test_from_config_reads_run_settings():
     assert (b.info.max_batch_size, b.info.kv_budget_bytes) == (32, 2**20)  # naive's rows: its batch size
     cfg = RunConfig(backend="hf", strategy="dynamic", batch_size=32, max_batch_size=4, device="cpu")
     assert HFBackend.from_config(cfg, "static", resolve(cfg).rows).info.max_batch_size == 4  # dynamic's: its cap
+    cfg = RunConfig(backend="hf", strategy="dynamic", torch_compile=True, device="cpu")
+    assert HFBackend.from_config(cfg, "static", resolve(cfg).rows).settings.torch_compile
 
 
 def test_left_pad_and_bos_prefix():
@@ -120,3 +122,28 @@ def test_left_pad_and_bos_prefix():
             return [7]
 
     assert special_prefix(NoSpecials()) == []
+
+
+@pytest.mark.slow  # compiles tiny-mistral's decode step with inductor (about 20 s on 2 cores)
+def test_torch_compile_gives_the_same_tokens_from_one_shape_compiled_in_the_warmup(backend):
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    compiled = HFBackend(HFSettings(model="tiny-mistral", device="cpu", max_batch_size=4, torch_compile=True))
+    try:
+        compiled.warmup()
+        warm = counters["stats"]["unique_graphs"]
+        batches = [rows_of_mixed_lengths(), rows_of_mixed_lengths()[1:2], [Row(20, 30, 9, list(range(2000, 2030)), 2)]]
+        for rows in batches:  # 3, 1 and 1 rows, prompts of 1 to 30 tokens: one padded shape
+            assert tokens_by_row(run(compiled, rows)) == tokens_by_row(run(backend, rows))
+        assert warm > before and counters["stats"]["unique_graphs"] == warm  # no recompile after the warm-up
+        assert compiled.info.facts["decode"].endswith("torch.compile")
+    finally:
+        compiled.close()
+
+
+def test_torch_compile_is_refused_for_the_continuous_loop():
+    from batchlab.worker.hf_continuous import HFContinuousBackend
+
+    with pytest.raises(BackendError, match="--torch-compile applies to static hf batches"):
+        HFContinuousBackend(HFSettings(model="tiny-mistral", device="cpu", torch_compile=True))

@@ -22,6 +22,7 @@ from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_r
 
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun. " * 2
 WARMUP_OUTPUT_LENS = (4, 2)  # a 2-row batch of different lengths: padding and masks get exercised
+COMPILE_COLUMN_BLOCK = 512  # --torch-compile: the static cache's columns, in blocks (a new block recompiles)
 
 
 @dataclass(slots=True)
@@ -34,6 +35,7 @@ class HFSettings:
     max_batch_size: int = 16
     memory_budget_bytes: int = 0  # 0: measured (CUDA) or a share of available RAM (CPU)
     strict_memory: bool = False
+    torch_compile: bool = False  # static batches: one fixed-shape decode step, compiled (see _compile_kwargs)
 
 
 class _StepStreamer:
@@ -96,7 +98,8 @@ def settings_from_config(cfg, rows: int) -> HFSettings:
     from batchlab.protocol.settings import parse_bytes
 
     return HFSettings(model=cfg.model, dtype=cfg.dtype, device=cfg.device, max_batch_size=rows,
-                      memory_budget_bytes=parse_bytes(cfg.memory_budget), strict_memory=cfg.strict_memory)
+                      memory_budget_bytes=parse_bytes(cfg.memory_budget), strict_memory=cfg.strict_memory,
+                      torch_compile=cfg.torch_compile)
 
 
 def special_prefix(tokenizer) -> list[int]:
@@ -183,7 +186,9 @@ class HFBackend:
                  "head_dim": head_dim, "n_params": sum(p.numel() for p in self.model.parameters()),
                  "torch": torch.__version__, "transformers": transformers.__version__,
                  "bos_prefix": self.prefix, "pad_id": self.pad_id, "load_s": round(load_s, 3),
-                 "decode": "model.generate(do_sample=False, min_new_tokens=max_new_tokens)"}
+                 "decode": "model.generate(do_sample=False, min_new_tokens=max_new_tokens)"
+                 + (", static cache, batches padded to the row cap, torch.compile" if self.settings.torch_compile
+                    else "")}
         device = f"{self.device} ({torch.cuda.get_device_name(self.device)})" if is_cuda else str(self.device)
         return BackendInfo(backend="hf", model=self.settings.model, mode="static",
                            max_batch_size=self.settings.max_batch_size, kv_bytes_per_token=per_token,
@@ -251,15 +256,34 @@ class HFBackend:
 
     def _generate(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
         torch = self.torch
-        ids, mask = left_pad([self.prefix + list(r.prompt_tokens) for r in rows], self.pad_id)
+        contexts = [self.prefix + list(r.prompt_tokens) for r in rows]
+        steps = max(r.output_len for r in rows)
+        extra = {}
+        if self.settings.torch_compile:  # fixed shapes: the last row repeated up to the row cap (not reported)
+            contexts += [contexts[-1]] * (self.settings.max_batch_size - len(rows))
+            extra = self._compile_kwargs(max(len(c) for c in contexts) + steps)
+        ids, mask = left_pad(contexts, self.pad_id)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)  # [B, S]
         attention_mask = torch.tensor(mask, dtype=torch.long, device=self.device)  # [B, S]
-        steps = max(r.output_len for r in rows)
         streamer = _StepStreamer(rows, on_step, self._sync)
         with torch.inference_mode():
             self.model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
                                 max_new_tokens=steps, min_new_tokens=steps, pad_token_id=self.pad_id,
-                                streamer=streamer)
+                                streamer=streamer, **extra)
+
+    def _compile_kwargs(self, columns: int) -> dict:
+        """--torch-compile: generate() with a static KV cache of COMPILE_COLUMN_BLOCK-rounded columns (it only
+        grows, so a longer batch recompiles at most once per block) over batches padded to the row cap, so every
+        decode step has one shape; transformers compiles that step (mode reduce-overhead, i.e. CUDA graphs, on
+        CUDA; inductor's default on CPU, where it is for checking the path: it does not pay there)."""
+        from transformers import CompileConfig
+
+        cuda = self.device.type == "cuda"
+        config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead" if cuda else "default")
+        config._compile_all_devices = not cuda  # transformers compiles on CUDA by itself; on CPU only when asked
+        block = COMPILE_COLUMN_BLOCK
+        return {"cache_implementation": "static", "compile_config": config,
+                "max_cache_len": -(-columns // block) * block}
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

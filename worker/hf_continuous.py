@@ -69,6 +69,9 @@ class HFContinuousBackend:
                  fuse: bool = True) -> None:
         if layout not in LAYOUTS:
             raise BackendError(f"unknown KV layout {layout!r} (one of {', '.join(LAYOUTS)})")
+        if settings.torch_compile:
+            raise BackendError("--torch-compile applies to static hf batches: the continuous loop's forwards change "
+                               "shape every step (rows, columns, chunks)")
         self.base = HFBackend(settings)  # model, tokenizer, BOS prefix, pad id, budget, device
         self.torch, self.model, self.device = self.base.torch, self.base.model, self.base.device
         # tokens per step, decodes and prefill chunks together (None: no limit; the padded layout has none)
