@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,11 +104,35 @@ def reap(children: list[Child]) -> None:
 
 
 def stop(children: list[Child], sig: int, grace_s: float) -> None:
-    """Signal each live child, wait up to grace_s for all, then SIGKILL the rest and reap every group."""
-    for c in children:
-        if c.proc.is_alive():
-            signal_group(c, sig)
-    deadline = time.monotonic() + grace_s
-    for c in children:
-        c.proc.join(timeout=max(0.0, deadline - time.monotonic()))
-    reap(children)
+    """Signal each live child, wait up to grace_s for all, then SIGKILL the rest and reap every group. A Ctrl-C
+    meanwhile (an impatient second one) ends the grace at once; nothing cuts the reaping short."""
+    with _Hurry() as hurry:
+        for c in children:
+            if c.proc.is_alive():
+                signal_group(c, sig)
+        deadline = time.monotonic() + grace_s
+        for c in children:
+            while c.proc.is_alive() and not hurry.pressed and time.monotonic() < deadline:
+                c.proc.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+        reap(children)
+
+
+class _Hurry:
+    """While stopping: SIGINT (in the main thread) sets `pressed` instead of raising KeyboardInterrupt, so a
+    second Ctrl-C cannot leave a child group unreaped; the handler before is restored on exit."""
+
+    def __init__(self) -> None:
+        self.pressed, self.before = False, None
+
+    def __enter__(self) -> "_Hurry":
+        if threading.current_thread() is threading.main_thread():
+            self.before = signal.signal(signal.SIGINT, self._press)
+        return self
+
+    def _press(self, signum, frame) -> None:
+        self.pressed = True
+        log.warning("interrupted again: stopping without waiting")
+
+    def __exit__(self, *exc) -> None:
+        if self.before is not None:
+            signal.signal(signal.SIGINT, self.before)
