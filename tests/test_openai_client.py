@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from batchlab.worker.backend import Row
-from batchlab.worker.openai_client import _Tally, base_url, count_chunk, settle
+from batchlab.worker.openai_client import base_url
+from batchlab.worker.openai_count import Tally, count_chunk, settle
 
 SERVER_START_TIMEOUT_S = 240.0
 
@@ -24,14 +25,14 @@ def _text_chunk(text: str) -> dict:
     return {"choices": [{"index": 0, "text": text}]}
 
 
-def _feed(tally: _Tally, chunks: list[dict]) -> list:
+def _feed(tally: Tally, chunks: list[dict]) -> list:
     emitted = [count_chunk(tally, c, float(i)) for i, c in enumerate(chunks)]
     return [c for c in emitted if c is not None] + settle(tally, 99.0)
 
 
 # --- the counting rule (no server) ----------------------------------------------------------------
 def test_token_ids_in_chunks_are_emitted_exactly():
-    tally = _Tally(_row(3))
+    tally = Tally(_row(3))
     out = _feed(tally, [{"choices": [{"text": "a", "token_ids": [5, 6]}]},
                         {"choices": [{"text": "", "token_ids": [9]}]},
                         {"choices": [], "usage": {"completion_tokens": 3}}])
@@ -40,7 +41,7 @@ def test_token_ids_in_chunks_are_emitted_exactly():
 
 
 def test_continuous_usage_counts_the_increase_per_chunk():
-    tally = _Tally(_row(5))
+    tally = Tally(_row(5))
     out = _feed(tally, [{"choices": [{"text": "ab"}], "usage": {"completion_tokens": 2}},
                         {"choices": [{"text": "c"}], "usage": {"completion_tokens": 5}},
                         {"choices": [], "usage": {"completion_tokens": 5}}])
@@ -49,7 +50,7 @@ def test_continuous_usage_counts_the_increase_per_chunk():
 
 
 def test_text_chunks_shortfall_goes_to_the_last_chunk():
-    tally = _Tally(_row(6))
+    tally = Tally(_row(6))
     out = _feed(tally, [_text_chunk("a"), _text_chunk(""), _text_chunk("bc"),
                         {"choices": [], "usage": {"completion_tokens": 6}}])
     assert [(c.time, len(c.token_ids)) for c in out] == [(0.0, 1), (2.0, 5)]
@@ -57,20 +58,20 @@ def test_text_chunks_shortfall_goes_to_the_last_chunk():
 
 
 def test_text_chunks_excess_is_taken_from_the_latest_chunks():
-    tally = _Tally(_row(2))
+    tally = Tally(_row(2))
     out = _feed(tally, [_text_chunk("a"), _text_chunk("b"), _text_chunk("c"),
                         {"choices": [], "usage": {"completion_tokens": 2}}])
     assert [(c.time, len(c.token_ids)) for c in out] == [(0.0, 1), (1.0, 1)]
 
 
 def test_a_short_completion_fails_with_the_counts():
-    out = _feed(_Tally(_row(10)), [_text_chunk("a"), {"choices": [], "usage": {"completion_tokens": 4}}])
+    out = _feed(Tally(_row(10)), [_text_chunk("a"), {"choices": [], "usage": {"completion_tokens": 4}}])
     assert sum(len(c.token_ids) for c in out) == 4
     assert out[-1].end == "stream error: server returned 4 of 10 tokens"
 
 
 def test_prefix_cache_counters_are_summed_over_label_sets():
-    from batchlab.worker.openai_client import parse_prefix_cache_counters
+    from batchlab.worker.openai_count import parse_prefix_cache_counters
 
     text = ('# HELP vllm:prefix_cache_queries_total Prefix cache queries\n'
             'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 120.0\n'

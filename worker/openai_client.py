@@ -1,28 +1,27 @@
 """The `openai` backend: streams `/v1/completions` from a running server (vLLM, TGI, SGLang, llama.cpp …).
 
-Each request is one streamed completion on a thread of a pool bounded by --max-concurrency; every chunk
-is stamped on receipt and handed to `step()` through a queue, one chunk per step.
+Each request is one streamed completion on one of --max-concurrency stream threads; every chunk is stamped
+on receipt and handed to `step()` through a queue, one chunk per step.
 
-Token-count rule (the OpenAI stream carries text, not tokens), per chunk, first that applies:
-  1. the choice carries `token_ids` (vLLM `return_token_ids`): exactly those ids;
-  2. the chunk carries `usage.completion_tokens` (vLLM/SGLang `continuous_usage_stats`): the increase
-     since the previous chunk, ids -1;
-  3. otherwise one token per chunk with non-empty text, id -1 — a guess, so such chunks are held back
-     until the final usage report and then corrected: a shortfall is added to the last chunk, an excess
-     is taken from the latest chunks.
-The emitted total always equals the final `usage.completion_tokens` (or the counted total when the
-server sends no usage). A request whose total differs from its output_len fails with the reason.
+The threads, their queues and their HTTP client are one generation (`_Streams`): `abort_all()` ends it
+without waiting (each open response's socket is shut down, which wakes a read the server stalls and tells
+the server to abort the request; the threads are daemons, so one still blocked elsewhere holds up nothing)
+and starts a fresh one, so a stale chunk can never reach the new queue and reopen a row.
+
+The token-count rule (worker.openai_count): a choice's `token_ids` where the server sends them, else the
+increase of `usage.completion_tokens`, else one token per text chunk settled against the final usage; a
+request whose total differs from its output_len fails with the reason.
 """
 import json
 import logging
 import queue
+import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
+from batchlab.worker.openai_count import Chunk, Tally, count_chunk, parse_prefix_cache_counters, settle
 
 log = logging.getLogger("batchlab.openai")
 
@@ -31,26 +30,6 @@ CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 300.0
 WARMUP_PROMPT = [1, 415, 2936, 9060, 285, 1142]
 WARMUP_OUTPUT_LEN = 4
-
-
-@dataclass(slots=True)
-class Chunk:
-    """Tokens of one request received at `time`; `end` is set on its last chunk."""
-
-    request_id: int
-    time: float
-    token_ids: list[int]
-    end: str | None = None  # None: more to come; "ok": finished; otherwise the failure reason
-
-
-@dataclass(slots=True)
-class _Tally:
-    """Counting one stream under the rule in the module docstring."""
-
-    row: Row
-    seen: int = 0  # tokens emitted or held so far
-    held: list[Chunk] = field(default_factory=list)  # rule-3 chunks awaiting the usage report
-    usage_total: int | None = None
 
 
 def base_url(endpoint: str) -> str:
@@ -67,71 +46,60 @@ def request_body(model: str, row: Row) -> dict:
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 
 
-def count_chunk(tally: _Tally, obj: dict, t: float) -> Chunk | None:
-    """Apply the counting rule to one parsed chunk; returns a chunk to emit now, or None."""
-    choices, usage = obj.get("choices") or [], obj.get("usage")
-    if not choices:  # the final usage-only chunk
-        if usage:
-            tally.usage_total = int(usage.get("completion_tokens", 0))
-        return None
-    choice = choices[0]
-    if choice.get("token_ids"):
-        ids = [int(i) for i in choice["token_ids"]]
-    elif usage and usage.get("completion_tokens") is not None:
-        ids = [-1] * max(0, int(usage["completion_tokens"]) - tally.seen)
-    else:
-        if choice.get("text"):
-            tally.held.append(Chunk(tally.row.request_id, t, [-1]))
-            tally.seen += 1
-        return None
-    tally.seen += len(ids)
-    return Chunk(tally.row.request_id, t, ids) if ids else None
+def new_client(max_connections: int):
+    import httpx
+
+    timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+    return httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=max_connections))
 
 
-def settle(tally: _Tally, t: float) -> list[Chunk]:
-    """Correct the held chunks against the usage report; the last returned chunk carries `end`."""
-    total = tally.usage_total if tally.usage_total is not None else tally.seen
-    diff, held = total - tally.seen, tally.held
-    if diff > 0:
-        held = held or [Chunk(tally.row.request_id, t, [])]
-        held[-1].token_ids.extend([-1] * diff)
-    for chunk in reversed(held):
-        while diff < 0 and chunk.token_ids:
-            chunk.token_ids.pop()
-            diff += 1
-    out = [c for c in held if c.token_ids] or [Chunk(tally.row.request_id, t, [])]
-    want = tally.row.output_len
-    out[-1].end = "ok" if total == want else f"stream error: server returned {total} of {want} tokens"
-    return out
+class _Streams:
+    """One generation of stream threads (see the module docstring): rows in, chunks out."""
 
+    def __init__(self, threads: int, run: Callable[[Row, "_Streams"], None]) -> None:
+        self.client = new_client(threads)
+        self.rows: queue.Queue[Row | None] = queue.Queue()
+        self.chunks: queue.Queue[Chunk] = queue.Queue()
+        self.stopping = threading.Event()
+        self.sockets: dict[int, socket.socket] = {}  # request_id -> its open response's socket
+        self.threads = [threading.Thread(target=self._serve, args=(run,), daemon=True, name=f"openai-stream-{i}")
+                        for i in range(threads)]
+        for t in self.threads:
+            t.start()
 
-def parse_prefix_cache_counters(text: str) -> dict[str, float]:
-    """{'queries': Σ, 'hits': Σ} from vLLM's /metrics text (every label set summed); {} if absent."""
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        for key, name in (("queries", "vllm:prefix_cache_queries_total"), ("hits", "vllm:prefix_cache_hits_total")):
-            if line.startswith(name) and (len(line) == len(name) or line[len(name)] in "{ "):
-                try:
-                    totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-                except (IndexError, ValueError):
-                    continue
-    return totals if len(totals) == 2 else {}
+    def _serve(self, run: Callable[[Row, "_Streams"], None]) -> None:
+        while (row := self.rows.get()) is not None and not self.stopping.is_set():
+            run(row, self)
+
+    def opened(self, request_id: int, response) -> None:
+        """Note an open response's socket, so stop() can cut it (where the transport exposes it)."""
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            self.sockets[request_id] = sock
+
+    def stop(self) -> None:
+        """End this generation now: no row starts, every open response is cut, nothing is waited for."""
+        self.stopping.set()
+        for _ in self.threads:
+            self.rows.put(None)
+        for sock in list(self.sockets.values()):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.client.close()
 
 
 class OpenAIBackend:
     """Streams completions from --endpoint with at most --max-concurrency requests in flight."""
 
     def __init__(self, endpoint: str, model: str, max_concurrency: int = 64, mode: str = "continuous") -> None:
-        import httpx
-
         self.base = base_url(endpoint)
-        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-        self.client = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=max_concurrency))
+        self.client = new_client(2)  # the server's model list, metrics and cache reset
         self.served_model = self._pick_model(model)
-        self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="openai-stream")
-        self.chunks: queue.Queue[Chunk] = queue.Queue()
+        self.streams = _Streams(max_concurrency, self._stream)
         self.open: dict[int, float] = {}  # request_id -> time of its last chunk (or admission)
-        self.stopping = threading.Event()
         self.info = BackendInfo(backend="openai", model=model, mode=mode, max_batch_size=max_concurrency,
                                 kv_bytes_per_token=0, kv_budget_bytes=0, device="remote", memory_kind="none",
                                 facts={"endpoint": self.base, "served_model": self.served_model,
@@ -157,23 +125,26 @@ class OpenAIBackend:
         return ids[0]
 
     # --- stream threads ---------------------------------------------------------------------------
-    def _stream(self, row: Row) -> None:
-        tally = _Tally(row)
+    def _stream(self, row: Row, streams: _Streams) -> None:
+        tally = Tally(row)
         try:
-            self._read_stream(tally)
+            self._read_stream(tally, streams)
             for chunk in settle(tally, now()):
-                self.chunks.put(chunk)
+                streams.chunks.put(chunk)
         except Exception as exc:  # a cut or refused stream fails this request, never the worker
-            self.chunks.put(Chunk(row.request_id, now(), [], f"stream error: {type(exc).__name__}: {exc}"))
+            streams.chunks.put(Chunk(row.request_id, now(), [], f"stream error: {type(exc).__name__}: {exc}"))
+        finally:
+            streams.sockets.pop(row.request_id, None)
 
-    def _read_stream(self, tally: _Tally) -> None:
+    def _read_stream(self, tally: Tally, streams: _Streams) -> None:
         body = request_body(self.served_model, tally.row)
-        with self.client.stream("POST", f"{self.base}/v1/completions", json=body) as resp:
+        with streams.client.stream("POST", f"{self.base}/v1/completions", json=body) as resp:
+            streams.opened(tally.row.request_id, resp)
             if resp.status_code != 200:
                 raise RuntimeError(f"HTTP {resp.status_code}: {resp.read().decode(errors='replace')[:200]}")
             for line in resp.iter_lines():
                 t = now()
-                if self.stopping.is_set():
+                if streams.stopping.is_set():
                     raise RuntimeError("backend closed")
                 if not line.startswith("data:"):
                     continue
@@ -182,7 +153,7 @@ class OpenAIBackend:
                     return
                 chunk = count_chunk(tally, json.loads(data), t)
                 if chunk is not None:
-                    self.chunks.put(chunk)
+                    streams.chunks.put(chunk)
         raise RuntimeError("stream ended without [DONE]")
 
     # --- the ContinuousBackend protocol -----------------------------------------------------------
@@ -227,10 +198,10 @@ class OpenAIBackend:
                                         "hit_rate": hits / queries if queries else None}}
 
     def admit(self, rows: list[Row]) -> None:
-        """Start a stream per row (queued in the pool beyond --max-concurrency)."""
+        """Start a stream per row (queued beyond --max-concurrency)."""
         for row in rows:
             self.open[row.request_id] = now()
-            self.pool.submit(self._stream, row)
+            self.streams.rows.put(row)
 
     def has_work(self) -> bool:
         """True while any admitted request has not ended."""
@@ -239,7 +210,7 @@ class OpenAIBackend:
     def step(self) -> StepOutput | None:
         """The next received chunk as a step, or None after QUEUE_WAIT_S without one."""
         try:
-            chunk = self.chunks.get(timeout=QUEUE_WAIT_S)
+            chunk = self.streams.chunks.get(timeout=QUEUE_WAIT_S)
         except queue.Empty:
             return None
         rid = chunk.request_id
@@ -257,21 +228,17 @@ class OpenAIBackend:
         run_to_completion(self, rows, on_step)
 
     def abort_all(self) -> None:
-        """Forget every open stream (after a failed step): the stop flag ends each at its next line (a stalled
-        read within READ_TIMEOUT_S), then a fresh pool and queue serve on, so no stale chunk reopens a row."""
-        self.stopping.set()
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        self.pool = ThreadPoolExecutor(max_workers=self.info.max_batch_size, thread_name_prefix="openai-stream")
-        self.chunks = queue.Queue()
+        """Forget every open stream (after a failed step) at once: a fresh generation of threads, queues and
+        client serves on; the old one is cut and not waited for (see the module docstring)."""
+        old, self.streams = self.streams, _Streams(self.info.max_batch_size, self._stream)
+        old.stop()
         self.open.clear()
-        self.stopping.clear()
 
     def peak_memory_bytes(self) -> int:
         """The server's memory is not visible from here."""
         return 0
 
     def close(self) -> None:
-        """Stop the streams (they fail with 'backend closed') and release the connections."""
-        self.stopping.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Cut the streams and release the connections."""
+        self.streams.stop()
         self.client.close()
