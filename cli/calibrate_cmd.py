@@ -58,7 +58,8 @@ def _stem(path: str) -> str:
 
 
 def _open_backend(backend: str, model: str, device: str, dtype: str, mode: str, rows: int):
-    """(a warm backend, whether it steps continuously, whether it pads rows to the widest)."""
+    """(a warm backend, whether it steps continuously, whether it pads rows to the widest); whether it fuses a
+    step's decodes and prefill into one forward is the backend's `fuse`."""
     if backend == "vllm":
         from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
 
@@ -97,7 +98,8 @@ def run_calibrate(backend: str, model: str, device: str, dtype: str, mode: str, 
     n_params = info.facts.get("n_params") or 0
     weights = float(n_params * (4 if info.facts.get("dtype", "float32") == "float32" else 2))
     options = dict(form=form, weights_bytes=weights, kv_bytes_per_token=info.kv_bytes_per_token,
-                   memory_bytes=(info.kv_budget_bytes + weights) / 0.9, padded=padded)
+                   memory_bytes=(info.kv_budget_bytes + weights) / 0.9, padded=padded,
+                   fused=bool(getattr(engine, "fuse", False)))
     fitted = fit_model(samples, name, **options)
     fit_err, held_err = errors(fitted, samples), held_out_errors(samples, name, **options)
     table = _table(samples, fitted, fit_err, held_err)

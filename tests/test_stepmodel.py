@@ -40,3 +40,18 @@ def test_continuous_joiners_are_packed_or_padded_as_the_worker_does(padded):
     second = core.plan_step()
     context = 2 * (30 + 1) if padded else (10 + 1) + (30 + 1)  # padded: rows × the widest row
     assert second.duration_s == pytest.approx(model.decode_step_s(context, 2))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_fused_continuous_step_pays_its_fixed_cost_once(fused):
+    model = StepModel(**{**CPU.as_dict(), "fused": fused})
+    core = ContinuousCore(model)
+    core.admit(1, 10, 3)
+    alone = core.plan_step()  # only a prefill: nothing to share
+    assert alone.duration_s == pytest.approx(model.prefill_s(10, 1, 100))
+    core.admit(2, 30, 3)
+    both = core.plan_step()
+    decode, prefill = model.decode_step_s(11, 1), model.prefill_s(30, 1, 900)
+    assert both.duration_s == pytest.approx(decode + prefill - (min(0.01, 0.02) if fused else 0.0))
+    gpu = StepModel(**{**PRESETS["a100-llama2-7b"].as_dict(), "fused": True})  # the weight stream, read once
+    assert gpu.fused_s(1.0, 2.0) == pytest.approx(3.0 - gpu.overhead_s - gpu.weights_bytes / gpu.bandwidth_Bps)

@@ -87,8 +87,7 @@ class ContinuousCore:
         joiners, self.pending = self.pending[:room], self.pending[room:]
         self.held_back += len(self.pending)
         step = self.step_no
-        duration = self._decode_s(step) if self.rows else 0.0
-        duration += self._prefill_s(joiners)
+        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(joiners))
         width = max((p for _, p, _ in joiners), default=0)
         for rid, prompt_len, output_len in joiners:
             self.rows[self.keys] = (rid, step)

@@ -13,7 +13,8 @@ Two forms, each term named and fitted (`batchlab calibrate`) or taken from a dat
 Both are one formula: the terms a form does not use are 0 (bandwidth_Bps 0: no memory term).
 `context` is the cached tokens the step's attention reads (all rows); `padded` says whether the worker
 pads its rows to the widest (HF: generate()'s left padding, the slot cache's width) or packs them (vLLM),
-so callers count padding as context when it is set. A preset is a name in PRESETS or a YAML file.
+so callers count padding as context when it is set; `fused` that a continuous step's decodes and prefill are
+one forward (the HF slot loop), which pays the fixed cost once. A preset is a name in PRESETS or a YAML file.
 """
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -40,6 +41,7 @@ class StepModel:
     prefill_s_per_token_pair: float = 0.0  # attention within a prompt: per prompt_len² (summed over rows)
     prefill_overhead_s: float | None = None  # None: overhead_s
     padded: bool = False  # rows padded to the widest (HF) rather than packed (vLLM)
+    fused: bool = False  # a step's decodes and prefill run as one forward (the HF continuous loop): see fused_s
 
     def _streamed_s(self, nbytes: float) -> float:
         return nbytes / self.bandwidth_Bps if self.bandwidth_Bps > 0 else 0.0
@@ -59,6 +61,15 @@ class StepModel:
         overhead = self.overhead_s if self.prefill_overhead_s is None else self.prefill_overhead_s
         return (overhead + self._streamed_s(self.weights_bytes) + self.prefill_s_per_token * prompt_tokens
                 + self.prefill_s_per_row * rows + self.prefill_s_per_token_pair * pairs)
+
+    def fused_s(self, decode_s: float, prefill_s: float) -> float:
+        """A continuous step with both decodes and a prefill: their sum, less (when `fused`) the fixed cost the
+        one forward pays once: the smaller overhead and the weight stream."""
+        if not (self.fused and decode_s and prefill_s):
+            return decode_s + prefill_s
+        prefill_overhead = self.overhead_s if self.prefill_overhead_s is None else self.prefill_overhead_s
+        shared = min(self.overhead_s, prefill_overhead) + self._streamed_s(self.weights_bytes)
+        return decode_s + prefill_s - min(shared, decode_s, prefill_s)
 
     def kv_budget_bytes(self) -> int:
         """Device memory left for the KV cache after the weights (10% reserve)."""
