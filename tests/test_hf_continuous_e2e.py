@@ -25,6 +25,15 @@ def tables(out) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     return tuple(pd.read_parquet(out / f"{t}.parquet") for t in ("requests", "tokens", "steps"))
 
 
+def worker_received(run, requests: pd.DataFrame) -> pd.Series:
+    """When the worker got each request (its one-request batch's start_time, in the scheduler's clock).
+
+    Admission is measured from there, not from scheduled_time: on a loaded machine the dispatch can spend
+    several steps in the sockets, which is the harness's latency, not the admission rule under test."""
+    batches = pd.read_parquet(run / "batches.parquet").set_index("batch_id")
+    return requests.batch_id.map(batches.start_time)
+
+
 def assert_exact_lengths(r: pd.DataFrame, t: pd.DataFrame) -> None:
     assert (r.status == "finished").all()
     counts = t.groupby("request_id").size().reindex(r.request_id, fill_value=0)
@@ -55,8 +64,9 @@ def test_hf_continuous_has_no_head_of_line_blocking(hf_run):
     for rid in (1, 2, 3, 4, 5):  # each short one starts and ends while the long one (0) still runs
         assert r.first_token_time[rid] <= r.completion_time[rid] < r.completion_time[0]
     steps = tables(hf_run)[2].sort_values("start_time")
+    received = worker_received(hf_run, r)
     for rid in (1, 2, 3, 4, 5):  # admitted at the next step boundary: its first token within two steps
-        later = steps[steps.start_time >= r.scheduled_time[rid] - CLOCK_TOLERANCE_S]
+        later = steps[steps.start_time >= received[rid] - CLOCK_TOLERANCE_S]
         assert r.first_token_time[rid] <= later.end_time.iloc[1] + CLOCK_TOLERANCE_S, rid
 
 
@@ -96,8 +106,9 @@ def test_sim_continuous_starts_each_of_the_seed_requests_on_arrival_and_frees_it
     batches = pd.read_parquet(tmp_path / "run" / "batches.parquet")
     assert (batches["size"] == 1).all() and (batches.launch_reason == "credit").all()  # no batch formation
     steps = s.sort_values("start_time")
-    for rid, row in r.iterrows():  # its own prefill: in the first step begun after its dispatch, or the next
-        later = steps[steps.start_time >= row.scheduled_time - CLOCK_TOLERANCE_S]  # (a dispatch may land mid-step)
+    received = worker_received(tmp_path / "run", r)
+    for rid, row in r.iterrows():  # its own prefill: in the first step begun after the worker got it, or the next
+        later = steps[steps.start_time >= received[rid] - CLOCK_TOLERANCE_S]  # (it may land mid-step)
         assert row.first_token_time <= later.end_time.iloc[1] + CLOCK_TOLERANCE_S, rid
     # each leaves when its own tokens are done, not the batch's longest: B, D finish before A
     assert r.sort_values("completion_time").index.tolist() == [1, 3, 0, 2, 4]
