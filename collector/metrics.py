@@ -4,9 +4,12 @@ The live collector, the report and the discrete-event simulator all call these o
 same columns. Every time is in seconds since the run's t0; latency is measured from the *planned*
 arrival time, and failed requests stay in the tables (they count as SLO misses).
 """
+import math
+
 import numpy as np
 import pandas as pd
 
+from batchlab.collector.quantiles import exact_mean
 from batchlab.protocol.settings import SLO_NAMES, parse_slos  # noqa: F401  (the report reads them here)
 
 NOT_SENT = "not sent: traffic stopped before its planned time"
@@ -36,11 +39,12 @@ def useful_fraction(output_lens: list[int]) -> float:
 
 def percentiles(series: pd.Series, stats: tuple[str, ...] = LATENCY_STATS) -> dict:
     """The named statistics of the non-NaN values, in `stats` order (None each when there are none):
-    "mean", "pNN" (the NN-th percentile) or "max_abs" (the largest magnitude)."""
+    "mean" (from the exact sum, as quantiles.chunked_percentiles gives it for values on disk), "pNN"
+    (the NN-th percentile) or "max_abs" (the largest magnitude)."""
     values = _numbers(series)
     if values.size == 0:
         return dict.fromkeys(stats)
-    out = {"mean": values.mean(), "max_abs": max(abs(values.max()), abs(values.min()))}  # before the reorder
+    out = {"mean": exact_mean(values), "max_abs": max(abs(values.max()), abs(values.min()))}  # before the reorder
     ranks = [s for s in stats if s.startswith("p")]
     owned = values is not series  # a float64 array of the caller's is used as it is, not copied
     if ranks:  # in place on our own copy (a million-row ITL array is not copied again)
@@ -74,6 +78,86 @@ def submitted_mask(requests: pd.DataFrame) -> pd.Series:
     return requests["error"] != NOT_SENT
 
 
+def goodput(requests: pd.DataFrame, slos: dict) -> dict:
+    """Share of ALL submitted requests that finished and meet every SLO (failed ones are misses)."""
+    met, n = _goodput_counts(request_metrics(requests), slos)
+    return _goodput_result(slos, met, n)
+
+
+def _goodput_counts(df: pd.DataFrame, slos: dict) -> tuple[int, int]:
+    """(met, submitted) over a requests table that has its metric columns."""
+    df = df[submitted_mask(df)]
+    ok = df["status"] == "finished"
+    for name, limit_s in slos.items():
+        values = df[name]
+        if name == "tpot":  # a one-token request has no decode step: nothing to miss
+            values = values.where(df["output_len"] > 1, 0.0)
+        ok &= values.le(limit_s)
+    return int(ok.sum()), len(df)
+
+
+def _goodput_result(slos: dict, met: int, n: int) -> dict:
+    return {"slos": dict(slos), "met": met, "submitted": n, "fraction": met / n if n else None}
+
+
+class RequestFigures:
+    """summarize()'s figures over a requests table given whole or in slices (in request order, each
+    request once): counts and extremes are folded as they come; the finished requests' latencies (8
+    bytes each per metric) are kept for exact percentiles."""
+
+    def __init__(self, slos: dict | None = None) -> None:
+        self.slos = slos
+        self.scheduled = self.submitted = self.finished = self.out_tokens = self.goodput_met = 0
+        self.reasons: dict[str, int] = {}  # failed requests' errors, in first-seen order
+        self.first_arrival, self.last_completion = math.inf, -math.inf  # s since t0
+        self.latencies: dict[str, list[np.ndarray]] = {m: [] for m in LATENCY_METRICS if m != "itl"}
+
+    def add(self, requests: pd.DataFrame) -> None:
+        """Fold in one slice of the requests table."""
+        df = request_metrics(requests)
+        submitted = submitted_mask(df)
+        is_finished = df["status"] == "finished"
+        finished = df[is_finished]
+        self.scheduled += len(df)
+        self.submitted += int(submitted.sum())
+        self.finished += len(finished)
+        self.out_tokens += int(finished["n_tokens"].sum())
+        for error, count in df.loc[~is_finished, "error"].value_counts(sort=False).items():
+            self.reasons[str(error)] = self.reasons.get(str(error), 0) + int(count)
+        arrivals = df.loc[submitted, "arrival_time"].dropna()
+        last = finished["completion_time"].dropna()
+        self.first_arrival = min(self.first_arrival, float(arrivals.min()) if len(arrivals) else math.inf)
+        self.last_completion = max(self.last_completion, float(last.max()) if len(last) else -math.inf)
+        for name, parts in self.latencies.items():
+            parts.append(finished[name].to_numpy(dtype="float64"))
+        if self.slos:
+            self.goodput_met += _goodput_counts(df, self.slos)[0]
+
+    def window_s(self) -> float:
+        """window_s() of every slice added."""
+        if math.isinf(self.first_arrival) or math.isinf(self.last_completion):
+            return 0.0
+        return max(self.last_completion - self.first_arrival, 0.0)
+
+    def summary(self, settings: dict, itl: dict) -> dict:
+        """The run's headline numbers; `itl`: the finished requests' inter-token gaps' percentiles()."""
+        span_s = self.window_s()
+        out = {
+            "scheduled": self.scheduled, "submitted": self.submitted,
+            "finished": self.finished, "failed": self.scheduled - self.finished,
+            "failure_reasons": dict(sorted(self.reasons.items(), key=lambda kv: -kv[1])),
+            "output_tokens": self.out_tokens, "window_s": span_s,
+            "throughput_tok_s": self.out_tokens / span_s if span_s > 0 else 0.0,
+            "requests_per_s": self.finished / span_s if span_s > 0 else 0.0,
+        }
+        for name in LATENCY_METRICS:
+            out[name] = itl if name == "itl" else percentiles(np.concatenate(self.latencies[name] or [np.empty(0)]))
+        out["settings"] = dict(settings)
+        if self.slos:
+            out["goodput"] = _goodput_result(self.slos, self.goodput_met, self.submitted)
+        return out
+
+
 def window_s(requests: pd.DataFrame) -> float:
     """Seconds from the first submitted arrival to the last finished completion (0 if none)."""
     finished = requests[requests["status"] == "finished"]
@@ -84,43 +168,14 @@ def window_s(requests: pd.DataFrame) -> float:
     return max(float(last.max() - arrivals.min()), 0.0)
 
 
-def goodput(requests: pd.DataFrame, slos: dict) -> dict:
-    """Share of ALL submitted requests that finished and meet every SLO (failed ones are misses)."""
-    df = request_metrics(requests)[submitted_mask(requests)]
-    ok = df["status"] == "finished"
-    for name, limit_s in slos.items():
-        values = df[name]
-        if name == "tpot":  # a one-token request has no decode step: nothing to miss
-            values = values.where(df["output_len"] > 1, 0.0)
-        ok &= values.le(limit_s)
-    n = len(df)
-    return {"slos": dict(slos), "met": int(ok.sum()), "submitted": n,
-            "fraction": float(ok.sum() / n) if n else None}
-
-
 def summarize(requests: pd.DataFrame, tokens: pd.DataFrame | None, settings: dict,
               slos: dict | None = None, *, itl: pd.Series | None = None) -> dict:
     """The run's headline numbers from its requests and tokens tables (or, instead of the tokens,
     the finished requests' inter-token gaps in request and token order: `itl`, a Series or a float64
     array)."""
-    df = request_metrics(requests)
-    finished = df[df["status"] == "finished"]
-    failed = df[df["status"] != "finished"]
-    span_s = window_s(df)
-    out_tokens = int(finished["n_tokens"].sum())
-    summary = {
-        "scheduled": len(df), "submitted": int(submitted_mask(df).sum()),
-        "finished": len(finished), "failed": len(failed),
-        "failure_reasons": {str(k): int(v) for k, v in failed["error"].value_counts().items()},
-        "output_tokens": out_tokens, "window_s": span_s,
-        "throughput_tok_s": out_tokens / span_s if span_s > 0 else 0.0,
-        "requests_per_s": len(finished) / span_s if span_s > 0 else 0.0,
-    }
+    figures = RequestFigures(slos)
+    figures.add(requests)
     if itl is None:
-        itl = inter_token_latencies(tokens, finished["request_id"])
-    for name in LATENCY_METRICS:
-        summary[name] = percentiles(itl if name == "itl" else finished[name])
-    summary["settings"] = dict(settings)
-    if slos:
-        summary["goodput"] = goodput(requests, slos)
-    return summary
+        finished = requests.loc[requests["status"] == "finished", "request_id"]
+        itl = inter_token_latencies(tokens, finished)
+    return figures.summary(settings, percentiles(itl))

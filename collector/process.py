@@ -8,10 +8,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zmq
 
-from batchlab.collector.parts import SCHEDULE_FILE, PartWriter, merge_steps, merge_tokens, read_schedule, write_final
+from batchlab.collector.merge import merge_run
+from batchlab.collector.parts import SCHEDULE_FILE, PartWriter, write_final
 from batchlab.collector.store import RunStore
 from batchlab.collector.tables import Tables, harness_cpu
-from batchlab.protocol import ProtocolError, decode
+from batchlab.protocol import ProtocolError, decode_all
 from batchlab.protocol.clock import now
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
@@ -73,10 +74,17 @@ def _drain(sock: zmq.Socket, store: RunStore, loop: _Loop) -> None:
             return
         loop.last_message_s = now()
         try:
-            store.handle(decode(frame))
-        except (ProtocolError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-            store.reject()  # a frame that decodes but cannot be used is a bad frame too
+            msgs = decode_all(frame)  # a Bundle: a worker's step or a scheduler pass, in order
+        except ProtocolError as exc:
+            store.reject()
             loop.note_reject(exc)
+            continue
+        for msg in msgs:
+            try:
+                store.handle(msg)
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+                store.reject()  # a message that decodes but cannot be used is a bad one too
+                loop.note_reject(exc)
 
 
 def _end_reason(store: RunStore, loop: _Loop, stop: threading.Event, grace_s: float,
@@ -129,12 +137,10 @@ def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threadin
 
 
 def finish_run(store: RunStore, writer: PartWriter, out_dir: Path, slos: dict | None) -> Tables:
-    """The last rows to a part, then tokens.parquet and steps.parquet merged from the parts; returns
-    the other tables and the summary (tokens and steps None: they are on disk already)."""
+    """The last rows to a part, then every table file merged from the parts; returns the summary (the
+    tables are None: they are on disk already)."""
     writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
-    itl = merge_tokens(out_dir, store.held_tokens(), store.finished_ids())
-    merge_steps(out_dir)
-    return store.finish(read_schedule(out_dir), slos=slos, itl=itl)
+    return merge_run(store, out_dir, slos)
 
 
 def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grace_s: float = 10.0,

@@ -1,94 +1,60 @@
 """RunStore: joins the collector's events by request id. Pure: no sockets, no clock, no pandas in
 the hot path (plain dicts and typed arrays; DataFrames are built only in take_parts and finish).
 
-Memory follows what is in flight, not how long the run is: a request's tokens are kept (two typed
-arrays, 16 bytes a token) until its rows go to a part file (take_parts); from then on the request
-keeps three numbers (count, first and last token time), and taken steps are dropped. The final
-tokens and steps tables are then merged from the part files (collector.parts.merge_tokens).
+Memory follows what is in flight, not how long the run is: a request's tokens are typed arrays until
+its rows go to a part file, and once written it leaves memory (collector.taking); a late event of a
+request that left is recognised by its id in `ended` and counted.
 """
-from array import array
+import math
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from batchlab.collector import tables
+from batchlab.collector.buffers import TokenBuffer
 from batchlab.collector.parts import load_table
+from batchlab.collector.state import EndedIds, RequestState
 from batchlab.collector.tables import Tables
+from batchlab.collector.taking import KEEP_TAKES, PartTaking
 from batchlab.protocol.messages import STEP_BATCH
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye
 
-__all__ = ["RequestState", "RunStore", "Tables", "TokenBuffer", "load_table"]
+__all__ = ["KEEP_TAKES", "RequestState", "RunStore", "Tables", "TokenBuffer", "load_table"]
 
 NAN = float("nan")
 
 
-class TokenBuffer(Sequence):
-    """One attempt's tokens in arrival order, as [(time, token_id), ...] over two typed arrays."""
-
-    __slots__ = ("times", "ids")
-
-    def __init__(self) -> None:
-        self.times = array("d")  # scheduler-clock s
-        self.ids = array("q")
-
-    def append(self, time: float, token_id: int) -> None:
-        self.times.append(time)
-        self.ids.append(token_id)
-
-    def __len__(self) -> int:
-        return len(self.times)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return list(zip(self.times[index], self.ids[index]))
-        return self.times[index], self.ids[index]
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (Sequence)) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return list(self) == list(other)
-
-    __hash__ = None  # mutable
-
-
-@dataclass(slots=True)
-class RequestState:
-    """What is known about one request so far."""
-
-    request_id: int
-    arrival: Arrival | None = None
-    batches: list[int] = field(default_factory=list)  # batch ids it was launched in, in order
-    status: str = ""  # "" until terminal, then "finished" | "failed"
-    error: str = ""
-    terminal_batch: int | None = None  # the batch whose BatchDone made it terminal
-    # once its token rows went to a part: the counting batch and its tokens' count, first and last
-    # time (scheduler clock); the rows themselves are no longer in memory
-    taken_batch: int | None = None
-    taken: tuple[int, float, float] = (0, NAN, NAN)
-
-
-class RunStore:
-    """Every event of one run, joined by request id and batch id."""
+class RunStore(PartTaking):
+    """Every event of one run, joined by request id and batch id (PartTaking: their rows out to part
+    files, and what was written out of memory)."""
 
     def __init__(self) -> None:
         self.settings: dict = {}
-        self.requests: dict[int, RequestState] = {}
+        self.requests: dict[int, RequestState] = {}  # in flight, or written less than KEEP_TAKES takes ago
+        self.ended = EndedIds()  # requests that left memory
         # (request_id, batch_id) -> its tokens in arrival order, until the request's rows are taken
         self.tokens: dict[tuple[int, int], Sequence] = {}
         self.batch_requests: dict[int, set[int]] = {}  # batch_id -> request ids seen in its tokens
         self.launches: dict[int, BatchLaunch] = {}
         self.dones: dict[int, BatchDone] = {}
+        self.batch_refs: dict[int, int] = {}  # batch_id -> requests in memory launched in it
         self.steps: list[Step] = []  # not yet taken
         self.steps_taken = 0
         self.run_end: RunEnd | None = None
         self.byes: dict[str, WorkerBye] = {}
         self.engine_metrics: dict[int, dict] = {}  # request_id -> an engine's own stamps (BatchDone)
+        self.engine_keys: set[str] = set()  # every key seen in engine_metrics
         self.counters = {"rejected_messages": 0, "ignored_tokens": 0, "duplicate_terminals": 0}
+        self.arrivals = 0  # requests whose Arrival came
+        self.peak_memory_bytes = 0  # the largest a BatchDone reported
+        self._first_arrival = math.inf  # scheduler clock
+        self._takes = 0
+        self._retained: deque[tuple[int, list[int]]] = deque()  # (take, request ids it wrote)
+        self._taken_batches: set[int] = set()  # in a part, still referred to by a request in memory
         self._new_terminal: list[int] = []  # terminal since the last take_parts
         self._pending_batches: list[int] = []  # done, not yet in a part
-        self._late: set[int] = set()  # taken requests whose counting attempt got tokens after
+        self._late: set[int] = set()  # written requests whose row changed since (a late token, a relaunch)
         # continuous step tokens that overtook their request's BatchLaunch (the scheduler's and the
         # worker's sockets are separate pipes): request_id -> [(time, token_id)], joined at the launch
         self._early_tokens: dict[int, list[tuple[float, int]]] = {}
@@ -109,9 +75,10 @@ class RunStore:
         """Count a frame that could not be decoded or used."""
         self.counters["rejected_messages"] += 1
 
-    def _request(self, request_id: int) -> RequestState:
+    def _request(self, request_id: int) -> RequestState | None:
+        """Its state, new if unseen; None for a request that ended and left memory."""
         state = self.requests.get(request_id)
-        if state is None:
+        if state is None and request_id not in self.ended:
             state = self.requests[request_id] = RequestState(request_id)
         return state
 
@@ -119,12 +86,27 @@ class RunStore:
         self.settings = dict(msg.settings)
 
     def _on_arrival(self, msg: Arrival) -> None:
-        self._request(msg.request_id).arrival = msg
+        state = self._request(msg.request_id)
+        if state is None:
+            return
+        if state.arrival is None:
+            self.arrivals += 1
+        self._first_arrival = min(self._first_arrival, msg.arrival_time)
+        state.arrival = msg
+        if state.taken_batch is not None:  # its written row changes
+            self._late.add(msg.request_id)
 
     def _on_launch(self, msg: BatchLaunch) -> None:
-        self.launches[msg.batch_id] = msg
+        bid = msg.batch_id
+        self.launches[bid] = msg
         for rid in msg.request_ids:
-            self._request(rid).batches.append(msg.batch_id)
+            state = self._request(rid)
+            if state is None:
+                continue
+            state.batches.append(bid)
+            self.batch_refs[bid] = self.batch_refs.get(bid, 0) + 1
+            if state.taken_batch is not None:  # its written row changes (attempts)
+                self._late.add(rid)
         if self._early_tokens:
             self._join_early_tokens(msg)
 
@@ -166,7 +148,8 @@ class RunStore:
             state = self.requests.get(rid)
             if state is None or not state.batches:  # ignored unless its launch comes later
                 self.counters["ignored_tokens"] += 1
-                self._early_tokens.setdefault(rid, []).append((msg.time, tok))
+                if rid not in self.ended:
+                    self._early_tokens.setdefault(rid, []).append((msg.time, tok))
                 continue
             bid = state.batches[-1]
             rows = self.tokens.get((rid, bid))
@@ -177,11 +160,15 @@ class RunStore:
             rows.append(msg.time, tok)
 
     def _buffer(self, rid: int, bid: int) -> TokenBuffer | None:
-        """A new token buffer for (rid, bid); None for an attempt of a taken request that never counts."""
+        """A new token buffer for (rid, bid); None for an attempt of a taken request that never counts,
+        or a request that left memory (its token is counted as ignored)."""
         buf = self.tokens.get((rid, bid))
         if buf is not None:
             return buf
         state = self.requests.get(rid)
+        if state is None and rid in self.ended:
+            self.counters["ignored_tokens"] += 1
+            return None
         if state is not None and state.taken_batch is not None:
             if bid != state.taken_batch:
                 return None
@@ -192,14 +179,16 @@ class RunStore:
 
     def _on_batch_done(self, msg: BatchDone) -> None:
         self.dones[msg.batch_id] = msg
+        self.peak_memory_bytes = max(self.peak_memory_bytes, msg.peak_memory_bytes)
         self._pending_batches.append(msg.batch_id)
         if msg.oom:  # the scheduler requeues every row: this attempt never counts
             self._discard_tokens(msg.batch_id)
             return
         self.batch_requests.pop(msg.batch_id, None)  # only an OOM attempt's tokens are looked up by batch
         for rid, m in msg.engine_metrics.items():
-            if isinstance(m, dict) and str(rid).lstrip("-").isdigit():
+            if isinstance(m, dict) and str(rid).lstrip("-").isdigit() and int(rid) not in self.ended:
                 self.engine_metrics[int(rid)] = m
+                self.engine_keys.update(m)
         for rid in msg.finished:
             self._terminate(rid, "finished", "", msg.batch_id)
         for row in msg.failed:
@@ -217,7 +206,7 @@ class RunStore:
 
     def _terminate(self, rid: int, status: str, error: str, batch_id: int | None) -> None:
         state = self._request(rid)
-        if state.status:  # exactly one terminal record per request: the first one wins
+        if state is None or state.status:  # exactly one terminal record per request: the first one wins
             self.counters["duplicate_terminals"] += 1
             return
         state.status, state.error, state.terminal_batch = status, error, batch_id
@@ -241,8 +230,7 @@ class RunStore:
         """Scheduler-clock time of planned offset 0 (fallback: the first planned arrival, else 0)."""
         if "t0" in self.settings:
             return float(self.settings["t0"])
-        times = [s.arrival.arrival_time for s in self.requests.values() if s.arrival is not None]
-        return min(times, default=0.0)
+        return 0.0 if math.isinf(self._first_arrival) else self._first_arrival
 
     def counting_batch(self, state: RequestState) -> int:
         """The attempt that counts: the batch that made it terminal, else its last non-OOM batch."""
@@ -268,52 +256,8 @@ class RunStore:
         """The index of attempt `bid`'s first held token (tokens already taken come before it)."""
         return state.taken[0] if bid == state.taken_batch else 0
 
-    def finished_ids(self) -> list[int]:
-        """Request ids that finished, ascending."""
-        return sorted(rid for rid, s in self.requests.items() if s.status == "finished")
-
-    def held_ids(self) -> list[int]:
-        """Requests whose counting attempt still has tokens in memory (not yet in a part), ascending."""
-        return sorted({rid for rid, _ in self.tokens} & set(self.requests))
-
-    def held_tokens(self) -> pd.DataFrame:
-        """The tokens rows of requests not yet taken (times since t0)."""
-        return tables.tokens_frame(self, self.held_ids(), self.t0())
-
-    # --- output --------------------------------------------------------------------------------
-    def take_parts(self, *, final: bool = False) -> dict[str, pd.DataFrame]:
-        """Rows new since the last call, per table (waits for RunInfo's t0 unless `final`); the taken
-        requests' tokens and the taken steps leave memory."""
-        if "t0" not in self.settings and not final:
-            return {}
-        t0 = self.t0()
-        rids = [r for r in self._new_terminal if self.requests[r].arrival is not None]
-        self._new_terminal = [r for r in self._new_terminal if self.requests[r].arrival is None]
-        late, self._late = sorted(self._late.difference(rids)), set()
-        bids = [b for b in self._pending_batches if b in self.launches or final]
-        taken = set(bids)  # a set: continuous runs have one batch per request (a list made this O(n²))
-        self._pending_batches = [b for b in self._pending_batches if b not in taken]
-        steps = self.steps[:]
-        del self.steps[:]
-        self.steps_taken += len(steps)
-        parts = {"requests": tables.requests_frame(self, rids, t0),
-                 "tokens": tables.tokens_frame(self, rids + late, t0),
-                 "batches": tables.batches_frame(self, bids, t0),
-                 "steps": tables.steps_frame(steps, t0)}
-        for rid in rids + late:
-            self._fold_tokens(self.requests[rid])
-        return {name: df for name, df in parts.items() if not df.empty}
-
-    def _fold_tokens(self, state: RequestState) -> None:
-        """Keep the counting attempt's count and first/last time; drop every held token of the request."""
-        bid = self.counting_batch(state)
-        state.taken, state.taken_batch = self.token_stats(state, bid), bid
-        for b in {bid, *state.batches}:
-            self.tokens.pop((state.request_id, b), None)
-
-    def finish(self, schedule: pd.DataFrame | None = None, *, slos: dict | None = None,
-               itl: np.ndarray | None = None) -> Tables:
-        """The final tables: unfinished requests failed, unsent schedule rows added, summary built.
-        With `itl` (the inter-token gaps of finished requests, merged from the part files) the tokens
-        and steps tables are left to the caller (None here); else they are built from memory."""
-        return tables.build_tables(self, schedule, slos, itl=itl)
+    def finish(self, schedule: pd.DataFrame | None = None, *, slos: dict | None = None) -> Tables:
+        """The final tables built from memory: unfinished requests failed, unsent schedule rows added,
+        summary built. Only for a store whose rows were never taken (the simulator, tests); the
+        collector merges its part files instead (collector.merge.merge_run)."""
+        return tables.build_tables(self, schedule, slos)

@@ -47,9 +47,10 @@ CPU_STAT = "cpu_s"  # RunEnd.stats / WorkerBye.stats key: that process's own CPU
 class Tables:
     """The run's final tables (times in s since t0) and its summary."""
 
-    requests: pd.DataFrame
-    tokens: pd.DataFrame | None  # None: written to disk from the part files (collector)
-    batches: pd.DataFrame
+    # None: merged to its file from the part files already (the collector), or no rows (steps)
+    requests: pd.DataFrame | None
+    tokens: pd.DataFrame | None
+    batches: pd.DataFrame | None
     steps: pd.DataFrame | None
     summary: dict
 
@@ -80,19 +81,28 @@ def _request_row(store: "RunStore", state: "RequestState", t0: float) -> list:
     ]
 
 
-def _unsent_rows(schedule: pd.DataFrame, seen: set[int]) -> list[list]:
-    rows = []
-    for rec in schedule.to_dict("records"):
-        if int(rec["request_id"]) in seen:
-            continue
-        arrival_time = float(rec.get(SCHEDULE_OFFSET_COLUMN, NAN))  # an offset from t0 is a table time
-        rows.append([int(rec["request_id"]), "failed", NOT_SENT, int(rec.get("prompt_len", 0)),
-                     int(rec.get("output_len", 0)), arrival_time, NAN, NAN, NAN, NAN, NAN, 0, -1, "", 0, False])
-    return rows
+def unsent_frame(schedule: pd.DataFrame, seen: object) -> pd.DataFrame:
+    """The schedule's rows whose request id is not in `seen` (never sent), as failed request rows."""
+    rows = schedule[~schedule["request_id"].isin(np.fromiter(seen, dtype=np.int64))]
+    n = len(rows)
+    cols = {"request_id": rows["request_id"].to_numpy(dtype=np.int64), "status": ["failed"] * n,
+            "error": [NOT_SENT] * n, "prompt_len": _column(rows, "prompt_len", 0, np.int64),
+            "output_len": _column(rows, "output_len", 0, np.int64),
+            # an offset from t0 is a table time
+            "arrival_time": _column(rows, SCHEDULE_OFFSET_COLUMN, NAN, np.float64)}
+    cols |= {name: np.full(n, NAN) for name in list(REQUEST_DTYPES)[6:11]}
+    cols |= {"n_tokens": np.zeros(n, np.int64), "batch_id": np.full(n, -1, np.int64), "worker": [""] * n,
+             "attempts": np.zeros(n, np.int64), "submitted": np.zeros(n, bool)}
+    return pd.DataFrame(cols).astype(REQUEST_DTYPES)
 
 
-def _requests_df(rows: list[list], settings: dict) -> pd.DataFrame:
-    df = request_metrics(frame(rows, REQUEST_DTYPES))
+def _column(df: pd.DataFrame, name: str, default: float, dtype: type) -> np.ndarray:
+    return df[name].to_numpy(dtype=dtype) if name in df else np.full(len(df), default, dtype=dtype)
+
+
+def with_metrics(df: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """A requests frame (REQUEST_DTYPES) with its metric and settings columns, in final order."""
+    df = request_metrics(df)
     for name in SETTINGS_COLUMNS:
         df[name] = settings.get(name)
     return df[REQUEST_COLUMNS]
@@ -101,11 +111,11 @@ def _requests_df(rows: list[list], settings: dict) -> pd.DataFrame:
 def requests_frame(store: "RunStore", rids: list[int], t0: float,
                    schedule: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per request in `rids` (plus unsent schedule rows), with metrics and settings."""
-    rows = [_request_row(store, store.requests[rid], t0) for rid in rids]
-    if schedule is not None:
-        rows += _unsent_rows(schedule, set(store.requests))
-        rows.sort(key=lambda r: r[0])
-    return _requests_df(rows, store.settings)
+    df = frame([_request_row(store, store.requests[rid], t0) for rid in rids], REQUEST_DTYPES)
+    unsent = unsent_frame(schedule, store.requests) if schedule is not None else df.iloc[:0]
+    if len(unsent):
+        df = pd.concat([df, unsent], ignore_index=True).sort_values("request_id", kind="stable", ignore_index=True)
+    return with_metrics(df, store.settings)
 
 
 def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:
@@ -160,8 +170,7 @@ def steps_frame(steps: list, t0: float) -> pd.DataFrame:
 
 
 def _memory(store: "RunStore") -> tuple[int, str]:
-    peaks = [b.peak_memory_bytes for b in store.byes.values()]
-    peaks += [d.peak_memory_bytes for d in store.dones.values()]
+    peaks = [b.peak_memory_bytes for b in store.byes.values()] + [store.peak_memory_bytes]
     kinds = sorted({b.memory_kind for b in store.byes.values() if b.memory_kind})
     return max(peaks, default=0), ",".join(kinds) or "unknown"
 
@@ -191,26 +200,29 @@ def harness_cpu(store: "RunStore", collector_cpu_s: float) -> dict:
     for w, bye in sorted(store.byes.items()):
         if isinstance(bye.stats.get(CPU_STAT), (int, float)):
             roles[w] = float(bye.stats[CPU_STAT])
-    n = end.submitted if end is not None and end.submitted else sum(s.arrival is not None for s in store.requests.values())
+    n = end.submitted if end is not None and end.submitted else store.arrivals
     per_us = {role: 1e6 * cpu_s / n if n else None for role, cpu_s in roles.items()}
     return {"harness_cpu": {"cpu_s": roles, "us_per_request": per_us, "requests": n,
                             "total_us_per_request": 1e6 * sum(roles.values()) / n if n else None}}
 
 
-def engine_columns(store: "RunStore", requests: pd.DataFrame, t0: float) -> pd.DataFrame:
+def bye_engine_metrics(store: "RunStore") -> dict[int, dict]:
+    """The engine figures older workers sent in their bye, by request id."""
+    return {int(rid): m for b in store.byes.values() for rid, m in b.stats.get(ENGINE_METRICS, {}).items()}
+
+
+def engine_column(key: str) -> str:
+    """The requests table's column for an engine figure: a stamp `<name>_ts` becomes engine_<name>_time."""
+    return f"engine_{key.removesuffix('_ts')}_time" if key.endswith("_ts") else f"engine_{key}"
+
+
+def engine_columns(requests: pd.DataFrame, per_request: dict[int, dict], t0: float) -> pd.DataFrame:
     """The engine's own per-request figures (vLLM: queued/scheduled/first/last token stamps, cached
     tokens), sent with each completion (older workers: in their bye), as engine_* columns; a stamp
-    `<name>_ts` (scheduler clock) becomes the column engine_<name>_time (s since t0)."""
-    per_request = {int(rid): m for b in store.byes.values() for rid, m in b.stats.get(ENGINE_METRICS, {}).items()}
-    per_request.update(store.engine_metrics)
-    if not per_request:
-        return requests
+    (scheduler clock) becomes a time since t0."""
     for key in sorted({k for m in per_request.values() for k in m}):
         values = requests.request_id.map(lambda r: per_request.get(r, {}).get(key, NAN)).astype("float64")
-        if key.endswith("_ts"):
-            requests[f"engine_{key.removesuffix('_ts')}_time"] = values - t0
-        else:
-            requests[f"engine_{key}"] = values
+        requests[engine_column(key)] = values - t0 if key.endswith("_ts") else values
     return requests
 
 
@@ -226,18 +238,16 @@ def prefix_cache(requests: pd.DataFrame) -> dict:
 
 
 def build_tables(store: "RunStore", schedule: pd.DataFrame | None, slos: dict | None,
-                 tokens: pd.DataFrame | None = None, itl: np.ndarray | None = None) -> Tables:
-    """Every final table and the summary. `tokens`: the caller built that table already (the
-    simulator); `itl`: the tokens and steps tables are on disk (the collector merged its part files)
-    and these are their finished requests' inter-token gaps, so both tables are None here."""
+                 tokens: pd.DataFrame | None = None) -> Tables:
+    """Every final table and the summary, from memory (a store whose rows were never taken: the
+    simulator, tests; the collector merges its part files instead, collector.merge). `tokens`: the
+    caller built that table already (the simulator)."""
     t0 = store.t0()
     rids = sorted(store.requests)
-    requests = engine_columns(store, requests_frame(store, rids, t0, schedule), t0)
-    if itl is None:
-        tokens = tokens_frame(store, rids, t0) if tokens is None else tokens
-        steps = steps_frame(store.steps, t0) if store.steps else None
-    else:
-        steps = None
+    requests = engine_columns(requests_frame(store, rids, t0, schedule),
+                              bye_engine_metrics(store) | store.engine_metrics, t0)
+    tokens = tokens_frame(store, rids, t0) if tokens is None else tokens
+    steps = steps_frame(store.steps, t0) if store.steps else None
     batches = batches_frame(store, sorted(set(store.launches) | set(store.dones)), t0)
-    summary = summarize(requests, tokens, store.settings, slos, itl=itl) | run_facts(store) | prefix_cache(requests)
+    summary = summarize(requests, tokens, store.settings, slos) | run_facts(store) | prefix_cache(requests)
     return Tables(requests, tokens, batches, steps, summary)

@@ -4,7 +4,8 @@ import typing
 
 import msgpack
 
-from batchlab.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, FailedRow, RequestRow, TokenBytes
+from batchlab.protocol.messages import (MESSAGE_TYPES, PROTOCOL_VERSION, Bundle, FailedRow, Kind, RequestRow,
+                                       TokenBytes)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger frames are rejected before unpacking
 # msgpack builds a container at its header, before its elements are read: an array header of 5 bytes
@@ -61,27 +62,59 @@ _CHECKS: dict[object, typing.Callable[[object], bool]] = {
 }
 
 
-def _spec(cls: type) -> tuple[type, list[tuple[str, typing.Callable]], int]:
+def _spec(cls: type) -> tuple[type, list[tuple[str, typing.Callable]], int, typing.Callable | None]:
+    """(class, [(field, check)], required fields, cross-field check or None) for one message type."""
     hints = typing.get_type_hints(cls)
     fields = [(f.name, _CHECKS[hints[f.name]]) for f in dataclasses.fields(cls)]
     required = sum(
         1 for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     )
-    return cls, fields, required
+    return cls, fields, required, getattr(cls, "is_valid", None)
 
 
-_SPECS = {int(cls.KIND): _spec(cls) for cls in MESSAGE_TYPES}
+_BUNDLE = int(Kind.BUNDLE)
+_SPECS = {int(cls.KIND): _spec(cls) for cls in MESSAGE_TYPES if cls is not Bundle}
+_KINDS = {cls: int(cls.KIND) for cls in MESSAGE_TYPES}
+
+
+def _wire(msg: object) -> list:
+    """[kind, *fields] of one message (not a Bundle)."""
+    return [_KINDS[type(msg)], *[getattr(msg, name) for name in msg.__slots__]]
 
 
 def encode(msg: object) -> bytes:
-    """One message → bytes: [version, kind, *fields]."""
-    values = [getattr(msg, name) for name in msg.__slots__]
-    return msgpack.packb([PROTOCOL_VERSION, int(msg.KIND), *values], use_bin_type=True)
+    """One message → bytes: [version, kind, *fields] (a Bundle: [version, BUNDLE, [[kind, *fields], ...]])."""
+    if type(msg) is Bundle:
+        return encode_many(msg.messages)
+    return msgpack.packb([PROTOCOL_VERSION, *_wire(msg)], use_bin_type=True)
+
+
+def encode_many(msgs: list) -> bytes:
+    """Several messages → one frame: a lone message as itself, more as a Bundle (in order)."""
+    if len(msgs) == 1:
+        return encode(msgs[0])
+    return msgpack.packb([PROTOCOL_VERSION, _BUNDLE, [_wire(m) for m in msgs]], use_bin_type=True)
 
 
 def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> object:
-    """Bytes → a validated message, or ProtocolError."""
+    """Bytes → a validated message (a Bundle holds its decoded messages), or ProtocolError."""
+    arr = _unpack(frame, max_bytes)
+    if arr[1] == _BUNDLE and type(arr[1]) is int:
+        return Bundle(_bundled(arr))
+    return _build(arr[1], arr, 2)
+
+
+def decode_all(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> list:
+    """Bytes → the validated messages the frame carries, in order (a Bundle's, or the one), or ProtocolError."""
+    arr = _unpack(frame, max_bytes)
+    if arr[1] == _BUNDLE and type(arr[1]) is int:
+        return _bundled(arr)
+    return [_build(arr[1], arr, 2)]
+
+
+def _unpack(frame: bytes, max_bytes: int) -> list:
+    """The frame's [version, kind, ...] array, its size and version checked."""
     if len(frame) > max_bytes:
         raise ProtocolError(f"message of {len(frame)} bytes exceeds the {max_bytes}-byte limit")
     try:
@@ -92,14 +125,34 @@ def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> object:
         raise ProtocolError("frame is not a [version, kind, ...] array")
     if arr[0] != PROTOCOL_VERSION or type(arr[0]) is not int:
         raise ProtocolError(f"protocol version {arr[0]!r}, expected {PROTOCOL_VERSION}")
-    spec = _SPECS.get(arr[1]) if type(arr[1]) is int else None
+    return arr
+
+
+def _bundled(arr: list) -> list:
+    """A Bundle's messages, each validated as if it came alone."""
+    if len(arr) != 3 or type(arr[2]) is not list:
+        raise ProtocolError("Bundle: expected one list of [kind, *fields] arrays")
+    out = []
+    for inner in arr[2]:
+        if type(inner) is not list or not inner:
+            raise ProtocolError(f"Bundle: {inner!r:.60} is not a [kind, *fields] array")
+        out.append(_build(inner[0], inner, 1))
+    return out
+
+
+def _build(kind: object, arr: list, first: int) -> object:
+    """The message of `kind` whose fields are arr[first:], validated."""
+    spec = _SPECS.get(kind) if type(kind) is int else None
     if spec is None:
-        raise ProtocolError(f"unknown message kind {arr[1]!r}")
-    cls, fields, required = spec
-    values = arr[2:]
+        raise ProtocolError("Bundle inside a Bundle" if kind == _BUNDLE else f"unknown message kind {kind!r}")
+    cls, fields, required, is_valid = spec
+    values = arr[first:]
     if not required <= len(values) <= len(fields):
         raise ProtocolError(f"{cls.__name__}: {len(values)} fields, expected {len(fields)}")
     for (name, check), value in zip(fields, values):
         if not check(value):
             raise ProtocolError(f"{cls.__name__}.{name}: bad value {value!r:.60}")
-    return cls(*values)
+    msg = cls(*values)
+    if is_valid is not None and not is_valid(msg):
+        raise ProtocolError(f"{cls.__name__}: inconsistent fields")
+    return msg

@@ -1,62 +1,22 @@
-"""Every message batchlab sends, declared once.
+"""Every message batchlab sends, declared once: the control messages here, the collector's records in
+protocol.records, kinds and the version in protocol.wire (all re-exported from this module).
 
 On the wire a message is a MessagePack array `[PROTOCOL_VERSION, kind, *fields]`, fields in the order
 declared here. All times are seconds on the scheduler host's monotonic clock (see protocol.clock).
 """
 from dataclasses import dataclass, field
-from enum import IntEnum
 
-import numpy as np
+from batchlab.protocol.records import (Arrival, BatchLaunch, Bundle, RequestFailed, RunEnd, RunInfo, Step, Tokens,
+                                       WorkerBye)
+from batchlab.protocol.wire import (PROTOCOL_VERSION, STEP_BATCH, FailedRow, Kind, RequestRow, TokenBytes, pack_tokens,
+                                    unpack_tokens)
 
-PROTOCOL_VERSION = 1
-STEP_BATCH = -1  # Tokens.batch_id of a continuous step: each token belongs to its request's latest batch
-
-
-class TokenBytes(bytes):
-    """Token ids packed as little-endian uint32 (`pack_tokens`): the scheduler forwards them unread."""
-
-
-class RequestRow(list):
-    """A request inside a Dispatch: [request_id, prompt_len, output_len, TokenBytes]."""
-
-
-class FailedRow(list):
-    """A failed request inside a BatchDone: [request_id, reason]."""
-
-
-def pack_tokens(ids) -> bytes:
-    """Token ids → TokenBytes wire form."""
-    return np.asarray(ids, dtype="<u4").tobytes()
-
-
-def unpack_tokens(data: bytes) -> list[int]:
-    """TokenBytes wire form → token ids."""
-    return np.frombuffer(data, dtype="<u4").tolist()
-
-
-class Kind(IntEnum):
-    """One small integer per message type (the second array element)."""
-
-    TRAFFIC_HELLO = 1
-    START = 2
-    REQUEST = 3
-    END_OF_STREAM = 4
-    WORKER_HELLO = 5
-    DISPATCH = 6
-    TOKENS = 7
-    BATCH_DONE = 8
-    HEARTBEAT = 9
-    SHUTDOWN = 10
-    ARRIVAL = 11
-    BATCH_LAUNCH = 12
-    REQUEST_FAILED = 13
-    RUN_INFO = 14
-    RUN_END = 15
-    WORKER_BYE = 16
-    STEP = 17
-    CLOCK_PING = 18
-    CLOCK_PONG = 19
-    WORKER_CAPACITY = 20
+__all__ = [
+    "PROTOCOL_VERSION", "STEP_BATCH", "FailedRow", "Kind", "RequestRow", "TokenBytes", "pack_tokens", "unpack_tokens",
+    "Arrival", "BatchLaunch", "Bundle", "RequestFailed", "RunEnd", "RunInfo", "Step", "Tokens", "WorkerBye",
+    "TrafficHello", "Start", "RequestMsg", "EndOfStream", "WorkerHello", "Dispatch", "BatchDone", "Heartbeat",
+    "Shutdown", "ClockPing", "ClockPong", "WorkerCapacity", "MESSAGE_TYPES",
+]
 
 
 # --- traffic <-> scheduler -------------------------------------------------------------------------
@@ -126,13 +86,30 @@ class WorkerHello:
 
 @dataclass(slots=True)
 class Dispatch:
-    """Scheduler → worker: run these requests (RequestRow each)."""
+    """Scheduler → worker: run these requests (RequestRow each) as batch `batch_id`; or, with `sizes`,
+    as consecutive batches batch_id, batch_id + 1, ... of those many rows each (a continuous worker's
+    requests of one scheduling pass: one batch per request, one message)."""
 
     KIND = Kind.DISPATCH
     batch_id: int
     scheduled_time: float
     reason: str
     requests: list[RequestRow] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # [] : one batch of every row; else each ≥ 1, Σ = rows
+
+    def is_valid(self) -> bool:
+        """The sizes, if given, split the rows exactly (the codec refuses a Dispatch that breaks this)."""
+        return not self.sizes or (sum(self.sizes) == len(self.requests) and min(self.sizes) >= 1)
+
+    def batches(self) -> list[tuple[int, list[RequestRow]]]:
+        """[(batch_id, its rows)], in order."""
+        if not self.sizes:
+            return [(self.batch_id, self.requests)]
+        out, start = [], 0
+        for i, n in enumerate(self.sizes):
+            out.append((self.batch_id + i, self.requests[start:start + n]))
+            start += n
+        return out
 
 
 @dataclass(slots=True)
@@ -205,103 +182,8 @@ class WorkerCapacity:
     reason: str
 
 
-# --- everyone -> collector -------------------------------------------------------------------------
-@dataclass(slots=True)
-class Tokens:
-    """One decode step's new tokens: `token_ids[i]` belongs to `request_ids[i]` (a request may repeat
-    when a step yields several of its tokens). `time` is when the tokens were really available.
-    In continuous mode one step serves many dispatches: batch_id is then STEP_BATCH."""
-
-    KIND = Kind.TOKENS
-    batch_id: int
-    step: int
-    time: float
-    request_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Step:
-    """Continuous mode: the shape of one engine step (for the per-step batch timeline)."""
-
-    KIND = Kind.STEP
-    worker_id: str
-    step: int
-    start_time: float
-    end_time: float
-    running: int  # rows that got a token: the decoded ones, then the `joined` ones
-    joined: int  # rows whose (last) prefill chunk ran, so they got their first token
-    finished: int
-    prefill_tokens: int = 0  # prompt tokens prefilled, chunks of rows still prefilling included
-
-
-@dataclass(slots=True)
-class Arrival:
-    """Scheduler → collector: a request was received (this makes it 'submitted')."""
-
-    KIND = Kind.ARRIVAL
-    request_id: int
-    arrival_time: float
-    send_time: float
-    recv_time: float
-    prompt_len: int
-    output_len: int
-
-
-@dataclass(slots=True)
-class BatchLaunch:
-    """Scheduler → collector: a batch was dispatched."""
-
-    KIND = Kind.BATCH_LAUNCH
-    batch_id: int
-    worker_id: str
-    scheduled_time: float
-    reason: str
-    request_ids: list[int] = field(default_factory=list)
-    queue_len: int = 0  # requests still queued after this launch
-
-
-@dataclass(slots=True)
-class RequestFailed:
-    """A terminal failure decided outside a worker's batch (queue full, worker lost, ...)."""
-
-    KIND = Kind.REQUEST_FAILED
-    request_id: int
-    reason: str
-    time: float
-
-
-@dataclass(slots=True)
-class RunInfo:
-    """The run's settings and setup, written into every table and the summary."""
-
-    KIND = Kind.RUN_INFO
-    settings: dict = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class RunEnd:
-    """Scheduler → collector: no more scheduling; wait for each named worker's bye, then write."""
-
-    KIND = Kind.RUN_END
-    submitted: int
-    workers: list[str] = field(default_factory=list)
-    stats: dict = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class WorkerBye:
-    """Worker → collector: this worker's last message, with its memory facts."""
-
-    KIND = Kind.WORKER_BYE
-    worker_id: str
-    peak_memory_bytes: int
-    memory_kind: str
-    stats: dict = field(default_factory=dict)
-
-
 MESSAGE_TYPES: tuple[type, ...] = (
     TrafficHello, Start, RequestMsg, EndOfStream, WorkerHello, Dispatch, BatchDone, Heartbeat,
     Shutdown, ClockPing, ClockPong, WorkerCapacity, Tokens, Step, Arrival, BatchLaunch, RequestFailed, RunInfo,
-    RunEnd, WorkerBye,
+    RunEnd, WorkerBye, Bundle,
 )

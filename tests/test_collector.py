@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, percentiles, summarize
-from batchlab.collector import parts
+from batchlab.collector import merge, taking
 from batchlab.collector.parts import PartWriter, load_table, write_final
 from batchlab.collector.process import finish_run, run_collector
 from batchlab.collector.store import RunStore
@@ -301,20 +301,23 @@ def test_unsent_rows_read_the_schedules_own_offset_column():
     assert SCHEDULE_OFFSET_COLUMN in COLUMNS
 
 
-def interleaved_run(n: int, seed: int) -> list:
-    """n continuous requests whose events interleave at random (so they end out of id order): most
-    finish, every 5th fails, every 7th never ends, every 9th gets a token after its terminal record."""
+def interleaved_run(n: int, seed: int, *, late: bool = True, first: int = 0) -> list:
+    """n continuous requests (ids from `first`) whose events interleave at random (so they end out of
+    id order): most finish, every 5th fails, every 7th never ends, every 9th gets a token after its
+    terminal record (unless not `late`), every 4th carries an engine's own figures."""
     rng = random.Random(seed)
     streams = []
-    for rid in range(n):
+    for rid in range(first, first + n):
         out_len, t = 1 + rid % 6, T0 + 0.01 * rid
         events = [arrival(rid, 0.01 * rid, 3, out_len), BatchLaunch(100 + rid, "w0", t + 0.1, "credit", [rid], 0)]
         events += [Tokens(STEP_BATCH, i, t + 0.2 + 0.01 * i * (1 + rid % 3), [rid], [10 * rid + i])
                    for i in range(out_len)]
         if rid % 7 != 3:
             failed = [[rid, "decode error"]] if rid % 5 == 1 else []
-            events.append(BatchDone(100 + rid, "w0", t + 0.1, t + 0.3, [] if failed else [rid], failed, False, 0))
-        if rid % 9 == 2:
+            engine = {str(rid): {"first_token_ts": t + 0.2, "cached_tokens": rid % 3}} if rid % 4 == 0 else {}
+            events.append(BatchDone(100 + rid, "w0", t + 0.1, t + 0.3, [] if failed else [rid], failed, False,
+                                    rid, engine))
+        if late and rid % 9 == 2:
             events.append(Tokens(STEP_BATCH, out_len, t + 0.5, [rid], [7]))
         streams.append(events)
     messages = [RunInfo(SETTINGS)]
@@ -324,25 +327,57 @@ def interleaved_run(n: int, seed: int) -> list:
         if rng.random() < 0.2:
             messages.append(Step("w0", len(messages), T0 + 0.001 * len(messages), T0 + 0.002 * len(messages), 1, 0, 0))
         streams = [s for s in streams if s]
-    return messages + [RunEnd(n, ["w0"], {}), WorkerBye("w0", 0, "cpu_peak_rss", {})]
+    older = {"request_metrics": {str(first + 3): {"queued_ts": T0 + 0.05}}}  # an older worker: in its bye
+    return messages + [RunEnd(n, ["w0"], {}), WorkerBye("w0", 0, "cpu_peak_rss", older)]
 
 
-def test_tables_merged_from_parts_equal_the_tables_built_in_memory(tmp_path, monkeypatch):
-    monkeypatch.setattr(parts, "TOKEN_CHUNK_ROWS", 7)  # many request-id slices
-    messages, slos = interleaved_run(60, seed=3) + script()[1:], {"ttft": 1.0}
-    in_memory = run_store(messages).finish(slos=slos)
+def unsent_schedule(n: int) -> pd.DataFrame:
+    """A schedule of requests 0..n+4: the last five were never sent."""
+    return pd.DataFrame({"request_id": range(n + 5), "arrival_offset_s": [0.01 * i for i in range(n + 5)],
+                         "prompt_len": [3] * (n + 5), "output_len": [2] * (n + 5)})
+
+
+@pytest.mark.parametrize("keep_takes, extra", [(1000, "late tokens and anomalies"), (0, ""), (3, "")])
+def test_tables_merged_from_parts_equal_the_tables_built_in_memory(tmp_path, monkeypatch, keep_takes, extra):
+    monkeypatch.setattr(merge, "TOKEN_CHUNK_ROWS", 7)  # many request-id slices
+    monkeypatch.setattr(merge, "REQUEST_CHUNK_ROWS", 5)
+    monkeypatch.setattr(taking, "KEEP_TAKES", keep_takes)  # 0: a request leaves at once
+    # with `extra`, the script's requests 1-5 too (OOM, queue full, several tokens in one message)
+    messages = interleaved_run(60, seed=3, late=bool(extra), first=10) + (script()[1:] if extra else [])
+    schedule, slos = unsent_schedule(70), {"ttft": 1.0}
+    schedule.to_parquet(tmp_path / "schedule.parquet")
+    in_memory = run_store(messages).finish(schedule, slos=slos)
     store, writer = RunStore(), PartWriter(tmp_path)
     for i, msg in enumerate(messages):
         store.handle(msg)
         if i % 13 == 0:
             writer.write(store.take_parts())
     streamed = finish_run(store, writer, tmp_path, slos)
-    assert streamed.tokens is None and streamed.steps is None
+    assert (streamed.requests, streamed.tokens, streamed.batches, streamed.steps) == (None, None, None, None)
     write_final(tmp_path, streamed)
     for name in ("requests", "tokens", "batches", "steps"):
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"), getattr(in_memory, name))
     assert streamed.summary == in_memory.summary
-    assert streamed.summary["itl"]["p50"] is not None
+    assert streamed.summary["itl"]["p50"] is not None and streamed.summary["prefix_cache"]
+    assert "engine_first_token_time" in in_memory.requests
+    assert extra or in_memory.requests.engine_queued_time.notna().sum() == 1  # (the script replaces the bye)
+    assert (in_memory.requests.error == NOT_SENT).sum() == 5 + (5 if extra else 10)  # ids 70-74 and below 10
+
+
+def test_ended_requests_leave_memory_and_their_late_events_are_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(taking, "KEEP_TAKES", 0)
+    store, writer = RunStore(), PartWriter(tmp_path)
+    for msg in script():
+        store.handle(msg)
+    writer.write(store.take_parts())
+    assert sorted(store.requests) == [4]  # only the request that never ended is in memory
+    assert not store.launches and not store.dones and not store.batch_refs  # every batch is written
+    store.handle(Tokens(1, 3, T0 + 1.3, [1], [14]))
+    store.handle(Tokens(STEP_BATCH, 0, T0 + 1.3, [3], [15]))
+    store.handle(RequestFailed(2, "late", T0 + 1.4))
+    assert (store.counters["ignored_tokens"], store.counters["duplicate_terminals"]) == (2, 1)
+    assert sorted(store.requests) == [4] and not store.tokens and not store._early_tokens
+    assert 1 in store.ended and 4 not in store.ended
 
 
 def test_taken_requests_keep_no_tokens_in_memory(tmp_path):
@@ -366,7 +401,8 @@ def test_a_token_after_the_terminal_record_goes_to_the_next_part(tmp_path):
     writer.write(store.take_parts())
     tokens = load_table(tmp_path, "tokens").query("request_id == 1")
     assert tokens["token_index"].tolist() == [0, 1, 2, 3] and (1, 1) not in store.tokens
-    assert by_id(store.finish().requests)[1]["n_tokens"] == 4
+    r1 = load_table(tmp_path, "requests").query("request_id == 1")  # its row was written again
+    assert r1["n_tokens"].tolist() == [4] and r1["completion_time"].tolist() == [pytest.approx(1.3)]
 
 
 def test_summary_reports_the_harness_cpu_per_request(tmp_path):

@@ -9,7 +9,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchlab.protocol import Dispatch, EndOfStream, ProtocolError, RequestMsg, Start, decode, encode
+from batchlab.protocol import Dispatch, EndOfStream, ProtocolError, RequestMsg, Start, decode, decode_all, encode
 from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from tests.test_faults import COMMON, assert_conserved, finish, free_port, no_leftovers, start  # noqa: F401
 
@@ -112,8 +112,8 @@ def test_worker_counts_garbage_and_still_runs_a_batch(malformed):
         worker.wait(timeout=30)
         bye = None
         while pull.poll(2000):
-            msg = decode(pull.recv())
-            bye = msg if isinstance(msg, WorkerBye) else bye
+            for msg in decode_all(pull.recv()):  # a worker bundles a step's records
+                bye = msg if isinstance(msg, WorkerBye) else bye
         assert bye is not None and bye.stats["rejected_messages"] == N_FRAMES
     finally:
         worker.kill()

@@ -1,10 +1,12 @@
 """Long runs keep memory that follows what is in flight: no Python object per token in the collector's
-store once a request's rows are taken, and none per prompt token in a loaded schedule. (Peak RSS over
-millions of rows is measured by benchmarks/long_run.py, not asserted here.)"""
+store once a request's rows are taken, nothing but a bit per request once it has left the store, and
+none per prompt token in a loaded schedule. (Peak RSS over millions of rows is measured by
+benchmarks/long_run.py, not asserted here.)"""
 import numpy as np
 
-from batchlab.collector.parts import PartWriter
-from batchlab.collector.store import RunStore, TokenBuffer
+from batchlab.collector.parts import PartWriter, load_table
+from batchlab.collector.state import EndedIds
+from batchlab.collector.store import KEEP_TAKES, RunStore, TokenBuffer
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RunInfo, Tokens
 from batchlab.protocol.messages import STEP_BATCH
 from batchlab.traffic.config import TrafficConfig
@@ -39,6 +41,32 @@ def test_the_store_holds_no_tokens_of_ended_requests_however_many_came(tmp_path)
         writer.write(store.take_parts())
         assert store.tokens == {} and store.batch_requests == {} and not store._early_tokens
     assert {s.taken[0] for s in store.requests.values()} == {20}
+
+
+def test_ended_requests_and_their_batches_leave_the_store_after_keep_takes(tmp_path):
+    store, writer = RunStore(), PartWriter(tmp_path)
+    store.handle(RunInfo({"t0": 0.0}))
+    for first in range(0, 3000, 100):
+        _continuous_requests(store, first, 100, 5)
+        for rid in range(first, first + 100):
+            store.handle(BatchDone(rid, "w0", 0.1, 30.0, [rid], [], False, 0))
+        writer.write(store.take_parts())
+        assert len(store.requests) == len(store.launches) == len(store.dones) <= 100 * KEEP_TAKES
+    for _ in range(KEEP_TAKES):  # nothing new: what was written leaves
+        writer.write(store.take_parts())
+    assert store.requests == {} and store.launches == {} and store.dones == {} and store.batch_refs == {}
+    assert not store.engine_metrics and not store._taken_batches and not store.tokens
+    assert all(rid in store.ended for rid in range(3000)) and len(store.ended._bits) <= 3000 // 8 * 2
+    requests = load_table(tmp_path, "requests")
+    assert sorted(requests.request_id) == list(range(3000)) and set(requests.n_tokens) == {5}
+
+
+def test_ended_ids_are_a_set_of_ints():
+    ended, ids = EndedIds(), [0, 7, 8, 1 << 26, -3, 123_456, 2**40]
+    for rid in ids:
+        ended.add(rid)
+    assert all(rid in ended for rid in ids)
+    assert not any(rid in ended for rid in (1, 6, 9, (1 << 26) - 1, -2, 123_457, 2**40 + 1, "7", 7.0))
 
 
 def test_a_loaded_schedule_keeps_prompt_tokens_as_array_views(tmp_path):

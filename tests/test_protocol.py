@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchlab.protocol import PROTOCOL_VERSION, ProtocolError, decode, encode
+from batchlab.protocol import PROTOCOL_VERSION, ProtocolError, decode, decode_all, encode, encode_many
 from batchlab.protocol import messages as m
 from batchlab.protocol.codec import MAX_ARRAY_LEN
 
@@ -22,6 +22,9 @@ SAMPLES = [
     m.Arrival(1, 2.0, 2.001, 2.002, 4, 5), m.BatchLaunch(3, "w0", 1.5, "size", [1, 2], 7),
     m.RequestFailed(1, "queue full", 2.0), m.RunInfo({"strategy": "naive", "rate": 5.0}),
     m.RunEnd(10, ["w0"], {"submitted": 10}), m.WorkerBye("w0", 100, "cpu_peak_rss", {}),
+    m.Dispatch(4, 1.5, "credit", [[1, 4, 5, m.pack_tokens([1, 2, 3, 4])], [2, 3, 2, m.pack_tokens([5, 6, 7])]], [1, 1]),
+    m.Bundle([m.Arrival(1, 2.0, 2.001, 2.002, 4, 5), m.BatchLaunch(3, "w0", 1.5, "size", [1], 0),
+              m.Tokens(-1, 0, 1.6, [1], [11])]),
 ]
 
 
@@ -66,6 +69,42 @@ def test_malformed_rows_inside_a_dispatch_or_batch_done_are_rejected():
             decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.DISPATCH), 1, 1.0, "size", rows]))
     with pytest.raises(ProtocolError, match="failed"):
         decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.BATCH_DONE), 1, "w", 1.0, 2.0, [], [[1]]]))
+
+
+def test_a_grouped_dispatch_names_one_batch_per_size_in_order():
+    rows = [[rid, 4, 2, m.pack_tokens([1, 2, 3, 4])] for rid in (7, 8, 9)]
+    msg = decode(encode(m.Dispatch(10, 1.0, "credit", rows, [1, 2])))
+    assert [(bid, [r[0] for r in batch]) for bid, batch in msg.batches()] == [(10, [7]), (11, [8, 9])]
+    assert decode(encode(m.Dispatch(10, 1.0, "size", rows))).batches() == [(10, rows)]
+
+
+@pytest.mark.parametrize("sizes", [[1, 1], [1, 1, 1, 1], [3, 0], [4, -1], [True, 2], [1.0, 2]])
+def test_a_dispatch_whose_sizes_do_not_split_its_rows_is_rejected(sizes):
+    rows = [[rid, 4, 2, m.pack_tokens([1, 2, 3, 4])] for rid in (7, 8, 9)]
+    with pytest.raises(ProtocolError, match="Dispatch"):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.DISPATCH), 1, 1.0, "credit", rows, sizes],
+                             use_bin_type=True))
+
+
+def test_a_bundle_decodes_to_its_messages_in_order_and_a_lone_message_is_sent_bare():
+    msgs = SAMPLES[:5]
+    assert decode_all(encode_many(msgs)) == msgs
+    assert decode(encode_many(msgs)) == m.Bundle(msgs)
+    assert encode_many([SAMPLES[0]]) == encode(SAMPLES[0])
+    assert decode_all(encode(SAMPLES[0])) == [SAMPLES[0]]
+
+
+@pytest.mark.parametrize("inner", [
+    [[int(m.Kind.START), "late"]],  # a bad field inside
+    [[int(m.Kind.START), 1.0], [99, 1]],  # an unknown kind inside
+    [[int(m.Kind.BUNDLE), [[int(m.Kind.START), 1.0]]]],  # bundles do not nest
+    [[]], [5], "not a list",
+], ids=["bad-field", "unknown-kind", "nested", "empty-inner", "not-an-array", "not-a-list"])
+def test_a_malformed_bundle_is_rejected_whole(inner):
+    frame = msgpack.packb([PROTOCOL_VERSION, int(m.Kind.BUNDLE), inner], use_bin_type=True)
+    for decoder in (decode, decode_all):
+        with pytest.raises(ProtocolError):
+            decoder(frame)
 
 
 def test_token_ids_survive_packing():

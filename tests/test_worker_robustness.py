@@ -14,7 +14,7 @@ import zmq
 
 from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, ProtocolError,
                                RequestFailed, RequestMsg, RunEnd, Shutdown, Start, Tokens, TrafficHello, WorkerBye,
-                               WorkerCapacity, WorkerHello, decode, encode, now)
+                               WorkerCapacity, WorkerHello, decode, decode_all, encode, now)
 from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler
@@ -134,10 +134,10 @@ class SchedulerRig:
         while time.monotonic() < deadline:
             self.worker.read_one()  # beats both peers
             while self.collector.poll(0):
-                msg = decode(self.collector.recv())
-                self.recorded.append(msg)
-                if cond(msg):
-                    return msg
+                for msg in decode_all(self.collector.recv()):  # the scheduler bundles a pass's records
+                    self.recorded.append(msg)
+                    if cond(msg):
+                        return msg
         raise AssertionError(f"the collector got no match within {DEADLINE_S} s")
 
     def close(self) -> None:
@@ -216,14 +216,14 @@ class WorkerRig:
             if not self.router.poll(POLL_MS):
                 continue
             ident, frame = self.router.recv_multipart()
-            msg = decode(frame)
             if ident != WORKER.encode():  # the worker's heartbeat thread
                 continue
-            self.seen.append(msg)
-            if isinstance(msg, ClockPing):
-                self.send(ClockPong(msg.seq, msg.t_send, now()))
-            elif cond(msg):
-                return msg
+            for msg in decode_all(frame):  # a step's BatchDones come bundled
+                self.seen.append(msg)
+                if isinstance(msg, ClockPing):
+                    self.send(ClockPong(msg.seq, msg.t_send, now()))
+                elif cond(msg):
+                    return msg
         raise AssertionError(f"no match from the worker within {DEADLINE_S} s; last seen {self.seen[-3:]}")
 
     def send(self, msg: object) -> None:
@@ -242,7 +242,7 @@ class WorkerRig:
         recorded = []
         while not recorded or not isinstance(recorded[-1], WorkerBye):
             assert self.collector.poll(int(DEADLINE_S * 1000)), "no WorkerBye"
-            recorded.append(decode(self.collector.recv()))
+            recorded += decode_all(self.collector.recv())
         self.router.close(linger=0)
         self.collector.close(linger=0)
         self.ctx.term()

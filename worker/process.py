@@ -5,14 +5,15 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, Tokens,
-                               WorkerBye, WorkerCapacity, decode, encode, now)
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, WorkerBye,
+                               WorkerCapacity, decode, encode, now)
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
 from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.heartbeat import HeartbeatThread
+from batchlab.worker.outbox import Outbox
 
 log = logging.getLogger("batchlab.worker")
 WAITING_LOG_INTERVAL_S = 30.0  # before the scheduler first answers, say so this often
@@ -56,6 +57,7 @@ class Worker:
         self.deferred: list[object] = []
         self.heart = HeartbeatThread(self.ctx, scheduler_addr, worker_id, keys)
         self.clock = OffsetEstimate()
+        self.out = Outbox(self.sched, self.coll, self.clock.to_scheduler)
         self.next_sync = 0.0
 
     # --- main loop --------------------------------------------------------------------------------
@@ -76,7 +78,9 @@ class Worker:
             # 2. advance the continuous batch by one step
             if busy:
                 self._continuous_step()
-            # 3. keep the clock offset fresh
+            # 3. what this pass produced: BatchDones now, the collector's records when due or before a wait
+            self.out.flush(all_records=not busy or not self.backend.has_work())
+            # 4. keep the clock offset fresh
             self._resync()
 
     def close(self, close_backend: bool = True) -> None:
@@ -87,8 +91,9 @@ class Worker:
         try:
             stats = {"rejected_messages": self.rejected, "cpu_s": time.process_time() - self.cpu_start_s,
                      **self.clock.facts(), **self._engine_facts()}
-            self._to_collector(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
+            self.out.record(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
                                          self.backend.info.memory_kind, stats))
+            self.out.flush()
         finally:
             self.heart.stop()
             if close_backend:
@@ -119,7 +124,8 @@ class Worker:
     def _hello(self) -> None:
         hello = worker_hello(self.worker_id, self.backend.info, self.clock.facts())
         self.sched.send(encode(hello))
-        self._to_collector(hello)
+        self.out.record(hello)
+        self.out.flush()
 
     def _receive(self, timeout_ms: int) -> list[object]:
         msgs, self.deferred = self.deferred, []
@@ -143,11 +149,12 @@ class Worker:
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Dispatch):
-            rows = [Row(r[0], r[1], r[2], unpack_tokens(r[3]), msg.batch_id) for r in msg.requests]
-            if self.backend.info.mode == "continuous":
-                self._admit(msg.batch_id, rows)
-            else:
-                self._run_static(msg.batch_id, rows)
+            for batch_id, requests in msg.batches():  # one batch, or a scheduling pass's one-request batches
+                rows = [Row(r[0], r[1], r[2], unpack_tokens(r[3]), batch_id) for r in requests]
+                if self.backend.info.mode == "continuous":
+                    self._admit(batch_id, rows)
+                else:
+                    self._run_static(batch_id, rows)
         elif isinstance(msg, ClockPong):
             self.clock.add(msg.t_send, msg.t_server, now())
         elif isinstance(msg, Shutdown):
@@ -158,7 +165,8 @@ class Worker:
         start, finished, failed, oom = now(), [], [], False
 
         def on_step(out: StepOutput) -> None:
-            self._emit_tokens(batch_id, out)
+            self.out.tokens(batch_id, self.step_no, out)
+            self.out.flush(all_records=False)
             finished.extend(out.finished)
             self.deferred.extend(self._receive(timeout_ms=0))
             if self.stopping:  # a signal or Shutdown: abandon the batch (generate() ends by this raise)
@@ -178,6 +186,7 @@ class Worker:
                       if r.request_id not in done]
         self._batch_done(BatchDone(batch_id, self.worker_id, start, now(), [] if oom else finished, failed,
                                    oom, self.backend.peak_memory_bytes()))
+        self.out.flush()
 
     def _admit(self, batch_id: int, rows: list[Row]) -> None:
         self.open[batch_id] = _Open({r.request_id for r in rows}, now())
@@ -194,9 +203,9 @@ class Worker:
         self._report_capacity()  # an OOM inside the step may have moved the backend's row cap
         if out is None:
             return
-        self._emit_tokens(STEP_BATCH, out)  # one step serves many dispatches
+        self.out.tokens(STEP_BATCH, self.step_no, out)  # one step serves many dispatches
         conv = self.clock.to_scheduler
-        self._to_collector(Step(self.worker_id, self.step_no, conv(out.start_time), conv(out.time), out.running,
+        self.out.record(Step(self.worker_id, self.step_no, conv(out.start_time), conv(out.time), out.running,
                                 out.joined, len(out.finished), out.prefill_tokens))
         self.step_no += 1
         for rid in out.finished:
@@ -239,25 +248,11 @@ class Worker:
             self._batch_done(BatchDone(batch_id, self.worker_id, ob.start_time, now(), ob.finished, ob.failed,
                                        False, self.backend.peak_memory_bytes()))
 
-    def _emit_tokens(self, batch_id: int, out: StepOutput) -> None:
-        """One Tokens message per distinct token time (a backend may stamp rows at different moments
-        of one step: decode tokens when the forward's results reached the host, joiners after prefill)."""
-        if not out.request_ids:
-            return
-        times = out.times or [out.time] * len(out.request_ids)
-        start = 0
-        for i in range(1, len(times) + 1):
-            if i == len(times) or times[i] != times[start]:
-                self._to_collector(Tokens(batch_id, self.step_no, self.clock.to_scheduler(times[start]),
-                                          out.request_ids[start:i], out.token_ids[start:i]))
-                start = i
-
     def _batch_done(self, done: BatchDone) -> None:
         done.engine_metrics = self._engine_metrics([*done.finished, *(row[0] for row in done.failed)])
         done.start_time = self.clock.to_scheduler(done.start_time)
         done.end_time = self.clock.to_scheduler(done.end_time)
-        self._to_collector(done)
-        self.sched.send(encode(done))
+        self.out.done(done)
 
     def _resync(self) -> None:
         t = now()
@@ -283,9 +278,6 @@ class Worker:
     def _abandoned(self) -> bool:
         """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
         return self.run_over is not None and not self.heard_once and self.run_over()
-
-    def _to_collector(self, msg: object) -> None:
-        self.coll.send(encode(msg))
 
 
 def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",

@@ -1,0 +1,60 @@
+"""What a worker sends, kept and sent in bundles: the scheduler's BatchDones after each step (its credit),
+the collector's records every few milliseconds (an echo worker steps thousands of times a second; a frame
+per step cost more CPU in the I/O threads and the collector than the step itself)."""
+from collections.abc import Callable
+
+import zmq
+
+from batchlab.protocol import BatchDone, Tokens, encode_many, now
+from batchlab.worker.backend import StepOutput
+
+RECORD_FLUSH_INTERVAL_S = 0.005  # collector records wait at most this long (their times travel inside them)
+MAX_RECORDS_PER_FRAME = 4096  # ... or until this many are kept
+
+
+class Outbox:
+    """The collector's records and the scheduler's BatchDones of the current step, in order."""
+
+    def __init__(self, sched: zmq.Socket, coll: zmq.Socket, to_scheduler: Callable[[float], float]) -> None:
+        self.sched, self.coll = sched, coll
+        self.to_scheduler = to_scheduler  # this host's clock -> the scheduler's
+        self.records: list[object] = []
+        self.dones: list[BatchDone] = []
+        self.records_due: float | None = None  # when the kept records must go (None: none kept)
+
+    def record(self, msg: object) -> None:
+        """A message for the collector."""
+        self.records.append(msg)
+
+    def done(self, msg: BatchDone) -> None:
+        """A batch is over: the collector records it, the scheduler frees its credit."""
+        self.records.append(msg)
+        self.dones.append(msg)
+
+    def tokens(self, batch_id: int, step: int, out: StepOutput) -> None:
+        """One Tokens record per distinct token time (a backend may stamp rows at different moments of
+        one step: decode tokens when the forward's results reached the host, joiners after prefill)."""
+        if not out.request_ids:
+            return
+        times = out.times or [out.time] * len(out.request_ids)
+        start = 0
+        for i in range(1, len(times) + 1):
+            if i == len(times) or times[i] != times[start]:
+                self.records.append(Tokens(batch_id, step, self.to_scheduler(times[start]),
+                                           out.request_ids[start:i], out.token_ids[start:i]))
+                start = i
+
+    def flush(self, *, all_records: bool = True) -> None:
+        """BatchDones to the scheduler, now; then the collector's records, when `all_records` (the worker
+        is about to wait, or stops), or when they are due or many. Each peer's as one frame, in order."""
+        if self.dones:
+            frame, self.dones = encode_many(self.dones), []
+            self.sched.send(frame)
+        if not self.records:
+            return
+        t = now()
+        if self.records_due is None:
+            self.records_due = t + RECORD_FLUSH_INTERVAL_S
+        if all_records or t >= self.records_due or len(self.records) >= MAX_RECORDS_PER_FRAME:
+            frame, self.records, self.records_due = encode_many(self.records), [], None
+            self.coll.send(frame)
