@@ -1,6 +1,7 @@
-"""The `openai` backend against a fake server on loopback that stalls a stream: abort_all() returns at once,
+"""The `openai` backend against a fake server on loopback. One stream stalls: abort_all() returns at once,
 cuts the stalled response (the server sees the connection close, as vLLM does when it aborts a request), and
-the backend serves on; nothing of the aborted stream comes back."""
+the backend serves on; nothing of the aborted stream comes back. And a step takes every chunk received so
+far, each token at its own receipt time."""
 import json
 import threading
 import time
@@ -9,7 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from batchlab.worker.backend import Row
+from batchlab.worker import openai_client
 from batchlab.worker.openai_client import READ_TIMEOUT_S, OpenAIBackend
+from batchlab.worker.openai_count import Chunk
 
 STALL = 9  # a prompt [STALL] gets one chunk, then nothing
 
@@ -81,5 +84,25 @@ def test_abort_all_cuts_a_stalled_stream_at_once_and_the_backend_serves_on(serve
         outs = drain(backend, lambda outs: any(2 in o.finished for o in outs))
         assert [t for o in outs for t in o.token_ids] == [100, 101, 102]
         assert all(1 not in o.request_ids and not o.failed for o in outs)  # the aborted row stays gone
+    finally:
+        backend.close()
+
+
+def test_a_step_takes_every_chunk_received_so_far_each_token_at_its_own_time(server, monkeypatch):
+    monkeypatch.setattr(openai_client, "MAX_CHUNKS_PER_STEP", 4)
+    backend = OpenAIBackend(server, "fake", max_concurrency=2)
+    try:
+        backend.open.update({7: 1.0, 8: 2.0})  # as admit() leaves them (no stream is started here)
+        for chunk in (Chunk(7, 3.0, [70]), Chunk(8, 4.0, [80, 81]), Chunk(7, 5.0, [71]),
+                      Chunk(7, 6.0, [], "ok"), Chunk(8, 7.0, [82]), Chunk(8, 8.0, [], "boom")):
+            backend.streams.chunks.put(chunk)
+        first = backend.step()
+        assert (first.request_ids, first.token_ids, first.times) == ([7, 8, 8, 7], [70, 80, 81, 71],
+                                                                      [3.0, 4.0, 4.0, 5.0])
+        assert (first.start_time, first.time, first.running, first.finished) == (1.0, 6.0, 2, [7])
+        second = backend.step()  # the rest: MAX_CHUNKS_PER_STEP chunks went into the first
+        assert (second.request_ids, second.times, second.start_time) == ([8], [7.0], 4.0)
+        assert second.failed == [(8, "boom")] and not backend.has_work()
+        assert backend.step() is None
     finally:
         backend.close()

@@ -165,7 +165,7 @@ def test_openai_streams_exact_token_counts_from_vllm(server):
         backend.close()
     assert sorted(rid for o in outs for rid in o.finished) == [r.request_id for r in rows]
     for row in rows:
-        stamps = [o.time for o in outs for rid in o.request_ids if rid == row.request_id]
+        stamps = [t for o in outs for rid, t in zip(o.request_ids, o.times) if rid == row.request_id]
         assert len(stamps) == row.output_len and stamps == sorted(stamps)
     assert all(t >= 0 for o in outs for t in o.token_ids)  # vLLM returns the ids (return_token_ids)
 
