@@ -145,7 +145,7 @@ def test_a_fused_forward_packs_the_decodes_then_the_chunks_and_writes_each_token
     assert inputs["position_ids"].tolist() == [[3, 2, 1, 2, 0, 1, 2]]
     assert inputs["attention_mask"][:, 0, 0].tolist() == [[True] * 4, [True, True, True, False]]
     assert kv.fused_ends() == [0, 1, 3, 6]  # each decode, then each chunk's last token
-    plan = kv.fused
+    plan = kv.plan
     assert (plan.rows, plan.decode_width, plan.chunks) == (2, 4, [(2, 2, 1), (4, 3, 0)])
     assert plan.masks[0].tolist() == [[True, True, False], [True, True, True]]  # causal after the filled column
     states = torch.tensor([70.0, 80.0, 31.0, 32.0, 40.0, 41.0, 42.0]).view(1, 1, 7, 1)

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
+from batchlab.worker.hf_generate import StepStreamer, compile_kwargs
 from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
                                     cuda_free_bytes, cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
 
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun. " * 2
 WARMUP_OUTPUT_LENS = (4, 2)  # a 2-row batch of different lengths: padding and masks get exercised
-COMPILE_COLUMN_BLOCK = 512  # --torch-compile: the static cache's columns, in blocks (a new block recompiles)
 
 
 @dataclass(slots=True)
@@ -35,34 +35,7 @@ class HFSettings:
     max_batch_size: int = 16
     memory_budget_bytes: int = 0  # 0: measured (CUDA) or a share of available RAM (CPU)
     strict_memory: bool = False
-    torch_compile: bool = False  # static batches: one fixed-shape decode step, compiled (see _compile_kwargs)
-
-
-class _StepStreamer:
-    """A generate() streamer that turns each decode step's tokens into one StepOutput."""
-
-    def __init__(self, rows: list[Row], on_step: Callable[[StepOutput], None], sync: Callable[[], None]) -> None:
-        self.rows, self.on_step, self.sync = rows, on_step, sync
-        self.step = -1  # -1: the next put() carries the prompt ids [B, S]
-        self.last_time = now()
-
-    def put(self, value) -> None:
-        """value: prompt ids [B, S] on the first call, then the step's new tokens [B] (on the host)."""
-        if self.step < 0:
-            self.step, self.last_time = 0, now()
-            return
-        self.sync()
-        t, tokens = now(), value.reshape(-1).tolist()
-        live = [i for i, r in enumerate(self.rows) if self.step < r.output_len]
-        self.on_step(StepOutput(
-            time=t, start_time=self.last_time, request_ids=[self.rows[i].request_id for i in live],
-            token_ids=[tokens[i] for i in live], running=len(live),
-            finished=[self.rows[i].request_id for i in live if self.step == self.rows[i].output_len - 1],
-        ))
-        self.step, self.last_time = self.step + 1, t
-
-    def end(self) -> None:
-        """Nothing buffered."""
+    torch_compile: bool = False  # static batches: one fixed-shape decode step, compiled (see hf_generate.compile_kwargs)
 
 
 def resolve_device(name: str):
@@ -261,29 +234,15 @@ class HFBackend:
         extra = {}
         if self.settings.torch_compile:  # fixed shapes: the last row repeated up to the row cap (not reported)
             contexts += [contexts[-1]] * (self.settings.max_batch_size - len(rows))
-            extra = self._compile_kwargs(max(len(c) for c in contexts) + steps)
+            extra = compile_kwargs(max(len(c) for c in contexts) + steps, self.device)
         ids, mask = left_pad(contexts, self.pad_id)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)  # [B, S]
         attention_mask = torch.tensor(mask, dtype=torch.long, device=self.device)  # [B, S]
-        streamer = _StepStreamer(rows, on_step, self._sync)
+        streamer = StepStreamer(rows, on_step, self._sync)
         with torch.inference_mode():
             self.model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
                                 max_new_tokens=steps, min_new_tokens=steps, pad_token_id=self.pad_id,
                                 streamer=streamer, **extra)
-
-    def _compile_kwargs(self, columns: int) -> dict:
-        """--torch-compile: generate() with a static KV cache of COMPILE_COLUMN_BLOCK-rounded columns (it only
-        grows, so a longer batch recompiles at most once per block) over batches padded to the row cap, so every
-        decode step has one shape; transformers compiles that step (mode reduce-overhead, i.e. CUDA graphs, on
-        CUDA; inductor's default on CPU, where it is for checking the path: it does not pay there)."""
-        from transformers import CompileConfig
-
-        cuda = self.device.type == "cuda"
-        config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead" if cuda else "default")
-        config._compile_all_devices = not cuda  # transformers compiles on CUDA by itself; on CPU only when asked
-        block = COMPILE_COLUMN_BLOCK
-        return {"cache_implementation": "static", "compile_config": config,
-                "max_cache_len": -(-columns // block) * block}
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

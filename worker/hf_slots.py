@@ -119,7 +119,7 @@ class SlotKV:
         self.tokens = self.col = self.cols = None  # device [slots] ×2, [columns]
         self.col_h: list[int] = []  # host mirror of col for the running rows: the column each writes next
         self.fill_h: list[int] = []  # the prefilling rows' filled columns, oldest first
-        self.mode, self.index, self.width, self.chunk, self.fused = "", None, 0, [], None
+        self.mode, self.index, self.width, self.chunk, self.plan = "", None, 0, [], None
 
     @property
     def rows(self) -> int:
@@ -228,15 +228,15 @@ class SlotKV:
         self.width = max([decode_width] + [f + n for _, n, f in spans])
         self.index = (torch.cat([torch.arange(rows, device=self.device), slots]), torch.cat([col, columns]))
         masks = [self.cols[: f + n] <= (f + self.cols[:n])[:, None] for _, n, f in spans]  # [n, f + n] causal
-        self.fused = FusedPlan(rows, decode_width, spans, masks)
+        self.plan = FusedPlan(rows, decode_width, spans, masks)
         ids = torch.cat([self.tokens[:rows], torch.tensor([t for c in chunks for t in c], device=self.device)])
         mask = self.cols[:decode_width] <= col[:, None]  # [R, W]: the decodes' mask, as decode_inputs'
         return {"input_ids": ids[None], "position_ids": self.index[1][None], "attention_mask": mask[:, None, None, :],
-                "slot_fused": self.fused}
+                "slot_fused": self.plan}
 
     def fused_ends(self) -> list[int]:
         """Packed positions of each running row's decode, then of each chunk's last token."""
-        return list(range(self.fused.rows)) + [start + n - 1 for start, n, _ in self.fused.chunks]
+        return list(range(self.plan.rows)) + [start + n - 1 for start, n, _ in self.plan.chunks]
 
     def prefilled(self, tokens, done: int) -> None:
         """After a prefill forward: the oldest `done` rows have run their last chunk and join the running
