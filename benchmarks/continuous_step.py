@@ -122,6 +122,8 @@ def main() -> None:
     parser.add_argument("--spread", type=float, default=0.0,
                         help="contexts spread evenly down to (1 − spread) × context (0: all equal, no padding)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--no-pad-head", action="store_true",
+                        help="the LM head at the real row count (default: padded to its fastest, worker.hf_head)")
     parser.add_argument("--stall-prompt", type=int, default=1024, help="the joining prompt's tokens (0: no stall)")
     parser.add_argument("--stall-rows", type=int, default=4, help="rows running (128-token contexts) as it joins")
     parser.add_argument("--stall-budget", default="256", help="chunked prefill's tokens per step, comma-separated")
@@ -133,7 +135,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",") if b]
     contexts = [int(c) for c in args.contexts.split(",")]
     layouts = args.layouts.split(",")
-    settings = HFSettings(model=args.model, device=args.device, max_batch_size=max(batches + [args.stall_rows + 1]))
+    settings = HFSettings(model=args.model, device=args.device, max_batch_size=max(batches + [args.stall_rows + 1]),
+                          pad_head=not args.no_pad_head)
     static = HFBackend(settings)
     static.warmup()
     loops = {layout: HFContinuousBackend(settings, layout=layout) for layout in set(layouts) | {"slots"}}

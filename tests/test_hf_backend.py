@@ -71,6 +71,20 @@ def test_greedy_is_deterministic_and_padding_does_not_change_tokens(backend, mix
     assert alone[rows[1].request_id] == batched[rows[1].request_id]
 
 
+def test_static_batches_give_the_same_tokens_with_the_lm_head_padded(backend, mixed_steps, monkeypatch):
+    """generate() through the padded head (3 rows computed as 8): the same greedy tokens."""
+    assert backend.head_padding is not None and len(backend.info.facts["lm_head_ms"]) == 8
+    monkeypatch.setattr(backend.head_padding, "table", [0] + [8] * 8)
+    computed = []
+    hook = backend.model.get_output_embeddings().register_forward_pre_hook(
+        lambda _m, args: computed.append(args[0].shape[0]))
+    try:
+        padded = run(backend, rows_of_mixed_lengths())
+    finally:
+        hook.remove()
+    assert tokens_by_row(padded) == tokens_by_row(mixed_steps) and set(computed) == {8}
+
+
 def test_info_reports_kv_geometry_and_cpu_budget(backend):
     info = backend.info
     assert info.kv_bytes_per_token == 2 * 8 * 4 * 64 * 4  # K and V, layers, kv heads, head dim, fp32

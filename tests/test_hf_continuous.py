@@ -68,6 +68,24 @@ def test_greedy_tokens_are_the_same_alone_or_joining_a_busy_batch(backend, solo,
 
 
 @pytest.mark.slow  # tiny-mistral on HF
+@pytest.mark.parametrize("fuse", [True, False])
+def test_a_padded_lm_head_leaves_the_greedy_tokens_as_they_are(backend, solo, monkeypatch, fuse):
+    """Every row count computed as 8 rows (zero rows appended, their logits dropped): the same tokens."""
+    padding = backend.base.head_padding
+    assert padding is not None and "lm_head_ms" in backend.info.facts  # the warm-up timed the head
+    monkeypatch.setattr(padding, "table", [0] + [8] * 8)
+    monkeypatch.setattr(backend, "fuse", fuse)
+    computed = []
+    hook = backend.model.get_output_embeddings().register_forward_pre_hook(
+        lambda _m, args: computed.append(args[0].shape[0]))  # runs after the padding's own pre-hook
+    try:
+        tokens, _ = busy_run(backend)
+    finally:
+        hook.remove()
+    assert tokens == solo and set(computed) == {8}
+
+
+@pytest.mark.slow  # tiny-mistral on HF
 def test_solo_tokens_equal_static_generate(backend, solo):
     row = mixed_rows()[0]
     outs: list[StepOutput] = []
