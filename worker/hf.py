@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
 from batchlab.worker.hf_generate import StepStreamer, compile_kwargs
-from batchlab.worker.hf_head import RowPadding, head_times, pad_table
+from batchlab.worker.hf_head import MAX_TIMED_ROWS, RowPadding, head_times, pad_table
 from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
                                     cuda_free_bytes, cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
 
@@ -192,14 +192,14 @@ class HFBackend:
         self.info.facts["warmup_s"] = round(now() - started, 3)
 
     def _pad_head(self) -> None:
-        """Time the LM head at 1..max_batch_size rows and pad each count to the fastest one at or above it
-        (worker.hf_head; not with --torch-compile, whose batches are padded to the row cap already)."""
+        """Time the LM head at 1..max_batch_size rows (at most MAX_TIMED_ROWS) and pad each count to the fastest
+        one at or above it (worker.hf_head; not with --torch-compile, whose batches are padded to the row cap)."""
         head = self.model.get_output_embeddings()
         if (not self.settings.pad_head or self.settings.torch_compile or self.head_padding is not None
                 or not isinstance(head, self.torch.nn.Linear)):
             return
-        times = head_times(head, self.settings.max_batch_size, head.in_features, self.device, self.model.dtype,
-                           self._sync, now)
+        rows = min(self.settings.max_batch_size, MAX_TIMED_ROWS)
+        times = head_times(head, rows, head.in_features, self.device, self.model.dtype, self._sync, now)
         table = pad_table(times)
         self.head_padding = RowPadding(head, table)
         self.info.facts["lm_head_rows"] = {str(m): t for m, t in enumerate(table) if t != m}  # padded counts only

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 MIN_GAIN = 0.9  # a count m' > m is taken only if it is at least 10% faster than m itself
 TIMING_REPEATS = 3
+MAX_TIMED_ROWS = 64  # counts above are run as they are (a big head on a CPU takes ~0.1 s a call to time)
 
 
 def pad_table(times_s: list[float]) -> list[int]:
