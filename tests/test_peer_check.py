@@ -1,5 +1,5 @@
-"""benchmarks/peer_check.py's pure parts: the schedule → timed_trace export and the per-request figures
-(no server, no vLLM import)."""
+"""benchmarks/peer_check.py's pure parts (benchmarks/peer_figures.py): the schedule → timed_trace export
+and the per-request figures (no server, no vLLM import)."""
 import importlib.util
 import json
 import math
@@ -14,10 +14,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _peer_check():
+    """The script's pure parts (benchmarks/peer_figures.py), reached as the script reaches them: loading
+    the script itself also checks that it imports."""
     spec = importlib.util.spec_from_file_location("peer_check", ROOT / "benchmarks" / "peer_check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    from benchmarks import peer_figures
+
+    assert module.PROMPT_FIELD is peer_figures.PROMPT_FIELD
+    return peer_figures
 
 
 def test_timed_trace_export_keeps_offsets_tokens_and_lengths(tmp_path):
