@@ -8,7 +8,8 @@ import zmq
 
 from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat,
                                ProtocolError, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
-                               WorkerCapacity, WorkerHello, decode_all, encode, encode_many, now)
+                               WorkerCapacity, WorkerHello, decode_all, encode, now)
+from batchlab.protocol.bundling import Bundler
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket, recv_frames, send_routed
@@ -21,7 +22,6 @@ MAX_MESSAGES_PER_POLL = 1_000  # then schedule and beat before reading on (a flo
 # The collector's records (Arrival, BatchLaunch, ...) go in one frame per interval, not one per request:
 # their times travel inside them, and a frame costs both processes' I/O threads more than its contents.
 RECORD_FLUSH_INTERVAL_S = 0.002  # below the workers' 5 ms: a launch mostly reaches the collector before its tokens
-MAX_RECORDS_PER_FRAME = 4096
 
 
 class Scheduler:
@@ -45,8 +45,7 @@ class Scheduler:
         self.stats = {"rejected_messages": 0}  # the edge's own counters; the core keeps the rest
         self.last_beat = now()
         self.traffic_heard = now()
-        self.records: list[object] = []  # the collector's records not yet sent (see RECORD_FLUSH_INTERVAL_S)
-        self.records_due: float | None = None  # when they must go (None: none kept)
+        self.records = Bundler(self.coll, RECORD_FLUSH_INTERVAL_S)  # the collector's records not yet sent
 
     # --- main loop --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -73,8 +72,8 @@ class Scheduler:
         limit = HEARTBEAT_INTERVAL_S
         if self.wake_at is not None:
             limit = min(limit, max(0.0, self.wake_at - now()))
-        if self.records_due is not None:
-            limit = min(limit, max(0.0, self.records_due - now()))
+        if self.records.due is not None:
+            limit = min(limit, max(0.0, self.records.due - now()))
         return math.ceil(limit * 1000)
 
     def _receive(self, timeout_ms: int) -> list[tuple[bytes, object]]:
@@ -167,7 +166,7 @@ class Scheduler:
                 t = now()
                 try:
                     send_routed(self.router, wid.encode(), encode(dispatch_of(group, t)))
-                    self.records += [launch.record(t) for launch in group]
+                    self.records.extend([launch.record(t) for launch in group])
                     continue
                 except zmq.ZMQError as exc:  # the worker is gone (ROUTER_MANDATORY): nothing was sent
                     log.error("worker %s lost (unreachable: %s)", wid, exc)
@@ -219,21 +218,14 @@ class Scheduler:
 
     def _forward(self) -> None:
         """The core's terminal records, to the collector."""
-        self.records += self.core.drain()
+        self.records.extend(self.core.drain())
 
     def _to_collector(self, msg: object) -> None:
-        self.records.append(msg)
+        self.records.add(msg)
 
     def _flush(self, force: bool = False) -> None:
         """The records kept, in order, as one frame (a Bundle when several): when due, many, or forced."""
-        if not self.records:
-            return
-        t = now()
-        if self.records_due is None:
-            self.records_due = t + RECORD_FLUSH_INTERVAL_S
-        if force or t >= self.records_due or len(self.records) >= MAX_RECORDS_PER_FRAME:
-            frame, self.records, self.records_due = encode_many(self.records), [], None
-            self.coll.send(frame)
+        self.records.flush(force)
 
     def close(self) -> None:
         """Sockets first, then the context."""

@@ -5,11 +5,11 @@ from collections.abc import Callable
 
 import zmq
 
-from batchlab.protocol import BatchDone, Tokens, encode_many, now
+from batchlab.protocol import BatchDone, Tokens, encode_many
+from batchlab.protocol.bundling import Bundler
 from batchlab.worker.backend import StepOutput
 
 RECORD_FLUSH_INTERVAL_S = 0.005  # collector records wait at most this long (their times travel inside them)
-MAX_RECORDS_PER_FRAME = 4096  # ... or until this many are kept
 
 
 class Outbox:
@@ -18,17 +18,16 @@ class Outbox:
     def __init__(self, sched: zmq.Socket, coll: zmq.Socket, to_scheduler: Callable[[float], float]) -> None:
         self.sched, self.coll = sched, coll
         self.to_scheduler = to_scheduler  # this host's clock -> the scheduler's
-        self.records: list[object] = []
+        self.records = Bundler(coll, RECORD_FLUSH_INTERVAL_S)
         self.dones: list[BatchDone] = []
-        self.records_due: float | None = None  # when the kept records must go (None: none kept)
 
     def record(self, msg: object) -> None:
         """A message for the collector."""
-        self.records.append(msg)
+        self.records.add(msg)
 
     def done(self, msg: BatchDone) -> None:
         """A batch is over: the collector records it, the scheduler frees its credit."""
-        self.records.append(msg)
+        self.records.add(msg)
         self.dones.append(msg)
 
     def tokens(self, batch_id: int, step: int, out: StepOutput) -> None:
@@ -40,8 +39,8 @@ class Outbox:
         start = 0
         for i in range(1, len(times) + 1):
             if i == len(times) or times[i] != times[start]:
-                self.records.append(Tokens(batch_id, step, self.to_scheduler(times[start]),
-                                           out.request_ids[start:i], out.token_ids[start:i]))
+                self.records.add(Tokens(batch_id, step, self.to_scheduler(times[start]),
+                                        out.request_ids[start:i], out.token_ids[start:i]))
                 start = i
 
     def flush(self, *, all_records: bool = True) -> None:
@@ -50,11 +49,4 @@ class Outbox:
         if self.dones:
             frame, self.dones = encode_many(self.dones), []
             self.sched.send(frame)
-        if not self.records:
-            return
-        t = now()
-        if self.records_due is None:
-            self.records_due = t + RECORD_FLUSH_INTERVAL_S
-        if all_records or t >= self.records_due or len(self.records) >= MAX_RECORDS_PER_FRAME:
-            frame, self.records, self.records_due = encode_many(self.records), [], None
-            self.coll.send(frame)
+        self.records.flush(force=all_records)
