@@ -4,8 +4,9 @@ Loading a model and starting an engine is paid once per group of points (vLLM's 
 its graph for tens of seconds; Mistral-7B takes minutes to load on a GPU box). Each point's scheduler
 and collector are new; the warm worker joins them as a `worker.process.Session`, and its backend is
 reset between points (no rows, an empty prefix cache, a fresh peak-memory reading), so no point
-inherits another's state. At most one pool is alive at a time: two engines would compete for one
-GPU's memory.
+inherits another's state. A sweep whose points interleave strategies keeps every group's pool alive
+(idle pools wait on a queue: memory, no CPU); a grouped sweep keeps one at a time, since two engines
+would compete for one GPU's memory.
 """
 import logging
 import multiprocessing as mp
@@ -83,32 +84,33 @@ def _session_output(out_dir: str) -> None:
 
 
 class PoolKeeper:
-    """Holds the one warm pool of a sweep: the same one while the points share its key, a new one
-    (the old one closed first) when they do not, a fresh one when a worker died."""
+    """Holds a sweep's warm pools, one per worker key: a run gets the pool of its key, a fresh one when a
+    worker of it died. With keep_all=False at most one pool lives (the old one is closed before a new
+    one starts); with keep_all=True every pool stays warm until the sweep ends."""
 
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir, self.pool = log_dir, None
+    def __init__(self, log_dir: Path, keep_all: bool = False) -> None:
+        self.log_dir, self.keep_all, self.pools, self.started = log_dir, keep_all, {}, 0
 
     def for_config(self, cfg: RunConfig) -> WorkerPool | None:
         """The pool this run's workers come from (None: the run starts its own)."""
         key = worker_key(cfg)
-        if self.pool is not None and (self.pool.key != key or not self.pool.alive()):
-            self.close()
+        for other in [k for k, pool in self.pools.items()
+                      if (k == key and not pool.alive()) or (k != key and not self.keep_all)]:
+            self.pools.pop(other).close()
         if key is None:
             return None
-        if self.pool is None:
-            self.pool = WorkerPool(cfg, self.log_dir)
-        return self.pool
+        if key not in self.pools:
+            self.pools[key] = WorkerPool(cfg, self.log_dir / f"pool-{self.started}-{cfg.backend}-{cfg.strategy}")
+            self.started += 1
+        return self.pools[key]
 
     def close(self) -> None:
-        """End the current pool, if any."""
-        if self.pool is not None:
-            pool, self.pool = self.pool, None
-            pool.close()
+        """End every pool."""
+        while self.pools:
+            self.pools.popitem()[1].close()
 
     def __enter__(self) -> "PoolKeeper":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-

@@ -16,7 +16,8 @@ import typer
 from batchlab.protocol.settings import ConfigError
 from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
-from batchlab.cli.sweep_plan import Plan, Point, SweepError, auto_rates, load_plan, plan_points, probe_point, warm_order
+from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, plan_points,
+                                     probe_point, warm_order)
 from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
 from batchlab.protocol.files import write_json_atomic
 
@@ -90,21 +91,25 @@ def probe_capacity(plan: Plan, out: Path, on_tick=None, pools: PoolKeeper | None
 
 def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
     """Every point of the grid, skipping finished ones; returns the sweep.json index. Points that share
-    their workers' settings run one after another on the same warm workers (cli.pool)."""
+    their workers' settings run on the same warm workers (cli.pool): in the plan's order with every
+    group's workers kept warm (interleaved), or group after group (grouped)."""
     from batchlab.collector.report.live import SweepView
 
     plan, out_dir = load_plan(config), Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         shutil.rmtree(out_dir / PROBE_DIR, ignore_errors=True)
-    with SweepView() as view, PoolKeeper(out_dir / WORKERS_DIR) as pools:
+    mixed = interleaved(plan)
+    with SweepView() as view, PoolKeeper(out_dir / WORKERS_DIR, keep_all=mixed) as pools:
         probe = (probe_capacity(plan, out_dir, view.ticker(None, "probe"), pools) if plan.auto else None)
         rates = plan.rates or auto_rates(probe["capacity_req_s"], plan.auto["fractions"])
         if probe:
             view.note(f"capacity of {probe['label']}: {probe['capacity_req_s']:.3g} req/s → rates {rates}")
-        points = warm_order(plan_points(plan, rates, out_dir), plan.base, worker_key,
-                            first=probe["label"] if probe else None)
+        points = plan_points(plan, rates, out_dir)
+        if not mixed:
+            points = warm_order(points, plan.base, worker_key, first=probe["label"] if probe else None)
         index = {"config": str(config), "base": plan.base, "rates": rates, "repeats": plan.repeats,
+                 "order": "interleaved" if mixed else "grouped",
                  "seed": plan.seed, "probe": probe, "points": [p.record("pending") for p in points],
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))

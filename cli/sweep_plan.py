@@ -14,6 +14,8 @@ DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 PROBE_REQUESTS = 32  # sent within probe_duration_s: a burst far above any worker's capacity
 PROBE_DURATION_S = 1.0
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # model loads, engine compilation and warm-up: minutes on a slow host
+ORDERS = ("auto", "interleaved", "grouped")
+GRID_KEYS = frozenset({"strategies", "rates", "repeats", "seed", "point_timeout_s", "startup_timeout_s", "order"})
 
 
 class SweepError(ValueError):
@@ -40,6 +42,7 @@ class Plan:
     seed: int
     point_timeout_s: float = 0.0  # from a point's first request; 0: a point runs until it drains
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S  # launch until the first request; 0: no limit
+    order: str = "auto"  # ORDERS: interleaved, grouped, or auto (interleaved unless a point runs on a GPU)
 
     def limits(self):
         """Each point's time limits (cli.launcher.Limits)."""
@@ -111,21 +114,47 @@ def load_plan(path: str | Path) -> Plan:
     if extra:
         raise SweepError(f"{path}: unknown top-level key(s) {', '.join(extra)} (expected base, grid)")
     base, grid = _keys(raw.get("base") or {}), _keys(raw.get("grid") or {})
+    unknown = sorted(set(grid) - GRID_KEYS)
+    if unknown:
+        raise SweepError(f"{path}: unknown grid key(s) {', '.join(unknown)} (expected {', '.join(sorted(GRID_KEYS))})")
     checked_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
     entries = [_entry(item, base) for item in grid.get("strategies") or []]
     labels = [e.label for e in entries]
     if not entries or len(set(labels)) != len(labels):
         raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
     rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig.rate)]))
+    order = str(grid.get("order", "auto"))
+    if order not in ORDERS:
+        raise SweepError(f"grid.order must be one of {', '.join(ORDERS)}, got {order!r}")
     return Plan(base, entries, rates, auto, int(grid.get("repeats", 1)), int(grid.get("seed", 0)),
                 float(grid.get("point_timeout_s", 0)),
-                float(grid.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)))
+                float(grid.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)), order)
 
 
 def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
-    """Repeat → rate → strategy, so an interrupted sweep already holds whole comparisons."""
+    """Repeat → rate → strategy, so an interrupted sweep already holds whole comparisons; the strategies'
+    order turns by one each repeat, so that none always runs first (or right after another) at a rate."""
+    n = len(plan.entries)
     return [Point(e, r, k, plan.seed, out / e.label / f"rate-{r:g}" / f"rep-{k}")
-            for k in range(plan.repeats) for r in rates for e in plan.entries]
+            for k in range(plan.repeats) for r in rates
+            for e in plan.entries[k % n:] + plan.entries[:k % n]]
+
+
+def interleaved(plan: Plan) -> bool:
+    """Whether the sweep runs its points in the plan's order, every worker group's pool kept warm (the
+    strategies at a rate run minutes apart, not a whole group apart: a machine whose speed drifts shifts
+    them alike), or group by group with one pool at a time (`grouped`; `auto` picks it when a point
+    runs on a GPU, where two idle engines would hold two models' memory)."""
+    if plan.order != "auto":
+        return plan.order == "interleaved"
+    settings = [{**plan.base, **e.overrides} for e in plan.entries]
+    devices = {str(s.get("device") or RunConfig.device) for s in settings
+               if s.get("backend", RunConfig.backend) in ("hf", "vllm")}  # sim and openai hold no model
+    if "auto" in devices:
+        import torch  # what the workers' `auto` will pick
+
+        devices = (devices - {"auto"}) | {"cuda" if torch.cuda.is_available() else "cpu"}
+    return devices <= {"cpu"}
 
 
 def warm_order(points: list[Point], base: dict, key_of, first: str | None = None) -> list[Point]:

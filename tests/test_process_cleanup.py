@@ -111,37 +111,46 @@ def test_ctrl_c_mid_run_leaves_no_process_and_a_terminal_row_for_every_request(t
 
 
 def test_a_sweep_stopped_by_ctrl_c_leaves_no_warm_worker(tmp_path):
-    marker = uuid.uuid4().hex
-    proc = start_sweep(tmp_path, "duration_s: 30, max_new_tokens: 16", "strategies: [naive, dynamic], rates: [5]",
-                       marker)
-    wait_until(lambda: run_started(tmp_path / "out" / "naive" / "rate-5" / "rep-0"), 120, "the first point")
+    marker = uuid.uuid4().hex  # interleaved: at rate 6 the static and the continuous pools are both warm
+    proc = start_sweep(tmp_path, "duration_s: 3, max_new_tokens: 16",
+                       "strategies: [naive, continuous], rates: [5, 6], order: interleaved", marker)
+    wait_until(lambda: run_started(tmp_path / "out" / "naive" / "rate-6" / "rep-0"), 180, "the third point")
+    assert len(marked(marker)) >= 6  # the sweep, two warm workers, the run's collector, scheduler and traffic
     ctrl_c(proc)
     proc.wait(timeout=120)
     assert_nothing_left(marker, proc)
-    assert proc.returncode != 0 and not (tmp_path / "out" / "dynamic" / "rate-5" / "rep-0" / "point.json").exists()
+    assert (tmp_path / "out" / "continuous" / "rate-5" / "rep-0" / "point.json").exists()
+    assert proc.returncode != 0 and not (tmp_path / "out" / "continuous" / "rate-6" / "rep-0" / "point.json").exists()
 
 
-def test_points_sharing_worker_settings_run_on_one_warm_worker(tmp_path):
+@pytest.mark.parametrize("order", ["grouped", "interleaved"])
+def test_points_sharing_worker_settings_run_on_one_warm_worker(tmp_path, order):
     marker = uuid.uuid4().hex
     proc = start_sweep(tmp_path, "duration_s: 1, max_new_tokens: 8, batch_size: 4, max_batch_size: 4",
-                       "strategies: [naive, dynamic, continuous], rates: [4, 8]", marker)
+                       f"strategies: [naive, dynamic, continuous], rates: [4, 8], order: {order}", marker)
     assert proc.wait(timeout=300) == 0
     assert_nothing_left(marker, proc)
     index = json.loads((tmp_path / "out" / "sweep.json").read_text())
-    order = [(p["label"], p["rate"]) for p in index["points"]]
-    assert order == [("naive", 4), ("dynamic", 4), ("naive", 8), ("dynamic", 8), ("continuous", 4),
-                     ("continuous", 8)]  # one group after the other, the plan's order inside each
+    assert index["order"] == order
+    order_run = [(p["label"], p["rate"]) for p in index["points"]]
     warm, pids = [], {}
-    for label, rate in order:
+    for label, rate in order_run:
         folder = tmp_path / "out" / label / f"rate-{rate:g}" / "rep-0"
         summary = json.loads((folder / "summary.json").read_text())
         warm.append(summary["settings"]["workers"]["worker-0"]["warm_runs_before"])
         pids[(label, rate)] = json.loads((folder / "pids.json").read_text())["worker-0"]
         assert summary["failed"] == 0 and summary["finished"] > 0
         assert (folder / "point.json").exists() and "startup_s" in json.loads((folder / "point.json").read_text())
-    assert warm == [0, 1, 2, 3, 0, 1]  # a static pool served four points, a continuous one two
-    assert len({pids[k] for k in order[:4]}) == 1 and len({pids[k] for k in order[4:]}) == 1
-    assert pids[order[0]] != pids[order[4]]
+    static = [k for k in order_run if k[0] != "continuous"]
+    continuous = [k for k in order_run if k[0] == "continuous"]
+    if order == "grouped":  # one group after the other, the plan's order inside each
+        assert order_run == static + continuous and warm == [0, 1, 2, 3, 0, 1]
+    else:  # the plan's order, both groups' workers warm throughout
+        assert order_run == [("naive", 4), ("dynamic", 4), ("continuous", 4), ("naive", 8), ("dynamic", 8),
+                             ("continuous", 8)]
+        assert warm == [0, 1, 0, 2, 3, 1]
+    assert len({pids[k] for k in static}) == 1 and len({pids[k] for k in continuous}) == 1
+    assert pids[static[0]] != pids[continuous[0]]
 
 
 def test_the_run_limit_counts_from_the_first_request_and_startup_has_its_own(tmp_path):

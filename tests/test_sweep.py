@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from batchlab.protocol.settings import ConfigError
-from batchlab.cli.sweep_plan import SweepError, auto_rates, load_plan, plan_points
+from batchlab.cli.sweep_plan import SweepError, auto_rates, interleaved, load_plan, plan_points
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,6 +37,35 @@ def test_every_strategy_at_a_rate_shares_the_traffic_seed_of_its_repeat(tmp_path
     assert [c[:3] for c in configs[:4]] == [("naive", 2, 0), ("dynamic", 2, 0), ("naive", 8, 0), ("dynamic", 8, 0)]
 
 
+def test_the_strategies_order_turns_each_repeat(tmp_path):
+    plan = load_plan(write(tmp_path, {"base": {"backend": "sim"}, "grid": {
+        "strategies": ["naive", "dynamic", "continuous"], "rates": [2, 8], "repeats": 3}}))
+    order = [(p.repeat, p.rate, p.entry.label) for p in plan_points(plan, plan.rates, tmp_path / "out")]
+    firsts = [order[i][2] for i in range(0, len(order), 3)]
+    assert firsts == ["naive", "naive", "dynamic", "dynamic", "continuous", "continuous"]
+    assert order[6:9] == [(1, 2.0, "dynamic"), (1, 2.0, "continuous"), (1, 2.0, "naive")]
+    assert sorted(order) == sorted((k, r, e) for k in range(3) for r in (2.0, 8.0)
+                                   for e in ("naive", "dynamic", "continuous"))
+
+
+@pytest.mark.parametrize("base, entry, order, expected", [
+    ({"backend": "hf", "device": "cpu"}, {"strategy": "vllm", "device": "cpu"}, None, True),
+    ({"backend": "hf", "device": "cpu"}, {"strategy": "vllm", "device": "cuda"}, None, False),
+    ({"backend": "hf", "device": "cuda:1"}, {"strategy": "continuous"}, None, False),
+    ({"backend": "hf", "device": "cuda"}, {"strategy": "continuous"}, "interleaved", True),
+    ({"backend": "hf", "device": "cpu"}, {"strategy": "continuous"}, "grouped", False),
+    ({"backend": "sim", "device": "cuda"}, {"strategy": "continuous"}, None, True),  # a simulator holds no model
+])
+def test_sweeps_interleave_strategies_unless_a_gpu_would_hold_two_engines(tmp_path, base, entry, order, expected):
+    grid = {"strategies": ["naive", entry], "rates": [2]} | ({"order": order} if order else {})
+    assert interleaved(load_plan(write(tmp_path, {"base": base, "grid": grid}))) is expected
+
+
+def test_a_sweep_order_must_be_known(tmp_path):
+    with pytest.raises(SweepError, match="grid.order"):
+        load_plan(write(tmp_path, {"grid": {"strategies": ["naive"], "rates": [2], "order": "random"}}))
+
+
 def test_auto_rates_are_fractions_of_the_measured_capacity():
     assert auto_rates(12.34, [0.1, 0.5, 1.0, 1.5]) == [1.23, 6.17, 12.3, 18.5]
     assert auto_rates(10.0, [0.5, 0.5, 0.0]) == [5.0]
@@ -54,6 +83,7 @@ def test_auto_rates_config_keeps_its_probe_settings(tmp_path):
     ({"grid": {"strategies": ["naive"], "rates": [0]}}, "positive"),
     ({"grid": {"strategies": [{"backend": "hf"}]}}, "strategy name"),
     ({"grid": {"strategies": ["naive"]}, "points": 3}, "unknown top-level"),
+    ({"grid": {"strategies": ["naive"], "rates": [2], "repeat": 3}}, "unknown grid key"),
 ])
 def test_impossible_sweeps_are_rejected_with_one_line(tmp_path, data, message):
     with pytest.raises(SweepError, match=message):
