@@ -71,18 +71,21 @@ def test_greedy_is_deterministic_and_padding_does_not_change_tokens(backend, mix
     assert alone[rows[1].request_id] == batched[rows[1].request_id]
 
 
-def test_static_batches_give_the_same_tokens_with_the_lm_head_padded(backend, mixed_steps, monkeypatch):
-    """generate() through the padded head (3 rows computed as 8): the same greedy tokens."""
-    assert backend.head_padding is not None and len(backend.info.facts["lm_head_ms"]) == 8
-    monkeypatch.setattr(backend.head_padding, "table", [0] + [8] * 8)
-    computed = []
-    hook = backend.model.get_output_embeddings().register_forward_pre_hook(
-        lambda _m, args: computed.append(args[0].shape[0]))
+@pytest.mark.parametrize("form", ["linear", "transposed"])
+def test_static_batches_give_the_same_tokens_with_the_lm_head_padded(backend, mixed_steps, monkeypatch, form):
+    """generate() through the planned head (every count computed as 8 rows, in each form): the same tokens."""
+    plan = backend.head_plan
+    assert plan is not None and [len(t) for t in backend.info.facts["lm_head_ms"].values()] == [8, 8]
+    monkeypatch.setattr(plan, "table", [("linear", 0)] + [(form, 8)] * 8)
+    computed, forms = [], []
+    head = backend.model.get_output_embeddings()
+    hook = head.register_forward_pre_hook(
+        lambda _m, args: computed.append(args[0].shape[0]) or forms.append(plan.call[2]))
     try:
         padded = run(backend, rows_of_mixed_lengths())
     finally:
         hook.remove()
-    assert tokens_by_row(padded) == tokens_by_row(mixed_steps) and set(computed) == {8}
+    assert tokens_by_row(padded) == tokens_by_row(mixed_steps) and set(computed) == {8} and set(forms) == {form}
 
 
 def test_info_reports_kv_geometry_and_cpu_budget(backend):

@@ -68,21 +68,22 @@ def test_greedy_tokens_are_the_same_alone_or_joining_a_busy_batch(backend, solo,
 
 
 @pytest.mark.slow  # tiny-mistral on HF
-@pytest.mark.parametrize("fuse", [True, False])
-def test_a_padded_lm_head_leaves_the_greedy_tokens_as_they_are(backend, solo, monkeypatch, fuse):
-    """Every row count computed as 8 rows (zero rows appended, their logits dropped): the same tokens."""
-    padding = backend.base.head_padding
-    assert padding is not None and "lm_head_ms" in backend.info.facts  # the warm-up timed the head
-    monkeypatch.setattr(padding, "table", [0] + [8] * 8)
+@pytest.mark.parametrize("fuse, form", [(True, "linear"), (False, "linear"), (True, "transposed")])
+def test_a_padded_lm_head_leaves_the_greedy_tokens_as_they_are(backend, solo, monkeypatch, fuse, form):
+    """Every row count computed as 8 rows (zero rows appended, their logits dropped), in each form: the same
+    tokens."""
+    plan = backend.base.head_plan
+    assert plan is not None and "lm_head_ms" in backend.info.facts  # the warm-up timed the head
+    monkeypatch.setattr(plan, "table", [("linear", 0)] + [(form, 8)] * 8)
     monkeypatch.setattr(backend, "fuse", fuse)
-    computed = []
+    computed, forms = [], []
     hook = backend.model.get_output_embeddings().register_forward_pre_hook(
-        lambda _m, args: computed.append(args[0].shape[0]))  # runs after the padding's own pre-hook
+        lambda _m, args: computed.append(args[0].shape[0]) or forms.append(plan.call[2]))  # after the plan's pad
     try:
         tokens, _ = busy_run(backend)
     finally:
         hook.remove()
-    assert tokens == solo and set(computed) == {8}
+    assert tokens == solo and set(computed) == {8} and set(forms) == {form}
 
 
 @pytest.mark.slow  # tiny-mistral on HF

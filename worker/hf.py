@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
 from batchlab.worker.hf_generate import StepStreamer, compile_kwargs
-from batchlab.worker.hf_head import MAX_TIMED_ROWS, RowPadding, head_times, pad_table
+from batchlab.worker.hf_head import FORMS, MAX_TIMED_ROWS, HeadPlan, head_times, plan_table
 from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
                                     cuda_free_bytes, cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
 
@@ -37,7 +37,7 @@ class HFSettings:
     memory_budget_bytes: int = 0  # 0: measured (CUDA) or a share of available RAM (CPU)
     strict_memory: bool = False
     torch_compile: bool = False  # static batches: one fixed-shape decode step, compiled (see hf_generate.compile_kwargs)
-    pad_head: bool = True  # the LM head computes the row count it runs fastest at (worker.hf_head)
+    pad_head: bool = True  # the LM head computes the row count and form it runs fastest at (worker.hf_head)
 
 
 def resolve_device(name: str):
@@ -109,7 +109,7 @@ class HFBackend:
         self.pad_id = self._pad_id()
         self.info = self._info(load_s=now() - started)
         self.info.facts.update(self.model_facts)  # e.g. "random weights, real architecture" (worker.archs)
-        self.head_padding: RowPadding | None = None  # set by warmup() (worker.hf_head)
+        self.head_plan: HeadPlan | None = None  # set by warmup() (worker.hf_head)
 
     @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "HFBackend":
@@ -192,18 +192,21 @@ class HFBackend:
         self.info.facts["warmup_s"] = round(now() - started, 3)
 
     def _pad_head(self) -> None:
-        """Time the LM head at 1..max_batch_size rows (at most MAX_TIMED_ROWS) and pad each count to the fastest
-        one at or above it (worker.hf_head; not with --torch-compile, whose batches are padded to the row cap)."""
+        """Time the LM head in each form at 1..max_batch_size rows (at most MAX_TIMED_ROWS) and run each count in
+        the form and at the count at or above it that was fastest (worker.hf_head; not with --torch-compile,
+        whose batches are padded to the row cap)."""
         head = self.model.get_output_embeddings()
-        if (not self.settings.pad_head or self.settings.torch_compile or self.head_padding is not None
+        if (not self.settings.pad_head or self.settings.torch_compile or self.head_plan is not None
                 or not isinstance(head, self.torch.nn.Linear)):
             return
         rows = min(self.settings.max_batch_size, MAX_TIMED_ROWS)
-        times = head_times(head, rows, head.in_features, self.device, self.model.dtype, self._sync, now)
-        table = pad_table(times)
-        self.head_padding = RowPadding(head, table)
-        self.info.facts["lm_head_rows"] = {str(m): t for m, t in enumerate(table) if t != m}  # padded counts only
-        self.info.facts["lm_head_ms"] = [round(t * 1e3, 2) for t in times]  # for 1, 2, ... rows
+        times = {form: head_times(head, rows, head.in_features, self.device, self.model.dtype, self._sync, now, form)
+                 for form in FORMS}
+        table = plan_table(times)
+        self.head_plan = HeadPlan(head, table)
+        self.info.facts["lm_head_plan"] = {str(m): f"{form} × {k}" for m, (form, k) in enumerate(table)
+                                           if (form, k) != ("linear", m)}  # only the counts that changed
+        self.info.facts["lm_head_ms"] = {form: [round(t * 1e3, 2) for t in ts] for form, ts in times.items()}
 
     def warmup_rows(self) -> list[Row]:
         """The warm-up batch: WARMUP_TEXT at two lengths, outputs WARMUP_OUTPUT_LENS."""
