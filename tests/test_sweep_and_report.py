@@ -112,6 +112,14 @@ def test_report_names_the_setup(smoke):
         assert needle in text
 
 
+def test_report_splits_continuous_tpot_by_joiners_prefill(smoke):
+    out, _ = smoke
+    text = (out / "REPORT.md").read_text()
+    section = text.split("## Joiners' prefill in continuous TPOT")[1].split("\n## ")[0]
+    rows = [line.split(" | ")[0].strip("| ") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == ["continuous", "continuous"]  # the static strategies' steps carry no joiner: not listed
+
+
 def test_resume_skips_finished_points_and_reruns_unfinished_ones(smoke, tmp_path):
     out, _ = smoke
     copy = tmp_path / "copy"

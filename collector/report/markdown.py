@@ -61,6 +61,18 @@ def tools_table(groups: list[GroupStats]) -> list[str]:
     return lines
 
 
+def joins_table(groups: list[GroupStats]) -> list[str]:
+    """TPOT with and without the steps that carried other requests' prompt tokens (continuous batches)."""
+    lines = ["| strategy | λ | failed | TPOT p50 | TPOT p50 over decode-only gaps | gaps ending in a step with prompt "
+             "tokens | mean gap there / elsewhere |", "|---|---|---|---|---|---|---|"]
+    for g in groups:
+        j = g.joins
+        lines.append(f"| {g.label} | {g.rate:g} | {g.failed_text()} | {ms(g.latency['tpot']['p50'])} | "
+                     f"{ms(j['decode_only_tpot']['p50'])} | {j['chunk_share']:.1%} | "
+                     f"{ms(j['chunk_gap_mean'])} / {ms(j['plain_gap_mean'])} |")
+    return lines
+
+
 def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], headlines: list[str],
            plots: list[str], chosen_rate: float | None, slos: dict | None) -> str:
     """The whole REPORT.md text."""
@@ -92,6 +104,13 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
             "mean / median / p99 in ms. vLLM's TPOT is per request then aggregated; vLLM's ITL pools every "
             "gap (long requests weigh more); GuideLLM averages gaps per request; AIPerf divides each "
             "request's first-to-last token span by out − 1.", ""] + tools_table(groups)
+    joined = [g for g in groups if g.joins]
+    if joined:
+        out += ["", "## Joiners' prefill in continuous TPOT", "",
+                "A static batch prefills before its first token, so its TPOT holds decode steps only; a continuous "
+                "batch prefills each joiner inside the running rows' steps, so their TPOT holds it too. Each "
+                "finished request's inter-token gaps, split by whether the step that produced the later token "
+                "carried prompt tokens (steps.parquet), in ms (measured, not modelled).", ""] + joins_table(joined)
     out += failures(collection) + setup(collection)
     return "\n".join(out) + "\n"
 

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics, summarize
+from batchlab.collector.report.joins import split as joins_split
 from batchlab.collector.report.points import RunData
 
 N_BOOT = 400
@@ -32,6 +33,7 @@ class GroupStats:
     useful_fraction: float
     goodput: float | None
     tools: dict = field(default_factory=dict)  # tool formula -> {mean, p50, p99} (s)
+    joins: dict | None = None  # collector.report.joins.split: joiners' prefill in TPOT (None: no step had any)
 
     @property
     def failed_share(self) -> float:
@@ -124,14 +126,17 @@ def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
           for m in CI_METRICS for q in CI_QUANTILES}
     tokens = pd.concat([r.tokens.assign(request_id=r.tokens["request_id"] + (k << 32))
                         for k, r in enumerate(runs)], ignore_index=True)  # request ids distinct per repeat
-    keyed = pd.concat([f.assign(request_id=f["request_id"] + (k << 32)) for k, f in enumerate(finished)])
+    keyed = pd.concat([f.assign(request_id=f["request_id"] + (k << 32), worker=f["worker"] + f"#{k}")
+                       for k, f in enumerate(finished)])  # workers distinct per repeat too (their steps)
+    steps = pd.concat([r.steps.assign(worker=r.steps["worker"] + f"#{k}") for k, r in enumerate(runs)
+                       if not r.steps.empty], ignore_index=True) if any(not r.steps.empty for r in runs) else pd.DataFrame()
     return GroupStats(
         runs[0].label, runs[0].rate, len(runs),
         float(np.mean([s["throughput_tok_s"] for s in summaries])),
         float(np.mean([s["requests_per_s"] for s in summaries])),
         sum(s["scheduled"] for s in summaries), sum(s["failed"] for s in summaries),
         latency, ci, _peak_memory(runs), _useful_fraction(runs), _goodput(runs, slos),
-        tool_formulas(keyed, tokens))
+        tool_formulas(keyed, tokens), joins_split(keyed, tokens, steps))
 
 
 def all_stats(collection, slos: dict | None = None) -> dict[tuple[str, float], GroupStats]:
