@@ -117,6 +117,7 @@ def test_report_splits_continuous_tpot_by_joiners_prefill(smoke):
     text = (out / "REPORT.md").read_text()
     section = text.split("## Joiners' prefill in continuous TPOT")[1].split("\n## ")[0]
     rows = [line.split(" | ")[0].strip("| ") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert "the strategies at a rate ran back to back" in text  # the sweep order, in the setup
     assert rows[1:] == ["continuous", "continuous"]  # the static strategies' steps carry no joiner: not listed
 
 

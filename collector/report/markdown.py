@@ -8,6 +8,11 @@ from batchlab.collector.report.stats import FAILED_MARK_SHARE, GroupStats
 QS = ("p50", "p90", "p99")
 
 
+ORDERS = {"interleaved": "points in the plan's order (repeat → rate → strategy, each strategy's workers kept warm): "
+                          "the strategies at a rate ran back to back",
+          "grouped": "points grouped by worker settings: the strategies at a rate ran minutes apart"}
+
+
 def ms(value: float | None) -> str:
     """Seconds → milliseconds text ('—' when missing)."""
     return "—" if value is None else f"{value * 1e3:.1f}"
@@ -144,7 +149,8 @@ def setup(collection: Collection) -> list[str]:
     if index:
         own = " (0: a trace's own timing)" if 0 in (index.get("rates") or []) else ""
         lines.append(f"- sweep: rates {index.get('rates')} req/s{own}, {index.get('repeats')} repeat(s), "
-                     f"traffic seed = {index.get('seed')} + repeat (every strategy replays the same schedule)")
+                     f"traffic seed = {index.get('seed')} + repeat (every strategy replays the same schedule)"
+                     + (f"; {ORDERS[index['order']]}" if index.get("order") in ORDERS else ""))
         if index.get("probe"):
             p = index["probe"]
             lines.append(f"- rates placed from a capacity probe on {p['label']}: {p['capacity_req_s']:.3g} req/s "
