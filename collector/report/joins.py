@@ -34,7 +34,8 @@ def _carried(tokens: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
 def split(finished: pd.DataFrame, tokens: pd.DataFrame, steps: pd.DataFrame) -> dict | None:
     """For finished requests of more than one token: TPOT over decode-only gaps (per request, then
     percentiles), the share of gaps that ended in a step carrying prompt tokens and both kinds' mean gap (s)."""
-    if steps.empty or "prefill_tokens" not in steps or not (steps["prefill_tokens"] > 0).any():
+    if ("worker" not in finished or steps.empty or "prefill_tokens" not in steps
+            or not (steps["prefill_tokens"] > 0).any()):
         return None
     multi = finished.loc[finished["output_len"] > 1, ["request_id", "worker"]]
     tok = tokens.merge(multi, on="request_id").sort_values(["request_id", "token_index"], ignore_index=True)

@@ -115,6 +115,12 @@ def _goodput(runs: list[RunData], slos: dict | None) -> float | None:
     return sum(p["met"] for p in parts) / submitted if submitted else None
 
 
+def _keyed(df: pd.DataFrame, repeat: int) -> pd.DataFrame:
+    """Request ids and worker names made distinct per repeat (pooling repeats keeps them apart)."""
+    out = df.assign(request_id=df["request_id"] + (repeat << 32)) if "request_id" in df else df
+    return out.assign(worker=out["worker"].astype(str) + f"#{repeat}") if "worker" in out else out
+
+
 def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
     """Pool the repeats of one strategy at one rate."""
     summaries = [summarize(r.requests, r.tokens, r.settings) for r in runs]
@@ -126,17 +132,16 @@ def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
           for m in CI_METRICS for q in CI_QUANTILES}
     tokens = pd.concat([r.tokens.assign(request_id=r.tokens["request_id"] + (k << 32))
                         for k, r in enumerate(runs)], ignore_index=True)  # request ids distinct per repeat
-    keyed = pd.concat([f.assign(request_id=f["request_id"] + (k << 32), worker=f["worker"] + f"#{k}")
-                       for k, f in enumerate(finished)])  # workers distinct per repeat too (their steps)
-    steps = pd.concat([r.steps.assign(worker=r.steps["worker"] + f"#{k}") for k, r in enumerate(runs)
-                       if not r.steps.empty], ignore_index=True) if any(not r.steps.empty for r in runs) else pd.DataFrame()
+    keyed = pd.concat([_keyed(f, k) for k, f in enumerate(finished)])
+    steps = [_keyed(r.steps, k) for k, r in enumerate(runs) if not r.steps.empty]
     return GroupStats(
         runs[0].label, runs[0].rate, len(runs),
         float(np.mean([s["throughput_tok_s"] for s in summaries])),
         float(np.mean([s["requests_per_s"] for s in summaries])),
         sum(s["scheduled"] for s in summaries), sum(s["failed"] for s in summaries),
         latency, ci, _peak_memory(runs), _useful_fraction(runs), _goodput(runs, slos),
-        tool_formulas(keyed, tokens), joins_split(keyed, tokens, steps))
+        tool_formulas(keyed, tokens),
+        joins_split(keyed, tokens, pd.concat(steps, ignore_index=True)) if steps else None)
 
 
 def all_stats(collection, slos: dict | None = None) -> dict[tuple[str, float], GroupStats]:
