@@ -95,7 +95,7 @@ def test_a_wrong_setting_in_base_stops_the_sweep_before_any_run(tmp_path):
         load_plan(write(tmp_path, {"base": {"rat": 3}, "grid": {"strategies": ["naive"]}}))
 
 
-@pytest.mark.parametrize("name", ["smoke", "cpu", "full"])
+@pytest.mark.parametrize("name", ["smoke", "cpu", "cpu-tpot", "full"])
 def test_shipped_configs_parse(name):
     plan = load_plan(ROOT / "configs" / f"{name}.yaml")
     assert plan.entries and (plan.rates or plan.auto["fractions"])
