@@ -65,8 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.peer_figures import (COLUMNS, PROMPT_FIELD, batchlab_figures, bench_figures,  # noqa: E402
                                      export_timed_trace, ratios, table)
-from benchmarks.vllm_procs import (LAUNCHER, free_port, kill_group, server_command, vllm_processes,  # noqa: E402
-                                   wait_healthy)
+from benchmarks.vllm_procs import (LAUNCHER, free_port, kill_group, server_command,  # noqa: E402
+                                   server_prefix_caching, vllm_processes, wait_healthy)
 
 SERVER_FLAGS = ("--no-enable-prefix-caching",)  # nothing reused between requests, runs or tools
 BENCH_TIMEOUT_S = 1800.0
@@ -134,14 +134,6 @@ def make_schedule(args, out: Path) -> Path:
 
 def _terminate(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def server_prefix_caching(log_path: Path) -> str:
-    """What the server logged for enable_prefix_caching ("False" expected), or "not logged"."""
-    import re
-
-    found = set(re.findall(r"enable_prefix_caching=(\w+)", log_path.read_text(errors="replace")))
-    return ",".join(sorted(found)) or "not logged"
 
 
 def load_avg() -> list[float]:

