@@ -10,8 +10,8 @@ ran gets its first; (4) finished rows leave, fully prefilled ones join the runni
 Fusing reads the weights once for both: on this CPU a 1,024-token prompt joining 4 running rows in 256-token
 chunks left them a longest gap of 125 ms fused against 160 ms in two forwards, and its first token came
 after 488 ms against 641 (benchmarks/continuous_step.py).
-Decoding is greedy with EOS banned (logit −inf, as generate()'s min_new_tokens does), so every row gets
-exactly `output_len` tokens and they match the static path even where EOS is the model's top choice.
+Tokens are greedy with EOS banned (worker.hf_tokens), so every row gets exactly `output_len` tokens and they
+match the static path even where EOS is the model's top choice.
 
 KV layout (`worker.hf_layouts`): `slots`, the default (`worker.hf_slots.SlotKV`: one preallocated K and V
 tensor per layer, a row per slot written in place, decode attention over the grouped KV heads without
@@ -40,26 +40,13 @@ from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, Row, StepOutput
 from batchlab.worker.hf import HFBackend, HFSettings, settings_from_config
 from batchlab.worker.hf_chunks import Live, chunks_of, plan_chunks, step_budget
-from batchlab.worker.hf_layouts import LAYOUTS, make_layout, sliding_window
+from batchlab.worker.hf_layouts import DESCRIPTIONS, LAYOUTS, make_layout, sliding_window
 from batchlab.worker.hf_rowcap import RowCap
+from batchlab.worker.hf_tokens import emit, eos_ids, filled, pick
 
 CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by one: the static back-off's
 # 20 clean batches (scheduler.policies) × 32 steps, one batch's worth at the CPU config's 32-token outputs
-DECODE = {"slots": "greedy loop, EOS banned: one forward per step for the running rows' decodes and the joiners' "
-                   "prompt chunks (within a per-step token budget) into free slots of a preallocated per-row KV "
-                   "cache, grouped-query decode attention",
-          "padded": "greedy loop, EOS banned: one batched decode forward per step, joiners prefilled together, "
-                    "left-padded DynamicCache"}
 
-
-def eos_ids(model, tokenizer) -> list[int]:
-    """The ids generate() bans under min_new_tokens (generation config's EOS), else the tokenizer's EOS."""
-    ids = model.generation_config.eos_token_id
-    if ids is None:
-        ids = tokenizer.eos_token_id
-    if ids is None:
-        return []
-    return [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
 
 
 class HFContinuousBackend:
@@ -77,7 +64,7 @@ class HFContinuousBackend:
         # tokens per step, decodes and prefill chunks together (None: no limit; the padded layout has none)
         self.budget = (step_budget(max_num_batched_tokens, settings.max_batch_size, self.device.type)
                        if layout == "slots" else None)
-        self.decode_fact = DECODE[layout]
+        self.decode_fact = DESCRIPTIONS[layout]
         self.info = replace(self.base.info, mode="continuous",
                             facts={**self.base.info.facts, "decode": self.decode_fact, **self._budget_fact()})
         self.kv = make_layout(layout, self.torch, self.model, self.device, self.info.max_batch_size)
@@ -200,9 +187,9 @@ class HFContinuousBackend:
         except self.torch.OutOfMemoryError:
             self._preempt_all(out)
             return
-        tokens, host = self._pick(logits)
+        tokens, host = pick(self.eos, logits)
         self.kv.decoded(tokens)
-        self._emit(self.running, host, now(), out)
+        emit(self.running, host, now(), out)
 
     def _take_joiners(self) -> list[Live]:
         """Pending rows, oldest first, while the cache would stay within the KV budget."""
@@ -246,10 +233,10 @@ class HFContinuousBackend:
         except self.torch.OutOfMemoryError:
             self._requeue_or_fail(out)
             return []
-        done = self._filled(lives, counts, out)
-        tokens, host = self._pick(logits[: len(done)]) if done else (None, [])
+        done = filled(lives, counts, out)
+        tokens, host = pick(self.eos, logits[: len(done)]) if done else (None, [])
         self.kv.prefilled(tokens, len(done))
-        self._emit(done, host, now(), out)
+        emit(done, host, now(), out)
         self.prefilling = self.prefilling[len(done):]
         return done
 
@@ -262,44 +249,16 @@ class HFContinuousBackend:
         except self.torch.OutOfMemoryError:  # the running rows' cache is whole (the forward wrote only columns
             self._requeue_or_fail(out)        # past theirs): they decode again, the prefilling rows wait
             return []
-        done = self._filled(lives, counts, out)
+        done = filled(lives, counts, out)
         rows = len(self.running)
-        tokens, host = self._pick(logits[: rows + len(done)])
+        tokens, host = pick(self.eos, logits[: rows + len(done)])
         self.kv.decoded(tokens[:rows])
         self.kv.prefilled(tokens[rows:], len(done))
         t = now()
-        self._emit(self.running, host[:rows], t, out)
-        self._emit(done, host[rows:], t, out)
+        emit(self.running, host[:rows], t, out)
+        emit(done, host[rows:], t, out)
         self.prefilling = self.prefilling[len(done):]
         return done
-
-    def _filled(self, lives: list[Live], counts: list[int], out: StepOutput) -> list[Live]:
-        """Count the chunks that ran; the rows now fully prefilled (the oldest: only the last chunk can be
-        partial)."""
-        for lv, n in zip(lives, counts):
-            lv.filled += n
-        out.prefill_tokens = sum(counts)
-        return [lv for lv in lives if not lv.unfilled()]
-
-    def _pick(self, logits):
-        """Greedy next tokens from logits [N, 1, V], EOS banned since output lengths are exact: (on the
-        device [N], on the host)."""
-        scores = logits[:, -1]  # [N, V]
-        if self.eos.numel():
-            scores = scores.index_fill(-1, self.eos, float("-inf"))
-        tokens = scores.argmax(-1)  # [N]
-        return tokens, tokens.tolist()  # the host read (a CUDA sync): the tokens exist from here
-
-    def _emit(self, lives: list[Live], tokens: list[int], t: float, out: StepOutput) -> None:
-        """Append each row's token, stamped `t` (when it reached the host), and note rows now done."""
-        for lv, token in zip(lives, tokens):
-            lv.context.append(token)
-            lv.generated += 1
-            out.request_ids.append(lv.row.request_id)
-            out.token_ids.append(token)
-            out.times.append(t)
-            if lv.remaining() <= 0:
-                out.finished.append(lv.row.request_id)
 
     def _retire(self, joiners: list[Live]) -> None:
         """Finished rows leave the running set and the cache; unfinished joiners join it."""

@@ -14,6 +14,12 @@ from batchlab.worker.hf_kv import PaddedKV
 from batchlab.worker.hf_slots import SlotKV, use_slot_attention
 
 LAYOUTS = ("slots", "padded")
+DESCRIPTIONS = {  # the worker fact "decode": how each layout runs a step
+    "slots": "greedy loop, EOS banned: one forward per step for the running rows' decodes and the joiners' prompt "
+             "chunks (within a per-step token budget) into free slots of a preallocated per-row KV cache, "
+             "grouped-query decode attention",
+    "padded": "greedy loop, EOS banned: one batched decode forward per step, joiners prefilled together, "
+              "left-padded DynamicCache"}
 
 
 class SlotLayout:
