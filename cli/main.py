@@ -1,4 +1,5 @@
 """The `batchlab` command. Each command is a thin wrapper; heavy imports happen inside commands."""
+import signal
 from typing import Annotated, NoReturn
 
 import click
@@ -31,7 +32,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 class _OneLineErrors(TyperGroup):
-    """Every command's user errors become `error: <one line>` and exit 1 (KeyboardInterrupt is left alone)."""
+    """Every command's user errors become `error: <one line>` and exit 1; Ctrl-C, one line and exit 130."""
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
@@ -39,6 +40,8 @@ class _OneLineErrors(TyperGroup):
             return super().invoke(ctx)
         except _user_errors() as exc:
             _fail(exc)
+        except KeyboardInterrupt:
+            _fail("interrupted", code=130)
 
 
 app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,
@@ -56,11 +59,11 @@ def _config(config: str | None, overrides: dict, *, replay: bool = False) -> Run
         _fail(exc)
 
 
-def _fail(error: str | BaseException) -> NoReturn:
-    """`error: <one line>` on stderr and exit 1."""
+def _fail(error: str | BaseException, code: int = 1) -> NoReturn:
+    """`error: <one line>` on stderr and exit `code` (1: bad input)."""
     text = " ".join(str(error).split()) or type(error).__name__
     typer.secho(f"error: {text}", fg="red", err=True)
-    raise typer.Exit(code=1) from None
+    raise typer.Exit(code=code) from None
 
 
 @app.command()
@@ -80,15 +83,27 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
     cfg = _config(overrides.pop("config"), overrides, replay=True)
+    from batchlab.cli.launcher import RunFailed
     from batchlab.cli.live import run_with_status
+    from batchlab.cli.outcome import FAULT_EXIT, INTERRUPTED_EXIT, verdict
 
     try:
         summary = run_with_status(cfg)
     except KeyboardInterrupt:
-        _fail(f"interrupted; partial results in {cfg.out}")
+        _fail(f"interrupted; partial results in {cfg.out}", code=INTERRUPTED_EXIT)
+    except RunFailed as exc:
+        _fail(exc, code=FAULT_EXIT)
     except _user_errors() as exc:
         _fail(exc)
     typer.echo(f"results in {cfg.out}: {summary['finished']} finished, {summary['failed']} failed")
+    _exit_by_verdict(verdict(summary, summary.get("role_deaths", [])))
+
+
+def _exit_by_verdict(code_line: tuple[int, str]) -> None:
+    """A run that lost requests to a fault: its one line, and its exit code (cli/outcome.py)."""
+    code, line = code_line
+    if code:
+        _fail(line, code=code)
 
 
 @app.command()
@@ -101,12 +116,14 @@ def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp
 
 
 def _role(role, *args) -> None:
-    """Run one role in this process; its known failures become one line and exit 1."""
+    """Run one role in this process; its known failures become one line and exit 1; stopped by Ctrl-C, 130."""
+    from batchlab.protocol.signals import last_stop_signal
+
     try:
         code = role(*args)
     except _user_errors() as exc:
         _fail(exc)
-    raise typer.Exit(code or 0)
+    raise typer.Exit(130 if last_stop_signal() == signal.SIGINT else code or 0)
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="CurveZMQ keys for non-loopback addresses.")

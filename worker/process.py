@@ -10,7 +10,7 @@ from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, Protoc
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket
 from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.heartbeat import HeartbeatThread
 from batchlab.worker.outbox import Outbox
@@ -37,8 +37,10 @@ class Worker:
     """Socket edges around a backend: hello, dispatches in, tokens and batch results out."""
 
     def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str,
-                 keys: str | None = None, run_over=None) -> None:
+                 keys: str | None = None, run_over=None, liveness_s: float = LIVENESS_S) -> None:
         self.backend, self.worker_id = backend, worker_id
+        self.liveness_s = liveness_s  # a scheduler silent this long is gone: stop
+        self.exit_code = 0  # 0: told to stop by Shutdown; else why it left early (run_worker's exit code)
         self.run_over = run_over  # a warm worker's "the run I wait for has ended" (its launcher moved on)
         self.ctx = zmq.Context()
         self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id, keys=keys)
@@ -271,9 +273,9 @@ class Worker:
                 log.warning("no word from the scheduler yet; still waiting")
                 self.last_heard = now()
             return
-        if silent_s > HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL_S:
+        if silent_s > self.liveness_s:
             log.error("scheduler silent for %.1f s: stopping", silent_s)
-            self.stopping = True
+            self.stopping, self.exit_code = True, 1
 
     def _abandoned(self) -> bool:
         """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
@@ -281,13 +283,18 @@ class Worker:
 
 
 def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
-               keys: str | None = None) -> int:
-    """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step."""
-    worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys)
-    with on_stop_signal(lambda _signum: setattr(worker, "stopping", True)):
+               keys: str | None = None, liveness_s: float = LIVENESS_S) -> int:
+    """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step. Exit
+    code: 0 after the scheduler's Shutdown, 128 + the signal after one, 1 when the scheduler went silent."""
+    worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys, liveness_s=liveness_s)
+
+    def stop(signum: int) -> None:
+        worker.stopping, worker.exit_code = True, 128 + signum
+
+    with on_stop_signal(stop):
         try:
             backend.warmup()
             worker.run()
         finally:
             worker.close()
-    return 0
+    return worker.exit_code
