@@ -6,7 +6,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from batchlab.cli import report_cmd, simulate_cmd, sweep_cmd
+from batchlab.cli import report_cmd, restore_sigint, simulate_cmd, sweep_cmd
 from batchlab.cli.config import checked_config, replay_config
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
@@ -191,6 +191,7 @@ from batchlab.cli import calibrate_cmd, tune_cmd  # noqa: E402
 
 for _command in (sweep_cmd, report_cmd, simulate_cmd, tune_cmd, calibrate_cmd):
     _command.register(app)
+restore_sigint()  # imported: a Ctrl-C is a KeyboardInterrupt again (exit 130, see _OneLineErrors)
 
 if __name__ == "__main__":
     app()

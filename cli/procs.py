@@ -6,7 +6,6 @@ compiler workers); they inherit the group, so one `killpg` reaches them even aft
 and they were re-parented to init. A group of its own also keeps the terminal's Ctrl-C away from the
 children: it reaches only the launcher, which then stops the roles in order (producers first).
 """
-import ctypes
 import logging
 import multiprocessing as mp
 import os
@@ -20,8 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchlab.cli import die_with_parent, remove_temp_of
+
 log = logging.getLogger("batchlab.procs")
-PR_SET_PDEATHSIG = 1  # Linux prctl: a signal this process gets when its parent dies
 REAP_WAIT_S = 5.0  # after SIGKILL to a group, how long to wait for its members to be gone
 TEMP_PREFIX = "batchlab-"  # a run's temp folder: batchlab-<owner pid>-<random>
 
@@ -37,13 +37,10 @@ class Child:
 def become_group_leader() -> None:
     """In a child, first thing: die with the launcher (SIGTERM), then lead a new process group; SIGINT,
     ignored since the spawn (`start`), is Python's own again once the terminal's Ctrl-C cannot reach us."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if orphaned():  # the launcher died before the prctl took effect (while this process imported)
-        os.kill(os.getpid(), signal.SIGTERM)
+    die_with_parent()  # already done when this package was imported (cli/__init__.py); idempotent
+    if orphaned():  # the launcher died before the prctl took effect
+        remove_run_temp(launcher_pid())
+        os._exit(128 + signal.SIGTERM)
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -68,8 +65,7 @@ def run_temp_folder() -> str:
 
 def remove_run_temp(owner_pid: int) -> None:
     """Remove every run folder of `owner_pid` (a child calls it when its launcher died)."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}{owner_pid}-*"):
-        shutil.rmtree(folder, ignore_errors=True)
+    remove_temp_of(owner_pid)
 
 
 def clean_stale_temp() -> None:
