@@ -100,6 +100,7 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     try:
         _watch(own, workers, on_tick, stream_ended, _Clock(limits or Limits(), traffic_started, out), watch)
     finally:
+        watch.stop_run.set()  # the collector's signal from here on is the launcher's: no run to stop
         _stop(own)  # producers first, then the collector; every group reaped
         shutil.rmtree(tmp, ignore_errors=True)
     summary_path = out / "summary.json"

@@ -32,7 +32,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 class _OneLineErrors(TyperGroup):
-    """Every command's user errors become `error: <one line>` and exit 1; Ctrl-C, one line and exit 130."""
+    """Every command's user errors become `error: <one line>` and exit 1 (a Ctrl-C is typer's: exit 130)."""
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
@@ -40,8 +40,6 @@ class _OneLineErrors(TyperGroup):
             return super().invoke(ctx)
         except _user_errors() as exc:
             _fail(exc)
-        except KeyboardInterrupt:
-            _fail("interrupted", code=130)
 
 
 app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,

@@ -149,7 +149,7 @@ def finish_run(store: RunStore, writer: PartWriter, out_dir: Path, slos: dict | 
 def _on_signal(signum: int, store: RunStore, loop: _Loop, stop: threading.Event, stop_run) -> None:
     """A stop signal: note it; before the run's end, ask the launcher (`stop_run`, an event) to stop the run."""
     loop.stop_signal = loop.stop_signal or signum
-    if stop_run is not None and store.run_end is None and not stop.is_set():
+    if stop_run is not None and store.run_end is None and not stop_run.is_set():  # set: the launcher stops it
         loop.run_stopping = True
         stop_run.set()
     stop.set()
