@@ -35,6 +35,7 @@ class Scheduler:
                                   stall_limit_s=stall_limit_s)
         self.liveness_s = liveness_s  # a worker or the traffic silent this long is lost
         self.stop_signal = 0  # the signal that stopped the run early (0: none)
+        self.silent: dict[str, WorkerHello] = {}  # workers lost for their silence, by id: they may come back
         self.min_workers = min_workers
         self.settings = dict(settings or {})
         self.stream_ended = stream_ended  # a multiprocessing.Event, or None
@@ -104,6 +105,7 @@ class Scheduler:
     # --- message handlers -------------------------------------------------------------------------
     def _handle(self, sender: bytes, msg: object) -> None:
         wid, t = sender.decode(errors="replace"), now()
+        self._maybe_back(msg.sender if isinstance(msg, Heartbeat) else wid, t)
         if wid in self.core.workers:
             self.core.workers[wid].last_heard = t
         elif sender == self.traffic:
@@ -131,6 +133,14 @@ class Scheduler:
         elif isinstance(msg, EndOfStream):
             self.core.end_of_stream()
             self.stats["sent_by_traffic"] = msg.sent
+
+    def _maybe_back(self, wid: str, t: float) -> None:
+        """A worker lost for its silence spoke again (it was stalled): it rejoins as if it had said hello;
+        what it ran was requeued when it was lost, and its late results for those batches are ignored."""
+        hello = self.silent.pop(wid, None)
+        if hello is not None and wid not in self.core.workers:
+            log.warning("worker %s is back after its silence: it rejoins", wid)
+            self.core.on_hello(wid, hello, t)
 
     def _on_hello(self, wid: str, hello: WorkerHello, t: float) -> None:
         log.info("worker %s joined: %s %s (%s, max batch %d)", wid, hello.backend, hello.model, hello.mode,
@@ -190,6 +200,7 @@ class Scheduler:
         for wid, state in list(self.core.workers.items()):
             if t - state.last_heard > limit_s:
                 log.error("worker %s lost (silent for %.1f s)", wid, t - state.last_heard)
+                self.silent[wid] = state.hello  # it may be stalled, not dead: see _maybe_back
                 self.core.on_worker_lost(wid, t)
         if self.t0 is not None and not self.core.eos and t - self.traffic_heard > limit_s:
             log.error("traffic silent for %.1f s: treating it as the end of the stream", t - self.traffic_heard)
