@@ -37,12 +37,12 @@ def death_line(name: str, exitcode: int) -> str:
     """One line for a role that ended mid-run with `exitcode` (multiprocessing's: −N for signal N)."""
     if 2 <= exitcode <= ERRNO_EXIT_MAX:
         cause = os.strerror(exitcode)
-        return f"collector could not write: {cause}" if name == "collector" else f"{name} failed: {cause}"
+        return f"collector could not write: {cause}" if name == "collector" else f"{name} died: {cause}"
     if exitcode < 0 or exitcode > SIGNAL_EXIT_BASE:
         number = -exitcode if exitcode < 0 else exitcode - SIGNAL_EXIT_BASE
         how = "killed by" if exitcode < 0 else "stopped by"
         return f"{name} {how} {_signal_name(number)} mid-run; see its log in the out folder's logs/"
-    return f"{name} ended mid-run (exit code {exitcode}); see its log in the out folder's logs/"
+    return f"{name} died (exit code {exitcode}); see its log in the out folder's logs/"
 
 
 def _signal_name(number: int) -> str:

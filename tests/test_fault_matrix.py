@@ -222,3 +222,40 @@ def test_a_worker_stalled_past_the_liveness_window_rejoins_and_its_requests_end_
     summary = json.loads((out / "summary.json").read_text())
     assert summary["scheduler_stats"]["workers_lost"] == 1
     assert "back after its silence" in (out / "logs" / "scheduler.log").read_text()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 300 KiB tmpfs (root only; skipped elsewhere): room for the run's inputs, not for its tables."""
+    disk = tmp_path / "tiny"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_full_disk_is_named_and_the_run_exits_non_zero(tiny_disk):
+    proc = subprocess.run([sys.executable, "-m", "batchlab.cli.main", "run", "--backend", "echo", "--strategy",
+                           "continuous", "--dataset", "synthetic", "--max-new-tokens", "64", "--max-prompt-len", "64",
+                           "--rate", "200", "--duration", "4", "--out", str(tiny_disk / "run")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: collector could not write: No space left on device"
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 0.9, 1.5])
+def test_a_ctrl_c_in_the_first_moments_exits_130_without_a_traceback_or_leftovers(tmp_path, delay_s):
+    marker, err = uuid.uuid4().hex, tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "batchlab.cli.main", *RUN, "--out", str(tmp_path / "run")],
+                            cwd=ROOT, env={**os.environ, MARKER: marker}, stdout=subprocess.DEVNULL, stderr=err,
+                            start_new_session=True, preexec_fn=default_sigint)
+    time.sleep(delay_s)  # importing, building the schedule or spawning, depending on the machine
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=240) == 130
+    err.seek(0)
+    assert "Traceback" not in err.read().decode(errors="replace")
+    wait_until(lambda: not marked(marker), 30, "the run's processes to end")
+    assert not glob.glob(f"{tempfile.gettempdir()}/batchlab-{proc.pid}-*")
+    if (tmp_path / "run" / "requests.parquet").exists():
+        assert_conserved(tmp_path / "run", all_finished=False)

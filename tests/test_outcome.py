@@ -59,4 +59,5 @@ def test_a_full_disk_is_named_from_the_collectors_exit_code():
 def test_a_death_line_says_how_the_role_ended():
     assert death_line("worker-0", -signal.SIGKILL).startswith("worker-0 killed by SIGKILL mid-run")
     assert death_line("scheduler", 128 + signal.SIGTERM).startswith("scheduler stopped by SIGTERM mid-run")
-    assert death_line("worker-0", 1).startswith("worker-0 ended mid-run (exit code 1)")
+    assert death_line("worker-0", 1).startswith("worker-0 died (exit code 1)")
+    assert death_line("worker-0", 5) == "worker-0 died: Input/output error"
