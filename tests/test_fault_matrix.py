@@ -6,7 +6,8 @@ code and its line, and that no process and no temp folder of the run is left.
 Cells with distinct behaviour are chosen (not the full product): a stall of any role is survived
 (exit 0, everything finished); a role that ends mid-run, whatever its exit code, is named and the run
 exits 2; the launcher's Ctrl-C exits 130; a SIGINT that reaches a child before it leads its own group
-is ignored. The runs go three at a time (each is mostly waiting) on the sim backend.
+is ignored. The runs go three at a time (each is mostly waiting) on the sim backend: about 3-5 minutes
+on a shared 2-core machine.
 """
 import glob
 import json
@@ -58,13 +59,17 @@ CELLS = [
     Cell("worker-0", "INT", "mid", 2, "worker-0 stopped by SIGINT mid-run"),
     Cell("worker-0", "KILL", "draining", 2, "worker-0 killed by SIGKILL mid-run"),
     Cell("worker-0", "TERM", "start", 2, "worker-0 (killed|stopped) by SIGTERM"),
+    Cell("worker-0", "STOP", "draining", 0, all_finished=True),
     Cell("scheduler", "KILL", "mid", 2, "scheduler killed by SIGKILL mid-run"),
     Cell("scheduler", "STOP", "mid", 0, all_finished=True),
     Cell("scheduler", "TERM", "draining", 2, "scheduler stopped by SIGTERM mid-run"),
     Cell("scheduler", "INT", "start", 0, all_finished=True),  # before it leads its group: ignored
+    Cell("scheduler", "STOP", "start", 0, all_finished=True),
     Cell("collector", "TERM", "mid", 2, "collector stopped by a signal mid-run"),
     Cell("collector", "STOP", "mid", 0, all_finished=True),
     Cell("collector", "KILL", "mid", 2, "collector killed by SIGKILL mid-run"),
+    Cell("collector", "INT", "mid", 2, "collector stopped by"),
+    Cell("collector", "TERM", "draining", 2, "collector stopped by"),  # before or after the run's end came
     Cell("traffic", "KILL", "mid", 2, "traffic killed by SIGKILL mid-run"),
     Cell("traffic", "TERM", "mid", 2, "not sent: traffic stopped before its planned time"),
     Cell("traffic", "STOP", "mid", 0, all_finished=True),
