@@ -39,8 +39,7 @@ class Worker:
     def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str,
                  keys: str | None = None, run_over=None, liveness_s: float = LIVENESS_S) -> None:
         self.backend, self.worker_id = backend, worker_id
-        self.liveness_s = liveness_s  # a scheduler silent this long is gone: stop
-        self.exit_code = 0  # 0: told to stop by Shutdown; else why it left early (run_worker's exit code)
+        self.liveness_s, self.exit_code = liveness_s, 0  # a scheduler silent this long is gone; run_worker's code
         self.run_over = run_over  # a warm worker's "the run I wait for has ended" (its launcher moved on)
         self.ctx = zmq.Context()
         self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id, keys=keys)
@@ -277,6 +276,10 @@ class Worker:
             log.error("scheduler silent for %.1f s: stopping", silent_s)
             self.stopping, self.exit_code = True, 1
 
+    def stop_on_signal(self, signum: int) -> None:
+        """SIGINT/SIGTERM: stop after the current step; the exit code says which signal."""
+        self.stopping, self.exit_code = True, 128 + signum
+
     def _abandoned(self) -> bool:
         """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
         return self.run_over is not None and not self.heard_once and self.run_over()
@@ -287,11 +290,7 @@ def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str
     """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step. Exit
     code: 0 after the scheduler's Shutdown, 128 + the signal after one, 1 when the scheduler went silent."""
     worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys, liveness_s=liveness_s)
-
-    def stop(signum: int) -> None:
-        worker.stopping, worker.exit_code = True, 128 + signum
-
-    with on_stop_signal(stop):
+    with on_stop_signal(worker.stop_on_signal):
         try:
             backend.warmup()
             worker.run()
