@@ -1,11 +1,12 @@
 """The `batchlab` command. Each command is a thin wrapper; heavy imports happen inside commands."""
+import signal
 from typing import Annotated, NoReturn
 
 import click
 import typer
 from typer.core import TyperGroup
 
-from batchlab.cli import report_cmd, simulate_cmd, sweep_cmd
+from batchlab.cli import report_cmd, restore_sigint, simulate_cmd, sweep_cmd
 from batchlab.cli.config import checked_config, replay_config
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
@@ -31,7 +32,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 class _OneLineErrors(TyperGroup):
-    """Every command's user errors become `error: <one line>` and exit 1 (KeyboardInterrupt is left alone)."""
+    """Every command's user errors become `error: <one line>` and exit 1 (a Ctrl-C is typer's: exit 130)."""
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
@@ -56,11 +57,11 @@ def _config(config: str | None, overrides: dict, *, replay: bool = False) -> Run
         _fail(exc)
 
 
-def _fail(error: str | BaseException) -> NoReturn:
-    """`error: <one line>` on stderr and exit 1."""
+def _fail(error: str | BaseException, code: int = 1) -> NoReturn:
+    """`error: <one line>` on stderr and exit `code` (1: bad input)."""
     text = " ".join(str(error).split()) or type(error).__name__
     typer.secho(f"error: {text}", fg="red", err=True)
-    raise typer.Exit(code=1) from None
+    raise typer.Exit(code=code) from None
 
 
 @app.command()
@@ -82,7 +83,9 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
     overwrite = overrides.pop("overwrite")
     config_file = overrides.pop("config")
     cfg = _config(config_file, overrides, replay=True)
+    from batchlab.cli.launcher import RunFailed
     from batchlab.cli.live import run_with_status
+    from batchlab.cli.outcome import FAULT_EXIT, INTERRUPTED_EXIT, verdict
     from batchlab.cli.preflight import check_before_start
     from batchlab.cli.result_table import show
     from batchlab.cli.run_folder import claim, new_folder
@@ -94,11 +97,20 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
         claim(cfg.out, overwrite=overwrite)
         summary = run_with_status(cfg)
     except KeyboardInterrupt:
-        typer.secho(f"interrupted; partial results in {cfg.out}", fg="red", err=True)
-        raise typer.Exit(code=130) from None
+        _fail(f"interrupted; partial results in {cfg.out}", code=INTERRUPTED_EXIT)
+    except RunFailed as exc:
+        _fail(exc, code=FAULT_EXIT)
     except _user_errors() as exc:
         _fail(exc)
     show(summary, cfg.out)
+    _exit_by_verdict(verdict(summary, summary.get("role_deaths", [])))
+
+
+def _exit_by_verdict(code_line: tuple[int, str]) -> None:
+    """A run that lost requests to a fault: its one line, and its exit code (cli/outcome.py)."""
+    code, line = code_line
+    if code:
+        _fail(line, code=code)
 
 
 @app.command()
@@ -117,12 +129,14 @@ def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp
 
 
 def _role(role, *args) -> None:
-    """Run one role in this process; its known failures become one line and exit 1."""
+    """Run one role in this process; its known failures become one line and exit 1; stopped by Ctrl-C, 130."""
+    from batchlab.protocol.signals import last_stop_signal
+
     try:
         code = role(*args)
     except _user_errors() as exc:
         _fail(exc)
-    raise typer.Exit(code or 0)
+    raise typer.Exit(130 if last_stop_signal() == signal.SIGINT else code or 0)
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="CurveZMQ keys for non-loopback addresses.")
@@ -190,6 +204,7 @@ from batchlab.cli import calibrate_cmd, tune_cmd  # noqa: E402
 
 for _command in (sweep_cmd, report_cmd, simulate_cmd, tune_cmd, calibrate_cmd):
     _command.register(app)
+restore_sigint()  # imported: a Ctrl-C is a KeyboardInterrupt again (exit 130, see _OneLineErrors)
 
 if __name__ == "__main__":
     app()

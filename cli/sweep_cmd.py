@@ -54,6 +54,7 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
             (point.folder / FAILED_FILE).write_text(reason + "\n")
             return point.record("failed", reason, round(time.monotonic() - started, 2))
         summary, note = json.loads(summary_path.read_text()), str(exc)  # unfinished requests: failed
+    note = note or fault_note(summary)
     record = (point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
               | {"config_hash": config_hash(cfg.as_settings())})
     headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
@@ -91,6 +92,13 @@ def stale_point(point: Point, base: dict) -> list[str]:
         except (OSError, ValueError, AttributeError):
             return ["no readable record of its configuration"]
     return differences(recorded, planned) if isinstance(recorded, dict) else ["no record of its configuration"]
+
+
+def fault_note(summary: dict) -> str:
+    """What `batchlab run` would have said on stderr about a fault ("" when the run lost nothing)."""
+    from batchlab.cli.outcome import verdict
+
+    return verdict(summary, summary.get("role_deaths", []))[1]
 
 
 def _timing(folder: Path) -> dict:

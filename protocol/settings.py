@@ -55,6 +55,8 @@ class RunConfig:
     workers: int = 1
     max_queue: int = 0  # requests; 0: unbounded
     max_queue_tokens: int = 0  # prompt + output tokens queued; 0: unbounded
+    liveness_s: float = 30.0  # a worker, the traffic or the scheduler silent this long is declared dead
+    stall_limit_s: float = 60.0  # stream ended, requests queued, every worker idle this long: stalled; 0: off
     memory_budget: str = ""  # KV budget, e.g. "2GiB"; default: the backend's own
     strict_memory: bool = False
     dtype: str = "auto"
@@ -91,6 +93,7 @@ class RunConfig:
             (self.workers >= 1, "--workers must be ≥ 1"),
             (self.backend != "openai" or bool(self.endpoint), "--backend openai needs --endpoint URL"),
         ]
+        checks += self._fault_checks()
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
@@ -99,6 +102,11 @@ class RunConfig:
         parse_bytes(self.memory_budget)
         self.slos()
         return self
+
+    def _fault_checks(self) -> list[tuple[bool, str]]:
+        """The liveness window and the stall limit (NaN fails every comparison, so it is refused)."""
+        return [(0 < self.liveness_s < float("inf"), "liveness_s must be a number of seconds > 0"),
+                (0 <= self.stall_limit_s < float("inf"), "stall_limit_s must be ≥ 0 s (0: no limit)")]
 
     def slos(self) -> dict[str, float]:
         """The SLOs in seconds ({} when none); ConfigError on a bad one."""

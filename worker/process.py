@@ -11,7 +11,7 @@ from batchlab.protocol.environment import environment
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket
 from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.heartbeat import HeartbeatThread
 from batchlab.worker.outbox import Outbox
@@ -38,8 +38,9 @@ class Worker:
     """Socket edges around a backend: hello, dispatches in, tokens and batch results out."""
 
     def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str,
-                 keys: str | None = None, run_over=None) -> None:
+                 keys: str | None = None, run_over=None, liveness_s: float = LIVENESS_S) -> None:
         self.backend, self.worker_id = backend, worker_id
+        self.liveness_s, self.exit_code = liveness_s, 0  # a scheduler silent this long is gone; run_worker's code
         self.run_over = run_over  # a warm worker's "the run I wait for has ended" (its launcher moved on)
         self.ctx = zmq.Context()
         self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id, keys=keys)
@@ -273,9 +274,13 @@ class Worker:
                 log.warning("no word from the scheduler yet; still waiting")
                 self.last_heard = now()
             return
-        if silent_s > HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL_S:
+        if silent_s > self.liveness_s:
             log.error("scheduler silent for %.1f s: stopping", silent_s)
-            self.stopping = True
+            self.stopping, self.exit_code = True, 1
+
+    def stop_on_signal(self, signum: int) -> None:
+        """SIGINT/SIGTERM: stop after the current step; the exit code says which signal."""
+        self.stopping, self.exit_code = True, 128 + signum
 
     def _abandoned(self) -> bool:
         """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
@@ -283,13 +288,14 @@ class Worker:
 
 
 def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
-               keys: str | None = None) -> int:
-    """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step."""
-    worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys)
-    with on_stop_signal(lambda _signum: setattr(worker, "stopping", True)):
+               keys: str | None = None, liveness_s: float = LIVENESS_S) -> int:
+    """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step. Exit
+    code: 0 after the scheduler's Shutdown, 128 + the signal after one, 1 when the scheduler went silent."""
+    worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys, liveness_s=liveness_s)
+    with on_stop_signal(worker.stop_on_signal):
         try:
             backend.warmup()
             worker.run()
         finally:
             worker.close()
-    return 0
+    return worker.exit_code
