@@ -13,7 +13,7 @@ from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, B
                                   Compile, Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
                                   MaxPrompt, MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset,
                                   Rate, Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
-from batchlab.cli.options import OutputLens, PromptLens, TraceStart
+from batchlab.cli.options import NumRequests, OutputLens, PromptLens, TraceStart
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -76,7 +76,7 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
         max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
         max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
         tensor_parallel_size: TP = None,
-        pipeline_parallel_size: PP = None, slo: SloOpt = None) -> None:
+        pipeline_parallel_size: PP = None, slo: SloOpt = None, num_requests: NumRequests = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
     cfg = _config(overrides.pop("config"), overrides, replay=True)
@@ -162,7 +162,8 @@ def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None,
             arrival: Arrival = None, burstiness: Burst = None, dataset: Dataset = None,
             trace_start_s: TraceStart = None, prompt_lengths: PromptLens = None, output_lengths: OutputLens = None,
             schedule: Schedule = None, max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None,
-            seed: Seed = None, out: Out = None, keys: Keys = None, scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
+            seed: Seed = None, out: Out = None, keys: Keys = None, num_requests: NumRequests = None,
+            scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
     """Run the traffic generator alone."""
     overrides = {k: v for k, v in locals().items() if k not in ("config", "scheduler")}
     from batchlab.cli.roles import traffic_role

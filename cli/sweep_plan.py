@@ -91,7 +91,7 @@ def _entry(item: object, base: dict) -> Entry:
     if not label:
         strategy = strategy_label(str(overrides["strategy"]))
         label = strategy if strategy == "vllm" or "backend" not in overrides else f"{strategy}-{backend}"
-    overrides.setdefault("backend", "vllm" if overrides["strategy"] == "vllm" else backend or RunConfig.backend)
+    overrides.setdefault("backend", "vllm" if overrides["strategy"] == "vllm" else backend or RunConfig().backend)
     return Entry(label, overrides)
 
 
@@ -122,7 +122,7 @@ def load_plan(path: str | Path) -> Plan:
     labels = [e.label for e in entries]
     if not entries or len(set(labels)) != len(labels):
         raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
-    rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig.rate)]))
+    rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig().rate)]))
     order = str(grid.get("order", "auto"))
     if order not in ORDERS:
         raise SweepError(f"grid.order must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -148,8 +148,8 @@ def interleaved(plan: Plan) -> bool:
     if plan.order != "auto":
         return plan.order == "interleaved"
     settings = [{**plan.base, **e.overrides} for e in plan.entries]
-    devices = {str(s.get("device") or RunConfig.device) for s in settings
-               if s.get("backend", RunConfig.backend) in ("hf", "vllm")}  # sim and openai hold no model
+    devices = {str(s.get("device") or RunConfig().device) for s in settings
+               if s.get("backend", RunConfig().backend) in ("hf", "vllm")}  # sim and openai hold no model
     if "auto" in devices:
         import torch  # what the workers' `auto` will pick
 

@@ -4,6 +4,7 @@ The project's shared vocabulary, at the bottom of the layers: every package may 
 needs the front end (`cli`) for it. Which strategy names exist is the scheduler's business
 (`scheduler.strategies.resolve`), checked where the front end composes a run.
 """
+import math
 import numbers
 import os
 import platform
@@ -19,7 +20,7 @@ BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
 ARRIVALS = ("poisson", "gamma", "constant", "trace")
 # The settings a schedule is built from: a replayed schedule brings its own.
 TRAFFIC_FIELDS = ("arrival", "rate", "duration_s", "burstiness", "seed", "dataset", "max_new_tokens",
-                  "max_prompt_len", "trace_start_s", "prompt_lengths", "output_lengths")
+                  "max_prompt_len", "trace_start_s", "prompt_lengths", "output_lengths", "num_requests")
 Lengths = str | int | list | dict  # 128, "32-512", "64,128,256", [64, 128], "lognormal:mean=256", {dist: ...}
 
 
@@ -36,8 +37,9 @@ class RunConfig:
     backend: str = "sim"
     model: str = "tiny-mistral"
     preset: str = "a100-llama2-7b"  # sim backend step-time preset
-    rate: float = 10.0  # requests/s
+    rate: float = 10.0  # requests/s; inf: every request at t = 0 (needs num_requests)
     duration_s: float = 10.0
+    num_requests: int = 0  # stop after this many requests or duration_s, whichever comes first; 0: duration only
     arrival: str = "poisson"
     burstiness: float = 1.0
     dataset: str = "sharegpt"  # sharegpt | synthetic | azure-conv | azure-code | trace:PATH | PATH
@@ -82,7 +84,11 @@ class RunConfig:
             (self.rate > 0 or (self.rate == 0 and self.arrival == "trace"),
              "--rate must be > 0 requests/s (0 only with --arrival trace: the trace's own rate)"),
             (self.trace_start_s >= 0, "--trace-start must be ≥ 0 s"),
-            (self.duration_s > 0, "--duration must be > 0 s"),
+            (self.duration_s > 0 and math.isfinite(self.duration_s), "--duration must be > 0 s"),
+            (self.num_requests >= 0, "--num-requests must be ≥ 0 (0: --duration alone stops the run)"),
+            (math.isfinite(self.rate) or self.num_requests > 0,
+             "--rate inf (every request at t = 0) needs --num-requests N"),
+            (math.isfinite(self.rate) or self.arrival != "trace", "--rate inf does not go with --arrival trace"),
             (self.burstiness > 0, "--burstiness must be > 0"),
             (self.batch_size >= 1, "--batch-size must be ≥ 1"),
             (self.max_batch_size >= 1, "--max-batch-size must be ≥ 1"),
@@ -157,10 +163,27 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
         merged["strategy_args"] = {k: v for a in args if a is not None for k, v in parse_strategy_args(a).items()}
     if merged.get("arrival") == "trace" and "rate" not in merged:
         merged["rate"] = 0.0  # a trace keeps its own timing unless a rate is asked for
+    if merged.get("num_requests") and "duration_s" not in merged:  # the count alone stops the run
+        default = RunConfig()
+        merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", default.rate),
+                                                merged.get("burstiness", default.burstiness))
     unknown = sorted(set(merged) - set(known))
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
     return RunConfig(**{k: _typed(k, v, known[k]) for k, v in merged.items()}).validate()
+
+
+def count_duration_s(num_requests: object, rate: object, burstiness: object) -> float:
+    """A duration that holds `num_requests` arrivals at `rate` all but surely (their mean time plus 8
+    standard deviations of a gamma process, s): --num-requests without --duration is a count-only stop.
+    rate inf (all at t = 0) or a rate that is no number: RunConfig's default duration."""
+    try:
+        n, rate_f, shape = float(num_requests), float(rate), min(float(burstiness), 1.0)
+        if not (rate_f > 0 and math.isfinite(rate_f) and n > 0 and shape > 0):
+            return RunConfig().duration_s
+        return float(f"{(n + 8 * math.sqrt(n / shape) + 1) / rate_f:.4g}")
+    except (TypeError, ValueError):
+        return RunConfig().duration_s
 
 
 def parse_strategy_args(given: object) -> dict:
