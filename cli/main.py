@@ -7,6 +7,7 @@ from typer.core import TyperGroup
 
 from batchlab.cli import report_cmd, simulate_cmd, sweep_cmd
 from batchlab.cli.config import checked_config, replay_config
+from batchlab.cli.grammar import show_version
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, Burst, ConfigOpt, Dataset, Device,
@@ -31,7 +32,17 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 class _OneLineErrors(TyperGroup):
-    """Every command's user errors become `error: <one line>` and exit 1 (KeyboardInterrupt is left alone)."""
+    """Every command's user errors become `error: <one line>` and exit 1 (KeyboardInterrupt is left alone);
+    a <bool> flag takes true/false (cli.grammar)."""
+
+    def main(self, args=None, *rest, **kwargs):
+        """Parse `args` (default: the command line) with bool words read, then run."""
+        import sys
+
+        from batchlab.cli.grammar import bool_words
+
+        args = list(sys.argv[1:] if args is None else args)
+        return super().main(bool_words(self, args), *rest, **kwargs)
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
@@ -44,6 +55,12 @@ class _OneLineErrors(TyperGroup):
 app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,
                   help="Study how LLM requests should be batched.")
 app.add_typer(model_app, name="model")
+
+
+@app.callback()
+def _main(version: Annotated[bool, Opt("--version", is_eager=True, help="print batchlab's version and exit",
+                                       callback=show_version)] = False) -> None:
+    """Study how LLM requests should be batched."""
 
 
 def _config(config: str | None, overrides: dict, *, replay: bool = False) -> RunConfig:

@@ -4,10 +4,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchlab.cli.options import SLO_HELP
+
 
 Folder = Annotated[str, typer.Argument(help="a sweep's --out folder, or one run's folder")]
 Rate = Annotated[Optional[float], typer.Option(help="rate (req/s) of the CDF and timeline plots")]
-Slo = Annotated[Optional[list[str]], typer.Option(help="SLO for goodput, e.g. ttft=500ms (repeatable)")]
+Slo = Annotated[Optional[list[str]], typer.Option(help=SLO_HELP)]
 
 
 def register(app: typer.Typer) -> None:

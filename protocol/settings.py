@@ -163,6 +163,8 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
         merged["strategy_args"] = {k: v for a in args if a is not None for k, v in parse_strategy_args(a).items()}
     if merged.get("arrival") == "trace" and "rate" not in merged:
         merged["rate"] = 0.0  # a trace keeps its own timing unless a rate is asked for
+    if "slo" in merged and isinstance(merged["slo"], (str, list, tuple)):  # comma lists: one item per SLO
+        merged["slo"] = slo_items(merged["slo"])
     if merged.get("num_requests") and "duration_s" not in merged:  # the count alone stops the run
         default = RunConfig()
         merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", default.rate),
@@ -229,11 +231,17 @@ SLO_NAMES = ("ttft", "tpot", "e2e", "queue_wait")
 UNITS_S = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
 
 
+def slo_items(items: object) -> list[str]:
+    """'ttft=1s,tpot=50ms' or ['ttft=1s,tpot=50ms', 'e2e=5s'] → one item per SLO (comma lists split)."""
+    items = [items] if isinstance(items, str) else list(items or [])
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+
 def parse_slos(items: list[str]) -> dict[str, float]:
-    """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds; no unit: ms); ValueError on a
-    bad item, naming it."""
+    """['ttft=500ms', 'tpot=50ms'] or ['ttft=500ms,tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds; no
+    unit: ms); ValueError on a bad item, naming it."""
     slos = {}
-    for item in items:
+    for item in slo_items(items):
         match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9.eE+-]+)\s*(ms|s|us)?\s*", str(item))
         if not match or match.group(1) not in SLO_NAMES:
             raise ValueError(f"--slo {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")
