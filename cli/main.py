@@ -14,7 +14,7 @@ from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, B
                                   Compile, Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
                                   MaxPrompt, MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset,
                                   Rate, Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
-from batchlab.cli.options import NumRequests, OutputLens, PromptLens, TraceStart
+from batchlab.cli.options import NumRequests, OutputLens, PromptLens, SaveResult, TraceStart
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -93,9 +93,11 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
         max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
         max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
         tensor_parallel_size: TP = None,
-        pipeline_parallel_size: PP = None, slo: SloOpt = None, num_requests: NumRequests = None) -> None:
+        pipeline_parallel_size: PP = None, slo: SloOpt = None, num_requests: NumRequests = None,
+        save_result: SaveResult = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
+    save_result = overrides.pop("save_result")
     cfg = _config(overrides.pop("config"), overrides, replay=True)
     from batchlab.cli.live import run_with_status
 
@@ -106,6 +108,10 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
     except _user_errors() as exc:
         _fail(exc)
     typer.echo(f"results in {cfg.out}: {summary['finished']} finished, {summary['failed']} failed")
+    if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
+        from batchlab.collector.vllm_result import save_result as write_result
+
+        typer.echo(f"vllm-style result: {write_result(cfg.out, save_result)}")
 
 
 @app.command()

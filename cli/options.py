@@ -97,3 +97,6 @@ Compile = Annotated[Optional[bool], setting(
 TP = Annotated[Optional[int], setting("tensor_parallel_size", help="vllm: tensor-parallel GPUs")]
 PP = Annotated[Optional[int], setting("pipeline_parallel_size", help="vllm: pipeline-parallel stages")]
 Keys = Annotated[Optional[str], setting("keys", help="CurveZMQ key folder (needed to bind a non-loopback address)")]
+SaveResult = Annotated[Optional[str], Opt(
+    "--save-result", help="also write the run's figures to this JSON file under vllm bench serve's result keys "
+                          "and units (docs/load-and-results.md)")]

@@ -10,13 +10,16 @@ from batchlab.cli.options import SLO_HELP
 Folder = Annotated[str, typer.Argument(help="a sweep's --out folder, or one run's folder")]
 Rate = Annotated[Optional[float], typer.Option(help="rate (req/s) of the CDF and timeline plots")]
 Slo = Annotated[Optional[list[str]], typer.Option(help=SLO_HELP)]
+Extra = Annotated[Optional[list[str]], typer.Option(
+    help="a vllm bench serve result JSON to draw beside the strategies (repeatable; such files directly in "
+         "FOLDER are found too)")]
 
 
 def register(app: typer.Typer) -> None:
     """Add `batchlab report` to the app."""
 
     @app.command()
-    def report(folder: Folder, *, rate: Rate = None, slo: Slo = None) -> None:
+    def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, extra: Extra = None) -> None:
         """Plots (PNG) and REPORT.md: latency vs throughput, CDFs, batch timeline, tables per rate; each
         live sim/echo run's summary.json first gains its timing fidelity (against the simulator)."""
         from batchlab.collector.report.build import parse_slos, run_report
@@ -27,7 +30,7 @@ def register(app: typer.Typer) -> None:
             slos = parse_slos(slo or [])
             if Path(folder).is_dir():
                 add_folder_fidelity(folder)
-            result = run_report(folder, rate=rate, slos=slos)
+            result = run_report(folder, rate=rate, slos=slos, extra=extra)
         except ReportError as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None

@@ -35,8 +35,11 @@ def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: f
     return comparison_rate if comparison_rate is not None else rates[len(rates) // 2]
 
 
-def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None) -> ReportResult:
-    """Write the plots and REPORT.md into `folder`."""
+def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None,
+               extra: list[str] | None = None) -> ReportResult:
+    """Write the plots and REPORT.md into `folder`; `extra`: other tools' result files to place beside
+    the strategies (with those found in the folder, collector.report.external)."""
+    from batchlab.collector.report.external import load_external, section
     from batchlab.collector.report import plots, timeline
     from batchlab.collector.report.headline import compare, headlines
     from batchlab.collector.report.markdown import render
@@ -51,12 +54,14 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     first = compare(stats, "dynamic") or next((c for c in (compare(stats, lb) for lb in collection.labels())
                                                if c is not None), None)
     at = chosen_rate(collection, first.rate if first else None, rate)
-    made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png")]
+    external = load_external(root, extra)
+    made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png", external)]
     if at is not None:
         made += [plots.latency_cdfs(collection, stats, at, root / "latency_cdf.png"),
                  plots.itl_distribution(collection, stats, at, root / "itl_distribution.png"),
                  timeline.batch_timeline(collection, at, root / "batch_timeline.png"),
                  timeline.load_over_time(collection, at, root / "batch_size_queue.png")]
     text = render(collection, stats, lines, [p.name for p in made], at, slos)
+    text += "\n".join(section(external)) + ("\n" if external else "")
     (root / REPORT_FILE).write_text(text)
     return ReportResult(root / REPORT_FILE, made, lines)
