@@ -64,4 +64,16 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     text = render(collection, stats, lines, [p.name for p in made], at, slos)
     text += "\n".join(section(external)) + ("\n" if external else "")
     (root / REPORT_FILE).write_text(text)
+    _html(collection, stats, lines, external)
     return ReportResult(root / REPORT_FILE, made, lines)
+
+
+def _html(collection: Collection, stats: dict, lines: list[str], external: list) -> Path:
+    """REPORT.html beside REPORT.md (collector.report.html)."""
+    from batchlab.collector.report.html import HTML_FILE, write_html
+    from batchlab.collector.report.setup import setup_lines
+
+    setup = setup_lines(collection.runs[0]) if collection.runs else []
+    return write_html(collection.root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines,
+                      stats=stats, labels=collection.labels(), rates=collection.rates(), setup=setup,
+                      external=external)
