@@ -216,7 +216,10 @@ def fits(value: object, kind: object) -> bool:
 
 
 def _typed(name: str, value: object, kind: type) -> object:
-    """`value` as the field's type, or ConfigError."""
+    """`value` as the field's type, or ConfigError ("inf" is a number: YAML reads `rate: inf` as text, and
+    summary.json writes the rate inf so)."""
+    if kind is float and isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
+        value = math.inf
     if not fits(value, kind):
         raise ConfigError(f"setting {name} must be {_KIND_NAMES.get(kind, 'token lengths (e.g. 128, 32-512)')}, "
                           f"got {value!r} ({type(value).__name__})")

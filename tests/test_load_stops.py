@@ -74,8 +74,16 @@ def test_simulate_with_rate_inf_and_a_count_plays_exactly_that_many(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["submitted"] == 12 and summary["settings"]["num_requests"] == 12
+    assert summary["settings"]["rate"] == "inf"  # JSON has no infinity: written as vLLM writes it
     schedule = pd.read_parquet(tmp_path / "schedule.parquet")
     assert (schedule["arrival_offset_s"] == 0).all()
+    report = runner.invoke(app, ["report", str(tmp_path)])
+    assert report.exit_code == 0, report.output
+    assert "### λ = inf req/s" in (tmp_path / "REPORT.md").read_text()
+
+
+def test_a_yaml_rate_inf_reads_as_infinity():
+    assert checked_config({"rate": "inf", "num_requests": 3}, {}).rate == math.inf
 
 
 def test_a_sweep_base_count_reaches_every_point(tmp_path):
