@@ -41,13 +41,13 @@ Preset = Annotated[Optional[str], setting(
     "preset", help="sim step-time preset (a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral) or a file "
                    "batchlab calibrate wrote")]
 Rate = Annotated[Optional[float], setting(
-    "rate", help="arrival rate, requests/s; inf: every request at t = 0 (needs --num-requests) (with --arrival "
-                 "trace: rescale to this mean rate, keeping the burst shape; 0 or not given: the trace's own timing)")]
+    "rate", help="arrival rate, requests/s; inf: all at t = 0 (with --arrival trace: rescale to this mean rate, "
+                 "keeping the burst shape; 0 or not given: the trace's own timing)")]
 Duration = Annotated[Optional[float], setting(
     "duration_s", "--duration", help="seconds of traffic (with --num-requests: whichever stop comes first)")]
 NumRequests = Annotated[Optional[int], setting(
-    "num_requests", "--num-requests", help="stop after N requests, or at --duration if that comes first "
-                                           "(without --duration: N alone; 0: --duration alone)")]
+    "num_requests", "--num-requests", help="stop after N requests or --duration, whichever comes first "
+                                           "(no --duration: N alone; 0: --duration alone)")]
 Arrival = Annotated[Optional[str], setting(
     "arrival", help="poisson | gamma | constant | trace (a trace dataset's own arrival times)")]
 TraceStart = Annotated[Optional[float], setting(

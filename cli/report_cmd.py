@@ -20,7 +20,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, extra: Extra = None) -> None:
-        """Plots (PNG) and REPORT.md: latency vs throughput, CDFs, batch timeline, tables per rate; each
+        """Plots (PNG), REPORT.md and REPORT.html (interactive, self-contained): latency vs throughput, CDFs,
+        batch timeline, tables per rate, other tools' results (--extra); each
         live sim/echo run's summary.json first gains its timing fidelity (against the simulator)."""
         from batchlab.collector.report.build import parse_slos, run_report
         from batchlab.collector.report.points import ReportError

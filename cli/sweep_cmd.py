@@ -19,6 +19,7 @@ from batchlab.cli.pool import PoolKeeper, worker_key
 from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, parse_sets,
                                      plan_points, probe_point, warm_order)
 from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
+from batchlab.collector.vllm_result import point_result
 from batchlab.protocol.files import write_json_atomic
 
 
@@ -53,22 +54,11 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
             (point.folder / FAILED_FILE).write_text(reason + "\n")
             return point.record("failed", reason, round(time.monotonic() - started, 2))
         summary, note = json.loads(summary_path.read_text()), str(exc)  # unfinished requests: failed
-    _vllm_result(point.folder)
+    point_result(point.folder)  # vllm_result.json: the figures under vllm bench serve's keys
     record = point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
     headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
     _write_json(point.folder / DONE_FILE, {**record, "summary": headline})
     return record
-
-
-def _vllm_result(folder: Path) -> None:
-    """The point's figures as vllm_result.json (vllm bench serve's keys); a run whose tables cannot be read
-    keeps its point without one."""
-    from batchlab.collector.vllm_result import save_result
-
-    try:
-        save_result(folder)
-    except (OSError, ValueError, KeyError) as exc:
-        (folder / "vllm_result.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
 
 
 def _timing(folder: Path) -> dict:

@@ -103,3 +103,13 @@ def save_result(folder: str | Path, path: str | Path | None = None) -> Path:
     write_json_atomic(path, {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                              for k, v in result.items()})
     return path
+
+
+def point_result(folder: str | Path) -> Path | None:
+    """A sweep point's vllm_result.json; a run whose tables cannot be read keeps its point without one,
+    with vllm_result.error.txt saying why."""
+    try:
+        return save_result(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        (Path(folder) / "vllm_result.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+        return None

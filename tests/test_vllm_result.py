@@ -119,10 +119,18 @@ def test_run_save_result_writes_vllm_keys(tmp_path):
 
 
 def test_a_sweep_point_gains_its_vllm_result_and_a_broken_one_a_note(run_folder, tmp_path):
-    from batchlab.cli.sweep_cmd import _vllm_result
+    from batchlab.collector.vllm_result import point_result
 
-    _vllm_result(run_folder)
+    point_result(run_folder)
     assert json.loads((run_folder / "vllm_result.json").read_text())["completed"] > 0
     (tmp_path / "summary.json").write_text("{}")
-    _vllm_result(tmp_path)
+    point_result(tmp_path)
     assert not (tmp_path / "vllm_result.json").exists() and (tmp_path / "vllm_result.error.txt").exists()
+
+
+def test_a_simulated_sweep_writes_a_vllm_result_per_point(tmp_path):
+    result = runner.invoke(app, ["simulate", "--strategy", "naive,dynamic", "--rate", "4", "--duration", "1",
+                                 "--dataset", "synthetic", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    found = sorted(p.parent.parent.parent.name for p in tmp_path.glob("*/rate-4/rep-0/vllm_result.json"))
+    assert found == ["dynamic", "naive"]
