@@ -16,6 +16,7 @@ import yaml
 from batchlab.cli import procs, roles
 from batchlab.protocol.settings import RunConfig
 from batchlab.cli.procs import Child
+from batchlab.cli.run_folder import RunRecord
 from batchlab.protocol.sockets import Addresses
 
 log = logging.getLogger("batchlab.launcher")
@@ -74,7 +75,25 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
-    cfg = _with_schedule(cfg, out)
+    record = RunRecord(out, cfg)
+    try:
+        summary = _launch(_with_schedule(cfg, out), out, slos, on_tick, pool, limits)
+    except KeyboardInterrupt:
+        record.end("interrupted", "Ctrl-C")
+        raise
+    except RunTimeout as exc:
+        record.end("stopped" if exc.phase == "run" else "failed", str(exc))
+        raise
+    except BaseException as exc:
+        record.end("failed", f"{type(exc).__name__}: {exc}")
+        raise
+    record.end("done", finished=summary.get("finished"), failed=summary.get("failed"))
+    return summary
+
+
+def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits: Limits | None) -> dict:
+    """launch_run's processes, from start to the summary (post-processed: a sim/echo run's timing
+    fidelity is computed here, once, so that no reader ever rewrites a run's files)."""
     tmp = tempfile.mkdtemp(prefix="batchlab-")
     addrs = Addresses.ipc(tmp)
     ctx = mp.get_context("spawn")  # fork is unsafe with torch/vLLM threads
@@ -99,7 +118,37 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     summary_path = out / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"the collector wrote no summary in {out}")
+    _post_process(out)
     return json.loads(summary_path.read_text())
+
+
+def _post_process(out: Path) -> None:
+    """What the summary needs beyond the collector's figures, added when the run ends (the simulator's
+    replay of a live sim/echo run: `timing_fidelity`)."""
+    from batchlab.collector.parts import write_summary
+    from batchlab.scheduler.simulator.fidelity import add_run_fidelity
+
+    add_run_fidelity(out)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["harness_lag"] = send_lag(out)
+    write_summary(out, summary)
+
+
+def send_lag(out: Path) -> dict:
+    """How late the traffic sent each request after its planned arrival, s (p50, p99, max)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(out / "requests.parquet", columns=["arrival_time", "send_time"])
+    except (OSError, KeyError, ValueError):
+        return {}
+    lag = table["send_time"].to_numpy(zero_copy_only=False) - table["arrival_time"].to_numpy(zero_copy_only=False)
+    lag = lag[np.isfinite(lag)]
+    if not lag.size:
+        return {}
+    p50, p99 = np.percentile(lag, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "max": float(lag.max())}
 
 
 class _Clock:

@@ -14,7 +14,7 @@ from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, B
                                   Compile, Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
                                   MaxPrompt, MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset,
                                   Rate, Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
-from batchlab.cli.options import NumRequests, OutputLens, PromptLens, SaveResult, TraceStart
+from batchlab.cli.options import NumRequests, OutputLens, Overwrite, PromptLens, SaveResult, TraceStart
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -93,21 +93,31 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
         max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
         max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
         tensor_parallel_size: TP = None,
-        pipeline_parallel_size: PP = None, slo: SloOpt = None, num_requests: NumRequests = None,
-        save_result: SaveResult = None) -> None:
+        pipeline_parallel_size: PP = None, slo: SloOpt = None, overwrite: Overwrite = False,
+        num_requests: NumRequests = None, save_result: SaveResult = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
+    overwrite = overrides.pop("overwrite")
     save_result = overrides.pop("save_result")
-    cfg = _config(overrides.pop("config"), overrides, replay=True)
+    config_file = overrides.pop("config")
+    cfg = _config(config_file, overrides, replay=True)
     from batchlab.cli.live import run_with_status
+    from batchlab.cli.preflight import check_before_start
+    from batchlab.cli.result_table import show
+    from batchlab.cli.run_folder import claim, new_folder
 
     try:
+        if overrides["out"] is None and "out" not in (load_yaml(config_file) if config_file else {}):
+            cfg.out = new_folder(cfg)  # without --out, every run gets a folder of its own
+        check_before_start(cfg)
+        claim(cfg.out, overwrite=overwrite)
         summary = run_with_status(cfg)
     except KeyboardInterrupt:
-        _fail(f"interrupted; partial results in {cfg.out}")
+        typer.secho(f"interrupted; partial results in {cfg.out}", fg="red", err=True)
+        raise typer.Exit(code=130) from None
     except _user_errors() as exc:
         _fail(exc)
-    typer.echo(f"results in {cfg.out}: {summary['finished']} finished, {summary['failed']} failed")
+    show(summary, cfg.out)
     if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
         from batchlab.collector.vllm_result import save_result as write_result
 
@@ -116,10 +126,16 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
 
 @app.command()
 def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp://127.0.0.1:5558",
-              out: Annotated[str, Opt(help="output folder")] = "runs/latest", keys: Keys = None) -> None:
+              out: Annotated[str, Opt(help="output folder")] = "runs/latest", keys: Keys = None,
+              overwrite: Overwrite = False) -> None:
     """Run the collector alone."""
     from batchlab.cli.roles import collector_role
+    from batchlab.cli.run_folder import claim
 
+    try:
+        claim(out, overwrite=overwrite)  # one run's tables per folder, never two runs' mixed
+    except ConfigError as exc:
+        _fail(exc)
     _role(collector_role, RunConfig(out=out, keys=keys or ""), address)
 
 

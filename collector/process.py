@@ -8,12 +8,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zmq
 
+from batchlab.collector.layout import PROGRESS_FILE
 from batchlab.collector.merge import merge_run
 from batchlab.collector.parts import SCHEDULE_FILE, PartWriter, write_final
 from batchlab.collector.store import RunStore
 from batchlab.collector.tables import Tables, harness_cpu
 from batchlab.protocol import ProtocolError, decode_all
 from batchlab.protocol.clock import now
+from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import make_socket
@@ -126,14 +128,23 @@ def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threadin
         if sock.poll(POLL_TIMEOUT_MS, zmq.POLLIN):
             # 2. decode and record everything queued
             _drain(sock, store, loop)
-        # 3. periodic flush of new rows to a part file
+        # 3. periodic flush of new rows to a part file, and the counts for the launcher's progress line
         if now() - loop.last_flush_s >= FLUSH_INTERVAL_S:
             writer.write(store.take_parts())
+            write_progress(writer.parts_dir.parent, store.counts())
             loop.last_flush_s = now()
         # 4. end conditions
         reason = _end_reason(store, loop, stop, grace_s, idle_timeout_s)
         if reason:
             return reason
+
+
+def write_progress(out_dir: Path, counts: dict) -> None:
+    """OUT/progress.json: the request counts so far (a launcher's status line reads it)."""
+    try:
+        write_json_atomic(Path(out_dir) / PROGRESS_FILE, counts)
+    except OSError:  # a status line is an extra: a full disk is reported where the tables fail
+        pass
 
 
 def finish_run(store: RunStore, writer: PartWriter, out_dir: Path, slos: dict | None) -> Tables:
@@ -163,6 +174,7 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
             if notes := schedule_notes(out_dir):
                 tables.summary["schedule"] = notes
             write_final(out_dir, tables)
+            write_progress(out_dir, store.counts())
             return tables.summary
     finally:
         if sock is not None:

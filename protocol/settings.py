@@ -256,8 +256,13 @@ def parse_slos(items: list[str]) -> dict[str, float]:
 
 
 def run_settings(cfg: RunConfig) -> dict:
-    """The settings written into every table, plus the host they ran on."""
+    """The settings written into every table, their identity's hash, plus the host they ran on (the
+    scheduler's; each worker's own environment is in its facts)."""
+    from batchlab.protocol.environment import environment
+    from batchlab.protocol.identity import config_hash
+
     settings = cfg.as_settings()
-    settings.update(host=platform.node(), cpu=platform.processor() or platform.machine(),
-                    cpu_count=os.cpu_count(), python=platform.python_version())
+    settings.update(config_hash=config_hash(settings), host=platform.node(),
+                    cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count(),
+                    python=platform.python_version(), environment=environment())
     return settings

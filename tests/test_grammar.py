@@ -46,11 +46,12 @@ def test_a_bool_flag_takes_a_true_or_false_word(words, expected):
     assert bool_words(get_command(app), ["run", *words]) == ["run", *expected]
 
 
-def test_a_bool_word_reaches_the_run_config(monkeypatch):
+def test_a_bool_word_reaches_the_run_config(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr("batchlab.cli.live.run_with_status", lambda cfg: seen.setdefault("cfg", cfg) and
-                        {"finished": 0, "failed": 0})
-    result = runner.invoke(app, ["run", "--strict-memory", "true", "--enforce-eager", "false", "--out", "x"])
+    monkeypatch.setattr("batchlab.cli.live.run_with_status", lambda cfg: seen.setdefault("cfg", cfg) and {})
+    monkeypatch.setattr("batchlab.cli.result_table.show", lambda summary, out: None)
+    result = runner.invoke(app, ["run", "--strict-memory", "true", "--enforce-eager", "false",
+                                 "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert seen["cfg"].strict_memory is True and seen["cfg"].enforce_eager is False
 

@@ -7,6 +7,7 @@ import zmq
 
 from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, WorkerBye,
                                WorkerCapacity, decode, encode, now)
+from batchlab.protocol.environment import environment
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
@@ -122,7 +123,8 @@ class Worker:
 
     # --- steps ------------------------------------------------------------------------------------
     def _hello(self) -> None:
-        hello = worker_hello(self.worker_id, self.backend.info, self.clock.facts())
+        hello = worker_hello(self.worker_id, self.backend.info,
+                             {**self.clock.facts(), "environment": environment()})  # this box's, not the launcher's
         self.sched.send(encode(hello))
         self.out.record(hello)
         self.out.flush()

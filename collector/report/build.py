@@ -36,9 +36,10 @@ def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: f
 
 
 def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None,
-               extra: list[str] | None = None) -> ReportResult:
-    """Write the plots and REPORT.md into `folder`; `extra`: other tools' result files to place beside
-    the strategies (with those found in the folder, collector.report.external)."""
+               out: str | None = None, extra: list[str] | None = None) -> ReportResult:
+    """Write the plots, REPORT.md and REPORT.html into `out` (default: `folder`); the runs' files are only
+    read. `extra`: other tools' result files to place beside the strategies (with those found in the
+    folder, collector.report.external)."""
     from batchlab.collector.report.external import load_external, section
     from batchlab.collector.report import plots, timeline
     from batchlab.collector.report.headline import compare, headlines
@@ -47,14 +48,15 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     from batchlab.collector.report.stats import all_stats
 
     collection = load_collection(folder)
-    root = collection.root
+    root = Path(out) if out else collection.root
+    root.mkdir(parents=True, exist_ok=True)
     stats = all_stats(collection, slos)
     hardware_of = {r.label: hardware(r.settings) for r in reversed(collection.runs)}
     lines = headlines(stats, collection.labels(), hardware_of)
     first = compare(stats, "dynamic") or next((c for c in (compare(stats, lb) for lb in collection.labels())
                                                if c is not None), None)
     at = chosen_rate(collection, first.rate if first else None, rate)
-    external = load_external(root, extra)
+    external = load_external(collection.root, extra)
     made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png", external)]
     if at is not None:
         made += [plots.latency_cdfs(collection, stats, at, root / "latency_cdf.png"),
@@ -64,16 +66,16 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     text = render(collection, stats, lines, [p.name for p in made], at, slos)
     text += "\n".join(section(external)) + ("\n" if external else "")
     (root / REPORT_FILE).write_text(text)
-    _html(collection, stats, lines, external)
+    _html(collection, stats, lines, external, root)
     return ReportResult(root / REPORT_FILE, made, lines)
 
 
-def _html(collection: Collection, stats: dict, lines: list[str], external: list) -> Path:
-    """REPORT.html beside REPORT.md (collector.report.html)."""
+def _html(collection: Collection, stats: dict, lines: list[str], external: list, root: Path) -> Path:
+    """REPORT.html beside REPORT.md in `root` (collector.report.html)."""
     from batchlab.collector.report.html import HTML_FILE, write_html
     from batchlab.collector.report.setup import setup_lines
 
     setup = setup_lines(collection.runs[0]) if collection.runs else []
-    return write_html(collection.root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines,
+    return write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines,
                       stats=stats, labels=collection.labels(), rates=collection.rates(), setup=setup,
                       external=external)
