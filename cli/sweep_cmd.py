@@ -169,11 +169,26 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
               out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
-              resume: Annotated[bool, typer.Option(help="skip points already done")] = True) -> None:
+              resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
+              ray: Annotated[Optional[str], typer.Option(
+                  is_flag=False, flag_value="local", metavar="[ADDRESS]",
+                  help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
+                       "alone: a local Ray); see docs/ray.md")] = None,
+              ray_cpus: Annotated[float, typer.Option(help="--ray: CPUs each point reserves")] = 1.0,
+              ray_gpu_resource: Annotated[str, typer.Option(
+                  help="--ray: the resource GPUs are counted in")] = "GPU",
+              ray_shared: Annotated[bool, typer.Option(
+                  help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
         """Run a grid of strategies × backends × rates × repeats, one real run per point."""
         out = out or str(Path("results") / Path(config).stem)
         try:
-            index = run_sweep(config, out, resume=resume)
+            if ray is not None:
+                from batchlab.cli.ray_sweep import RayOptions, run_ray_sweep
+
+                opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
+                index = run_ray_sweep(config, out, opts, resume=resume)
+            else:
+                index = run_sweep(config, out, resume=resume)
         except (SweepError, ConfigError) as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None
