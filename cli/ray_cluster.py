@@ -98,7 +98,7 @@ class LocalCluster:
     pids of what each start left (never `ray stop`, which ends every Ray process of the machine)."""
 
     def __init__(self, root: Path | None = None) -> None:
-        self.root = Path(root or tempfile.mkdtemp(prefix="batchlab-ray-"))
+        self.root = Path(root or tempfile.mkdtemp(prefix="blray-", dir="/tmp"))  # Ray's sockets: < 108 bytes
         self.port, self.nodes = free_port(), []
 
     @property
@@ -119,7 +119,6 @@ class LocalCluster:
         import json
 
         node = LocalNode(Path(tempfile.mkdtemp(prefix=f"n{len(self.nodes)}-", dir=self.root)))
-        before = _ray_pids()
         cmd = [sys.executable, "-m", "batchlab.cli.ray_cluster", "start", *args, "--node-ip-address", LOOPBACK,
                "--num-cpus", str(num_cpus), "--num-gpus", "0", "--temp-dir", str(node.temp_dir),
                "--disable-usage-stats", "--object-store-memory", str(100 * 2**20)]
@@ -127,7 +126,7 @@ class LocalCluster:
             cmd += ["--resources", json.dumps(resources)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=START_TIMEOUT_S,
                               env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-        node.pids = sorted(_ray_pids() - before)
+        node.pids = _node_pids(node.temp_dir)
         self.nodes.append(node)
         if done.returncode != 0:
             raise ClusterError(f"ray start failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -146,17 +145,12 @@ class LocalCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _ray_pids() -> set[int]:
-    """Ray's daemons on this machine (the processes a `ray start` leaves)."""
+def _node_pids(temp_dir: Path) -> list[int]:
+    """The daemons a `ray start --temp-dir temp_dir` left (each names its folder on its command line)."""
     import psutil
 
-    names = ("gcs_server", "raylet", "log_monitor", "dashboard", "runtime_env", "monitor.py", "agent")
-    found = set()
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "ray" in cmd and any(n in cmd for n in names):
-            found.add(p.info["pid"])
-    return found
+    return sorted(p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+                  if str(temp_dir) in " ".join(p.info["cmdline"] or []))
 
 
 def _kill_trees(pids: list[int]) -> None:
