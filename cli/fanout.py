@@ -6,17 +6,26 @@ travels once per process or once into Ray's object store, not once per item; `fn
 function (it is pickled by name).
 """
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Optional
 
 import typer
 
+
+def ray_option(*names: str, help: str):
+    """`--ray [ADDRESS]`: an option whose value may be left out ("local" then). Typer marks click's
+    flag_value as unsupported (a DeprecationWarning) but passes it to click, which handles it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return typer.Option(*names, is_flag=False, flag_value="local", metavar="[ADDRESS]", help=help)
+
+
 Processes = Annotated[int, typer.Option("--processes", help="local processes to evaluate in (0: one per core; "
                                                            "1: in this process)")]
-RayAddress = Annotated[Optional[str], typer.Option(
-    "--ray", is_flag=False, flag_value="local", metavar="[ADDRESS]",
-    help="evaluate on a Ray cluster (ADDRESS as RAY_ADDRESS; alone: a local Ray); see docs/ray.md")]
+RayAddress = Annotated[Optional[str], ray_option(
+    "--ray", help="evaluate on a Ray cluster (ADDRESS as RAY_ADDRESS; alone: a local Ray); see docs/ray.md")]
 
 _SHARED: dict = {}  # in a pool process: the shared argument, set once by the initializer
 

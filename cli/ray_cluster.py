@@ -87,7 +87,8 @@ def free_port() -> int:
 
 @dataclass(slots=True)
 class LocalNode:
-    """One `ray start` on this machine: its temp folder and the daemons it left (pids)."""
+    """One `ray start` on this machine: its temp folder (also its processes' TMPDIR, so what a killed
+    node's actors staged goes with the cluster) and the daemons it left (pids)."""
 
     temp_dir: Path
     pids: list[int] = field(default_factory=list)
@@ -125,7 +126,7 @@ class LocalCluster:
         if resources:
             cmd += ["--resources", json.dumps(resources)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=START_TIMEOUT_S,
-                              env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+                              env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(node.temp_dir)})
         node.pids = _node_pids(node.temp_dir)
         self.nodes.append(node)
         if done.returncode != 0:

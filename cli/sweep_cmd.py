@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.protocol.settings import ConfigError
+from batchlab.cli.fanout import ray_option
 from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
 from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, plan_points,
@@ -170,8 +171,7 @@ def register(app: typer.Typer) -> None:
     def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
               out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
               resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
-              ray: Annotated[Optional[str], typer.Option(
-                  is_flag=False, flag_value="local", metavar="[ADDRESS]",
+              ray: Annotated[Optional[str], ray_option(
                   help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
                        "alone: a local Ray); see docs/ray.md")] = None,
               ray_cpus: Annotated[float, typer.Option(help="--ray: CPUs each point reserves")] = 1.0,
