@@ -25,6 +25,7 @@ from batchlab.protocol.settings import ConfigError
 
 MAX_TRIES = 3  # tries of one point whose node was lost, before it is recorded failed
 STOP_TIMEOUT_S = 60.0  # an actor's own stop (its processes terminated, then killed)
+PLACEMENT_CHECK_S = 30.0  # with no point ending for this long, check that every group still fits a node
 
 
 @dataclass(slots=True)
@@ -134,7 +135,10 @@ def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out
                 i = g.todo[0]
                 view.note(f"{points[i].entry.label} λ={points[i].rate:g} rep {points[i].repeat}: sent to the cluster")
                 flight[g.actor.run.remote(points[i], plan.base, plan.limits(), _rel(points[i], out_dir))] = (g, i)
-        ready, _ = ray.wait(list(flight), num_returns=1)  # 2.
+        ready, _ = ray.wait(list(flight), num_returns=1, timeout=PLACEMENT_CHECK_S)  # 2.
+        if not ready:
+            _give_up_unplaceable(ray, groups, flight, points, index, view)
+            continue
         g, i = flight.pop(ready[0])
         record = _landed(ray, ready[0], g, i, points[i], view)  # 3.
         if record is None:
@@ -145,6 +149,22 @@ def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out
         write_json_atomic(out_dir / INDEX_FILE, index, default=str)
         if not g.todo:
             stop_all(ray, [g])
+    write_json_atomic(out_dir / INDEX_FILE, index, default=str)
+
+
+def _give_up_unplaceable(ray, groups: list[Group], flight: dict, points: list[Point], index: dict, view) -> None:
+    """A group that no live node can hold any more (its node was lost and no other has its resources)
+    has its points recorded failed instead of waiting for a node forever."""
+    lost = set(refusals({g.label: g.ask for g in groups if g.todo}, ray.nodes()))
+    for g in [g for g in groups if g.todo and any(line.startswith(f"{g.label}:") for line in lost)]:
+        reason = next(line for line in lost if line.startswith(f"{g.label}:"))
+        for ref in [r for r, (fg, _) in flight.items() if fg is g]:
+            flight.pop(ref)
+        _drop_actor(ray, g)
+        for i in g.todo:
+            index["points"][i] = points[i].record("failed", f"no live node can hold it now: {reason}")
+            view.finished(points[i], index["points"][i])
+        g.todo = []
 
 
 def _landed(ray, ref, g: Group, i: int, point: Point, view) -> dict | None:

@@ -88,3 +88,30 @@ def test_a_fanout_over_processes_maps_in_order_in_other_processes():
     results = Fanout(processes=2).map(_scaled, list(range(40)), 3)
     assert [r for r, _ in results] == [3 * i for i in range(40)]
     assert os.getpid() not in {pid for _, pid in results}
+
+
+class _View:
+    def __init__(self) -> None:
+        self.ended = []
+
+    def finished(self, point, record) -> None:
+        self.ended.append(record["status"])
+
+
+def test_a_group_no_live_node_can_hold_any_more_fails_its_points_instead_of_waiting(tmp_path):
+    from types import SimpleNamespace
+
+    from batchlab.cli.ray_sweep import Group, _give_up_unplaceable
+    from batchlab.cli.sweep_plan import Entry, Point
+
+    entry = Entry("big", {"strategy": "naive", "backend": "vllm"})
+    points = [Point(entry, r, 0, 0, tmp_path / f"rate-{r:g}") for r in (1.0, 2.0)]
+    killed = []
+    ray = SimpleNamespace(nodes=lambda: [node(CPU=4.0), node(alive=False, CPU=4.0, GPU=1.0)],
+                          kill=lambda actor, no_restart: killed.append(actor))
+    fits = Group("small", Ask({"CPU": 1.0}), [])
+    lost = Group("big", Ask({"CPU": 1.0, "GPU": 1.0}), [0, 1], actor="actor-1")
+    flight, index, view = {"ref": (lost, 0)}, {"points": [p.record("pending") for p in points]}, _View()
+    _give_up_unplaceable(ray, [fits, lost], flight, points, index, view)
+    assert flight == {} and killed == ["actor-1"] and lost.todo == [] and view.ended == ["failed", "failed"]
+    assert all("no live node can hold it now" in p["reason"] for p in index["points"])
