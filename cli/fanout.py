@@ -6,7 +6,6 @@ travels once per process or once into Ray's object store, not once per item; `fn
 function (it is pickled by name).
 """
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Optional
@@ -15,11 +14,18 @@ import typer
 
 
 def ray_option(*names: str, help: str):
-    """`--ray [ADDRESS]`: an option whose value may be left out ("local" then). Typer marks click's
-    flag_value as unsupported (a DeprecationWarning) but passes it to click, which handles it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return typer.Option(*names, is_flag=False, flag_value="local", metavar="[ADDRESS]", help=help)
+    """`--ray [ADDRESS]`: left without a value, it reads "local" (cli.main fills it in: with_ray_value)."""
+    return typer.Option(*names, metavar="[ADDRESS]", help=help)
+
+
+def with_ray_value(args: list[str]) -> list[str]:
+    """Command-line words with "local" after a `--ray` that has no value (last, or before an option)."""
+    out = []
+    for k, word in enumerate(args):
+        out.append(word)
+        if word == "--ray" and (k + 1 == len(args) or args[k + 1].startswith("-")):
+            out.append("local")
+    return out
 
 
 Processes = Annotated[int, typer.Option("--processes", help="local processes to evaluate in (0: one per core; "

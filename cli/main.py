@@ -33,6 +33,12 @@ def _user_errors() -> tuple[type[Exception], ...]:
 class _OneLineErrors(TyperGroup):
     """Every command's user errors become `error: <one line>` and exit 1 (KeyboardInterrupt is left alone)."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """A bare `--ray` (no address) means a local Ray (Typer has no option with an optional value)."""
+        from batchlab.cli.fanout import with_ray_value
+
+        return super().parse_args(ctx, with_ray_value(args))
+
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
         try:

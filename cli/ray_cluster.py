@@ -5,7 +5,9 @@ hosts could reach the node; a cluster that must stay on one machine's loopback n
 turned off in every Ray process that resolves an address: the `ray start` commands (run through this
 module: `python -m batchlab.cli.ray_cluster start ...`) and the driver (connect(..., loopback=True)).
 """
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -67,15 +69,23 @@ def connect(address: str | None):
     if node_ip == LOOPBACK:
         keep_on_loopback()
     kwargs = {"_node_ip_address": node_ip} if node_ip else {}
-    if address in (None, "", "local"):
-        kwargs.update(include_dashboard=False, num_cpus=os.cpu_count())
+    if address in (None, "", "local"):  # its own temp folder, removed at exit once Ray has stopped
+        temp_dir = tempfile.mkdtemp(prefix="blray-", dir="/tmp")
+        atexit.register(_end_local, ray, temp_dir)
+        kwargs.update(include_dashboard=False, num_cpus=os.cpu_count(), _temp_dir=temp_dir)
     try:
-        ray.init(address=None if address in (None, "", "local") else address, log_to_driver=False,
+        ray.init(address="local" if address in (None, "", "local") else address, log_to_driver=False,
                  configure_logging=False, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"cannot connect to the Ray cluster at {address}: {' '.join(str(exc).split())[:200]}") \
             from None
     return ray
+
+
+def _end_local(ray, temp_dir: str) -> None:
+    """At exit: the local Ray this process started is stopped, then its temp folder removed."""
+    ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -139,8 +149,6 @@ class LocalCluster:
 
     def stop(self) -> None:
         """End every node (workers and what they started first), then remove the temp folders."""
-        import shutil
-
         for node in reversed(self.nodes):
             _kill_trees(node.pids)
         shutil.rmtree(self.root, ignore_errors=True)

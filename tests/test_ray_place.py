@@ -115,3 +115,14 @@ def test_a_group_no_live_node_can_hold_any_more_fails_its_points_instead_of_wait
     _give_up_unplaceable(ray, [fits, lost], flight, points, index, view)
     assert flight == {} and killed == ["actor-1"] and lost.todo == [] and view.ended == ["failed", "failed"]
     assert all("no live node can hold it now" in p["reason"] for p in index["points"])
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["sweep", "c.yaml", "--ray"], ["sweep", "c.yaml", "--ray", "local"]),
+    (["sweep", "c.yaml", "--ray", "--out", "o"], ["sweep", "c.yaml", "--ray", "local", "--out", "o"]),
+    (["sweep", "c.yaml", "--ray", "127.0.0.1:6379"], ["sweep", "c.yaml", "--ray", "127.0.0.1:6379"]),
+    (["sweep", "c.yaml", "--ray-cpus", "2"], ["sweep", "c.yaml", "--ray-cpus", "2"])])
+def test_a_bare_ray_option_means_a_local_ray(args, expected):
+    from batchlab.cli.fanout import with_ray_value
+
+    assert with_ray_value(args) == expected
