@@ -49,11 +49,12 @@ class Group:
     tries: dict[int, list[dict]] = field(default_factory=dict)
 
 
-def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = True) -> dict:
-    """Every point of the grid on the cluster, skipping finished ones; returns the sweep.json index."""
+def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = True, sets: dict | None = None) -> dict:
+    """Every point of the grid on the cluster, skipping finished ones; returns the sweep.json index.
+    `sets`: the sweep's --set overrides, as cli.sweep_plan.load_plan takes them."""
     from batchlab.collector.report.live import SweepView
 
-    plan, out_dir = load_plan(config), Path(out)
+    plan, out_dir = (load_plan(config, sets) if sets else load_plan(config)), Path(out)
     if plan.auto:
         raise SweepError("--ray needs grid.rates as a list (a capacity probe for automatic rates runs "
                          "without --ray: run one, then set the rates it found)")
