@@ -45,6 +45,12 @@ class _OneLineErrors(TyperGroup):
         args = list(sys.argv[1:] if args is None else args)
         return super().main(bool_words(self, args), *rest, **kwargs)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """A bare `--ray` (no address) means a local Ray (Typer has no option with an optional value)."""
+        from batchlab.cli.fanout import with_ray_value
+
+        return super().parse_args(ctx, with_ray_value(args))
+
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
         try:

@@ -63,26 +63,53 @@ def _points(sim: SimPlan, probe: dict | None) -> list[Point]:
     return [Point(sim.plan.entries[0], rates[0], 0, sim.plan.seed, sim.out)]
 
 
-def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None = None) -> list[tuple[Point, dict]]:
-    """Simulate every point (one schedule per rate and seed at a time); (point, summary) in grid order."""
+def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None = None,
+                   fanout=None) -> list[tuple[Point, dict]]:
+    """Simulate every point (the points of one schedule, rate and seed, together: one evaluation each,
+    fanned out by `fanout`, a cli.fanout.Fanout); (point, summary) in grid order."""
+    from batchlab.cli.fanout import Fanout
+
     probe = _probe(sim) if sim.plan.auto and not sim.plan.rates else None
     points = _points(sim, probe)
     configs = [p.config(sim.plan.base) for p in points]
     results: list[dict] = [{} for _ in points]
-    key, schedule, saved = None, None, None
+    groups: dict[tuple, list[int]] = {}
     for i in sorted(range(len(points)), key=lambda i: (configs[i].rate, configs[i].seed)):
-        if (configs[i].rate, configs[i].seed) != key:
-            key, schedule, saved = (configs[i].rate, configs[i].seed), make_schedule(configs[i]), None
-        start_s = time.monotonic()
-        results[i] = simulate_run(configs[i], schedule, slos=sim.slos, saved_schedule=saved)
-        saved = Path(configs[i].out) / SCHEDULE_FILE
-        if sim.layout:
-            _record_point(points[i], results[i], time.monotonic() - start_s)
-        if on_point is not None:
-            on_point(points[i], results[i])
+        groups.setdefault((configs[i].rate, configs[i].seed), []).append(i)
+    fanout = fanout or Fanout()
+    shared = (sim.slos, fanout.ray_address is not None)  # on Ray, folders come back as tarballs
+    outcomes = fanout.map(simulate_group, [[configs[i] for i in g] for g in groups.values()], shared)
+    for indices, outcome in zip(groups.values(), outcomes):
+        for i, (summary, elapsed_s, tar) in zip(indices, outcome):
+            if tar is not None:
+                from batchlab.cli.ray_actor import unpack
+
+                unpack(tar, Path(configs[i].out))
+            results[i] = summary
+            if sim.layout:
+                _record_point(points[i], results[i], elapsed_s)
+            if on_point is not None:
+                on_point(points[i], results[i])
     if sim.layout:
         _write_index(sim, points, probe)
     return list(zip(points, results))
+
+
+def simulate_group(shared: tuple[dict | None, bool], configs: list[RunConfig]) -> list[tuple[dict, float, bytes | None]]:
+    """The points of one schedule simulated in turn (it is built once): (summary, seconds, the folder's
+    tarball when `shared` says to ship it, else None) each."""
+    slos, ship = shared
+    schedule, saved, done = make_schedule(configs[0]), None, []
+    for cfg in configs:
+        start_s = time.monotonic()
+        summary = simulate_run(cfg, schedule, slos=slos, saved_schedule=saved)
+        saved = Path(cfg.out) / SCHEDULE_FILE
+        done.append((summary, time.monotonic() - start_s, None))
+    if ship:  # packed after the group: its later points copied the first one's schedule file
+        from batchlab.cli.ray_actor import pack
+
+        done = [(summary, elapsed_s, pack(Path(cfg.out))) for cfg, (summary, elapsed_s, _) in zip(configs, done)]
+    return done
 
 
 def _record_point(point: Point, summary: dict, elapsed_s: float) -> None:

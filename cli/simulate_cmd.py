@@ -3,6 +3,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchlab.cli.fanout import Fanout, Processes, RayAddress
 from batchlab.cli.options import NumRequests, OutputLens, PromptLens, SloOpt, TraceStart
 from batchlab.cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue,
                                   MaxQueueTok, MaxWait, Opt, Schedule, Seed, StrategyArgs, setting)
@@ -34,10 +35,11 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, strategy_
              max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
              seed: Seed = None, out: Out = None, workers: Workers = None, max_queue: MaxQueue = None,
              max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, slo: SloOpt = None,
-             num_requests: NumRequests = None) -> None:
+             num_requests: NumRequests = None, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
     overrides = dict(locals())
     overrides.pop("config")
+    fanout = Fanout(overrides.pop("processes"), overrides.pop("ray"))
     from batchlab.protocol.settings import ConfigError
     from batchlab.cli.sweep_plan import SweepError
     from batchlab.cli.sim_plan import plan_simulation
@@ -45,7 +47,7 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, strategy_
     from batchlab.traffic.datasets import DatasetError
 
     try:
-        results = run_simulation(plan_simulation(config, overrides))
+        results = run_simulation(plan_simulation(config, overrides), fanout=fanout)
     except (ConfigError, SweepError, DatasetError, ValueError) as exc:  # ValueError: an unknown preset
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(code=1) from None

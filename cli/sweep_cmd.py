@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.protocol.settings import ConfigError
+from batchlab.cli.fanout import ray_option
 from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
 from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, parse_sets,
@@ -182,11 +183,25 @@ def register(app: typer.Typer) -> None:
               resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
               set_: Annotated[Optional[list[str]], typer.Option(
                   "--set", help="override a base setting, KEY=VALUE (a RunConfig name, e.g. duration_s=5), or a "
-                                "grid key, grid.KEY=VALUE (e.g. grid.repeats=2); repeatable")] = None) -> None:
+                                "grid key, grid.KEY=VALUE (e.g. grid.repeats=2); repeatable")] = None,
+              ray: Annotated[Optional[str], ray_option(
+                  help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
+                       "alone: a local Ray); see docs/ray.md")] = None,
+              ray_cpus: Annotated[float, typer.Option(help="--ray: CPUs each point reserves")] = 1.0,
+              ray_gpu_resource: Annotated[str, typer.Option(
+                  help="--ray: the resource GPUs are counted in")] = "GPU",
+              ray_shared: Annotated[bool, typer.Option(
+                  help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
         """Run a grid of strategies × backends × rates × repeats, one real run per point."""
         out = out or str(Path("results") / Path(config).stem)
         try:
-            index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
+            if ray is not None:
+                from batchlab.cli.ray_sweep import RayOptions, run_ray_sweep
+
+                opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
+                index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_))
+            else:
+                index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
         except (SweepError, ConfigError) as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchlab.cli.fanout import Fanout, Processes, RayAddress
 from batchlab.cli.options import (Backend, ConfigOpt, Dataset, Duration, MaxNew, Model, Opt, OutputLens, Preset,
                                   PromptLens, Rate, Seed, SloOpt, Strategy, StrategyArgs)
 from batchlab.protocol.settings import ConfigError, RunConfig
@@ -42,10 +43,12 @@ def tune(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: 
          slo: SloOpt = None, rate: Rate = None, duration_s: Duration = None, dataset: Dataset = None,
          prompt_lengths: PromptLens = None, output_lengths: OutputLens = None, max_new_tokens: MaxNew = None,
          preset: Preset = None, seed: Seed = None, backend: Backend = None, model: Model = None,
-         grid: Grid = None, confirm: Confirm = 0, out: Out = DEFAULT_OUT, top: Top = 20) -> None:
+         grid: Grid = None, confirm: Confirm = 0, out: Out = DEFAULT_OUT, top: Top = 20,
+         processes: Processes = 1, ray: RayAddress = None) -> None:
     """Search a strategy's knobs in the simulator for the highest goodput under --slo (comma list or
     repeated); --confirm K runs the best K live and prints predicted vs measured."""
-    overrides = {k: v for k, v in locals().items() if k not in ("config", "grid", "confirm", "out", "top")}
+    overrides = {k: v for k, v in locals().items()
+                 if k not in ("config", "grid", "confirm", "out", "top", "processes", "ray")}
     overrides["slo"] = [s for item in slo or [] for s in item.split(",") if s.strip()] or None
     from batchlab.cli.config import checked_config
     from batchlab.cli.launcher import RunFailed
@@ -58,13 +61,14 @@ def tune(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: 
             raise ConfigError("batchlab tune needs an SLO to rank by, e.g. --slo ttft=500ms,tpot=50ms")
         if confirm < 0:
             raise ConfigError("--confirm must be ≥ 0")
-        run_tune(cfg, grid or [], Path(out), confirm, top)
+        run_tune(cfg, grid or [], Path(out), confirm, top, Fanout(processes, ray))
     except (ConfigError, DatasetError, RunFailed, OSError, ValueError) as exc:  # ValueError: an unknown preset
         typer.secho(f"error: {' '.join(str(exc).split())}", fg="red", err=True)
         raise typer.Exit(code=1) from None
 
 
-def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: int = 20) -> dict:
+def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: int = 20,
+             fanout: Fanout | None = None) -> dict:
     """Search, print the ranked table, confirm the best `confirm_k` live; OUT/tune.json's record."""
     from batchlab.protocol.files import write_json_atomic
     from batchlab.scheduler.strategies import load_class
@@ -75,7 +79,7 @@ def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: in
     out.mkdir(parents=True, exist_ok=True)
     schedule = make_schedule(cfg)  # one schedule: every candidate sees the same arrivals
     save_schedule(schedule, out / "schedule.parquet")
-    ranked = search(cfg, schedule, space)
+    ranked = search(cfg, schedule, space, fanout)
     untuned = {k: v for k, v in _params(cfg).items() if k in space}
     record = {"strategy": cfg.strategy, "slos": cfg.slos(), "space": space, "held": held,
               "notes": [NO_CHUNK_NOTE] if load_class(cfg.strategy).mode == "continuous" else [],
@@ -151,10 +155,17 @@ def candidates(space: dict[str, list]) -> list[dict]:
     return [dict(zip(space, values)) for values in itertools.product(*space.values())]
 
 
-def search(cfg: RunConfig, schedule, space: dict[str, list]) -> list[tuple[dict, dict]]:
-    """(knobs, figures) of every candidate simulated on `schedule`, best first."""
-    results = [(knobs, figures(_simulate(cfg, schedule, knobs))) for knobs in candidates(space)]
-    return sorted(results, key=lambda r: rank_key(r[1]))
+def search(cfg: RunConfig, schedule, space: dict[str, list], fanout: Fanout | None = None) -> list[tuple[dict, dict]]:
+    """(knobs, figures) of every candidate simulated on `schedule` (fanned out: cli.fanout), best first."""
+    tried = candidates(space)
+    scored = (fanout or Fanout()).map(_score, [(cfg, knobs) for knobs in tried], schedule)
+    return sorted(zip(tried, scored), key=lambda r: rank_key(r[1]))
+
+
+def _score(schedule, item: tuple[RunConfig, dict]) -> dict:
+    """One candidate's figures (a module-level function: local processes and Ray pickle it by name)."""
+    cfg, knobs = item
+    return figures(_simulate(cfg, schedule, knobs))
 
 
 def rank_key(figs: dict) -> tuple:
