@@ -1,6 +1,7 @@
 """`batchlab sweep CONFIG`: strategies × backends × rates × repeats, one real run per point, resumable.
 
-Layout: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic rates) and
+Layout: OUT/sweep.json (the index), with automatic rates OUT/capacity.json, OUT/_probe/ and OUT/_capacity/
+(each strategy's capacity search: cli.capacity_search), and
 OUT/<label>/rate-<r>/rep-<k>/ (one run each). A point is done when its point.json exists, written only
 after its run returned: summary.json alone proves nothing, since the collector also writes one for a
 run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
@@ -17,8 +18,9 @@ from batchlab.protocol.settings import ConfigError
 from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
 from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, plan_points,
-                                     probe_point, warm_order)
-from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
+                                     span_rates, warm_order)
+from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR,
+                                       WORKERS_DIR)
 from batchlab.protocol.files import write_json_atomic
 
 
@@ -69,24 +71,26 @@ def _write_json(path: Path, data: dict) -> None:
     write_json_atomic(path, data, default=str)
 
 
-def probe_capacity(plan: Plan, out: Path, on_tick=None, pools: PoolKeeper | None = None) -> dict:
-    """A short saturating run (a burst of requests) on the probe entry: capacity = finished / window."""
-    folder = out / PROBE_DIR
-    if (folder / DONE_FILE).exists():  # resume keeps the rates the sweep started with
-        return json.loads((folder / DONE_FILE).read_text())["probe"]
-    point, duration_s = probe_point(plan, folder)
-    wanted = point.entry.label
-    base = {**plan.base, "duration_s": duration_s, "max_queue": 0}
-    record = execute(point, base, on_tick, plan.limits(), pools)
-    if record["status"] != "done":
-        raise SweepError(f"the capacity probe ({wanted}) failed: {record['reason'].splitlines()[0]}")
-    summary = json.loads((folder / "summary.json").read_text())
-    window_s = summary["window_s"] or float("nan")
-    probe = {"label": wanted, "requests": summary["finished"], "window_s": window_s,
-             "capacity_req_s": summary["finished"] / window_s,
-             "saturated": window_s > 1.5 * duration_s}  # else the worker kept up: capacity is a floor
-    _write_json(folder / DONE_FILE, {**record, "probe": probe})
-    return probe
+def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
+    """Every strategy's capacity searched live (OUT/capacity.json), and the rates placed from it."""
+    from batchlab.cli.capacity_search import SearchSettings, run_capacity
+
+    doc = run_capacity(plan, out, SearchSettings.from_auto(plan.auto), pools, view)
+    estimates = {lb: c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for lb, c in doc["strategies"].items()}
+    known = [v for v in estimates.values() if v]
+    if not known:
+        raise SweepError("no strategy's capacity could be bracketed: every probe failed")
+    if plan.auto.get("spanned", True):
+        return doc, span_rates(known, plan.auto)
+    wanted = plan.auto.get("probe") or ("dynamic" if "dynamic" in estimates else plan.entries[0].label)
+    if not estimates.get(wanted):
+        raise SweepError(f"grid.rates.auto.probe: no capacity measured for a strategy labelled {wanted!r}")
+    return doc, auto_rates(estimates[wanted], plan.auto["fractions"])
+
+
+def _bracket_text(c: dict) -> str:
+    lo, hi = c["lo_req_s"], c["hi_req_s"]
+    return f"[{lo if lo is not None else '?'}, {hi if hi is not None else '?'}]"
 
 
 def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
@@ -98,19 +102,21 @@ def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
     plan, out_dir = load_plan(config), Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
-        shutil.rmtree(out_dir / PROBE_DIR, ignore_errors=True)
+        for stale in (PROBE_DIR, CAPACITY_DIR):
+            shutil.rmtree(out_dir / stale, ignore_errors=True)
+        (out_dir / CAPACITY_FILE).unlink(missing_ok=True)
     mixed = interleaved(plan)
     with SweepView() as view, PoolKeeper(out_dir / WORKERS_DIR, keep_all=mixed) as pools:
-        probe = (probe_capacity(plan, out_dir, view.ticker(None, "probe"), pools) if plan.auto else None)
-        rates = plan.rates or auto_rates(probe["capacity_req_s"], plan.auto["fractions"])
-        if probe:
-            view.note(f"capacity of {probe['label']}: {probe['capacity_req_s']:.3g} req/s → rates {rates}")
+        capacity, rates = auto_capacity(plan, out_dir, pools, view) if plan.auto else (None, plan.rates)
+        if capacity:
+            view.note("capacity (req/s): " + ", ".join(f"{lb} {_bracket_text(c)}" for lb, c in
+                                                      capacity["strategies"].items()) + f" → rates {rates}")
         points = plan_points(plan, rates, out_dir)
         if not mixed:
-            points = warm_order(points, plan.base, worker_key, first=probe["label"] if probe else None)
+            points = warm_order(points, plan.base, worker_key, first=plan.entries[-1].label if capacity else None)
         index = {"config": str(config), "base": plan.base, "rates": rates, "repeats": plan.repeats,
                  "order": "interleaved" if mixed else "grouped",
-                 "seed": plan.seed, "probe": probe, "points": [p.record("pending") for p in points],
+                 "seed": plan.seed, "capacity": capacity, "points": [p.record("pending") for p in points],
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))
         for i, point in enumerate(points):

@@ -13,6 +13,9 @@ from batchlab.scheduler.strategies import label as strategy_label
 DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 PROBE_REQUESTS = 32  # sent within probe_duration_s: a burst far above any worker's capacity
 PROBE_DURATION_S = 1.0
+SPAN_POINTS = 5  # automatic rates: log-spaced from SPAN_LOW × the lowest capacity to SPAN_HIGH × the highest
+SPAN_LOW = 0.3
+SPAN_HIGH = 1.3
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # model loads, engine compilation and warm-up: minutes on a slow host
 ORDERS = ("auto", "interleaved", "grouped")
 GRID_KEYS = frozenset({"strategies", "rates", "repeats", "seed", "point_timeout_s", "startup_timeout_s", "order"})
@@ -96,10 +99,16 @@ def _entry(item: object, base: dict) -> Entry:
 
 
 def _rates(raw: object) -> tuple[list[float], dict]:
-    """A list of req/s, or {auto: {fractions, probe_duration_s, probe_requests, probe}}."""
+    """A list of req/s, or {auto: {...}}: every strategy's capacity searched (cli.capacity_search), then
+    `points` rates log-spaced from `low` × the lowest capacity to `high` × the highest, or, when
+    `fractions` are given, those fractions of the `probe` entry's capacity."""
     if isinstance(raw, dict):
         auto = _keys(raw.get("auto", raw) or {})
+        auto["spanned"] = "fractions" not in auto
         auto.setdefault("fractions", list(DEFAULT_FRACTIONS))
+        if int(auto.get("points", SPAN_POINTS)) < 2 or not 0 < float(auto.get("low", SPAN_LOW)) < float(
+                auto.get("high", SPAN_HIGH)):
+            raise SweepError("grid.rates.auto needs points ≥ 2 and 0 < low < high")
         return [], auto
     if not isinstance(raw, list) or not raw or not all(isinstance(r, (int, float)) and r > 0
                                                        for r in raw):
@@ -185,6 +194,15 @@ def probe_point(plan: Plan, folder: Path) -> tuple[Point, float]:
     duration_s = float(auto.get("probe_duration_s", PROBE_DURATION_S))
     n = int(auto.get("probe_requests", PROBE_REQUESTS))
     return Point(entry, n / duration_s, 0, plan.seed, folder), duration_s
+
+
+def span_rates(capacities_req_s: list[float], auto: dict) -> list[float]:
+    """Rates that show every knee: `points` log-spaced from low × the lowest capacity to high × the highest
+    (3 significant digits, distinct)."""
+    lowest = float(auto.get("low", SPAN_LOW)) * min(capacities_req_s)
+    highest = float(auto.get("high", SPAN_HIGH)) * max(capacities_req_s)
+    n = int(auto.get("points", SPAN_POINTS))
+    return sorted({float(f"{lowest * (highest / lowest) ** (i / (n - 1)):.3g}") for i in range(n)})
 
 
 def auto_rates(capacity_req_s: float, fractions: list[float]) -> list[float]:

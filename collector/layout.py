@@ -7,3 +7,5 @@ DONE_FILE = "point.json"  # a point whose run returned (summary.json alone is al
 FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
 PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
 WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, between points)
+CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<label>/rate-<r>/rep-0 (the bursts: _probe/<label>)
+CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes
