@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from batchlab.cli.sweep_plan import Entry, Plan, Point, SweepError
-from batchlab.collector.capacity import MAX_PROBES, WIDTH, Capacity, Probe, Verdict, search, sustain
+from batchlab.collector.capacity import (MAX_PROBES, WIDTH, Capacity, Probe, Verdict, search, sustain,
+                                        tokens_per_request)
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, PROBE_DIR
 from batchlab.protocol.files import write_json_atomic
 
@@ -39,12 +40,6 @@ class SearchSettings:
                    float(auto.get("probe_duration_s", BURST_DURATION_S)),
                    float(auto.get("search_duration_s", PROBE_DURATION_S)),
                    float(auto.get("width", WIDTH)), int(auto.get("max_probes", MAX_PROBES)))
-
-
-def tokens_per_request(requests: pd.DataFrame) -> float | None:
-    """Mean output tokens of the finished requests (None when none finished)."""
-    done = requests[requests["status"] == "finished"]
-    return float(done["n_tokens"].mean()) if len(done) else None
 
 
 def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict | None, folder: str = "") -> Probe:

@@ -176,11 +176,18 @@ def search(label: str, start_req_s: float, measure: Measure, *, width: float = W
     return Capacity(label, *bracket(probes), probes=probes, start_req_s=start_req_s)
 
 
+def tokens_per_request(requests: pd.DataFrame) -> float | None:
+    """Mean output tokens of the finished requests (None when none finished)."""
+    done = requests[requests["status"] == "finished"]
+    return float(done["n_tokens"].mean()) if len(done) else None
+
+
 def from_runs(label: str, runs: list[tuple[float, pd.DataFrame, float]], slos: dict | None = None) -> Capacity:
     """A bracket from fixed grid rates: (rate, requests table, duration_s) per run; a rate with several
     repeats is sustained only when every repeat is."""
-    by_rate: dict[float, list[Verdict]] = {}
+    by_rate: dict[float, list[Probe]] = {}
     for rate, requests, duration_s in runs:
-        by_rate.setdefault(rate, []).append(sustain(requests, duration_s, slos))
-    probes = [Probe(rate, next((v for v in vs if not v.sustained), vs[0])) for rate, vs in sorted(by_rate.items())]
+        by_rate.setdefault(rate, []).append(Probe(rate, sustain(requests, duration_s, slos),
+                                                  tokens_per_request=tokens_per_request(requests)))
+    probes = [next((p for p in ps if not p.verdict.sustained), ps[0]) for _, ps in sorted(by_rate.items())]
     return Capacity(label, *bracket(probes), probes=probes)
