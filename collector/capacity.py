@@ -4,10 +4,13 @@ a `measure(rate)` it is given (a live point, or a simulated one) and opens nothi
 
 Sustained means: served ≥ SERVED_MIN of the requests planned, the waiting queue not growing over the
 second half of the traffic (a least-squares slope of the queue length, times that half's length, at
-most max(QUEUE_SLACK, QUEUE_GROWTH_SHARE × the half's arrivals)), and, when SLOs are given, goodput ≥
+most max(QUEUE_SLACK, the largest batch launched, QUEUE_GROWTH_SHARE × the half's arrivals): a static
+batch empties the queue in steps of a batch), and, when SLOs are given, goodput ≥
 GOODPUT_MIN. The search grows geometrically from a start rate until it has a sustained and an
 unsustained rate, then bisects in log space until hi / lo ≤ 1 + width or max_probes runs were made.
-Capacity is the bracket [highest sustained, lowest unsustained], its point estimate the geometric mean.
+Capacity is the bracket [highest sustained, lowest unsustained], in the arrival rates those runs offered (a
+seeded Poisson schedule of a few seconds is some percent off its nominal rate, the same for every strategy),
+its point estimate the geometric mean.
 """
 import math
 from collections.abc import Callable
@@ -20,7 +23,7 @@ from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90
-QUEUE_SLACK = 4.0  # requests: a short run's queue wanders by a batch or so without growing
+QUEUE_SLACK = 4.0  # requests (or the largest batch launched, if larger): a queue wanders that much unbounded
 QUEUE_GROWTH_SHARE = 0.03  # of the second half's arrivals: growth below this is noise, not a trend
 QUEUE_SAMPLES = 256  # points of the queue-length curve the slope is fitted to
 GROW_FACTOR = 1.5  # rate step while the bracket is open on one side
@@ -37,6 +40,7 @@ class Verdict:
     served_share: float
     queue_growth: float  # requests gained by the waiting queue over the traffic's second half
     goodput: float | None = None
+    offered_req_s: float | None = None  # arrivals ÷ duration: a seeded Poisson schedule is off its nominal rate
 
     def as_dict(self) -> dict:
         """Plain dict (capacity.json)."""
@@ -72,6 +76,14 @@ def queue_growth(requests: pd.DataFrame, duration_s: float) -> tuple[float, int]
     return float(slope * half_s), int(((arrivals >= half_s) & (arrivals <= duration_s)).sum())
 
 
+def _largest_batch(requests: pd.DataFrame) -> int:
+    """The most requests launched together (one static batch); 0 without batch ids."""
+    if "batch_id" not in requests:
+        return 0
+    ids = requests.loc[requests["batch_id"] >= 0, "batch_id"]
+    return int(ids.value_counts().max()) if len(ids) else 0
+
+
 def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None) -> Verdict:
     """The verdict on one run's requests table (every planned request a row; times in s since t0)."""
     n = len(requests)
@@ -80,28 +92,35 @@ def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None)
     reasons = []
     if served < SERVED_MIN:
         reasons.append(f"served {served:.1%} < {SERVED_MIN:.0%}")
-    limit = max(QUEUE_SLACK, QUEUE_GROWTH_SHARE * arrived)
+    limit = max(QUEUE_SLACK, _largest_batch(requests), QUEUE_GROWTH_SHARE * arrived)
     if growth > limit:
         reasons.append(f"queue grew by {growth:.1f} requests over the second half (limit {limit:.1f})")
     share = goodput(requests, slos)["fraction"] if slos and n else None
     if share is not None and share < GOODPUT_MIN:
         reasons.append(f"goodput {share:.1%} < {GOODPUT_MIN:.0%}")
-    return Verdict(not reasons, reasons, served, growth, share)
+    arrivals = requests["arrival_time"].to_numpy(dtype="float64")
+    offered = float(((arrivals >= 0) & (arrivals <= duration_s)).sum() / duration_s) if duration_s > 0 else None
+    return Verdict(not reasons, reasons, served, growth, share, offered)
 
 
 @dataclass(slots=True)
 class Probe:
     """One measured rate of a search."""
 
-    rate_req_s: float
+    rate_req_s: float  # the nominal rate asked for (the schedule's λ)
     verdict: Verdict
     folder: str = ""
     tokens_per_request: float | None = None  # mean output tokens of its finished requests
 
+    @property
+    def offered_req_s(self) -> float:
+        """The arrival rate the worker actually faced (the nominal rate when not measured)."""
+        return self.verdict.offered_req_s or self.rate_req_s
+
 
 @dataclass(slots=True)
 class Capacity:
-    """A strategy's capacity bracket [lo, hi] (req/s; None: open on that side) and the probes behind it."""
+    """A strategy's capacity bracket [lo, hi] (offered req/s; None: open on that side) and the probes behind it."""
 
     label: str
     lo_req_s: float | None
@@ -132,12 +151,20 @@ class Capacity:
 
 
 def bracket(probes: list[Probe]) -> tuple[float | None, float | None]:
-    """(highest sustained rate below the lowest unsustained one, lowest unsustained rate)."""
+    """(highest sustained nominal rate below the lowest unsustained one, lowest unsustained nominal rate)."""
     failing = [p.rate_req_s for p in probes if not p.verdict.sustained]
     hi = min(failing, default=None)
     lo = max((p.rate_req_s for p in probes if p.verdict.sustained and (hi is None or p.rate_req_s < hi)),
              default=None)
     return lo, hi
+
+
+def capacity_of(label: str, probes: list[Probe], start_req_s: float | None = None) -> Capacity:
+    """The bracket of these probes in the rates they offered (every strategy replays the same schedule, so
+    its arrivals are the same multiple of the nominal rate for all)."""
+    offered = {p.rate_req_s: p.offered_req_s for p in probes}
+    lo, hi = bracket(probes)
+    return Capacity(label, offered.get(lo), offered.get(hi), probes, start_req_s)
 
 
 def _rounded(rate: float) -> float:
@@ -173,7 +200,7 @@ def search(label: str, start_req_s: float, measure: Measure, *, width: float = W
     probes: list[Probe] = []
     while (rate := next_rate(probes, start_req_s, width=width, max_probes=max_probes, factor=factor)) is not None:
         probes.append(measure(rate))
-    return Capacity(label, *bracket(probes), probes=probes, start_req_s=start_req_s)
+    return capacity_of(label, probes, start_req_s)
 
 
 def tokens_per_request(requests: pd.DataFrame) -> float | None:
@@ -190,4 +217,4 @@ def from_runs(label: str, runs: list[tuple[float, pd.DataFrame, float]], slos: d
         by_rate.setdefault(rate, []).append(Probe(rate, sustain(requests, duration_s, slos),
                                                   tokens_per_request=tokens_per_request(requests)))
     probes = [next((p for p in ps if not p.verdict.sustained), ps[0]) for _, ps in sorted(by_rate.items())]
-    return Capacity(label, *bracket(probes), probes=probes)
+    return capacity_of(label, probes)

@@ -119,14 +119,15 @@ def test_the_search_in_the_simulator_finds_the_fixed_service_times_capacity(tmp_
         assert cap.as_dict()["estimate_tok_s"] == pytest.approx(OUT / SERVICE_S, rel=0.05)
 
 
-def test_brackets_from_fixed_grid_rates_use_the_same_criterion(tmp_path):
-    arrivals = np.arange(0, 20, 0.1)
-    keeps_up = requests_table(arrivals, arrivals + 0.01)
-    falls_behind = requests_table(arrivals, np.arange(len(arrivals)) * 0.2)
-    cap = from_runs("x", [(5.0, keeps_up, 20.0), (10.0, keeps_up, 20.0), (10.0, falls_behind, 20.0),
-                          (20.0, falls_behind, 20.0)])
-    assert (cap.lo_req_s, cap.hi_req_s) == (5.0, 10.0)  # at 10 one repeat fell behind: not sustained
-    assert cap.as_dict()["lo_tok_s"] == pytest.approx(20.0)
+def test_brackets_from_fixed_grid_rates_use_the_same_criterion_in_offered_rates():
+    def run(rate: float, served_req_s: float) -> tuple[float, pd.DataFrame, float]:
+        arrivals = np.arange(0, 20, 1 / (0.9 * rate))  # the schedule offered 90% of its nominal rate
+        launches = np.maximum(arrivals, np.arange(len(arrivals)) / served_req_s)
+        return rate, requests_table(arrivals, launches), 20.0
+
+    cap = from_runs("x", [run(5.0, 50), run(10.0, 50), run(10.0, 5), run(20.0, 5)])
+    assert cap.lo_req_s == pytest.approx(4.5) and cap.hi_req_s == pytest.approx(9.0)  # one repeat at 10 fell behind
+    assert cap.as_dict()["lo_tok_s"] == pytest.approx(18.0)
 
 
 def test_automatic_rates_span_every_capacity_log_spaced():
