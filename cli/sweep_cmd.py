@@ -127,7 +127,26 @@ def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
                 index["points"][i] = execute(point, plan.base, view.ticker(point, "run"), plan.limits(), pools)
             view.finished(point, index["points"][i])
             _write_json(out_dir / INDEX_FILE, index)
+        if plan.repeats_auto:
+            index = _more_repeats(plan, out_dir, index, pools, view, resume)
     return index
+
+
+def _more_repeats(plan: Plan, out_dir: Path, index: dict, pools: PoolKeeper, view, resume: bool) -> dict:
+    """repeats: auto (cli.sweep_repeats): extra repeats of the headline's comparisons, each point run (or
+    skipped on resume) as the grid's are."""
+    from batchlab.cli.sweep_repeats import run_more_repeats
+
+    def run_point(point: Point) -> dict:
+        done_file = point.folder / DONE_FILE
+        if resume and done_file.exists():
+            record = json.loads(done_file.read_text()) | {"status": "skipped"}
+        else:
+            record = execute(point, plan.base, view.ticker(point, "repeat"), plan.limits(), pools)
+        view.finished(point, record)
+        return record
+
+    return run_more_repeats(plan, out_dir, index, run_point, lambda doc: _write_json(out_dir / INDEX_FILE, doc))
 
 
 def register(app: typer.Typer) -> None:
