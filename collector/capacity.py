@@ -3,10 +3,9 @@ search over rates that finds the highest rate sustained. Pure: tables in, number
 a `measure(rate)` it is given (a live point, or a simulated one) and opens nothing itself.
 
 Sustained means: served ≥ SERVED_MIN of the requests planned, the waiting queue not growing over the
-second half of the traffic (a least-squares slope of the queue length, times that half's length, at
-most max(QUEUE_SLACK, the largest batch launched, QUEUE_GROWTH_SHARE × the half's arrivals): a static
-batch empties the queue in steps of a batch), and, when SLOs are given, goodput ≥
-GOODPUT_MIN. The search grows geometrically from a start rate until it has a sustained and an
+second half of the traffic (the least-squares slope of the queue length read just after each launch, so
+a static batch's fill-and-empty sawtooth does not count, times that half's length: at most
+max(QUEUE_SLACK, QUEUE_GROWTH_SHARE × the half's arrivals)), and, with SLOs, goodput ≥ GOODPUT_MIN. The search grows geometrically from a start rate until it has a sustained and an
 unsustained rate, then bisects in log space until hi / lo ≤ 1 + width or max_probes runs were made.
 Capacity is the bracket [highest sustained, lowest unsustained], in the arrival rates those runs offered (a
 seeded Poisson schedule of a few seconds is some percent off its nominal rate, the same for every strategy),
@@ -23,9 +22,10 @@ from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90
-QUEUE_SLACK = 4.0  # requests (or the largest batch launched, if larger): a queue wanders that much unbounded
+QUEUE_SLACK = 4.0  # requests: a stable queue read after each launch wanders about this much in a short run
 QUEUE_GROWTH_SHARE = 0.03  # of the second half's arrivals: growth below this is noise, not a trend
-QUEUE_SAMPLES = 256  # points of the queue-length curve the slope is fitted to
+QUEUE_SAMPLES = 256  # points of the queue-length curve the slope is fitted to (too few launches to read after)
+MIN_LAUNCHES = 4
 GROW_FACTOR = 1.5  # rate step while the bracket is open on one side
 WIDTH = 0.15  # stop when hi / lo ≤ 1 + WIDTH
 MAX_PROBES = 6
@@ -67,21 +67,22 @@ def waiting(requests: pd.DataFrame, times_s: np.ndarray) -> np.ndarray:
     return (np.searchsorted(arrivals, times_s, side="right") - np.searchsorted(left, times_s, side="right"))
 
 
+def _sample_times(requests: pd.DataFrame, start_s: float, end_s: float) -> np.ndarray:
+    """When to read the queue: just after each launch in [start_s, end_s] (what a batch leaves behind, free
+    of the fill-and-empty sawtooth of static batches), else evenly spaced when fewer than MIN_LAUNCHES."""
+    launches = np.unique(requests["scheduled_time"].dropna().to_numpy(dtype="float64"))
+    launches = launches[(launches >= start_s) & (launches <= end_s)]
+    return launches if launches.size >= MIN_LAUNCHES else np.linspace(start_s, end_s, QUEUE_SAMPLES)
+
+
 def queue_growth(requests: pd.DataFrame, duration_s: float) -> tuple[float, int]:
-    """(requests the queue gained over [duration_s / 2, duration_s] by its fitted slope, arrivals there)."""
+    """(requests the queue gained over [duration_s / 2, duration_s] by the least-squares slope of its length
+    after each launch, arrivals there)."""
     half_s = duration_s / 2
-    times = np.linspace(half_s, duration_s, QUEUE_SAMPLES)
+    times = _sample_times(requests, half_s, duration_s)
     slope = np.polyfit(times, waiting(requests, times).astype("float64"), 1)[0] if half_s > 0 else 0.0
     arrivals = requests["arrival_time"].to_numpy(dtype="float64")
     return float(slope * half_s), int(((arrivals >= half_s) & (arrivals <= duration_s)).sum())
-
-
-def _largest_batch(requests: pd.DataFrame) -> int:
-    """The most requests launched together (one static batch); 0 without batch ids."""
-    if "batch_id" not in requests:
-        return 0
-    ids = requests.loc[requests["batch_id"] >= 0, "batch_id"]
-    return int(ids.value_counts().max()) if len(ids) else 0
 
 
 def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None) -> Verdict:
@@ -92,7 +93,7 @@ def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None)
     reasons = []
     if served < SERVED_MIN:
         reasons.append(f"served {served:.1%} < {SERVED_MIN:.0%}")
-    limit = max(QUEUE_SLACK, _largest_batch(requests), QUEUE_GROWTH_SHARE * arrived)
+    limit = max(QUEUE_SLACK, QUEUE_GROWTH_SHARE * arrived)
     if growth > limit:
         reasons.append(f"queue grew by {growth:.1f} requests over the second half (limit {limit:.1f})")
     share = goodput(requests, slos)["fraction"] if slos and n else None

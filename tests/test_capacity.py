@@ -21,17 +21,18 @@ FIXED_PRESET = {"name": "fixed", "weights_bytes": 0, "kv_bytes_per_token": 0, "b
                 "memory_bytes": 1e12}
 
 
-def fixed_service_config(tmp_path, duration_s: float, strategies: str = "[naive]", rates: str = "") -> str:
+def fixed_service_config(tmp_path, duration_s: float) -> str:
     """A sweep YAML on the sim backend with a fixed per-request service time."""
     import yaml
 
     preset = tmp_path / "fixed.yaml"
     preset.write_text(yaml.safe_dump(FIXED_PRESET))
     config = tmp_path / "fixed-sweep.yaml"
+    search = f"{{search_duration_s: {duration_s}, width: 0.04, max_probes: 12}}"
     config.write_text(
         f"base: {{backend: sim, preset: {preset}, dataset: synthetic, prompt_lengths: 16, output_lengths: {OUT}, "
         f"max_new_tokens: {OUT}, batch_size: 1, max_batch_size: 1, duration_s: 4, warmup_requests: 0}}\n"
-        f"grid: {{strategies: {strategies}, rates: {rates or '{auto: {search_duration_s: ' + str(duration_s) + ', width: 0.04, max_probes: 12}}'}}}\n")
+        f"grid: {{strategies: [naive], rates: {{auto: {search}}}}}\n")
     return str(config)
 
 
