@@ -12,9 +12,11 @@ Duration = Annotated[Optional[float], typer.Option("--duration-s", help="traffic
 Width = Annotated[Optional[float], typer.Option(help="stop when hi / lo ≤ 1 + width")]
 Probes = Annotated[Optional[int], typer.Option(help="at most this many probes per strategy")]
 Simulated = Annotated[bool, typer.Option("--simulate", help="search in virtual time (sim backend's model)")]
+Preset = Annotated[Optional[str], typer.Option(help="with --simulate: the step-time preset (name or file)")]
 
 
-def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dict, simulated: bool) -> dict:
+def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dict, simulated: bool,
+                     preset: str | None = None) -> dict:
     """Load the plan, search every (or each listed) strategy; capacity.json's content."""
     from batchlab.cli.capacity_search import SearchSettings, SimulatedSearch, capacity_document, run_capacity
     from batchlab.cli.capacity_search import search_all
@@ -29,6 +31,7 @@ def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dic
     auto = {**plan.auto, **{k: v for k, v in given.items() if v is not None}}
     settings = SearchSettings.from_auto(auto)
     if simulated:
+        plan.base.update({"preset": preset} if preset else {})
         return capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, labels), settings)
     from batchlab.collector.report.live import SweepView
 
@@ -43,7 +46,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def capacity(config: Config, *, out: Out = None, strategy: Labels = None, duration_s: Duration = None,
-                 width: Width = None, max_probes: Probes = None, simulate: Simulated = False) -> None:
+                 width: Width = None, max_probes: Probes = None, simulate: Simulated = False,
+                 preset: Preset = None) -> None:
         """Each strategy's capacity: served ≥ 99%, queue not growing, SLOs met by ≥ 90% (with SLOs)."""
         from batchlab.cli.sweep_plan import SweepError
         from batchlab.collector.report.capacities import capacity_text
@@ -53,7 +57,7 @@ def register(app: typer.Typer) -> None:
         labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
         given = {"search_duration_s": duration_s, "width": width, "max_probes": max_probes}
         try:
-            doc = run_capacity_cmd(config, out, labels, given, simulate)
+            doc = run_capacity_cmd(config, out, labels, given, simulate, preset)
         except (SweepError, ConfigError, ValueError) as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None

@@ -143,3 +143,17 @@ def test_automatic_rates_reject_an_empty_span(tmp_path):
     config.write_text("base: {backend: sim}\ngrid: {strategies: [naive], rates: {auto: {low: 2, high: 1}}}\n")
     with pytest.raises(SweepError, match="low < high"):
         load_plan(config)
+
+
+def test_the_capacity_command_searches_in_virtual_time_and_names_bad_labels(tmp_path):
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    config = fixed_service_config(tmp_path, duration_s=120)
+    result = CliRunner().invoke(app, ["capacity", config, "--simulate"])
+    assert result.exit_code == 0, result.output
+    row = next(ln for ln in result.output.splitlines() if ln.startswith("naive"))
+    assert float(row.split()[1]) == pytest.approx(1 / SERVICE_S, rel=0.05)
+    bad = CliRunner().invoke(app, ["capacity", config, "--simulate", "--strategy", "nope"])
+    assert bad.exit_code == 1 and "no grid entry labelled nope" in bad.output
