@@ -84,7 +84,7 @@ class LiveSearch:
             raise SweepError(f"the capacity burst on {entry.label} failed: {record['reason'].splitlines()[0]}")
         rate = _saturated_rate(json.loads((point.folder / "summary.json").read_text()))
         if not rate > 0:
-            raise SweepError(f"the capacity burst on {entry.label} finished no request")
+            raise SweepError(f"the capacity burst on {entry.label} finished no request within the point's limit")
         return rate
 
     def measure(self, entry: Entry):
@@ -124,6 +124,8 @@ class SimulatedSearch:
     def start_rate(self, entry: Entry) -> float:
         """The burst's finished ÷ window in virtual time."""
         _, summary, _ = self._requests(*_burst_point(self.plan, entry, Path("."), self.s))
+        if not _saturated_rate(summary) > 0:
+            raise SweepError(f"the simulated capacity burst on {entry.label} finished no request")
         return _saturated_rate(summary)
 
     def measure(self, entry: Entry):
@@ -136,11 +138,19 @@ class SimulatedSearch:
         return measure
 
 
+def search_one(entry: Entry, runner, settings: SearchSettings) -> Capacity:
+    """One entry's search; a burst that failed or finished nothing leaves that entry unmeasured (with the
+    reason), not the others."""
+    try:
+        start = runner.start_rate(entry)
+    except SweepError as exc:
+        return Capacity(entry.label, None, None, note=str(exc))
+    return search(entry.label, start, runner.measure(entry), width=settings.width, max_probes=settings.max_probes)
+
+
 def search_all(plan: Plan, runner, settings: SearchSettings, labels: list[str] | None = None) -> dict[str, Capacity]:
     """Each entry's (or each labelled one's) capacity, in grid order."""
-    entries = [e for e in plan.entries if labels is None or e.label in labels]
-    return {e.label: search(e.label, runner.start_rate(e), runner.measure(e), width=settings.width,
-                            max_probes=settings.max_probes) for e in entries}
+    return {e.label: search_one(e, runner, settings) for e in plan.entries if labels is None or e.label in labels}
 
 
 def capacity_document(capacities: dict[str, Capacity], settings: SearchSettings) -> dict:

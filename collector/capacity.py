@@ -128,6 +128,7 @@ class Capacity:
     hi_req_s: float | None
     probes: list[Probe] = field(default_factory=list)
     start_req_s: float | None = None
+    note: str = ""  # why there is no bracket (the burst that places the first probe failed)
 
     @property
     def estimate_req_s(self) -> float | None:
@@ -148,7 +149,7 @@ class Capacity:
                    **p.verdict.as_dict()} for p in self.probes]
         return {"label": self.label, "lo_req_s": self.lo_req_s, "hi_req_s": self.hi_req_s,
                 "estimate_req_s": self.estimate_req_s, **tok, "tokens_per_request": tpr,
-                "start_req_s": self.start_req_s, "probes": probes}
+                "start_req_s": self.start_req_s, "probes": probes, **({"note": self.note} if self.note else {})}
 
 
 def bracket(probes: list[Probe]) -> tuple[float | None, float | None]:

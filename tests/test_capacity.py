@@ -157,3 +157,22 @@ def test_the_capacity_command_searches_in_virtual_time_and_names_bad_labels(tmp_
     assert float(row.split()[1]) == pytest.approx(1 / SERVICE_S, rel=0.05)
     bad = CliRunner().invoke(app, ["capacity", config, "--simulate", "--strategy", "nope"])
     assert bad.exit_code == 1 and "no grid entry labelled nope" in bad.output
+
+
+def test_a_strategy_whose_burst_failed_is_left_unmeasured_without_stopping_the_others():
+    from batchlab.cli.capacity_search import search_one
+    from batchlab.cli.sweep_plan import Entry
+
+    class Runner:
+        def start_rate(self, entry):
+            if entry.label == "slow":
+                raise SweepError("the capacity burst on slow finished no request within the point's limit")
+            return 5.0
+
+        def measure(self, entry):
+            return threshold_measure(7.3, [])
+
+    settings = SearchSettings(width=0.1, max_probes=20)
+    slow, fine = (search_one(Entry(lb, {}), Runner(), settings) for lb in ("slow", "fine"))
+    assert (slow.lo_req_s, slow.hi_req_s, slow.probes) == (None, None, []) and "finished no request" in slow.note
+    assert slow.as_dict()["note"] == slow.note and fine.lo_req_s <= 7.3 < fine.hi_req_s

@@ -42,7 +42,7 @@ def bracket_text(c: dict, unit: str = "req_s") -> str:
         return f"≥ {sig(lo)} (no failing rate measured)"
     if hi is not None:
         return f"< {sig(hi)} (no rate sustained)"
-    return "not measured"
+    return f"not measured ({c['note']})" if c.get("note") and unit == "req_s" else "not measured"
 
 
 def _probes_text(c: dict) -> str:
