@@ -230,9 +230,9 @@ def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None,
     _role(traffic_role, _config(config, overrides, replay=True), scheduler)
 
 
-from batchlab.cli import calibrate_cmd, tune_cmd  # noqa: E402
+from batchlab.cli import calibrate_cmd, capacity_cmd, tune_cmd  # noqa: E402
 
-for _command in (sweep_cmd, report_cmd, simulate_cmd, tune_cmd, calibrate_cmd):
+for _command in (sweep_cmd, capacity_cmd, report_cmd, simulate_cmd, tune_cmd, calibrate_cmd):
     _command.register(app)
 restore_sigint()  # imported: a Ctrl-C is a KeyboardInterrupt again (exit 130, see _OneLineErrors)
 

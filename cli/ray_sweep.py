@@ -17,7 +17,7 @@ from pathlib import Path
 from batchlab.cli.pool import worker_key
 from batchlab.cli.ray_cluster import connect
 from batchlab.cli.ray_place import Ask, ask, declares_gpu_memory, refusals
-from batchlab.cli.sweep_cmd import preflight, stale_point
+from batchlab.cli.sweep_cmd import preflight, reused
 from batchlab.cli.sweep_plan import Point, SweepError, load_plan, plan_points
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE
 from batchlab.protocol.files import write_json_atomic
@@ -105,17 +105,7 @@ def _groups(points: list[Point], base: dict, opts: RayOptions, nodes: list[dict]
 
 def _skipped(points: list[Point], base: dict, resume: bool, view) -> list[int]:
     """Indices of done points whose recorded configuration is the one planned now."""
-    kept = []
-    for i, p in enumerate(points):
-        if not (resume and (p.folder / DONE_FILE).exists()):
-            continue
-        changed = stale_point(p, base)
-        if changed:
-            view.note(f"{'/'.join(p.folder.parts[-3:])}: measured with another configuration "
-                      f"({'; '.join(changed)}); measuring it again")
-        else:
-            kept.append(i)
-    return kept
+    return [i for i, p in enumerate(points) if reused(p, base, resume, view) is not None]
 
 
 def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out_dir: Path,

@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
         except ReportError as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None
+        typer.echo("capacity (estimate [highest sustained, lowest not sustained]):")
+        for line in result.capacity_lines:
+            typer.echo(f"  {line}")
         for line in result.headlines:
-            typer.echo(line)
+            typer.echo(f"- {line}")
         typer.echo(f"report: {result.path} ({len(result.plots)} plots beside it)")

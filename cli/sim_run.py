@@ -1,6 +1,7 @@
 """`batchlab simulate`'s runs: each point of a SimPlan simulated and written as a live run's folder.
 
-Automatic rates come from a simulated capacity probe (the live sweep's burst, in virtual time).
+Automatic rates come, as in the live sweep, from every strategy's capacity searched in virtual time
+(or, with grid.rates.auto.fractions, from fractions of a simulated burst's capacity on one strategy).
 """
 import shutil
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from batchlab.cli.sim_plan import SimPlan
-from batchlab.cli.sweep_plan import Point, auto_rates, plan_points, probe_point
+from batchlab.cli.sweep_plan import Point, auto_rates, plan_points, probe_point, span_rates
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
 from batchlab.collector.parts import SCHEDULE_FILE, write_final
 from batchlab.collector.tables import Tables
@@ -56,8 +57,23 @@ def _probe(sim: SimPlan) -> dict:
             "capacity_req_s": summary["finished"] / window_s, "saturated": window_s > 1.5 * duration_s}
 
 
-def _points(sim: SimPlan, probe: dict | None) -> list[Point]:
-    rates = sim.plan.rates or auto_rates(probe["capacity_req_s"], sim.plan.auto["fractions"])
+def _capacity(sim: SimPlan) -> dict:
+    """Every strategy's capacity searched in virtual time (cli.capacity_search), as capacity.json holds it."""
+    from batchlab.cli.capacity_search import SearchSettings, SimulatedSearch, capacity_document, search_all
+
+    settings = SearchSettings.from_auto(sim.plan.auto)
+    return capacity_document(search_all(sim.plan, SimulatedSearch(sim.plan, settings), settings), settings)
+
+
+def _auto_rates(sim: SimPlan, probe: dict | None, capacity: dict | None) -> list[float]:
+    if capacity is None:
+        return auto_rates(probe["capacity_req_s"], sim.plan.auto["fractions"])
+    known = [c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for c in capacity["strategies"].values()]
+    return span_rates([v for v in known if v], sim.plan.auto)
+
+
+def _points(sim: SimPlan, probe: dict | None, capacity: dict | None = None) -> list[Point]:
+    rates = sim.plan.rates or _auto_rates(sim, probe, capacity)
     if sim.layout:
         return plan_points(sim.plan, rates, sim.out)
     return [Point(sim.plan.entries[0], rates[0], 0, sim.plan.seed, sim.out)]
@@ -69,8 +85,10 @@ def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None 
     fanned out by `fanout`, a cli.fanout.Fanout); (point, summary) in grid order."""
     from batchlab.cli.fanout import Fanout
 
-    probe = _probe(sim) if sim.plan.auto and not sim.plan.rates else None
-    points = _points(sim, probe)
+    auto = bool(sim.plan.auto) and not sim.plan.rates
+    capacity = _capacity(sim) if auto and sim.plan.auto.get("spanned") else None
+    probe = _probe(sim) if auto and capacity is None else None
+    points = _points(sim, probe, capacity)
     configs = [p.config(sim.plan.base) for p in points]
     results: list[dict] = [{} for _ in points]
     groups: dict[tuple, list[int]] = {}
@@ -91,7 +109,7 @@ def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None 
             if on_point is not None:
                 on_point(points[i], results[i])
     if sim.layout:
-        _write_index(sim, points, probe)
+        _write_index(sim, points, probe, capacity)
     return list(zip(points, results))
 
 
@@ -121,11 +139,11 @@ def _record_point(point: Point, summary: dict, elapsed_s: float) -> None:
     write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline, "simulated": True}, default=str)
 
 
-def _write_index(sim: SimPlan, points: list[Point], probe: dict | None) -> None:
+def _write_index(sim: SimPlan, points: list[Point], probe: dict | None, capacity: dict | None = None) -> None:
     """OUT/sweep.json as `batchlab sweep` writes it (marked simulated)."""
     plan = sim.plan
     rates = sorted({p.rate for p in points})
     index = {"config": sim.config, "base": plan.base, "rates": rates, "repeats": plan.repeats, "seed": plan.seed,
-             "probe": probe, "points": [p.record("done") for p in points],
+             "probe": probe, "capacity": capacity, "points": [p.record("done") for p in points],
              "entries": [{"label": e.label, **e.overrides} for e in plan.entries], "simulated": True}
     write_json_atomic(sim.out / INDEX_FILE, index, default=str)

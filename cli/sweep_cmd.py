@@ -1,6 +1,7 @@
 """`batchlab sweep CONFIG`: strategies × backends × rates × repeats, one real run per point, resumable.
 
-Layout: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic rates) and
+Layout: OUT/sweep.json (the index), with automatic rates OUT/capacity.json, OUT/_probe/ and OUT/_capacity/
+(each strategy's capacity search: cli.capacity_search), and
 OUT/<label>/rate-<r>/rep-<k>/ (one run each). A point is done when its point.json exists, written only
 after its run returned: summary.json alone proves nothing, since the collector also writes one for a
 run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
@@ -18,8 +19,9 @@ from batchlab.cli.fanout import ray_option
 from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
 from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, parse_sets,
-                                     plan_points, probe_point, warm_order)
-from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, RUN_FILE, SUMMARY_FILE, WORKERS_DIR
+                                     plan_points, span_rates, warm_order)
+from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR,
+                                       RUN_FILE, SUMMARY_FILE, WORKERS_DIR)
 from batchlab.collector.vllm_result import point_result
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.identity import config_hash, differences
@@ -77,6 +79,21 @@ def preflight(plan: Plan) -> None:
             raise SweepError(f"grid.strategies {entry.label}: {exc}") from None
 
 
+def reused(point: Point, base: dict, resume: bool, view=None) -> dict | None:
+    """A done point's record, marked skipped, when resuming and it measured what is planned now; else
+    None (to be measured), with a note naming the keys when its configuration changed."""
+    done_file = point.folder / DONE_FILE
+    if not (resume and done_file.exists()):
+        return None
+    changed = stale_point(point, base)
+    if not changed:
+        return json.loads(done_file.read_text()) | {"status": "skipped"}
+    if view is not None:
+        view.note(f"{'/'.join(point.folder.parts[-3:])}: measured with another configuration "
+                  f"({'; '.join(changed)}); measuring it again")
+    return None
+
+
 def stale_point(point: Point, base: dict) -> list[str]:
     """How a done point's recorded configuration differs from the one planned now (['key old → new',
     ...]; [] when equal): a resumed sweep reuses a point only when it measured what is asked for now.
@@ -114,24 +131,26 @@ def _write_json(path: Path, data: dict) -> None:
     write_json_atomic(path, data, default=str)
 
 
-def probe_capacity(plan: Plan, out: Path, on_tick=None, pools: PoolKeeper | None = None) -> dict:
-    """A short saturating run (a burst of requests) on the probe entry: capacity = finished / window."""
-    folder = out / PROBE_DIR
-    if (folder / DONE_FILE).exists():  # resume keeps the rates the sweep started with
-        return json.loads((folder / DONE_FILE).read_text())["probe"]
-    point, duration_s = probe_point(plan, folder)
-    wanted = point.entry.label
-    base = {**plan.base, "duration_s": duration_s, "max_queue": 0}
-    record = execute(point, base, on_tick, plan.limits(), pools)
-    if record["status"] != "done":
-        raise SweepError(f"the capacity probe ({wanted}) failed: {record['reason'].splitlines()[0]}")
-    summary = json.loads((folder / "summary.json").read_text())
-    window_s = summary["window_s"] or float("nan")
-    probe = {"label": wanted, "requests": summary["finished"], "window_s": window_s,
-             "capacity_req_s": summary["finished"] / window_s,
-             "saturated": window_s > 1.5 * duration_s}  # else the worker kept up: capacity is a floor
-    _write_json(folder / DONE_FILE, {**record, "probe": probe})
-    return probe
+def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
+    """Every strategy's capacity searched live (OUT/capacity.json), and the rates placed from it."""
+    from batchlab.cli.capacity_search import SearchSettings, run_capacity
+
+    doc = run_capacity(plan, out, SearchSettings.from_auto(plan.auto), pools, view)
+    estimates = {lb: c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for lb, c in doc["strategies"].items()}
+    known = [v for v in estimates.values() if v]
+    if not known:
+        raise SweepError("no strategy's capacity could be bracketed: every probe failed")
+    if plan.auto.get("spanned", True):
+        return doc, span_rates(known, plan.auto)
+    wanted = plan.auto.get("probe") or ("dynamic" if "dynamic" in estimates else plan.entries[0].label)
+    if not estimates.get(wanted):
+        raise SweepError(f"grid.rates.auto.probe: no capacity measured for a strategy labelled {wanted!r}")
+    return doc, auto_rates(estimates[wanted], plan.auto["fractions"])
+
+
+def _bracket_text(c: dict) -> str:
+    lo, hi = c["lo_req_s"], c["hi_req_s"]
+    return f"[{lo if lo is not None else '?'}, {hi if hi is not None else '?'}]"
 
 
 def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None) -> dict:
@@ -144,34 +163,45 @@ def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None =
     preflight(plan)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
-        shutil.rmtree(out_dir / PROBE_DIR, ignore_errors=True)
+        for stale in (PROBE_DIR, CAPACITY_DIR):
+            shutil.rmtree(out_dir / stale, ignore_errors=True)
+        (out_dir / CAPACITY_FILE).unlink(missing_ok=True)
     mixed = interleaved(plan)
     with SweepView() as view, PoolKeeper(out_dir / WORKERS_DIR, keep_all=mixed) as pools:
-        probe = (probe_capacity(plan, out_dir, view.ticker(None, "probe"), pools) if plan.auto else None)
-        rates = plan.rates or auto_rates(probe["capacity_req_s"], plan.auto["fractions"])
-        if probe:
-            view.note(f"capacity of {probe['label']}: {probe['capacity_req_s']:.3g} req/s → rates {rates}")
+        capacity, rates = auto_capacity(plan, out_dir, pools, view) if plan.auto else (None, plan.rates)
+        if capacity:
+            view.note("capacity (req/s): " + ", ".join(f"{lb} {_bracket_text(c)}" for lb, c in
+                                                      capacity["strategies"].items()) + f" → rates {rates}")
         points = plan_points(plan, rates, out_dir)
         if not mixed:
-            points = warm_order(points, plan.base, worker_key, first=probe["label"] if probe else None)
+            points = warm_order(points, plan.base, worker_key, first=plan.entries[-1].label if capacity else None)
         index = {"config": str(config), "base": plan.base, "rates": rates, "repeats": plan.repeats,
                  "order": "interleaved" if mixed else "grouped",
-                 "seed": plan.seed, "probe": probe, "points": [p.record("pending") for p in points],
+                 "seed": plan.seed, "capacity": capacity, "points": [p.record("pending") for p in points],
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))
         for i, point in enumerate(points):
-            done_file = point.folder / DONE_FILE
-            changed = stale_point(point, plan.base) if resume and done_file.exists() else None
-            if resume and done_file.exists() and not changed:
-                index["points"][i] = json.loads(done_file.read_text()) | {"status": "skipped"}
-            else:
-                if changed:
-                    view.note(f"{'/'.join(point.folder.parts[-3:])}: measured with another configuration "
-                              f"({'; '.join(changed)}); measuring it again")
-                index["points"][i] = execute(point, plan.base, view.ticker(point, "run"), plan.limits(), pools)
+            index["points"][i] = (reused(point, plan.base, resume, view)
+                                  or execute(point, plan.base, view.ticker(point, "run"), plan.limits(), pools))
             view.finished(point, index["points"][i])
             _write_json(out_dir / INDEX_FILE, index)
+        if plan.repeats_auto:
+            index = _more_repeats(plan, out_dir, index, pools, view, resume)
     return index
+
+
+def _more_repeats(plan: Plan, out_dir: Path, index: dict, pools: PoolKeeper, view, resume: bool) -> dict:
+    """repeats: auto (cli.sweep_repeats): extra repeats of the headline's comparisons, each point run (or
+    skipped on resume) as the grid's are."""
+    from batchlab.cli.sweep_repeats import run_more_repeats
+
+    def run_point(point: Point) -> dict:
+        record = (reused(point, plan.base, resume, view)
+                  or execute(point, plan.base, view.ticker(point, "repeat"), plan.limits(), pools))
+        view.finished(point, record)
+        return record
+
+    return run_more_repeats(plan, out_dir, index, run_point, lambda doc: _write_json(out_dir / INDEX_FILE, doc))
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,7 @@
 Layout of a sweep folder: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic
 rates) and OUT/<label>/rate-<r>/rep-<k>/ (one run each); the names live in collector.layout.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlab.cli.config import checked_config
@@ -13,6 +13,11 @@ from batchlab.scheduler.strategies import label as strategy_label
 DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 PROBE_REQUESTS = 32  # sent within probe_duration_s: a burst far above any worker's capacity
 PROBE_DURATION_S = 1.0
+REPEATS_MAX = 4  # repeats: auto stops here at the latest
+REPEATS_WIDTH_PCT = 20.0  # ... or when every headline latency interval is at most this wide (percentage points)
+SPAN_POINTS = 5  # automatic rates: log-spaced from SPAN_LOW × the lowest capacity to SPAN_HIGH × the highest
+SPAN_LOW = 0.3
+SPAN_HIGH = 1.3
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # model loads, engine compilation and warm-up: minutes on a slow host
 ORDERS = ("auto", "interleaved", "grouped")
 GRID_KEYS = frozenset({"strategies", "rates", "repeats", "seed", "point_timeout_s", "startup_timeout_s", "order"})
@@ -43,6 +48,7 @@ class Plan:
     point_timeout_s: float = 0.0  # from a point's first request; 0: a point runs until it drains
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S  # launch until the first request; 0: no limit
     order: str = "auto"  # ORDERS: interleaved, grouped, or auto (interleaved unless a point runs on a GPU)
+    repeats_auto: dict = field(default_factory=dict)  # {} unless `repeats: {auto: {start, max, width_pct}}`
 
     def limits(self):
         """Each point's time limits (cli.launcher.Limits)."""
@@ -96,10 +102,16 @@ def _entry(item: object, base: dict) -> Entry:
 
 
 def _rates(raw: object) -> tuple[list[float], dict]:
-    """A list of req/s, or {auto: {fractions, probe_duration_s, probe_requests, probe}}."""
+    """A list of req/s, or {auto: {...}}: every strategy's capacity searched (cli.capacity_search), then
+    `points` rates log-spaced from `low` × the lowest capacity to `high` × the highest, or, when
+    `fractions` are given, those fractions of the `probe` entry's capacity."""
     if isinstance(raw, dict):
         auto = _keys(raw.get("auto", raw) or {})
+        auto["spanned"] = "fractions" not in auto
         auto.setdefault("fractions", list(DEFAULT_FRACTIONS))
+        if int(auto.get("points", SPAN_POINTS)) < 2 or not 0 < float(auto.get("low", SPAN_LOW)) < float(
+                auto.get("high", SPAN_HIGH)):
+            raise SweepError("grid.rates.auto needs points ≥ 2 and 0 < low < high")
         return [], auto
     if not isinstance(raw, list) or not raw or not all(isinstance(r, (int, float)) and r > 0
                                                        for r in raw):
@@ -155,9 +167,24 @@ def load_plan(path: str | Path, sets: dict | None = None) -> Plan:
     order = str(grid.get("order", "auto"))
     if order not in ORDERS:
         raise SweepError(f"grid.order must be one of {', '.join(ORDERS)}, got {order!r}")
-    return Plan(base, entries, rates, auto, int(grid.get("repeats", 1)), int(grid.get("seed", 0)),
+    repeats, repeats_auto = _repeats(grid.get("repeats", 1))
+    return Plan(base, entries, rates, auto, repeats, int(grid.get("seed", 0)),
                 float(grid.get("point_timeout_s", 0)),
-                float(grid.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)), order)
+                float(grid.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)), order, repeats_auto)
+
+
+def _repeats(raw: object) -> tuple[int, dict]:
+    """N, or {auto: {start, max, width_pct}} (cli.sweep_repeats): (repeats run first, the auto settings)."""
+    if raw == "auto" or isinstance(raw, dict):
+        auto = _keys((raw.get("auto", raw) if isinstance(raw, dict) else None) or {})
+        auto = {"start": int(auto.get("start", 1)), "max": int(auto.get("max", REPEATS_MAX)),
+                "width_pct": float(auto.get("width_pct", REPEATS_WIDTH_PCT))}
+        if not 1 <= auto["start"] <= auto["max"] or auto["width_pct"] <= 0:
+            raise SweepError("grid.repeats.auto needs 1 ≤ start ≤ max and width_pct > 0")
+        return auto["start"], auto
+    if not isinstance(raw, int) or raw < 1:
+        raise SweepError(f"grid.repeats must be a positive count or {{auto: {{start, max, width_pct}}}}, got {raw!r}")
+    return raw, {}
 
 
 def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
@@ -214,6 +241,15 @@ def probe_point(plan: Plan, folder: Path) -> tuple[Point, float]:
     duration_s = float(auto.get("probe_duration_s", PROBE_DURATION_S))
     n = int(auto.get("probe_requests", PROBE_REQUESTS))
     return Point(entry, n / duration_s, 0, plan.seed, folder), duration_s
+
+
+def span_rates(capacities_req_s: list[float], auto: dict) -> list[float]:
+    """Rates that show every knee: `points` log-spaced from low × the lowest capacity to high × the highest
+    (3 significant digits, distinct)."""
+    lowest = float(auto.get("low", SPAN_LOW)) * min(capacities_req_s)
+    highest = float(auto.get("high", SPAN_HIGH)) * max(capacities_req_s)
+    n = int(auto.get("points", SPAN_POINTS))
+    return sorted({float(f"{lowest * (highest / lowest) ** (i / (n - 1)):.3g}") for i in range(n)})
 
 
 def auto_rates(capacity_req_s: float, fractions: list[float]) -> list[float]:

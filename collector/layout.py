@@ -10,3 +10,5 @@ FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
 PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
 WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, between points)
 VLLM_RESULT_FILE = "vllm_result.json"  # a run's figures under `vllm bench serve --save-result`'s keys
+CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<label>/rate-<r>/rep-0 (the bursts: _probe/<label>)
+CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes

@@ -5,7 +5,6 @@ import pandas as pd
 import pytest
 
 from batchlab.collector.report.build import parse_slos
-from batchlab.collector.report.headline import RULE, Comparison, compare, headlines, sentence
 from batchlab.collector.report.points import ReportError, load_collection
 from batchlab.collector.report.stats import GroupStats, tool_formulas
 from batchlab.collector.report.timeline import queue_length
@@ -16,56 +15,6 @@ def group(label: str, rate: float, throughput: float, ttft: float, e2e: float = 
     lat = {m: {"mean": v, "p50": v, "p90": v, "p99": v} for m, v in (("ttft", ttft), ("e2e", e2e),
                                                                       ("tpot", 0.01), ("itl", 0.01))}
     return GroupStats(label, rate, 1, throughput, 1.0, scheduled, failed, lat, {}, 0, 1.0, None)
-
-
-def test_better_dynamic_reads_improved_and_reduced():
-    line = sentence(Comparison("dynamic", 20, 12.34, -45.0, -10.0), "NVIDIA H200")
-    assert line.startswith("Dynamic batching improved throughput by +12.3% and reduced latency by −45.0% "
-                           "compared to naive batching at λ = 20 req/s on NVIDIA H200.")
-
-
-def test_worse_dynamic_reads_changed_and_increased():
-    line = sentence(Comparison("dynamic", 5, -3.0, 20.0, 4.0), "cpu")
-    assert "changed throughput by −3.0%" in line and "increased latency by +20.0%" in line
-    assert "E2E p50 changed by +4.0%" in line
-
-
-def test_headline_rate_is_the_highest_where_both_finished_99_percent_not_where_latency_differs_most():
-    # TTFT differs most at 5; naive dropped 5% at 40 and dynamic 2% at 50 (no naive there anyway)
-    stats = {("naive", 5.0): group("naive", 5, 100, 4.0), ("dynamic", 5.0): group("dynamic", 5, 110, 0.5),
-             ("naive", 20.0): group("naive", 20, 200, 4.0, failed=1), ("dynamic", 20.0): group("dynamic", 20, 300, 3.0),
-             ("naive", 40.0): group("naive", 40, 250, 8.0, failed=5), ("dynamic", 40.0): group("dynamic", 40, 260, 7.0),
-             ("dynamic", 50.0): group("dynamic", 50, 400, 2.0, failed=2)}
-    c = compare(stats, "dynamic")
-    assert c.rate == 20 and c.throughput_pct == pytest.approx(50.0) and c.ttft_p50_pct == pytest.approx(-25.0)
-    line = headlines(stats, ["naive", "dynamic"], {})[0]
-    assert "at λ = 20 req/s" in line
-    assert ("At the highest rate, λ = 40 req/s: throughput +4.0%, TTFT p50 −12.5%; "
-            "failed: dynamic 0 / 100 (0%), naive 5 / 100 (5%).") in line
-
-
-def test_a_share_just_under_99_percent_does_not_qualify():
-    stats = {("naive", 5.0): group("naive", 5, 100, 1.0, failed=1, scheduled=99),
-             ("dynamic", 5.0): group("dynamic", 5, 110, 0.5, failed=2, scheduled=199)}
-    assert stats[("naive", 5.0)].finished_share == pytest.approx(98 / 99) and compare(stats, "dynamic") is None
-    stats[("naive", 5.0)] = group("naive", 5, 100, 1.0, failed=1, scheduled=100)
-    assert compare(stats, "dynamic") is None  # dynamic: 197 / 199 = 98.99%
-    stats[("dynamic", 5.0)] = group("dynamic", 5, 110, 0.5, failed=2, scheduled=200)
-    assert compare(stats, "dynamic").rate == 5
-
-
-def test_no_qualifying_rate_is_one_sentence_naming_the_rule_and_no_headline():
-    stats = {("naive", 5.0): group("naive", 5, 100, 1.0, failed=30),
-             ("dynamic", 5.0): group("dynamic", 5, 300, 0.2)}
-    assert compare(stats, "dynamic") is None
-    lines = headlines(stats, ["naive", "dynamic"], {})
-    assert lines == [f"Dynamic batching is not compared to naive batching: no rate qualifies under the fixed "
-                     f"rule ({RULE})."]
-    assert "≥ 99%" in RULE and "improved" not in lines[0]
-
-
-def test_no_comparison_without_a_completed_baseline():
-    assert compare({("dynamic", 5.0): group("dynamic", 5, 110, 0.5)}, "dynamic") is None
 
 
 def test_slos_parse_with_units_into_seconds():

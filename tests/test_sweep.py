@@ -74,7 +74,7 @@ def test_auto_rates_are_fractions_of_the_measured_capacity():
 def test_auto_rates_config_keeps_its_probe_settings(tmp_path):
     plan = load_plan(write(tmp_path, {"grid": {"strategies": ["dynamic"], "rates": {
         "auto": {"fractions": [0.5, 1.0], "probe_duration_s": 2}}}}))
-    assert plan.rates == [] and plan.auto == {"fractions": [0.5, 1.0], "probe_duration_s": 2}
+    assert plan.rates == [] and plan.auto == {"fractions": [0.5, 1.0], "probe_duration_s": 2, "spanned": False}
 
 
 @pytest.mark.parametrize("data, message", [

@@ -16,9 +16,7 @@ from tests.conftest import run_cli
 
 PLOTS = ("latency_vs_throughput.png", "latency_cdf.png", "itl_distribution.png", "batch_timeline.png",
          "batch_size_queue.png")
-HEADLINE = re.compile(r"Dynamic batching (improved|changed) throughput by ([+−])([\d.]+)% and "
-                      r"(reduced|increased) latency by ([+−])([\d.]+)% compared to naive batching "
-                      r"at λ = ([\d.]+) req/s on (.+?)\. Throughput = output tokens/s; latency = TTFT p50")
+HEADLINE = re.compile(r"At λ = ([\d.]+) req/s .*?TTFT p50 \(?([+−])([\d.]+)% \[")
 
 
 @pytest.fixture(scope="module")
@@ -72,24 +70,31 @@ def test_plots_exist_as_non_empty_pngs(smoke):
 
 
 def test_report_headline_matches_the_parquet(smoke):
-    out, _ = smoke
+    from batchlab.collector.report.capacities import load_capacities
+    from batchlab.collector.report.headline import load_point
+    from batchlab.collector.report.points import load_collection
+
+    out, stdout = smoke
     text = (out / "REPORT.md").read_text()
-    match = HEADLINE.search(text)
-    assert match, "no one-line result in REPORT.md"
-    verb_t, sign_t, x, verb_l, sign_l, y, rate, _hw = match.groups()
-    changes, fair = {}, []
-    for r in (4, 12):
-        dyn, naive = (numbers(out / lb / f"rate-{r}" / "rep-0") for lb in ("dynamic", "naive"))
-        changes[r] = ((dyn["throughput"] / naive["throughput"] - 1) * 100, (dyn["ttft_p50"] / naive["ttft_p50"] - 1) * 100)
-        if all(n["failed"] <= 0.01 * n["scheduled"] for n in (dyn, naive)):
-            fair.append(r)
-    assert fair and float(rate) == max(fair)  # the fixed rule: the highest rate both finished ≥ 99% at
-    assert "The rate is chosen by a fixed rule: the highest rate at which both finished ≥ 99%" in text
-    x_true, y_true = changes[int(float(rate))]
-    assert (1 if sign_t == "+" else -1) * float(x) == pytest.approx(x_true, abs=0.051)
-    assert (1 if sign_l == "+" else -1) * float(y) == pytest.approx(y_true, abs=0.051)
-    assert verb_t == ("improved" if x_true >= 0 else "changed")
-    assert verb_l == ("reduced" if y_true <= 0 else "increased")
+    assert "By a fixed rule: throughput = each strategy's capacity" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("- Dynamic batching"))
+    assert line[2:] in stdout  # `batchlab report` ends with the headline
+    slos = {"ttft": 0.5, "tpot": 0.05}  # as the fixture reported it: goodput is part of the criterion
+    capacities, _ = load_capacities(load_collection(out), slos)  # fixed rates: brackets from the grid's points
+    lower = min(load_point(capacities[lb]) or 0.0 for lb in ("naive", "dynamic"))
+    fitting = [r for r in (4, 12) if r <= 0.8 * lower]  # the fixed rule's common load
+    match = HEADLINE.search(line)
+    if not fitting:  # 3 s points on a busy machine: a knee below 4 req/s is possible, and then it says so
+        assert match is None and "Latency not compared" in line
+        return
+    assert match, line
+    rate, sign, value = float(match.group(1)), match.group(2), float(match.group(3))
+    assert rate == max(fitting)
+    dyn, naive = (numbers(out / lb / f"rate-{rate:g}" / "rep-0")["requests"] for lb in ("dynamic", "naive"))
+    both = dyn[dyn["status"] == "finished"].merge(naive[naive["status"] == "finished"], on="request_id")
+    ttft = [(d["first_token_time_" + s] - d["arrival_time_" + s]) for d, s in ((both, "x"), (both, "y"))]
+    expected = (ttft[0].median() / ttft[1].median() - 1) * 100  # paired over the same requests
+    assert (1 if sign == "+" else -1) * value == pytest.approx(expected, abs=0.51)
 
 
 def test_report_table_rows_match_the_parquet(smoke):

@@ -1,5 +1,5 @@
 """`batchlab report DIR`: load every run, compute the numbers, draw the plots, write REPORT.md."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlab.collector import metrics
@@ -15,6 +15,7 @@ class ReportResult:
     path: Path
     plots: list[Path]
     headlines: list[str]
+    capacity_lines: list[str] = field(default_factory=list)  # the capacity table as plain text
 
 
 def parse_slos(items: list[str]) -> dict[str, float]:
@@ -26,7 +27,7 @@ def parse_slos(items: list[str]) -> dict[str, float]:
 
 
 def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: float | None) -> float | None:
-    """--rate if given (the nearest completed rate), else the headline's rate, else the middle rate."""
+    """--rate if given (the nearest completed rate), else the headline's common load, else the middle rate."""
     rates = collection.rates()
     if not rates:
         return None
@@ -42,7 +43,8 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     folder, collector.report.external)."""
     from batchlab.collector.report.external import load_external, section
     from batchlab.collector.report import plots, timeline
-    from batchlab.collector.report.headline import compare, headlines
+    from batchlab.collector.report.capacities import capacity_text, load_capacities
+    from batchlab.collector.report.headline import headlines
     from batchlab.collector.report.markdown import render
     from batchlab.collector.report.setup import hardware
     from batchlab.collector.report.stats import all_stats
@@ -52,10 +54,10 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     root.mkdir(parents=True, exist_ok=True)
     stats = all_stats(collection, slos)
     hardware_of = {r.label: hardware(r.settings) for r in reversed(collection.runs)}
-    lines = headlines(stats, collection.labels(), hardware_of)
-    first = compare(stats, "dynamic") or next((c for c in (compare(stats, lb) for lb in collection.labels())
-                                               if c is not None), None)
-    at = chosen_rate(collection, first.rate if first else None, rate)
+    capacities, source = load_capacities(collection, slos)
+    found = headlines(collection, capacities, hardware_of)
+    lines = [h.text for h in found]
+    at = chosen_rate(collection, next((h.rate for h in found if h.rate is not None), None), rate)
     external = load_external(collection.root, extra)
     made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png", external)]
     if at is not None:
@@ -63,11 +65,11 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
                  plots.itl_distribution(collection, stats, at, root / "itl_distribution.png"),
                  timeline.batch_timeline(collection, at, root / "batch_timeline.png"),
                  timeline.load_over_time(collection, at, root / "batch_size_queue.png")]
-    text = render(collection, stats, lines, [p.name for p in made], at, slos)
+    text = render(collection, stats, lines, [p.name for p in made], at, slos, capacities, source)
     text += "\n".join(section(external)) + ("\n" if external else "")
     (root / REPORT_FILE).write_text(text)
     _html(collection, stats, lines, external, root)
-    return ReportResult(root / REPORT_FILE, made, lines)
+    return ReportResult(root / REPORT_FILE, made, lines, capacity_text(capacities))
 
 
 def _html(collection: Collection, stats: dict, lines: list[str], external: list, root: Path) -> Path:

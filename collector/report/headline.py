@@ -1,113 +1,113 @@
-"""The one-line result in the seed's form, with honest signs, for each strategy against naive, stated at
-a rate a fixed rule picks (RULE), never at the rate where the result looks best."""
+"""The result in sentences, each strategy against naive batching, by a rule fixed in advance (RULE):
+throughput is the ratio of the capacities; latency is TTFT p50 and E2E p50 at a common load both sustain,
+paired over the same requests (collector.report.stats.paired_latency). Every number carries its interval
+or bracket, and a change whose interval includes zero is written as no significant difference."""
 from dataclasses import dataclass
 
-from batchlab.collector.report.stats import GroupStats
+from batchlab.collector.report.capacities import bracket_text
+from batchlab.collector.report.intervals import PairedResult, describe
+from batchlab.collector.report.points import Collection
+from batchlab.collector.report.stats import paired_latency
 
 BASELINE = "naive"
 NAMES = {"dynamic": "Dynamic batching", "continuous": "Continuous batching",
          "vllm": "vLLM (continuous batching)", "naive": "naive batching"}
-LATENCY = ("ttft", "p50")  # the latency the line's Y is about; E2E p50 is given beside it
-MIN_FINISHED_SHARE = 0.99  # a rate where either side dropped more than 1% is not a fair comparison
-RULE = (f"the highest rate at which both finished ≥ {MIN_FINISHED_SHARE:.0%} of the requests they scheduled "
-        "(over the repeats at that rate)")
+COMMON_LOAD_SHARE = 0.8  # the latency comparison's load: at most this share of the lower capacity
+RULE = ("throughput = each strategy's capacity (the highest arrival rate it sustains) against naive batching's; "
+        "latency = TTFT p50 and E2E p50, paired over the same requests, at the highest grid rate ≤ "
+        f"{COMMON_LOAD_SHARE:g} × the lower of the two capacities")
 
 
 @dataclass(slots=True)
-class Comparison:
-    """One strategy against the baseline at one rate (percent changes, + means larger)."""
+class Headline:
+    """One strategy against the baseline: the capacity change, the common load and the paired latencies."""
 
     label: str
-    rate: float
-    throughput_pct: float
-    ttft_p50_pct: float
-    e2e_p50_pct: float
+    capacity: PairedResult | None  # percent change of capacity, interval from the two brackets
+    rate: float | None  # the common load (req/s); None: no grid rate qualifies
+    ttft: PairedResult | None
+    e2e: PairedResult | None
+    text: str
 
 
-def _pct(new: float | None, old: float | None) -> float | None:
-    if new is None or old is None or old == 0:
+def capacity_ratio(new: dict, old: dict) -> PairedResult | None:
+    """new's capacity against old's in percent: estimate ÷ estimate − 1, interval from the brackets
+    [lo_new ÷ hi_old − 1, hi_new ÷ lo_old − 1]; None unless both brackets are closed."""
+    if not all(c.get(k) for c in (new, old) for k in ("lo_req_s", "hi_req_s")):
         return None
-    return (new / old - 1.0) * 100.0
+    est = new["estimate_req_s"] / old["estimate_req_s"] - 1
+    lo, hi = new["lo_req_s"] / old["hi_req_s"] - 1, new["hi_req_s"] / old["lo_req_s"] - 1
+    return PairedResult(est * 100, lo * 100, hi * 100, 0, not lo <= 0 <= hi)
 
 
-def _completed(stats: dict, label: str) -> set[float]:
-    return {rate for (lb, rate), g in stats.items()
-            if lb == label and g.scheduled - g.failed > 0 and g.latency["ttft"]["p50"] is not None}
+def load_point(c: dict) -> float | None:
+    """The rate a capacity vouches for: its estimate, else the highest rate sustained (a floor)."""
+    return c.get("estimate_req_s") or c.get("lo_req_s")
 
 
-def _at(stats: dict, label: str, baseline: str, rate: float) -> Comparison | None:
-    new, old = stats[(label, rate)], stats[(baseline, rate)]
-    pcts = [_pct(new.throughput_tok_s, old.throughput_tok_s),
-            _pct(new.latency["ttft"]["p50"], old.latency["ttft"]["p50"]),
-            _pct(new.latency["e2e"]["p50"], old.latency["e2e"]["p50"])]
-    return None if any(p is None for p in pcts) else Comparison(label, rate, *pcts)
+def common_rate(rates: list[float], new: dict, old: dict) -> float | None:
+    """The highest of `rates` at or below COMMON_LOAD_SHARE × the lower capacity (None: none, or unknown)."""
+    points = [load_point(new), load_point(old)]
+    if not all(points):
+        return None
+    fitting = [r for r in rates if r <= COMMON_LOAD_SHARE * min(points)]
+    return max(fitting) if fitting else None
 
 
-def comparisons(stats: dict[tuple[str, float], GroupStats], label: str,
-                baseline: str = BASELINE) -> list[Comparison]:
-    """The strategy against the baseline at every rate both completed, lowest rate first."""
-    common = _completed(stats, label) & _completed(stats, baseline)
-    return [c for rate in sorted(common) if (c := _at(stats, label, baseline, rate)) is not None]
+def _signed(value: float, decimals: int) -> str:
+    text = f"{abs(value):.{decimals}f}%"
+    return ("−" if value < 0 and float(text[:-1]) != 0 else "+") + text
 
 
-def qualifies(stats: dict[tuple[str, float], GroupStats], label: str, baseline: str, rate: float) -> bool:
-    """Both finished at least MIN_FINISHED_SHARE of what they scheduled at this rate."""
-    return all(stats[(lb, rate)].finished_share >= MIN_FINISHED_SHARE for lb in (label, baseline))
+def _pct(r: PairedResult) -> str:
+    """'+58% [+39%, +80%]', with as many decimals as the interval's width deserves."""
+    decimals = 0 if r.hi - r.lo >= 10 else 1 if r.hi - r.lo >= 1 else 2
+    return f"{_signed(r.estimate, decimals)} [{_signed(r.lo, decimals)}, {_signed(r.hi, decimals)}]"
 
 
-def compare(stats: dict[tuple[str, float], GroupStats], label: str,
-            baseline: str = BASELINE) -> Comparison | None:
-    """At the rate RULE fixes in advance: the highest rate where both finished ≥ 99% of their requests.
-    A fixed rule, not the rate where the result looks best; None when no rate qualifies."""
-    good = [c for c in comparisons(stats, label, baseline) if qualifies(stats, label, baseline, c.rate)]
-    return good[-1] if good else None
+def capacity_sentence(label: str, new: dict, old: dict, ratio: PairedResult | None, hardware: str) -> str:
+    """'Dynamic batching raised capacity by +X% [a, b] (naive A [..] → dynamic B [..] req/s) on …'."""
+    name = NAMES.get(label, label)
+    both = f"{BASELINE} {bracket_text(old)} → {label} {bracket_text(new)} req/s"
+    if ratio is None:
+        return f"{name}: capacity not compared to naive batching, a bracket is open ({both}) on {hardware}."
+    if not ratio.significant:
+        return (f"{name}: no significant difference in capacity from naive batching (the brackets overlap: "
+                f"{both}) on {hardware}.")
+    verb = "raised" if ratio.estimate > 0 else "lowered"
+    return f"{name} {verb} capacity by {_pct(ratio)} ({both}) compared to naive batching on {hardware}."
 
 
-def signed(pct: float) -> str:
-    """+12.3% or −4.5% (a true minus sign, as in the seed)."""
-    return f"+{pct:.1f}%" if pct >= 0 else f"−{abs(pct):.1f}%"
+def latency_sentence(rate: float | None, ttft: PairedResult | None, e2e: PairedResult | None) -> str:
+    """' At λ = R req/s (…), against naive batching: TTFT p50 … ; E2E p50 … (paired over N requests).'"""
+    if rate is None:
+        return (f" Latency not compared: no grid rate at or below {COMMON_LOAD_SHARE:g} × the lower capacity "
+                "was measured for both.")
+    pairs = f" (paired over {ttft.n_pairs} requests, {ttft.clusters} repeat(s))" if ttft else ""
+    return (f" At λ = {rate:g} req/s (≤ {COMMON_LOAD_SHARE:g} × the lower capacity), against naive batching: "
+            f"{describe(ttft, 'TTFT p50')}; {describe(e2e, 'E2E p50')}{pairs}.")
 
 
-def sentence(c: Comparison, hardware: str) -> str:
-    """'Dynamic batching improved throughput by +X% and reduced latency by −Y% compared to …'."""
-    name = NAMES.get(c.label, c.label)
-    thr = (f"improved throughput by {signed(c.throughput_pct)}" if c.throughput_pct >= 0
-           else f"changed throughput by {signed(c.throughput_pct)}")
-    lat = (f"reduced latency by {signed(c.ttft_p50_pct)}" if c.ttft_p50_pct <= 0
-           else f"increased latency by {signed(c.ttft_p50_pct)}")
-    return (f"{name} {thr} and {lat} compared to naive batching at λ = {c.rate:g} req/s on {hardware}. "
-            f"Throughput = output tokens/s; latency = TTFT p50; E2E p50 changed by {signed(c.e2e_p50_pct)}.")
+def headline(collection: Collection, capacities: dict[str, dict], label: str, hardware: str,
+             baseline: str = BASELINE) -> Headline:
+    """The rule applied to one strategy against the baseline."""
+    new, old = capacities[label], capacities[baseline]
+    ratio = capacity_ratio(new, old)
+    shared = sorted(set(r.rate for r in collection.runs if r.label == label)
+                    & set(r.rate for r in collection.runs if r.label == baseline))
+    rate = common_rate(shared, new, old)
+    ttft = e2e = None
+    if rate is not None:
+        runs_a, runs_b = collection.group(label, rate), collection.group(baseline, rate)
+        ttft, e2e = paired_latency(runs_a, runs_b, "ttft", 50), paired_latency(runs_a, runs_b, "e2e", 50)
+    text = capacity_sentence(label, new, old, ratio, hardware) + latency_sentence(rate, ttft, e2e)
+    return Headline(label, ratio, rate, ttft, e2e, text)
 
 
-def _failed(stats: dict[tuple[str, float], GroupStats], c: Comparison, baseline: str) -> str:
-    return ", ".join(f"{lb} {stats[(lb, c.rate)].failed_text()}" for lb in (c.label, baseline))
-
-
-def at_highest(c: Comparison, highest: Comparison, stats: dict[tuple[str, float], GroupStats],
-               baseline: str = BASELINE) -> str:
-    """The same comparison at the highest rate measured, with its failed shares, when it is another rate."""
-    if highest.rate == c.rate:
-        return ""
-    return (f" At the highest rate, λ = {highest.rate:g} req/s: throughput {signed(highest.throughput_pct)}, "
-            f"TTFT p50 {signed(highest.ttft_p50_pct)}; failed: {_failed(stats, highest, baseline)}.")
-
-
-def no_rate_qualifies(label: str) -> str:
-    """The one sentence in place of a headline when no rate passes the rule."""
-    return (f"{NAMES.get(label, label)} is not compared to naive batching: no rate qualifies under the "
-            f"fixed rule ({RULE}).")
-
-
-def headlines(stats: dict[tuple[str, float], GroupStats], labels: list[str],
-              hardware_of: dict[str, str]) -> list[str]:
-    """One sentence per non-naive strategy measured beside naive (dynamic first); none without naive."""
-    ordered = sorted((lb for lb in labels if lb != BASELINE), key=lambda lb: lb != "dynamic")
-    lines = []
-    for label in ordered:
-        every = comparisons(stats, label)
-        if not every:
-            continue
-        c = compare(stats, label)
-        lines.append(no_rate_qualifies(label) if c is None else
-                     sentence(c, hardware_of.get(label, "this machine")) + at_highest(c, every[-1], stats))
-    return lines
+def headlines(collection: Collection, capacities: dict[str, dict], hardware_of: dict[str, str],
+              baseline: str = BASELINE) -> list[Headline]:
+    """One per strategy measured beside the baseline (dynamic first); none without the baseline."""
+    if baseline not in capacities:
+        return []
+    ordered = sorted((lb for lb in capacities if lb != baseline), key=lambda lb: lb != "dynamic")
+    return [headline(collection, capacities, lb, hardware_of.get(lb, "this machine"), baseline) for lb in ordered]

@@ -1,5 +1,6 @@
 """REPORT.md: the one-line results, a table per rate, intervals, tool formulas, failures and setup."""
 from batchlab.collector.report import oracle
+from batchlab.collector.report.capacities import capacity_table, criterion_text
 from batchlab.collector.report.headline import RULE
 from batchlab.collector.report.points import Collection
 from batchlab.collector.report.setup import knob_table, prefix_cache_line, schedule_lines, setup_lines
@@ -98,14 +99,19 @@ def joins_table(groups: list[GroupStats]) -> list[str]:
 
 
 def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], headlines: list[str],
-           plots: list[str], chosen_rate: float | None, slos: dict | None) -> str:
-    """The whole REPORT.md text."""
+           plots: list[str], chosen_rate: float | None, slos: dict | None, capacities: dict | None = None,
+           capacity_source: str = "") -> str:
+    """The whole REPORT.md text: the capacity table, then the headline, then the curves and the details."""
     groups = list(stats.values())
-    out = [f"# batchlab report: {collection.root}", "", "## Result", ""]
-    out += [f"- {h}" for h in headlines] or ["- No naive run completed at a rate another strategy completed."]
+    out = [f"# batchlab report: {collection.root}", "", "## Capacity", ""]
+    out += (capacity_table(capacities) + ["", criterion_text(capacity_source)]) if capacities else [
+        "Capacity was not measured: no run to judge."]
+    out += ["", "## Result", ""]
+    out += [f"- {h}" for h in headlines] or ["- No naive run to compare the other strategies with."]
     if headlines:
-        out += ["", f"The rate is chosen by a fixed rule: {RULE}. The highest rate measured is given beside "
-                "it when it differs, with the failed shares there."]
+        out += ["", f"By a fixed rule: {RULE}. Latency changes are paired over the same requests (every strategy "
+                "replays the same schedule), resampled by repeat then by request; capacity intervals come from "
+                "the two brackets. An interval that includes zero is written as no significant difference."]
     out += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     out += ["", "Latency plots cover finished requests only: each curve point is labelled with its failed "
             f"share, a red x marks points where more than {FAILED_MARK_SHARE:.0%} failed, and each "
@@ -169,6 +175,9 @@ def setup(collection: Collection) -> list[str]:
         lines.append(f"- sweep: rates {index.get('rates')} req/s{own}, {index.get('repeats')} repeat(s), "
                      f"traffic seed = {index.get('seed')} + repeat (every strategy replays the same schedule)"
                      + (f"; {ORDERS[index['order']]}" if index.get("order") in ORDERS else ""))
+        if index.get("capacity"):
+            lines.append("- rates placed from every strategy's searched capacity (log-spaced from well below the "
+                         "lowest to above the highest; capacity.json holds each probe and its verdict)")
         if index.get("probe"):
             p = index["probe"]
             lines.append(f"- rates placed from a capacity probe on {p['label']}: {p['capacity_req_s']:.3g} req/s "

@@ -1,0 +1,70 @@
+"""`batchlab capacity CONFIG`: each strategy's capacity (the highest arrival rate it sustains), found by a
+bracketing search; live (each probe an ordinary point folder, on warm workers) or in virtual time."""
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+Config = Annotated[str, typer.Argument(help="sweep YAML (base: and grid:); its grid.rates are not used")]
+Out = Annotated[Optional[str], typer.Option(help="output folder (default results/<config>-capacity)")]
+Labels = Annotated[Optional[str], typer.Option("--strategy", help="only these grid labels (comma list)")]
+Duration = Annotated[Optional[float], typer.Option("--duration-s", help="traffic per probe, s")]
+Width = Annotated[Optional[float], typer.Option(help="stop when hi / lo ≤ 1 + width")]
+Probes = Annotated[Optional[int], typer.Option(help="at most this many probes per strategy")]
+Simulated = Annotated[bool, typer.Option("--simulate", help="search in virtual time (sim backend's model)")]
+Preset = Annotated[Optional[str], typer.Option(help="with --simulate: the step-time preset (name or file)")]
+
+
+def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dict, simulated: bool,
+                     preset: str | None = None) -> dict:
+    """Load the plan, search every (or each listed) strategy; capacity.json's content."""
+    from batchlab.cli.capacity_search import SearchSettings, SimulatedSearch, capacity_document, run_capacity
+    from batchlab.cli.capacity_search import search_all
+    from batchlab.cli.pool import PoolKeeper
+    from batchlab.cli.sweep_plan import SweepError, interleaved, load_plan
+    from batchlab.collector.layout import WORKERS_DIR
+
+    plan = load_plan(config)
+    unknown = sorted(set(labels or []) - {e.label for e in plan.entries})
+    if unknown:
+        raise SweepError(f"--strategy: no grid entry labelled {', '.join(unknown)}")
+    auto = {**plan.auto, **{k: v for k, v in given.items() if v is not None}}
+    settings = SearchSettings.from_auto(auto)
+    if simulated:
+        plan.base.update({"preset": preset} if preset else {})
+        return capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, labels), settings)
+    from batchlab.collector.report.live import SweepView
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with SweepView() as view, PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(plan)) as pools:
+        return run_capacity(plan, out_dir, settings, pools, view, labels)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `batchlab capacity` to the app."""
+
+    @app.command()
+    def capacity(config: Config, *, out: Out = None, strategy: Labels = None, duration_s: Duration = None,
+                 width: Width = None, max_probes: Probes = None, simulate: Simulated = False,
+                 preset: Preset = None) -> None:
+        """Each strategy's capacity: served ≥ 99%, queue not growing, SLOs met by ≥ 90% (with SLOs)."""
+        from batchlab.cli.sweep_plan import SweepError
+        from batchlab.collector.report.capacities import capacity_text
+        from batchlab.protocol.settings import ConfigError
+
+        out = out or str(Path("results") / f"{Path(config).stem}-capacity")
+        labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
+        given = {"search_duration_s": duration_s, "width": width, "max_probes": max_probes}
+        try:
+            doc = run_capacity_cmd(config, out, labels, given, simulate, preset)
+        except (SweepError, ConfigError, ValueError) as exc:
+            typer.secho(f"error: {exc}", fg="red", err=True)
+            raise typer.Exit(code=1) from None
+        except KeyboardInterrupt:
+            typer.secho(f"interrupted; run the same command again to resume in {out}", err=True)
+            raise typer.Exit(code=130) from None
+        for line in capacity_text(doc["strategies"]):
+            typer.echo(line)
+        if not simulate:
+            typer.echo(f"capacity.json and every probe's folder in {out}; batchlab report {out} plots the probes")

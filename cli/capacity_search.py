@@ -1,0 +1,184 @@
+"""Every strategy's capacity search for a sweep's plan: live (each probe an ordinary point folder, run by
+cli.sweep_cmd.execute on the sweep's warm workers) or in virtual time (the simulator, no files).
+
+Each search starts from a burst (burst_requests within burst_duration_s, no queue limit: finished ÷
+window is what the worker does when saturated), then collector.capacity.search measures rates of
+duration_s traffic each. Layout: OUT/_probe/<label>/ (the burst), OUT/_capacity/<label>/rate-<r>/rep-0/
+(the probes), OUT/capacity.json (every strategy's bracket, estimate and probes with their verdicts).
+"""
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from batchlab.cli.sweep_plan import Entry, Plan, Point, SweepError
+from batchlab.collector.capacity import (MAX_PROBES, WIDTH, Capacity, Probe, Verdict, search, sustain,
+                                        tokens_per_request)
+from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, PROBE_DIR
+from batchlab.protocol.files import write_json_atomic
+
+BURST_REQUESTS = 24
+BURST_DURATION_S = 1.0
+PROBE_DURATION_S = 10.0
+
+
+@dataclass(slots=True)
+class SearchSettings:
+    """How each strategy's capacity is searched (grid.rates.auto's keys of the same names)."""
+
+    burst_requests: int = BURST_REQUESTS
+    burst_duration_s: float = BURST_DURATION_S
+    duration_s: float = PROBE_DURATION_S  # traffic per probe; its queue drains after
+    width: float = WIDTH
+    max_probes: int = MAX_PROBES
+
+    @classmethod
+    def from_auto(cls, auto: dict) -> "SearchSettings":
+        """From grid.rates.auto (probe_requests / probe_duration_s name the burst, as before)."""
+        return cls(int(auto.get("probe_requests", BURST_REQUESTS)),
+                   float(auto.get("probe_duration_s", BURST_DURATION_S)),
+                   float(auto.get("search_duration_s", PROBE_DURATION_S)),
+                   float(auto.get("width", WIDTH)), int(auto.get("max_probes", MAX_PROBES)))
+
+
+def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict | None, folder: str = "") -> Probe:
+    """One probe's verdict from its requests table."""
+    return Probe(rate, sustain(requests, duration_s, slos), folder, tokens_per_request(requests))
+
+
+def _burst_point(plan: Plan, entry: Entry, out: Path, s: SearchSettings) -> tuple[Point, dict]:
+    point = Point(entry, s.burst_requests / s.burst_duration_s, 0, plan.seed, out / PROBE_DIR / entry.label)
+    return point, {**plan.base, "duration_s": s.burst_duration_s, "max_queue": 0, "max_queue_tokens": 0}
+
+
+def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: SearchSettings) -> tuple[Point, dict]:
+    point = Point(entry, rate, 0, plan.seed, out / CAPACITY_DIR / entry.label / f"rate-{rate:g}" / "rep-0")
+    return point, {**plan.base, "duration_s": s.duration_s}
+
+
+def _saturated_rate(summary: dict) -> float:
+    window_s = summary.get("window_s") or 0.0
+    return summary["finished"] / window_s if window_s > 0 else 0.0
+
+
+class LiveSearch:
+    """Capacity searches on real points, on the sweep's warm workers (cli.pool.PoolKeeper)."""
+
+    def __init__(self, plan: Plan, out: Path, settings: SearchSettings, pools=None, view=None) -> None:
+        self.plan, self.out, self.s, self.pools, self.view = plan, out, settings, pools, view
+
+    def _run(self, point: Point, base: dict, what: str) -> dict:
+        from batchlab.cli.sweep_cmd import execute  # the sweep's one way to run a point
+
+        from batchlab.cli.sweep_cmd import reused
+
+        tick = self.view.ticker(point, what) if self.view else None  # resume: a probe that measured what
+        return reused(point, base, True, self.view) or execute(point, base, tick, self.plan.limits(), self.pools)
+
+    def start_rate(self, entry: Entry) -> float:
+        """The burst's finished ÷ window (req/s); SweepError when the burst itself failed."""
+        point, base = _burst_point(self.plan, entry, self.out, self.s)
+        record = self._run(point, base, "burst")
+        if record["status"] not in ("done", "skipped"):
+            raise SweepError(f"the capacity burst on {entry.label} failed: {record['reason'].splitlines()[0]}")
+        rate = _saturated_rate(json.loads((point.folder / "summary.json").read_text()))
+        if not rate > 0:
+            raise SweepError(f"the capacity burst on {entry.label} finished no request within the point's limit")
+        return rate
+
+    def measure(self, entry: Entry):
+        """collector.capacity.Measure for this entry: one point of duration_s at the rate."""
+        from batchlab.collector.parts import load_table
+
+        def measure(rate: float) -> Probe:
+            point, base = _probe_point(self.plan, entry, self.out, rate, self.s)
+            record = self._run(point, base, "capacity")
+            where = str(point.folder.relative_to(self.out))
+            if record["status"] not in ("done", "skipped"):
+                return Probe(rate, Verdict(False, [f"run failed: {record['reason'].splitlines()[0]}"], 0.0, 0.0), where)
+            probe = probe_of(rate, load_table(point.folder, "requests"), self.s.duration_s,
+                             point.config(base).slos() or None, where)
+            if self.view:
+                self.view.note(f"capacity {entry.label} λ={rate:g}: "
+                               + ("sustained" if probe.verdict.sustained else "; ".join(probe.verdict.reasons)))
+            return probe
+
+        return measure
+
+
+class SimulatedSearch:
+    """The same searches in virtual time (scheduler.simulator): nothing is written."""
+
+    def __init__(self, plan: Plan, settings: SearchSettings) -> None:
+        self.plan, self.s = plan, settings
+
+    def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, dict, dict | None]:
+        from batchlab.scheduler.simulator.run import simulate
+        from batchlab.traffic.run_schedule import make_schedule
+
+        cfg = point.config(base)
+        tables = simulate(cfg, make_schedule(cfg))
+        return tables.requests, tables.summary, cfg.slos() or None
+
+    def start_rate(self, entry: Entry) -> float:
+        """The burst's finished ÷ window in virtual time."""
+        _, summary, _ = self._requests(*_burst_point(self.plan, entry, Path("."), self.s))
+        if not _saturated_rate(summary) > 0:
+            raise SweepError(f"the simulated capacity burst on {entry.label} finished no request")
+        return _saturated_rate(summary)
+
+    def measure(self, entry: Entry):
+        """collector.capacity.Measure for this entry, in virtual time."""
+
+        def measure(rate: float) -> Probe:
+            requests, _, slos = self._requests(*_probe_point(self.plan, entry, Path("."), rate, self.s))
+            return probe_of(rate, requests, self.s.duration_s, slos)
+
+        return measure
+
+
+def search_one(entry: Entry, runner, settings: SearchSettings) -> Capacity:
+    """One entry's search; a burst that failed or finished nothing leaves that entry unmeasured (with the
+    reason), not the others."""
+    try:
+        start = runner.start_rate(entry)
+    except SweepError as exc:
+        return Capacity(entry.label, None, None, note=str(exc))
+    return search(entry.label, start, runner.measure(entry), width=settings.width, max_probes=settings.max_probes)
+
+
+def search_all(plan: Plan, runner, settings: SearchSettings, labels: list[str] | None = None) -> dict[str, Capacity]:
+    """Each entry's (or each labelled one's) capacity, in grid order."""
+    return {e.label: search_one(e, runner, settings) for e in plan.entries if labels is None or e.label in labels}
+
+
+def capacity_document(capacities: dict[str, Capacity], settings: SearchSettings) -> dict:
+    """capacity.json's content."""
+    return {"search": asdict(settings), "strategies": {lb: c.as_dict() for lb, c in capacities.items()}}
+
+
+def run_capacity(plan: Plan, out: Path, settings: SearchSettings, pools=None, view=None,
+                 labels: list[str] | None = None) -> dict:
+    """Live searches into `out`; writes and returns OUT/capacity.json (kept on resume when its search
+    settings are the same and it holds every strategy asked for)."""
+    path = out / CAPACITY_FILE
+    wanted = labels or [e.label for e in plan.entries]
+    if path.exists():
+        doc = json.loads(path.read_text())
+        if (doc.get("search") == asdict(settings) and doc.get("plan_hash") == plan_hash(plan)
+                and set(wanted) <= set(doc.get("strategies", {}))):
+            return doc
+    doc = capacity_document(search_all(plan, LiveSearch(plan, out, settings, pools, view), settings, labels),
+                            settings) | {"plan_hash": plan_hash(plan)}
+    write_json_atomic(path, doc, default=str)
+    return doc
+
+
+def plan_hash(plan: Plan) -> str:
+    """What the searches measured: the base settings and every entry's (a changed setting searches again)."""
+    import hashlib
+
+    text = json.dumps({"base": plan.base, "entries": [[e.label, e.overrides] for e in plan.entries]},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

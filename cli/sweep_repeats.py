@@ -1,0 +1,59 @@
+"""`repeats: {auto: {start, max, width_pct}}`: after the grid's first `start` repeats, one more repeat at a
+time of the headline's comparisons (each strategy and naive at the headline's common load) until every
+headline latency interval (TTFT p50 and E2E p50, percentage points wide) is at most width_pct, or `max`
+repeats ran. Only the comparisons still too wide get another repeat; the rest of the grid keeps its own."""
+from collections.abc import Callable
+from pathlib import Path
+
+from batchlab.cli.sweep_plan import Plan, Point
+from batchlab.collector.report.headline import BASELINE, Headline
+
+
+def width_pct(h: Headline) -> float | None:
+    """The wider of the headline's TTFT p50 and E2E p50 intervals (percentage points); None: not compared."""
+    results = [r for r in (h.ttft, h.e2e) if r is not None]
+    return max(r.hi - r.lo for r in results) if results else None
+
+
+def current_headlines(out_dir: Path) -> list[Headline]:
+    """The headline the report would state now, from the sweep folder as it stands."""
+    from batchlab.collector.report.capacities import load_capacities
+    from batchlab.collector.report.headline import headlines
+    from batchlab.collector.report.points import load_collection
+
+    collection = load_collection(out_dir)
+    return headlines(collection, load_capacities(collection)[0], {})
+
+
+def wide(found: list[Headline], limit_pct: float) -> list[Headline]:
+    """The comparisons measured at a common load whose interval is still wider than limit_pct."""
+    return [h for h in found if h.rate is not None and (w := width_pct(h)) is not None and w > limit_pct]
+
+
+def repeat_points(plan: Plan, found: list[Headline], repeat: int, out_dir: Path) -> list[Point]:
+    """This repeat's points: each wide comparison's strategy and the baseline at its rate (no duplicates)."""
+    by_label = {e.label: e for e in plan.entries}
+    points: dict[Path, Point] = {}
+    for h in found:
+        for label in (BASELINE, h.label):
+            folder = out_dir / label / f"rate-{h.rate:g}" / f"rep-{repeat}"
+            points.setdefault(folder, Point(by_label[label], h.rate, repeat, plan.seed, folder))
+    return list(points.values())
+
+
+def run_more_repeats(plan: Plan, out_dir: Path, index: dict, run_point: Callable[[Point], dict],
+                     save: Callable[[dict], None]) -> dict:
+    """Repeats beyond plan.repeats while a headline interval is too wide; the index gains their points and
+    a `repeats_auto` entry (the settings, the repeats run, each comparison's final width)."""
+    settings = plan.repeats_auto
+    repeat, found = plan.repeats, current_headlines(out_dir)
+    while repeat < settings["max"] and (todo := wide(found, settings["width_pct"])):
+        for point in repeat_points(plan, todo, repeat, out_dir):
+            index["points"].append(run_point(point))
+            save(index)
+        repeat, found = repeat + 1, current_headlines(out_dir)
+    index["repeats"] = repeat
+    index["repeats_auto"] = {**settings, "ran": repeat,
+                             "width_pct_now": {h.label: width_pct(h) for h in found}}
+    save(index)
+    return index

@@ -1,0 +1,178 @@
+"""Capacity: the sustain verdict on hand-made tables, the bracketing search against a known threshold, and
+the search in the simulator finding the capacity queueing theory predicts for a fixed service time."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from batchlab.cli.capacity_search import SearchSettings, SimulatedSearch, search_all
+from batchlab.cli.sweep_plan import SweepError, load_plan, span_rates
+from batchlab.collector.capacity import (QUEUE_SLACK, Probe, Verdict, bracket, from_runs, next_rate, search,
+                                         sustain, waiting)
+from batchlab.collector.metrics import NO_TERMINAL
+
+# naive, batch size 1, a step model whose prefill costs PREFILL_S and each decode step DECODE_S whatever the
+# shape: every request takes PREFILL_S + (OUT − 1) × DECODE_S, so one worker serves 1 / that req/s (M/D/1)
+PREFILL_S, DECODE_S, OUT = 0.05, 0.01, 6
+SERVICE_S = PREFILL_S + (OUT - 1) * DECODE_S
+FIXED_PRESET = {"name": "fixed", "weights_bytes": 0, "kv_bytes_per_token": 0, "bandwidth_Bps": 0,
+                "prefill_s_per_token": 0, "overhead_s": DECODE_S, "prefill_overhead_s": PREFILL_S,
+                "memory_bytes": 1e12}
+
+
+def fixed_service_config(tmp_path, duration_s: float) -> str:
+    """A sweep YAML on the sim backend with a fixed per-request service time."""
+    import yaml
+
+    preset = tmp_path / "fixed.yaml"
+    preset.write_text(yaml.safe_dump(FIXED_PRESET))
+    config = tmp_path / "fixed-sweep.yaml"
+    search = f"{{search_duration_s: {duration_s}, width: 0.04, max_probes: 12}}"
+    config.write_text(
+        f"base: {{backend: sim, preset: {preset}, dataset: synthetic, prompt_lengths: 16, output_lengths: {OUT}, "
+        f"max_new_tokens: {OUT}, batch_size: 1, max_batch_size: 1, duration_s: 4, warmup_requests: 0}}\n"
+        f"grid: {{strategies: [naive], rates: {{auto: {search}}}}}\n")
+    return str(config)
+
+
+def requests_table(arrivals, launches, status=None, error=None) -> pd.DataFrame:
+    n = len(arrivals)
+    launches = np.asarray(launches, dtype=float)
+    status = status or ["finished" if not math.isnan(t) else "failed" for t in launches]
+    return pd.DataFrame({"request_id": range(n), "arrival_time": arrivals, "scheduled_time": launches,
+                         "status": status, "error": error or [""] * n, "submitted": [True] * n,
+                         "n_tokens": [4] * n, "output_len": [4] * n, "first_token_time": launches + 0.1,
+                         "completion_time": launches + 0.2})
+
+
+def test_a_queue_that_keeps_up_is_sustained():
+    arrivals = np.arange(0, 20, 0.5)
+    verdict = sustain(requests_table(arrivals, arrivals + 0.1), 20.0)
+    assert verdict.sustained and verdict.reasons == [] and verdict.served_share == 1.0
+
+
+def test_a_queue_that_grows_over_the_second_half_is_not_sustained_even_when_all_finish():
+    arrivals = np.arange(0, 20, 0.1)  # 10 req/s offered, 5 req/s served: the queue gains 50 over 10 s
+    launches = np.arange(len(arrivals)) * 0.2
+    verdict = sustain(requests_table(arrivals, launches), 20.0)
+    assert not verdict.sustained and verdict.served_share == 1.0
+    assert verdict.queue_growth == pytest.approx(50, rel=0.1) and "queue grew" in verdict.reasons[0]
+
+
+def test_rejected_requests_leave_the_queue_but_fail_the_served_share():
+    arrivals = np.arange(0, 20, 0.1)
+    launches = [t + 0.05 if i % 10 else math.nan for i, t in enumerate(arrivals)]  # every 10th: queue full
+    table = requests_table(arrivals, launches, error=["queue full" if i % 10 == 0 else "" for i in range(200)])
+    verdict = sustain(table, 20.0)
+    assert abs(verdict.queue_growth) < QUEUE_SLACK and verdict.served_share == pytest.approx(0.9)
+    assert not verdict.sustained and verdict.reasons == ["served 90.0% < 99%"]
+
+
+def test_requests_still_waiting_at_the_end_count_as_waiting():
+    table = requests_table([1.0, 2.0], [math.nan, 2.5], error=[NO_TERMINAL, ""])
+    assert waiting(table, np.array([0.5, 1.5, 2.2, 3.0])).tolist() == [0, 1, 2, 1]
+
+
+def test_goodput_below_90_percent_is_not_sustained():
+    arrivals = np.arange(0, 20, 0.5)
+    table = requests_table(arrivals, arrivals + 0.1)
+    assert sustain(table, 20.0, {"ttft": 0.5}).sustained
+    verdict = sustain(table, 20.0, {"ttft": 0.15})  # TTFT 0.2 s everywhere
+    assert not verdict.sustained and verdict.goodput == 0.0 and "goodput" in verdict.reasons[0]
+
+
+def threshold_measure(capacity_req_s: float, seen: list[float]):
+    def measure(rate: float) -> Probe:
+        seen.append(rate)
+        return Probe(rate, Verdict(rate <= capacity_req_s, [], 1.0, 0.0))
+
+    return measure
+
+
+@pytest.mark.parametrize("start", [0.2, 7.0, 300.0])
+def test_the_search_brackets_a_known_threshold_to_the_asked_width(start):
+    seen: list[float] = []
+    cap = search("x", start, threshold_measure(7.3, seen), width=0.1, max_probes=30)
+    assert cap.lo_req_s <= 7.3 < cap.hi_req_s and cap.hi_req_s / cap.lo_req_s <= 1.1
+    assert cap.estimate_req_s == pytest.approx(math.sqrt(cap.lo_req_s * cap.hi_req_s))
+    assert len(seen) == len(set(seen)) == len(cap.probes)
+
+
+def test_a_search_out_of_probes_leaves_the_bracket_open():
+    cap = search("x", 1.0, threshold_measure(1e9, []), max_probes=3)
+    assert (cap.lo_req_s, cap.hi_req_s, cap.estimate_req_s) == (2.25, None, None)
+
+
+def test_a_sustained_rate_above_a_failing_one_does_not_make_an_inverted_bracket():
+    probes = [Probe(r, Verdict(ok, [], 1.0, 0.0)) for r, ok in ((4.0, True), (6.0, False), (8.0, True))]
+    assert bracket(probes) == (4.0, 6.0) and next_rate(probes, 4.0, width=0.15) == pytest.approx(4.9)
+
+
+def test_the_search_in_the_simulator_finds_the_fixed_service_times_capacity(tmp_path):
+    plan = load_plan(fixed_service_config(tmp_path, duration_s=120))
+    settings = SearchSettings.from_auto(plan.auto)
+    runner = SimulatedSearch(plan, settings)
+    far = search("naive", 2.0, runner.measure(plan.entries[0]), width=settings.width, max_probes=settings.max_probes)
+    [from_burst] = search_all(plan, runner, settings).values()
+    for cap in (far, from_burst):
+        assert cap.estimate_req_s == pytest.approx(1 / SERVICE_S, rel=0.05)
+        assert cap.as_dict()["estimate_tok_s"] == pytest.approx(OUT / SERVICE_S, rel=0.05)
+
+
+def test_brackets_from_fixed_grid_rates_use_the_same_criterion_in_offered_rates():
+    def run(rate: float, served_req_s: float) -> tuple[float, pd.DataFrame, float]:
+        arrivals = np.arange(0, 20, 1 / (0.9 * rate))  # the schedule offered 90% of its nominal rate
+        launches = np.maximum(arrivals, np.arange(len(arrivals)) / served_req_s)
+        return rate, requests_table(arrivals, launches), 20.0
+
+    cap = from_runs("x", [run(5.0, 50), run(10.0, 50), run(10.0, 5), run(20.0, 5)])
+    assert cap.lo_req_s == pytest.approx(4.5) and cap.hi_req_s == pytest.approx(9.0)  # one repeat at 10 fell behind
+    assert cap.as_dict()["lo_tok_s"] == pytest.approx(18.0)
+
+
+def test_automatic_rates_span_every_capacity_log_spaced():
+    rates = span_rates([2.0, 10.0], {"points": 5, "low": 0.3, "high": 1.3})
+    assert rates[0] == pytest.approx(0.6) and rates[-1] == pytest.approx(13.0) and len(rates) == 5
+    ratios = np.diff(np.log(rates))
+    assert np.allclose(ratios, ratios[0], rtol=0.02)
+
+
+def test_automatic_rates_reject_an_empty_span(tmp_path):
+    config = tmp_path / "s.yaml"
+    config.write_text("base: {backend: sim}\ngrid: {strategies: [naive], rates: {auto: {low: 2, high: 1}}}\n")
+    with pytest.raises(SweepError, match="low < high"):
+        load_plan(config)
+
+
+def test_the_capacity_command_searches_in_virtual_time_and_names_bad_labels(tmp_path):
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    config = fixed_service_config(tmp_path, duration_s=120)
+    result = CliRunner().invoke(app, ["capacity", config, "--simulate"])
+    assert result.exit_code == 0, result.output
+    row = next(ln for ln in result.output.splitlines() if ln.startswith("naive"))
+    assert float(row.split()[1]) == pytest.approx(1 / SERVICE_S, rel=0.05)
+    bad = CliRunner().invoke(app, ["capacity", config, "--simulate", "--strategy", "nope"])
+    assert bad.exit_code == 1 and "no grid entry labelled nope" in bad.output
+
+
+def test_a_strategy_whose_burst_failed_is_left_unmeasured_without_stopping_the_others():
+    from batchlab.cli.capacity_search import search_one
+    from batchlab.cli.sweep_plan import Entry
+
+    class Runner:
+        def start_rate(self, entry):
+            if entry.label == "slow":
+                raise SweepError("the capacity burst on slow finished no request within the point's limit")
+            return 5.0
+
+        def measure(self, entry):
+            return threshold_measure(7.3, [])
+
+    settings = SearchSettings(width=0.1, max_probes=20)
+    slow, fine = (search_one(Entry(lb, {}), Runner(), settings) for lb in ("slow", "fine"))
+    assert (slow.lo_req_s, slow.hi_req_s, slow.probes) == (None, None, []) and "finished no request" in slow.note
+    assert slow.as_dict()["note"] == slow.note and fine.lo_req_s <= 7.3 < fine.hi_req_s

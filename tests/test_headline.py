@@ -1,0 +1,103 @@
+"""The headline's fixed rule on simulated sweeps: twin strategies read as no significant difference, continuous
+batching beats naive where queueing theory says it must, and every number carries an interval or the words."""
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from batchlab.cli.main import app
+from batchlab.collector.report.build import run_report
+from batchlab.collector.report.capacities import FROM_GRID, SEARCHED, load_capacities
+from batchlab.collector.report.headline import capacity_ratio, common_rate, headlines
+from batchlab.collector.report.points import load_collection
+from batchlab.collector.report.setup import hardware
+
+runner = CliRunner()
+# naive launches exactly 8: at 4 req/s a request waits for up to 7 more arrivals (about 0.9 s on average
+# before service), while continuous batching admits it at the next step (tens of ms on this step model)
+BASE = "{backend: sim, preset: a100-llama2-7b, dataset: synthetic, duration_s: 20, max_new_tokens: 32, batch_size: 8}"
+
+
+def simulated_sweep(tmp_path, strategies: str, rates: str = "[2, 4, 100]"):
+    config = tmp_path / "grid.yaml"
+    config.write_text(f"base: {BASE}\ngrid: {{strategies: {strategies}, rates: {rates}}}\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["simulate", str(config), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    collection = load_collection(out)
+    capacities, source = load_capacities(collection)
+    hardware_of = {r.label: hardware(r.settings) for r in collection.runs}
+    return collection, capacities, source, headlines(collection, capacities, hardware_of), hardware_of
+
+
+def bare_numbers(text: str, hardware_texts) -> list[str]:
+    """Numbers in a headline that carry neither an interval/bracket nor a bound sign: settings (the common
+    load, the 0.8 share, pair and repeat counts) and the machine's name are not measurements."""
+    for hw in hardware_texts:
+        text = text.replace(hw, "")
+    text = re.sub(r"λ = [\d.]+ req/s|≤ 0\.8 ×|\d+ requests, \d+ repeat\(s\)|\([^()]*\[[^\]]*\][^()]*\)", "", text)
+    text = re.sub(r"\[[^\]]*\]", "[]", text)  # interval contents
+    numbers = re.finditer(r"(?<![\w.])([+−-]?\d+(?:\.\d+)?)(%?)", text)
+    return [m.group(0) for m in numbers if not text[m.end():].lstrip().startswith("[")
+            and not text[:m.start()].rstrip().endswith(("≥", "<"))]
+
+
+def test_two_identical_strategies_read_as_no_significant_difference(tmp_path):
+    _, capacities, source, [line], hw = simulated_sweep(tmp_path, "[naive, {strategy: naive, label: naive-twin}]")
+    assert source == FROM_GRID and capacities["naive"]["lo_req_s"] == capacities["naive-twin"]["lo_req_s"]
+    assert line.label == "naive-twin" and line.rate == 4.0
+    assert not line.capacity.significant and not line.ttft.significant and not line.e2e.significant
+    assert "no significant difference in capacity" in line.text
+    assert "no significant difference in TTFT p50" in line.text and "no significant difference in E2E p50" in line.text
+    assert bare_numbers(line.text, hw.values()) == []
+
+
+def test_continuous_beats_naive_at_a_load_both_sustain_significantly_and_in_the_right_direction(tmp_path):
+    _, _, _, [line], hw = simulated_sweep(tmp_path, "[naive, continuous]")
+    assert line.label == "continuous" and line.rate == 4.0
+    assert line.ttft.significant and line.ttft.hi < 0  # lower TTFT, the whole interval below zero
+    assert line.e2e.significant and line.e2e.hi < 0
+    assert re.search(r"TTFT p50 −\d+(\.\d+)?% \[−", line.text)
+    assert bare_numbers(line.text, hw.values()) == []
+
+
+def test_the_number_checker_catches_a_bare_number():
+    assert bare_numbers("capacity +12% [+3%, +20%] and throughput +4.0%", []) == ["+4.0%"]
+    assert bare_numbers("naive ≥ 4.6 (no failing rate measured)", []) == []
+
+
+def test_capacity_ratio_interval_comes_from_both_brackets_and_open_brackets_give_none():
+    old = {"lo_req_s": 2.0, "hi_req_s": 2.5, "estimate_req_s": 2.236}
+    new = {"lo_req_s": 4.0, "hi_req_s": 5.0, "estimate_req_s": 4.472}
+    r = capacity_ratio(new, old)
+    assert (r.lo, r.hi) == pytest.approx((60.0, 150.0)) and r.estimate == pytest.approx(100.0) and r.significant
+    assert not capacity_ratio({"lo_req_s": 2.2, "hi_req_s": 2.6, "estimate_req_s": 2.39}, old).significant
+    assert capacity_ratio({"lo_req_s": 4.0, "hi_req_s": None}, old) is None
+
+
+def test_the_common_load_is_the_highest_grid_rate_within_80_percent_of_the_lower_capacity():
+    a, b = {"estimate_req_s": 10.0}, {"estimate_req_s": 5.0}
+    assert common_rate([1.0, 3.0, 4.0, 4.5, 8.0], a, b) == 4.0
+    assert common_rate([5.0, 8.0], a, b) is None
+    assert common_rate([1.0], {"lo_req_s": 2.0}, b) == 1.0  # an open bracket's floor vouches for its load
+
+
+def test_the_report_leads_with_the_capacity_table_then_the_headline(tmp_path):
+    collection, *_ = simulated_sweep(tmp_path, "[naive, continuous]")
+    result = run_report(str(collection.root))
+    text = result.path.read_text()
+    assert text.index("## Capacity") < text.index("## Result") < text.index("## Plots")
+    assert "| naive |" in text.split("## Result")[0] and result.capacity_lines[0].startswith("strategy")
+
+
+def test_a_searched_capacity_in_capacity_json_is_preferred_to_the_grid(tmp_path):
+    import json
+
+    collection, *_ = simulated_sweep(tmp_path, "[naive, continuous]")
+    doc = {"search": {}, "strategies": {lb: {"label": lb, "lo_req_s": 1.0, "hi_req_s": 1.1, "estimate_req_s": 1.05,
+                                             "probes": []} for lb in ("naive", "continuous")}}
+    (collection.root / "capacity.json").write_text(json.dumps(doc))
+    index = json.loads((collection.root / "sweep.json").read_text())
+    collection.index.pop("capacity", None)
+    capacities, source = load_capacities(load_collection(collection.root))
+    assert source == SEARCHED and capacities["naive"]["hi_req_s"] == 1.1 and "points" in index

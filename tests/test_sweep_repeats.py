@@ -1,0 +1,52 @@
+"""repeats: auto on a simulated sweep: extra repeats only of the headline's comparisons, until their
+intervals are narrow enough or the maximum count ran."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from batchlab.cli.main import app
+from batchlab.cli.sim_run import simulate_run
+from batchlab.cli.sweep_plan import SweepError, load_plan
+from batchlab.cli.sweep_repeats import run_more_repeats
+from batchlab.collector.layout import DONE_FILE, INDEX_FILE
+
+BASE = "{backend: sim, preset: a100-llama2-7b, dataset: synthetic, duration_s: 10, max_new_tokens: 32, batch_size: 8}"
+
+
+def simulated(tmp_path, width_pct: float):
+    config = tmp_path / "grid.yaml"
+    config.write_text(f"base: {BASE}\ngrid: {{strategies: [naive, continuous], rates: [2, 4, 100], "
+                      f"repeats: {{auto: {{start: 1, max: 3, width_pct: {width_pct}}}}}}}\n")
+    out = tmp_path / "out"
+    assert CliRunner().invoke(app, ["simulate", str(config), "--out", str(out)]).exit_code == 0
+    plan = load_plan(config)
+
+    def run_point(point):
+        simulate_run(point.config(plan.base))
+        record = point.record("done")
+        (point.folder / DONE_FILE).write_text(json.dumps(record))
+        return record
+
+    index = json.loads((out / INDEX_FILE).read_text())
+    save = lambda doc: (out / INDEX_FILE).write_text(json.dumps(doc))  # noqa: E731
+    return run_more_repeats(plan, out, index, run_point, save)
+
+
+def test_wide_intervals_get_more_repeats_of_the_compared_points_only_up_to_the_maximum(tmp_path):
+    index = simulated(tmp_path, width_pct=1e-6)
+    extra = [(p["label"], p["rate"], p["repeat"]) for p in index["points"] if p["repeat"] > 0]
+    assert sorted(extra) == [("continuous", 4.0, 1), ("continuous", 4.0, 2), ("naive", 4.0, 1), ("naive", 4.0, 2)]
+    assert index["repeats"] == 3 and index["repeats_auto"]["ran"] == 3
+
+
+def test_narrow_enough_intervals_need_no_more_repeats(tmp_path):
+    index = simulated(tmp_path, width_pct=1e6)
+    assert all(p["repeat"] == 0 for p in index["points"]) and index["repeats_auto"]["ran"] == 1
+
+
+def test_repeats_auto_rejects_a_start_above_the_maximum(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("base: {backend: sim}\ngrid: {strategies: [naive], rates: [1], repeats: {auto: {start: 5, max: 2}}}\n")
+    with pytest.raises(SweepError, match="start ≤ max"):
+        load_plan(config)
