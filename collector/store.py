@@ -83,14 +83,17 @@ class RunStore(PartTaking):
         return state
 
     def _on_run_info(self, msg: RunInfo) -> None:
+        if not msg.is_valid():  # the codec refuses it too; a store fed in-process checks again
+            raise ValueError(f"RunInfo: t0 {msg.settings.get('t0')!r} is not a finite number")
         self.settings = dict(msg.settings)
 
     def _on_arrival(self, msg: Arrival) -> None:
         state = self._request(msg.request_id)
         if state is None:
             return
-        if state.arrival is None:
-            self.arrivals += 1
+        if state.arrival is not None:  # a request's id arrives once: a second one is refused, never merged
+            raise ValueError(f"Arrival: request {msg.request_id} arrived already")
+        self.arrivals += 1
         self._first_arrival = min(self._first_arrival, msg.arrival_time)
         state.arrival = msg
         if state.taken_batch is not None:  # its written row changes

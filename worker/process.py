@@ -11,6 +11,7 @@ from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, meas
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
+from batchlab.worker.admission import admit
 from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.heartbeat import HeartbeatThread
 from batchlab.worker.outbox import Outbox
@@ -149,7 +150,12 @@ class Worker:
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Dispatch):
-            for batch_id, requests in msg.batches():  # one batch, or a scheduling pass's one-request batches
+            admission = admit(msg, self.worker_id, self.backend.info.max_batch_size, self.backend.info.mode ==
+                              "continuous", self.open, self.batch_of, now(), self.rejected)
+            self.rejected += admission.refused
+            for done in admission.answers:  # refused: each row fails with the reason
+                self._batch_done(done)
+            for batch_id, requests in admission.accepted:  # one batch, or a pass's one-request batches
                 rows = [Row(r[0], r[1], r[2], unpack_tokens(r[3]), batch_id) for r in requests]
                 if self.backend.info.mode == "continuous":
                     self._admit(batch_id, rows)
