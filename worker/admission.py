@@ -42,6 +42,7 @@ def admit(msg: Dispatch, worker_id: str, max_rows: int, continuous: bool, open_b
             log.warning("refused batch %d of %d rows: %s", batch_id, len(rows), reason)
         if batch_id not in open_batches:
             failed = _fresh(rows, live_ids, seen)
+            seen.update(failed)  # ended here: a later batch of this dispatch may not run them
             out.answers.append(BatchDone(batch_id, worker_id, t, t, [], [[rid, reason] for rid in failed]))
     return out
 
