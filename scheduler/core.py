@@ -13,8 +13,8 @@ nothing vanishes.
 import itertools
 from dataclasses import dataclass, field
 
-from batchlab.collector.state import EndedIds
 from batchlab.protocol import BatchLaunch, Dispatch, RequestFailed, WorkerHello
+from batchlab.protocol.ids import IdSet
 from batchlab.scheduler.policies import Decision, Policy, QueuedRequest
 from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
 
@@ -67,7 +67,7 @@ class SchedulerCore:
         self.next_batch_id = 0
         self.orphaned_since: float | None = None  # when the last worker was lost
         self.outbox: list[RequestFailed] = []  # terminal records not yet drained
-        self.seen = EndedIds()  # every request id received: one that comes again is refused
+        self.seen = IdSet()  # every request id received: one that comes again is refused
         self.stats = {"submitted": 0, "duplicate_requests": 0, "queue_full": 0, "oom_batches": 0, "workers_lost": 0,
                       "workers_rejoined": 0, "capacity_changes": 0, "max_queue_len": 0}
 
