@@ -12,7 +12,8 @@ from batchlab.protocol.wire import (PROTOCOL_VERSION, STEP_BATCH, BatchId, Count
                                     RequestRow, TokenBytes, pack_tokens, unpack_tokens)
 
 __all__ = [
-    "PROTOCOL_VERSION", "STEP_BATCH", "BatchId", "Count", "Length", "RequestId", "FailedRow", "Kind", "RequestRow", "TokenBytes", "pack_tokens", "unpack_tokens",
+    "PROTOCOL_VERSION", "STEP_BATCH", "BatchId", "Count", "Length", "RequestId", "FailedRow", "Kind", "RequestRow",
+    "TokenBytes", "pack_tokens", "unpack_tokens",
     "Arrival", "BatchLaunch", "Bundle", "RequestFailed", "RunEnd", "RunInfo", "Step", "Tokens", "WorkerBye",
     "TrafficHello", "Start", "RequestMsg", "EndOfStream", "WorkerHello", "Dispatch", "BatchDone", "Heartbeat",
     "Shutdown", "ClockPing", "ClockPong", "WorkerCapacity", "MESSAGE_TYPES",

@@ -22,7 +22,8 @@ from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, RequestFailed, R
                                WorkerBye, encode)
 from tests.wire_cases import bad_frame
 
-FUZZ = settings(max_examples=int(os.environ.get("BATCHLAB_FUZZ_EXAMPLES", 25)), database=None, deadline=None, suppress_health_check=list(HealthCheck))
+EXAMPLES = int(os.environ.get("BATCHLAB_FUZZ_EXAMPLES", 25))  # more for a deeper search by hand
+FUZZ = settings(max_examples=EXAMPLES, database=None, deadline=None, suppress_health_check=list(HealthCheck))
 N_REQUESTS, OUTPUT_LEN = 6, 2
 
 

@@ -5,11 +5,12 @@ loop in a thread (tests.test_worker_robustness's rig)."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchlab.protocol import BatchDone, Dispatch, Tokens, now
+from batchlab.protocol import BatchDone, Dispatch, Tokens, WorkerBye, now
 from batchlab.protocol.messages import pack_tokens
 from batchlab.worker.admission import admit
 from batchlab.worker.sim import SimBackend
-from tests.test_worker_robustness import PROMPT, WorkerRig
+from tests.test_worker_robustness import PROMPT, WORKER, WorkerRig
+from tests.wire_cases import BAD_CASES, frame
 
 TOKENS = pack_tokens(PROMPT)
 
@@ -79,3 +80,17 @@ def test_a_worker_refuses_a_huge_dispatch_at_once_and_still_serves_and_stops():
     assert not rig.thread.is_alive()
     tokens = [rid for m in recorded if isinstance(m, Tokens) for rid in m.request_ids]
     assert tokens == [20_001] * 3  # the refused rows never ran
+
+
+def test_a_worker_counts_every_frame_with_a_bad_value_and_serves_on():
+    bad = [frame(msg, **{name: value}) for msg, name, value in BAD_CASES
+           if type(msg).__name__ in ("Dispatch", "Shutdown", "ClockPong", "Heartbeat")]
+    rig = WorkerRig(SimBackend("echo", mode="continuous", max_batch_size=8, backend="echo"))
+    try:
+        for f in bad:
+            rig.router.send_multipart([WORKER.encode(), f])
+        assert rig.dispatch(0, [(1, 3)]).finished == [1]
+    finally:
+        recorded = rig.close()
+    bye = next(m for m in recorded if isinstance(m, WorkerBye))
+    assert bye.stats["rejected_messages"] == len(bad) > 50
