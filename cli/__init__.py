@@ -1,0 +1,61 @@
+"""The `batchlab` command line.
+
+A Ctrl-C while it is still importing (a second or so, before any process or file exists) ends it quietly
+with exit code 130; main.py hands SIGINT back to Python once imported. A child that `batchlab run`
+spawned (multiprocessing imports this package first thing, before the role's code) is linked to its
+launcher at once: it gets SIGTERM when the launcher ends, and until its role takes over the signal, a
+SIGTERM ends it at once (removing the temp folders of a launcher that is gone); it inherits SIGINT
+ignored (procs.start) and keeps it so until it leads its own process group (procs.become_group_leader).
+"""
+import ctypes
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # Linux prctl: a signal this process gets when its parent dies
+SPAWNED = "--multiprocessing-fork" in sys.argv  # a multiprocessing child (spawn start method)
+PARENT_PID = os.getppid()  # the launcher, unless it died before this line (procs.orphaned checks again)
+
+
+def die_with_parent() -> None:
+    """Linux: SIGTERM to this process when its parent ends (idempotent)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def remove_temp_of(owner_pid: int) -> None:
+    """Remove the run temp folders (procs.run_temp_folder) of `owner_pid`."""
+    for folder in Path(tempfile.gettempdir()).glob(f"batchlab-{owner_pid}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _terminated_while_importing(signum, _frame) -> None:
+    if os.getppid() != PARENT_PID:  # the launcher is gone: nobody else will clean up
+        remove_temp_of(PARENT_PID)
+    os._exit(128 + signum)
+
+
+def _interrupted_while_importing(_signum, _frame) -> None:
+    sys.stderr.write("error: interrupted\n")
+    os._exit(130)
+
+
+def restore_sigint() -> None:
+    """Python's own Ctrl-C (KeyboardInterrupt) again, unless SIGINT was ignored by whoever started us."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+if SPAWNED:
+    die_with_parent()
+    signal.signal(signal.SIGTERM, _terminated_while_importing)
+    if os.getppid() != PARENT_PID:  # died between the two lines
+        _terminated_while_importing(signal.SIGTERM, None)
+elif signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_while_importing)

@@ -4,18 +4,18 @@ import logging
 import multiprocessing as mp
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from batchlab.cli import procs, roles
+from batchlab.cli import outcome, procs, roles
 from batchlab.protocol.settings import RunConfig
 from batchlab.cli.procs import Child
+from batchlab.cli.run_folder import RunRecord
 from batchlab.protocol.sockets import Addresses
 
 log = logging.getLogger("batchlab.launcher")
@@ -48,16 +48,20 @@ class Limits:
 
 def _entry(target, args: tuple, out_dir: str | None = None) -> None:
     """Child main: its own process group, its terminal output into its log folder, then the role; its
-    return value is the exit code; a crash goes into its log too."""
+    return value is the exit code; a crash goes into its log too (exit code: outcome.exit_code_for).
+    A child that outlived its launcher removes the launcher's temp folder on its way out."""
     procs.become_group_leader()
     name = mp.current_process().name
-    if out_dir:
-        procs.redirect_output(Path(out_dir) / "logs" / f"{name}.out")
     try:
+        if out_dir:
+            procs.redirect_output(Path(out_dir) / "logs" / f"{name}.out")
         code = target(*args)
-    except Exception:
+    except Exception as exc:
         logging.getLogger("batchlab").exception("%s crashed", name)
-        raise
+        code = outcome.exit_code_for(exc)
+    finally:
+        if procs.orphaned():
+            procs.remove_run_temp(procs.launcher_pid())
     raise SystemExit(code)
 
 
@@ -74,13 +78,35 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
-    cfg = _with_schedule(cfg, out)
-    tmp = tempfile.mkdtemp(prefix="batchlab-")
+    record = RunRecord(out, cfg)
+    try:
+        summary = _launch(_with_schedule(cfg, out), out, slos, on_tick, pool, limits)
+    except KeyboardInterrupt:
+        record.end("interrupted", "Ctrl-C")
+        raise
+    except RunTimeout as exc:
+        record.end("stopped" if exc.phase == "run" else "failed", str(exc))
+        raise
+    except BaseException as exc:
+        record.end("failed", f"{type(exc).__name__}: {exc}")
+        raise
+    record.end("done", finished=summary.get("finished"), failed=summary.get("failed"),
+               role_deaths=summary.get("role_deaths", []))
+    return summary
+
+
+def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits: Limits | None) -> dict:
+    """launch_run's processes, from start to the summary (post-processed: a sim/echo run's timing
+    fidelity is computed here, once, so that no reader ever rewrites a run's files)."""
+    procs.clean_stale_temp()
+    tmp = procs.run_temp_folder()
     addrs = Addresses.ipc(tmp)
     ctx = mp.get_context("spawn")  # fork is unsafe with torch/vLLM threads
     stream_ended = ctx.Event()  # set when traffic dies: the scheduler then ends the stream
     traffic_started = ctx.Event()  # set when the traffic got Start: the run's clock starts
-    own = [start_role(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos, out_dir=cfg.out),
+    watch = _Faults(ctx.Event())  # the collector sets its event when a signal stops it mid-run
+    own = [start_role(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos, watch.stop_run,
+                      out_dir=cfg.out),
            start_role(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector,
                   stream_ended, out_dir=cfg.out)]
     if pool is None:
@@ -92,14 +118,47 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     own.append(start_role(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler, traffic_started, out_dir=cfg.out))
     (out / "pids.json").write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
     try:
-        _watch(own, workers, on_tick, stream_ended, _Clock(limits or Limits(), traffic_started, out))
+        _watch(own, workers, on_tick, stream_ended, _Clock(limits or Limits(), traffic_started, out), watch)
     finally:
+        watch.stop_run.set()  # the collector's signal from here on is the launcher's: no run to stop
         _stop(own)  # producers first, then the collector; every group reaped
         shutil.rmtree(tmp, ignore_errors=True)
     summary_path = out / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"the collector wrote no summary in {out}")
+    _post_process(out, watch.deaths)
     return json.loads(summary_path.read_text())
+
+
+def _post_process(out: Path, deaths: list) -> None:
+    """What the summary needs beyond the collector's figures, added when the run ends: the roles that
+    died (for outcome.verdict), the traffic's send lag, and the simulator's replay of a live sim/echo
+    run (`timing_fidelity`)."""
+    from batchlab.collector.parts import write_summary
+    from batchlab.scheduler.simulator.fidelity import add_run_fidelity
+
+    add_run_fidelity(out)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["harness_lag"] = send_lag(out)
+    summary["role_deaths"] = deaths
+    write_summary(out, summary)
+
+
+def send_lag(out: Path) -> dict:
+    """How late the traffic sent each request after its planned arrival, s (p50, p99, max)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(out / "requests.parquet", columns=["arrival_time", "send_time"])
+    except (OSError, KeyError, ValueError):
+        return {}
+    lag = table["send_time"].to_numpy(zero_copy_only=False) - table["arrival_time"].to_numpy(zero_copy_only=False)
+    lag = lag[np.isfinite(lag)]
+    if not lag.size:
+        return {}
+    p50, p99 = np.percentile(lag, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "max": float(lag.max())}
 
 
 class _Clock:
@@ -143,19 +202,37 @@ def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
     return replace(cfg, schedule=str(path))
 
 
-def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock) -> None:
+@dataclass(slots=True)
+class _Faults:
+    """What the watch saw go wrong: each role that ended mid-run (outcome.death_line), and the
+    collector's request to stop the run (a signal reached it before the run's end)."""
+
+    stop_run: object  # a multiprocessing Event
+    deaths: list[str] = field(default_factory=list)
+
+
+def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock,
+           faults: _Faults | None = None) -> None:
     """Wait for the run's end. A dead collector or scheduler, or the last worker, stops the run; a dead
     traffic process or one of several workers does not: the scheduler notices and the run goes on.
-    Warm workers (`workers`, from a pool) outlive the run: its end is the scheduler's and collector's."""
+    Every one is noted in `faults`. A role ends with 0 only when the run is over (roles.py); any
+    other code is a death. Warm workers (`workers`, from a pool) outlive the run: its end is the
+    scheduler's and collector's."""
     children, reported = own + workers, set()
+    faults = faults or _Faults(None)
     while any(c.proc.is_alive() for c in own if c.name in ("scheduler", "collector")):
+        if faults.stop_run is not None and faults.stop_run.is_set() and "collector" not in reported:
+            reported.add("collector")
+            faults.deaths.append("collector stopped by a signal mid-run: the run was stopped, what it had "
+                                 "is written")
+            raise RunFailed(faults.deaths[-1])
         for c in children:
             code = c.proc.exitcode
             if code in (None, 0) or c.name in reported:
                 continue
             reported.add(c.name)
-            how = f"signal {-code}" if code < 0 else f"exit code {code}"
-            message = f"{c.name} died ({how}); see its log in the out folder's logs/"
+            message = outcome.death_line(c.name, code)
+            faults.deaths.append(message)
             if _fatal(c, children):
                 raise RunFailed(message)
             log.warning("%s; the run goes on", message)
@@ -168,8 +245,8 @@ def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock:
 
 
 def _fatal(dead: Child, children: list[Child]) -> bool:
-    if dead.name == "traffic":
-        return dead.proc.exitcode > 0  # killed: the scheduler ends the stream; crashed: a bug to show
+    if dead.name == "traffic":  # killed or stopped: the scheduler ends the stream; crashed: a bug to show
+        return 0 < dead.proc.exitcode <= outcome.SIGNAL_EXIT_BASE
     if dead.name.startswith("worker-"):
         return not any(c.proc.is_alive() for c in children if c.name.startswith("worker-"))
     return True

@@ -1,11 +1,12 @@
 """The `batchlab` command. Each command is a thin wrapper; heavy imports happen inside commands."""
+import signal
 from typing import Annotated, NoReturn
 
 import click
 import typer
 from typer.core import TyperGroup
 
-from batchlab.cli import report_cmd, simulate_cmd, sweep_cmd
+from batchlab.cli import report_cmd, restore_sigint, simulate_cmd, sweep_cmd
 from batchlab.cli.config import checked_config, replay_config
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
@@ -13,7 +14,7 @@ from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, B
                                   Compile, Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
                                   MaxPrompt, MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset,
                                   Rate, Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
-from batchlab.cli.options import OutputLens, PromptLens, TraceStart
+from batchlab.cli.options import OutputLens, Overwrite, PromptLens, TraceStart
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -31,7 +32,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 class _OneLineErrors(TyperGroup):
-    """Every command's user errors become `error: <one line>` and exit 1 (KeyboardInterrupt is left alone)."""
+    """Every command's user errors become `error: <one line>` and exit 1 (a Ctrl-C is typer's: exit 130)."""
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
@@ -56,11 +57,11 @@ def _config(config: str | None, overrides: dict, *, replay: bool = False) -> Run
         _fail(exc)
 
 
-def _fail(error: str | BaseException) -> NoReturn:
-    """`error: <one line>` on stderr and exit 1."""
+def _fail(error: str | BaseException, code: int = 1) -> NoReturn:
+    """`error: <one line>` on stderr and exit `code` (1: bad input)."""
     text = " ".join(str(error).split()) or type(error).__name__
     typer.secho(f"error: {text}", fg="red", err=True)
-    raise typer.Exit(code=1) from None
+    raise typer.Exit(code=code) from None
 
 
 @app.command()
@@ -76,37 +77,66 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
         max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
         max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
         tensor_parallel_size: TP = None,
-        pipeline_parallel_size: PP = None, slo: SloOpt = None) -> None:
+        pipeline_parallel_size: PP = None, slo: SloOpt = None, overwrite: Overwrite = False) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
-    cfg = _config(overrides.pop("config"), overrides, replay=True)
+    overwrite = overrides.pop("overwrite")
+    config_file = overrides.pop("config")
+    cfg = _config(config_file, overrides, replay=True)
+    from batchlab.cli.launcher import RunFailed
     from batchlab.cli.live import run_with_status
+    from batchlab.cli.outcome import FAULT_EXIT, INTERRUPTED_EXIT, verdict
+    from batchlab.cli.preflight import check_before_start
+    from batchlab.cli.result_table import show
+    from batchlab.cli.run_folder import claim, new_folder
 
     try:
+        if overrides["out"] is None and "out" not in (load_yaml(config_file) if config_file else {}):
+            cfg.out = new_folder(cfg)  # without --out, every run gets a folder of its own
+        check_before_start(cfg)
+        claim(cfg.out, overwrite=overwrite)
         summary = run_with_status(cfg)
     except KeyboardInterrupt:
-        _fail(f"interrupted; partial results in {cfg.out}")
+        _fail(f"interrupted; partial results in {cfg.out}", code=INTERRUPTED_EXIT)
+    except RunFailed as exc:
+        _fail(exc, code=FAULT_EXIT)
     except _user_errors() as exc:
         _fail(exc)
-    typer.echo(f"results in {cfg.out}: {summary['finished']} finished, {summary['failed']} failed")
+    show(summary, cfg.out)
+    _exit_by_verdict(verdict(summary, summary.get("role_deaths", [])))
+
+
+def _exit_by_verdict(code_line: tuple[int, str]) -> None:
+    """A run that lost requests to a fault: its one line, and its exit code (cli/outcome.py)."""
+    code, line = code_line
+    if code:
+        _fail(line, code=code)
 
 
 @app.command()
 def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp://127.0.0.1:5558",
-              out: Annotated[str, Opt(help="output folder")] = "runs/latest", keys: Keys = None) -> None:
+              out: Annotated[str, Opt(help="output folder")] = "runs/latest", keys: Keys = None,
+              overwrite: Overwrite = False) -> None:
     """Run the collector alone."""
     from batchlab.cli.roles import collector_role
+    from batchlab.cli.run_folder import claim
 
+    try:
+        claim(out, overwrite=overwrite)  # one run's tables per folder, never two runs' mixed
+    except ConfigError as exc:
+        _fail(exc)
     _role(collector_role, RunConfig(out=out, keys=keys or ""), address)
 
 
 def _role(role, *args) -> None:
-    """Run one role in this process; its known failures become one line and exit 1."""
+    """Run one role in this process; its known failures become one line and exit 1; stopped by Ctrl-C, 130."""
+    from batchlab.protocol.signals import last_stop_signal
+
     try:
         code = role(*args)
     except _user_errors() as exc:
         _fail(exc)
-    raise typer.Exit(code or 0)
+    raise typer.Exit(130 if last_stop_signal() == signal.SIGINT else code or 0)
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="CurveZMQ keys for non-loopback addresses.")
@@ -174,6 +204,7 @@ from batchlab.cli import calibrate_cmd, tune_cmd  # noqa: E402
 
 for _command in (sweep_cmd, report_cmd, simulate_cmd, tune_cmd, calibrate_cmd):
     _command.register(app)
+restore_sigint()  # imported: a Ctrl-C is a KeyboardInterrupt again (exit 130, see _OneLineErrors)
 
 if __name__ == "__main__":
     app()

@@ -63,7 +63,9 @@ MaxWait = Annotated[Optional[float], setting("max_wait_ms", help="dynamic: age t
 MaxNew = Annotated[Optional[int], setting("max_new_tokens", help="cap on output tokens per request")]
 MaxPrompt = Annotated[Optional[int], setting("max_prompt_len", help="drop prompts longer than this many tokens")]
 Seed = Annotated[Optional[int], setting("seed", help="seed of the arrival and prompt streams")]
-Out = Annotated[Optional[str], setting("out", help="output folder")]
+Out = Annotated[Optional[str], Opt(help="output folder (run: a new runs/<date>-<strategy>-<backend> unless given; "
+                                           "the roles alone: runs/latest)")]
+Overwrite = Annotated[bool, Opt("--overwrite", help="replace what --out holds (else a used folder is refused)")]
 SloOpt = Annotated[Optional[list[str]], Opt("--slo", help="SLO for goodput in summary.json, e.g. ttft=500ms "
                                                           "(repeatable; names ttft, tpot, e2e, queue_wait)")]
 Workers = Annotated[Optional[int], setting("workers", help="worker processes (the scheduler waits for this many)")]

@@ -6,20 +6,24 @@ compiler workers); they inherit the group, so one `killpg` reaches them even aft
 and they were re-parented to init. A group of its own also keeps the terminal's Ctrl-C away from the
 children: it reaches only the launcher, which then stops the roles in order (producers first).
 """
-import ctypes
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchlab.cli import die_with_parent, remove_temp_of
+
 log = logging.getLogger("batchlab.procs")
-PR_SET_PDEATHSIG = 1  # Linux prctl: a signal this process gets when its parent dies
 REAP_WAIT_S = 5.0  # after SIGKILL to a group, how long to wait for its members to be gone
+TEMP_PREFIX = "batchlab-"  # a run's temp folder: batchlab-<owner pid>-<random>
 
 
 @dataclass
@@ -31,16 +35,55 @@ class Child:
 
 
 def become_group_leader() -> None:
-    """In a child, first thing: lead a new process group and die with the launcher (SIGTERM)."""
-    parent = os.getppid()
+    """In a child, first thing: die with the launcher (SIGTERM), then lead a new process group; SIGINT,
+    ignored since the spawn (`start`), is Python's own again once the terminal's Ctrl-C cannot reach us."""
+    die_with_parent()  # already done when this package was imported (cli/__init__.py); idempotent
+    if orphaned():  # the launcher died before the prctl took effect
+        remove_run_temp(launcher_pid())
+        os._exit(128 + signal.SIGTERM)
     os.setpgid(0, 0)
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the launcher died before the prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def launcher_pid() -> int | None:
+    """The pid of the process that spawned this one (None outside a multiprocessing child)."""
+    parent = mp.parent_process()
+    return None if parent is None else parent.pid
+
+
+def orphaned() -> bool:
+    """True in a spawned child whose launcher is gone (this process was re-parented)."""
+    pid = launcher_pid()
+    return pid is not None and os.getppid() != pid
+
+
+def run_temp_folder() -> str:
+    """A private folder for a run's ipc sockets, named by its owner's pid so that whoever finds it
+    with the owner dead (a SIGKILLed launcher) may remove it: see remove_run_temp, clean_stale_temp."""
+    return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+
+
+def remove_run_temp(owner_pid: int) -> None:
+    """Remove every run folder of `owner_pid` (a child calls it when its launcher died)."""
+    remove_temp_of(owner_pid)
+
+
+def clean_stale_temp() -> None:
+    """Remove run folders whose owner process is gone (a launcher killed before it could clean up)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
+        owner = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not _pid_alive(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def redirect_output(log_file: Path) -> None:
@@ -58,8 +101,22 @@ def redirect_output(log_file: Path) -> None:
 def start(ctx, name: str, entry, *args) -> Child:
     """Start `entry(*args)` as a process (which must call become_group_leader first)."""
     proc = ctx.Process(target=entry, args=args, name=name, daemon=False)
-    proc.start()
+    with sigint_ignored():  # the child inherits SIG_IGN: a Ctrl-C before it leads its own group misses it
+        proc.start()
     return Child(name, proc)
+
+
+@contextmanager
+def sigint_ignored():
+    """SIGINT is ignored inside (main thread only; elsewhere Python allows no handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def signal_group(child: Child, sig: int) -> None:

@@ -1,5 +1,4 @@
 """`batchlab report DIR`: plots and REPORT.md from a sweep folder or a single run folder."""
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -8,24 +7,23 @@ import typer
 Folder = Annotated[str, typer.Argument(help="a sweep's --out folder, or one run's folder")]
 Rate = Annotated[Optional[float], typer.Option(help="rate (req/s) of the CDF and timeline plots")]
 Slo = Annotated[Optional[list[str]], typer.Option(help="SLO for goodput, e.g. ttft=500ms (repeatable)")]
+Out = Annotated[Optional[str], typer.Option(help="where REPORT.md and the plots go (default: FOLDER); the runs' "
+                                            "own files are only read")]
 
 
 def register(app: typer.Typer) -> None:
     """Add `batchlab report` to the app."""
 
     @app.command()
-    def report(folder: Folder, *, rate: Rate = None, slo: Slo = None) -> None:
-        """Plots (PNG) and REPORT.md: latency vs throughput, CDFs, batch timeline, tables per rate; each
-        live sim/echo run's summary.json first gains its timing fidelity (against the simulator)."""
+    def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, out: Out = None) -> None:
+        """Plots (PNG) and REPORT.md: latency vs throughput, CDFs, batch timeline, tables per rate. Reads
+        the runs and writes nothing into their files (a run's figures are computed when it ends)."""
         from batchlab.collector.report.build import parse_slos, run_report
         from batchlab.collector.report.points import ReportError
-        from batchlab.scheduler.simulator.fidelity import add_folder_fidelity
 
         try:
             slos = parse_slos(slo or [])
-            if Path(folder).is_dir():
-                add_folder_fidelity(folder)
-            result = run_report(folder, rate=rate, slos=slos)
+            result = run_report(folder, rate=rate, slos=slos, out=out)
         except ReportError as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None

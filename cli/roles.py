@@ -20,13 +20,15 @@ def setup_logging(out_dir: str | None, role: str) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=handlers, force=True)
 
 
-def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None) -> int:
-    """Receive every event, write the tables."""
+def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None, stop_run=None) -> int:
+    """Receive every event, write the tables. `stop_run` (an event) is set when a signal came before
+    the run's end: the launcher then stops the run while this process reads on and writes it all."""
     from batchlab.collector.process import run_collector
 
     setup_logging(cfg.out, "collector")
-    run_collector(collector_addr, Path(cfg.out), slos=slos or cfg.slos() or None, keys=cfg.keys or None)
-    return 0
+    summary = run_collector(collector_addr, Path(cfg.out), slos=slos or cfg.slos() or None,
+                            keys=cfg.keys or None, stop_run=stop_run)
+    return 128 + summary["stop_signal"] if summary.get("stop_signal") else 0
 
 
 def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, stream_ended=None) -> int:
@@ -36,7 +38,8 @@ def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, str
     setup_logging(cfg.out, "scheduler")
     return run_scheduler(resolve(cfg).policy(), scheduler_addr, collector_addr, min_workers=cfg.workers,
                          max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
-                         settings=run_settings(cfg), keys=cfg.keys or None, stream_ended=stream_ended)
+                         settings=run_settings(cfg), keys=cfg.keys or None, stream_ended=stream_ended,
+                         liveness_s=cfg.liveness_s, stall_limit_s=cfg.stall_limit_s)
 
 
 def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:
@@ -46,7 +49,8 @@ def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker
 
     setup_logging(cfg.out, worker_id)
     strategy = resolve(cfg)  # the worker's mode and rows come from the strategy, never its name
-    return run_worker(make_backend(cfg, strategy.mode, strategy.rows), scheduler_addr, collector_addr, worker_id, keys=cfg.keys or None)
+    return run_worker(make_backend(cfg, strategy.mode, strategy.rows), scheduler_addr, collector_addr, worker_id,
+                      keys=cfg.keys or None, liveness_s=cfg.liveness_s)
 
 
 def warm_worker_role(cfg: RunConfig, worker_id: str, sessions, on_run_log=None) -> int:

@@ -18,8 +18,9 @@ from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
 from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, plan_points,
                                      probe_point, warm_order)
-from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
+from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, RUN_FILE, SUMMARY_FILE, WORKERS_DIR
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.identity import config_hash, differences
 
 
 def _failure_reason(exc: Exception, folder: Path) -> str:
@@ -53,10 +54,51 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
             (point.folder / FAILED_FILE).write_text(reason + "\n")
             return point.record("failed", reason, round(time.monotonic() - started, 2))
         summary, note = json.loads(summary_path.read_text()), str(exc)  # unfinished requests: failed
-    record = point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
+    note = note or fault_note(summary)
+    record = (point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
+              | {"config_hash": config_hash(cfg.as_settings())})
     headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
     _write_json(point.folder / DONE_FILE, {**record, "summary": headline})
     return record
+
+
+def preflight(plan: Plan) -> None:
+    """Every strategy's settings checked (preset, model) before any process starts: ConfigError."""
+    from batchlab.cli.config import checked_config
+    from batchlab.cli.preflight import check_before_start
+
+    for entry in plan.entries:
+        try:
+            check_before_start(checked_config({**plan.base, **entry.overrides, "out": "."}, {}))
+        except ConfigError as exc:
+            raise SweepError(f"grid.strategies {entry.label}: {exc}") from None
+
+
+def stale_point(point: Point, base: dict) -> list[str]:
+    """How a done point's recorded configuration differs from the one planned now (['key old → new',
+    ...]; [] when equal): a resumed sweep reuses a point only when it measured what is asked for now.
+    The record is the run's own summary.json settings (every version wrote them), else its run.json."""
+    try:
+        planned = point.config(base).as_settings()
+    except ConfigError as exc:  # measured again, so that the point fails with this reason
+        return [f"its planned configuration is invalid: {exc}"]
+    try:
+        recorded = json.loads((point.folder / SUMMARY_FILE).read_text()).get("settings")
+    except (OSError, ValueError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        try:
+            recorded = json.loads((point.folder / RUN_FILE).read_text()).get("identity")
+        except (OSError, ValueError, AttributeError):
+            return ["no readable record of its configuration"]
+    return differences(recorded, planned) if isinstance(recorded, dict) else ["no record of its configuration"]
+
+
+def fault_note(summary: dict) -> str:
+    """What `batchlab run` would have said on stderr about a fault ("" when the run lost nothing)."""
+    from batchlab.cli.outcome import verdict
+
+    return verdict(summary, summary.get("role_deaths", []))[1]
 
 
 def _timing(folder: Path) -> dict:
@@ -96,6 +138,7 @@ def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
     from batchlab.collector.report.live import SweepView
 
     plan, out_dir = load_plan(config), Path(out)
+    preflight(plan)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         shutil.rmtree(out_dir / PROBE_DIR, ignore_errors=True)
@@ -115,9 +158,13 @@ def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
         view.start(len(points))
         for i, point in enumerate(points):
             done_file = point.folder / DONE_FILE
-            if resume and done_file.exists():
+            changed = stale_point(point, plan.base) if resume and done_file.exists() else None
+            if resume and done_file.exists() and not changed:
                 index["points"][i] = json.loads(done_file.read_text()) | {"status": "skipped"}
             else:
+                if changed:
+                    view.note(f"{'/'.join(point.folder.parts[-3:])}: measured with another configuration "
+                              f"({'; '.join(changed)}); measuring it again")
                 index["points"][i] = execute(point, plan.base, view.ticker(point, "run"), plan.limits(), pools)
             view.finished(point, index["points"][i])
             _write_json(out_dir / INDEX_FILE, index)

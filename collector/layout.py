@@ -2,6 +2,8 @@
 the sweep, read by the report)."""
 
 SUMMARY_FILE = "summary.json"
+PROGRESS_FILE = "progress.json"  # request counts while a run goes (collector → launcher)
+RUN_FILE = "run.json"  # a run's identity (config hash), environment, start/end and status
 INDEX_FILE = "sweep.json"  # a sweep's index of points
 DONE_FILE = "point.json"  # a point whose run returned (summary.json alone is also written on failure)
 FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason

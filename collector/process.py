@@ -8,12 +8,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zmq
 
+from batchlab.collector.layout import PROGRESS_FILE
 from batchlab.collector.merge import merge_run
 from batchlab.collector.parts import SCHEDULE_FILE, PartWriter, write_final
 from batchlab.collector.store import RunStore
 from batchlab.collector.tables import Tables, harness_cpu
 from batchlab.protocol import ProtocolError, decode_all
 from batchlab.protocol.clock import now
+from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import make_socket
@@ -27,7 +29,7 @@ REJECT_LOG_INTERVAL_S = 5.0  # at most one log line about rejected frames per in
 SCHEDULE_NOTES_KEY = b"batchlab.notes"
 MAX_FRAMES_PER_POLL = 10_000  # drain this many before looking at the clock again
 STOP_IDLE_S = 1.0  # after a stop signal: stop once nothing arrived for this long (or every bye is in)
-STOP_DRAIN_MAX_S = 10.0  # ... and at the latest this long after the signal
+STOP_DRAIN_MAX_S = 20.0  # ... and at the latest this long after the signal (time for a launcher to stop the run)
 
 
 class _Loop:
@@ -39,6 +41,8 @@ class _Loop:
         self.last_reject_log_s = float("-inf")  # the first rejection is logged at once
         self.run_end_s: float | None = None
         self.stop_s: float | None = None  # when a stop signal came
+        self.stop_signal = 0  # which signal (0: none)
+        self.run_stopping = False  # the signal came mid-run and a launcher was asked to stop the run
         self.rejected_since_log = 0
         self.stop_reason = ""
 
@@ -106,11 +110,12 @@ def _end_reason(store: RunStore, loop: _Loop, stop: threading.Event, grace_s: fl
 
 def _drained_after_signal(store: RunStore, loop: _Loop, t: float) -> str:
     """A stop signal does not drop what is queued: read on until every role said goodbye, or nothing
-    came for STOP_IDLE_S, or STOP_DRAIN_MAX_S passed ("" to go on reading)."""
+    came for STOP_IDLE_S (once the run's end is in, when a launcher is stopping the run), or
+    STOP_DRAIN_MAX_S passed ("" to go on reading)."""
     loop.stop_s = t if loop.stop_s is None else loop.stop_s
     if store.all_byes_in():
         return "signal; every worker's bye was in"
-    if t - loop.last_message_s > STOP_IDLE_S:
+    if t - loop.last_message_s > STOP_IDLE_S and (store.run_end is not None or not loop.run_stopping):
         return "signal; nothing more arrived"
     if t - loop.stop_s > STOP_DRAIN_MAX_S:
         return "signal; drain time over"
@@ -118,22 +123,31 @@ def _drained_after_signal(store: RunStore, loop: _Loop, t: float) -> str:
 
 
 def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threading.Event,
-           grace_s: float, idle_timeout_s: float | None) -> str:
+           grace_s: float, idle_timeout_s: float | None, loop: _Loop | None = None) -> str:
     """The main loop; returns why it stopped."""
-    loop = _Loop()
+    loop = loop or _Loop()
     while True:
         # 1. wait briefly for frames
         if sock.poll(POLL_TIMEOUT_MS, zmq.POLLIN):
             # 2. decode and record everything queued
             _drain(sock, store, loop)
-        # 3. periodic flush of new rows to a part file
+        # 3. periodic flush of new rows to a part file, and the counts for the launcher's progress line
         if now() - loop.last_flush_s >= FLUSH_INTERVAL_S:
             writer.write(store.take_parts())
+            write_progress(writer.parts_dir.parent, store.counts())
             loop.last_flush_s = now()
         # 4. end conditions
         reason = _end_reason(store, loop, stop, grace_s, idle_timeout_s)
         if reason:
             return reason
+
+
+def write_progress(out_dir: Path, counts: dict) -> None:
+    """OUT/progress.json: the request counts so far (a launcher's status line reads it)."""
+    try:
+        write_json_atomic(Path(out_dir) / PROGRESS_FILE, counts)
+    except OSError:  # a status line is an extra: a full disk is reported where the tables fail
+        pass
 
 
 def finish_run(store: RunStore, writer: PartWriter, out_dir: Path, slos: dict | None) -> Tables:
@@ -143,26 +157,38 @@ def finish_run(store: RunStore, writer: PartWriter, out_dir: Path, slos: dict | 
     return merge_run(store, out_dir, slos)
 
 
+def _on_signal(signum: int, store: RunStore, loop: _Loop, stop: threading.Event, stop_run) -> None:
+    """A stop signal: note it; before the run's end, ask the launcher (`stop_run`, an event) to stop the run."""
+    loop.stop_signal = loop.stop_signal or signum
+    if stop_run is not None and store.run_end is None and not stop_run.is_set():  # set: the launcher stops it
+        loop.run_stopping = True
+        stop_run.set()
+    stop.set()
+
+
 def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grace_s: float = 10.0,
-                  idle_timeout_s: float | None = None, keys: str | None = None) -> dict:
-    """Collect one run's events from `address` into out_dir's tables; returns the summary."""
+                  idle_timeout_s: float | None = None, keys: str | None = None, stop_run=None) -> dict:
+    """Collect one run's events from `address` into out_dir's tables; returns the summary (its
+    `stop_signal`: the signal that stopped the collector, 0 when the run ended by itself)."""
     cpu_start_s = time.process_time()  # the collector's own CPU, for the summary's harness_cpu
     out_dir = Path(out_dir)
-    store, writer, stop = RunStore(), PartWriter(out_dir), threading.Event()
+    store, writer, stop, loop = RunStore(), PartWriter(out_dir), threading.Event(), _Loop()
     ctx = zmq.Context()
     sock, auth = None, None
     try:
-        with on_stop_signal(lambda _signum: stop.set()):
+        with on_stop_signal(lambda signum: _on_signal(signum, store, loop, stop, stop_run)):
             auth = start_authenticator(ctx, keys) if keys else None  # make_socket refuses a bare bind
             sock = make_socket(ctx, zmq.PULL, address, bind=True, keys=keys)
-            reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s)
+            reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s, loop)
             log.info("collector: stopping (%s)", reason)
             tables = finish_run(store, writer, out_dir, slos)
             tables.summary["end_reason"] = reason
+            tables.summary["stop_signal"] = loop.stop_signal
             tables.summary |= harness_cpu(store, time.process_time() - cpu_start_s)
             if notes := schedule_notes(out_dir):
                 tables.summary["schedule"] = notes
             write_final(out_dir, tables)
+            write_progress(out_dir, store.counts())
             return tables.summary
     finally:
         if sock is not None:

@@ -48,6 +48,7 @@ class RunStore(PartTaking):
         self.engine_keys: set[str] = set()  # every key seen in engine_metrics
         self.counters = {"rejected_messages": 0, "ignored_tokens": 0, "duplicate_terminals": 0}
         self.arrivals = 0  # requests whose Arrival came
+        self.progress = {"launched": 0, "finished": 0, "failed": 0, "failed_unlaunched": 0}  # requests
         self.peak_memory_bytes = 0  # the largest a BatchDone reported
         self._first_arrival = math.inf  # scheduler clock
         self._takes = 0
@@ -110,6 +111,7 @@ class RunStore(PartTaking):
             state = self._request(rid)
             if state is None:
                 continue
+            self.progress["launched"] += not state.batches
             state.batches.append(bid)
             self.batch_refs[bid] = self.batch_refs.get(bid, 0) + 1
             if state.taken_batch is not None:  # its written row changes (attempts)
@@ -218,6 +220,8 @@ class RunStore(PartTaking):
             return
         state.status, state.error, state.terminal_batch = status, error, batch_id
         self._new_terminal.append(rid)
+        self.progress[status] += 1
+        self.progress["failed_unlaunched"] += status == "failed" and not state.batches
 
     def _on_step(self, msg: Step) -> None:
         self.steps.append(msg)
@@ -229,6 +233,14 @@ class RunStore(PartTaking):
         self.byes[msg.worker_id] = msg
 
     # --- state queries -------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """Requests so far: arrived, queued (arrived, never launched, not failed), in flight (launched,
+        not terminal), finished, failed."""
+        p = self.progress
+        return {"arrived": self.arrivals, "queued": max(self.arrivals - p["launched"] - p["failed_unlaunched"], 0),
+                "in_flight": max(p["launched"] - p["finished"] - (p["failed"] - p["failed_unlaunched"]), 0),
+                "finished": p["finished"], "failed": p["failed"]}
+
     def all_byes_in(self) -> bool:
         """RunEnd arrived and every worker it names has said bye."""
         return self.run_end is not None and all(w in self.byes for w in self.run_end.workers)

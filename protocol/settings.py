@@ -56,6 +56,8 @@ class RunConfig:
     workers: int = 1
     max_queue: int = 0  # requests; 0: unbounded
     max_queue_tokens: int = 0  # prompt + output tokens queued; 0: unbounded
+    liveness_s: float = 30.0  # a worker, the traffic or the scheduler silent this long is declared dead
+    stall_limit_s: float = 60.0  # stream ended, requests queued, every worker idle this long: stalled; 0: off
     memory_budget: str = ""  # KV budget, e.g. "2GiB"; default: the backend's own
     strict_memory: bool = False
     dtype: str = "auto"
@@ -107,6 +109,7 @@ class RunConfig:
             (bool(str(self.out).strip()), "--out must name a folder (it is empty)"),
             (self.backend != "openai" or bool(self.endpoint), "--backend openai needs --endpoint URL"),
         ]
+        checks += self._fault_checks()
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
@@ -115,6 +118,11 @@ class RunConfig:
         parse_bytes(self.memory_budget)
         self.slos()
         return self
+
+    def _fault_checks(self) -> list[tuple[bool, str]]:
+        """The liveness window and the stall limit (NaN fails every comparison, so it is refused)."""
+        return [(0 < self.liveness_s < float("inf"), "liveness_s must be a number of seconds > 0"),
+                (0 <= self.stall_limit_s < float("inf"), "stall_limit_s must be ≥ 0 s (0: no limit)")]
 
     def slos(self) -> dict[str, float]:
         """The SLOs in seconds ({} when none); ConfigError on a bad one."""
@@ -258,8 +266,13 @@ def parse_slos(items: list[str]) -> dict[str, float]:
 
 
 def run_settings(cfg: RunConfig) -> dict:
-    """The settings written into every table, plus the host they ran on."""
+    """The settings written into every table, their identity's hash, plus the host they ran on (the
+    scheduler's; each worker's own environment is in its facts)."""
+    from batchlab.protocol.environment import environment
+    from batchlab.protocol.identity import config_hash
+
     settings = cfg.as_settings()
-    settings.update(host=platform.node(), cpu=platform.processor() or platform.machine(),
-                    cpu_count=os.cpu_count(), python=platform.python_version())
+    settings.update(config_hash=config_hash(settings), host=platform.node(),
+                    cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count(),
+                    python=platform.python_version(), environment=environment())
     return settings

@@ -5,6 +5,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = []  # the stop signals this process got, in order
+
+
+def last_stop_signal() -> int:
+    """The last stop signal this process got inside on_stop_signal (0: none): a command's exit code."""
+    return _received[-1] if _received else 0
+
+
+def _note(signum: int, callback: Callable[[int], None]) -> None:
+    _received.append(signum)
+    callback(signum)
 
 
 @contextmanager
@@ -14,7 +25,7 @@ def on_stop_signal(callback: Callable[[int], None]) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {sig: signal.signal(sig, lambda signum, _frame: callback(signum)) for sig in STOP_SIGNALS}
+    old = {sig: signal.signal(sig, lambda signum, _frame: _note(signum, callback)) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -10,7 +10,10 @@ SEND_HWM = 100_000  # messages queued per peer before send blocks (PUSH) or drop
 RECV_HWM = 100_000
 LINGER_MS = 2_000  # how long close() may flush unsent messages
 HEARTBEAT_INTERVAL_S = 1.0
-HEARTBEAT_LIVENESS = 3  # intervals without a word before a peer is declared dead
+# A peer silent this long is declared dead. Long on purpose: a stall (a GC pause, swapping, a long compile,
+# SIGSTOP) is not a death, and a peer that really ended is noticed at once by other means (its connection
+# closes: the scheduler's sends to it fail; `batchlab run` sees the process end). RunConfig.liveness_s.
+LIVENESS_S = 30.0
 
 
 @dataclass(slots=True)

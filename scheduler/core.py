@@ -1,7 +1,7 @@
 """The scheduler's rules, pure: events in, decisions out. No sockets, no clock, no logging.
 
     events     on_hello, on_request, on_batch_done, on_capacity, on_worker_lost, on_send_failed,
-               end_of_stream, tick (the no-worker grace rule)
+               end_of_stream, tick (the no-worker grace and the stall limit)
     decisions  schedule(now) -> Decisions(launches, wake_at)
     records    drain() -> the terminal RequestFailed records it decided, for the collector
 
@@ -25,6 +25,7 @@ QUEUE_FULL = "queue full"
 NO_WORKER_LEFT = "worker lost: no worker left"
 OOM_ALONE = "out of memory: does not fit alone"
 REJOINED = "worker rejoined: its running requests were lost"
+STALLED = "stalled: policy launched nothing for {limit_s:g} s with {queued} queued and every worker idle"
 
 
 @dataclass(slots=True)
@@ -58,8 +59,11 @@ class Decisions:
 class SchedulerCore:
     """The queue, each worker's room, the policy, and what happens to a request when things go wrong."""
 
-    def __init__(self, policy: Policy, *, max_queue: int = 0, max_queue_tokens: int = 0) -> None:
+    def __init__(self, policy: Policy, *, max_queue: int = 0, max_queue_tokens: int = 0,
+                 stall_limit_s: float = 0.0) -> None:
         self.policy = policy
+        self.stall_limit_s = stall_limit_s  # 0: a policy may sit on a queue forever
+        self.idle_since: float | None = None  # since when the stream ended with requests queued, workers idle
         self.max_queue, self.max_queue_tokens = max_queue, max_queue_tokens  # 0: unbounded
         self.queue = PendingQueue()
         self.workers: dict[str, WorkerState] = {}
@@ -163,9 +167,23 @@ class SchedulerCore:
         self.eos = True
 
     def tick(self, now: float) -> None:
-        """With no worker back within the grace, every queued request fails."""
+        """With no worker back within the grace, every queued request fails; so do they when the stream
+        ended and the policy launched nothing on idle workers for stall_limit_s (it is stalled)."""
         if self._grace_over(now):
             self.fail_queue(NO_WORKER_LEFT, now)
+        if not self._idle_with_queue():
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = now
+        elif self.stall_limit_s and now - self.idle_since >= self.stall_limit_s:
+            self.stats["stalled"] = len(self.queue)
+            self.fail_queue(STALLED.format(limit_s=self.stall_limit_s, queued=len(self.queue)), now)
+            self.idle_since = None
+
+    def _idle_with_queue(self) -> bool:
+        """The stream ended, requests wait, and every worker (one at least) runs nothing."""
+        return (self.eos and bool(self.queue) and bool(self.workers)
+                and not any(w.inflight for w in self.workers.values()))
 
     def fail_queue(self, reason: str, now: float) -> None:
         """Every queued request becomes a terminal failure (a stop, or no worker left)."""
@@ -232,6 +250,7 @@ class SchedulerCore:
     def _launch(self, wid: str, batch: list[QueuedRequest], reason: str) -> list[Launch]:
         """A continuous worker gets one batch per request (they join and leave alone); a static one, one."""
         state = self.workers[wid]
+        self.idle_since = None  # a launch: the policy is not stalled
         groups = [[r] for r in batch] if state.hello.mode == "continuous" else [batch]
         launches = []
         for group in groups:

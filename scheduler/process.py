@@ -12,7 +12,7 @@ from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfSt
 from batchlab.protocol.bundling import Bundler
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket, recv_frames, send_routed
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, recv_frames, send_routed
 from batchlab.scheduler.core import Launch, SchedulerCore
 from batchlab.scheduler.framing import dispatch_frames, group_launches
 from batchlab.scheduler.policies import Policy, QueuedRequest
@@ -30,8 +30,13 @@ class Scheduler:
 
     def __init__(self, policy: Policy, scheduler_addr: str, collector_addr: str, *, min_workers: int = 1,
                  max_queue: int = 0, max_queue_tokens: int = 0, settings: dict | None = None,
-                 keys: str | None = None, stream_ended=None) -> None:
-        self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens)
+                 keys: str | None = None, stream_ended=None, liveness_s: float = LIVENESS_S,
+                 stall_limit_s: float = 0.0) -> None:
+        self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens,
+                                  stall_limit_s=stall_limit_s)
+        self.liveness_s = liveness_s  # a worker or the traffic silent this long is lost
+        self.stop_signal = 0  # the signal that stopped the run early (0: none)
+        self.silent: dict[str, WorkerHello] = {}  # workers lost for their silence, by id: they may come back
         self.min_workers = min_workers
         self.settings = dict(settings or {})
         self.stream_ended = stream_ended  # a multiprocessing.Event, or None
@@ -101,6 +106,7 @@ class Scheduler:
     # --- message handlers -------------------------------------------------------------------------
     def _handle(self, sender: bytes, msg: object) -> None:
         wid, t = sender.decode(errors="replace"), now()
+        self._maybe_back(msg.sender if isinstance(msg, Heartbeat) else wid, t)
         if wid in self.core.workers:
             self.core.workers[wid].last_heard = t
         elif sender == self.traffic:
@@ -132,6 +138,14 @@ class Scheduler:
         elif isinstance(msg, EndOfStream):
             self.core.end_of_stream()
             self.stats["sent_by_traffic"] = msg.sent
+
+    def _maybe_back(self, wid: str, t: float) -> None:
+        """A worker lost for its silence spoke again (it was stalled): it rejoins as if it had said hello;
+        what it ran was requeued when it was lost, and its late results for those batches are ignored."""
+        hello = self.silent.pop(wid, None)
+        if hello is not None and wid not in self.core.workers:
+            log.warning("worker %s is back after its silence: it rejoins", wid)
+            self.core.on_hello(wid, hello, t)
 
     def _on_hello(self, wid: str, hello: WorkerHello, t: float) -> None:
         log.info("worker %s joined: %s %s (%s, max batch %d)", wid, hello.backend, hello.model, hello.mode,
@@ -193,10 +207,11 @@ class Scheduler:
             self.last_beat = t
             for wid in list(self.core.workers):
                 self._send_worker(wid, Heartbeat("scheduler", t))
-        limit_s = HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL_S
+        limit_s = self.liveness_s
         for wid, state in list(self.core.workers.items()):
             if t - state.last_heard > limit_s:
                 log.error("worker %s lost (silent for %.1f s)", wid, t - state.last_heard)
+                self.silent[wid] = state.hello  # it may be stalled, not dead: see _maybe_back
                 self.core.on_worker_lost(wid, t)
         if self.t0 is not None and not self.core.eos and t - self.traffic_heard > limit_s:
             log.error("traffic silent for %.1f s: treating it as the end of the stream", t - self.traffic_heard)
@@ -207,10 +222,14 @@ class Scheduler:
         self.core.tick(t)
 
     def _send_worker(self, wid: str, msg: object) -> None:
+        """A worker whose connection is gone (it ended) is lost at once; a full pipe (a stalled worker)
+        is left to the liveness window."""
         try:
             send_routed(self.router, wid.encode(), encode(msg), zmq.NOBLOCK)
-        except zmq.ZMQError:  # unroutable (gone) or full: liveness will notice
-            pass
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH and wid in self.core.workers:
+                log.error("worker %s lost (disconnected)", wid)
+                self.core.on_worker_lost(wid, now())
 
     def _finish(self, why: str) -> None:
         self.core.fail_queue(f"scheduler stopped: {why}", now())  # only when interrupted: nothing may vanish
@@ -248,12 +267,17 @@ class Scheduler:
 
 
 def run_scheduler(policy: Policy, scheduler_addr: str, collector_addr: str, **kwargs) -> int:
-    """Run the scheduler until the run ends; SIGINT/SIGTERM end it early, cleanly. A set
+    """Run the scheduler until the run ends; SIGINT/SIGTERM end it early, cleanly (exit code 128 + the
+    signal, so a launcher can tell an early end from the run's). A set
     `stream_ended` event (the launcher saw traffic die) ends the stream: what arrived is still served."""
     sched = Scheduler(policy, scheduler_addr, collector_addr, **kwargs)
-    with on_stop_signal(lambda _signum: setattr(sched, "stopping", True)):
+
+    def stop(signum: int) -> None:
+        sched.stopping, sched.stop_signal = True, signum
+
+    with on_stop_signal(stop):
         try:
             sched.run()
         finally:
             sched.close()
-    return 0
+    return 128 + sched.stop_signal if sched.stop_signal else 0  # a signal's conventional exit code

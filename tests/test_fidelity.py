@@ -114,8 +114,8 @@ def test_a_short_sim_run_reports_small_timing_errors(tmp_path):
     cfg = RunConfig(backend="sim", strategy="continuous", dataset="synthetic", rate=20, duration_s=1.5,
                     max_new_tokens=16, seed=3, out=str(tmp_path)).validate()
     summary = launch_run(cfg)
-    assert "timing_fidelity" not in summary  # the run itself no longer simulates
-    fidelity = add_run_fidelity(tmp_path)
+    fidelity = summary["timing_fidelity"]  # computed once, when the run ended
+    assert add_run_fidelity(tmp_path) == fidelity  # and not again
     assert fidelity["backend"] == "sim"
     assert fidelity["matched"] == summary["finished"] > 0
     assert all(set(fidelity[k]) == {"mean", "p50", "p99", "max_abs"} for k in ERROR_KEYS)
@@ -127,12 +127,27 @@ def test_a_short_sim_run_reports_small_timing_errors(tmp_path):
     assert not math.isnan(fidelity["sim_wall_s"])
 
 
-def test_batchlab_report_adds_the_block_before_reporting(tmp_path):
+def test_batchlab_report_leaves_every_run_file_byte_identical(tmp_path):
     from typer.testing import CliRunner
 
     from batchlab.cli.main import app
 
     _simulated_folder(tmp_path, live=True)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "summary.json").read_text())["timing_fidelity"]["backend"] == "sim"
+    assert all(p.read_bytes() == data for p, data in before.items())
+    added = {p.name for p in tmp_path.rglob("*") if p.is_file() and p not in before}
+    assert "REPORT.md" in added and all(n.startswith("REPORT.") or n.endswith(".png") for n in added)
+    assert "timing_fidelity" not in json.loads((tmp_path / "summary.json").read_text())  # the run's to write
+
+
+def test_report_out_puts_the_report_elsewhere(tmp_path):
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    _simulated_folder(tmp_path / "run", live=True)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "rep" / "REPORT.md").is_file() and not (tmp_path / "run" / "REPORT.md").exists()

@@ -1,14 +1,13 @@
 """Report pieces on hand-made tables: honest signs, SLO parsing, intervals, tool formulas, queue length."""
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from batchlab.collector.report.build import parse_slos
 from batchlab.collector.report.headline import RULE, Comparison, compare, headlines, sentence
 from batchlab.collector.report.points import ReportError, load_collection
-from batchlab.collector.report.stats import GroupStats, bootstrap_ci, tool_formulas
+from batchlab.collector.report.stats import GroupStats, tool_formulas
 from batchlab.collector.report.timeline import queue_length
 
 
@@ -74,16 +73,6 @@ def test_slos_parse_with_units_into_seconds():
     for bad in ("ttft", "speed=3ms", "ttft=fast"):
         with pytest.raises(ReportError):
             parse_slos([bad])
-
-
-def test_bootstrap_interval_holds_the_percentile_and_narrows_with_more_data():
-    rng = np.random.default_rng(1)
-    small, big = [rng.exponential(1.0, 50)], [rng.exponential(1.0, 5000)]
-    lo_s, hi_s = bootstrap_ci(small, 50)
-    lo_b, hi_b = bootstrap_ci(big, 50)
-    assert lo_b < np.log(2) < hi_b
-    assert hi_b - lo_b < hi_s - lo_s
-    assert bootstrap_ci([np.array([])], 50) is None
 
 
 def test_tool_formulas_differ_where_the_tools_differ():

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from batchlab.protocol import BatchDone, Dispatch, Tokens, WorkerBye, now
 from batchlab.protocol.messages import pack_tokens
 from batchlab.worker.admission import admit
+from batchlab.worker.backend import BackendInfo
 from batchlab.worker.sim import SimBackend
 from tests.test_worker_robustness import PROMPT, WORKER, WorkerRig
 from tests.wire_cases import BAD_CASES, frame
@@ -15,12 +16,16 @@ from tests.wire_cases import BAD_CASES, frame
 TOKENS = pack_tokens(PROMPT)
 
 
+def info(max_rows: int, continuous: bool) -> BackendInfo:
+    return BackendInfo("echo", "m", "continuous" if continuous else "static", max_rows, 1, 10**12)
+
+
 def rows(*ids: int) -> list[list]:
     return [[rid, len(PROMPT), 4, TOKENS] for rid in ids]
 
 
 def test_a_static_batch_over_the_announced_rows_fails_every_row_with_the_limit_named():
-    a = admit(Dispatch(3, 0.0, "full", rows(*range(10))), "w0", 8, False, {}, {}, 1.0)
+    a = admit(Dispatch(3, 0.0, "full", rows(*range(10))), "w0", info(8, False), {}, {})
     assert a.accepted == [] and a.refused == 1
     (done,) = a.answers
     assert done.batch_id == 3 and done.finished == [] and not done.oom
@@ -29,24 +34,24 @@ def test_a_static_batch_over_the_announced_rows_fails_every_row_with_the_limit_n
 
 def test_a_continuous_worker_counts_its_running_rows_against_the_announced_maximum():
     msg = Dispatch(5, 0.0, "credit", rows(10, 11, 12), [1, 1, 1])
-    a = admit(msg, "w0", 4, True, {0: None}, {1: 0, 2: 0}, 1.0)  # two run: room for two more
+    a = admit(msg, "w0", info(4, True), {0: None}, {1: 0, 2: 0})  # two run: room for two more
     assert [bid for bid, _ in a.accepted] == [5, 6]
     assert [(d.batch_id, d.failed) for d in a.answers] == [(7, [[12, "refused: 1 rows > 4 announced"]])]
 
 
 def test_a_row_whose_id_runs_already_is_left_to_its_request_and_the_others_fail():
-    a = admit(Dispatch(2, 0.0, "full", rows(7, 1, 8)), "w0", 8, True, {0: None}, {1: 0}, 1.0)
+    a = admit(Dispatch(2, 0.0, "full", rows(7, 1, 8)), "w0", info(8, True), {0: None}, {1: 0})
     assert a.accepted == []
     assert a.answers[0].failed == [[7, "refused: request id 1 is taken"], [8, "refused: request id 1 is taken"]]
 
 
 def test_a_batch_id_that_runs_already_gets_no_answer_that_would_end_the_live_one():
-    a = admit(Dispatch(0, 0.0, "full", rows(9)), "w0", 8, True, {0: None}, {1: 0}, 1.0)
+    a = admit(Dispatch(0, 0.0, "full", rows(9)), "w0", info(8, True), {0: None}, {1: 0})
     assert a.accepted == [] and a.answers == [] and a.refused == 1
 
 
 def test_an_id_twice_in_one_batch_fails_once():
-    a = admit(Dispatch(1, 0.0, "full", rows(4, 4, 5)), "w0", 8, False, {}, {}, 1.0)
+    a = admit(Dispatch(1, 0.0, "full", rows(4, 4, 5)), "w0", info(8, False), {}, {})
     assert a.answers[0].failed == [[4, "refused: request id 4 is taken"], [5, "refused: request id 4 is taken"]]
 
 
@@ -56,7 +61,7 @@ def test_an_id_twice_in_one_batch_fails_once():
 def test_no_id_ends_twice_and_no_running_id_is_touched(batches, live, max_rows, continuous):
     msg = Dispatch(10, 0.0, "credit", rows(*[i for b in batches for i in b]), [len(b) for b in batches])
     live_ids = {rid: 0 for rid in live}
-    a = admit(msg, "w0", max_rows, continuous, {0: None}, live_ids, 1.0)
+    a = admit(msg, "w0", info(max_rows, continuous), {0: None}, live_ids)
     run = [r[0] for _, batch in a.accepted for r in batch]
     failed = [row[0] for d in a.answers for row in d.failed]
     assert len(run + failed) == len(set(run + failed))  # one end each

@@ -9,10 +9,22 @@ import logging
 from collections.abc import Container
 from dataclasses import dataclass, field
 
+from batchlab.protocol.clock import now
 from batchlab.protocol.messages import BatchDone, Dispatch, RequestRow
+from batchlab.worker.backend import BackendInfo
 
 log = logging.getLogger("batchlab.worker")
 MAX_REFUSAL_LOGS = 10  # then refusals are only counted (WorkerBye's rejected_messages)
+
+
+@dataclass
+class OpenBatch:
+    """A dispatched batch still running in continuous mode: the rows it waits for, how the others ended."""
+
+    left: set[int]
+    start_time: float
+    finished: list[int] = field(default_factory=list)
+    failed: list[list] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -24,11 +36,12 @@ class Admission:
     refused: int = 0
 
 
-def admit(msg: Dispatch, worker_id: str, max_rows: int, continuous: bool, open_batches: Container[int],
-          live_ids: dict[int, int], t: float, refused_before: int = 0) -> Admission:
-    """Sort `msg`'s batches: a static worker runs each batch alone, so each may hold `max_rows` rows; a
-    continuous one holds `max_rows` rows in all, those running (`live_ids`) included."""
-    out, seen = Admission(), set()
+def admit(msg: Dispatch, worker_id: str, info: BackendInfo, open_batches: Container[int], live_ids: dict[int, int],
+          refused_before: int = 0) -> Admission:
+    """Sort `msg`'s batches: a static worker runs each batch alone, so each may hold the announced
+    max_batch_size rows; a continuous one holds that many in all, those running (`live_ids`) included."""
+    out, seen, t = Admission(), set(), now()
+    max_rows, continuous = info.max_batch_size, info.mode == "continuous"
     room = max_rows - len(live_ids) if continuous else max_rows
     for batch_id, rows in msg.batches():
         reason = _refusal(batch_id, rows, room, max_rows, open_batches, live_ids, seen)

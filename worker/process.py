@@ -1,17 +1,17 @@
 """The worker process: owns a backend, runs what the scheduler dispatches, streams every step."""
 import logging
 import time
-from dataclasses import dataclass, field
 
 import zmq
 
 from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, WorkerBye,
                                WorkerCapacity, decode, encode, now)
+from batchlab.protocol.environment import environment
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, HEARTBEAT_LIVENESS, make_socket
-from batchlab.worker.admission import admit
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket
+from batchlab.worker.admission import OpenBatch, admit
 from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.heartbeat import HeartbeatThread
 from batchlab.worker.outbox import Outbox
@@ -24,29 +24,20 @@ class WorkerStopping(Exception):
     """Raised from a step callback to abandon a static batch when the worker must stop."""
 
 
-@dataclass
-class _Open:
-    """A dispatched batch still running in continuous mode."""
-
-    left: set[int]
-    start_time: float
-    finished: list[int] = field(default_factory=list)
-    failed: list[list] = field(default_factory=list)
-
-
 class Worker:
     """Socket edges around a backend: hello, dispatches in, tokens and batch results out."""
 
     def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str,
-                 keys: str | None = None, run_over=None) -> None:
+                 keys: str | None = None, run_over=None, liveness_s: float = LIVENESS_S) -> None:
         self.backend, self.worker_id = backend, worker_id
+        self.liveness_s, self.exit_code = liveness_s, 0  # a scheduler silent this long is gone; run_worker's code
         self.run_over = run_over  # a warm worker's "the run I wait for has ended" (its launcher moved on)
         self.ctx = zmq.Context()
         self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id, keys=keys)
         self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
         self.poller = zmq.Poller()
         self.poller.register(self.sched, zmq.POLLIN)
-        self.open: dict[int, _Open] = {}  # batch_id -> continuous bookkeeping
+        self.open: dict[int, OpenBatch] = {}  # batch_id -> continuous bookkeeping
         self.batch_of: dict[int, int] = {}  # request_id -> batch_id (continuous)
         self.step_no = 0
         self.max_rows = backend.info.max_batch_size  # the row cap the scheduler last heard (hello, then reports)
@@ -123,7 +114,8 @@ class Worker:
 
     # --- steps ------------------------------------------------------------------------------------
     def _hello(self) -> None:
-        hello = worker_hello(self.worker_id, self.backend.info, self.clock.facts())
+        hello = worker_hello(self.worker_id, self.backend.info,
+                             {**self.clock.facts(), "environment": environment()})  # this box's, not the launcher's
         self.sched.send(encode(hello))
         self.out.record(hello)
         self.out.flush()
@@ -150,8 +142,7 @@ class Worker:
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Dispatch):
-            admission = admit(msg, self.worker_id, self.backend.info.max_batch_size, self.backend.info.mode ==
-                              "continuous", self.open, self.batch_of, now(), self.rejected)
+            admission = admit(msg, self.worker_id, self.backend.info, self.open, self.batch_of, self.rejected)
             self.rejected += admission.refused
             for done in admission.answers:  # refused: each row fails with the reason
                 self._batch_done(done)
@@ -195,7 +186,7 @@ class Worker:
         self.out.flush()
 
     def _admit(self, batch_id: int, rows: list[Row]) -> None:
-        self.open[batch_id] = _Open({r.request_id for r in rows}, now())
+        self.open[batch_id] = OpenBatch({r.request_id for r in rows}, now())
         for r in rows:
             self.batch_of[r.request_id] = batch_id
         self.backend.admit(rows)
@@ -277,9 +268,13 @@ class Worker:
                 log.warning("no word from the scheduler yet; still waiting")
                 self.last_heard = now()
             return
-        if silent_s > HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL_S:
+        if silent_s > self.liveness_s:
             log.error("scheduler silent for %.1f s: stopping", silent_s)
-            self.stopping = True
+            self.stopping, self.exit_code = True, 1
+
+    def stop_on_signal(self, signum: int) -> None:
+        """SIGINT/SIGTERM: stop after the current step; the exit code says which signal."""
+        self.stopping, self.exit_code = True, 128 + signum
 
     def _abandoned(self) -> bool:
         """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
@@ -287,13 +282,14 @@ class Worker:
 
 
 def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
-               keys: str | None = None) -> int:
-    """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step."""
-    worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys)
-    with on_stop_signal(lambda _signum: setattr(worker, "stopping", True)):
+               keys: str | None = None, liveness_s: float = LIVENESS_S) -> int:
+    """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step. Exit
+    code: 0 after the scheduler's Shutdown, 128 + the signal after one, 1 when the scheduler went silent."""
+    worker = Worker(backend, scheduler_addr, collector_addr, worker_id, keys, liveness_s=liveness_s)
+    with on_stop_signal(worker.stop_on_signal):
         try:
             backend.warmup()
             worker.run()
         finally:
             worker.close()
-    return 0
+    return worker.exit_code

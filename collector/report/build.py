@@ -35,8 +35,9 @@ def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: f
     return comparison_rate if comparison_rate is not None else rates[len(rates) // 2]
 
 
-def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None) -> ReportResult:
-    """Write the plots and REPORT.md into `folder`."""
+def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None,
+               out: str | None = None) -> ReportResult:
+    """Write the plots and REPORT.md into `out` (default: `folder`); the runs' files are only read."""
     from batchlab.collector.report import plots, timeline
     from batchlab.collector.report.headline import compare, headlines
     from batchlab.collector.report.markdown import render
@@ -44,7 +45,8 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     from batchlab.collector.report.stats import all_stats
 
     collection = load_collection(folder)
-    root = collection.root
+    root = Path(out) if out else collection.root
+    root.mkdir(parents=True, exist_ok=True)
     stats = all_stats(collection, slos)
     hardware_of = {r.label: hardware(r.settings) for r in reversed(collection.runs)}
     lines = headlines(stats, collection.labels(), hardware_of)

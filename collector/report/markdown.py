@@ -3,7 +3,8 @@ from batchlab.collector.report import oracle
 from batchlab.collector.report.headline import RULE
 from batchlab.collector.report.points import Collection
 from batchlab.collector.report.setup import knob_table, prefix_cache_line, schedule_lines, setup_lines
-from batchlab.collector.report.stats import FAILED_MARK_SHARE, GroupStats
+from batchlab.collector.report.intervals import min_requests
+from batchlab.collector.report.stats import CI_LEVEL, CI_METRICS, CI_QUANTILES, FAILED_MARK_SHARE, GroupStats
 
 QS = ("p50", "p90", "p99")
 
@@ -45,15 +46,33 @@ def rate_table(groups: list[GroupStats], with_goodput: bool) -> list[str]:
     return lines
 
 
+def _ci_cell(g: GroupStats, key: str) -> str:
+    metric, q = key.split("_")
+    if g.ci.get(key):
+        return f"{ms(g.ci[key][0])} – {ms(g.ci[key][1])}"
+    return "—" if g.latency[metric]["p50"] is None else f"too few requests for {q}"
+
+
 def ci_table(groups: list[GroupStats]) -> list[str]:
-    """95% bootstrap intervals of TTFT and E2E p50 / p99 (ms)."""
-    keys = ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99")
+    """95% order-statistic intervals of TTFT and E2E p50 / p99 (ms), or where too few requests finished."""
+    keys = tuple(f"{m}_p{q}" for m in CI_METRICS for q in CI_QUANTILES)
     lines = ["| strategy | λ | failed | " + " | ".join(k.replace("_", " ").upper() for k in keys) + " |",
              "|---|---|---|" + "---|" * len(keys)]
     for g in groups:
-        cells = [f"{ms(g.ci[k][0])} – {ms(g.ci[k][1])}" if g.ci.get(k) else "—" for k in keys]
-        lines.append(f"| {g.label} | {g.rate:g} | {g.failed_text()} | " + " | ".join(cells) + " |")
+        lines.append(f"| {g.label} | {g.rate:g} | {g.failed_text()} | "
+                     + " | ".join(_ci_cell(g, k) for k in keys) + " |")
     return lines
+
+
+def ci_section(groups: list[GroupStats]) -> list[str]:
+    """The intervals' heading, how they are made, and the table."""
+    needs = ", ".join(f"p{q} ≥ {min_requests(q, CI_LEVEL)}" for q in CI_QUANTILES)
+    return ["", "## Confidence intervals", "",
+            f"{CI_LEVEL:.0%} distribution-free intervals from order statistics over the finished requests, in ms "
+            "(docs/statistics.md). Such an interval exists only with enough requests "
+            f"({needs} when repeats agree; more when they disagree, each repeat counting as a cluster): "
+            "below that the table says too few requests instead of an interval the data cannot support.",
+            ""] + ci_table(groups)
 
 
 def tools_table(groups: list[GroupStats]) -> list[str]:
@@ -103,8 +122,7 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
         out += ["", f"### λ = {rate:g} req/s", ""]
         out += rate_table([g for g in groups if g.rate == rate], bool(slos))
     out += oracle.section(collection, stats, slos)
-    out += ["", "## Confidence intervals", "", "95% bootstrap (repeats resampled, then requests within "
-            "each), in ms.", ""] + ci_table(groups)
+    out += ci_section(groups)
     out += ["", "## TPOT and ITL by other tools' formulas", "",
             "mean / median / p99 in ms. vLLM's TPOT is per request then aggregated; vLLM's ITL pools every "
             "gap (long requests weigh more); GuideLLM averages gaps per request; AIPerf divides each "

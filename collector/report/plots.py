@@ -66,7 +66,7 @@ def latency_vs_throughput(stats: dict[tuple[str, float], GroupStats], labels: li
             for g, xi, yi in zip(groups, x, y):
                 ax.annotate(point_note(g), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set_yscale("log")
-        ax.set_title(f"{metric.upper()} {q} (95% bootstrap CI)")
+        ax.set_title(f"{metric.upper()} {q} (95% order-statistic CI)")
         ax.set_ylabel("ms")
         ax.grid(True, which="both", alpha=0.3)
     for ax in axes[1]:

@@ -9,6 +9,7 @@ import pandas as pd
 from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE
 from batchlab.collector.metrics import NOT_SENT, window_s
 from batchlab.collector.parts import load_table
+from batchlab.collector.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 
 RATE_DIR = re.compile(r"rate-([0-9.eE+-]+)")  # a sweep point's folder: OUT/<label>/rate-<r>/rep-<k>
 
@@ -160,10 +161,11 @@ def _from_scan(root: Path) -> Collection:
         folder = summary.parent
         if PROBE_DIR in folder.relative_to(root).parts:
             continue
-        if (folder / FAILED_FILE).exists():
-            rate = planned_rate(folder, json.loads(summary.read_text()).get("settings", {}))
-            coll.failed.append(FailedPoint(folder.parent.parent.name, rate, 0,
-                                           (folder / FAILED_FILE).read_text().strip()))
+        why = (folder / FAILED_FILE).read_text().strip() if (folder / FAILED_FILE).exists() else unusable(folder)
+        if why:
+            settings = json.loads(summary.read_text()).get("settings", {})
+            label = folder.parent.parent.name if (folder / FAILED_FILE).exists() else label_of(settings)
+            coll.failed.append(FailedPoint(label, planned_rate(folder, settings), 0, why))
             continue
         parts = folder.relative_to(root).parts
         _add(coll, load_run(folder, parts[-3] if len(parts) >= 3 else None))
@@ -177,6 +179,10 @@ def load_collection(root: str | Path) -> Collection:
         raise ReportError(f"{root} is not a folder")
     index_path = root / INDEX_FILE
     coll = _from_index(root, json.loads(index_path.read_text())) if index_path.exists() else _from_scan(root)
+    try:
+        refuse_mixed(coll.runs) if index_path.exists() else split_mixed(coll.runs)
+    except PoolingError as exc:
+        raise ReportError(str(exc)) from None
     if not coll.runs and not coll.failed:
         raise ReportError(f"{root} holds no run (no {SUMMARY_FILE} and no {INDEX_FILE})")
     return coll

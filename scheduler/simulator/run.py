@@ -29,8 +29,11 @@ def worker_hellos(cfg: RunConfig, strategy: Strategy, model: StepModel) -> list[
 
 def sim_settings(cfg: RunConfig) -> dict:
     """The settings a live run writes (protocol.settings.run_settings), marked as simulated."""
+    from batchlab.protocol.identity import config_hash
+
     settings = run_settings(cfg)
     settings.update(backend="echo" if cfg.backend == "echo" else "sim", simulated=True)
+    settings["config_hash"] = config_hash(settings)  # of what it is: a simulation
     return settings
 
 

@@ -1,0 +1,213 @@
+"""Intervals that fit how batchlab measures: distribution-free percentile intervals from order statistics,
+and paired comparisons of two strategies over the same requests (pure numpy; latencies in any one unit)."""
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+LEVEL = 0.95
+N_BOOT = 2000  # paired-bootstrap resamples
+SEED = 0  # the bootstrap's rng seed: the same data always gives the same interval
+_TOL = 1e-12  # slack when a binomial sum is compared to the level (rounding, not statistics)
+_BLOCK_CELLS = 2_000_000  # resample counts are drawn in blocks of about this many cells (memory bound)
+
+
+def _binomial_cdf(n: int, p: float) -> np.ndarray:
+    """P(B ≤ k) for k = 0..n, B ~ Binomial(n, p), built in log space so a large n neither under- nor overflows."""
+    k = np.arange(n)
+    log_pmf = np.concatenate([[0.0], np.cumsum(np.log((n - k) / (k + 1)) + math.log(p / (1 - p)))])
+    pmf = np.exp(log_pmf - log_pmf.max())
+    return np.cumsum(pmf) / pmf.sum()
+
+
+def widest_coverage(n: int, q: float) -> float:
+    """Coverage of [min, max] of n values for the q-th percentile: the most any order-statistic interval gives."""
+    p = q / 100
+    return 1.0 - p**n - (1 - p) ** n
+
+
+def min_requests(q: float, level: float = LEVEL) -> int:
+    """The fewest independent values for which a two-sided order-statistic interval of the q-th percentile exists."""
+    if not 0 < q < 100:
+        raise ValueError(f"percentile {q} is not strictly between 0 and 100")
+    n = 2
+    while widest_coverage(n, q) < level - _TOL:
+        n += 1
+    return n
+
+
+@lru_cache(maxsize=4096)
+def order_ranks(n: int, q: float, level: float = LEVEL) -> tuple[int, int] | None:
+    """1-based ranks (l, u) with P(l ≤ B < u) ≥ level for B ~ Binomial(n, q/100), u − l smallest, the two
+    tails as even as that allows; None when even (1, n) covers less than `level`."""
+    if n < 2 or not 0 < q < 100 or widest_coverage(n, q) < level - _TOL:
+        return None
+    cdf = _binomial_cdf(n, q / 100)
+    low = np.arange(1, n + 1)  # candidate l; P(B < l) = cdf[l - 1]
+    top = np.searchsorted(cdf, cdf[:-1] + level - _TOL)  # smallest u − 1 with P(l ≤ B ≤ u − 1) ≥ level
+    ok = top <= n - 1
+    low, up = low[ok], top[ok] + 1
+    width = up - low
+    best = width == width.min()
+    tails_gap = np.abs(cdf[low[best] - 1] - (1 - cdf[up[best] - 1]))  # P(B < l) against P(B ≥ u)
+    pick = int(np.argmin(tails_gap))
+    return int(low[best][pick]), int(up[best][pick])
+
+
+def design_effect(values: np.ndarray, clusters: np.ndarray, q: float) -> float:
+    """Between-repeat variance of the share below the pooled q-th percentile ÷ its variance were the values
+    independent (Woodruff's linearisation, ratio estimator over clusters); at least 1, and 1 for one cluster."""
+    _, member = np.unique(clusters, return_inverse=True)
+    k, n = int(member.max()) + 1, values.size
+    is_below = values <= np.percentile(values, q)
+    share = float(np.mean(is_below))
+    if k < 2 or share in (0.0, 1.0):
+        return 1.0
+    sizes = np.bincount(member, minlength=k)
+    below = np.bincount(member, weights=is_below.astype(float), minlength=k)
+    between = k / (k - 1) * float(np.sum((below - sizes * share) ** 2)) / n**2
+    return max(1.0, between / (share * (1 - share) / n))
+
+
+def quantile_ci(values, q: float, level: float = LEVEL, clusters=None) -> tuple[float, float] | None:
+    """Distribution-free interval (x_(l), x_(u)) for the q-th percentile from order statistics, or None when
+    too few values for that percentile at that level.
+
+    With `clusters` (one label per value: the repeat it came from), values within a repeat are not taken as
+    independent: the binomial ranks are found for an effective size n ÷ deff (`design_effect`: how much more
+    the repeats disagree about the share below the estimate than independent values would), then scaled back
+    to ranks of the pooled values, rounding outward. This is Woodruff's interval with a Korn–Graubard
+    effective size; deff ≥ 1, so repeats never narrow it, and with one repeat it is the plain interval.
+    The design effect is estimated from the repeats given, so with two or three it is itself rough."""
+    x = np.asarray(values, dtype="float64")
+    keep = np.isfinite(x)
+    x = x[keep]
+    n = x.size
+    if n < 2:
+        return None
+    deff = 1.0 if clusters is None else design_effect(x, np.asarray(clusters)[keep], q)
+    m = n if deff == 1.0 else int(n / deff)
+    ranks = order_ranks(m, q, level)
+    if ranks is None:
+        return None
+    lo_rank, up_rank = (ranks[0] * n) // m, -((-ranks[1] * n) // m)  # floor and ceiling: outward
+    xs = np.sort(x)
+    return float(xs[max(lo_rank, 1) - 1]), float(xs[min(up_rank, n) - 1])
+
+
+@dataclass(slots=True)
+class PairedResult:
+    """Relative change of a statistic, a against b, in percent (+ means a is larger), with its interval."""
+
+    estimate: float
+    lo: float
+    hi: float
+    n_pairs: int
+    significant: bool  # False when the interval includes 0
+    clusters: int = 1
+    level: float = LEVEL
+
+
+def _resample_counts(members: list[np.ndarray], n: int, n_boot: int,
+                     rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Blocks of resample counts [b, n]: clusters drawn with replacement, then each drawn cluster's values
+    drawn with replacement as many times as it has values (two-stage); one cluster: a plain bootstrap."""
+    k = len(members)
+    block = max(1, _BLOCK_CELLS // max(n, 1))
+    for start in range(0, n_boot, block):
+        b = min(block, n_boot - start)
+        picks = np.ones((b, 1), dtype=np.int64) if k == 1 else rng.multinomial(k, np.full(k, 1 / k), size=b)
+        counts = np.zeros((b, n), dtype=np.int64)
+        for j, idx in enumerate(members):
+            counts[:, idx] = rng.multinomial(picks[:, j] * idx.size, np.full(idx.size, 1 / idx.size))
+        yield counts
+
+
+def _weighted_stat(x: np.ndarray, counts: np.ndarray, q: float | None) -> np.ndarray:
+    """Per row of counts [b, n]: the mean (q None) or the q-th percentile (numpy's linear rule) of x repeated
+    counts times."""
+    total = counts.sum(axis=1)
+    if q is None:
+        return counts @ x / total
+    order = np.argsort(x, kind="stable")
+    xs, cum = x[order], np.cumsum(counts[:, order], axis=1)
+    h = q / 100 * (total - 1)
+    floor = np.floor(h)
+    i_lo = (cum <= floor[:, None]).sum(axis=1)  # the resample's floor(h)-th smallest value is xs[i_lo]
+    i_hi = np.minimum((cum <= floor[:, None] + 1).sum(axis=1), x.size - 1)
+    return xs[i_lo] + (h - floor) * (xs[i_hi] - xs[i_lo])
+
+
+def _stat(x: np.ndarray, q: float | None) -> float:
+    return float(np.mean(x)) if q is None else float(np.percentile(x, q))
+
+
+def _members(clusters, keep: np.ndarray) -> list[np.ndarray]:
+    if clusters is None:
+        return [np.arange(int(keep.sum()))]
+    _, member = np.unique(np.asarray(clusters)[keep], return_inverse=True)
+    return [np.flatnonzero(member == j) for j in range(int(member.max()) + 1)]
+
+
+def _result(estimate: float, replicates: np.ndarray, n: int, clusters: int, level: float) -> PairedResult:
+    tail = (1 - level) / 2 * 100  # outward ranks, so a resample whose b statistic was 0 (ratio ±inf) stays one
+    lo = np.nanpercentile(replicates, tail, method="lower") * 100
+    hi = np.nanpercentile(replicates, 100 - tail, method="higher") * 100
+    return PairedResult(estimate * 100, float(lo), float(hi), n, not lo <= 0 <= hi, clusters, level)
+
+
+def paired_ratio(a, b, q: float | None = 50, level: float = LEVEL, clusters=None, *, n_boot: int = N_BOOT,
+                 seed: int = SEED) -> PairedResult | None:
+    """Relative change of a's q-th percentile (q None: its mean) against b's, a[i] and b[i] being the same
+    request under two strategies: a bootstrap that resamples request ids, the same ids on both sides, so
+    what the requests share (size, arrival) cancels; with `clusters` (a repeat label per pair) repeats are
+    resampled first, then requests within each (`_resample_counts`). Percentile interval of the resamples.
+    None with fewer than 2 pairs both finite, or when b's statistic is not positive."""
+    a, b = np.asarray(a, dtype="float64"), np.asarray(b, dtype="float64")
+    if a.shape != b.shape:
+        raise ValueError(f"paired samples differ in length: {a.size} and {b.size}")
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    if a.size < 2 or not _stat(b, q) > 0:
+        return None
+    members = _members(clusters, keep)
+    rng = np.random.default_rng(seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reps = [_weighted_stat(a, c, q) / _weighted_stat(b, c, q) - 1
+                for c in _resample_counts(members, a.size, n_boot, rng)]
+    return _result(_stat(a, q) / _stat(b, q) - 1, np.concatenate(reps), a.size, len(members), level)
+
+
+def unpaired_ratio(a, b, q: float | None = 50, level: float = LEVEL, *, n_boot: int = N_BOOT,
+                   seed: int = SEED) -> PairedResult | None:
+    """As paired_ratio for samples with no common ids: a and b resampled independently (n_pairs: the smaller)."""
+    a, b = (np.asarray(s, dtype="float64") for s in (a, b))
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if min(a.size, b.size) < 2 or not _stat(b, q) > 0:
+        return None
+    rng = np.random.default_rng(seed)
+    draws = zip(_resample_counts([np.arange(a.size)], a.size, n_boot, rng),
+                _resample_counts([np.arange(b.size)], b.size, n_boot, rng))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reps = [_weighted_stat(a, ca, q) / _weighted_stat(b, cb, q) - 1 for ca, cb in draws]
+    return _result(_stat(a, q) / _stat(b, q) - 1, np.concatenate(reps), min(a.size, b.size), 1, level)
+
+
+def _signed(pct: float, decimals: int) -> str:
+    text = f"{abs(pct):.{decimals}f}%"
+    return ("−" if pct < 0 and float(text[:-1]) != 0 else "+") + text
+
+
+def describe(result: PairedResult | None, what: str = "TTFT p50") -> str:
+    """'TTFT p50 −48% [−55%, −40%]', or 'no significant difference in TTFT p50 (−2.0% [−9.0%, +5.0%])';
+    as many decimals as the interval's width deserves."""
+    if result is None:
+        return f"too few requests finished by both to compare {what}"
+    width = result.hi - result.lo
+    decimals = 0 if width >= 10 else 1 if width >= 1 else 2
+    est, lo, hi = (_signed(v, decimals) for v in (result.estimate, result.lo, result.hi))
+    if result.significant:
+        return f"{what} {est} [{lo}, {hi}]"
+    return f"no significant difference in {what} ({est} [{lo}, {hi}])"

@@ -1,0 +1,15 @@
+"""Strategies for the fault tests, loaded by module path (tests.fault_plugins:Never)."""
+from batchlab.scheduler.policies import Decision
+
+
+class Never:
+    """Launches nothing, ever: the run must end stalled, not hang."""
+
+    name, mode = "never", "static"
+
+    def decide(self, queue, now, cap, end_of_stream) -> Decision:
+        """Wait, always."""
+        return Decision()
+
+    def on_batch_done(self, size: int, oom: bool) -> None:
+        """Never called: nothing runs."""

@@ -1,0 +1,131 @@
+"""A run folder, a resumed point and a pooled report each know which configuration made them."""
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from batchlab.cli.main import app
+from batchlab.cli.run_folder import RunRecord, claim, new_folder
+from batchlab.cli.sim_run import simulate_run
+from batchlab.cli.sweep_cmd import stale_point
+from batchlab.cli.sweep_plan import Entry, Point
+from batchlab.collector.report.points import ReportError, load_collection
+from batchlab.protocol.identity import config_hash, differences, identity
+from batchlab.protocol.settings import ConfigError, RunConfig
+
+runner = CliRunner()
+FAST = {"backend": "sim", "dataset": "synthetic", "rate": 20.0, "duration_s": 1.0, "max_new_tokens": 8}
+
+
+def _sim(folder: Path, **settings) -> dict:
+    cfg = RunConfig(**{**FAST, **settings, "out": str(folder)}).validate()
+    folder.mkdir(parents=True, exist_ok=True)
+    return simulate_run(cfg)
+
+
+def test_the_hash_ignores_where_a_run_went_and_nothing_it_measured():
+    a = RunConfig(out="runs/a", seed=1).as_settings()
+    assert config_hash(a) == config_hash(RunConfig(out="elsewhere", seed=1).as_settings())
+    assert config_hash(a) != config_hash(RunConfig(out="runs/a", seed=2).as_settings())
+    assert config_hash(a, ignore=frozenset({"seed"})) == config_hash(RunConfig(seed=2).as_settings(),
+                                                                   ignore=frozenset({"seed"}))
+    assert differences(a, RunConfig(preset="x", seed=1).as_settings()) == ["preset 'a100-llama2-7b' → 'x'"]
+
+
+def test_identity_survives_the_summary_round_trip(tmp_path):
+    cfg = RunConfig(**FAST, strategy="dynamic", strategy_args={"max_wait_ms": 20}, out=str(tmp_path)).validate()
+    recorded = json.loads(json.dumps(cfg.as_settings()))
+    recorded["workers"] = {"worker-0": {"backend": "sim"}}  # how the collector records the workers
+    assert identity(recorded) == identity(cfg.as_settings())
+
+
+def test_a_used_folder_is_refused_in_one_line_before_anything_starts(tmp_path):
+    RunRecord(tmp_path, RunConfig(strategy="continuous"))
+    started = time.monotonic()
+    result = runner.invoke(app, ["run", "--backend", "sim", "--strategy", "dynamic", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and time.monotonic() - started < 2.0
+    line, = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --out {tmp_path} already holds a run (continuous on sim") and "--overwrite" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # untouched
+
+
+def test_overwrite_empties_the_folder_first(tmp_path):
+    (tmp_path / "steps.parquet").write_text("an old run's steps")
+    (tmp_path / "logs").mkdir()
+    with pytest.raises(ConfigError, match="already holds files"):
+        claim(str(tmp_path), overwrite=False)
+    assert claim(str(tmp_path), overwrite=True) == tmp_path and not any(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="must name a folder"):
+        claim("", overwrite=True)
+
+
+def test_without_out_each_run_gets_a_new_folder(tmp_path):
+    cfg = RunConfig(strategy="dynamic", backend="sim")
+    first = Path(new_folder(cfg, str(tmp_path)))
+    first.mkdir()
+    second = Path(new_folder(cfg, str(tmp_path)))
+    assert first != second and first.parent == second.parent == tmp_path and "dynamic-sim" in first.name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "sim", "--preset", "nosuch"], "error: --preset: unknown sim preset 'nosuch'"),
+    (["--backend", "hf", "--model", "no/such-model"], "error: --model no/such-model is neither a local folder"),
+    (["--backend", "hf", "--model", "./no/such/folder"], "error: --model ./no/such/folder: no such folder"),
+    (["--backend", "hf", "--model", "nosuch:random"], "error: --model: unknown architecture 'nosuch'"),
+])
+def test_a_bad_preset_or_model_fails_within_2_s_with_one_line_and_no_folder(tmp_path, monkeypatch, args, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    out = tmp_path / "run"
+    started = time.monotonic()
+    result = runner.invoke(app, ["run", *args, "--out", str(out)])
+    assert result.exit_code == 1 and time.monotonic() - started < 2.0
+    line, = result.stderr.strip().splitlines()
+    assert line.startswith(message), line
+    assert not out.exists()
+
+
+def _point(tmp_path: Path, base: dict) -> Point:
+    return Point(Entry("dynamic", {"strategy": "dynamic", "backend": "sim"}), 20.0, 0, 0, tmp_path / "p")
+
+
+def test_resume_reuses_a_point_only_when_its_configuration_is_the_planned_one(tmp_path):
+    base = {**FAST, "max_new_tokens": 32}
+    point = _point(tmp_path, base)
+    _sim(point.folder, **point.config(base).as_settings() | {"out": str(point.folder)})
+    summary = json.loads((point.folder / "summary.json").read_text())
+    assert stale_point(point, base) == ["simulated true → (unset)"]  # a simulation is no live measurement
+    del summary["settings"]["simulated"]  # as the live run of the same point records it
+    (point.folder / "summary.json").write_text(json.dumps(summary))
+    assert stale_point(point, base) == []
+    changed = stale_point(point, {**base, "duration_s": 2.0, "max_new_tokens": 16})
+    assert changed == ["duration_s 1 → 2", "max_new_tokens 32 → 16"]
+    (point.folder / "summary.json").unlink()
+    assert stale_point(point, base) == ["no readable record of its configuration"]
+
+
+def test_loose_runs_that_differ_are_separate_curves_and_an_interrupted_one_is_not_data(tmp_path):
+    _sim(tmp_path / "a", strategy="dynamic", preset="a100-llama2-7b", seed=1)
+    _sim(tmp_path / "b", strategy="dynamic", preset="3090-mistral-7b", seed=2)
+    _sim(tmp_path / "c", strategy="dynamic", preset="a100-llama2-7b", seed=3)
+    _sim(tmp_path / "d", strategy="dynamic", preset="a100-llama2-7b", seed=4)
+    RunRecord(tmp_path / "d", RunConfig(**FAST))  # its run.json still says running: the launcher died
+    coll = load_collection(tmp_path)
+    labels = sorted({r.label for r in coll.runs})
+    assert labels == ["dynamic (preset=3090-mistral-7b)", "dynamic (preset=a100-llama2-7b)"]
+    assert len(coll.group("dynamic (preset=a100-llama2-7b)", 20.0)) == 2  # a and c: repeats, seeds apart
+    assert [f.reason.split(":")[0] for f in coll.failed] == ["incomplete"]
+
+
+def test_a_sweep_whose_points_differ_within_a_label_is_refused_naming_the_keys(tmp_path):
+    for k, preset in enumerate(["a100-llama2-7b", "3090-mistral-7b"]):
+        _sim(tmp_path / "dynamic" / "rate-20" / f"rep-{k}", strategy="dynamic", preset=preset, seed=k)
+    points = [{"label": "dynamic", "rate": 20.0, "repeat": k, "dir": f"dynamic/rate-20/rep-{k}", "status": "done"}
+              for k in range(2)]
+    (tmp_path / "sweep.json").write_text(json.dumps({"points": points, "entries": [{"label": "dynamic"}]}))
+    with pytest.raises(ReportError, match=r"preset 'a100-llama2-7b' → '3090-mistral-7b'"):
+        load_collection(tmp_path)
