@@ -173,6 +173,8 @@ def _check_numbers(cfg: RunConfig) -> None:
         if type(value) is bool or not isinstance(value, (int, float)):
             continue
         option = OPTION_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
+        if f.name == "rate" and value == math.inf:  # every request at t = 0: validate() checks its terms
+            continue
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{option} must be a finite number, got {value}")
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
