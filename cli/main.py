@@ -8,13 +8,14 @@ from typer.core import TyperGroup
 
 from batchlab.cli import report_cmd, restore_sigint, simulate_cmd, sweep_cmd
 from batchlab.cli.config import checked_config, replay_config
+from batchlab.cli.grammar import show_version
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, Burst, ConfigOpt, Dataset, Device,
                                   Compile, Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
                                   MaxPrompt, MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset,
                                   Rate, Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
-from batchlab.cli.options import OutputLens, Overwrite, PromptLens, TraceStart
+from batchlab.cli.options import NumRequests, OutputLens, Overwrite, PromptLens, SaveResult, TraceStart
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -32,7 +33,17 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 class _OneLineErrors(TyperGroup):
-    """Every command's user errors become `error: <one line>` and exit 1 (a Ctrl-C is typer's: exit 130)."""
+    """Every command's user errors become `error: <one line>` and exit 1 (a Ctrl-C is typer's: exit 130);
+    a <bool> flag takes true/false (cli.grammar)."""
+
+    def main(self, args=None, *rest, **kwargs):
+        """Parse `args` (default: the command line) with bool words read, then run."""
+        import sys
+
+        from batchlab.cli.grammar import bool_words
+
+        args = list(sys.argv[1:] if args is None else args)
+        return super().main(bool_words(self, args), *rest, **kwargs)
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
@@ -45,6 +56,12 @@ class _OneLineErrors(TyperGroup):
 app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,
                   help="Study how LLM requests should be batched.")
 app.add_typer(model_app, name="model")
+
+
+@app.callback()
+def _main(version: Annotated[bool, Opt("--version", is_eager=True, help="print batchlab's version and exit",
+                                       callback=show_version)] = False) -> None:
+    """Study how LLM requests should be batched."""
 
 
 def _config(config: str | None, overrides: dict, *, replay: bool = False) -> RunConfig:
@@ -77,10 +94,12 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
         max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
         max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
         tensor_parallel_size: TP = None,
-        pipeline_parallel_size: PP = None, slo: SloOpt = None, overwrite: Overwrite = False) -> None:
+        pipeline_parallel_size: PP = None, slo: SloOpt = None, overwrite: Overwrite = False,
+        num_requests: NumRequests = None, save_result: SaveResult = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
     overwrite = overrides.pop("overwrite")
+    save_result = overrides.pop("save_result")
     config_file = overrides.pop("config")
     cfg = _config(config_file, overrides, replay=True)
     from batchlab.cli.launcher import RunFailed
@@ -103,6 +122,10 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
     except _user_errors() as exc:
         _fail(exc)
     show(summary, cfg.out)
+    if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
+        from batchlab.collector.vllm_result import save_result as write_result
+
+        typer.echo(f"vllm-style result: {write_result(cfg.out, save_result)}")
     _exit_by_verdict(verdict(summary, summary.get("role_deaths", [])))
 
 
@@ -192,7 +215,8 @@ def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None,
             arrival: Arrival = None, burstiness: Burst = None, dataset: Dataset = None,
             trace_start_s: TraceStart = None, prompt_lengths: PromptLens = None, output_lengths: OutputLens = None,
             schedule: Schedule = None, max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None,
-            seed: Seed = None, out: Out = None, keys: Keys = None, scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
+            seed: Seed = None, out: Out = None, keys: Keys = None, num_requests: NumRequests = None,
+            scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
     """Run the traffic generator alone."""
     overrides = {k: v for k, v in locals().items() if k not in ("config", "scheduler")}
     from batchlab.cli.roles import traffic_role

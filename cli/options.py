@@ -1,6 +1,6 @@
 """Command-line option types shared by the batchlab commands (Annotated, keyword-only).
 
-A run setting's option defaults to None, meaning "not given" (a YAML file's value then stands); its help
+A flag shown as <bool> also takes a value (`--strict-memory true`, cli.grammar). A run setting's option defaults to None, meaning "not given" (a YAML file's value then stands); its help
 shows the default RunConfig holds, read from RunConfig itself so the two cannot drift.
 """
 from dataclasses import MISSING, fields
@@ -41,9 +41,13 @@ Preset = Annotated[Optional[str], setting(
     "preset", help="sim step-time preset (a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral) or a file "
                    "batchlab calibrate wrote")]
 Rate = Annotated[Optional[float], setting(
-    "rate", help="arrival rate, requests/s (with --arrival trace: rescale to this mean rate, keeping the burst "
-                 "shape; 0 or not given: the trace's own timing)")]
-Duration = Annotated[Optional[float], setting("duration_s", "--duration", help="seconds of traffic")]
+    "rate", help="arrival rate, requests/s; inf: all at t = 0 (with --arrival trace: rescale to this mean rate, "
+                 "keeping the burst shape; 0 or not given: the trace's own timing)")]
+Duration = Annotated[Optional[float], setting(
+    "duration_s", "--duration", help="seconds of traffic (with --num-requests: whichever stop comes first)")]
+NumRequests = Annotated[Optional[int], setting(
+    "num_requests", "--num-requests", help="stop after N requests or --duration, whichever comes first "
+                                           "(no --duration: N alone; 0: --duration alone)")]
 Arrival = Annotated[Optional[str], setting(
     "arrival", help="poisson | gamma | constant | trace (a trace dataset's own arrival times)")]
 TraceStart = Annotated[Optional[float], setting(
@@ -66,14 +70,15 @@ Seed = Annotated[Optional[int], setting("seed", help="seed of the arrival and pr
 Out = Annotated[Optional[str], Opt(help="output folder (run: a new runs/<date>-<strategy>-<backend> unless given; "
                                            "the roles alone: runs/latest)")]
 Overwrite = Annotated[bool, Opt("--overwrite", help="replace what --out holds (else a used folder is refused)")]
-SloOpt = Annotated[Optional[list[str]], Opt("--slo", help="SLO for goodput in summary.json, e.g. ttft=500ms "
-                                                          "(repeatable; names ttft, tpot, e2e, queue_wait)")]
+SLO_HELP = ("SLOs for goodput, NAME=VALUE[ms|s|us], a comma list or repeated (e.g. ttft=1s,tpot=50ms); names "
+            "ttft, tpot, e2e, queue_wait; a value without a unit is in ms")
+SloOpt = Annotated[Optional[list[str]], Opt("--slo", help=SLO_HELP)]
 Workers = Annotated[Optional[int], setting("workers", help="worker processes (the scheduler waits for this many)")]
 MaxQueue = Annotated[Optional[int], setting("max_queue", help="reject arrivals beyond this queue length (0: unbounded)")]
 MaxQueueTok = Annotated[Optional[int], setting(
     "max_queue_tokens", help="reject arrivals beyond this many queued tokens (0: unbounded)")]
 Budget = Annotated[Optional[str], setting("memory_budget", help="KV memory budget, e.g. 2GiB (default: the backend's)")]
-Strict = Annotated[Optional[bool], setting("strict_memory", "--strict-memory",
+Strict = Annotated[Optional[bool], setting("strict_memory", "--strict-memory/--no-strict-memory",
                                            help="treat a batch over budget as OOM (CPU)")]
 Dtype = Annotated[Optional[str], setting("dtype", help="auto | float32 | float16 | bfloat16")]
 Device = Annotated[Optional[str], setting("device", help="auto | cpu | cuda")]
@@ -86,11 +91,14 @@ MaxTok = Annotated[Optional[int], setting("max_num_batched_tokens",
                                           help="tokens per engine step, decodes and prompt chunks together "
                                                "(0: vLLM's default; hf continuous: 256 on CPU, 2048 on CUDA); "
                                                "not below --max-batch-size")]
-Eager = Annotated[Optional[bool], setting("enforce_eager", "--enforce-eager",
+Eager = Annotated[Optional[bool], setting("enforce_eager", "--enforce-eager/--no-enforce-eager",
                                           help="vllm: no CUDA graphs / torch.compile")]
 Compile = Annotated[Optional[bool], setting(
-    "torch_compile", "--torch-compile",
+    "torch_compile", "--torch-compile/--no-torch-compile",
     help="hf static: static KV cache, batches padded to --max-batch-size, decode compiled once (CUDA graphs)")]
 TP = Annotated[Optional[int], setting("tensor_parallel_size", help="vllm: tensor-parallel GPUs")]
 PP = Annotated[Optional[int], setting("pipeline_parallel_size", help="vllm: pipeline-parallel stages")]
 Keys = Annotated[Optional[str], setting("keys", help="CurveZMQ key folder (needed to bind a non-loopback address)")]
+SaveResult = Annotated[Optional[str], Opt(
+    "--save-result", help="also write the run's figures to this JSON file under vllm bench serve's result keys "
+                          "and units (docs/load-and-results.md)")]

@@ -3,27 +3,33 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchlab.cli.options import SLO_HELP
+
 
 Folder = Annotated[str, typer.Argument(help="a sweep's --out folder, or one run's folder")]
 Rate = Annotated[Optional[float], typer.Option(help="rate (req/s) of the CDF and timeline plots")]
-Slo = Annotated[Optional[list[str]], typer.Option(help="SLO for goodput, e.g. ttft=500ms (repeatable)")]
+Slo = Annotated[Optional[list[str]], typer.Option(help=SLO_HELP)]
 Out = Annotated[Optional[str], typer.Option(help="where REPORT.md and the plots go (default: FOLDER); the runs' "
                                             "own files are only read")]
+Extra = Annotated[Optional[list[str]], typer.Option(
+    help="a vllm bench serve result JSON to draw beside the strategies (repeatable; such files directly in "
+         "FOLDER are found too)")]
 
 
 def register(app: typer.Typer) -> None:
     """Add `batchlab report` to the app."""
 
     @app.command()
-    def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, out: Out = None) -> None:
-        """Plots (PNG) and REPORT.md: latency vs throughput, CDFs, batch timeline, tables per rate. Reads
-        the runs and writes nothing into their files (a run's figures are computed when it ends)."""
+    def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, out: Out = None, extra: Extra = None) -> None:
+        """Plots (PNG), REPORT.md and REPORT.html (interactive, self-contained): latency vs throughput, CDFs,
+        batch timeline, tables per rate, other tools' results (--extra). Reads the runs and writes nothing
+        into their files (a run's figures are computed when it ends)."""
         from batchlab.collector.report.build import parse_slos, run_report
         from batchlab.collector.report.points import ReportError
 
         try:
             slos = parse_slos(slo or [])
-            result = run_report(folder, rate=rate, slos=slos, out=out)
+            result = run_report(folder, rate=rate, slos=slos, out=out, extra=extra)
         except ReportError as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None

@@ -86,6 +86,9 @@ def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None 
 
 
 def _record_point(point: Point, summary: dict, elapsed_s: float) -> None:
+    from batchlab.collector.vllm_result import point_result
+
+    point_result(point.folder)  # vllm_result.json, as a live sweep's point has
     record = point.record("done", "", round(elapsed_s, 3))
     headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
     write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline, "simulated": True}, default=str)

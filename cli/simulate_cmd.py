@@ -3,7 +3,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchlab.cli.options import OutputLens, PromptLens, SloOpt, TraceStart
+from batchlab.cli.options import NumRequests, OutputLens, PromptLens, SloOpt, TraceStart
 from batchlab.cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue,
                                   MaxQueueTok, MaxWait, Opt, Schedule, Seed, StrategyArgs, setting)
 
@@ -14,7 +14,8 @@ Strategies = Annotated[Optional[str], setting("strategy", help="naive | dynamic 
 Preset = Annotated[Optional[str], setting(
     "preset", help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral, or a file "
                    "batchlab calibrate wrote")]
-Rates = Annotated[Optional[str], setting("rate", help="arrival rate, requests/s, or a comma list (5,10,20)")]
+Rates = Annotated[Optional[str], setting("rate", help="arrival rate, requests/s, or a comma list (5,10,20); "
+                                                     "inf: every request at t = 0 (needs --num-requests)")]
 Out = Annotated[Optional[str], Opt(help="output folder (default runs/simulated)")]
 Workers = Annotated[Optional[int], setting("workers", help="simulated workers")]
 Budget = Annotated[Optional[str], Opt(help="KV memory budget, e.g. 2GiB (default: the preset's)")]
@@ -32,7 +33,8 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, strategy_
              output_lengths: OutputLens = None, schedule: Schedule = None, batch_size: BatchSize = None,
              max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
              seed: Seed = None, out: Out = None, workers: Workers = None, max_queue: MaxQueue = None,
-             max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, slo: SloOpt = None) -> None:
+             max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, slo: SloOpt = None,
+             num_requests: NumRequests = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
     overrides = dict(locals())
     overrides.pop("config")

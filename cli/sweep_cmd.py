@@ -16,9 +16,10 @@ import typer
 from batchlab.protocol.settings import ConfigError
 from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
-from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, plan_points,
-                                     probe_point, warm_order)
+from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, parse_sets,
+                                     plan_points, probe_point, warm_order)
 from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, RUN_FILE, SUMMARY_FILE, WORKERS_DIR
+from batchlab.collector.vllm_result import point_result
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.identity import config_hash, differences
 
@@ -55,6 +56,7 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
             return point.record("failed", reason, round(time.monotonic() - started, 2))
         summary, note = json.loads(summary_path.read_text()), str(exc)  # unfinished requests: failed
     note = note or fault_note(summary)
+    point_result(point.folder)  # vllm_result.json: the figures under vllm bench serve's keys
     record = (point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
               | {"config_hash": config_hash(cfg.as_settings())})
     headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
@@ -131,13 +133,13 @@ def probe_capacity(plan: Plan, out: Path, on_tick=None, pools: PoolKeeper | None
     return probe
 
 
-def run_sweep(config: str, out: str, *, resume: bool = True) -> dict:
+def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None) -> dict:
     """Every point of the grid, skipping finished ones; returns the sweep.json index. Points that share
     their workers' settings run on the same warm workers (cli.pool): in the plan's order with every
-    group's workers kept warm (interleaved), or group after group (grouped)."""
+    group's workers kept warm (interleaved), or group after group (grouped). `sets`: --set overrides."""
     from batchlab.collector.report.live import SweepView
 
-    plan, out_dir = load_plan(config), Path(out)
+    plan, out_dir = load_plan(config, sets), Path(out)
     preflight(plan)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
@@ -177,11 +179,14 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
               out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
-              resume: Annotated[bool, typer.Option(help="skip points already done")] = True) -> None:
+              resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
+              set_: Annotated[Optional[list[str]], typer.Option(
+                  "--set", help="override a base setting, KEY=VALUE (a RunConfig name, e.g. duration_s=5), or a "
+                                "grid key, grid.KEY=VALUE (e.g. grid.repeats=2); repeatable")] = None) -> None:
         """Run a grid of strategies × backends × rates × repeats, one real run per point."""
         out = out or str(Path("results") / Path(config).stem)
         try:
-            index = run_sweep(config, out, resume=resume)
+            index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
         except (SweepError, ConfigError) as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None

@@ -91,7 +91,7 @@ def _entry(item: object, base: dict) -> Entry:
     if not label:
         strategy = strategy_label(str(overrides["strategy"]))
         label = strategy if strategy == "vllm" or "backend" not in overrides else f"{strategy}-{backend}"
-    overrides.setdefault("backend", "vllm" if overrides["strategy"] == "vllm" else backend or RunConfig.backend)
+    overrides.setdefault("backend", "vllm" if overrides["strategy"] == "vllm" else backend or RunConfig().backend)
     return Entry(label, overrides)
 
 
@@ -107,9 +107,38 @@ def _rates(raw: object) -> tuple[list[float], dict]:
     return sorted({float(r) for r in raw}), {}
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Parse and check a sweep YAML (top-level `base:` and `grid:`)."""
-    raw = load_yaml(path)
+def parse_sets(items: list[str] | None) -> dict:
+    """--set items ['duration_s=5', 'grid.repeats=2'] → {'duration_s': 5, 'grid.repeats': 2}; each value is
+    read as YAML (5 → int, true → bool, [1, 2] → list); SweepError on an item that is no KEY=VALUE."""
+    import yaml
+
+    sets = {}
+    for item in items or []:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise SweepError(f"--set {item!r}: expected KEY=VALUE (e.g. duration_s=5 or grid.repeats=2)")
+        try:
+            sets[key.strip().replace("-", "_")] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            raise SweepError(f"--set {item!r}: cannot read {value!r}") from None
+    return sets
+
+
+def _with_sets(raw: dict, sets: dict) -> dict:
+    """The YAML's mapping with --set laid over it: `grid.KEY` into grid:, `base.KEY` or a bare KEY into base:."""
+    base, grid = dict(raw.get("base") or {}), dict(raw.get("grid") or {})
+    for key, value in sets.items():
+        section, dot, name = key.partition(".")
+        target = grid if dot and section == "grid" else base
+        if dot and section not in ("grid", "base"):
+            raise SweepError(f"--set {key}: a dotted key starts with grid. or base.")
+        target[name if dot else key] = value
+    return {**raw, "base": base, "grid": grid}
+
+
+def load_plan(path: str | Path, sets: dict | None = None) -> Plan:
+    """Parse and check a sweep YAML (top-level `base:` and `grid:`), with --set overrides (parse_sets)."""
+    raw = _with_sets(load_yaml(path), sets) if sets else load_yaml(path)
     extra = sorted(set(raw) - {"base", "grid"})
     if extra:
         raise SweepError(f"{path}: unknown top-level key(s) {', '.join(extra)} (expected base, grid)")
@@ -122,7 +151,7 @@ def load_plan(path: str | Path) -> Plan:
     labels = [e.label for e in entries]
     if not entries or len(set(labels)) != len(labels):
         raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
-    rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig.rate)]))
+    rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig().rate)]))
     order = str(grid.get("order", "auto"))
     if order not in ORDERS:
         raise SweepError(f"grid.order must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -148,8 +177,8 @@ def interleaved(plan: Plan) -> bool:
     if plan.order != "auto":
         return plan.order == "interleaved"
     settings = [{**plan.base, **e.overrides} for e in plan.entries]
-    devices = {str(s.get("device") or RunConfig.device) for s in settings
-               if s.get("backend", RunConfig.backend) in ("hf", "vllm")}  # sim and openai hold no model
+    devices = {str(s.get("device") or RunConfig().device) for s in settings
+               if s.get("backend", RunConfig().backend) in ("hf", "vllm")}  # sim and openai hold no model
     if "auto" in devices:
         import torch  # what the workers' `auto` will pick
 

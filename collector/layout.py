@@ -9,3 +9,4 @@ DONE_FILE = "point.json"  # a point whose run returned (summary.json alone is al
 FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
 PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
 WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, between points)
+VLLM_RESULT_FILE = "vllm_result.json"  # a run's figures under `vllm bench serve --save-result`'s keys

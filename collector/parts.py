@@ -74,7 +74,11 @@ def write_final(out_dir: Path, tables: "Tables") -> None:
 
 
 def write_summary(out_dir: Path, summary: dict) -> None:
-    """out_dir/summary.json, strict JSON (NaN → null), written atomically."""
+    """out_dir/summary.json, strict JSON (NaN → null; the setting rate inf, all at once, → "inf" as vLLM
+    writes it), written atomically."""
+    settings = summary.get("settings")
+    if isinstance(settings, dict) and isinstance(settings.get("rate"), float) and math.isinf(settings["rate"]):
+        summary = {**summary, "settings": {**settings, "rate": "inf"}}
     write_json_atomic(Path(out_dir) / SUMMARY_FILE, _jsonable(summary), allow_nan=False)
 
 

@@ -33,11 +33,20 @@ def _canonical(value: object) -> object:
 
 def identity(settings: dict) -> dict:
     """The settings that define what a run measured (RunConfig fields, as RunConfig.as_settings() or a
-    summary's `settings` give them), canonical; a summary's per-worker facts count as the worker count."""
-    values = {k: v for k, v in settings.items() if k not in NOT_IDENTITY}
+    summary's `settings` give them), canonical; a summary's per-worker facts count as the worker count.
+    A RunConfig field a record lacks (written before the field existed) takes its default, so adding a
+    setting does not make every earlier run another configuration."""
+    values = {**_defaults(), **{k: v for k, v in settings.items() if k not in NOT_IDENTITY}}
     if isinstance(values.get("workers"), dict):  # the collector's worker facts, by worker id
         values["workers"] = len(values["workers"])
     return _canonical(values)
+
+
+def _defaults() -> dict:
+    """RunConfig's field defaults (identity keys only)."""
+    from batchlab.protocol.settings import RunConfig
+
+    return {k: v for k, v in RunConfig().as_settings().items() if k not in NOT_IDENTITY}
 
 
 def config_hash(settings: dict, *, ignore: frozenset[str] = frozenset()) -> str:

@@ -20,7 +20,7 @@ BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
 ARRIVALS = ("poisson", "gamma", "constant", "trace")
 # The settings a schedule is built from: a replayed schedule brings its own.
 TRAFFIC_FIELDS = ("arrival", "rate", "duration_s", "burstiness", "seed", "dataset", "max_new_tokens",
-                  "max_prompt_len", "trace_start_s", "prompt_lengths", "output_lengths")
+                  "max_prompt_len", "trace_start_s", "prompt_lengths", "output_lengths", "num_requests")
 Lengths = str | int | list | dict  # 128, "32-512", "64,128,256", [64, 128], "lognormal:mean=256", {dist: ...}
 
 
@@ -37,8 +37,9 @@ class RunConfig:
     backend: str = "sim"
     model: str = "tiny-mistral"
     preset: str = "a100-llama2-7b"  # sim backend step-time preset
-    rate: float = 10.0  # requests/s
+    rate: float = 10.0  # requests/s; inf: every request at t = 0 (needs num_requests)
     duration_s: float = 10.0
+    num_requests: int = 0  # stop after this many requests or duration_s, whichever comes first; 0: duration only
     arrival: str = "poisson"
     burstiness: float = 1.0
     dataset: str = "sharegpt"  # sharegpt | synthetic | azure-conv | azure-code | trace:PATH | PATH
@@ -86,7 +87,11 @@ class RunConfig:
             (self.rate > 0 or (self.rate == 0 and self.arrival == "trace"),
              "--rate must be > 0 requests/s (0 only with --arrival trace: the trace's own rate)"),
             (self.trace_start_s >= 0, "--trace-start must be ≥ 0 s"),
-            (self.duration_s > 0, "--duration must be > 0 s"),
+            (self.duration_s > 0 and math.isfinite(self.duration_s), "--duration must be > 0 s"),
+            (self.num_requests >= 0, "--num-requests must be ≥ 0 (0: --duration alone stops the run)"),
+            (math.isfinite(self.rate) or self.num_requests > 0,
+             "--rate inf (every request at t = 0) needs --num-requests N"),
+            (math.isfinite(self.rate) or self.arrival != "trace", "--rate inf does not go with --arrival trace"),
             (self.burstiness > 0, "--burstiness must be > 0"),
             (self.batch_size >= 1, "--batch-size must be ≥ 1"),
             (self.max_batch_size >= 1, "--max-batch-size must be ≥ 1"),
@@ -203,10 +208,29 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
         merged["strategy_args"] = {k: v for a in args if a is not None for k, v in parse_strategy_args(a).items()}
     if merged.get("arrival") == "trace" and "rate" not in merged:
         merged["rate"] = 0.0  # a trace keeps its own timing unless a rate is asked for
+    if "slo" in merged and isinstance(merged["slo"], (str, list, tuple)):  # comma lists: one item per SLO
+        merged["slo"] = slo_items(merged["slo"])
+    if merged.get("num_requests") and "duration_s" not in merged:  # the count alone stops the run
+        default = RunConfig()
+        merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", default.rate),
+                                                merged.get("burstiness", default.burstiness))
     unknown = sorted(set(merged) - set(known))
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
     return RunConfig(**{k: _typed(k, v, known[k]) for k, v in merged.items()}).validate()
+
+
+def count_duration_s(num_requests: object, rate: object, burstiness: object) -> float:
+    """A duration that holds `num_requests` arrivals at `rate` all but surely (their mean time plus 8
+    standard deviations of a gamma process, s): --num-requests without --duration is a count-only stop.
+    rate inf (all at t = 0) or a rate that is no number: RunConfig's default duration."""
+    try:
+        n, rate_f, shape = float(num_requests), float(rate), min(float(burstiness), 1.0)
+        if not (rate_f > 0 and math.isfinite(rate_f) and n > 0 and shape > 0):
+            return RunConfig().duration_s
+        return float(f"{(n + 8 * math.sqrt(n / shape) + 1) / rate_f:.4g}")
+    except (TypeError, ValueError):
+        return RunConfig().duration_s
 
 
 def parse_strategy_args(given: object) -> dict:
@@ -237,7 +261,10 @@ def fits(value: object, kind: object) -> bool:
 
 
 def _typed(name: str, value: object, kind: type) -> object:
-    """`value` as the field's type, or ConfigError."""
+    """`value` as the field's type, or ConfigError ("inf" is a number: YAML reads `rate: inf` as text, and
+    summary.json writes the rate inf so)."""
+    if kind is float and isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
+        value = math.inf
     if not fits(value, kind):
         raise ConfigError(f"setting {name} must be {_KIND_NAMES.get(kind, 'token lengths (e.g. 128, 32-512)')}, "
                           f"got {value!r} ({type(value).__name__})")
@@ -252,11 +279,17 @@ SLO_NAMES = ("ttft", "tpot", "e2e", "queue_wait")
 UNITS_S = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
 
 
+def slo_items(items: object) -> list[str]:
+    """'ttft=1s,tpot=50ms' or ['ttft=1s,tpot=50ms', 'e2e=5s'] → one item per SLO (comma lists split)."""
+    items = [items] if isinstance(items, str) else list(items or [])
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+
 def parse_slos(items: list[str]) -> dict[str, float]:
-    """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds; no unit: ms); ValueError on a
-    bad item, naming it."""
+    """['ttft=500ms', 'tpot=50ms'] or ['ttft=500ms,tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds; no
+    unit: ms); ValueError on a bad item, naming it."""
     slos = {}
-    for item in items:
+    for item in slo_items(items):
         match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9.eE+-]+)\s*(ms|s|us)?\s*", str(item))
         if not match or match.group(1) not in SLO_NAMES:
             raise ValueError(f"--slo {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")

@@ -48,7 +48,7 @@ def test_replayed_schedule_records_its_own_settings_not_the_defaults_or_the_yaml
     assert {k: settings[k] for k in TRAFFIC.to_dict() if k in settings} == {
         "arrival": "gamma", "rate": 7.0, "duration_s": 1.0, "burstiness": 0.5, "seed": 5, "dataset": "synthetic",
         "max_new_tokens": 32, "max_prompt_len": 64, "trace_start_s": 0.0, "prompt_lengths": "32-512",
-        "output_lengths": "16-256"}
+        "output_lengths": "16-256", "num_requests": 0}
 
 
 def test_an_option_equal_to_the_schedules_value_is_accepted(schedule_file):

@@ -34,6 +34,13 @@ def test_the_hash_ignores_where_a_run_went_and_nothing_it_measured():
     assert differences(a, RunConfig(preset="x", seed=1).as_settings()) == ["preset 'a100-llama2-7b' → 'x'"]
 
 
+def test_a_setting_added_later_keeps_older_records_equal_at_its_default():
+    older = RunConfig(seed=1).as_settings()
+    del older["max_queue_tokens"]  # as a summary written before the field existed
+    assert identity(older) == identity(RunConfig(seed=1).as_settings())
+    assert differences(older, RunConfig(seed=1, max_queue_tokens=5).as_settings()) == ["max_queue_tokens 0 → 5"]
+
+
 def test_identity_survives_the_summary_round_trip(tmp_path):
     cfg = RunConfig(**FAST, strategy="dynamic", strategy_args={"max_wait_ms": 20}, out=str(tmp_path)).validate()
     recorded = json.loads(json.dumps(cfg.as_settings()))

@@ -133,7 +133,7 @@ def test_run_help_shows_every_settings_default_from_run_config():
     run = get_command(app).commands["run"]
     defaults = {f.name: f.default for f in fields(RunConfig) if f.default not in (None, "") and f.init
                 and not callable(f.default_factory) and f.name != "out"}  # run: a new folder per run
-    help_text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "250", "TERMINAL_WIDTH": "250"}).output
+    help_text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "320", "TERMINAL_WIDTH": "320"}).output
     lines = {line.split()[1]: line for line in help_text.splitlines() if line.startswith("│ --")}
     checked = 0
     for param in run.params:

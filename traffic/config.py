@@ -33,12 +33,15 @@ class TrafficConfig:
     output_lengths: LengthSpec = field(default_factory=default_output_lengths)  # synthetic only
     vocab_size: int = 32000  # synthetic token ids are drawn below this
     trace_start_s: float = 0.0  # traces: the run starts this many seconds after the trace's first request
+    num_requests: int = 0  # at most this many requests (the first ones); 0: all of duration_s
 
     def check(self) -> None:
         """ValueError with a clear message for settings that cannot make a schedule."""
         if not 1 <= self.min_prompt_len <= self.max_prompt_len:
             raise ValueError(f"need 1 <= min_prompt_len <= max_prompt_len, got "
                              f"{self.min_prompt_len} and {self.max_prompt_len}")
+        if self.num_requests < 0:
+            raise ValueError(f"num_requests must be >= 0 (0: no count limit), got {self.num_requests}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self._check_trace()

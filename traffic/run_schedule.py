@@ -32,7 +32,8 @@ def traffic_config(cfg: RunConfig) -> TrafficConfig:
                          burstiness=cfg.burstiness, seed=cfg.seed, dataset=cfg.dataset,
                          max_new_tokens=cfg.max_new_tokens, max_prompt_len=cfg.max_prompt_len,
                          prompt_lengths=prompt_lengths, output_lengths=output_lengths,
-                         trace_start_s=float(getattr(cfg, "trace_start_s", 0.0)))
+                         trace_start_s=float(getattr(cfg, "trace_start_s", 0.0)),
+                         num_requests=int(getattr(cfg, "num_requests", 0) or 0))
 
 
 def tokenizer_for(cfg: RunConfig):

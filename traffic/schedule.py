@@ -104,15 +104,24 @@ def build_schedule(cfg: TrafficConfig, tokenizer: Tokenizer | None) -> Schedule:
     """
     cfg.check()
     if is_trace_dataset(cfg.dataset):
-        offsets, prompts, notes = trace_requests(cfg, tokenizer)
+        offsets, prompts, notes = _first(cfg.num_requests, *trace_requests(cfg, tokenizer))
     else:
         offsets = arrival_offsets(cfg.arrival, cfg.rate, cfg.duration_s, np.random.default_rng([cfg.seed, 0]),
-                                  burstiness=cfg.burstiness)
+                                  burstiness=cfg.burstiness, count=cfg.num_requests)
         prompts, notes = _prompts(cfg, len(offsets), tokenizer, np.random.default_rng([cfg.seed, 1])), {}
     notes = {"prompt_source": prompts.source, "capped_prompts": prompts.capped_prompts,
              "capped_outputs": prompts.capped_outputs, **notes}
     digest = content_hash(offsets, prompts.tokens, np.asarray(prompts.output_lens))
     return Schedule(_make_frame(offsets, prompts), digest, float(cfg.duration_s), cfg, notes)
+
+
+def _first(n: int, offsets: np.ndarray, prompts: Prompts, notes: dict) -> tuple[np.ndarray, Prompts, dict]:
+    """A trace's first `n` requests (all of them when n is 0 or more than it holds)."""
+    if n <= 0 or n >= len(offsets):
+        return offsets, prompts, notes
+    kept = Prompts(prompts.texts[:n], prompts.tokens[:n], prompts.output_lens[:n], prompts.source,
+                   prompts.capped_prompts, prompts.capped_outputs)
+    return offsets[:n], kept, {**notes, "trace_requests": n}
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> None:

@@ -36,8 +36,11 @@ def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: f
 
 
 def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None,
-               out: str | None = None) -> ReportResult:
-    """Write the plots and REPORT.md into `out` (default: `folder`); the runs' files are only read."""
+               out: str | None = None, extra: list[str] | None = None) -> ReportResult:
+    """Write the plots, REPORT.md and REPORT.html into `out` (default: `folder`); the runs' files are only
+    read. `extra`: other tools' result files to place beside the strategies (with those found in the
+    folder, collector.report.external)."""
+    from batchlab.collector.report.external import load_external, section
     from batchlab.collector.report import plots, timeline
     from batchlab.collector.report.headline import compare, headlines
     from batchlab.collector.report.markdown import render
@@ -53,12 +56,26 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     first = compare(stats, "dynamic") or next((c for c in (compare(stats, lb) for lb in collection.labels())
                                                if c is not None), None)
     at = chosen_rate(collection, first.rate if first else None, rate)
-    made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png")]
+    external = load_external(collection.root, extra)
+    made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png", external)]
     if at is not None:
         made += [plots.latency_cdfs(collection, stats, at, root / "latency_cdf.png"),
                  plots.itl_distribution(collection, stats, at, root / "itl_distribution.png"),
                  timeline.batch_timeline(collection, at, root / "batch_timeline.png"),
                  timeline.load_over_time(collection, at, root / "batch_size_queue.png")]
     text = render(collection, stats, lines, [p.name for p in made], at, slos)
+    text += "\n".join(section(external)) + ("\n" if external else "")
     (root / REPORT_FILE).write_text(text)
+    _html(collection, stats, lines, external, root)
     return ReportResult(root / REPORT_FILE, made, lines)
+
+
+def _html(collection: Collection, stats: dict, lines: list[str], external: list, root: Path) -> Path:
+    """REPORT.html beside REPORT.md in `root` (collector.report.html)."""
+    from batchlab.collector.report.html import HTML_FILE, write_html
+    from batchlab.collector.report.setup import setup_lines
+
+    setup = setup_lines(collection.runs[0]) if collection.runs else []
+    return write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines,
+                      stats=stats, labels=collection.labels(), rates=collection.rates(), setup=setup,
+                      external=external)

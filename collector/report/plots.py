@@ -48,11 +48,23 @@ def _mark_failures(ax, groups: list[GroupStats], x: list[float], y: list[float])
         ax.scatter(*zip(*bad), marker="x", s=90, color="red", zorder=5)
 
 
-def latency_vs_throughput(stats: dict[tuple[str, float], GroupStats], labels: list[str], path: Path) -> Path:
+def _external(ax, points: list, metric: str, q: str) -> None:
+    """Other tools' runs (collector.report.external) as labelled stars."""
+    for p in points:
+        value = p.latency[metric][q]
+        if value is not None:
+            ax.scatter([p.throughput_tok_s], [value * 1e3], marker="*", s=160, zorder=6, label=f"{p.label} ({p.kind})")
+            ax.annotate(f"λ={p.rate:g}", (p.throughput_tok_s, value * 1e3), textcoords="offset points",
+                        xytext=(4, -10), fontsize=7)
+
+
+def latency_vs_throughput(stats: dict[tuple[str, float], GroupStats], labels: list[str], path: Path,
+                          external: list | None = None) -> Path:
     """Four panels (TTFT / E2E × p50 / p99) against throughput, one line per strategy, rates and failed
-    shares marked."""
+    shares marked; other tools' runs (`external`) as stars."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
     for ax, (metric, q) in zip(axes.flat, PANELS):
+        _external(ax, external or [], metric, q)
         for label in labels:
             groups = sorted((g for (lb, _), g in stats.items()
                              if lb == label and g.latency[metric][q] is not None), key=lambda g: g.rate)

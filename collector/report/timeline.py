@@ -42,18 +42,41 @@ def window(runs: list[RunData]) -> tuple[float, float]:
     return start, start + WINDOW_S
 
 
+ROW_HEIGHT = 0.8  # the tallest bar's height, in rows
+
+
+def shared_scale(acts: list[pd.DataFrame]) -> float:
+    """The largest batch size (or running rows) shown in any row: one scale for every row (≥ 1)."""
+    return max([float(a["size"].max()) for a in acts if not a.empty] + [1.0])
+
+
+def bar_heights(act: pd.DataFrame, top: float) -> pd.Series:
+    """Each bar's height in rows: ROW_HEIGHT × size ÷ `top` (the shared scale)."""
+    return ROW_HEIGHT * act["size"].astype("float64") / top
+
+
+def _draw_scale(ax, top: float) -> None:
+    """A size scale right of the first row: a bar of height ROW_HEIGHT labelled with `top`, ticks at 0 and ½."""
+    trans = ax.get_yaxis_transform()  # x in axes fraction, y in rows
+    lo, hi = ROW_HEIGHT / 2, -ROW_HEIGHT / 2  # row 0's bar spans -0.4 .. 0.4 (the y axis is inverted)
+    ax.plot([1.015, 1.015], [lo, hi], transform=trans, color="black", linewidth=2, clip_on=False)
+    for frac in (0.0, 0.5, 1.0):
+        y = lo + (hi - lo) * frac
+        ax.plot([1.01, 1.02], [y, y], transform=trans, color="black", linewidth=1, clip_on=False)
+        ax.text(1.025, y, f"{top * frac:g}", transform=trans, va="center", fontsize=8, clip_on=False)
+    ax.text(1.01, hi - 0.15, "batch size", transform=trans, fontsize=8, clip_on=False)
+
+
 def batch_timeline(collection: Collection, rate: float, path: Path) -> Path:
-    """One row per strategy; a bar per batch (colored by launch reason) or step, height ∝ its size."""
+    """One row per strategy; a bar per batch (colored by launch reason) or step, its height ∝ its size on
+    one scale shared by every row (drawn right of the first row)."""
     runs = [collection.group(lb, rate)[0] for lb in collection.labels() if collection.group(lb, rate)]
     t0, t1 = window(runs) if runs else (0.0, WINDOW_S)
     fig, ax = plt.subplots(figsize=(12, 1.2 + 1.1 * max(len(runs), 1)))
-    reasons = set()
-    for row, run in enumerate(runs):
-        act = activity(run)
-        act = act[(act["end"] >= t0) & (act["start"] <= t1)]
-        top = max(float(act["size"].max()), 1.0) if not act.empty else 1.0
-        for rec in act.itertuples():
-            height = 0.8 * rec.size / top
+    acts = [a[(a["end"] >= t0) & (a["start"] <= t1)] for a in map(activity, runs)]
+    top, reasons = shared_scale(acts), set()
+    for row, act in enumerate(acts):
+        for rec, height in zip(act.itertuples(), bar_heights(act, top)):
             ax.broken_barh([(rec.start, rec.end - rec.start)], (row - height / 2, height),
                            facecolors=REASON_COLORS.get(rec.reason, OTHER_COLOR), edgecolors="black",
                            linewidth=0.3)
@@ -61,11 +84,14 @@ def batch_timeline(collection: Collection, rate: float, path: Path) -> Path:
     ax.set_yticks(range(len(runs)), [r.label for r in runs])
     ax.set_xlim(t0, t1)
     ax.set_xlabel("time since the run's t0 (s)")
-    ax.set_title(f"Batches (static) and steps (continuous) at λ = {rate:g} req/s; bar height ∝ batch size")
+    ax.set_title(f"Batches (static) and steps (continuous) at λ = {rate:g} req/s; bar height ∝ batch size, "
+                 "one scale for every row")
     handles = [Patch(color=REASON_COLORS.get(r, OTHER_COLOR), label=r) for r in sorted(reasons)]
     if handles:
         ax.legend(handles=handles, title="launch reason", loc="upper right", fontsize=8)
     ax.invert_yaxis()
+    if runs:
+        _draw_scale(ax, top)
     return save(fig, path)
 
 

@@ -1,0 +1,115 @@
+"""A run's figures as `vllm bench serve --save-result` writes them: its keys, its units (ms, per s).
+
+Computed from batchlab's own tables (requests.parquet, tokens.parquet, summary.json), so a script
+written for vLLM's result files reads a batchlab run unchanged; `batchlab_definitions` names where
+batchlab's figures are defined differently from vLLM's.
+"""
+import json
+import math
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from batchlab.collector.layout import SUMMARY_FILE, VLLM_RESULT_FILE
+from batchlab.collector.metrics import inter_token_latencies, request_metrics
+from batchlab.protocol.files import write_json_atomic
+
+PERCENTILES = (50, 90, 99)  # vLLM's --metric-percentiles (its default is 99 alone)
+METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}  # vLLM's name → batchlab's column
+DEFINITIONS = {
+    "source": "batchlab's requests.parquet, tokens.parquet and summary.json of this run",
+    "duration": "batchlab's window: the first submitted arrival to the last finished completion, s "
+                "(vLLM: the benchmark's wall time)",
+    "ttft": "first token time minus the request's arrival at the scheduler (includes its queueing)",
+    "tpot": "(completion − first token) ÷ (planned output length − 1), requests of more than one token "
+            "(vLLM: the output tokens it counted)",
+    "itl": "gaps between consecutive tokens of a finished request; a chunk of k tokens gives k − 1 zero gaps "
+           "(vLLM: gaps between streamed chunks)",
+    "e2el": "completion minus arrival at the scheduler",
+    "request_goodput": "finished requests meeting every --slo ÷ duration (null without --slo)",
+    "total_input_tokens": "prompt tokens of the finished requests (as vLLM counts them)",
+}
+
+
+def _stats(name: str, values_s: np.ndarray) -> dict:
+    """mean/median/std/pNN in ms, as vLLM computes them (0 for no values)."""
+    v = values_s[~np.isnan(values_s)] if values_s.size else values_s
+    v = v if v.size else np.zeros(1)
+    out = {f"mean_{name}_ms": float(np.mean(v)) * 1e3, f"median_{name}_ms": float(np.median(v)) * 1e3,
+           f"std_{name}_ms": float(np.std(v)) * 1e3}
+    for p, value in zip(PERCENTILES, np.percentile(v, PERCENTILES)):
+        out[f"p{p}_{name}_ms"] = float(value) * 1e3
+    return out
+
+
+def _date(folder: Path) -> str:
+    """When the run ended (its summary's time), in vLLM's format."""
+    return datetime.fromtimestamp((folder / SUMMARY_FILE).stat().st_mtime).strftime("%Y%m%d-%H%M%S")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("batchlab")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _setup(folder: Path, summary: dict) -> dict:
+    """The setup keys of vLLM's result (date, backend, model, traffic)."""
+    settings = summary.get("settings", {})
+    rate = settings.get("rate")
+    rate = "inf" if rate is None or (isinstance(rate, float) and math.isinf(rate)) else rate
+    return {"date": _date(folder), "backend": settings.get("backend"), "label": settings.get("strategy"),
+            "model_id": settings.get("model"), "tokenizer_id": settings.get("model"),
+            "num_prompts": summary.get("scheduled"), "request_rate": rate,
+            "burstiness": settings.get("burstiness"), "max_concurrency": None}
+
+
+def vllm_result(folder: str | Path) -> dict:
+    """The run in `folder` under vLLM bench serve's result keys and units."""
+    folder = Path(folder)
+    summary = json.loads((folder / SUMMARY_FILE).read_text())
+    requests = request_metrics(pd.read_parquet(folder / "requests.parquet"))
+    finished = requests[requests["status"] == "finished"]
+    tokens = pd.read_parquet(folder / "tokens.parquet", columns=["request_id", "token_index", "time"])
+    duration_s = float(summary.get("window_s") or 0.0)
+    per_s = 1.0 / duration_s if duration_s > 0 else float("nan")
+    n_in, n_out = int(finished["prompt_len"].sum()), int(finished["n_tokens"].sum())
+    goodput = summary.get("goodput")
+    result = _setup(folder, summary) | {
+        "duration": duration_s, "completed": len(finished), "failed": int(summary.get("failed", 0)),
+        "total_input_tokens": n_in, "total_output_tokens": n_out,
+        "request_throughput": len(finished) * per_s,
+        "request_goodput": goodput["met"] * per_s if goodput else None,
+        "output_throughput": n_out * per_s, "total_token_throughput": (n_in + n_out) * per_s,
+    }
+    itl = inter_token_latencies(tokens, finished["request_id"]).to_numpy(dtype="float64")
+    for name, column in METRICS.items():
+        values = itl if name == "itl" else finished[column].to_numpy(dtype="float64")
+        result |= _stats(name, values)
+    settings = summary.get("settings", {})
+    return result | {"batchlab_version": _version(), "batchlab_strategy_args": settings.get("strategy_args"),
+                     "batchlab_definitions": DEFINITIONS}
+
+
+def save_result(folder: str | Path, path: str | Path | None = None) -> Path:
+    """Write vllm_result() of the run in `folder` to `path` (default: the folder's vllm_result.json)."""
+    path = Path(path) if path else Path(folder) / VLLM_RESULT_FILE
+    result = vllm_result(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                             for k, v in result.items()})
+    return path
+
+
+def point_result(folder: str | Path) -> Path | None:
+    """A sweep point's vllm_result.json; a run whose tables cannot be read keeps its point without one,
+    with vllm_result.error.txt saying why."""
+    try:
+        return save_result(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        (Path(folder) / "vllm_result.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+        return None
