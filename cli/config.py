@@ -11,10 +11,40 @@ def checked_config(file_values: dict, overrides: dict) -> RunConfig:
     from batchlab.scheduler.strategies import resolve
 
     cfg = build_config(file_values, overrides)
-    cfg.strategy_args = resolve(cfg).args
+    strategy = resolve(cfg)
+    cfg.strategy_args = strategy.args
     for name in ("prompt_lengths", "output_lengths"):  # one text form, whatever the YAML held
         setattr(cfg, name, _lengths_text(name, getattr(cfg, name)))
+    _check_frame(strategy.rows if strategy.mode == "static" else 1, cfg.max_prompt_len)
+    _check_trace(cfg.dataset)
     return cfg
+
+
+def _check_frame(rows: int, max_prompt_len: int) -> None:
+    """ConfigError when one batch's Dispatch could pass the frame limit: a static batch is one message
+    of `rows` prompts of up to max_prompt_len token ids (4 bytes each); a continuous one, one request."""
+    from batchlab.protocol.codec import MAX_MESSAGE_BYTES
+
+    size = rows * (max_prompt_len * 4 + ROW_OVERHEAD_BYTES)
+    if size > MAX_MESSAGE_BYTES:
+        raise ConfigError(f"a batch of {rows} rows × {max_prompt_len} prompt tokens is up to {size / 2**20:.1f} MiB "
+                          f"on the wire, over the {MAX_MESSAGE_BYTES / 2**20:g} MiB frame limit: lower the rows "
+                          f"(--batch-size, --max-batch-size or the strategy's) or --max-prompt-len")
+
+
+ROW_OVERHEAD_BYTES = 32  # a Dispatch row's id, lengths and headers besides its token ids
+
+
+def _check_trace(dataset: str) -> None:
+    """A trace that cannot be used is a ConfigError now, before any folder or process (read once: cached)."""
+    from batchlab.traffic.datasets import DatasetError
+    from batchlab.traffic.traces import is_trace_dataset, load_trace
+
+    if is_trace_dataset(dataset):
+        try:
+            load_trace(dataset)
+        except DatasetError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _lengths_text(name: str, value: object) -> str:

@@ -46,16 +46,19 @@ class PartWriter:
 
 
 def _jsonable(value: object) -> object:
-    """NaN → None and numpy scalars → Python, recursively (summary.json stays strict JSON)."""
+    """NaN → None, numpy scalars → Python, bytes → hex, anything else JSON lacks → its text, recursively
+    (summary.json stays strict JSON whatever a peer's settings or stats held)."""
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+    if isinstance(value, bytes):
+        return value.hex()
+    if hasattr(value, "item") and not isinstance(value, str):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    return value
+    return value if value is None or isinstance(value, (str, int, float)) else str(value)
 
 
 def write_final(out_dir: Path, tables: "Tables") -> None:

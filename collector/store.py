@@ -23,6 +23,7 @@ from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, Ru
 __all__ = ["KEEP_TAKES", "RequestState", "RunStore", "Tables", "TokenBuffer", "load_table"]
 
 NAN = float("nan")
+SCALARS = (type(None), bool, int, float, str)  # what a settings column of the tables may hold
 
 
 class RunStore(PartTaking):
@@ -84,14 +85,20 @@ class RunStore(PartTaking):
         return state
 
     def _on_run_info(self, msg: RunInfo) -> None:
+        if not msg.is_valid():  # the codec refuses it too; a store fed in-process checks again
+            raise ValueError(f"RunInfo: t0 {msg.settings.get('t0')!r} is not a finite number")
+        wrong = [k for k in tables.SETTINGS_COLUMNS if not isinstance(msg.settings.get(k), SCALARS)]
+        if wrong:  # each is a column of every table row
+            raise ValueError(f"RunInfo: setting {wrong[0]} {msg.settings[wrong[0]]!r:.40} is not a single value")
         self.settings = dict(msg.settings)
 
     def _on_arrival(self, msg: Arrival) -> None:
         state = self._request(msg.request_id)
         if state is None:
             return
-        if state.arrival is None:
-            self.arrivals += 1
+        if state.arrival is not None:  # a request's id arrives once: a second one is refused, never merged
+            raise ValueError(f"Arrival: request {msg.request_id} arrived already")
+        self.arrivals += 1
         self._first_arrival = min(self._first_arrival, msg.arrival_time)
         state.arrival = msg
         if state.taken_batch is not None:  # its written row changes

@@ -1,8 +1,12 @@
 """Messages for one peer kept and sent as one frame (a Bundle when several, protocol.codec.encode_many):
 the scheduler's and each worker's records for the collector. Times travel inside the messages, so holding
 them a few milliseconds costs no accuracy and spares the peer a wake-up per message."""
+import logging
+
 from batchlab.protocol.clock import now
-from batchlab.protocol.codec import encode_many
+from batchlab.protocol.codec import split_frames
+
+log = logging.getLogger("batchlab.protocol")
 
 MAX_RECORDS_PER_FRAME = 4096  # a frame goes early once this many are kept
 
@@ -29,5 +33,14 @@ class Bundler:
         if self.due is None:
             self.due = t + self.interval_s
         if force or t >= self.due or len(self.records) >= self.max_records:
-            frame, self.records, self.due = encode_many(self.records), [], None
-            self.sock.send(frame)
+            send_split(self.sock, self.records)
+            self.records, self.due = [], None
+
+
+def send_split(sock, msgs: list) -> None:
+    """`msgs` in order, in frames within the frame limit; a message too large alone is logged, not sent."""
+    frames, left_out = split_frames(msgs)
+    for frame in frames:
+        sock.send(frame)
+    for reason in left_out:
+        log.error("not sent: %s", reason)

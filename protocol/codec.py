@@ -1,11 +1,16 @@
-"""MessagePack codec with validation: a bad frame raises ProtocolError, nothing else."""
+"""MessagePack codec with validation: a bad frame raises ProtocolError, nothing else.
+
+Values are checked as well as shapes: every int within int64, every float finite, the lower bounds the
+messages declare (protocol.wire: RequestId, Count, Length), and each message's own `is_valid`."""
 import dataclasses
+import math
 import typing
 
 import msgpack
 
 from batchlab.protocol.messages import (MESSAGE_TYPES, PROTOCOL_VERSION, Bundle, FailedRow, Kind, RequestRow,
                                        TokenBytes)
+from batchlab.protocol.wire import INT64_MAX, INT64_MIN, AtLeast
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger frames are rejected before unpacking
 # msgpack builds a container at its header, before its elements are read: an array header of 5 bytes
@@ -25,14 +30,27 @@ class ProtocolError(ValueError):
 
 
 def _is_int(v: object) -> bool:
-    return type(v) is int
+    return type(v) is int and INT64_MIN <= v <= INT64_MAX
 
 
-def _check_list_of(kind: type) -> typing.Callable[[object], bool]:
-    """A list whose elements are exactly `kind` (bool is not int): the type scan runs in C
-    (set(map(type, v))), about half the cost of a per-element Python check on prompt token lists."""
+def _is_float(v: object) -> bool:
+    """A finite number: no time, rate or size on the wire is NaN or infinite."""
+    return (type(v) is float and math.isfinite(v)) or _is_int(v)
+
+
+def _check_list_of(kind: type, minimum: int = INT64_MIN) -> typing.Callable[[object], bool]:
+    """A list whose elements are exactly `kind` (bool is not int), ints within [minimum, INT64_MAX]: the
+    type scan runs in C (set(map(type, v)), then min and max), about half the cost of a per-element
+    Python check on prompt token lists."""
     only = frozenset((kind,))
-    return lambda v: type(v) is list and set(map(type, v)) <= only
+    if kind is not int:
+        return lambda v: type(v) is list and set(map(type, v)) <= only
+    return lambda v: (type(v) is list and set(map(type, v)) <= only
+                      and (not v or (min(v) >= minimum and max(v) <= INT64_MAX)))
+
+
+def _at_least(check: typing.Callable[[object], bool], minimum: int) -> typing.Callable[[object], bool]:
+    return lambda v: check(v) and v >= minimum
 
 
 def _is_token_bytes(v: object) -> bool:
@@ -40,17 +58,18 @@ def _is_token_bytes(v: object) -> bool:
 
 
 def _is_request_row(r: object) -> bool:
+    """[request_id ≥ 0, prompt_len ≥ 1, output_len ≥ 1, TokenBytes]."""
     return (type(r) is list and len(r) == 4 and _is_int(r[0]) and _is_int(r[1]) and _is_int(r[2])
-            and _is_token_bytes(r[3]))
+            and r[0] >= 0 and r[1] >= 1 and r[2] >= 1 and _is_token_bytes(r[3]))
 
 
 def _is_failed_row(r: object) -> bool:
-    return type(r) is list and len(r) == 2 and _is_int(r[0]) and type(r[1]) is str
+    return type(r) is list and len(r) == 2 and _is_int(r[0]) and r[0] >= 0 and type(r[1]) is str
 
 
 _CHECKS: dict[object, typing.Callable[[object], bool]] = {
     int: _is_int,
-    float: lambda v: type(v) is float or type(v) is int,
+    float: _is_float,
     str: lambda v: type(v) is str,
     bool: lambda v: type(v) is bool,
     dict: lambda v: type(v) is dict,
@@ -62,10 +81,26 @@ _CHECKS: dict[object, typing.Callable[[object], bool]] = {
 }
 
 
+def _check_of(hint: object) -> typing.Callable[[object], bool]:
+    """The check of one field's type hint; an Annotated int (protocol.wire's RequestId, Count, ...) adds
+    its AtLeast bound, also inside a list."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return _at_least(_CHECKS[hint.__origin__], _minimum(hint))
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        if typing.get_origin(item) is typing.Annotated:
+            return _check_list_of(item.__origin__, _minimum(item))
+    return _CHECKS[hint]
+
+
+def _minimum(hint: object) -> int:
+    return next(m.minimum for m in hint.__metadata__ if isinstance(m, AtLeast))
+
+
 def _spec(cls: type) -> tuple[type, list[tuple[str, typing.Callable]], int, typing.Callable | None]:
     """(class, [(field, check)], required fields, cross-field check or None) for one message type."""
-    hints = typing.get_type_hints(cls)
-    fields = [(f.name, _CHECKS[hints[f.name]]) for f in dataclasses.fields(cls)]
+    hints = typing.get_type_hints(cls, include_extras=True)
+    fields = [(f.name, _check_of(hints[f.name])) for f in dataclasses.fields(cls)]
     required = sum(
         1 for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -95,6 +130,20 @@ def encode_many(msgs: list) -> bytes:
     if len(msgs) == 1:
         return encode(msgs[0])
     return msgpack.packb([PROTOCOL_VERSION, _BUNDLE, [_wire(m) for m in msgs]], use_bin_type=True)
+
+
+def split_frames(msgs: list, max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[list[bytes], list[str]]:
+    """Messages → frames, in order, each within `max_bytes` (encode_many of runs halved until each fits),
+    and why each message that does not fit alone was left out: it is never sent (its peer would drop
+    the connection), the reason names its size and the limit."""
+    frame = encode_many(msgs) if msgs else b""
+    if len(frame) <= max_bytes:
+        return ([frame] if msgs else []), []
+    if len(msgs) == 1:
+        return [], [f"{type(msgs[0]).__name__} of {len(frame)} bytes exceeds the {max_bytes}-byte frame limit"]
+    half = len(msgs) // 2
+    head, tail = split_frames(msgs[:half], max_bytes), split_frames(msgs[half:], max_bytes)
+    return head[0] + tail[0], head[1] + tail[1]
 
 
 def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> object:

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 from batchlab.protocol.records import (Arrival, BatchLaunch, Bundle, RequestFailed, RunEnd, RunInfo, Step, Tokens,
                                        WorkerBye)
-from batchlab.protocol.wire import (PROTOCOL_VERSION, STEP_BATCH, FailedRow, Kind, RequestRow, TokenBytes, pack_tokens,
-                                    unpack_tokens)
+from batchlab.protocol.wire import (PROTOCOL_VERSION, STEP_BATCH, BatchId, Count, FailedRow, Kind, Length, RequestId,
+                                    RequestRow, TokenBytes, pack_tokens, unpack_tokens)
 
 __all__ = [
-    "PROTOCOL_VERSION", "STEP_BATCH", "FailedRow", "Kind", "RequestRow", "TokenBytes", "pack_tokens", "unpack_tokens",
+    "PROTOCOL_VERSION", "STEP_BATCH", "BatchId", "Count", "Length", "RequestId", "FailedRow", "Kind", "RequestRow",
+    "TokenBytes", "pack_tokens", "unpack_tokens",
     "Arrival", "BatchLaunch", "Bundle", "RequestFailed", "RunEnd", "RunInfo", "Step", "Tokens", "WorkerBye",
     "TrafficHello", "Start", "RequestMsg", "EndOfStream", "WorkerHello", "Dispatch", "BatchDone", "Heartbeat",
     "Shutdown", "ClockPing", "ClockPong", "WorkerCapacity", "MESSAGE_TYPES",
@@ -25,7 +26,7 @@ class TrafficHello:
     """Traffic announces its schedule and asks when to start."""
 
     KIND = Kind.TRAFFIC_HELLO
-    n_requests: int
+    n_requests: Count
     schedule_hash: str
     duration_s: float
 
@@ -43,11 +44,11 @@ class RequestMsg:
     """One request as traffic submits it. `arrival_time` is the planned time (t0 + offset)."""
 
     KIND = Kind.REQUEST
-    request_id: int
+    request_id: RequestId
     arrival_time: float
     send_time: float
-    prompt_len: int
-    output_len: int
+    prompt_len: Length
+    output_len: Length
     prompt_tokens: TokenBytes = b""
 
 
@@ -56,7 +57,7 @@ class EndOfStream:
     """Traffic has sent everything it will send (`sent` requests)."""
 
     KIND = Kind.END_OF_STREAM
-    sent: int
+    sent: Count
 
 
 # --- scheduler <-> worker --------------------------------------------------------------------------
@@ -69,9 +70,9 @@ class WorkerHello:
     backend: str
     model: str
     mode: str  # "static": one batch at a time; "continuous": requests join at step boundaries
-    max_batch_size: int  # rows (sequences) the worker runs at once
-    kv_bytes_per_token: int
-    kv_budget_bytes: int
+    max_batch_size: Length  # rows (sequences) the worker runs at once
+    kv_bytes_per_token: Count
+    kv_budget_bytes: Count
     device: str
     memory_kind: str  # what peak_memory_bytes measures, e.g. "cuda_max_allocated", "cpu_peak_rss"
     facts: dict = field(default_factory=dict)
@@ -91,11 +92,11 @@ class Dispatch:
     requests of one scheduling pass: one batch per request, one message)."""
 
     KIND = Kind.DISPATCH
-    batch_id: int
+    batch_id: BatchId
     scheduled_time: float
     reason: str
     requests: list[RequestRow] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)  # [] : one batch of every row; else each ≥ 1, Σ = rows
+    sizes: list[Length] = field(default_factory=list)  # [] : one batch of every row; else each ≥ 1, Σ = rows
 
     def is_valid(self) -> bool:
         """The sizes, if given, split the rows exactly (the codec refuses a Dispatch that breaks this)."""
@@ -121,14 +122,14 @@ class BatchDone:
     """
 
     KIND = Kind.BATCH_DONE
-    batch_id: int
+    batch_id: BatchId
     worker_id: str
     start_time: float
     end_time: float
-    finished: list[int] = field(default_factory=list)
+    finished: list[RequestId] = field(default_factory=list)
     failed: list[FailedRow] = field(default_factory=list)
     oom: bool = False
-    peak_memory_bytes: int = 0
+    peak_memory_bytes: Count = 0
     engine_metrics: dict = field(default_factory=dict)  # {request_id (str): {name: value}} (vLLM's own stamps)
 
 
@@ -178,7 +179,7 @@ class WorkerCapacity:
 
     KIND = Kind.WORKER_CAPACITY
     worker_id: str
-    max_rows: int
+    max_rows: Count
     reason: str
 
 

@@ -2,9 +2,11 @@
 
 Messages as protocol.messages describes them; a sender may pack several into one Bundle frame.
 """
+import math
 from dataclasses import dataclass, field
+from typing import Annotated
 
-from batchlab.protocol.wire import Kind
+from batchlab.protocol.wire import STEP_BATCH, AtLeast, BatchId, Count, Kind, Length, RequestId
 
 
 @dataclass(slots=True)
@@ -14,11 +16,11 @@ class Tokens:
     In continuous mode one step serves many dispatches: batch_id is then STEP_BATCH."""
 
     KIND = Kind.TOKENS
-    batch_id: int
-    step: int
+    batch_id: Annotated[int, AtLeast(STEP_BATCH)]  # a BatchId, or STEP_BATCH
+    step: Count
     time: float
-    request_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
+    request_ids: list[RequestId] = field(default_factory=list)
+    token_ids: list[Count] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -27,13 +29,13 @@ class Step:
 
     KIND = Kind.STEP
     worker_id: str
-    step: int
+    step: Count
     start_time: float
     end_time: float
-    running: int  # rows that got a token: the decoded ones, then the `joined` ones
-    joined: int  # rows whose (last) prefill chunk ran, so they got their first token
-    finished: int
-    prefill_tokens: int = 0  # prompt tokens prefilled, chunks of rows still prefilling included
+    running: Count  # rows that got a token: the decoded ones, then the `joined` ones
+    joined: Count  # rows whose (last) prefill chunk ran, so they got their first token
+    finished: Count
+    prefill_tokens: Count = 0  # prompt tokens prefilled, chunks of rows still prefilling included
 
 
 @dataclass(slots=True)
@@ -41,12 +43,12 @@ class Arrival:
     """Scheduler → collector: a request was received (this makes it 'submitted')."""
 
     KIND = Kind.ARRIVAL
-    request_id: int
+    request_id: RequestId
     arrival_time: float
     send_time: float
     recv_time: float
-    prompt_len: int
-    output_len: int
+    prompt_len: Length
+    output_len: Length
 
 
 @dataclass(slots=True)
@@ -54,12 +56,12 @@ class BatchLaunch:
     """Scheduler → collector: a batch was dispatched."""
 
     KIND = Kind.BATCH_LAUNCH
-    batch_id: int
+    batch_id: BatchId
     worker_id: str
     scheduled_time: float
     reason: str
-    request_ids: list[int] = field(default_factory=list)
-    queue_len: int = 0  # requests still queued after this launch
+    request_ids: list[RequestId] = field(default_factory=list)
+    queue_len: Count = 0  # requests still queued after this launch
 
 
 @dataclass(slots=True)
@@ -67,7 +69,7 @@ class RequestFailed:
     """A terminal failure decided outside a worker's batch (queue full, worker lost, ...)."""
 
     KIND = Kind.REQUEST_FAILED
-    request_id: int
+    request_id: RequestId
     reason: str
     time: float
 
@@ -79,13 +81,18 @@ class RunInfo:
     KIND = Kind.RUN_INFO
     settings: dict = field(default_factory=dict)
 
+    def is_valid(self) -> bool:
+        """`t0`, when given, is a finite number: every table's times count from it."""
+        t0 = self.settings.get("t0", 0.0)
+        return type(t0) in (int, float) and math.isfinite(t0) and abs(t0) < 2**63
+
 
 @dataclass(slots=True)
 class RunEnd:
     """Scheduler → collector: no more scheduling; wait for each named worker's bye, then write."""
 
     KIND = Kind.RUN_END
-    submitted: int
+    submitted: Count
     workers: list[str] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
 
@@ -96,7 +103,7 @@ class WorkerBye:
 
     KIND = Kind.WORKER_BYE
     worker_id: str
-    peak_memory_bytes: int
+    peak_memory_bytes: Count
     memory_kind: str
     stats: dict = field(default_factory=dict)
 

@@ -5,6 +5,7 @@ client.key / client.key_secret (workers and traffic), authorized/ (public keys o
 Copy the folder to a remote worker's host; peers without the right keys are refused by the handshake.
 """
 import ipaddress
+import os
 import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -35,8 +36,16 @@ def generate_keys(folder: str | Path) -> Path:
     """Create a server and a client key pair in `folder`, the client authorized."""
     folder = Path(folder)
     (folder / "authorized").mkdir(parents=True, exist_ok=True)
-    zmq.auth.create_certificates(folder, "server")
-    public, _secret = zmq.auth.create_certificates(folder, "client")
+    old_umask = os.umask(0o077)  # a secret key is never readable by others, not even for a moment
+    try:
+        zmq.auth.create_certificates(folder, "server")
+        public, _secret = zmq.auth.create_certificates(folder, "client")
+    finally:
+        os.umask(old_umask)
+    for path in folder.glob("*.key_secret"):  # mode 600 whatever umask pyzmq's writes saw
+        path.chmod(0o600)
+    for path in folder.glob("*.key"):  # public keys: readable as before
+        path.chmod(0o644)
     shutil.copy(public, folder / "authorized" / "client.key")
     return folder
 

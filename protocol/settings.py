@@ -11,7 +11,7 @@ import platform
 import re
 import types
 import typing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -79,6 +79,7 @@ class RunConfig:
 
     def validate(self) -> "RunConfig":
         """Raise ConfigError on the first impossible setting."""
+        _check_numbers(self)
         checks = [
             (bool(self.strategy), "--strategy must name a strategy"),
             (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}"),
@@ -97,6 +98,20 @@ class RunConfig:
             (self.max_wait_ms >= 0, "--max-wait-ms must be ≥ 0"),
             (self.max_new_tokens >= 1, "--max-new-tokens must be ≥ 1"),
             (self.workers >= 1, "--workers must be ≥ 1"),
+            (self.batch_size <= MAX_ROWS and self.max_batch_size <= MAX_ROWS,
+             f"--batch-size and --max-batch-size must be ≤ {MAX_ROWS} (the most rows one message holds)"),
+            (self.max_prompt_len >= 1, "--max-prompt-len must be ≥ 1"),
+            (self.max_queue >= 0, "--max-queue must be ≥ 0 requests (0: unbounded)"),
+            (self.max_queue_tokens >= 0, "--max-queue-tokens must be ≥ 0 (0: unbounded)"),
+            (self.seed >= 0, "--seed must be ≥ 0"),
+            (self.warmup_requests >= 0, "--warmup-requests must be ≥ 0"),
+            (self.max_concurrency >= 1, "--max-concurrency must be ≥ 1"),
+            (self.max_num_seqs >= 0 and self.max_num_batched_tokens >= 0,
+             "--max-num-seqs and --max-num-batched-tokens must be ≥ 0 (0: the engine's default)"),
+            (self.tensor_parallel_size >= 1 and self.pipeline_parallel_size >= 1,
+             "--tensor-parallel-size and --pipeline-parallel-size must be ≥ 1"),
+            (0 < self.gpu_memory_utilization <= 1, "--gpu-memory-utilization must be in (0, 1]"),
+            (bool(str(self.out).strip()), "--out must name a folder (it is empty)"),
             (self.backend != "openai" or bool(self.endpoint), "--backend openai needs --endpoint URL"),
         ]
         checks += self._fault_checks()
@@ -141,12 +156,34 @@ def parse_bytes(text: str) -> int:
     else:
         mult = 1
     try:
-        value = int(float(t) * mult)
+        number = float(t) * mult
     except ValueError:
         raise ConfigError(f"cannot read {text!r} as a size (e.g. 2GiB, 512MB)") from None
+    if not math.isfinite(number) or number >= 2**63:
+        raise ConfigError(f"size {text!r} must be a finite number of bytes below 2**63 (e.g. 2GiB, 512MB)")
+    value = int(number)
     if value <= 0:
         raise ConfigError(f"size {text!r} must be positive")
     return value
+
+
+MAX_ROWS = 1 << 20  # a message's longest list (protocol.codec.MAX_ARRAY_LEN): a batch of more cannot be sent
+OPTION_NAMES = {"duration_s": "--duration", "trace_start_s": "--trace-start"}
+
+
+def _check_numbers(cfg: RunConfig) -> None:
+    """ConfigError for the first number setting that is NaN, infinite, or an int outside int64."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if type(value) is bool or not isinstance(value, (int, float)):
+            continue
+        option = OPTION_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
+        if f.name == "rate" and value == math.inf:  # every request at t = 0: validate() checks its terms
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{option} must be a finite number, got {value}")
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            raise ConfigError(f"{option} {value} is out of range (at most 2**63 - 1)")
 
 
 def load_yaml(path: str | Path) -> dict:

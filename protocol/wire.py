@@ -2,7 +2,9 @@
 
 The messages themselves are declared in protocol.messages (control) and protocol.records (to the collector).
 """
+from dataclasses import dataclass
 from enum import IntEnum
+from typing import Annotated
 
 import numpy as np
 
@@ -10,16 +12,33 @@ PROTOCOL_VERSION = 2  # 2: Dispatch carries several batches (`sizes`); Bundle
 STEP_BATCH = -1  # Tokens.batch_id of a continuous step: each token belongs to its request's latest batch
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # every int on the wire fits a table's int64 column
+
+
+@dataclass(frozen=True, slots=True)
+class AtLeast:
+    """An int field's smallest legal value: the codec refuses a smaller one."""
+
+    minimum: int
+
+
+# Every int on the wire lies within int64 and every float is finite; these add a lower bound.
+RequestId = Annotated[int, AtLeast(0)]  # traffic numbers requests from 0
+BatchId = Annotated[int, AtLeast(0)]  # the scheduler numbers batches from 0
+Count = Annotated[int, AtLeast(0)]  # rows, tokens, bytes, steps: never negative
+Length = Annotated[int, AtLeast(1)]  # a prompt or an output has at least one token
+
+
 class TokenBytes(bytes):
     """Token ids packed as little-endian uint32 (`pack_tokens`): the scheduler forwards them unread."""
 
 
 class RequestRow(list):
-    """A request inside a Dispatch: [request_id, prompt_len, output_len, TokenBytes]."""
+    """A request inside a Dispatch: [request_id ≥ 0, prompt_len ≥ 1, output_len ≥ 1, TokenBytes]."""
 
 
 class FailedRow(list):
-    """A failed request inside a BatchDone: [request_id, reason]."""
+    """A failed request inside a BatchDone: [request_id ≥ 0, reason]."""
 
 
 def pack_tokens(ids) -> bytes:

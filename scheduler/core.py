@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from batchlab.protocol import BatchLaunch, Dispatch, RequestFailed, WorkerHello
+from batchlab.protocol.ids import IdSet
 from batchlab.scheduler.policies import Decision, Policy, QueuedRequest
 from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
 
@@ -70,7 +71,8 @@ class SchedulerCore:
         self.next_batch_id = 0
         self.orphaned_since: float | None = None  # when the last worker was lost
         self.outbox: list[RequestFailed] = []  # terminal records not yet drained
-        self.stats = {"submitted": 0, "queue_full": 0, "oom_batches": 0, "workers_lost": 0,
+        self.seen = IdSet()  # every request id received: one that comes again is refused
+        self.stats = {"submitted": 0, "duplicate_requests": 0, "queue_full": 0, "oom_batches": 0, "workers_lost": 0,
                       "workers_rejoined": 0, "capacity_changes": 0, "max_queue_len": 0}
 
     # --- events in ----------------------------------------------------------------------------------
@@ -84,8 +86,17 @@ class SchedulerCore:
         self.orphaned_since = None
         return None if old is None else old.running
 
+    def knows(self, request_id: int) -> bool:
+        """Was a request of this id received already (then another of it is refused, never merged)?"""
+        return request_id in self.seen
+
     def on_request(self, request: QueuedRequest, now: float) -> bool:
-        """A request arrived; False when it failed at once (queue full, or no worker left)."""
+        """A request arrived; False when it failed at once (queue full, or no worker left) or was refused:
+        its id was taken (counted in duplicate_requests; no record, the first of that id keeps its own)."""
+        if request.request_id in self.seen:
+            self.stats["duplicate_requests"] += 1
+            return False
+        self.seen.add(request.request_id)
         self.stats["submitted"] += 1
         if self.queue.is_full_for(request.prompt_len + request.output_len, self.max_queue, self.max_queue_tokens):
             self.stats["queue_full"] += 1
@@ -142,6 +153,14 @@ class SchedulerCore:
                 state.end(launch.batch_id)
         self._requeue([r for launch in unsent for r in launch.requests])
         self.on_worker_lost(unsent[0].worker_id, now)
+
+    def on_unsendable(self, launch: Launch, reason: str, now: float) -> None:
+        """A launch whose Dispatch cannot be sent (over the frame limit): its requests fail with `reason`."""
+        state = self.workers.get(launch.worker_id)
+        if state is not None:
+            state.end(launch.batch_id)
+        for r in launch.requests:
+            self._fail(r, reason, now)
 
     def end_of_stream(self) -> None:
         """Traffic sent its last request: policies may flush what is left."""

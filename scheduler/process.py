@@ -6,7 +6,7 @@ import time
 
 import zmq
 
-from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat,
+from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, Heartbeat,
                                ProtocolError, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                                WorkerCapacity, WorkerHello, decode_all, encode, now)
 from batchlab.protocol.bundling import Bundler
@@ -14,6 +14,7 @@ from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, recv_frames, send_routed
 from batchlab.scheduler.core import Launch, SchedulerCore
+from batchlab.scheduler.framing import dispatch_frames, group_launches
 from batchlab.scheduler.policies import Policy, QueuedRequest
 
 log = logging.getLogger("batchlab.scheduler")
@@ -111,8 +112,12 @@ class Scheduler:
         elif sender == self.traffic:
             self.traffic_heard = t
         if isinstance(msg, RequestMsg):
-            self._to_collector(Arrival(msg.request_id, msg.arrival_time, msg.send_time, t, msg.prompt_len,
-                                       msg.output_len))
+            if self.core.knows(msg.request_id):  # refused and counted by the core: the first keeps the id
+                if self.core.stats["duplicate_requests"] < 10:
+                    log.warning("refused a request: id %d was taken already", msg.request_id)
+            else:
+                self._to_collector(Arrival(msg.request_id, msg.arrival_time, msg.send_time, t, msg.prompt_len,
+                                           msg.output_len))
             self.core.on_request(QueuedRequest(msg.request_id, msg.arrival_time, msg.prompt_len, msg.output_len,
                                                msg.prompt_tokens), t)
         elif isinstance(msg, BatchDone):
@@ -178,12 +183,18 @@ class Scheduler:
             wid = group[0].worker_id
             if wid not in unsent:
                 t = now()
+                frames, too_large = dispatch_frames(group, t)  # each within the frame limit
+                for launch, reason in too_large:  # never sent: the worker would drop the connection
+                    log.error("batch %d not dispatched: %s", launch.batch_id, reason)
+                    self.core.on_unsendable(launch, reason, t)
                 try:
-                    send_routed(self.router, wid.encode(), encode(dispatch_of(group, t)))
-                    self.records.extend([launch.record(t) for launch in group])
+                    while frames:
+                        send_routed(self.router, wid.encode(), frames[0][1])
+                        self.records.extend([launch.record(t) for launch in frames.pop(0)[0]])
                     continue
-                except zmq.ZMQError as exc:  # the worker is gone (ROUTER_MANDATORY): nothing was sent
+                except zmq.ZMQError as exc:  # the worker is gone (ROUTER_MANDATORY): this frame was not sent
                     log.error("worker %s lost (unreachable: %s)", wid, exc)
+                group = [launch for part, _ in frames for launch in part]
             unsent.setdefault(wid, []).extend(group)
         for group in unsent.values():
             self.core.on_send_failed(group, now())
@@ -253,28 +264,6 @@ class Scheduler:
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
-
-
-def group_launches(launches: list[Launch]) -> list[list[Launch]]:
-    """Runs of launches one Dispatch can carry: the same worker and reason, consecutive batch ids (the
-    core numbers a continuous worker's one-request batches of a pass so)."""
-    groups: list[list[Launch]] = []
-    for launch in launches:
-        last = groups[-1][-1] if groups else None
-        if (last is not None and last.worker_id == launch.worker_id and last.reason == launch.reason
-                and launch.batch_id == last.batch_id + 1):
-            groups[-1].append(launch)
-        else:
-            groups.append([launch])
-    return groups
-
-
-def dispatch_of(group: list[Launch], t: float) -> Dispatch:
-    """One message for a run of launches to one worker (group_launches), scheduled at `t`."""
-    if len(group) == 1:
-        return group[0].dispatch(t)
-    return Dispatch(group[0].batch_id, t, group[0].reason, [r.row() for launch in group for r in launch.requests],
-                    [len(launch.requests) for launch in group])
 
 
 def run_scheduler(policy: Policy, scheduler_addr: str, collector_addr: str, **kwargs) -> int:

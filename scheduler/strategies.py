@@ -15,6 +15,7 @@ both.
 """
 import dataclasses
 import importlib
+import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ def resolve(cfg: RunConfig) -> Strategy:
             return cls() if params is None else getattr(cls, "from_params", cls)(params)
         except (TypeError, ValueError) as exc:  # the strategy refused its parameters
             raise ConfigError(f"strategy {cls.name}: {exc}") from None
+        except Exception as exc:  # a plugin's constructor failed some other way: still one line
+            raise ConfigError(f"strategy {cls.name}: building it raised {type(exc).__name__}: {exc}") from None
 
     policy = build()
     params = make_params(cls, cfg, args)
@@ -106,8 +109,9 @@ def _entry_point(name: str) -> object:
                           f"or give package.module:Class)")
     try:
         return found[0].load()
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"strategy {name}: entry point {found[0].value} does not load ({exc})") from None
+    except Exception as exc:  # ImportError, SyntaxError, or whatever its module raises at import
+        raise ConfigError(f"strategy {name}: entry point {found[0].value} does not load "
+                          f"({type(exc).__name__}: {exc})") from None
 
 
 def _import(spec: str) -> object:
@@ -117,6 +121,9 @@ def _import(spec: str) -> object:
         obj = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"strategy {spec}: cannot import {module_name} ({exc}; is it on PYTHONPATH?)") from None
+    except Exception as exc:  # a SyntaxError, or an error its module raised at import
+        raise ConfigError(f"strategy {spec}: importing {module_name} raised {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())}") from None
     try:
         for part in qualname.split("."):
             obj = getattr(obj, part)
@@ -159,6 +166,9 @@ def _typed(strategy: str, key: str, value: object, kind: object) -> object:
     if not fits(value, kind):
         raise ConfigError(f"strategy {strategy}: parameter {key} must be "
                           f"{KIND_NAMES.get(kind, getattr(kind, '__name__', kind))}, got {value!r}")
+    if kind in (int, float) and not (math.isfinite(value) and abs(value) < 2**63):  # NaN never compares
+        raise ConfigError(f"strategy {strategy}: parameter {key} must be a finite number below 2**63, "
+                          f"got {value!r}")
     return kind(value) if kind in (int, float) else value
 
 

@@ -65,3 +65,11 @@ def test_a_slow_receiver_makes_the_sender_block_at_the_high_water_mark_and_loses
     for s in (push, pull):
         s.close(linger=0)
     ctx.term()
+
+
+def test_generated_secret_keys_are_readable_by_their_owner_only(tmp_path):
+    keys = generate_keys(tmp_path / "keys")
+    secrets = sorted(keys.glob("*.key_secret"))
+    assert [p.name for p in secrets] == ["client.key_secret", "server.key_secret"]
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in secrets)
+    assert (keys / "server.key").stat().st_mode & 0o777 == 0o644

@@ -126,6 +126,8 @@ def _read_csv(path: Path, name: str) -> Trace:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
         raise DatasetError(f"trace {path} is not a readable CSV file: {' '.join(str(exc).split())}") from None
+    if frame.empty:
+        raise DatasetError(f"trace {path} holds no records (only a header)")
     lines = np.arange(len(frame)) + 2  # line 1 is the header
     return _build(path, name, {c: frame[c] for c in frame.columns}, lines, mooncake=False)
 

@@ -5,8 +5,8 @@ from collections.abc import Callable
 
 import zmq
 
-from batchlab.protocol import BatchDone, Tokens, encode_many
-from batchlab.protocol.bundling import Bundler
+from batchlab.protocol import BatchDone, Tokens
+from batchlab.protocol.bundling import Bundler, send_split
 from batchlab.worker.backend import StepOutput
 
 RECORD_FLUSH_INTERVAL_S = 0.005  # collector records wait at most this long (their times travel inside them)
@@ -47,6 +47,6 @@ class Outbox:
         """BatchDones to the scheduler, now; then the collector's records, when `all_records` (the worker
         is about to wait, or stops), or when they are due or many. Each peer's as one frame, in order."""
         if self.dones:
-            frame, self.dones = encode_many(self.dones), []
-            self.sched.send(frame)
+            send_split(self.sched, self.dones)
+            self.dones = []
         self.records.flush(force=all_records)

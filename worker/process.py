@@ -1,7 +1,6 @@
 """The worker process: owns a backend, runs what the scheduler dispatches, streams every step."""
 import logging
 import time
-from dataclasses import dataclass, field
 
 import zmq
 
@@ -12,6 +11,7 @@ from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, meas
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket
+from batchlab.worker.admission import OpenBatch, admit
 from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.heartbeat import HeartbeatThread
 from batchlab.worker.outbox import Outbox
@@ -22,16 +22,6 @@ WAITING_LOG_INTERVAL_S = 30.0  # before the scheduler first answers, say so this
 
 class WorkerStopping(Exception):
     """Raised from a step callback to abandon a static batch when the worker must stop."""
-
-
-@dataclass
-class _Open:
-    """A dispatched batch still running in continuous mode."""
-
-    left: set[int]
-    start_time: float
-    finished: list[int] = field(default_factory=list)
-    failed: list[list] = field(default_factory=list)
 
 
 class Worker:
@@ -47,7 +37,7 @@ class Worker:
         self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
         self.poller = zmq.Poller()
         self.poller.register(self.sched, zmq.POLLIN)
-        self.open: dict[int, _Open] = {}  # batch_id -> continuous bookkeeping
+        self.open: dict[int, OpenBatch] = {}  # batch_id -> continuous bookkeeping
         self.batch_of: dict[int, int] = {}  # request_id -> batch_id (continuous)
         self.step_no = 0
         self.max_rows = backend.info.max_batch_size  # the row cap the scheduler last heard (hello, then reports)
@@ -152,7 +142,11 @@ class Worker:
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Dispatch):
-            for batch_id, requests in msg.batches():  # one batch, or a scheduling pass's one-request batches
+            admission = admit(msg, self.worker_id, self.backend.info, self.open, self.batch_of, self.rejected)
+            self.rejected += admission.refused
+            for done in admission.answers:  # refused: each row fails with the reason
+                self._batch_done(done)
+            for batch_id, requests in admission.accepted:  # one batch, or a pass's one-request batches
                 rows = [Row(r[0], r[1], r[2], unpack_tokens(r[3]), batch_id) for r in requests]
                 if self.backend.info.mode == "continuous":
                     self._admit(batch_id, rows)
@@ -192,7 +186,7 @@ class Worker:
         self.out.flush()
 
     def _admit(self, batch_id: int, rows: list[Row]) -> None:
-        self.open[batch_id] = _Open({r.request_id for r in rows}, now())
+        self.open[batch_id] = OpenBatch({r.request_id for r in rows}, now())
         for r in rows:
             self.batch_of[r.request_id] = batch_id
         self.backend.admit(rows)
