@@ -1,7 +1,7 @@
 """Decode step time of a real model against batch size and prompt length, and the step-time model fitted to it.
 
 Every point is a real `HFBackend.run_batch` (model.generate) whose per-step stamps are read back:
-step 0 is the prefill (it yields the first token), steps 1.. are decode steps. The seed's model
+step 0 is the prefill (it yields the first token), steps 1.. are decode steps. The memory-bound model
 (worker.stepmodel.StepModel) is then fitted by least squares:
 
     decode_step_s = overhead_s + (weights_bytes + kv_bytes_per_token × context) / bandwidth_Bps

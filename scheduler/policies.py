@@ -79,7 +79,7 @@ def at_least(low: float, **params: float) -> None:
 
 
 def fit_padded(queue: Sequence[QueuedRequest], limit: int, cap: Capacity, max_new_tokens: int) -> int:
-    """How many of queue[:limit] fit a padded static batch in the KV budget (the seed's rule:
+    """How many of queue[:limit] fit a padded static batch in the KV budget (the memory rule:
     stop before (len(batch)+1) × (P_max + max_new_tokens) × kv_bytes_per_token > budget); ≥ 1."""
     p_max = 0
     for k in range(min(limit, len(queue))):

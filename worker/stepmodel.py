@@ -2,7 +2,7 @@
 
 Two forms, each term named and fitted (`batchlab calibrate`) or taken from a datasheet (the GPU presets):
 
-    memory-bound (a GPU: the seed's model; a step streams the weights and the live KV cache)
+    memory-bound (a GPU: the bandwidth model; a step streams the weights and the live KV cache)
         decode_step_s = overhead_s + (weights_bytes + kv_bytes_per_token × context) / bandwidth_Bps
         prefill_s     = prefill_overhead_s + weights_bytes / bandwidth_Bps + prefill_s_per_token × tokens
     compute-bound (a CPU: cost grows with rows × hidden size, plus attention over the context)
