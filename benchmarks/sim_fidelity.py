@@ -150,13 +150,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
-    """Every saved live run under `folder` (LABEL/rate-R/ with summary.json), re-scored with today's presets."""
+    """Every saved live run under `folder` (LABEL/rate-R/[rep-K/] with summary.json), re-scored with `args`'
+    presets."""
     import yaml
 
     names = {f.name for f in fields(RunConfig)}
     points = []
-    for summary_file in sorted(folder.glob("*/rate-*/summary.json")):
-        run, label = summary_file.parent, summary_file.parent.parent.name
+    found = sorted([*folder.glob("*/rate-*/summary.json"), *folder.glob("*/rate-*/rep-*/summary.json")])
+    for summary_file in found:  # this script's LABEL/rate-R/ or a sweep's LABEL/rate-R/rep-K/
+        run = summary_file.parent
+        label = next(p.parent.name for p in (run, *run.parents) if p.name.startswith("rate-"))
         preset = getattr(args, STRATEGIES[label][2]) if label in STRATEGIES else args.preset
         if not preset:
             print(f"{label}: skipped (no calibrated preset)")
