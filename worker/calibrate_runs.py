@@ -45,8 +45,10 @@ def shapes(steps: pd.DataFrame) -> pd.DataFrame:
     s = steps.assign(seconds=steps["end_s"] - steps["start_s"])
     s = s[(s["seconds"] > 0) & ((s["decode_rows"] > 0) | (s["prefill_tokens"] > 0))]
     kind = np.where(s["decode_rows"] == 0, "prefill", np.where(s["prefill_tokens"] == 0, "decode", "mixed"))
-    s = s.assign(kind=kind, context_bin=np.where(s["decode_rows"] > 0, _bin(s["decode_context"] / s["decode_rows"].clip(lower=1)), 0),
-                 prompt_bin=np.where(s["prefill_rows"] > 0, _bin(s["prefill_tokens"] / s["prefill_rows"].clip(lower=1)), 0))
+    per_row_context = _bin(s["decode_context"] / s["decode_rows"].clip(lower=1))
+    per_row_prompt = _bin(s["prefill_tokens"] / s["prefill_rows"].clip(lower=1))
+    s = s.assign(kind=kind, context_bin=np.where(s["decode_rows"] > 0, per_row_context, 0),
+                 prompt_bin=np.where(s["prefill_rows"] > 0, per_row_prompt, 0))
     grouped = s.groupby(list(SHAPE_KEYS), sort=True)
     out = grouped[list(MEANS)].mean().join(grouped.size().rename("steps")).reset_index()
     return out
@@ -64,7 +66,8 @@ def features(sh: pd.DataFrame, form: str, c: Constants, shared: str = "overhead_
     else:
         cols = {"overhead_s": dec, "decode_s_per_row": sh["decode_rows"].to_numpy(float),
                 "decode_s_per_context_token": sh["decode_context"].to_numpy(), "prefill_overhead_s": pre,
-                "prefill_s_per_token": sh["prefill_tokens"].to_numpy(), "prefill_s_per_row": sh["prefill_rows"].to_numpy(float),
+                "prefill_s_per_token": sh["prefill_tokens"].to_numpy(),
+                "prefill_s_per_row": sh["prefill_rows"].to_numpy(float),
                 "prefill_s_per_token_pair": sh["prefill_pairs"].to_numpy()}
     cols[shared] = cols[shared] - both
     return np.column_stack([cols[n] for n in (MEMORY if form == "memory" else COMPUTE)])

@@ -58,7 +58,7 @@ def executed_steps(requests: pd.DataFrame, batches: pd.DataFrame, tokens: pd.Dat
     for bid, group in tokens[~tokens["worker"].isin(stepping)].groupby("batch_id", sort=True):
         batch = batches[batches["batch_id"] == bid].iloc[0]
         rows += _static_batch(batch, group, tokens, len(rows))
-    for worker, own in steps.groupby("worker", sort=True):
+    for _, own in steps.groupby("worker", sort=True):
         rows += _continuous_worker(own.sort_values("step"), tokens, padded, len(rows))
     frame = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
     return RunSteps(frame, tokens, requests)

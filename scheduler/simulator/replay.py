@@ -9,7 +9,6 @@ simulated scheduler decides differently). With the model that played a `sim` run
 run's own times back. Pure: frames in, frames and a summary out.
 """
 import numpy as np
-import pandas as pd
 
 from batchlab.collector.metrics import summarize
 from batchlab.worker.calibrate_runs import predict_steps
