@@ -31,6 +31,8 @@ RowsOpt = Annotated[str, Opt(help="batch sizes, a comma list (default: the grid'
 LensOpt = Annotated[str, Opt(help="prompt lengths, a comma list (default: the grid's)")]
 FromOpt = Annotated[Optional[list[str]], Opt("--from", help="fit the steps live workers executed in these run "
                                                             "folders (or folders of runs: a sweep) instead of measuring")]
+WeighOpt = Annotated[str, Opt(help="with --from: a step shape weighs by its steps (√n) or by its share of the "
+                                    "runs' time (time)")]
 KindOpt = Annotated[str, Opt(help="with --from: the runs' backend kind to fit, hf | hf-loop | vllm | sim "
                                   "(needed when the folders hold several)")]
 
@@ -44,14 +46,14 @@ def calibrate(*, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral", d
               dtype: DtypeOpt = "auto", mode: ModeOpt = "static", form: FormOpt = "auto",
               out: OutOpt = "presets/calibrated.yaml", quick: QuickOpt = False, name: NameOpt = "",
               batch_sizes: RowsOpt = "", prompt_lens: LensOpt = "", from_runs: FromOpt = None,
-              kind: KindOpt = "") -> None:
+              kind: KindOpt = "", weigh: WeighOpt = "steps") -> None:
     """Measure prefill and decode step times over a grid (or read them from runs), fit the step model, write a
     preset file."""
     if from_runs:
         from batchlab.cli.calibrate_from import calibrate_from
 
         try:
-            calibrate_from(from_runs, kind=kind, form=form, out=out, name=name or _stem(out))
+            calibrate_from(from_runs, kind=kind, form=form, out=out, name=name or _stem(out), weigh=weigh)
         except (ValueError, OSError) as exc:  # CalibrateError, too few shapes, an unreadable table
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None

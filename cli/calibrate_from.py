@@ -73,7 +73,7 @@ def chosen_runs(dirs: list[str], kind: str) -> tuple[list[Path], dict]:
     return runs, facts[runs[0]]
 
 
-def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str) -> dict:
+def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str, weigh: str = "steps") -> dict:
     """Read the runs' executed steps, fit, print the per-shape table, write the preset; the record."""
     import pandas as pd
 
@@ -86,8 +86,8 @@ def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str
     form = form if form != "auto" else ("memory" if "cuda" in facts["device"] else "compute")
     steps = pd.concat([read_run_steps(r, facts["constants"].padded).steps for r in runs], ignore_index=True)
     typer.echo(f"calibrating {facts['kind']} from {len(runs)} run(s): {len(steps)} executed steps, form {form}")
-    model, table = fit_runs(steps, name, form, facts["constants"])
-    record = _record(facts, runs, table, total_time_error(model, steps), started)
+    model, table = fit_runs(steps, name, form, facts["constants"], weigh)
+    record = {**_record(facts, runs, table, total_time_error(model, steps), started), "weigh": weigh}
     _print(table, record)
     save_preset(model, out, record)
     typer.echo(f"wrote {out} (use --preset {facts['kind']}={out})")

@@ -91,3 +91,16 @@ def test_a_live_sim_workers_steps_give_back_its_model(tmp_path):
     ratio = predict_steps(get_preset(str(out)), steps).sum() / predict_steps(model, steps).sum()
     print(f"fitted ÷ playing model over {len(steps)} steps: {ratio:.3f}")
     assert 0.97 < ratio < 1.10
+
+
+def test_weighing_shapes_by_their_time_share_recovers_the_terms_too(tmp_path):
+    runs = _runs(tmp_path, KNOWN, ("dynamic", "continuous"), duration_s=4.0)
+    out = tmp_path / "fit.yaml"
+    result = _calibrate("--from", str(runs), "--weigh", "time", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    fitted = get_preset(str(out))
+    for term in TERMS:
+        assert getattr(fitted, term) == pytest.approx(getattr(KNOWN, term), rel=0.01), term
+    assert yaml.safe_load(out.read_text())["calibration"]["weigh"] == "time"
+    bad = _calibrate("--from", str(runs), "--weigh", "tokens", "--out", str(tmp_path / "x.yaml"))
+    assert bad.exit_code == 1 and "--weigh must be one of steps, time" in bad.output

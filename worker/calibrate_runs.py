@@ -6,7 +6,9 @@ for a clean machine. Steps are grouped into shapes (decode rows, context per row
 per row, each per half octave); a shape's time and terms are its steps' means, so the fit keeps the
 steps' total time. One non-negative least squares on relative error fits every term at once (a mixed
 step pays both parts, less what a fused forward shares: worker.stepmodel.StepModel.fused_s); a shape
-weighs √(its steps), so a one-off step counts less than a common one. Each shape's error is also given
+weighs √(its steps) (`weigh="steps"`: a one-off step counts less than a common one) or √(its steps × its
+time ÷ the mean step's) (`weigh="time"`: its share of the run's time, so many short shapes do not outvote
+the long ones that carry the time). Each shape's error is also given
 held out: predicted by a fit without it. Pure: frames in, a model and its table out.
 """
 import math
@@ -22,6 +24,7 @@ COMPUTE = ("overhead_s", "decode_s_per_row", "decode_s_per_context_token", "pref
            "prefill_s_per_token", "prefill_s_per_row", "prefill_s_per_token_pair")
 MEMORY = ("overhead_s", "inverse_bandwidth", "prefill_overhead_s", "prefill_s_per_token")
 SHAPE_KEYS = ("kind", "decode_rows", "context_bin", "prefill_rows", "prompt_bin")
+WEIGHS = ("steps", "time")
 MEANS = ("decode_context", "prefill_tokens", "prefill_pairs", "seconds")
 
 
@@ -73,9 +76,10 @@ def features(sh: pd.DataFrame, form: str, c: Constants, shared: str = "overhead_
     return np.column_stack([cols[n] for n in (MEMORY if form == "memory" else COMPUTE)])
 
 
-def _solve(sh: pd.DataFrame, form: str, c: Constants) -> dict[str, float]:
+def _solve(sh: pd.DataFrame, form: str, c: Constants, weigh: str = "steps") -> dict[str, float]:
     """The terms; for a fused model, the fit whose shared overhead is the smaller one (as fused_s pays)."""
-    y, w = sh["seconds"].to_numpy(), np.sqrt(sh["steps"].to_numpy())
+    y, n = sh["seconds"].to_numpy(), sh["steps"].to_numpy()
+    w = np.sqrt(n * y / np.average(y, weights=n)) if weigh == "time" else np.sqrt(n)
     names = MEMORY if form == "memory" else COMPUTE
     fits = []  # (inconsistent, residual, terms)
     for shared in (("overhead_s", "prefill_overhead_s") if c.fused else ("overhead_s",)):
@@ -110,26 +114,29 @@ def predict_steps(model: StepModel, steps: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def fit_runs(steps: pd.DataFrame, name: str, form: str, c: Constants) -> tuple[StepModel, pd.DataFrame]:
+def fit_runs(steps: pd.DataFrame, name: str, form: str, c: Constants,
+             weigh: str = "steps") -> tuple[StepModel, pd.DataFrame]:
     """The fitted model and its per-shape table (measured, model, fit error, held-out error)."""
+    if weigh not in WEIGHS:
+        raise ValueError(f"--weigh must be one of {', '.join(WEIGHS)}, not {weigh!r}")
     sh = shapes(steps)
     if len(sh) < 2:
         raise ValueError(f"{len(sh)} step shape(s) in these runs: too few to fit a step model")
-    model = model_from_terms(_solve(sh, form, c), name, form, c)
+    model = model_from_terms(_solve(sh, form, c, weigh), name, form, c)
     table = sh.assign(model_s=predict_steps(model, sh))
     table["fit_error"] = table["model_s"] / table["seconds"] - 1
-    table["held_out_error"] = held_out(sh, name, form, c)
+    table["held_out_error"] = held_out(sh, name, form, c, weigh)
     return model, table
 
 
-def held_out(sh: pd.DataFrame, name: str, form: str, c: Constants) -> np.ndarray:
+def held_out(sh: pd.DataFrame, name: str, form: str, c: Constants, weigh: str = "steps") -> np.ndarray:
     """Each shape predicted by a fit to the others (NaN with fewer than 3 shapes)."""
     if len(sh) < 3:
         return np.full(len(sh), np.nan)
     out = np.empty(len(sh))
     for i in range(len(sh)):
         rest = sh.drop(sh.index[i])
-        model = model_from_terms(_solve(rest, form, c), name, form, c)
+        model = model_from_terms(_solve(rest, form, c, weigh), name, form, c)
         out[i] = predict_steps(model, sh.iloc[[i]])[0] / sh["seconds"].iloc[i] - 1
     return out
 
