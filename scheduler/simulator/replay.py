@@ -1,0 +1,61 @@
+"""A real run replayed through a step model: its own recorded batches and steps, each step re-timed.
+
+The run's decisions stay as recorded (which rows ran in which step, when each batch was launched and
+each row dispatched); only the steps' durations come from the model. A step starts when both its
+worker's previous step has (re)ended and its rows were dispatched (recorded), plus the latency the
+live worker took between those two moments and the step's start. So replay ÷ real − 1 is the step
+model's error alone; a full simulation of the same schedule adds the scheduling model's (what the
+simulated scheduler decides differently). With the model that played a `sim` run, a replay gives the
+run's own times back. Pure: frames in, frames and a summary out.
+"""
+import numpy as np
+
+from batchlab.collector.metrics import summarize
+from batchlab.worker.calibrate_runs import predict_steps
+from batchlab.worker.run_steps import RunSteps
+from batchlab.worker.stepmodel import StepModel
+
+
+def ready_times(run: RunSteps) -> np.ndarray:
+    """Each step's recorded dispatch of its rows: a static prefill's launch (its start), a continuous
+    step's latest joiner's scheduled_time; −inf for a step of rows already running."""
+    ready = np.full(len(run.steps), -np.inf)
+    firsts = run.tokens[(run.tokens["token_index"] == 0) & (run.tokens["step"] >= 0)]
+    launched = firsts.merge(run.requests[["request_id", "scheduled_time"]], on="request_id", how="left")
+    latest = launched.groupby("step")["scheduled_time"].max()
+    ready[latest.index.to_numpy(dtype=int)] = latest.to_numpy()
+    return ready
+
+
+def replay_step_ends(run: RunSteps, model: StepModel) -> tuple[np.ndarray, np.ndarray]:
+    """(replayed start, replayed end) of every executed step, worker by worker in recorded order."""
+    steps = run.steps
+    durations, ready = predict_steps(model, steps), ready_times(run)
+    start, end = np.empty(len(steps)), np.empty(len(steps))
+    for _, own in steps.groupby("worker", sort=False):
+        prev_real, prev_new = -np.inf, -np.inf
+        for k in own.sort_values(["start_s", "end_s"], kind="stable").index:
+            bound_real = max(prev_real, ready[k])
+            latency = max(steps.at[k, "start_s"] - bound_real, 0.0) if np.isfinite(bound_real) else 0.0
+            bound_new = max(prev_new, ready[k])
+            start[k] = (bound_new if np.isfinite(bound_new) else steps.at[k, "start_s"]) + latency
+            end[k] = start[k] + durations[k]
+            prev_real, prev_new = steps.at[k, "end_s"], end[k]
+    return start, end
+
+
+def replay(run: RunSteps, model: StepModel, settings: dict | None = None) -> dict:
+    """The run's summary (summary.json's figures) as the replay times it."""
+    _, ends = replay_step_ends(run, model)
+    real_ends = run.steps["end_s"].to_numpy()
+    tokens = run.tokens[run.tokens["step"] >= 0].copy()
+    at = tokens["step"].to_numpy(dtype=int)
+    tokens["time"] = tokens["time"].to_numpy() + ends[at] - real_ends[at]  # a token stamped mid-step keeps its lead
+    per_request = tokens.groupby("request_id")["time"]
+    requests = run.requests.copy()
+    ids = requests["request_id"]
+    first = tokens[tokens["token_index"] == 0].groupby("request_id")["time"].min()
+    requests["first_token_time"] = ids.map(first).where(requests["first_token_time"].notna())
+    requests["completion_time"] = ids.map(per_request.max()).where(requests["completion_time"].notna())
+    return summarize(requests, tokens[["request_id", "token_index", "token_id", "time", "batch_id"]],
+                     settings or {})

@@ -1,0 +1,106 @@
+"""`batchlab calibrate --from`: the step model fitted to the steps a worker executed recovers that worker's model."""
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from batchlab.cli.main import app
+from batchlab.cli.sim_run import simulate_run
+from batchlab.protocol.settings import RunConfig
+from batchlab.worker.stepmodel import StepModel, get_preset, save_preset
+from tests.conftest import run_cli
+
+runner = CliRunner()
+TERMS = ("overhead_s", "decode_s_per_row", "decode_s_per_context_token", "prefill_overhead_s",
+         "prefill_s_per_token", "prefill_s_per_row", "prefill_s_per_token_pair")
+# every compute-form term non-zero, so each one must be found (ms-scale, like tiny-mistral on a CPU)
+KNOWN = StepModel("known", 2e8, 16384, 0.0, 2e-5, 0.004, 8e9, 0.0006, 2e-6, 0.0008, 3e-8, 0.006)
+
+
+def _runs(tmp_path, model: StepModel, strategies: tuple[str, ...], duration_s: float = 6.0):
+    preset = tmp_path / "known.yaml"
+    save_preset(model, preset)
+    for strategy in strategies:
+        cfg = RunConfig(strategy=strategy, backend="sim", preset=str(preset), rate=5.0, duration_s=duration_s,
+                        dataset="synthetic", max_new_tokens=32, max_batch_size=8, out=str(tmp_path / "runs" / strategy))
+        simulate_run(cfg.validate())
+    return tmp_path / "runs"
+
+
+def _calibrate(*args: str):
+    return runner.invoke(app, ["calibrate", *args])
+
+
+@pytest.mark.parametrize("layout", [dict(padded=True, fused=True), dict(padded=False, fused=False)],
+                         ids=["hf-like padded and fused", "vllm-like packed"])
+def test_the_fit_recovers_every_term_of_the_model_that_made_the_runs(tmp_path, layout):
+    from dataclasses import replace
+
+    model = replace(KNOWN, **layout)
+    runs = _runs(tmp_path, model, ("dynamic", "continuous"))
+    out = tmp_path / "fit.yaml"
+    result = _calibrate("--from", str(runs), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    fitted = get_preset(str(out))
+    for term in TERMS:
+        assert getattr(fitted, term) == pytest.approx(getattr(model, term), rel=0.01), term
+    assert (fitted.padded, fitted.fused) == (model.padded, model.fused)
+    record = yaml.safe_load(out.read_text())["calibration"]
+    assert record["held_out_error"]["decode"]["worst_abs"] < 0.01 and abs(record["total_time_error"]) < 0.01
+    assert {"decode", "prefill"} <= set(record["held_out_error"]) and len(record["from_runs"]) == 2
+
+
+def test_runs_of_several_backends_are_refused_unless_one_is_chosen(tmp_path):
+    runs = _runs(tmp_path, KNOWN, ("dynamic", "continuous"), duration_s=3.0)
+    summary = runs / "continuous" / "summary.json"
+    body = json.loads(summary.read_text())
+    body["settings"]["workers"]["worker-0"]["backend"] = "vllm"
+    summary.write_text(json.dumps(body))
+    result = _calibrate("--from", str(runs), "--out", str(tmp_path / "x.yaml"))
+    assert result.exit_code == 1 and "these runs ran on sim, vllm" in result.output and "--kind" in result.output
+    result = _calibrate("--from", str(runs), "--kind", "sim", "--out", str(tmp_path / "x.yaml"))
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load((tmp_path / "x.yaml").read_text())["calibration"]["from_runs"] == [str(runs / "dynamic")]
+
+
+def test_a_folder_without_runs_is_one_line_and_exit_1(tmp_path):
+    result = _calibrate("--from", str(tmp_path), "--out", str(tmp_path / "x.yaml"))
+    assert result.exit_code == 1 and "no run folder (summary.json)" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_a_live_sim_workers_steps_give_back_its_model(tmp_path):
+    """Real processes and clocks: the fitted model prices the run's own steps like the model that played them,
+    within the worker's dispatch and sleep slack (a few ms a step, always late)."""
+    from batchlab.worker.calibrate_runs import predict_steps
+    from batchlab.worker.run_steps import read_run_steps
+
+    model = StepModel("live", 2e8, 16384, 0.0, 4e-5, 0.02, 8e9, 0.002, 5e-6, 0.002, 6e-8, 0.02)
+    preset = tmp_path / "live.yaml"
+    save_preset(model, preset)
+    run_cli("run", "--backend", "sim", "--strategy", "continuous", "--preset", str(preset), "--rate", "4",
+            "--duration", "6", "--dataset", "synthetic", "--max-new-tokens", "24", "--out", str(tmp_path / "run"))
+    out = tmp_path / "fit.yaml"
+    result = _calibrate("--from", str(tmp_path / "run"), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    record = yaml.safe_load(out.read_text())["calibration"]
+    assert abs(record["total_time_error"]) < 0.03  # the fit keeps the steps' measured total
+    steps = read_run_steps(tmp_path / "run", padded=False).steps
+    ratio = predict_steps(get_preset(str(out)), steps).sum() / predict_steps(model, steps).sum()
+    print(f"fitted ÷ playing model over {len(steps)} steps: {ratio:.3f}")
+    assert 0.97 < ratio < 1.10
+
+
+def test_weighing_shapes_by_their_time_share_recovers_the_terms_too(tmp_path):
+    runs = _runs(tmp_path, KNOWN, ("dynamic", "continuous"), duration_s=4.0)
+    out = tmp_path / "fit.yaml"
+    result = _calibrate("--from", str(runs), "--weigh", "time", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    fitted = get_preset(str(out))
+    for term in TERMS:
+        assert getattr(fitted, term) == pytest.approx(getattr(KNOWN, term), rel=0.01), term
+    assert yaml.safe_load(out.read_text())["calibration"]["weigh"] == "time"
+    bad = _calibrate("--from", str(runs), "--weigh", "tokens", "--out", str(tmp_path / "x.yaml"))
+    assert bad.exit_code == 1 and "--weigh must be one of steps, time" in bad.output

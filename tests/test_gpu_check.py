@@ -1,0 +1,61 @@
+"""benchmarks/gpu_check: the GPU plan it runs, its phases under a deadline, and a dry run of every phase on the CPU."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks import gpu_check
+from benchmarks.gpu_check_report import render
+
+ROOT = Path(__file__).resolve().parent.parent
+FULL = yaml.safe_load((ROOT / "configs" / "full.yaml").read_text())
+
+
+def test_the_gpu_plan_is_full_yamls_hf_strategies_at_its_rates_in_short_points():
+    plan = gpu_check.gpu_plan(FULL, "mistral-7b-v0.1:random", "cuda", [5, 20, 50], 8.0, False, {"dataset": "synthetic"})
+    labels = [s if isinstance(s, str) else s["label"] for s in plan["grid"]["strategies"]]
+    assert labels == ["naive", "dynamic", "continuous"]  # no vllm: its CUDA wheel cannot travel
+    assert plan["grid"]["rates"] == [5, 20, 50] and plan["grid"]["repeats"] == 1
+    base = plan["base"]
+    assert base["model"] == "mistral-7b-v0.1:random" and base["duration_s"] == 8.0 and base["backend"] == "hf"
+    assert base["max_batch_size"] == FULL["base"]["max_batch_size"] and base["max_wait_ms"] == FULL["base"]["max_wait_ms"]
+    assert base["max_new_tokens"] < FULL["base"]["max_new_tokens"] and base["max_queue"] > 0  # short points drain
+
+
+def test_a_failed_phase_is_one_line_and_a_late_one_is_skipped():
+    phases = gpu_check.Phases(deadline_s=3600)
+    assert phases.run("works", lambda: 7) == 7
+    assert phases.run("breaks", lambda: 1 / 0) is None
+    phases.deadline_s = -1
+    assert phases.run("late", lambda: 7) is None
+    assert [(p["phase"], p["status"]) for p in phases.log] == [("works", "ok"), ("breaks", "failed"), ("late", "skipped")]
+    assert phases.log[1]["why"] == "ZeroDivisionError: division by zero"
+
+
+def test_the_report_names_missing_modules_and_every_phase():
+    facts = {"environment": {"python": "3.11", "device": "cuda", "gpu": "H200", "modules": {"zmq": False, "torch": True}},
+             "phases": [{"phase": "sweep", "status": "failed", "seconds": 1.0, "why": "RunFailed: worker died"}],
+             "calibrations": {}, "live": [], "simulated": None}
+    text = render(facts)
+    assert "missing modules: zmq" in text and "| sweep | failed | 1.0 | RunFailed: worker died |" in text
+
+
+@pytest.mark.slow
+def test_a_dry_run_on_the_cpu_plays_every_phase(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(tmp_path / "no-wheels"),
+           "GPU_CHECK_SRC": str(tmp_path / "src"), "GPU_CHECK_TIMEOUT_S": "900"}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--device", "cpu", "--dry-run",
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=1000)
+    facts = json.loads((out / "gpu_check.json").read_text())
+    phases = {p["phase"]: p["status"] for p in facts["phases"]}
+    assert phases == dict.fromkeys(["calibrate tiny-mistral hf", "calibrate tiny-mistral hf-loop", "sweep", "simulate",
+                                    "split", "calibrate --from the sweep", "report"], "ok"), done.stdout[-3000:]
+    assert done.returncode == 0
+    assert {p["label"] for p in facts["live"]} == {"naive", "dynamic", "continuous"}
+    assert "## Error split by cause" in (out / "GPU_CHECK.md").read_text()
+    assert (out / "presets" / "tiny-mistral-hf-loop.yaml").is_file() and (out / "sweep" / "REPORT.md").is_file()

@@ -1,0 +1,129 @@
+"""The steps a live worker executed, read back from a run folder's tables, in the step model's terms.
+
+Each executed step becomes one row of a steps frame (STEP_COLUMNS): its worker, start and end (s since
+t0), and the shape the step model prices (worker.stepmodel): decode rows and the context they attend
+over, prefill rows, tokens and Σ prompt_len². The shape is counted the way the simulator counts it
+(worker.sim), so a fit to these rows is a fit of the simulator's own formula:
+
+- a static batch (no steps.parquet rows for its worker) of B rows padded to the longest prompt P: step 0
+  is the prefill, from the batch's launch (scheduled_time) to its first tokens, of B × P tokens; step i
+  is a decode of B rows over B × (P + i) tokens, between the ends of steps i−1 and i.
+- a continuous step (steps.parquet): its tokens are those stamped in (start, end]; a row yielding its
+  token i ≥ 1 decodes over prompt_len + i tokens (packed) or, padded (HF), every decoded row is as wide
+  as the widest: its joining group's longest prompt + i. The step's joiners (token 0) are its prefill,
+  of Σ prompt_len tokens (padded: joiners × the longest), unless the worker prefilled in chunks (its
+  recorded prefill_tokens is not their prompts): then its recorded tokens.
+
+The tokens frame comes back with a `step` column (the row of the steps frame that yielded it), for replays.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+STEP_COLUMNS = ("worker", "start_s", "end_s", "decode_rows", "decode_context", "prefill_rows", "prefill_tokens",
+                "prefill_pairs")
+TIME_SLACK_S = 1e-6  # token stamps and step ends are the same clock reading, written as floats
+
+
+@dataclass(slots=True)
+class RunSteps:
+    """One run's executed steps, its tokens (with the step of each) and its requests."""
+
+    steps: pd.DataFrame  # STEP_COLUMNS, one row per executed step
+    tokens: pd.DataFrame  # tokens.parquet + worker, prompt_len, step
+    requests: pd.DataFrame
+
+
+def read_run_steps(run_dir: str | Path, padded: bool) -> RunSteps:
+    """A run folder's executed steps (static batches and continuous steps alike)."""
+    run_dir = Path(run_dir)
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    batches = pd.read_parquet(run_dir / "batches.parquet")
+    tokens = pd.read_parquet(run_dir / "tokens.parquet")
+    steps_file = run_dir / "steps.parquet"
+    steps = pd.read_parquet(steps_file) if steps_file.is_file() else pd.DataFrame(columns=["worker"])
+    return executed_steps(requests, batches, tokens, steps, padded)
+
+
+def executed_steps(requests: pd.DataFrame, batches: pd.DataFrame, tokens: pd.DataFrame, steps: pd.DataFrame,
+                   padded: bool) -> RunSteps:
+    """The tables of a run → its executed steps in the step model's terms (see the module's docstring)."""
+    tokens = tokens.merge(batches[["batch_id", "worker"]], on="batch_id", how="left")
+    tokens = tokens.merge(requests[["request_id", "prompt_len"]], on="request_id", how="left")
+    tokens["step"] = -1
+    stepping = set(steps["worker"]) if len(steps) else set()
+    rows: list[list] = []
+    for bid, group in tokens[~tokens["worker"].isin(stepping)].groupby("batch_id", sort=True):
+        batch = batches[batches["batch_id"] == bid].iloc[0]
+        rows += _static_batch(batch, group, tokens, len(rows))
+    for _, own in steps.groupby("worker", sort=True):
+        rows += _continuous_worker(own.sort_values("step"), tokens, padded, len(rows))
+    frame = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+    return RunSteps(frame, tokens, requests)
+
+
+def _static_batch(batch: pd.Series, group: pd.DataFrame, tokens: pd.DataFrame, first: int) -> list[list]:
+    """A lockstep batch's steps: step i ends when its rows' token i is stamped."""
+    ends = group.groupby("token_index")["time"].max().sort_index()
+    rows_n, width = int(batch["size"]), int(batch["max_prompt_len"])
+    if batch["oom"] or list(ends.index) != list(range(len(ends))):
+        return []  # a requeued or partly recorded batch: its steps cannot be told apart
+    out, start = [], float(batch["scheduled_time"])
+    for i, end in enumerate(ends.to_numpy()):
+        if i == 0:
+            out.append([batch["worker"], start, end, 0, 0.0, rows_n, rows_n * width, rows_n * width ** 2])
+        else:
+            out.append([batch["worker"], start, end, rows_n, rows_n * (width + i), 0, 0.0, 0.0])
+        start = end
+    index = group.index
+    tokens.loc[index, "step"] = first + group["token_index"].to_numpy()
+    return out
+
+
+def _continuous_worker(steps: pd.DataFrame, tokens: pd.DataFrame, padded: bool, first: int) -> list[list]:
+    """One continuous worker's steps, each with the rows its tokens say it ran."""
+    mine = tokens[tokens["worker"] == steps["worker"].iloc[0]]
+    ends = steps["end_time"].to_numpy()
+    at = np.searchsorted(ends, mine["time"].to_numpy() - TIME_SLACK_S, side="left")
+    at = np.minimum(at, len(ends) - 1)
+    tokens.loc[mine.index, "step"] = first + at
+    mine = mine.assign(at=at)
+    joins = mine[mine["token_index"] == 0]
+    group_width = joins.groupby("at")["prompt_len"].max()
+    width_of = dict(zip(joins["request_id"], joins["at"].map(group_width)))
+    out = []
+    by_step = dict(tuple(mine.groupby("at")))
+    for k, step in enumerate(steps.itertuples(index=False)):
+        rows = by_step.get(k, mine.iloc[:0])
+        out.append([step.worker, float(step.start_time), float(step.end_time),
+                    *_decode_shape(rows[rows["token_index"] > 0], padded, width_of),
+                    *_prefill_shape(rows[rows["token_index"] == 0], int(step.prefill_tokens), padded)])
+    return out
+
+
+def _decode_shape(decoded: pd.DataFrame, padded: bool, width_of: dict) -> tuple[int, float]:
+    """(rows, context tokens) of a step's decodes."""
+    n = len(decoded)
+    if not n:
+        return 0, 0.0
+    index = decoded["token_index"].to_numpy()
+    if padded:
+        widths = decoded["request_id"].map(width_of).fillna(decoded["prompt_len"]).to_numpy()
+        return n, float(n * np.max(widths + index))
+    return n, float(np.sum(decoded["prompt_len"].to_numpy() + index))
+
+
+def _prefill_shape(joiners: pd.DataFrame, recorded_tokens: int, padded: bool) -> tuple[int, float, float]:
+    """(rows, tokens, Σ prompt_len²) of a step's prefill; a chunked prefill counts its recorded tokens."""
+    lens = joiners["prompt_len"].to_numpy(dtype=float)
+    whole = len(lens) and lens.sum() <= recorded_tokens <= lens.sum() + len(lens)  # + a BOS per row
+    if not whole:
+        if recorded_tokens <= 0:
+            return 0, 0.0, 0.0
+        rows = max(len(lens), 1)
+        return rows, float(recorded_tokens), recorded_tokens ** 2 / rows
+    if padded:
+        return len(lens), float(len(lens) * lens.max()), float(len(lens) * lens.max() ** 2)
+    return len(lens), float(lens.sum()), float(np.sum(lens ** 2))
