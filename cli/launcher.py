@@ -4,9 +4,7 @@ import logging
 import multiprocessing as mp
 import shutil
 import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import yaml
 from batchlab.cli import outcome, procs, roles
 from batchlab.protocol.settings import RunConfig
 from batchlab.cli.procs import Child
+from batchlab.cli.run_end import post_process
 from batchlab.cli.run_folder import RunRecord
 from batchlab.protocol.sockets import Addresses
 
@@ -126,39 +125,8 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
     summary_path = out / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"the collector wrote no summary in {out}")
-    _post_process(out, watch.deaths)
+    post_process(out, watch.deaths)
     return json.loads(summary_path.read_text())
-
-
-def _post_process(out: Path, deaths: list) -> None:
-    """What the summary needs beyond the collector's figures, added when the run ends: the roles that
-    died (for outcome.verdict), the traffic's send lag, and the simulator's replay of a live sim/echo
-    run (`timing_fidelity`)."""
-    from batchlab.collector.parts import write_summary
-    from batchlab.scheduler.simulator.fidelity import add_run_fidelity
-
-    add_run_fidelity(out)
-    summary = json.loads((out / "summary.json").read_text())
-    summary["harness_lag"] = send_lag(out)
-    summary["role_deaths"] = deaths
-    write_summary(out, summary)
-
-
-def send_lag(out: Path) -> dict:
-    """How late the traffic sent each request after its planned arrival, s (p50, p99, max)."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(out / "requests.parquet", columns=["arrival_time", "send_time"])
-    except (OSError, KeyError, ValueError):
-        return {}
-    lag = table["send_time"].to_numpy(zero_copy_only=False) - table["arrival_time"].to_numpy(zero_copy_only=False)
-    lag = lag[np.isfinite(lag)]
-    if not lag.size:
-        return {}
-    p50, p99 = np.percentile(lag, [50, 99])
-    return {"p50": float(p50), "p99": float(p99), "max": float(lag.max())}
 
 
 class _Clock:
@@ -255,21 +223,8 @@ def _fatal(dead: Child, children: list[Child]) -> bool:
 def _stop(children: list[Child]) -> None:
     """Stop the producers first (traffic, then the scheduler, which tells the workers), then give the
     collector time to read what is queued and write before it is told to stop; reap every group."""
-    with _sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
+    with procs.sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
         _stop_in_order(children)
-
-
-@contextmanager
-def _sigint_ignored():
-    """SIGINT is ignored inside (main thread only; elsewhere Python allows no handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 def _stop_in_order(children: list[Child]) -> None:
