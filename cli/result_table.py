@@ -10,10 +10,16 @@ LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E"))
 
 
 def offered_rate(summary: dict) -> float | None:
-    """Requests the schedule offered per second of planned traffic (None when unknown)."""
+    """Requests the schedule offered per second of planned traffic (None when unknown, or when every
+    request came at once: --rate inf is a throughput test, not a rate). A run stopped by its request
+    count offered them over its last arrival's time, not over the duration cap."""
     settings = summary.get("settings") or {}
-    duration_s = settings.get("duration_s") or 0
-    scheduled = summary.get("scheduled") or 0
+    if str(settings.get("rate")) in ("inf", "Infinity"):
+        return None
+    duration_s, scheduled = settings.get("duration_s") or 0, summary.get("scheduled") or 0
+    last_s = (summary.get("harness_lag") or {}).get("last_arrival_s")
+    if settings.get("num_requests") and scheduled >= settings["num_requests"] and last_s and scheduled > 1:
+        duration_s = last_s * scheduled / (scheduled - 1)  # n arrivals span n − 1 gaps
     return scheduled / duration_s if duration_s and scheduled else None
 
 

@@ -32,4 +32,6 @@ def send_lag(out: Path) -> dict:
     if not lag.size:
         return {}
     p50, p99 = np.percentile(lag, [50, 99])
-    return {"p50": float(p50), "p99": float(p99), "max": float(lag.max())}
+    arrivals = table["arrival_time"].to_numpy(zero_copy_only=False)
+    return {"p50": float(p50), "p99": float(p99), "max": float(lag.max()),
+            "last_arrival_s": float(np.nanmax(arrivals))}  # planned: what the schedule offered
