@@ -150,7 +150,7 @@ def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tupl
 
 def _bracket_text(c: dict) -> str:
     lo, hi = c["lo_req_s"], c["hi_req_s"]
-    return f"[{lo if lo is not None else '?'}, {hi if hi is not None else '?'}]"
+    return f"[{'?' if lo is None else f'{lo:.3g}'}, {'?' if hi is None else f'{hi:.3g}'}]"
 
 
 def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None) -> dict:
