@@ -37,7 +37,7 @@ def publish(folder: Path, name: str) -> Path:
         shutil.copy2(plot, target / plot.name)
     body = (folder / "REPORT.md").read_text()
     page = target / "README.md"
-    page.write_text(f"> Generated from `{folder}` by benchmarks/publish_report.py. {provenance(folder)}\n\n{body}")
+    page.write_text(f"> Generated from `{folder.name}` by benchmarks/publish_report.py. {provenance(folder)}\n\n{body}")
     return page
 
 
