@@ -211,9 +211,15 @@ def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = 
     """Run one worker alone (e.g. on a remote GPU box)."""
     overrides = {k: v for k, v in locals().items()
                  if k not in ("config", "scheduler", "collector", "worker_id")}
+    from batchlab.cli.preflight import check_before_start
     from batchlab.cli.roles import worker_role
 
-    _role(worker_role, _config(config, overrides), scheduler, collector, worker_id)
+    cfg = _config(config, overrides)
+    try:
+        check_before_start(cfg)  # a bad preset or model: one line, before the model loads
+    except ConfigError as exc:
+        _fail(exc)
+    _role(worker_role, cfg, scheduler, collector, worker_id)
 
 
 @app.command()

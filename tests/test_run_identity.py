@@ -1,6 +1,7 @@
 """A run folder, a resumed point and a pooled report each know which configuration made them."""
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,23 @@ from batchlab.protocol.settings import ConfigError, RunConfig
 
 runner = CliRunner()
 FAST = {"backend": "sim", "dataset": "synthetic", "rate": 20.0, "duration_s": 1.0, "max_new_tokens": 8}
+
+
+@contextmanager
+def _nothing_launched():
+    """No process may start inside (launch_run fails the test); yields the CPU seconds spent so far. CPU
+    time, not wall time: the check's own work, whatever else shares the machine."""
+    import batchlab.cli.live as launcher  # where `run` calls launch_run
+
+    def launched(*_args, **_kwargs):
+        raise AssertionError("a run was launched before its settings were checked")
+
+    start_s, saved = time.process_time(), launcher.launch_run
+    launcher.launch_run = launched
+    try:
+        yield lambda: time.process_time() - start_s
+    finally:
+        launcher.launch_run = saved
 
 
 def _sim(folder: Path, **settings) -> dict:
@@ -50,9 +68,9 @@ def test_identity_survives_the_summary_round_trip(tmp_path):
 
 def test_a_used_folder_is_refused_in_one_line_before_anything_starts(tmp_path):
     RunRecord(tmp_path, RunConfig(strategy="continuous"))
-    started = time.monotonic()
-    result = runner.invoke(app, ["run", "--backend", "sim", "--strategy", "dynamic", "--out", str(tmp_path)])
-    assert result.exit_code == 1 and time.monotonic() - started < 2.0
+    with _nothing_launched() as cpu_s:
+        result = runner.invoke(app, ["run", "--backend", "sim", "--strategy", "dynamic", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and cpu_s() < 2.0
     line, = result.stderr.strip().splitlines()
     assert line.startswith(f"error: --out {tmp_path} already holds a run (continuous on sim") and "--overwrite" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # untouched
@@ -88,12 +106,21 @@ def test_a_bad_preset_or_model_fails_within_2_s_with_one_line_and_no_folder(tmp_
 
     monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
     out = tmp_path / "run"
-    started = time.monotonic()
-    result = runner.invoke(app, ["run", *args, "--out", str(out)])
-    assert result.exit_code == 1 and time.monotonic() - started < 2.0
+    with _nothing_launched() as cpu_s:
+        result = runner.invoke(app, ["run", *args, "--out", str(out)])
+    assert result.exit_code == 1 and cpu_s() < 2.0
     line, = result.stderr.strip().splitlines()
     assert line.startswith(message), line
     assert not out.exists()
+
+
+def test_a_worker_alone_checks_its_model_before_loading_it(monkeypatch):
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    result = runner.invoke(app, ["worker", "--backend", "hf", "--model", "no/such-model"])
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith("error: --model no/such-model is neither a local folder")
 
 
 def _point(tmp_path: Path, base: dict) -> Point:
