@@ -3,7 +3,7 @@
 A `Sample` is one step kind (prefill or decode) at one grid shape, its time the median of rounds that
 were repeated until their spread settled (`settle`). `fit_model` solves non-negative least squares on
 relative error (every shape counts alike, 1 ms or 1 s) for the named terms of the chosen form
-(worker.stepmodel): compute-bound (a CPU) or memory-bound (a GPU, the seed's form). No I/O, no clock.
+(worker.stepmodel): compute-bound (a CPU) or memory-bound (a GPU: the bandwidth form). No I/O, no clock.
 """
 import itertools
 import statistics
