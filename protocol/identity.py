@@ -7,6 +7,7 @@ back from any summary.json (its `settings`), so a folder written by an older ver
 import hashlib
 import json
 import math
+from functools import cache
 
 # Not part of what was measured: where the files went, the key folder, the path of the replayed
 # schedule (its content is: `schedule_hash`), the run's clock origin and the host facts (environment).
@@ -42,8 +43,9 @@ def identity(settings: dict) -> dict:
     return _canonical(values)
 
 
+@cache
 def _defaults() -> dict:
-    """RunConfig's field defaults (identity keys only)."""
+    """RunConfig's field defaults (identity keys only; computed once, never mutated: identity copies)."""
     from batchlab.protocol.settings import RunConfig
 
     return {k: v for k, v in RunConfig().as_settings().items() if k not in NOT_IDENTITY}
