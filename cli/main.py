@@ -148,10 +148,10 @@ def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp
               overwrite: Overwrite = False) -> None:
     """Run the collector alone."""
     from batchlab.cli.roles import collector_role
-    from batchlab.cli.run_folder import claim
+    from batchlab.cli.run_folder import ROLE_FILES, claim
 
-    try:
-        claim(out, overwrite=overwrite)  # one run's tables per folder, never two runs' mixed
+    try:  # one run's tables per folder, never two runs' mixed; the sibling roles' logs may be there first
+        claim(out, overwrite=overwrite, tolerate=ROLE_FILES)
     except ConfigError as exc:
         _fail(exc)
     _role(collector_role, RunConfig(out=out, keys=keys or ""), address)

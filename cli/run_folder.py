@@ -36,19 +36,25 @@ def describe(folder: Path) -> str:
             f"{record.get('config_hash', '?')}, started {record.get('started_utc', '?')})")
 
 
-def claim(out: str, *, overwrite: bool) -> Path:
+# What the other roles of one run write into a shared --out as they start (their logs, traffic's
+# schedule): the collector started alone beside them may find these already there.
+ROLE_FILES = frozenset({"logs", "schedule.parquet"})
+
+
+def claim(out: str, *, overwrite: bool, tolerate: frozenset = frozenset()) -> Path:
     """The run's folder, empty: a new one is made; a used one is refused (one line) unless `overwrite`,
-    which empties it first. Checked before any process starts."""
+    which empties it first. Checked before any process starts. Entries named in `tolerate` do not make
+    a folder used (and are kept)."""
     if not str(out).strip():
         raise ConfigError("--out must name a folder")
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    if folder.is_dir() and any(folder.iterdir()):
+    if folder.is_dir() and any(child.name not in tolerate for child in folder.iterdir()):
         if not overwrite:
             raise ConfigError(f"--out {out} already holds {describe(folder)}; pass --overwrite to replace "
                               "it, or choose another folder (without --out each run gets a new one)")
-        for child in folder.iterdir():
+        for child in (c for c in folder.iterdir() if c.name not in tolerate):
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     return folder

@@ -1,6 +1,6 @@
 """The scheduler's rules, pure: events in, decisions out. No sockets, no clock, no logging.
 
-    events     on_hello, on_request, on_batch_done, on_capacity, on_worker_lost, on_send_failed,
+    events     on_hello, on_back, on_request, on_batch_done, on_capacity, on_worker_lost, on_send_failed,
                end_of_stream, tick (the no-worker grace and the stall limit)
     decisions  schedule(now) -> Decisions(launches, wake_at)
     records    drain() -> the terminal RequestFailed records it decided, for the collector
@@ -70,6 +70,7 @@ class SchedulerCore:
         self.eos = False  # traffic sent its last request
         self.next_batch_id = 0
         self.orphaned_since: float | None = None  # when the last worker was lost
+        self.lost: dict[str, dict[int, list[QueuedRequest]]] = {}  # a lost worker's batches (it may be stalled)
         self.outbox: list[RequestFailed] = []  # terminal records not yet drained
         self.seen = IdSet()  # every request id received: one that comes again is refused
         self.stats = {"submitted": 0, "duplicate_requests": 0, "queue_full": 0, "oom_batches": 0, "workers_lost": 0,
@@ -79,12 +80,31 @@ class SchedulerCore:
     def on_hello(self, worker_id: str, hello: WorkerHello, now: float) -> int | None:
         """A worker joined; returns how many requests a previous process of it had in flight (None: new)."""
         old = self.workers.get(worker_id)
+        self.lost.pop(worker_id, None)  # a new process: what a stalled one ran is gone with it
         if old is not None:  # a restarted worker: what its last process ran is gone with it
             self.stats["workers_rejoined"] += 1
             self._drop_inflight(old, REJOINED, now)
         self.workers[worker_id] = WorkerState(hello, now)
         self.orphaned_since = None
         return None if old is None else old.running
+
+    def on_back(self, worker_id: str, hello: WorkerHello, now: float) -> int:
+        """A worker lost for its silence spoke again: it was stalled, not dead, and still runs its batches.
+        It rejoins, and each of those batches' requests still queued (requeued at the loss, not launched
+        again nor failed since) is in flight on it again under its batch id, so the worker's own end of
+        it counts; returns how many were taken back. A request already launched elsewhere keeps that
+        launch (the collector keeps the first terminal record and counts the other)."""
+        batches = self.lost.pop(worker_id, {})
+        self.on_hello(worker_id, hello, now)
+        state, taken = self.workers[worker_id], 0
+        for batch_id, requests in batches.items():
+            back = self.queue.take(requests)
+            if back:
+                for r in back:
+                    r.losses -= 1  # it was not lost after all
+                state.start(batch_id, back)
+                taken += len(back)
+        return taken
 
     def knows(self, request_id: int) -> bool:
         """Was a request of this id received already (then another of it is refused, never merged)?"""
@@ -140,6 +160,7 @@ class SchedulerCore:
         if state is None:
             return
         self.stats["workers_lost"] += 1
+        self.lost[worker_id] = dict(state.inflight)
         if not self.workers:
             self.orphaned_since = now
         self._drop_inflight(state, f"worker lost: {worker_id}", now)

@@ -140,12 +140,13 @@ class Scheduler:
             self.stats["sent_by_traffic"] = msg.sent
 
     def _maybe_back(self, wid: str, t: float) -> None:
-        """A worker lost for its silence spoke again (it was stalled): it rejoins as if it had said hello;
-        what it ran was requeued when it was lost, and its late results for those batches are ignored."""
+        """A worker lost for its silence spoke again (it was stalled): it rejoins, and what it still runs
+        of the requests requeued at its loss is its own again (the core's on_back)."""
         hello = self.silent.pop(wid, None)
         if hello is not None and wid not in self.core.workers:
-            log.warning("worker %s is back after its silence: it rejoins", wid)
-            self.core.on_hello(wid, hello, t)
+            taken = self.core.on_back(wid, hello, t)
+            log.warning("worker %s is back after its silence: it rejoins with %d request(s) it still runs",
+                        wid, taken)
 
     def _on_hello(self, wid: str, hello: WorkerHello, t: float) -> None:
         log.info("worker %s joined: %s %s (%s, max batch %d)", wid, hello.backend, hello.model, hello.mode,

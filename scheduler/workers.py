@@ -74,6 +74,16 @@ class PendingQueue(deque):
         super().appendleft(p)
         self.tokens += p.prompt_len + p.output_len
 
+    def take(self, requests: list[QueuedRequest]) -> list[QueuedRequest]:
+        """Take these requests out wherever they wait (the others keep their order); returns those found."""
+        wanted = {id(p) for p in requests}
+        kept, taken = [p for p in self if id(p) not in wanted], [p for p in self if id(p) in wanted]
+        self.clear()
+        self.tokens = 0
+        for p in kept:
+            self.append(p)
+        return taken
+
     def is_full_for(self, tokens: int, max_requests: int, max_tokens: int) -> bool:
         """Would one more request of `tokens` (prompt + output) break a bound? 0 means unbounded."""
         by_count = max_requests and len(self) >= max_requests

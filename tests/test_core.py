@@ -152,6 +152,35 @@ def test_a_rejoining_worker_loses_what_its_old_process_ran():
     assert failures(core) == {3: "worker rejoined: its running requests were lost"}
 
 
+def test_a_worker_back_from_a_stall_gets_back_what_it_still_runs_and_its_batch_end_counts():
+    core = core_with(Continuous(16), hello("continuous", worker_id="a"), hello("continuous", worker_id="b"))
+    for rid in range(3):
+        core.on_request(request(rid), 0.0)
+    launches = core.schedule(0.0).launches
+    assert [launch.worker_id for launch in launches] == ["a", "a", "a"]
+    core.on_worker_lost("a", 1.0)  # silent past the liveness window: requeued, as if dead
+    assert [r.request_id for r in core.queue] == [0, 1, 2]
+    core.workers["b"].max_rows = 1
+    (moved,) = core.schedule(1.0).launches  # 0 runs on b now; 1 and 2 still wait
+    assert moved.worker_id == "b" and [r.request_id for r in moved.requests] == [0]
+    assert core.on_back("a", hello("continuous", worker_id="a"), 2.0) == 2
+    assert not core.queue and {b: [r.request_id for r in g] for b, g in core.workers["a"].inflight.items()} == {
+        launches[1].batch_id: [1], launches[2].batch_id: [2]}
+    assert all(r.losses == 0 for g in core.workers["a"].inflight.values() for r in g)
+    assert [r.request_id for r in core.on_batch_done("a", launches[1].batch_id, False, 3.0)] == [1]
+    assert core.on_batch_done("a", launches[0].batch_id, False, 3.0) is None  # 0 is b's now
+    assert not failures(core) and core.stats["workers_lost"] == 1
+
+
+def test_a_new_process_of_a_lost_worker_gets_nothing_back():
+    core = core_with(Continuous(16), hello("continuous"))
+    core.on_request(request(0), 0.0)
+    core.schedule(0.0)
+    core.on_worker_lost("w0", 1.0)
+    core.on_hello("w0", hello("continuous"), 2.0)  # a hello: a restarted process, its batches gone
+    assert core.on_back("w0", hello("continuous"), 3.0) == 0 and [r.request_id for r in core.queue] == [0]
+
+
 def test_launches_that_were_never_sent_are_requeued_without_a_loss():
     core = core_with(Continuous(16), hello("continuous", worker_id="a"), hello("continuous", worker_id="b"))
     for rid in range(3):
@@ -205,6 +234,7 @@ EVENTS = st.one_of(
     st.tuples(st.just("done"), st.integers(0, 30), st.just(False)),
     st.tuples(st.just("hello"), st.sampled_from(["a", "b", "c"]), st.sampled_from(["static", "continuous"])),
     st.tuples(st.just("lost"), st.sampled_from(["a", "b", "c"]), st.none()),
+    st.tuples(st.just("back"), st.sampled_from(["a", "b", "c"]), st.none()),
     st.tuples(st.just("capacity"), st.sampled_from(["a", "b", "c"]), st.integers(0, 6)),
     st.tuples(st.just("send_failed"), st.integers(0, 30), st.none()),
     st.tuples(st.just("wait"), st.floats(0.0, 2 * WORKER_REJOIN_GRACE_S), st.none()),
@@ -222,6 +252,7 @@ class Tracker:
         self.t, self.next_id = 0.0, 0
         self.ends: dict[int, list[str]] = {}
         self.running: dict[int, tuple[str, list[int]]] = {}  # batch_id -> (worker, request ids)
+        self.silent: dict[str, WorkerHello] = {}  # workers lost for their silence (they may come back)
         self.last_launches = []  # the latest schedule's, which a send may fail
 
     def play(self, kind: str, a, b) -> None:
@@ -236,7 +267,13 @@ class Tracker:
         elif kind == "hello":
             core.on_hello(a, WorkerHello(a, "sim", "fake", b, 4, 1, 200, "cpu", "none"), self.t)
         elif kind == "lost":
+            if a in core.workers:
+                self.silent[a] = core.workers[a].hello
             core.on_worker_lost(a, self.t)
+        elif kind == "back" and a in self.silent and a not in core.workers:
+            core.on_back(a, self.silent.pop(a), self.t)
+            for batch_id, group in core.workers[a].inflight.items():  # what it still runs is its own again
+                self.running[batch_id] = (a, [r.request_id for r in group])
         elif kind == "capacity":
             core.on_capacity(a, b)
         elif kind == "send_failed" and self.last_launches:

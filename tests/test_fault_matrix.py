@@ -209,11 +209,6 @@ def test_a_policy_that_never_launches_is_declared_stalled_and_the_run_exits_non_
     assert len(requests) > 0 and requests.error.str.startswith("stalled").all()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: a worker lost for its silence and back again still runs its old rows; the scheduler requeued "
-    "and redispatches them, the worker refuses ids it already runs (worker/admission.py), the scheduler "
-    "ignores the old batch's late results, and at the run's end those rows fail 'worker stopped before the "
-    "request finished' (exit 2). The rejoin must hand the old rows over (or abort them) first."))
 def test_a_worker_stalled_past_the_liveness_window_rejoins_and_its_requests_end_once(tmp_path):
     config = tmp_path / "short.yaml"
     config.write_text("liveness_s: 2\n")  # the stall below outlasts it: the worker is lost, then comes back

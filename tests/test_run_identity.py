@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.cli.run_folder import RunRecord, claim, new_folder
+from batchlab.cli.run_folder import ROLE_FILES, RunRecord, claim, new_folder
 from batchlab.cli.sim_run import simulate_run
 from batchlab.cli.sweep_cmd import stale_point
 from batchlab.cli.sweep_plan import Entry, Point
@@ -84,6 +84,23 @@ def test_overwrite_empties_the_folder_first(tmp_path):
     assert claim(str(tmp_path), overwrite=True) == tmp_path and not any(tmp_path.iterdir())
     with pytest.raises(ConfigError, match="must name a folder"):
         claim("", overwrite=True)
+
+
+def test_the_collector_alone_tolerates_its_sibling_roles_logs_but_not_an_old_runs_tables(tmp_path):
+    """The roles of one run started alone share --out: the scheduler's or worker's logs/ (and traffic's
+    schedule) may be there before the collector claims it; a run's tables may not."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "scheduler.log").write_text("started")
+    (tmp_path / "schedule.parquet").write_text("traffic's schedule")
+    assert claim(str(tmp_path), overwrite=False, tolerate=ROLE_FILES) == tmp_path
+    assert (tmp_path / "logs" / "scheduler.log").exists()
+    with pytest.raises(ConfigError, match="already holds files"):
+        claim(str(tmp_path), overwrite=False)  # `run` claims a folder for every role: nothing tolerated
+    (tmp_path / "requests.parquet").write_text("an old run's requests")
+    with pytest.raises(ConfigError, match="already holds files"):
+        claim(str(tmp_path), overwrite=False, tolerate=ROLE_FILES)
+    claim(str(tmp_path), overwrite=True, tolerate=ROLE_FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "schedule.parquet"]
 
 
 def test_without_out_each_run_gets_a_new_folder(tmp_path):
