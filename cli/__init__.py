@@ -46,10 +46,23 @@ def _interrupted_while_importing(_signum, _frame) -> None:
     os._exit(130)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the command itself: it stops like a Ctrl-C (children stopped, what they hold written,
+    temp folders removed) and exits 143 instead of 130."""
+
+
+def _terminate(_signum, _frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up that follows is not cut short
+    raise Terminated()
+
+
 def restore_sigint() -> None:
-    """Python's own Ctrl-C (KeyboardInterrupt) again, unless SIGINT was ignored by whoever started us."""
+    """Python's own Ctrl-C (KeyboardInterrupt) again, unless SIGINT was ignored by whoever started us;
+    in the command itself (not a spawned child), a SIGTERM is a Ctrl-C too (Terminated)."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not SPAWNED and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
 
 
 if SPAWNED:

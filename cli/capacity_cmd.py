@@ -61,9 +61,11 @@ def register(app: typer.Typer) -> None:
         except (SweepError, ConfigError, ValueError) as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            from batchlab.cli.outcome import interrupted_exit
+
             typer.secho(f"interrupted; run the same command again to resume in {out}", err=True)
-            raise typer.Exit(code=130) from None
+            raise typer.Exit(code=interrupted_exit(exc)) from None
         for line in capacity_text(doc["strategies"]):
             typer.echo(line)
         if not simulate:

@@ -80,8 +80,10 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     record = RunRecord(out, cfg)
     try:
         summary = _launch(_with_schedule(cfg, out), out, slos, on_tick, pool, limits)
-    except KeyboardInterrupt:
-        record.end("interrupted", "Ctrl-C")
+    except KeyboardInterrupt as exc:
+        from batchlab.cli import Terminated
+
+        record.end("interrupted", "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C")
         raise
     except RunTimeout as exc:
         record.end("stopped" if exc.phase == "run" else "failed", str(exc))

@@ -53,10 +53,14 @@ class _OneLineErrors(TyperGroup):
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
+        from batchlab.cli import Terminated
+
         try:
             return super().invoke(ctx)
         except _user_errors() as exc:
             _fail(exc)
+        except Terminated:  # a SIGTERM that no command turned into its own line
+            _fail("terminated", code=128 + signal.SIGTERM)
 
 
 app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,
@@ -110,7 +114,7 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
     cfg = _config(config_file, overrides, replay=True)
     from batchlab.cli.launcher import RunFailed
     from batchlab.cli.live import run_with_status
-    from batchlab.cli.outcome import FAULT_EXIT, INTERRUPTED_EXIT, verdict
+    from batchlab.cli.outcome import FAULT_EXIT, interrupted_exit, verdict
     from batchlab.cli.preflight import check_before_start
     from batchlab.cli.result_table import show
     from batchlab.cli.run_folder import claim, new_folder
@@ -121,8 +125,8 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
         check_before_start(cfg)
         claim(cfg.out, overwrite=overwrite)
         summary = run_with_status(cfg)
-    except KeyboardInterrupt:
-        _fail(f"interrupted; partial results in {cfg.out}", code=INTERRUPTED_EXIT)
+    except KeyboardInterrupt as exc:
+        _fail(f"interrupted; partial results in {cfg.out}", code=interrupted_exit(exc))
     except RunFailed as exc:
         _fail(exc, code=FAULT_EXIT)
     except _user_errors() as exc:

@@ -5,7 +5,7 @@ deaths in, a verdict out), shared by `batchlab run` and `batchlab sweep`.
          limits: "queue full", "deadline", a strategy's rejection, "out of memory: does not fit alone")
     2    a fault: a role died or ended mid-run, the collector could not write, the policy stalled, or a
          request was lost to one (worker lost, no terminal record, not sent, scheduler stopped, ...)
-    130  interrupted (Ctrl-C)
+    130  interrupted (Ctrl-C); 143 for a SIGTERM to the command itself
 """
 import os
 import signal
@@ -20,6 +20,13 @@ SIGNAL_EXIT_BASE = 128  # a role stopped by a signal exits 128 + the signal's nu
 # other reason is a result the run's own rules produced.
 FAULT_PREFIXES = ("worker lost", "worker rejoined", "worker stopped", "worker error", "scheduler stopped",
                   "stalled", "not sent", "no terminal record")
+
+
+def interrupted_exit(exc: BaseException) -> int:
+    """The exit code of a command stopped by `exc` (a KeyboardInterrupt): 143 for a SIGTERM, else 130."""
+    from batchlab.cli import Terminated
+
+    return SIGNAL_EXIT_BASE + signal.SIGTERM if isinstance(exc, Terminated) else INTERRUPTED_EXIT
 
 
 def is_fault(reason: str) -> bool:

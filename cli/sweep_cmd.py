@@ -235,9 +235,11 @@ def register(app: typer.Typer) -> None:
         except (SweepError, ConfigError) as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            from batchlab.cli.outcome import interrupted_exit
+
             typer.secho(f"interrupted; run the same command again to resume in {out}", err=True)
-            raise typer.Exit(code=130) from None
+            raise typer.Exit(code=interrupted_exit(exc)) from None
         statuses = [p["status"] for p in index["points"]]
         ok = len(statuses) - statuses.count("failed")
         typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "

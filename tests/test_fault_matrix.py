@@ -75,6 +75,7 @@ CELLS = [
     Cell("traffic", "STOP", "mid", 0, all_finished=True),
     Cell("launcher", "INT", "start", 130, "interrupted"),
     Cell("launcher", "INT", "mid", 130, "interrupted"),
+    Cell("launcher", "TERM", "mid", 143, "interrupted"),  # stops like a Ctrl-C, writes what it holds
     Cell("launcher", "KILL", "start", -9),
 ]
 
