@@ -70,6 +70,8 @@ def malformed() -> list[bytes]:
 
 
 def blast(sock: zmq.Socket, frames: list[bytes], prefix: list[bytes] | None = None) -> None:
+    """Send every frame; a peer that is gone fails the test (zmq.Again) instead of blocking it forever."""
+    sock.setsockopt(zmq.SNDTIMEO, 60_000)
     for frame in frames:
         sock.send_multipart([*(prefix or []), frame])
 
