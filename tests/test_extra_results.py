@@ -97,6 +97,7 @@ def test_guidellm_and_aiperf_files_lying_in_the_folder_are_found(tmp_path):
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"hello": 1}), json.dumps([1, 2]),
                                      json.dumps({"benchmarks": [{"metrics": {"request_latency": 1}}]}),
+                                     json.dumps({"benchmarks": [{"metrics": {"request_latency": {"successful": 1}}}]}),
                                      json.dumps({"request_throughput": {"unit": "lumens", "avg": 1.0},
                                                  "time_to_first_token": {"unit": "ms", "avg": 1.0}})])
 def test_an_unreadable_or_unknown_file_is_one_line_naming_it_and_the_formats(tmp_path, content):
@@ -106,7 +107,7 @@ def test_an_unreadable_or_unknown_file_is_one_line_naming_it_and_the_formats(tmp
         load_external(tmp_path, [str(bad)])
     line = str(caught.value)
     assert "\n" not in line and str(bad) in line
-    assert "vllm bench serve" in line or "AIPerf metric" in line
+    assert "vllm bench serve" in line or "AIPerf metric" in line, line
     if "AIPerf metric" not in line:
         assert "GuideLLM" in line and "AIPerf" in line
 

@@ -71,14 +71,23 @@ def vllm_point(path: Path, data: dict) -> ExternalPoint:
                          int(data.get("completed") or 0), int(data.get("failed") or 0), latency)
 
 
+def _figured(path: Path, points: list[ExternalPoint]) -> list[ExternalPoint]:
+    """The points, each with at least one figure (ReportError for a run of the format holding none)."""
+    for p in points:
+        if math.isnan(p.throughput_tok_s) and all(v is None for q in p.latency.values() for v in q.values()):
+            raise ReportError(f"--extra {path}: a corrupt result file ({p.label} holds no figure batchlab "
+                              f"reads); batchlab reads {ACCEPTED}")
+    return points
+
+
 def points_of(path: Path, data: object) -> list[ExternalPoint] | None:
     """The points of one result file of a format batchlab reads; None for any other content."""
     if is_vllm_result(data):
         return [vllm_point(path, data)]
     if is_guidellm(data):
-        return guidellm_points(path, data)
+        return _figured(path, guidellm_points(path, data))
     if is_aiperf(data):
-        return [aiperf_point(path, data)]
+        return _figured(path, [aiperf_point(path, data)])
     return None
 
 
