@@ -7,12 +7,14 @@ launcher at once: it gets SIGTERM when the launcher ends, and until its role tak
 SIGTERM ends it at once (removing the temp folders of a launcher that is gone); it inherits SIGINT
 ignored (procs.start) and keeps it so until it leads its own process group (procs.become_group_leader).
 """
+import contextlib
 import ctypes
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # Linux prctl: a signal this process gets when its parent dies
@@ -56,13 +58,25 @@ def _terminate(_signum, _frame) -> None:
     raise Terminated()
 
 
+@contextlib.contextmanager
+def terminated_as_interrupt():
+    """While a command runs (not in a spawned child), a SIGTERM is a Ctrl-C too (Terminated); the old
+    handler comes back after, so a process that only imported the CLI (a test) keeps its own."""
+    if SPAWNED or threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def restore_sigint() -> None:
-    """Python's own Ctrl-C (KeyboardInterrupt) again, unless SIGINT was ignored by whoever started us;
-    in the command itself (not a spawned child), a SIGTERM is a Ctrl-C too (Terminated)."""
+    """Python's own Ctrl-C (KeyboardInterrupt) again, unless SIGINT was ignored by whoever started us."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if not SPAWNED and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)
 
 
 if SPAWNED:

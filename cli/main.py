@@ -53,10 +53,11 @@ class _OneLineErrors(TyperGroup):
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line."""
-        from batchlab.cli import Terminated
+        from batchlab.cli import Terminated, terminated_as_interrupt
 
         try:
-            return super().invoke(ctx)
+            with terminated_as_interrupt():
+                return super().invoke(ctx)
         except _user_errors() as exc:
             _fail(exc)
         except Terminated:  # a SIGTERM that no command turned into its own line

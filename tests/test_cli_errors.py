@@ -100,3 +100,17 @@ def test_keyboard_interrupt_is_not_turned_into_an_error_line(monkeypatch, tmp_pa
     monkeypatch.setattr("batchlab.cli.roles.collector_role", interrupted)
     result = runner.invoke(app, ["collector", "--out", str(tmp_path)])
     assert result.exit_code == 130 and "error:" not in result.output  # typer's own handling of Ctrl-C
+
+
+def test_importing_or_running_the_cli_leaves_the_callers_sigterm_handler_as_it_was():
+    """Only while a command runs is a SIGTERM a Ctrl-C (exit 143); a process that imports the CLI, or runs
+    a command in-process (a test), gets its own handler back."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    import batchlab.cli.main as cli_main
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert CliRunner().invoke(cli_main.app, ["--version"]).exit_code == 0
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
