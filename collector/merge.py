@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 TOKEN_CHUNK_ROWS = 200_000  # token rows sorted in memory at once (5 columns × 8 bytes each)
 REQUEST_CHUNK_ROWS = 50_000  # request rows (about 30 columns) merged at once
+STEP_CHUNK_ROWS = 100_000  # step rows (8 columns) gathered from their parts into one row group
 SPILL_CHUNK_VALUES = 1 << 18  # inter-token gaps read back at once (2 MiB; 8 MiB as a list for the sum)
 TOKEN_ORDER = [("request_id", "ascending"), ("token_index", "ascending")]
 SUMMARY_COLUMNS = ["status", "error", "submitted", "prompt_len", "output_len", "arrival_time",
@@ -230,14 +231,21 @@ def merge_steps(out_dir: Path, run: dict) -> None:
     paths = part_files(out_dir, "steps")
     if not paths:
         return
-    first = pq.read_table(paths[0])
-    schema = stamped(first.slice(0, 0), run).schema
+    schema = pq.read_schema(paths[0])
 
     def write(tmp: Path) -> None:
-        with pq.ParquetWriter(tmp, schema) as writer:
-            for path in paths:
-                part = first if path == paths[0] else pq.read_table(path)
-                writer.write_table(stamped(part.replace_schema_metadata(schema.metadata), run))
+        writer, held = None, []
+        try:
+            for i, path in enumerate(paths):
+                held.append(pq.read_table(path).replace_schema_metadata(schema.metadata))
+                if sum(t.num_rows for t in held) >= STEP_CHUNK_ROWS or i == len(paths) - 1:
+                    table = stamped(pa.concat_tables(held), run)  # a row group of many parts: fewer headers
+                    writer = writer or pq.ParquetWriter(tmp, table.schema)
+                    writer.write_table(table)
+                    held = []
+        finally:
+            if writer is not None:
+                writer.close()
 
     write_atomic(Path(out_dir) / "steps.parquet", write)
 
