@@ -151,8 +151,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
-    """Every saved live run under `folder` (LABEL/rate-R/, or a sweep's points, with summary.json), re-scored with `args`'
-    presets."""
+    """Every saved live run under `folder` (LABEL/rate-R/, or a sweep's points, with summary.json), re-scored
+    with `args`' presets."""
     import yaml
 
     names = {f.name for f in fields(RunConfig)}

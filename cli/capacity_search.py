@@ -3,7 +3,8 @@ cli.sweep_cmd.execute on the sweep's warm workers) or in virtual time (the simul
 
 Each search starts from a burst (burst_requests within burst_duration_s, no queue limit: finished ÷
 window is what the worker does when saturated), then collector.capacity.search measures rates of
-duration_s traffic each. Layout: OUT/_probe/strategy=<label>/ (the burst), OUT/_capacity/strategy=<label>/rate=<r>/repeat=0/
+duration_s traffic each. Layout: OUT/_probe/strategy=<label>/ (the burst),
+OUT/_capacity/strategy=<label>/rate=<r>/repeat=0/
 (the probes), OUT/capacity.json (every strategy's bracket, estimate and probes with their verdicts).
 """
 import json

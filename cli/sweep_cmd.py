@@ -2,9 +2,9 @@
 
 Layout: OUT/sweep.json (the index), with automatic rates OUT/capacity.json, OUT/_probe/ and OUT/_capacity/
 (each strategy's capacity search: cli.capacity_search), and
-OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each: collector.layout). A point is done when its point.json exists, written only
-after its run returned: summary.json alone proves nothing, since the collector also writes one for a
-run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
+OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each: collector.layout). A point is done when its point.json
+exists, written only after its run returned: summary.json alone proves nothing, since the collector also writes
+one for a run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
 """
 import json
 import shutil

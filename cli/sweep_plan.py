@@ -79,7 +79,8 @@ class Point:
         cfg = {**self.entry.overrides}
         return {"label": self.entry.label, "strategy": cfg.get("strategy"), "backend": cfg.get("backend"),
                 "rate": self.rate, "repeat": self.repeat, "seed": self.seed + self.repeat,
-                "dir": "/".join(self.folder.parts[-POINT_DEPTH:]), "status": status, "reason": reason, "elapsed_s": elapsed_s}
+                "dir": "/".join(self.folder.parts[-POINT_DEPTH:]), "status": status, "reason": reason,
+                "elapsed_s": elapsed_s}
 
 
 def _keys(mapping: dict) -> dict:

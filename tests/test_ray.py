@@ -136,7 +136,8 @@ def test_ctrl_c_leaves_no_actor_or_batchlab_process_on_any_node(cluster, tmp_pat
     out = tmp_path / "out"
     proc = sweep_proc(config, out, cluster.address)
     try:
-        wait_for(lambda: len(list(out.glob("strategy=*/rate=*/repeat=*/pids.json"))) == 2, "a point running on each node")
+        wait_for(lambda: len(list(out.glob("strategy=*/rate=*/repeat=*/pids.json"))) == 2,
+                 "a point running on each node")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=DEADLINE_S) == 130
     finally:

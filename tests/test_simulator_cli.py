@@ -1,4 +1,5 @@
-"""`batchlab simulate`: one point into OUT, a grid into OUT/strategy=<label>/rate=<r>/repeat=<k>/ that the report reads."""
+"""`batchlab simulate`: one point into OUT, a grid into OUT/strategy=<label>/rate=<r>/repeat=<k>/ that the report
+reads."""
 import json
 
 from typer.testing import CliRunner
@@ -28,7 +29,8 @@ def test_comma_lists_make_a_grid_the_report_reads_as_a_sweep(tmp_path):
     assert result.exit_code == 0, result.output
     assert TABLES <= {p.name for p in (tmp_path / point_dir("dynamic", 8, 0)).iterdir()}
     index = json.loads((tmp_path / "sweep.json").read_text())
-    assert [p["dir"] for p in index["points"]] == [str(point_dir(lb, r, 0)) for r in (4, 8) for lb in ("naive", "dynamic")]
+    assert [p["dir"] for p in index["points"]] == [str(point_dir(lb, r, 0)) for r in (4, 8)
+                                                   for lb in ("naive", "dynamic")]
     coll = load_collection(tmp_path)
     assert coll.labels() == ["naive", "dynamic"] and coll.rates() == [4.0, 8.0] and not coll.failed
 

@@ -22,10 +22,10 @@ from batchlab.protocol.identity import config_hash
 runner = CliRunner()
 # two variants of one strategy, told apart only by their parameters; labels awkward in a path
 LABELS = {"sjf a=b/c": {"predictor": "oracle"}, "sjf 100% noisy": {"predictor": "noisy", "noise": 1.0}}
-RATES = (4, 8)
+RATES = (4, 8.5)  # a rate that is no whole number: DuckDB infers partitions as text unless told
 SWEEP = {"base": {"backend": "sim", "preset": "a100-llama2-7b", "dataset": "synthetic", "duration_s": 2,
                   "max_new_tokens": 32, "warmup_requests": 0},
-         "grid": {"strategies": [{"strategy": "sjf", "label": lb, "strategy_args": args} for lb, args in LABELS.items()],
+         "grid": {"strategies": [{"strategy": "sjf", "label": lb, "strategy_args": a} for lb, a in LABELS.items()],
                   "rates": list(RATES), "repeats": 1, "seed": 3}}
 
 
@@ -46,11 +46,11 @@ def test_point_folders_are_hive_partitions_with_percent_encoded_labels(sweep):
 
 
 def test_one_duckdb_query_counts_every_points_requests(sweep):
-    counts = duckdb.sql(f"SELECT strategy, rate, repeat, count(*) AS n FROM read_parquet('{sweep}/**/requests.parquet', "
-                        "hive_partitioning=true) GROUP BY ALL").fetchall()
+    counts = duckdb.sql(f"SELECT strategy, rate, repeat, count(*) FROM read_parquet('{sweep}/**/requests.parquet', "
+                        "hive_partitioning=true, hive_types={'rate': DOUBLE}) GROUP BY ALL").fetchall()
     expected = {(lb, r, 0): len(pd.read_parquet(sweep / point_dir(lb, r, 0) / "requests.parquet"))
                 for lb in LABELS for r in RATES}
-    assert {(s, float(r), k): n for s, r, k, n in counts} == {(lb, float(r), k): n for (lb, r, k), n in expected.items()}
+    assert {(s, r, k): n for s, r, k, n in counts} == {(lb, float(r), k): n for (lb, r, k), n in expected.items()}
     assert min(expected.values()) > 0
 
 
@@ -76,12 +76,12 @@ def test_pandas_reads_the_sweeps_requests_as_one_table_without_their_folder_name
 
 def test_tokens_join_requests_on_config_hash_and_request_id_across_points(sweep):
     joined = duckdb.sql(f"""
-        SELECT r.label, r.rate, count(*) AS tokens, sum(CASE WHEN r.status = 'finished' THEN 1 ELSE 0 END) AS fin
-        FROM read_parquet('{sweep}/**/tokens.parquet') t
-        JOIN read_parquet('{sweep}/**/requests.parquet') r USING (config_hash, request_id)
+        SELECT r.label, r.rate, count(*) AS tokens
+        FROM read_parquet('{sweep}/**/tokens.parquet', hive_partitioning=false) t
+        JOIN read_parquet('{sweep}/**/requests.parquet', hive_partitioning=false) r USING (config_hash, request_id)
         GROUP BY ALL""").fetchall()
     assert len(joined) == len(LABELS) * len(RATES)
-    for label, rate, tokens, _ in joined:
+    for label, rate, tokens in joined:
         own = pd.read_parquet(sweep / point_dir(label, rate, 0) / "tokens.parquet")
         assert tokens == len(own) > 0  # every token row found its own request, none another point's
 
@@ -109,7 +109,8 @@ def old_layout_copy(sweep: Path, dest: Path) -> Path:
 def test_an_old_layout_sweep_is_still_reported_and_refused_for_resume(sweep, tmp_path):
     old = old_layout_copy(sweep, tmp_path / "old")
     coll, new = load_collection(old), load_collection(sweep)
-    assert sorted((r.label, r.rate, r.repeat) for r in coll.runs) == sorted((r.label, r.rate, r.repeat) for r in new.runs)
+    points = [sorted((r.label, r.rate, r.repeat) for r in c.runs) for c in (coll, new)]
+    assert points[0] == points[1] and len(points[0]) == len(LABELS) * len(RATES)
     with pytest.raises(SweepError, match=r"old folder layout \(<label>/rate-<r>/rep-<k>\)"):
         refuse_old_layout(old)
     refuse_old_layout(sweep)  # the Hive layout resumes
@@ -119,3 +120,15 @@ def test_resuming_an_old_layout_sweep_is_one_line_and_exit_1(sweep, tmp_path):
     old = old_layout_copy(sweep, tmp_path / "old")
     result = runner.invoke(app, ["sweep", str(sweep.parent / "sweep.yaml"), "--out", str(old)])
     assert result.exit_code == 1 and "old folder layout" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("label", ["naive", "sjf a=b/c", "100%", "x y=z", "ünï", "a%2Fb"])
+def test_a_point_folder_is_one_folder_per_key_and_gives_back_any_label(label):
+    folder = point_dir(label, 2.5, 3)
+    assert [p.split("=")[0] for p in folder.parts] == ["strategy", "rate", "repeat"]
+    assert point_of(Path("out") / folder) == (label, 2.5, 3)
+
+
+def test_an_old_point_folder_still_parses_and_other_folders_do_not():
+    assert point_of(Path("out/dynamic/rate-12/rep-1")) == ("dynamic", 12.0, 1)
+    assert point_of(Path("out/dynamic/rate-12")) is None and point_of(Path("a/b/c")) is None
