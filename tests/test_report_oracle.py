@@ -123,7 +123,7 @@ def mean_e2e_s(point: Path) -> float:
 
 def as_oracle(root: Path, label: str, strategy_args: dict) -> None:
     """Mark one label's runs as sjf with these strategy_args (a stand-in until sjf is registered)."""
-    for path in (root / label).rglob("summary.json"):
+    for path in root.glob(f"{point_dir(label, 0, 0).parts[0]}/**/summary.json"):
         summary = json.loads(path.read_text())
         summary["settings"].update(strategy="sjf", strategy_args=strategy_args)
         path.write_text(json.dumps(summary))
@@ -141,8 +141,8 @@ def test_a_simulated_sweep_with_an_oracle_by_settings_gets_ratios_and_keeps_its_
     section = text.split("## Against the oracle")[1].split("\n## ")[0]
     for rate in ("4", "8"):
         table = section.split(f"### λ = {rate} req/s")[1].split("###")[0]
-        ratio = mean_e2e_s(root / point_dir("dynamic", rate, 0)) / mean_e2e_s(
-            root / point_dir("continuous", rate, 0))
+        ratio = mean_e2e_s(root / point_dir("dynamic", float(rate), 0)) / mean_e2e_s(
+            root / point_dir("continuous", float(rate), 0))
         dynamic = next(line for line in table.splitlines() if line.startswith("| dynamic |"))
         assert dynamic.split(" | ")[2].endswith(f"({ratio:.2f}× oracle)")
         assert re.search(r"\| continuous \| [^|]+ \| [0-9.]+ \(oracle\) \|", table)
