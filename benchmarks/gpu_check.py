@@ -124,9 +124,12 @@ def _figures(s: dict) -> dict:
 def live_rows(sweep: Path) -> list[dict]:
     """The sweep's points: a row per point from its summary."""
     rows = []
-    for f in sorted(sweep.glob("*/rate-*/rep-*/summary.json")):
+    from batchlab.collector.layout import point_of
+
+    for f in sorted(sweep.glob("strategy=*/rate=*/repeat=*/summary.json")):
         s = json.loads(f.read_text())
-        rows.append({"label": f.parents[2].name, "rate": float(f.parents[1].name.split("-", 1)[1]), **_figures(s)})
+        label, rate, _ = point_of(f.parent)
+        rows.append({"label": label, "rate": rate, **_figures(s)})
     return rows
 
 

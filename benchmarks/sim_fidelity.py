@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.cli.launcher import launch_run  # noqa: E402
+from batchlab.collector.layout import point_of  # noqa: E402
 from batchlab.collector.parts import read_schedule  # noqa: E402
 from batchlab.protocol.settings import RunConfig  # noqa: E402
 from batchlab.scheduler.simulator.replay import replay  # noqa: E402
@@ -150,16 +151,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
-    """Every saved live run under `folder` (LABEL/rate-R/[rep-K/] with summary.json), re-scored with `args`'
-    presets."""
+    """Every saved live run under `folder` (LABEL/rate-R/, or a sweep's points, with summary.json), re-scored
+    with `args`' presets."""
     import yaml
 
     names = {f.name for f in fields(RunConfig)}
     points = []
-    found = sorted([*folder.glob("*/rate-*/summary.json"), *folder.glob("*/rate-*/rep-*/summary.json")])
-    for summary_file in found:  # this script's LABEL/rate-R/ or a sweep's LABEL/rate-R/rep-K/
+    found = sorted([*folder.glob("*/rate-*/summary.json"), *folder.glob("*/rate-*/rep-*/summary.json"),
+                    *folder.glob("strategy=*/rate=*/repeat=*/summary.json")])
+    for summary_file in found:  # this script's LABEL/rate-R/, or a sweep's point (either layout)
         run = summary_file.parent
-        label = next(p.parent.name for p in (run, *run.parents) if p.name.startswith("rate-"))
+        point = point_of(run)
+        label = point[0] if point else run.parent.name
         preset = getattr(args, STRATEGIES[label][2]) if label in STRATEGIES else args.preset
         if not preset:
             print(f"{label}: skipped (no calibrated preset)")

@@ -3,7 +3,8 @@ cli.sweep_cmd.execute on the sweep's warm workers) or in virtual time (the simul
 
 Each search starts from a burst (burst_requests within burst_duration_s, no queue limit: finished ÷
 window is what the worker does when saturated), then collector.capacity.search measures rates of
-duration_s traffic each. Layout: OUT/_probe/<label>/ (the burst), OUT/_capacity/<label>/rate-<r>/rep-0/
+duration_s traffic each. Layout: OUT/_probe/strategy=<label>/ (the burst),
+OUT/_capacity/strategy=<label>/rate=<r>/repeat=0/
 (the probes), OUT/capacity.json (every strategy's bracket, estimate and probes with their verdicts).
 """
 import json
@@ -15,7 +16,7 @@ import pandas as pd
 from batchlab.cli.sweep_plan import Entry, Plan, Point, SweepError
 from batchlab.collector.capacity import (MAX_PROBES, WIDTH, Capacity, Probe, Verdict, search, sustain,
                                         tokens_per_request)
-from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, PROBE_DIR
+from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, PROBE_DIR, point_dir, probe_dir
 from batchlab.protocol.files import write_json_atomic
 
 BURST_REQUESTS = 24
@@ -48,12 +49,12 @@ def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict 
 
 
 def _burst_point(plan: Plan, entry: Entry, out: Path, s: SearchSettings) -> tuple[Point, dict]:
-    point = Point(entry, s.burst_requests / s.burst_duration_s, 0, plan.seed, out / PROBE_DIR / entry.label)
+    point = Point(entry, s.burst_requests / s.burst_duration_s, 0, plan.seed, out / PROBE_DIR / probe_dir(entry.label))
     return point, {**plan.base, "duration_s": s.burst_duration_s, "max_queue": 0, "max_queue_tokens": 0}
 
 
 def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: SearchSettings) -> tuple[Point, dict]:
-    point = Point(entry, rate, 0, plan.seed, out / CAPACITY_DIR / entry.label / f"rate-{rate:g}" / "rep-0")
+    point = Point(entry, rate, 0, plan.seed, out / CAPACITY_DIR / point_dir(entry.label, rate, 0))
     return point, {**plan.base, "duration_s": s.duration_s}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from batchlab.cli.pool import worker_key
 from batchlab.cli.ray_cluster import connect
 from batchlab.cli.ray_place import Ask, ask, declares_gpu_memory, refusals
-from batchlab.cli.sweep_cmd import preflight, reused
+from batchlab.cli.sweep_cmd import preflight, refuse_old_layout, reused
 from batchlab.cli.sweep_plan import Point, SweepError, load_plan, plan_points
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE
 from batchlab.protocol.files import write_json_atomic
@@ -59,6 +59,7 @@ def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = Tru
         raise SweepError("--ray needs grid.rates as a list (a capacity probe for automatic rates runs "
                          "without --ray: run one, then set the rates it found)")
     preflight(plan)
+    refuse_old_layout(out_dir)
     points = plan_points(plan, plan.rates, out_dir)
     index = {"config": str(config), "base": plan.base, "rates": plan.rates, "repeats": plan.repeats,
              "order": "ray", "seed": plan.seed, "probe": None, "points": [p.record("pending") for p in points],
@@ -185,7 +186,7 @@ def _landed(ray, ref, g: Group, i: int, point: Point, view) -> dict | None:
 
 
 def _rel(point: Point, out_dir: Path) -> str:
-    """The point's folder relative to --out (label/rate-r/rep-k): its place in a node's staging folder."""
+    """The point's folder relative to --out (layout.point_dir): its place in a node's staging folder."""
     return str(point.folder.relative_to(out_dir))
 
 

@@ -3,7 +3,7 @@
 The config is either a sweep YAML (`base:` and `grid:`, read by cli.sweep_plan.load_plan, so one file
 serves `batchlab sweep` and `batchlab simulate`) or a flat RunConfig YAML; options override `base`, and
 `--strategy`/`--rate` may be comma lists that replace the grid's. Several points are written like the
-live sweep: OUT/<label>/rate-<r>/rep-<k>/ with point.json, and OUT/sweep.json as the index, so
+live sweep: OUT/strategy=<label>/rate=<r>/repeat=<k>/ with point.json, and OUT/sweep.json as the index, so
 `batchlab report OUT` reads them unchanged. A single point goes to OUT itself. Each entry gets the preset
 of the backend it runs on (cli.sim_presets: `--preset hf=A,hf-loop=B,vllm=C`).
 """
@@ -26,7 +26,7 @@ class SimPlan:
 
     plan: Plan
     out: Path
-    layout: bool  # OUT/<label>/rate-<r>/rep-<k>/ (else the one point is OUT)
+    layout: bool  # OUT/strategy=<label>/rate=<r>/repeat=<k>/ (else the one point is OUT)
     config: str = ""
     slos: dict | None = None
 

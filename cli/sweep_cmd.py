@@ -2,9 +2,9 @@
 
 Layout: OUT/sweep.json (the index), with automatic rates OUT/capacity.json, OUT/_probe/ and OUT/_capacity/
 (each strategy's capacity search: cli.capacity_search), and
-OUT/<label>/rate-<r>/rep-<k>/ (one run each). A point is done when its point.json exists, written only
-after its run returned: summary.json alone proves nothing, since the collector also writes one for a
-run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
+OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each: collector.layout). A point is done when its point.json
+exists, written only after its run returned: summary.json alone proves nothing, since the collector also writes
+one for a run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
 """
 import json
 import shutil
@@ -20,8 +20,8 @@ from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
 from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, parse_sets,
                                      plan_points, span_rates, warm_order)
-from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR,
-                                       RUN_FILE, SUMMARY_FILE, WORKERS_DIR)
+from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT,
+                                       PROBE_DIR, RUN_FILE, SUMMARY_FILE, WORKERS_DIR, is_old_layout)
 from batchlab.collector.vllm_result import point_result
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.identity import config_hash, differences
@@ -77,6 +77,18 @@ def preflight(plan: Plan) -> None:
             check_before_start(checked_config({**plan.base, **entry.overrides, "out": "."}, {}))
         except ConfigError as exc:
             raise SweepError(f"grid.strategies {entry.label}: {exc}") from None
+
+
+def refuse_old_layout(out_dir: Path) -> None:
+    """SweepError when out_dir holds a sweep whose point folders are in the old layout: resuming it would
+    measure every point again beside the old ones (`batchlab report` still reads it)."""
+    try:
+        points = json.loads((out_dir / INDEX_FILE).read_text()).get("points", [])
+    except (OSError, ValueError, AttributeError):
+        return
+    if any(isinstance(p, dict) and is_old_layout(str(p.get("dir", ""))) for p in points):
+        raise SweepError(f"{out_dir} holds a sweep in the old folder layout ({OLD_LAYOUT}); batchlab report "
+                         "still reads it, but it cannot be resumed: sweep into a new --out")
 
 
 def reused(point: Point, base: dict, resume: bool, view=None) -> dict | None:
@@ -161,6 +173,7 @@ def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None =
 
     plan, out_dir = load_plan(config, sets), Path(out)
     preflight(plan)
+    refuse_old_layout(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         for stale in (PROBE_DIR, CAPACITY_DIR):

@@ -1,12 +1,13 @@
 """A sweep's plan: the YAML grid (base: and grid:) parsed into points. Pure: no runs, no I/O but the file.
 
 Layout of a sweep folder: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic
-rates) and OUT/<label>/rate-<r>/rep-<k>/ (one run each); the names live in collector.layout.
+rates) and OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each); the names live in collector.layout.
 """
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlab.cli.config import checked_config
+from batchlab.collector.layout import POINT_DEPTH, point_dir
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.scheduler.strategies import label as strategy_label
 
@@ -70,7 +71,7 @@ class Point:
     def config(self, base: dict) -> RunConfig:
         """The run's settings: base ← entry ← this point's rate, seed and folder."""
         values = {**base, **self.entry.overrides, "rate": self.rate, "seed": self.seed + self.repeat,
-                  "out": str(self.folder)}
+                  "out": str(self.folder), "label": self.entry.label, "repeat": self.repeat}
         return checked_config(values, {})
 
     def record(self, status: str, reason: str = "", elapsed_s: float | None = None) -> dict:
@@ -78,7 +79,8 @@ class Point:
         cfg = {**self.entry.overrides}
         return {"label": self.entry.label, "strategy": cfg.get("strategy"), "backend": cfg.get("backend"),
                 "rate": self.rate, "repeat": self.repeat, "seed": self.seed + self.repeat,
-                "dir": "/".join(self.folder.parts[-3:]), "status": status, "reason": reason, "elapsed_s": elapsed_s}
+                "dir": "/".join(self.folder.parts[-POINT_DEPTH:]), "status": status, "reason": reason,
+                "elapsed_s": elapsed_s}
 
 
 def _keys(mapping: dict) -> dict:
@@ -191,7 +193,7 @@ def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
     """Repeat → rate → strategy, so an interrupted sweep already holds whole comparisons; the strategies'
     order turns by one each repeat, so that none always runs first (or right after another) at a rate."""
     n = len(plan.entries)
-    return [Point(e, r, k, plan.seed, out / e.label / f"rate-{r:g}" / f"rep-{k}")
+    return [Point(e, r, k, plan.seed, out / point_dir(e.label, r, k))
             for k in range(plan.repeats) for r in rates
             for e in plan.entries[k % n:] + plan.entries[:k % n]]
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from batchlab.cli.sweep_plan import Plan, Point
+from batchlab.collector.layout import point_dir
 from batchlab.collector.report.headline import BASELINE, Headline
 
 
@@ -36,7 +37,7 @@ def repeat_points(plan: Plan, found: list[Headline], repeat: int, out_dir: Path)
     points: dict[Path, Point] = {}
     for h in found:
         for label in (BASELINE, h.label):
-            folder = out_dir / label / f"rate-{h.rate:g}" / f"rep-{repeat}"
+            folder = out_dir / point_dir(label, h.rate, repeat)
             points.setdefault(folder, Point(by_label[label], h.rate, repeat, plan.seed, folder))
     return list(points.values())
 

@@ -1,5 +1,14 @@
 """Names of the files and folders in a run folder and a sweep folder (written by the collector and
-the sweep, read by the report)."""
+the sweep, read by the report).
+
+A sweep's point folders are Hive partitions, OUT/strategy=<label>/rate=<r>/repeat=<k>/, so DuckDB,
+pyarrow, Polars and Spark read a whole sweep's tables as one table with those columns; a value is
+percent-encoded as pyarrow writes it (a label with `/`, `=`, `%` or a space stays one folder name).
+Every name of a point folder is made and parsed here (a closed-loop load setting would be one more key).
+"""
+import re
+from pathlib import Path
+from urllib.parse import quote, unquote
 
 SUMMARY_FILE = "summary.json"
 PROGRESS_FILE = "progress.json"  # request counts while a run goes (collector → launcher)
@@ -10,5 +19,65 @@ FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
 PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
 WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, between points)
 VLLM_RESULT_FILE = "vllm_result.json"  # a run's figures under `vllm bench serve --save-result`'s keys
-CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<label>/rate-<r>/rep-0 (the bursts: _probe/<label>)
+CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<point_dir> (bursts: _probe/<probe_dir>)
 CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes
+
+STRATEGY_KEY, RATE_KEY, REPEAT_KEY = "strategy", "rate", "repeat"  # a point folder's partition keys, outermost first
+POINT_DEPTH = 3  # folders from a sweep's OUT to a point's
+OLD_LAYOUT = "<label>/rate-<r>/rep-<k>"  # the point folders sweeps wrote before the Hive layout
+_OLD_RATE, _OLD_REPEAT = re.compile(r"rate-([0-9.eE+-]+|inf)"), re.compile(r"rep-(\d+)")
+
+
+def point_dir(label: str, rate: float, repeat: int) -> Path:
+    """A point's folder relative to the sweep's OUT: strategy=<label>/rate=<r>/repeat=<k>."""
+    return Path(_part(STRATEGY_KEY, label), _part(RATE_KEY, f"{rate:g}"), _part(REPEAT_KEY, str(repeat)))
+
+
+def probe_dir(label: str) -> str:
+    """A capacity burst's folder under PROBE_DIR: strategy=<label>."""
+    return _part(STRATEGY_KEY, label)
+
+
+def _part(key: str, value: str) -> str:
+    return f"{key}={quote(value, safe='')}"
+
+
+def partition(name: str, key: str) -> str | None:
+    """The decoded value of a `key=value` folder name, else None."""
+    found, sep, value = name.partition("=")
+    return unquote(value) if sep and found == key else None
+
+
+def point_of(folder: Path) -> tuple[str, float, int] | None:
+    """(label, rate, repeat) of a point folder in either layout (Hive or the old one), else None."""
+    if len(folder.parts) < POINT_DEPTH:
+        return None
+    names = folder.parts[-POINT_DEPTH:]
+    label, rate, repeat = (partition(n, k) for n, k in zip(names, (STRATEGY_KEY, RATE_KEY, REPEAT_KEY)))
+    if label is None or rate is None or repeat is None:
+        old_rate, old_repeat = _OLD_RATE.fullmatch(names[1]), _OLD_REPEAT.fullmatch(names[2])
+        if not (old_rate and old_repeat):
+            return None
+        label, rate, repeat = names[0], old_rate.group(1), old_repeat.group(1)
+    try:
+        return label, float(rate), int(repeat)
+    except ValueError:
+        return None
+
+
+def rate_of(folder: Path) -> float | None:
+    """The planned rate a folder's name gives (`rate=<r>`, or the old `rate-<r>`), else None."""
+    value = partition(folder.name, RATE_KEY)
+    if value is None:
+        match = _OLD_RATE.fullmatch(folder.name)
+        value = match.group(1) if match else None
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None
+
+
+def is_old_layout(relative_dir: str) -> bool:
+    """Whether a point's folder (relative to OUT, as sweep.json's `dir`) is in the old layout."""
+    parts = Path(relative_dir).parts
+    return len(parts) == POINT_DEPTH and point_of(Path(relative_dir)) is not None and "=" not in parts[1]

@@ -22,6 +22,7 @@ from batchlab.collector import tables
 from batchlab.collector.metrics import LATENCY_STATS, RequestFigures
 from batchlab.collector.parts import PARTS_DIR, part_files, read_schedule, write_parquet
 from batchlab.collector.quantiles import chunked_percentiles
+from batchlab.collector.run_columns import run_values, stamped
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_atomic
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 TOKEN_CHUNK_ROWS = 200_000  # token rows sorted in memory at once (5 columns × 8 bytes each)
 REQUEST_CHUNK_ROWS = 50_000  # request rows (about 30 columns) merged at once
+STEP_CHUNK_ROWS = 100_000  # step rows (8 columns) gathered from their parts into one row group
 SPILL_CHUNK_VALUES = 1 << 18  # inter-token gaps read back at once (2 MiB; 8 MiB as a list for the sum)
 TOKEN_ORDER = [("request_id", "ascending"), ("token_index", "ascending")]
 SUMMARY_COLUMNS = ["status", "error", "submitted", "prompt_len", "output_len", "arrival_time",
@@ -89,15 +91,16 @@ def _slices(sources: list[_Source], chunk_rows: int) -> list[tuple[int, int]]:
 
 
 def _merge(path: Path, sources: list[_Source], chunk_rows: int,
-           build: Callable[[int, int, list[pa.Table]], pa.Table]) -> None:
-    """`path` written slice by slice: build(lo, hi, each source's rows in [lo, hi], in source order)."""
+           build: Callable[[int, int, list[pa.Table]], pa.Table], run: dict) -> None:
+    """`path` written slice by slice: build(lo, hi, each source's rows in [lo, hi], in source order), with
+    the `run`'s identity columns (run_columns.run_values)."""
     sources = [s for s in sources if s is not None]
 
     def write(tmp: Path) -> None:
         writer = None
         try:
             for lo, hi in _slices(sources, chunk_rows):
-                table = build(lo, hi, [s.read(lo, hi) for s in sources if s.lo <= hi and s.hi >= lo])
+                table = stamped(build(lo, hi, [s.read(lo, hi) for s in sources if s.lo <= hi and s.hi >= lo]), run)
                 if writer is None:
                     writer = pq.ParquetWriter(tmp, table.schema)
                 writer.write_table(table.cast(writer.schema) if table.schema != writer.schema else table)
@@ -164,10 +167,11 @@ def merge_requests(store: "RunStore", out_dir: Path, schedule: pd.DataFrame | No
             _fill_from_bye(df, bye, keys, t0)
         return pa.Table.from_pandas(df, preserve_index=False)
 
+    run = run_values(store.settings)
     if not any(sources) and unsent is None:
-        write_parquet(tables.requests_frame(store, [], t0), out_dir / "requests.parquet")
+        write_parquet(tables.requests_frame(store, [], t0), out_dir / "requests.parquet", run)
         return
-    _merge(out_dir / "requests.parquet", [*sources, unsent], REQUEST_CHUNK_ROWS, build)
+    _merge(out_dir / "requests.parquet", [*sources, unsent], REQUEST_CHUNK_ROWS, build, run)
 
 
 def _fill_from_bye(df: pd.DataFrame, bye: dict[int, dict], keys: list[str], t0: float) -> None:
@@ -185,12 +189,12 @@ def finished_ids(out_dir: Path) -> np.ndarray:
     return np.sort(t["request_id"].filter(pc.equal(t["status"], "finished")).to_numpy())
 
 
-def merge_tokens(out_dir: Path, finished: np.ndarray, gaps: GapSpill) -> None:
+def merge_tokens(out_dir: Path, finished: np.ndarray, gaps: GapSpill, run: dict) -> None:
     """out_dir/tokens.parquet from the tokens part files, sorted by request then token index; the
     finished requests' inter-token gaps go to `gaps` in that order (metrics.inter_token_latencies')."""
     paths = part_files(out_dir, "tokens")
     if not paths:
-        write_parquet(tables.frame([], tables.TOKEN_DTYPES), Path(out_dir) / "tokens.parquet")
+        write_parquet(tables.frame([], tables.TOKEN_DTYPES), Path(out_dir) / "tokens.parquet", run)
         return
     metadata = pq.read_schema(paths[0]).metadata
 
@@ -199,7 +203,8 @@ def merge_tokens(out_dir: Path, finished: np.ndarray, gaps: GapSpill) -> None:
         gaps.add(_sorted_gaps(chunk, finished[np.searchsorted(finished, lo):np.searchsorted(finished, hi, "right")]))
         return chunk
 
-    _merge(Path(out_dir) / "tokens.parquet", [_file_source(p, "request_id") for p in paths], TOKEN_CHUNK_ROWS, build)
+    _merge(Path(out_dir) / "tokens.parquet", [_file_source(p, "request_id") for p in paths], TOKEN_CHUNK_ROWS, build,
+           run)
 
 
 def _sorted_gaps(chunk: pa.Table, finished: np.ndarray) -> np.ndarray:
@@ -212,25 +217,35 @@ def _sorted_gaps(chunk: pa.Table, finished: np.ndarray) -> np.ndarray:
 
 def merge_batches(store: "RunStore", out_dir: Path) -> None:
     """out_dir/batches.parquet: each batch's last part row, by batch id."""
-    paths = part_files(out_dir, "batches")
+    paths, run = part_files(out_dir, "batches"), run_values(store.settings)
     if not paths:
-        write_parquet(tables.batches_frame(store, [], store.t0()), Path(out_dir) / "batches.parquet")
+        write_parquet(tables.batches_frame(store, [], store.t0()), Path(out_dir) / "batches.parquet", run)
         return
     _merge(Path(out_dir) / "batches.parquet", [_file_source(p, "batch_id") for p in paths], REQUEST_CHUNK_ROWS,
-           lambda lo, hi, parts: pa.Table.from_pandas(_last_rows(parts, "batch_id"), preserve_index=False))
+           lambda lo, hi, parts: pa.Table.from_pandas(_last_rows(parts, "batch_id"), preserve_index=False), run)
 
 
-def merge_steps(out_dir: Path) -> None:
-    """out_dir/steps.parquet from the steps part files, in order (none when no step arrived)."""
+def merge_steps(out_dir: Path, run: dict) -> None:
+    """out_dir/steps.parquet from the steps part files, in order, with the run's identity columns (none
+    when no step arrived)."""
     paths = part_files(out_dir, "steps")
     if not paths:
         return
     schema = pq.read_schema(paths[0])
 
     def write(tmp: Path) -> None:
-        with pq.ParquetWriter(tmp, schema) as writer:
-            for path in paths:
-                writer.write_table(pq.read_table(path).replace_schema_metadata(schema.metadata))
+        writer, held = None, []
+        try:
+            for i, path in enumerate(paths):
+                held.append(pq.read_table(path).replace_schema_metadata(schema.metadata))
+                if sum(t.num_rows for t in held) >= STEP_CHUNK_ROWS or i == len(paths) - 1:
+                    table = stamped(pa.concat_tables(held), run)  # a row group of many parts: fewer headers
+                    writer = writer or pq.ParquetWriter(tmp, table.schema)
+                    writer.write_table(table)
+                    held = []
+        finally:
+            if writer is not None:
+                writer.close()
 
     write_atomic(Path(out_dir) / "steps.parquet", write)
 
@@ -252,11 +267,11 @@ def merge_run(store: "RunStore", out_dir: Path, slos: dict | None) -> Tables:
     summary. Every table in the result is None: they are on disk."""
     out_dir = Path(out_dir)
     merge_requests(store, out_dir, read_schedule(out_dir))
-    gaps = GapSpill(out_dir / PARTS_DIR / GAPS_FILE)
+    gaps, run = GapSpill(out_dir / PARTS_DIR / GAPS_FILE), run_values(store.settings)
     try:
-        merge_tokens(out_dir, finished_ids(out_dir), gaps)
+        merge_tokens(out_dir, finished_ids(out_dir), gaps, run)
         merge_batches(store, out_dir)
-        merge_steps(out_dir)
+        merge_steps(out_dir, run)
         summary = summary_from_files(store, out_dir, slos, gaps)
     finally:
         gaps.close()

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchlab.collector.layout import SUMMARY_FILE
+from batchlab.collector.run_columns import RUN_COLUMNS, SETTINGS_COLUMNS, run_values, stamped
 from batchlab.protocol.files import write_atomic, write_json_atomic
 
 if TYPE_CHECKING:
@@ -24,9 +25,11 @@ SCHEDULE_SKIPPED_COLUMNS = ("prompt", "prompt_tokens")  # bulky, and the collect
 ROW_KEYS = {"requests": "request_id", "batches": "batch_id"}  # tables whose rows may be rewritten
 
 
-def write_parquet(df: pd.DataFrame, path: Path) -> None:
-    """Write then rename, so a reader never sees a half-written file."""
+def write_parquet(df: pd.DataFrame, path: Path, run: dict | None = None) -> None:
+    """Write then rename, so a reader never sees a half-written file; `run`: the identity columns to add
+    (a final table: run_columns.run_values)."""
     table = pa.Table.from_pandas(df, preserve_index=False)
+    table = stamped(table, run) if run is not None else table
     write_atomic(path, lambda tmp: pq.write_table(table, tmp))
 
 
@@ -63,12 +66,13 @@ def _jsonable(value: object) -> object:
 
 def write_final(out_dir: Path, tables: "Tables") -> None:
     """The final table files and summary.json; then the part files are removed (a table that is None
-    was merged to its final file already, or has no rows)."""
+    was merged to its final file already, or has no rows); each with the run's identity columns."""
     out_dir = Path(out_dir)
+    run = run_values(tables.summary.get("settings") or {})
     for name in TABLE_NAMES:
         df = getattr(tables, name)
         if df is not None:
-            write_parquet(df, out_dir / f"{name}.parquet")
+            write_parquet(df, out_dir / f"{name}.parquet", run)
     write_summary(out_dir, tables.summary)
     shutil.rmtree(out_dir / PARTS_DIR, ignore_errors=True)
 
@@ -92,11 +96,14 @@ def read_schedule(out_dir: Path) -> pd.DataFrame | None:
 
 
 def load_table(out_dir: Path, name: str) -> pd.DataFrame:
-    """A table from its final file, else from its part files (a killed run), else empty."""
+    """A table from its final file, else from its part files (a killed run), else empty. Only requests
+    keeps the run's identity columns (the others' rows are many, and the summary has the settings)."""
     out_dir = Path(out_dir)
     final = out_dir / f"{name}.parquet"
     if final.exists():
-        return pd.read_parquet(final)
+        names = pq.read_schema(final).names
+        return pd.read_parquet(final, columns=None if name == "requests" else
+                               [c for c in names if c not in (*SETTINGS_COLUMNS, *RUN_COLUMNS)])
     parts = part_files(out_dir, name)
     if not parts:
         return pd.DataFrame()

@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, request_metrics, summarize, useful_fraction
+from batchlab.collector.run_columns import SETTINGS_COLUMNS
 
 if TYPE_CHECKING:
     from batchlab.collector.store import RequestState, RunStore
 
 NAN = float("nan")
 ENGINE_METRICS = "request_metrics"  # WorkerBye.stats key: {request_id (str): {name: value}}
-SETTINGS_COLUMNS = ("strategy", "backend", "model", "rate", "arrival", "seed")
 REQUEST_DTYPES = {
     "request_id": "int64", "status": "str", "error": "str", "prompt_len": "int64",
     "output_len": "int64", "arrival_time": "float64", "send_time": "float64", "recv_time": "float64",

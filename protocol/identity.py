@@ -10,9 +10,10 @@ import math
 from functools import cache
 
 # Not part of what was measured: where the files went, the key folder, the path of the replayed
-# schedule (its content is: `schedule_hash`), the run's clock origin and the host facts (environment).
+# schedule (its content is: `schedule_hash`), the run's clock origin, the host facts (environment), and
+# the names a sweep gives a run (its label and repeat number: the seed is what a repeat changes).
 NOT_IDENTITY = frozenset({"out", "keys", "schedule", "t0", "host", "cpu", "cpu_count", "python",
-                          "environment", "config_hash"})
+                          "environment", "config_hash", "label", "repeat"})
 SEED_KEYS = frozenset({"seed"})  # what may differ between repeats of one point
 HASH_CHARS = 16
 

@@ -54,6 +54,8 @@ class RunConfig:
     max_new_tokens: int = 128
     max_prompt_len: int = 1024
     seed: int = 0
+    label: str = ""  # the run's name in a sweep (its strategy entry's label; "": the strategy's); not identity
+    repeat: int = 0  # which repeat of its sweep point the run is (its seed is the grid's seed + repeat)
     out: str = "runs/latest"
     workers: int = 1
     max_queue: int = 0  # requests; 0: unbounded
@@ -105,6 +107,7 @@ class RunConfig:
             (self.max_queue >= 0, "--max-queue must be ≥ 0 requests (0: unbounded)"),
             (self.max_queue_tokens >= 0, "--max-queue-tokens must be ≥ 0 (0: unbounded)"),
             (self.seed >= 0, "--seed must be ≥ 0"),
+            (self.repeat >= 0, "repeat must be ≥ 0"),
             (self.warmup_requests >= 0, "--warmup-requests must be ≥ 0"),
             (self.max_concurrency >= 1, "--max-concurrency must be ≥ 1"),
             (self.max_num_seqs >= 0 and self.max_num_batched_tokens >= 0,

@@ -362,8 +362,11 @@ def test_tables_merged_from_parts_equal_the_tables_built_in_memory(tmp_path, mon
     streamed = finish_run(store, writer, tmp_path, slos)
     assert (streamed.requests, streamed.tokens, streamed.batches, streamed.steps) == (None, None, None, None)
     write_final(tmp_path, streamed)
+    (tmp_path / "in_memory").mkdir()
+    write_final(tmp_path / "in_memory", in_memory)  # both with the run's identity columns, added at the write
     for name in ("requests", "tokens", "batches", "steps"):
-        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"), getattr(in_memory, name))
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"),
+                                      pd.read_parquet(tmp_path / "in_memory" / f"{name}.parquet"))
     assert streamed.summary == in_memory.summary
     assert streamed.summary["itl"]["p50"] is not None and streamed.summary["prefix_cache"]
     assert "engine_first_token_time" in in_memory.requests

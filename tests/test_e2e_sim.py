@@ -8,6 +8,8 @@ import time
 import pandas as pd
 import pytest
 
+from batchlab.collector.layout import point_dir
+
 from tests.conftest import ROOT, default_sigint, run_cli
 
 COMMON = ["--backend", "sim", "--dataset", "synthetic", "--max-new-tokens", "32", "--seed", "7"]
@@ -136,5 +138,5 @@ def test_slos_given_to_run_and_to_a_sweep_put_goodput_in_the_summary(tmp_path):
     config.write_text("base: {backend: sim, dataset: synthetic, duration_s: 1, max_new_tokens: 8,\n"
                       "       slo: [ttft=500ms]}\ngrid: {strategies: [dynamic], rates: [5]}\n")
     run_cli("sweep", str(config), "--out", str(tmp_path / "sweep"))
-    summary = json.loads((tmp_path / "sweep" / "dynamic" / "rate-5" / "rep-0" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "sweep" / point_dir("dynamic", 5, 0) / "summary.json").read_text())
     assert summary["goodput"]["slos"] == {"ttft": 0.5}

@@ -18,6 +18,8 @@ import pandas as pd
 import psutil
 import pytest
 
+from batchlab.collector.layout import point_dir
+
 from tests.conftest import ROOT, default_sigint
 
 pytestmark = pytest.mark.slow
@@ -114,13 +116,13 @@ def test_a_sweep_stopped_by_ctrl_c_leaves_no_warm_worker(tmp_path):
     marker = uuid.uuid4().hex  # interleaved: at rate 6 the static and the continuous pools are both warm
     proc = start_sweep(tmp_path, "duration_s: 3, max_new_tokens: 16",
                        "strategies: [naive, continuous], rates: [5, 6], order: interleaved", marker)
-    wait_until(lambda: run_started(tmp_path / "out" / "naive" / "rate-6" / "rep-0"), 180, "the third point")
+    wait_until(lambda: run_started(tmp_path / "out" / point_dir("naive", 6, 0)), 180, "the third point")
     assert len(marked(marker)) >= 6  # the sweep, two warm workers, the run's collector, scheduler and traffic
     ctrl_c(proc)
     proc.wait(timeout=120)
     assert_nothing_left(marker, proc)
-    assert (tmp_path / "out" / "continuous" / "rate-5" / "rep-0" / "point.json").exists()
-    assert proc.returncode != 0 and not (tmp_path / "out" / "continuous" / "rate-6" / "rep-0" / "point.json").exists()
+    assert (tmp_path / "out" / point_dir("continuous", 5, 0) / "point.json").exists()
+    assert proc.returncode != 0 and not (tmp_path / "out" / point_dir("continuous", 6, 0) / "point.json").exists()
 
 
 @pytest.mark.parametrize("order", ["grouped", "interleaved"])
@@ -135,7 +137,7 @@ def test_points_sharing_worker_settings_run_on_one_warm_worker(tmp_path, order):
     order_run = [(p["label"], p["rate"]) for p in index["points"]]
     warm, pids = [], {}
     for label, rate in order_run:
-        folder = tmp_path / "out" / label / f"rate-{rate:g}" / "rep-0"
+        folder = tmp_path / "out" / point_dir(label, rate, 0)
         summary = json.loads((folder / "summary.json").read_text())
         warm.append(summary["settings"]["workers"]["worker-0"]["warm_runs_before"])
         pids[(label, rate)] = json.loads((folder / "pids.json").read_text())["worker-0"]

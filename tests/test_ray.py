@@ -15,6 +15,7 @@ import yaml
 
 pytest.importorskip("ray")
 from batchlab.cli.ray_cluster import LocalCluster  # noqa: E402
+from batchlab.collector.layout import point_dir  # noqa: E402
 from tests.conftest import ROOT, run_cli  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -78,7 +79,7 @@ def running_point(node) -> bool:
 def role_pids(out: Path) -> dict[int, float]:
     """Every process the points of a sweep started (each run folder's pids.json), with its start time."""
     found = {}
-    for path in out.glob("*/rate-*/rep-*/pids.json"):
+    for path in out.glob("strategy=*/rate=*/repeat=*/pids.json"):
         for pid in json.loads(path.read_text()).values():
             found[pid] = path.stat().st_mtime
     return found
@@ -121,7 +122,7 @@ def test_a_sweep_splits_over_both_nodes_and_reports_as_a_local_sweep(cluster, tm
         pd.testing.assert_frame_equal(a[cols], b[cols])  # the same requests, each finished alike
         assert json.loads((on_ray / p["dir"] / "run.json").read_text())["config_hash"] == \
             json.loads((local / p["dir"] / "run.json").read_text())["config_hash"]
-    naive = [pd.read_parquet(root / "naive/rate-6/rep-0/requests.parquet") for root in (on_ray, local)]
+    naive = [pd.read_parquet(root / point_dir("naive", 6, 0) / "requests.parquet") for root in (on_ray, local)]
     batches = [df.groupby("batch_id")["request_id"].apply(tuple).tolist() for df in naive]
     assert batches[0] == batches[1]  # naive launches exactly 4 in arrival order: the same batches
     for root in (on_ray, local):
@@ -135,7 +136,8 @@ def test_ctrl_c_leaves_no_actor_or_batchlab_process_on_any_node(cluster, tmp_pat
     out = tmp_path / "out"
     proc = sweep_proc(config, out, cluster.address)
     try:
-        wait_for(lambda: len(list(out.glob("*/rate-*/rep-*/pids.json"))) == 2, "a point running on each node")
+        wait_for(lambda: len(list(out.glob("strategy=*/rate=*/repeat=*/pids.json"))) == 2,
+                 "a point running on each node")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=DEADLINE_S) == 130
     finally:

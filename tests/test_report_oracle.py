@@ -11,6 +11,7 @@ from batchlab.collector.metrics import request_metrics
 from batchlab.collector.report import oracle
 from batchlab.collector.report.points import Collection, FailedPoint, RunData
 from batchlab.collector.report.stats import GroupStats
+from batchlab.collector.layout import point_dir
 from tests.conftest import run_cli
 
 EMPTY = pd.DataFrame()
@@ -122,7 +123,7 @@ def mean_e2e_s(point: Path) -> float:
 
 def as_oracle(root: Path, label: str, strategy_args: dict) -> None:
     """Mark one label's runs as sjf with these strategy_args (a stand-in until sjf is registered)."""
-    for path in (root / label).rglob("summary.json"):
+    for path in root.glob(f"{point_dir(label, 0, 0).parts[0]}/**/summary.json"):
         summary = json.loads(path.read_text())
         summary["settings"].update(strategy="sjf", strategy_args=strategy_args)
         path.write_text(json.dumps(summary))
@@ -140,8 +141,8 @@ def test_a_simulated_sweep_with_an_oracle_by_settings_gets_ratios_and_keeps_its_
     section = text.split("## Against the oracle")[1].split("\n## ")[0]
     for rate in ("4", "8"):
         table = section.split(f"### λ = {rate} req/s")[1].split("###")[0]
-        ratio = mean_e2e_s(root / "dynamic" / f"rate-{rate}" / "rep-0") / mean_e2e_s(
-            root / "continuous" / f"rate-{rate}" / "rep-0")
+        ratio = mean_e2e_s(root / point_dir("dynamic", float(rate), 0)) / mean_e2e_s(
+            root / point_dir("continuous", float(rate), 0))
         dynamic = next(line for line in table.splitlines() if line.startswith("| dynamic |"))
         assert dynamic.split(" | ")[2].endswith(f"({ratio:.2f}× oracle)")
         assert re.search(r"\| continuous \| [^|]+ \| [0-9.]+ \(oracle\) \|", table)
@@ -170,7 +171,7 @@ def test_summary_and_setup_say_where_prompts_came_from_and_what_was_capped(tmp_p
     root = simulated_sweep(tmp_path / "sweep", "dynamic", "--max-new-tokens", "32")
     from batchlab.traffic.schedule import saved_notes
 
-    point = root / "dynamic" / "rate-4" / "rep-0"
+    point = root / point_dir("dynamic", 4, 0)
     notes = json.loads((point / "summary.json").read_text())["schedule"]
     assert notes == saved_notes(point / "schedule.parquet")
     assert notes["prompt_source"] == "synthetic" and notes["capped_outputs"] > 0

@@ -12,6 +12,7 @@ from batchlab.collector.report.build import run_report
 from batchlab.collector.report.markdown import render
 from batchlab.collector.report.points import load_collection
 from batchlab.collector.report.stats import all_stats
+from batchlab.collector.layout import point_dir
 
 DIED = "worker-0 died: CUDA out of memory"
 
@@ -43,10 +44,10 @@ def write_sweep(root: Path, points: list[tuple[str, float, int, int, dict]]) -> 
     """sweep.json plus a folder per (label, planned rate, finished, failed, write_run overrides) point."""
     index = {"rates": sorted({p[1] for p in points}), "repeats": 1, "seed": 0, "points": []}
     for label, rate, finished, failed, extra in points:
-        folder = root / label / f"rate-{rate:g}" / "rep-0"
+        folder = root / point_dir(label, rate, 0)
         write_run(folder, extra.pop("settings_rate", rate), finished, failed, label=label, **extra)
         index["points"].append({"label": label, "rate": rate, "repeat": 0, "status": "done", "reason": "",
-                                "dir": f"{label}/rate-{rate:g}/rep-0"})
+                                "dir": str(point_dir(label, rate, 0))})
     (root / "sweep.json").write_text(json.dumps(index))
     return root
 
@@ -86,7 +87,7 @@ def test_a_point_whose_requests_were_never_sent_names_that_and_never_gets_rate_z
 
 
 def test_rate_comes_from_the_planned_folder_not_the_settings(tmp_path):
-    write_run(tmp_path / "dynamic" / "rate-6" / "rep-0", None, 12, 0, label="dynamic")  # no rate in settings
+    write_run(tmp_path / point_dir("dynamic", 6, 0), None, 12, 0, label="dynamic")  # no rate in settings
     coll = load_collection(tmp_path)
     assert [r.rate for r in coll.runs] == [6.0] and not coll.failed
 

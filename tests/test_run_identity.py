@@ -15,6 +15,7 @@ from batchlab.cli.sweep_plan import Entry, Point
 from batchlab.collector.report.points import ReportError, load_collection
 from batchlab.protocol.identity import config_hash, differences, identity
 from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.collector.layout import point_dir
 
 runner = CliRunner()
 FAST = {"backend": "sim", "dataset": "synthetic", "rate": 20.0, "duration_s": 1.0, "max_new_tokens": 8}
@@ -174,8 +175,8 @@ def test_loose_runs_that_differ_are_separate_curves_and_an_interrupted_one_is_no
 
 def test_a_sweep_whose_points_differ_within_a_label_is_refused_naming_the_keys(tmp_path):
     for k, preset in enumerate(["a100-llama2-7b", "3090-mistral-7b"]):
-        _sim(tmp_path / "dynamic" / "rate-20" / f"rep-{k}", strategy="dynamic", preset=preset, seed=k)
-    points = [{"label": "dynamic", "rate": 20.0, "repeat": k, "dir": f"dynamic/rate-20/rep-{k}", "status": "done"}
+        _sim(tmp_path / point_dir("dynamic", 20, k), strategy="dynamic", preset=preset, seed=k)
+    points = [{"label": "dynamic", "rate": 20.0, "repeat": k, "dir": str(point_dir("dynamic", 20, k)), "status": "done"}
               for k in range(2)]
     (tmp_path / "sweep.json").write_text(json.dumps({"points": points, "entries": [{"label": "dynamic"}]}))
     with pytest.raises(ReportError, match=r"preset 'a100-llama2-7b' → '3090-mistral-7b'"):

@@ -5,6 +5,7 @@ from typer.testing import CliRunner
 from batchlab.cli.main import app
 from batchlab.cli.sim_presets import parse_presets
 from batchlab.worker.stepmodel import PRESETS, save_preset
+from batchlab.collector.layout import point_dir
 
 runner = CliRunner()
 GRID = """base: {backend: hf, model: tiny-mistral, device: cpu, dataset: synthetic, duration_s: 2,
@@ -25,7 +26,7 @@ def _simulate(tmp_path, preset: str | None, grid: str = GRID):
 
 
 def _point_preset(tmp_path, label: str) -> str:
-    return yaml.safe_load((tmp_path / "out" / label / "rate-4" / "rep-0" / "config.yaml").read_text())["preset"]
+    return yaml.safe_load((tmp_path / "out" / point_dir(label, 4, 0) / "config.yaml").read_text())["preset"]
 
 
 def test_one_preset_for_a_grid_on_three_backends_is_refused_naming_them(tmp_path):
@@ -51,7 +52,7 @@ def test_each_entry_plays_its_own_backends_preset(tmp_path):
 def test_vllm_and_hf_continuous_differ_when_their_presets_do(tmp_path):
     assert _simulate(tmp_path, "hf=cpu-tiny-mistral,hf-loop=cpu-tiny-mistral,vllm=3090-mistral-7b").exit_code == 0
     out = tmp_path / "out"
-    e2e = {label: (out / label / "rate-4" / "rep-0" / "summary.json").read_text() for label in ("continuous", "vllm")}
+    e2e = {label: (out / point_dir(label, 4, 0) / "summary.json").read_text() for label in ("continuous", "vllm")}
     assert e2e["continuous"] != e2e["vllm"]
 
 

@@ -1,10 +1,12 @@
-"""`batchlab simulate`: one point into OUT, a grid into OUT/<label>/rate-<r>/rep-<k>/ that the report reads."""
+"""`batchlab simulate`: one point into OUT, a grid into OUT/strategy=<label>/rate=<r>/repeat=<k>/ that the report
+reads."""
 import json
 
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
 from batchlab.collector.report.points import load_collection
+from batchlab.collector.layout import point_dir
 
 runner = CliRunner()
 FAST = ["--duration", "2", "--dataset", "synthetic", "--preset", "a100-llama2-7b"]
@@ -25,10 +27,10 @@ def test_comma_lists_make_a_grid_the_report_reads_as_a_sweep(tmp_path):
     result = runner.invoke(app, ["simulate", "--strategy", "naive,dynamic", "--rate", "4,8", *FAST,
                                  "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert TABLES <= {p.name for p in (tmp_path / "dynamic" / "rate-8" / "rep-0").iterdir()}
+    assert TABLES <= {p.name for p in (tmp_path / point_dir("dynamic", 8, 0)).iterdir()}
     index = json.loads((tmp_path / "sweep.json").read_text())
-    assert [p["dir"] for p in index["points"]] == ["naive/rate-4/rep-0", "dynamic/rate-4/rep-0",
-                                                   "naive/rate-8/rep-0", "dynamic/rate-8/rep-0"]
+    assert [p["dir"] for p in index["points"]] == [str(point_dir(lb, r, 0)) for r in (4, 8)
+                                                   for lb in ("naive", "dynamic")]
     coll = load_collection(tmp_path)
     assert coll.labels() == ["naive", "dynamic"] and coll.rates() == [4.0, 8.0] and not coll.failed
 

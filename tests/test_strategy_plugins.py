@@ -17,6 +17,7 @@ from batchlab.cli.main import app
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.scheduler.policies import Decision
 from batchlab.scheduler.strategies import ENTRY_POINT_GROUP, resolve
+from batchlab.collector.layout import point_dir
 from tests.conftest import ROOT
 
 EXAMPLES = ROOT / "examples" / "strategies"
@@ -181,4 +182,4 @@ def test_the_example_plugin_is_swept_by_name_with_its_parameters(tmp_path):
                      f"    - {{strategy: '{PLUGIN}', strategy_args: {{max_batch_tokens: 600}}}}\n  rates: [20]\n")
     for command in ("sweep", "simulate"):
         plugin_cli(command, str(sweep), "--out", str(tmp_path / command), cwd=tmp_path)
-        assert_token_budget_ran(tmp_path / command / "token_budget" / "rate-20" / "rep-0")
+        assert_token_budget_ran(tmp_path / command / point_dir("token_budget", 20, 0))

@@ -6,6 +6,7 @@ import yaml
 
 from batchlab.protocol.settings import ConfigError
 from batchlab.cli.sweep_plan import SweepError, auto_rates, interleaved, load_plan, plan_points
+from batchlab.collector.layout import point_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +34,7 @@ def test_every_strategy_at_a_rate_shares_the_traffic_seed_of_its_repeat(tmp_path
     configs = [(p.entry.label, p.rate, p.repeat, p.config(plan.base)) for p in points]
     for label, rate, repeat, cfg in configs:
         assert cfg.seed == 10 + repeat and cfg.rate == rate and cfg.strategy == label
-        assert cfg.out == str(tmp_path / "out" / label / f"rate-{rate:g}" / f"rep-{repeat}")
+        assert cfg.out == str(tmp_path / "out" / point_dir(label, rate, repeat))
     assert [c[:3] for c in configs[:4]] == [("naive", 2, 0), ("dynamic", 2, 0), ("naive", 8, 0), ("dynamic", 8, 0)]
 
 

@@ -10,6 +10,7 @@ import yaml
 
 from batchlab.collector.metrics import goodput, summarize
 from batchlab.collector.report.stats import share_text
+from batchlab.collector.layout import point_dir
 
 pytestmark = pytest.mark.slow  # real sweeps: four processes per point
 from tests.conftest import run_cli
@@ -45,7 +46,7 @@ def test_every_point_has_its_own_folder_with_results(smoke):
     assert len(points) == 3 * 2 and {p["status"] for p in points} == {"done"}
     for p in points:
         folder = out / p["dir"]
-        assert folder == out / p["label"] / f"rate-{p['rate']:g}" / f"rep-{p['repeat']}"
+        assert folder == out / point_dir(p["label"], p['rate'], p['repeat'])
         for name in ("summary.json", "point.json", "requests.parquet", "tokens.parquet", "batches.parquet"):
             assert (folder / name).exists(), f"{folder / name} missing"
 
@@ -53,7 +54,7 @@ def test_every_point_has_its_own_folder_with_results(smoke):
 def test_strategies_replay_the_identical_schedule_at_each_rate(smoke):
     out, _ = smoke
     for rate in (4, 12):
-        frames = [pd.read_parquet(out / lb / f"rate-{rate}" / "rep-0" / "schedule.parquet",
+        frames = [pd.read_parquet(out / point_dir(lb, rate, 0) / "schedule.parquet",
                                   columns=["arrival_offset_s", "prompt_len", "output_len"])
                   for lb in ("naive", "dynamic", "continuous")]
         assert len(frames[0]) > 5
@@ -90,7 +91,7 @@ def test_report_headline_matches_the_parquet(smoke):
     assert match, line
     rate, sign, value = float(match.group(1)), match.group(2), float(match.group(3))
     assert rate == max(fitting)
-    dyn, naive = (numbers(out / lb / f"rate-{rate:g}" / "rep-0")["requests"] for lb in ("dynamic", "naive"))
+    dyn, naive = (numbers(out / point_dir(lb, rate, 0))["requests"] for lb in ("dynamic", "naive"))
     both = dyn[dyn["status"] == "finished"].merge(naive[naive["status"] == "finished"], on="request_id")
     ttft = [(d["first_token_time_" + s] - d["arrival_time_" + s]) for d, s in ((both, "x"), (both, "y"))]
     expected = (ttft[0].median() / ttft[1].median() - 1) * 100  # paired over the same requests
@@ -103,7 +104,7 @@ def test_report_table_rows_match_the_parquet(smoke):
     section = text.split("### λ = 4 req/s")[1].split("###")[0]
     row = next(line for line in section.splitlines() if line.startswith("| continuous |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    n = numbers(out / "continuous" / "rate-4" / "rep-0")
+    n = numbers(out / point_dir("continuous", 4, 0))
     assert float(cells[2]) == pytest.approx(n["throughput"], abs=0.051)
     assert float(cells[4].split(" / ")[0]) == pytest.approx(n["ttft_p50"] * 1e3, abs=0.051)
     share = goodput(n["requests"], {"ttft": 0.5, "tpot": 0.05})["fraction"]
@@ -126,23 +127,38 @@ def test_report_splits_continuous_tpot_by_joiners_prefill(smoke):
     assert rows[1:] == ["continuous", "continuous"]  # the static strategies' steps carry no joiner: not listed
 
 
+def test_a_live_sweeps_tables_join_in_one_query_by_their_identity_columns(smoke):
+    import duckdb
+
+    out, _ = smoke
+    counts = duckdb.sql(f"SELECT strategy, rate, config_hash, count(*) FROM read_parquet('{out}/**/requests.parquet', "
+                        "hive_partitioning=true) GROUP BY ALL").fetchall()
+    done = {(p["label"], p["rate"]): p for p in index(out)["points"]}
+    assert {(s, float(r)): (h, n) for s, r, h, n in counts} == {
+        key: (p["config_hash"], len(pd.read_parquet(out / p["dir"] / "requests.parquet"))) for key, p in done.items()}
+    joined = duckdb.sql(f"SELECT r.label, r.rate, count(*) FROM read_parquet('{out}/**/tokens.parquet') t JOIN "
+                        f"read_parquet('{out}/**/requests.parquet') r USING (config_hash, request_id) GROUP BY ALL")
+    assert {(lb, r): n for lb, r, n in joined.fetchall()} == {
+        key: len(pd.read_parquet(out / p["dir"] / "tokens.parquet")) for key, p in done.items()}
+
+
 def test_resume_skips_finished_points_and_reruns_unfinished_ones(smoke, tmp_path):
     out, _ = smoke
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    (copy / "naive" / "rate-4" / "rep-0" / "point.json").unlink()  # as if interrupted mid-point
-    before = (copy / "dynamic" / "rate-12" / "rep-0" / "requests.parquet").stat().st_mtime_ns
+    (copy / point_dir("naive", 4, 0) / "point.json").unlink()  # as if interrupted mid-point
+    before = (copy / point_dir("dynamic", 12, 0) / "requests.parquet").stat().st_mtime_ns
     proc = run_cli("sweep", "configs/smoke.yaml", "--out", str(copy))
     statuses = {(p["label"], p["rate"]): p["status"] for p in index(copy)["points"]}
     assert statuses.pop(("naive", 4.0)) == "done"
     assert set(statuses.values()) == {"skipped"}
-    assert (copy / "dynamic" / "rate-12" / "rep-0" / "requests.parquet").stat().st_mtime_ns == before
+    assert (copy / point_dir("dynamic", 12, 0) / "requests.parquet").stat().st_mtime_ns == before
     assert "6 of 6 points done" in proc.stdout
 
 
 def test_report_works_on_a_single_run_folder(smoke, tmp_path):
     run = tmp_path / "one"
-    shutil.copytree(smoke[0] / "dynamic" / "rate-4" / "rep-0", run)
+    shutil.copytree(smoke[0] / point_dir("dynamic", 4, 0), run)
     run_cli("report", str(run))
     text = (run / "REPORT.md").read_text()
     assert "| dynamic | 1 |" in text and (run / "batch_timeline.png").stat().st_size > 10_000
@@ -163,7 +179,7 @@ def test_failed_points_are_recorded_and_the_sweep_goes_on(tmp_path):
     for label, needle in (("no-model", "worker-0 died"), ("bad-preset", "worker-0 died"),
                           ("bad-value", "max-wait-ms")):
         assert points[label]["status"] == "failed" and needle in points[label]["reason"]
-        assert needle in (tmp_path / "out" / label / "rate-5" / "rep-0" / "FAILED.txt").read_text()
+        assert needle in (tmp_path / "out" / point_dir(label, 5, 0) / "FAILED.txt").read_text()
     assert "1 of 4 points done, 3 failed" in proc.stdout
     report = run_cli("report", str(tmp_path / "out"))
     assert "## Failed and stopped points" in (tmp_path / "out" / "REPORT.md").read_text() and report.returncode == 0

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
+from batchlab.collector.layout import point_of
 from batchlab.collector.vllm_result import save_result
 
 runner = CliRunner()
@@ -132,5 +133,5 @@ def test_a_simulated_sweep_writes_a_vllm_result_per_point(tmp_path):
     result = runner.invoke(app, ["simulate", "--strategy", "naive,dynamic", "--rate", "4", "--duration", "1",
                                  "--dataset", "synthetic", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    found = sorted(p.parent.parent.parent.name for p in tmp_path.glob("*/rate-4/rep-0/vllm_result.json"))
+    found = sorted(point_of(p.parent)[0] for p in tmp_path.glob("strategy=*/rate=4/repeat=0/vllm_result.json"))
     assert found == ["dynamic", "naive"]

@@ -1,17 +1,15 @@
 """Find and load the runs under a folder: a sweep (sweep.json + point folders) or one `batchlab run`."""
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE
+from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE, point_of, rate_of
 from batchlab.collector.metrics import NOT_SENT, window_s
 from batchlab.collector.parts import load_table
 from batchlab.collector.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
-
-RATE_DIR = re.compile(r"rate-([0-9.eE+-]+)")  # a sweep point's folder: OUT/<label>/rate-<r>/rep-<k>
+from batchlab.collector.run_columns import run_label
 
 class ReportError(ValueError):
     """A folder that holds nothing to report; the CLI prints it as one line and exits 1."""
@@ -72,16 +70,16 @@ class Collection:
 
 
 def label_of(settings: dict) -> str:
-    """A run's label when no sweep names it: vllm, or the strategy."""
-    return "vllm" if settings.get("backend") == "vllm" else str(settings.get("strategy", "run"))
+    """A run's label when no sweep index names it: its `label` setting, else vllm or the strategy."""
+    return run_label(settings)
 
 
 def planned_rate(folder: Path, settings: dict) -> float:
-    """The rate the sweep planned for a folder (its `rate-<r>` parent), else the run's --rate; 0 if none.
-    Never a measured one: a point that measured nothing has no measured rate worth a table row."""
-    match = RATE_DIR.fullmatch(folder.parent.name)
+    """The rate the sweep planned for a folder (its `rate=<r>` parent, or an old sweep's `rate-<r>`), else the
+    run's --rate; 0 if none. Never a measured one: a point that measured nothing has no measured rate."""
+    planned = rate_of(folder.parent)
     try:
-        return float(match.group(1)) if match else float(settings.get("rate") or 0.0)
+        return planned if planned is not None else float(settings.get("rate") or 0.0)
     except ValueError:
         return 0.0
 
@@ -104,8 +102,8 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
     summary = json.loads((folder / SUMMARY_FILE).read_text())
     settings = summary.get("settings", {})
     if repeat is None:
-        match = re.fullmatch(r"rep-(\d+)", folder.name)
-        repeat = int(match.group(1)) if match else 0
+        point = point_of(folder)
+        repeat = point[2] if point else 0
     tables = {name: load_table(folder, name) for name in ("requests", "tokens", "batches", "steps")}
     rate = planned_rate(folder, settings) if rate is None else float(rate)
     rate = rate if rate > 0 else own_trace_rate(summary) or rate
@@ -164,11 +162,12 @@ def _from_scan(root: Path) -> Collection:
         why = (folder / FAILED_FILE).read_text().strip() if (folder / FAILED_FILE).exists() else unusable(folder)
         if why:
             settings = json.loads(summary.read_text()).get("settings", {})
-            label = folder.parent.parent.name if (folder / FAILED_FILE).exists() else label_of(settings)
+            point = point_of(folder)
+            label = point[0] if point and (folder / FAILED_FILE).exists() else label_of(settings)
             coll.failed.append(FailedPoint(label, planned_rate(folder, settings), 0, why))
             continue
-        parts = folder.relative_to(root).parts
-        _add(coll, load_run(folder, parts[-3] if len(parts) >= 3 else None))
+        point = point_of(folder.relative_to(root))
+        _add(coll, load_run(folder, point[0] if point else None))
     return coll
 
 

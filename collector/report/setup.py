@@ -1,7 +1,8 @@
 """What the runs ran on: hardware, model, dtype, library versions and every setting."""
 from batchlab.collector.report.points import RunData
 
-VOLATILE = ("out", "t0", "workers", "rate", "seed", "environment", "config_hash")  # per-point values, shown elsewhere
+# per-point values, shown elsewhere
+VOLATILE = ("out", "t0", "workers", "rate", "seed", "environment", "config_hash", "label", "repeat")
 
 
 def recorded_environment(settings: dict) -> dict:
