@@ -13,3 +13,13 @@ class Never:
 
     def on_batch_done(self, size: int, oom: bool) -> None:
         """Never called: nothing runs."""
+
+
+class Crash(Never):
+    """Raises on its first decision: the scheduler dies mid-run, a fault no check before start can see."""
+
+    name = "crash"
+
+    def decide(self, queue, now, cap, end_of_stream) -> Decision:
+        """Fail."""
+        raise RuntimeError("this policy always fails")

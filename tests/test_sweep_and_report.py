@@ -169,20 +169,31 @@ def test_failed_points_are_recorded_and_the_sweep_goes_on(tmp_path):
     config.write_text(yaml.safe_dump({
         "base": {"backend": "sim", "dataset": "synthetic", "duration_s": 1, "max_new_tokens": 8},
         "grid": {"rates": [5], "strategies": [
-            {"strategy": "naive", "backend": "hf", "model": "/nonexistent/model", "label": "no-model"},
-            {"strategy": "dynamic", "preset": "no-such-preset", "label": "bad-preset"},
-            {"strategy": "dynamic", "max_wait_ms": -1, "label": "bad-value"},
-            "dynamic"]}}))
+            {"strategy": "tests.fault_plugins:Crash", "label": "crash"}, "dynamic"]}}))
     proc = run_cli("sweep", str(config), "--out", str(tmp_path / "out"), timeout_s=300)
     points = {p["label"]: p for p in index(tmp_path / "out")["points"]}
     assert points["dynamic"]["status"] == "done"
-    for label, needle in (("no-model", "worker-0 died"), ("bad-preset", "worker-0 died"),
-                          ("bad-value", "max-wait-ms")):
-        assert points[label]["status"] == "failed" and needle in points[label]["reason"]
-        assert needle in (tmp_path / "out" / point_dir(label, 5, 0) / "FAILED.txt").read_text()
-    assert "1 of 4 points done, 3 failed" in proc.stdout
+    assert points["crash"]["status"] == "failed" and "scheduler" in points["crash"]["reason"], points["crash"]
+    assert "scheduler" in (tmp_path / "out" / point_dir("crash", 5, 0) / "FAILED.txt").read_text()
+    assert "1 of 2 points done, 1 failed" in proc.stdout
     report = run_cli("report", str(tmp_path / "out"))
     assert "## Failed and stopped points" in (tmp_path / "out" / "REPORT.md").read_text() and report.returncode == 0
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ({"strategy": "naive", "backend": "hf", "model": "/nonexistent/model", "label": "no-model"},
+     "grid.strategies no-model: --model /nonexistent/model: no such folder"),
+    ({"strategy": "dynamic", "preset": "no-such-preset", "label": "bad-preset"}, "grid.strategies bad-preset:"),
+    ({"strategy": "dynamic", "max_wait_ms": -1, "label": "bad-value"},
+     "grid.strategies bad-value: --max-wait-ms must be ≥ 0")])
+def test_a_point_whose_model_preset_or_value_is_bad_refuses_the_sweep_before_any_point_runs(tmp_path, entry, needle):
+    config = tmp_path / "broken.yaml"
+    config.write_text(yaml.safe_dump({
+        "base": {"backend": "sim", "dataset": "synthetic", "duration_s": 1, "max_new_tokens": 8},
+        "grid": {"rates": [5], "strategies": ["dynamic", entry]}}))
+    proc = run_cli("sweep", str(config), "--out", str(tmp_path / "out"), timeout_s=120, check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {needle}"), proc.stderr
+    assert not (tmp_path / "out" / point_dir("dynamic", 5, 0) / "requests.parquet").exists()
 
 
 def test_a_point_past_its_timeout_is_stopped_and_keeps_what_finished(tmp_path):
