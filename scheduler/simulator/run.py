@@ -1,6 +1,6 @@
 """One simulated run from a RunConfig: the live run's schedule, policy and step model in virtual time.
 Pure: it writes no file (cli.sim_run writes a run folder from its tables)."""
-from batchlab.protocol.settings import RunConfig, parse_bytes, run_settings
+from batchlab.protocol.settings import ConfigError, RunConfig, parse_bytes, run_settings
 from batchlab.collector.tables import Tables
 from batchlab.protocol import WorkerHello
 from batchlab.scheduler.strategies import Strategy, resolve
@@ -37,8 +37,14 @@ def sim_settings(cfg: RunConfig) -> dict:
     return settings
 
 
+CLOSED_LOOP_REFUSED = ("batchlab simulate plays open-loop arrivals only: closed-loop load (concurrency) needs a "
+                       "live run (batchlab run --backend sim --concurrency N)")
+
+
 def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) -> Tables:
     """Play `schedule` through cfg's policy and workers in virtual time; the run's tables."""
+    if cfg.concurrency > 0:
+        raise ConfigError(CLOSED_LOOP_REFUSED)
     strategy, model = resolve(cfg), step_model(cfg)
     sim = Simulation(strategy.policy(), model, worker_hellos(cfg, strategy, model), schedule.frame, settings=sim_settings(cfg),
                      max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens)
