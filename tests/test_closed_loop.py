@@ -4,6 +4,7 @@ import math
 import pytest
 
 from batchlab.cli.config import checked_config
+from batchlab.cli.result_table import table, warnings
 from batchlab.protocol.settings import ConfigError
 from batchlab.scheduler.simulator.run import simulate
 from batchlab.traffic.closed_loop import ClientPool
@@ -133,3 +134,12 @@ def test_simulate_refuses_closed_loop_load_in_one_line():
     cfg = checked_config({**SYNTHETIC, "concurrency": 2}, {"num_requests": 4})
     with pytest.raises(ConfigError, match="batchlab simulate plays open-loop arrivals only"):
         simulate(cfg, make_schedule(cfg))
+
+
+def test_the_result_table_shows_the_clients_instead_of_an_offered_rate():
+    summary = {"settings": {"concurrency": 8, "think_time_ms": 50.0, "rate": "inf"}, "finished": 3, "scheduled": 3,
+               "harness_lag": {"p99": 0.5}}
+    rows = table(summary).columns[0]._cells
+    assert "closed loop (clients)" in rows and "offered rate (req/s)" not in rows
+    assert "8, think 50 ms" in table(summary).columns[1]._cells
+    assert not any("lagged" in w for w in warnings(summary))  # no planned times to lag behind

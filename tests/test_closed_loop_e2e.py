@@ -27,7 +27,8 @@ def _most_in_flight(requests: pd.DataFrame) -> int:
 @pytest.mark.slow  # real processes through the CLI
 def test_four_clients_never_have_more_than_four_requests_out(tmp_path):
     result = runner.invoke(app, ["run", "--backend", "sim", "--strategy", "continuous", "--concurrency", "4",
-                                 "--num-requests", "40", *SHORT, "--out", str(tmp_path)])
+                                 "--num-requests", "40", *SHORT, "--out", str(tmp_path),
+                                 "--save-result", str(tmp_path / "vllm.json")])
     assert result.exit_code == 0, result.output
     requests = pd.read_parquet(tmp_path / "requests.parquet")
     assert len(requests) == 40 and requests["request_id"].is_unique
@@ -39,6 +40,8 @@ def test_four_clients_never_have_more_than_four_requests_out(tmp_path):
     assert ((arrivals - arrivals.min()) - offsets).abs().max() < 1e-6
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["settings"]["concurrency"] == 4 and summary["finished"] == 40
+    assert "(4 closed-loop clients)" in result.output
+    assert json.loads((tmp_path / "vllm.json").read_text())["max_concurrency"] == 4
 
 
 def test_concurrency_beside_a_rate_is_one_line_and_exit_1(tmp_path):
