@@ -2,9 +2,11 @@
 import math
 
 import pytest
+import yaml
 
 from batchlab.cli.config import checked_config
 from batchlab.cli.result_table import table, warnings
+from batchlab.protocol.identity import config_hash
 from batchlab.protocol.settings import ConfigError
 from batchlab.scheduler.simulator.run import simulate
 from batchlab.traffic.closed_loop import ClientPool
@@ -143,3 +145,37 @@ def test_the_result_table_shows_the_clients_instead_of_an_offered_rate():
     assert "closed loop (clients)" in rows and "offered rate (req/s)" not in rows
     assert "8, think 50 ms" in table(summary).columns[1]._cells
     assert not any("lagged" in w for w in warnings(summary))  # no planned times to lag behind
+
+
+def _sweep(tmp_path, grid: dict, base: dict | None = None):
+    from batchlab.cli.sweep_plan import load_plan
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": {"backend": "sim", "num_requests": 20, **(base or {})},
+                                    "grid": {"strategies": ["continuous"], **grid}}))
+    return load_plan(path)
+
+
+def test_a_concurrency_grid_plans_one_closed_loop_point_per_client_count(tmp_path):
+    from batchlab.cli.sweep_plan import plan_points
+
+    plan = _sweep(tmp_path, {"concurrency": [4, 1, 2, 8, 2]})
+    points = plan_points(plan, plan.rates, tmp_path / "out")
+    configs = [p.config(plan.base) for p in points]
+    assert [c.concurrency for c in configs] == [1, 2, 4, 8]
+    assert all(c.rate == math.inf for c in configs)
+    assert [p.folder.parent.name for p in points] == ["conc-1", "conc-2", "conc-4", "conc-8"]
+    hashes = {config_hash(c.as_settings()) for c in configs}
+    assert len(hashes) == 4  # a resumed point over a changed concurrency is another point
+    think = _sweep(tmp_path, {"concurrency": [4]}, {"think_time_ms": 100})
+    assert config_hash(plan_points(think, [], tmp_path / "out")[0].config(think.base).as_settings()) not in hashes
+    assert points[0].record("pending")["concurrency"] == 1
+
+
+@pytest.mark.parametrize("grid, base", [({"concurrency": [2], "rates": [5]}, {}), ({"concurrency": [2]}, {"rate": 5}),
+                                        ({"concurrency": [0]}, {}), ({"concurrency": 4}, {})])
+def test_a_concurrency_grid_beside_rates_or_with_a_bad_count_is_refused(tmp_path, grid, base):
+    from batchlab.cli.sweep_plan import SweepError
+
+    with pytest.raises((SweepError, ConfigError), match="concurrency"):
+        _sweep(tmp_path, grid, base)
