@@ -42,6 +42,11 @@ def test_four_clients_never_have_more_than_four_requests_out(tmp_path):
     assert summary["settings"]["concurrency"] == 4 and summary["finished"] == 40
     assert "(4 closed-loop clients)" in result.output
     assert json.loads((tmp_path / "vllm.json").read_text())["max_concurrency"] == 4
+    report = runner.invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0, report.output
+    text = (tmp_path / "report" / "REPORT.md").read_text()
+    assert "coordinated omission" in text and "### 4 clients (closed loop)" in text
+    assert (tmp_path / "report" / "latency_vs_concurrency.png").is_file()
 
 
 def test_concurrency_beside_a_rate_is_one_line_and_exit_1(tmp_path):

@@ -98,16 +98,29 @@ def joins_table(groups: list[GroupStats]) -> list[str]:
     return lines
 
 
+CLOSED_LOOP_CAVEAT = (
+    "Closed-loop load: each run's load is its concurrency (clients), not an arrival rate, and the tables below "
+    "are per concurrency (clients). In closed loop a client sends only when its last request ended, so latency "
+    "is measured from when a client could send: it hides the queueing that an open-loop arrival would see "
+    "(coordinated omission). Throughput is the measured figure. Capacity comparisons need an open-loop sweep "
+    "(grid.rates): none is computed here.")
+
+
 def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], headlines: list[str],
            plots: list[str], chosen_rate: float | None, slos: dict | None, capacities: dict | None = None,
            capacity_source: str = "") -> str:
     """The whole REPORT.md text: the capacity table, then the headline, then the curves and the details."""
     groups = list(stats.values())
     out = [f"# batchlab report: {collection.root}", "", "## Capacity", ""]
-    out += (capacity_table(capacities) + ["", criterion_text(capacity_source)]) if capacities else [
-        "Capacity was not measured: no run to judge."]
+    if collection.closed_loop:
+        out += [CLOSED_LOOP_CAVEAT]
+    else:
+        out += (capacity_table(capacities) + ["", criterion_text(capacity_source)]) if capacities else [
+            "Capacity was not measured: no run to judge."]
     out += ["", "## Result", ""]
-    out += [f"- {h}" for h in headlines] or ["- No naive run to compare the other strategies with."]
+    none = ("- No capacity headline in closed loop: compare strategies' capacity with an open-loop sweep."
+            if collection.closed_loop else "- No naive run to compare the other strategies with.")
+    out += [f"- {h}" for h in headlines] or [none]
     if headlines:
         out += ["", f"By a fixed rule: {RULE}. Latency changes are paired over the same requests (every strategy "
                 "replays the same schedule), resampled by repeat then by request; capacity intervals come from "
@@ -125,7 +138,7 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
             "Throughput is the mean over repeats." + (f" Goodput: share of submitted requests meeting {slo_text} "
                                         "(failed requests are misses)." if slos else "")]
     for rate in collection.rates():
-        out += ["", f"### λ = {rate:g} req/s", ""]
+        out += ["", f"### {rate:g} clients (closed loop)" if collection.closed_loop else f"### λ = {rate:g} req/s", ""]
         out += rate_table([g for g in groups if g.rate == rate], bool(slos))
     out += oracle.section(collection, stats, slos)
     out += ci_section(groups)

@@ -56,6 +56,11 @@ class Collection:
     failed: list[FailedPoint] = field(default_factory=list)
     index: dict = field(default_factory=dict)
 
+    @property
+    def closed_loop(self) -> bool:
+        """Every run is closed loop: each one's `rate` is then its clients (--concurrency)."""
+        return bool(self.runs) and all(r.settings.get("concurrency") for r in self.runs)
+
     def labels(self) -> list[str]:
         """Strategy labels in the order of the sweep's grid (else first seen)."""
         order = [e["label"] for e in self.index.get("entries", [])]
@@ -107,6 +112,8 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
         match = re.fullmatch(r"rep-(\d+)", folder.name)
         repeat = int(match.group(1)) if match else 0
     tables = {name: load_table(folder, name) for name in ("requests", "tokens", "batches", "steps")}
+    if settings.get("concurrency"):  # closed loop: its load level is its clients (no planned rate)
+        rate = float(settings["concurrency"])
     rate = planned_rate(folder, settings) if rate is None else float(rate)
     rate = rate if rate > 0 else own_trace_rate(summary) or rate
     return RunData(label or label_of(settings), rate, repeat, folder, summary, **tables)
