@@ -14,7 +14,7 @@ from pathlib import Path
 from batchlab.scheduler.strategies import label
 from batchlab.cli.config import checked_config
 from batchlab.cli.sim_presets import assign_presets
-from batchlab.cli.sweep_plan import Entry, Plan, SweepError, load_plan
+from batchlab.cli.sweep_plan import Entry, Plan, load_plan
 from batchlab.protocol.settings import ConfigError, load_yaml
 
 DEFAULT_OUT = "runs/simulated"
@@ -63,10 +63,6 @@ def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
     else:  # the options count for its rate and its checks too (strategy_args are checked against --strategy)
         plan = _flat_plan({**raw, **given, **({"strategy": strategies[0]} if strategies else {})})
     plan.base.update(given)
-    if plan.concurrency or plan.base.get("concurrency"):
-        from batchlab.scheduler.simulator.run import CLOSED_LOOP_REFUSED
-
-        raise SweepError(CLOSED_LOOP_REFUSED)
     if strategies:
         plan.entries = [Entry(label(s), {"strategy": s}) for s in strategies]
     if rates:

@@ -61,7 +61,7 @@ def test_an_end_counts_once_and_unknown_ids_are_ignored():
     pool = ClientPool(clients=1, n_requests=5)
     pool.start(0.0)
     pool.due(0.0)
-    assert pool.on_ended([0, 0, 7], 1.0) == 1
+    assert pool.on_ended([0, 0, 7], 1.0) == [1.0]
     assert len(pool.ready) == 1
 
 
@@ -132,10 +132,52 @@ def test_the_recorded_schedule_is_what_was_sent_when_it_was_sent():
     assert sent.content_hash != schedule.content_hash
 
 
-def test_simulate_refuses_closed_loop_load_in_one_line():
-    cfg = checked_config({**SYNTHETIC, "concurrency": 2}, {"num_requests": 4})
-    with pytest.raises(ConfigError, match="batchlab simulate plays open-loop arrivals only"):
-        simulate(cfg, make_schedule(cfg))
+def _simulated(given: dict):
+    cfg = checked_config({**SYNTHETIC, "strategy": "continuous", "preset": "cpu-tiny-mistral", **given}, {})
+    tables = simulate(cfg, make_schedule(cfg))
+    return tables.requests.sort_values("arrival_time", kind="stable").reset_index(drop=True), tables.summary
+
+
+def test_simulated_clients_keep_n_requests_out_from_time_zero():
+    requests, summary = _simulated({"concurrency": 3, "num_requests": 24})
+    assert len(requests) == 24 and (requests["status"] == "finished").all()
+    assert (requests["arrival_time"].iloc[:3] == 0).all() and (requests["arrival_time"].iloc[3:] > 0).all()
+    ends = sorted([(t, -1) for t in requests["completion_time"]] + [(t, 1) for t in requests["arrival_time"]])
+    level = [sum(step for _, step in ends[:i + 1]) for i in range(len(ends))]
+    assert max(level) == 3
+    assert summary["settings"]["concurrency"] == 3
+
+
+def test_a_simulated_client_sends_its_think_time_after_its_last_end():
+    requests, _ = _simulated({"concurrency": 1, "think_time_ms": 100.0, "num_requests": 6})
+    gaps = requests["arrival_time"].iloc[1:].to_numpy() - requests["completion_time"].iloc[:-1].to_numpy()
+    assert gaps == pytest.approx([0.1] * 5)
+
+
+def test_a_simulated_closed_loop_stops_at_its_duration():
+    requests, _ = _simulated({"concurrency": 1, "duration_s": 0.5})
+    assert 0 < len(requests) < CLOSED_LOOP_POOL_REQUESTS
+    assert requests["arrival_time"].max() < 0.5
+
+
+def test_a_simulated_concurrency_sweep_reports_against_clients(tmp_path):
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": {**SYNTHETIC, "num_requests": 12, "preset": "cpu-tiny-mistral"},
+                                    "grid": {"strategies": ["continuous"], "concurrency": [1, 4]}}))
+    runner = CliRunner()
+    result = runner.invoke(app, ["simulate", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "out" / "continuous").iterdir()) == ["conc-1", "conc-4"]
+    report = runner.invoke(app, ["report", str(tmp_path / "out")])
+    assert report.exit_code == 0, report.output
+    text = (tmp_path / "out" / "REPORT.md").read_text()
+    assert "coordinated omission" in text and "### 1 clients" in text and "### 4 clients" in text
+    assert "## Capacity" in text and "capacity req/s" not in text
+    assert (tmp_path / "out" / "latency_vs_concurrency.png").is_file()
 
 
 def test_the_result_table_shows_the_clients_instead_of_an_offered_rate():

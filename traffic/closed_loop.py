@@ -24,15 +24,16 @@ class ClientPool:
         self.ready = [t0] * self.clients
         heapq.heapify(self.ready)
 
-    def on_ended(self, request_ids: list[int], t: float) -> int:
+    def on_ended(self, request_ids: list[int], t: float) -> list[float]:
         """These requests ended by `t`: each frees its client at t + think_s. An id not out (ended
-        already, never sent) is ignored, so a request's end counts once. Returns the clients freed."""
-        freed = 0
+        already, never sent) is ignored, so a request's end counts once. Returns when the freed clients
+        may send (one time each)."""
+        freed = []
         for rid in request_ids:
             if rid in self.outstanding:
                 self.outstanding.discard(rid)
                 heapq.heappush(self.ready, t + self.think_s)
-                freed += 1
+                freed.append(t + self.think_s)
         return freed
 
     def due(self, t: float) -> list[tuple[int, float]]:

@@ -1,11 +1,12 @@
 """One simulated run from a RunConfig: the live run's schedule, policy and step model in virtual time.
 Pure: it writes no file (cli.sim_run writes a run folder from its tables)."""
-from batchlab.protocol.settings import ConfigError, RunConfig, parse_bytes, run_settings
+from batchlab.protocol.settings import RunConfig, parse_bytes, run_settings
 from batchlab.collector.tables import Tables
 from batchlab.protocol import WorkerHello
 from batchlab.scheduler.strategies import Strategy, resolve
 from batchlab.scheduler.simulator.engine import Simulation
 from batchlab.scheduler.simulator.record import build_tables
+from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.stepmodel import StepModel, get_preset
 
@@ -37,17 +38,18 @@ def sim_settings(cfg: RunConfig) -> dict:
     return settings
 
 
-CLOSED_LOOP_REFUSED = ("batchlab simulate plays open-loop arrivals only: closed-loop load (concurrency) needs a "
-                       "live run (batchlab run --backend sim --concurrency N)")
+def clients(cfg: RunConfig, schedule: Schedule) -> ClientPool | None:
+    """Closed loop (--concurrency): the clients over the schedule, stopped at its duration; None: open loop."""
+    if cfg.concurrency <= 0:
+        return None
+    return ClientPool(cfg.concurrency, schedule.n_requests, cfg.think_time_ms / 1000, schedule.duration_s)
 
 
 def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) -> Tables:
     """Play `schedule` through cfg's policy and workers in virtual time; the run's tables."""
-    if cfg.concurrency > 0:
-        raise ConfigError(CLOSED_LOOP_REFUSED)
     strategy, model = resolve(cfg), step_model(cfg)
     sim = Simulation(strategy.policy(), model, worker_hellos(cfg, strategy, model), schedule.frame, settings=sim_settings(cfg),
-                     max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens)
+                     max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens, clients=clients(cfg, schedule))
     store = sim.run()
     tokens = sim.recorder.attach(store)
     # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
