@@ -76,6 +76,8 @@ def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
     if exact:
         _refuse_conflicts(given, saved)
     values = {k: v for k, v in {**saved, **({} if exact else given)}.items() if k in TRAFFIC_FIELDS}
+    if cfg.concurrency:  # closed loop takes the schedule's requests in order: its own times are not replayed
+        values = {k: v for k, v in values.items() if k not in ("rate", "arrival", "burstiness")}
     unknown = {k: None for k in TRAFFIC_FIELDS if k not in values and k != "max_new_tokens"}
     return replace(cfg, **values, extra={**unknown, **cfg.extra})
 

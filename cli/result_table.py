@@ -91,5 +91,5 @@ def show(summary: dict, out: str, console: Console | None = None) -> None:
     for line in warnings(summary):
         err.print(f"[yellow]warning:[/] {line}")
     clients = (summary.get("settings") or {}).get("concurrency")
-    load = f" ({clients} closed-loop clients)" if clients else ""
+    load = f" ({clients} closed-loop client{'s' * (clients != 1)})" if clients else ""
     console.print(f"results in {out}: {summary.get('finished', 0)} finished, {summary.get('failed', 0)} failed{load}")

@@ -122,6 +122,16 @@ def test_a_negative_closed_loop_setting_is_refused(given, option):
         checked_config({**given, "num_requests": 10}, {})
 
 
+def test_closed_loop_over_a_saved_schedule_keeps_its_own_load_settings(tmp_path):
+    from batchlab.cli.config import replay_config
+    from batchlab.traffic.schedule import save_schedule
+
+    path = tmp_path / "schedule.parquet"
+    save_schedule(make_schedule(checked_config({**SYNTHETIC, "rate": 5.0}, {"num_requests": 8})), path)
+    cfg = replay_config(checked_config({"concurrency": 2, "schedule": str(path)}, {}), {})
+    assert (cfg.rate, cfg.concurrency, cfg.num_requests) == (math.inf, 2, 8)
+
+
 def test_the_recorded_schedule_is_what_was_sent_when_it_was_sent():
     schedule = make_schedule(checked_config({**SYNTHETIC, "concurrency": 2}, {"num_requests": 6}))
     sent = with_send_times(schedule, [0.0, 0.0, 0.4, 0.5])
