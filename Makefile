@@ -32,7 +32,7 @@ run: $(STAMP)
 
 # Everything; a missing vllm fails it (tests/conftest.py) instead of skipping its tests silently.
 test: $(STAMP)
-	BATCHLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q
+	BATCHLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q --durations=30
 
 # Unit tests and short single-process runs (under 2 minutes on 2 cores); multi-process and real-model
 # tests are marked `slow`. A missing vllm only skips its tests here.

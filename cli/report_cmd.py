@@ -12,7 +12,8 @@ Slo = Annotated[Optional[list[str]], typer.Option(help=SLO_HELP)]
 Out = Annotated[Optional[str], typer.Option(help="where REPORT.md and the plots go (default: FOLDER); the runs' "
                                             "own files are only read")]
 Extra = Annotated[Optional[list[str]], typer.Option(
-    help="a vllm bench serve result JSON to draw beside the strategies (repeatable; such files directly in "
+    help="another tool's result file to draw beside the strategies: vllm bench serve --save-result JSON, "
+         "GuideLLM benchmarks.json or AIPerf profile_export_aiperf.json (repeatable; such files directly in "
          "FOLDER are found too)")]
 
 

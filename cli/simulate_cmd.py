@@ -53,6 +53,18 @@ def simulate(config: ConfigArg = None, *, strategy: Strategies = None, strategy_
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(code=1) from None
     _print_table(results)
+    _exit_by_verdict(results)
+
+
+def _exit_by_verdict(results: list) -> None:
+    """A simulated point whose requests a fault ended (a stalled policy): its line, and exit 2."""
+    from batchlab.cli.outcome import verdict
+
+    for point, summary in results:
+        code, line = verdict(summary, [])
+        if code:
+            typer.secho(f"error: {point.entry.label} at {point.rate:g} req/s: {line}", fg="red", err=True)
+            raise typer.Exit(code=code)
 
 
 def _seconds(summary: dict, metric: str, q: str) -> str:

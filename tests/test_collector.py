@@ -5,6 +5,7 @@ import signal
 import math
 import random
 import threading
+import time
 
 import numpy as np
 import pandas as pd
@@ -201,7 +202,7 @@ def serve(tmp_path, **kwargs) -> tuple[str, threading.Thread, list]:
 def push_all(address: str, frames: list[bytes]) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 2000)
+    sock.setsockopt(zmq.LINGER, 30_000)  # a collector that binds late under load still gets every frame
     sock.connect(address)
     for frame in frames:
         sock.send(frame)
@@ -245,7 +246,13 @@ def test_idle_timeout_ends_run_and_fails_unfinished(tmp_path):
 def test_sigterm_stops_loop_and_writes_what_is_known(tmp_path):
     address = f"ipc://{tmp_path}/c.sock"
     pusher = threading.Thread(target=push_all, args=(address, [encode(m) for m in script()[:6]]))
-    killer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+
+    def kill_once_pushed() -> None:  # not on a fixed timer: a loaded machine may not have sent them yet
+        pusher.join()
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=kill_once_pushed)
     pusher.start()
     killer.start()
     summary = run_collector(address, tmp_path)  # main thread: its handlers are installed here

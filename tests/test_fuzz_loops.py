@@ -26,27 +26,52 @@ _frames = st.one_of(
 )
 
 
+HYPOTHESIS_FRAMES = 1500  # drawn by hypothesis (its shapes); the rest are their cut and flipped variants
+
+
+def rejected(frame: bytes) -> bool:
+    try:
+        decode(frame)
+    except ProtocolError:
+        return True
+    return False
+
+
+def variants(frame: bytes):
+    """Each prefix of a frame, then each with its last byte flipped: cheap, and still of its shape."""
+    for n in range(len(frame)):
+        yield frame[:n]
+        if n:
+            yield frame[:n - 1] + bytes([frame[n - 1] ^ 0xFF])
+
+
 @pytest.fixture(scope="module")
 def malformed() -> list[bytes]:
-    """Hypothesis-generated frames that the decoder must reject."""
-    frames: list[bytes] = []
+    """Hypothesis-generated frames that the decoder must reject, topped up to N_FRAMES with variants of them."""
+    drawn: list[bytes] = []
 
-    @settings(max_examples=N_FRAMES * 3, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=HYPOTHESIS_FRAMES * 3, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(_frames)
     def collect(frame: bytes) -> None:
-        if len(frames) < N_FRAMES:
-            try:
-                decode(frame)
-            except ProtocolError:
-                frames.append(frame)
+        if len(drawn) < HYPOTHESIS_FRAMES and rejected(frame):
+            drawn.append(frame)
 
     collect()
-    while len(frames) < N_FRAMES:  # top up with cut frames if hypothesis produced duplicates
+    frames, seen = list(drawn), set(drawn)
+    for frame in drawn:
+        fresh = [v for v in dict.fromkeys(variants(frame)) if v not in seen and rejected(v)]
+        frames.extend(fresh)
+        seen.update(fresh)
+        if len(frames) >= N_FRAMES:
+            break
+    while len(frames) < N_FRAMES:  # top up with cut frames if hypothesis produced few
         frames.append(encode(EndOfStream(len(frames)))[:-1])
-    return frames
+    return frames[:N_FRAMES]
 
 
 def blast(sock: zmq.Socket, frames: list[bytes], prefix: list[bytes] | None = None) -> None:
+    """Send every frame; a peer that is gone fails the test (zmq.Again) instead of blocking it forever."""
+    sock.setsockopt(zmq.SNDTIMEO, 60_000)
     for frame in frames:
         sock.send_multipart([*(prefix or []), frame])
 

@@ -140,3 +140,15 @@ def test_arrivals_beyond_max_queue_fail_as_queue_full_like_the_live_scheduler():
     assert r["status"].tolist() == ["finished", "failed", "finished", "failed", "failed"]  # B, D, E find A or C queued
     assert set(r.loc[[1, 3, 4], "error"]) == {"queue full"}
     assert launches(tables) == [(2.0, "A", "age", 8.0), (8.0, "C", "age", 12.0)]
+
+
+def test_a_policy_that_never_launches_is_declared_stalled_in_virtual_time_like_a_live_run():
+    from tests.fault_plugins import Never
+
+    sim = Simulation(Never(), UNIT, [hello("static")], seed_frame(), settings={}, stall_limit_s=2.0)
+    store = sim.run()
+    tables = build_tables(store, sim.recorder.attach(store), seed_frame(), None)
+    r = tables.requests
+    assert set(r.status) == {"failed"} and set(r.error) == {
+        "stalled: policy launched nothing for 2 s with 5 queued and every worker idle"}
+    assert sim.core.stats["stalled"] == 5

@@ -48,3 +48,13 @@ def test_an_unknown_preset_is_one_line_and_exit_1(tmp_path):
     result = runner.invoke(app, ["simulate", "--preset", "h100-imaginary", "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "unknown sim preset 'h100-imaginary'" in result.output
+
+
+def test_a_stalled_policy_ends_the_simulation_with_exit_2_and_its_line(tmp_path):
+    result = runner.invoke(app, ["simulate", "--strategy", "tests.fault_plugins:Never", "--rate", "5", *FAST,
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "stalled: policy launched nothing for 60 s with" in result.output.strip().splitlines()[-1]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (reason,) = summary["failure_reasons"]
+    assert summary["finished"] == 0 and reason.startswith("stalled")

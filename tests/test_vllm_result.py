@@ -105,7 +105,7 @@ def test_an_extra_file_that_is_no_vllm_result_is_one_line(run_folder, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"hello": 1}))
     result = runner.invoke(app, ["report", str(run_folder), "--extra", str(bad)])
-    assert result.exit_code == 1 and "not a vllm bench serve result" in result.output
+    assert result.exit_code == 1 and "not a result file batchlab reads" in result.output
 
 
 @pytest.mark.slow  # real processes through the CLI

@@ -1,41 +1,44 @@
-"""Other tools' result files beside batchlab's strategies: `vllm bench serve --save-result` JSON.
+"""Other tools' result files beside batchlab's strategies: `vllm bench serve --save-result` JSON, GuideLLM's
+benchmarks.json and AIPerf's profile_export_aiperf.json, told apart by their content.
 
-A file is one external point: its label (vLLM's `label`, else backend and model, and the file's name),
-its request rate (vLLM writes "inf" as text), its output throughput and its latencies, in seconds like
-batchlab's figures. The report draws them as marked points and lists them in their own table.
+A vLLM file is one point; a GuideLLM report one point per benchmark (collector.report.extra_formats); an
+AIPerf export one point. Each carries its label, its offered request rate, its measured throughput and its
+latencies, in seconds like batchlab's figures. The report draws them as marked points and lists them in
+their own table, with the definitions that differ from batchlab's stated once per tool.
 """
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
+from batchlab.collector.report.external_point import METRICS as POINT_METRICS
+from batchlab.collector.report.external_point import ExternalPoint, figure
+from batchlab.collector.report.extra_formats import (AIPERF, GUIDELLM, aiperf_point, guidellm_points, is_aiperf,
+                                                      is_guidellm)
 from batchlab.collector.report.points import ReportError
+
+__all__ = ["ExternalPoint", "load_external", "section"]
 
 # batchlab's metric → vLLM's key stem; a percentile q → vLLM's key prefix (p50 is also its median)
 METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}
 QUANTILES = {"mean": "mean", "p50": "median", "p90": "p90", "p99": "p99"}
 REQUIRED = ("request_throughput", "output_throughput")
 KIND = "vllm bench serve"
-
-
-@dataclass(slots=True)
-class ExternalPoint:
-    """One external tool's run, in batchlab's units (s, per s)."""
-
-    label: str
-    source: Path
-    kind: str  # the tool, e.g. "vllm bench serve"
-    rate: float  # requests/s asked for (inf: all at once)
-    throughput_tok_s: float
-    requests_per_s: float
-    completed: int
-    failed: int
-    latency: dict  # metric -> {mean, p50, p90, p99} s (None where the file has no such key)
-
-    @property
-    def failed_share(self) -> float:
-        total = self.completed + self.failed
-        return self.failed / total if total else 0.0
+ACCEPTED = ("vllm bench serve --save-result JSON, GuideLLM benchmarks.json (--output-path), "
+            "AIPerf profile_export_aiperf.json")
+# each tool's definitions where they differ from batchlab's (TTFT from arrival at the scheduler, TPOT
+# (completion − first token) ÷ (tokens − 1) per request, ITL the gaps between consecutive tokens)
+DEFINITIONS = {
+    KIND: "TTFT from sending the request; TPOT per request, as batchlab's; ITL the gaps between streamed "
+          "chunks (a chunk of k tokens is one gap, not k); rate the one asked for (inf: all at once)",
+    GUIDELLM: "TTFT from sending the request; its ITL, (last − first token) ÷ (output tokens − 1) per request, "
+              "is batchlab's TPOT and is shown as TPOT, its percentiles over requests weighted by their "
+              "tokens; its TPOT includes the TTFT and is not shown; it keeps no gap distribution, so ITL is "
+              "empty; req/s and tok/s are the means of its rate over the benchmark's measured window; rate "
+              "the strategy's (constant or poisson; inf for throughput, '-' for synchronous and concurrent)",
+    AIPERF: "TTFT from sending the request; its ITL, (latency − TTFT) ÷ (output tokens − 1) per request, is "
+            "batchlab's TPOT and is shown as TPOT; its inter-chunk latency (gaps between streamed chunks, "
+            "vLLM's ITL) is shown as ITL; rate its --request-rate ('-' when it ran at a concurrency)",
+}
 
 
 def is_vllm_result(data: object) -> bool:
@@ -68,34 +71,59 @@ def vllm_point(path: Path, data: dict) -> ExternalPoint:
                          int(data.get("completed") or 0), int(data.get("failed") or 0), latency)
 
 
-def _read(path: Path) -> object:
+def _figured(path: Path, points: list[ExternalPoint]) -> list[ExternalPoint]:
+    """The points, each with at least one figure (ReportError for a run of the format holding none)."""
+    for p in points:
+        if math.isnan(p.throughput_tok_s) and all(v is None for q in p.latency.values() for v in q.values()):
+            raise ReportError(f"--extra {path}: a corrupt result file ({p.label} holds no figure batchlab "
+                              f"reads); batchlab reads {ACCEPTED}")
+    return points
+
+
+def points_of(path: Path, data: object) -> list[ExternalPoint] | None:
+    """The points of one result file of a format batchlab reads; None for any other content."""
+    if is_vllm_result(data):
+        return [vllm_point(path, data)]
+    if is_guidellm(data):
+        return _figured(path, guidellm_points(path, data))
+    if is_aiperf(data):
+        return _figured(path, [aiperf_point(path, data)])
+    return None
+
+
+def _given(path: Path) -> list[ExternalPoint]:
+    """The points of a file given with --extra: ReportError, naming it and the formats read, otherwise."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ReportError(f"--extra {path}: cannot read it as JSON ({exc})") from None
+        raise ReportError(f"--extra {path}: cannot read it as JSON ({exc}); batchlab reads {ACCEPTED}") from None
+    try:
+        points = points_of(path, data)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ReportError(f"--extra {path}: a corrupt result file ({type(exc).__name__}: {exc}); "
+                          f"batchlab reads {ACCEPTED}") from None
+    if points is None:
+        raise ReportError(f"--extra {path}: not a result file batchlab reads; it reads {ACCEPTED}")
+    return points
+
+
+def _found(path: Path) -> list[ExternalPoint]:
+    """The points of a JSON file found in the results folder ([] for any other file, left alone)."""
+    try:
+        return points_of(path, json.loads(path.read_text())) or []
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, ReportError):
+        return []
 
 
 def load_external(folder: str | Path, files: list[str] | None = None) -> list[ExternalPoint]:
-    """The files given (each must be a vLLM result: ReportError otherwise), then the vLLM results among the
-    JSON files directly in `folder` (others are left alone), by rate then label."""
+    """The files given (each must be of a format batchlab reads: ReportError otherwise), then such results
+    among the JSON files directly in `folder` (others are left alone), by rate then label."""
     given = [Path(f) for f in files or []]
-    points = []
-    for path in given:
-        data = _read(path)
-        if not is_vllm_result(data):
-            raise ReportError(f"--extra {path}: not a vllm bench serve result (needs {', '.join(REQUIRED)}, "
-                              "median_ttft_ms)")
-        points.append(vllm_point(path, data))
+    points = [p for path in given for p in _given(path)]
     resolved = {p.resolve() for p in given}
     for path in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
-        if path.resolve() in resolved:
-            continue
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if is_vllm_result(data):
-            points.append(vllm_point(path, data))
+        if path.resolve() not in resolved:
+            points.extend(_found(path))
     return sorted(points, key=lambda p: (p.rate if not math.isnan(p.rate) else math.inf, p.label))
 
 
@@ -104,17 +132,20 @@ def _ms(seconds: float | None) -> str:
 
 
 def section(points: list[ExternalPoint]) -> list[str]:
-    """REPORT.md lines: the external points' table ([] when there are none)."""
+    """REPORT.md lines: the external points' table and each tool's definitions ([] when there are none)."""
     if not points:
         return []
+    kinds = sorted({p.kind for p in points})
     out = ["", "## Other tools' runs", "",
-           f"Result files of other tools, drawn as stars in the latency plot. Their figures are the tool's "
-           "own definitions (vLLM: TTFT from sending, TPOT per request, ITL between streamed chunks, duration "
-           "the benchmark's wall time); latencies in ms as p50 / p99.", "",
-           "| run | tool | rate req/s | completed | failed | req/s | out tok/s | TTFT | TPOT | ITL | E2E |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "Result files of other tools, drawn as stars in the latency plot. Their figures are the tool's "
+           "own, measured by it; latencies in ms as p50 / p99, '-' where the file has no such figure. "
+           "Where the definitions differ from batchlab's:", ""]
+    out += [f"- {kind}: {DEFINITIONS[kind]}." for kind in kinds]
+    out += ["", "| run | tool | rate req/s | completed | failed | req/s | out tok/s | TTFT | TPOT | ITL | E2E |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
-        lat = [f"{_ms(p.latency[m]['p50'])} / {_ms(p.latency[m]['p99'])}" for m in METRICS]
-        out.append(f"| {p.label} | {p.kind} | {p.rate:g} | {p.completed} | {p.failed} | {p.requests_per_s:.2f} "
-                   f"| {p.throughput_tok_s:.0f} | " + " | ".join(lat) + " |")
+        lat = [f"{_ms(p.latency[m]['p50'])} / {_ms(p.latency[m]['p99'])}" for m in POINT_METRICS]
+        out.append(f"| {p.label} | {p.kind} | {figure(p.rate, 'g')} | {p.completed} | {p.failed} "
+                   f"| {figure(p.requests_per_s, '.2f')} | {figure(p.throughput_tok_s, '.0f')} | "
+                   + " | ".join(lat) + " |")
     return out

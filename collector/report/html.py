@@ -8,6 +8,8 @@ import html
 import re
 from pathlib import Path
 
+from batchlab.collector.report.external import DEFINITIONS
+from batchlab.collector.report.external_point import figure
 from batchlab.collector.report.html_curves import curves_html
 from batchlab.collector.report.stats import GroupStats
 
@@ -64,11 +66,14 @@ def _external_table(external: list) -> str:
         return ""
     head = ("run", "tool", "rate req/s", "completed", "failed", "req/s", "out tok/s", "TTFT p50 / p99 ms",
             "E2E p50 / p99 ms")
-    rows = [[p.label, p.kind, f"{p.rate:g}", str(p.completed), str(p.failed), f"{p.requests_per_s:.2f}",
-             f"{p.throughput_tok_s:.0f}", f"{_ms(p.latency['ttft']['p50'])} / {_ms(p.latency['ttft']['p99'])}",
+    rows = [[p.label, p.kind, figure(p.rate, "g"), str(p.completed), str(p.failed), figure(p.requests_per_s, ".2f"),
+             figure(p.throughput_tok_s, ".0f"), f"{_ms(p.latency['ttft']['p50'])} / {_ms(p.latency['ttft']['p99'])}",
              f"{_ms(p.latency['e2e']['p50'])} / {_ms(p.latency['e2e']['p99'])}"] for p in external]
-    return ("<h2>Other tools' runs</h2><p class='note'>Stars in the curves; their figures follow the tool's "
-            "own definitions.</p>" + _table(head, rows, "external"))
+    notes = "".join(f"<li>{html.escape(kind)}: {html.escape(DEFINITIONS[kind])}.</li>"
+                    for kind in sorted({p.kind for p in external}))
+    return ("<h2>Other tools' runs</h2><p class='note'>Stars in the curves; their figures are the tool's own. "
+            "Where the definitions differ from batchlab's:</p><ul class=\"note\" id=\"external-definitions\">"
+            + notes + "</ul>" + _table(head, rows, "external"))
 
 
 def _plain(markdown_line: str) -> str:

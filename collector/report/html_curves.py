@@ -1,6 +1,7 @@
 """The HTML report's interactive curves: latency against throughput per strategy (plotly, inlined)."""
 import math
 
+from batchlab.collector.report.external_point import figure
 from batchlab.collector.report.stats import GroupStats, share_text
 
 PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))
@@ -26,8 +27,9 @@ def hover_text(g: GroupStats) -> str:
 
 def _external_text(p) -> str:
     lat = p.latency
-    return "<br>".join([f"<b>{p.label}</b> ({p.kind}) at λ = {p.rate:g} req/s",
-                        f"throughput {p.throughput_tok_s:.1f} tok/s, {p.requests_per_s:.2f} req/s",
+    return "<br>".join([f"<b>{p.label}</b> ({p.kind}) at λ = {figure(p.rate, 'g')} req/s",
+                        f"throughput {figure(p.throughput_tok_s, '.1f')} tok/s, "
+                        f"{figure(p.requests_per_s, '.2f')} req/s",
                         f"TTFT p50 {_ms(lat['ttft']['p50'])}, p99 {_ms(lat['ttft']['p99'])}",
                         f"E2E p50 {_ms(lat['e2e']['p50'])}, p99 {_ms(lat['e2e']['p99'])}",
                         f"failed {p.failed} / {p.completed + p.failed} ({share_text(p.failed_share)})"])

@@ -9,6 +9,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from batchlab.collector.metrics import inter_token_latencies, request_metrics  # noqa: E402
+from batchlab.collector.report.external_point import figure  # noqa: E402
 from batchlab.collector.report.points import Collection  # noqa: E402
 from batchlab.collector.report.stats import FAILED_MARK_SHARE, GroupStats, share_text  # noqa: E402
 
@@ -52,9 +53,9 @@ def _external(ax, points: list, metric: str, q: str) -> None:
     """Other tools' runs (collector.report.external) as labelled stars."""
     for p in points:
         value = p.latency[metric][q]
-        if value is not None:
+        if value is not None and not np.isnan(p.throughput_tok_s):
             ax.scatter([p.throughput_tok_s], [value * 1e3], marker="*", s=160, zorder=6, label=f"{p.label} ({p.kind})")
-            ax.annotate(f"λ={p.rate:g}", (p.throughput_tok_s, value * 1e3), textcoords="offset points",
+            ax.annotate(f"λ={figure(p.rate, 'g')}", (p.throughput_tok_s, value * 1e3), textcoords="offset points",
                         xytext=(4, -10), fontsize=7)
 
 

@@ -33,6 +33,7 @@ from batchlab.worker.sim import ContinuousCore, StepPlan, static_step_durations
 from batchlab.worker.stepmodel import StepModel
 
 ARRIVAL, WAKE, BATCH_END, STEP_END, CLIENT = range(5)
+STALL_LIMIT_S = 60.0  # RunConfig's default
 
 
 class Simulation:
@@ -40,10 +41,11 @@ class Simulation:
 
     def __init__(self, policy: Policy, model: StepModel, hellos: list[WorkerHello], requests: pd.DataFrame,
                  *, settings: dict, max_queue: int = 0, max_queue_tokens: int = 0,
-                 clients: ClientPool | None = None) -> None:
+                 stall_limit_s: float = STALL_LIMIT_S, clients: ClientPool | None = None) -> None:
         self.model, self.settings = model, settings
         self.store, self.recorder = RunStore(), Recorder()
-        self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens)
+        self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens,
+                                  stall_limit_s=stall_limit_s)
         for h in hellos:
             self.core.on_hello(h.worker_id, h, 0.0)
         self.steppers = {h.worker_id: ContinuousCore(model, max_rows=h.max_batch_size)
@@ -162,7 +164,12 @@ class Simulation:
         return True
 
     def _finish(self, t: float) -> None:
-        self.core.fail_queue("scheduler stopped: simulation ended", t)  # no policy leaves requests behind, but be sure
+        """No event is left: requests still queued wait on idle workers for a policy that will never launch
+        them, so the core declares it stalled as a live scheduler would, stall_limit_s (virtual) later."""
+        if self.core.stall_limit_s:
+            self.core.tick(t)
+            self.core.tick(t + self.core.stall_limit_s)
+        self.core.fail_queue("scheduler stopped: simulation ended", t)  # with the limit off (0)
         self._forward()
         stats = {**self.core.stats, **self.stats}
         self.store.handle(RunEnd(self.core.stats["submitted"], list(self.core.workers), stats))

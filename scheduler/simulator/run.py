@@ -49,7 +49,8 @@ def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) ->
     """Play `schedule` through cfg's policy and workers in virtual time; the run's tables."""
     strategy, model = resolve(cfg), step_model(cfg)
     sim = Simulation(strategy.policy(), model, worker_hellos(cfg, strategy, model), schedule.frame, settings=sim_settings(cfg),
-                     max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens, clients=clients(cfg, schedule))
+                     max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens, stall_limit_s=cfg.stall_limit_s,
+                     clients=clients(cfg, schedule))
     store = sim.run()
     tokens = sim.recorder.attach(store)
     # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule

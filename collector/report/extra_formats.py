@@ -1,0 +1,148 @@
+"""GuideLLM's and AIPerf's result files as external points, their figures in batchlab's units.
+
+Field names come from the pydantic models that write the files (paths in each project's repository):
+GuideLLM `src/guidellm/benchmark/schemas/report.py` (GenerativeBenchmarksReport: `benchmarks`),
+`schemas/benchmark.py` (GenerativeBenchmark: `config`, `metrics`), `schemas/metrics.py` (GenerativeMetrics),
+`src/guidellm/schemas/statistics.py` (StatusDistributionSummary → DistributionSummary: `mean`, `median`,
+`percentiles.p50/p90/p99`) and `src/guidellm/scheduler/strategies.py` (`type_`, `rate`, `streams`); releases
+before 0.7 keep the strategy under `args` and the counts at the benchmark's top level
+(`src/guidellm/benchmark/benchmark.py` of v0.3). AIPerf `aiperf/common/models/export_models.py`
+(JsonExportData: one JsonMetricResult per metric tag, `unit`, `avg`, `p50`, `p90`, `p99`),
+`aiperf/metrics/types/*.py` (the tags and units) and `aiperf/common/config/loadgen_config.py`
+(`request_rate`, `concurrency`).
+"""
+import math
+from pathlib import Path
+
+from batchlab.collector.report.external_point import ExternalPoint, empty_latency, number
+from batchlab.collector.report.points import ReportError
+
+GUIDELLM = "guidellm"
+AIPERF = "aiperf"
+# batchlab's metric → GuideLLM's GenerativeMetrics field and its unit in s. GuideLLM's inter_token_latency_ms
+# is per request (last token − first token) ÷ (output tokens − 1), batchlab's TPOT; its
+# time_per_output_token_ms includes the TTFT and has no batchlab counterpart; it keeps no gap distribution (ITL)
+GUIDELLM_METRICS = {"ttft": ("time_to_first_token_ms", 1e-3), "tpot": ("inter_token_latency_ms", 1e-3),
+                    "e2e": ("request_latency", 1.0)}
+# batchlab's metric → AIPerf's metric tag. AIPerf's inter_token_latency is per request (latency − TTFT) ÷
+# (output tokens − 1), batchlab's TPOT; its inter_chunk_latency (gaps between streamed chunks) is vLLM's ITL
+AIPERF_METRICS = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "itl": "inter_chunk_latency",
+                  "e2e": "request_latency"}
+AIPERF_TIME_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "sec": 1.0, "s": 1.0}  # aiperf MetricTimeUnit tags
+
+
+def is_guidellm(data: object) -> bool:
+    """A GuideLLM report: a list of benchmarks, each with its GenerativeMetrics."""
+    benchmarks = data.get("benchmarks") if isinstance(data, dict) else None
+    return (isinstance(benchmarks, list) and bool(benchmarks)
+            and all(isinstance(b, dict) and isinstance(b.get("metrics"), dict) for b in benchmarks)
+            and all(any(isinstance(b["metrics"].get(name), dict) for name in ("request_latency",
+                                                                              "time_to_first_token_ms"))
+                    for b in benchmarks))
+
+
+def is_aiperf(data: object) -> bool:
+    """An AIPerf profile_export_aiperf.json: metric tags mapping to {unit, avg, ...}."""
+    return (isinstance(data, dict) and isinstance(data.get("request_throughput"), dict)
+            and "unit" in data["request_throughput"]
+            and any(isinstance(data.get(tag), dict) for tag in ("time_to_first_token", "request_latency")))
+
+
+def _successful(metrics: dict, name: str) -> dict:
+    """The successful requests' DistributionSummary of one GuideLLM metric ({} when absent)."""
+    summary = metrics.get(name)
+    summary = summary.get("successful") if isinstance(summary, dict) else None
+    return summary if isinstance(summary, dict) else {}
+
+
+def _guidellm_latency(metrics: dict) -> dict:
+    latency = empty_latency()
+    for metric, (name, unit_s) in GUIDELLM_METRICS.items():
+        summary = _successful(metrics, name)
+        pct = summary.get("percentiles") if isinstance(summary.get("percentiles"), dict) else {}
+        found = {"mean": summary.get("mean"), "p50": pct.get("p50", summary.get("median")),
+                 "p90": pct.get("p90"), "p99": pct.get("p99")}
+        latency[metric] = {q: None if number(v) is None else number(v) * unit_s for q, v in found.items()}
+    return latency
+
+
+def _guidellm_strategy(bench: dict) -> tuple[str, float]:
+    """The point's label tail and its offered rate (req/s; inf for throughput, NaN without a rate)."""
+    config = bench.get("config") if isinstance(bench.get("config"), dict) else bench.get("args")
+    strategy = config.get("strategy") if isinstance(config, dict) else None
+    strategy = strategy if isinstance(strategy, dict) else {}
+    kind = str(strategy.get("type_") or "benchmark")
+    rate, streams = number(strategy.get("rate")), number(strategy.get("streams"))
+    if rate is not None:
+        return f"{kind} @ {rate:g} req/s", rate
+    if kind == "throughput":
+        return kind, math.inf
+    return (f"{kind} @ {streams:g} streams" if streams is not None else kind), math.nan
+
+
+def _guidellm_counts(bench: dict) -> tuple[int, int]:
+    """Successful and errored requests (GenerativeMetrics.request_totals; before 0.7, the benchmark's)."""
+    totals = bench["metrics"].get("request_totals", bench.get("request_totals"))
+    totals = totals if isinstance(totals, dict) else {}
+    return int(number(totals.get("successful")) or 0), int(number(totals.get("errored")) or 0)
+
+
+def guidellm_points(path: Path, data: dict) -> list[ExternalPoint]:
+    """One point per GuideLLM benchmark (a rate or a strategy of its profile)."""
+    points = []
+    for bench in data["benchmarks"]:
+        metrics = bench["metrics"]
+        tail, rate = _guidellm_strategy(bench)
+        completed, failed = _guidellm_counts(bench)
+        out_tok_s = number(_successful(metrics, "output_tokens_per_second").get("mean"))
+        req_s = number(_successful(metrics, "requests_per_second").get("mean"))
+        points.append(ExternalPoint(f"{GUIDELLM}: {tail} [{path.stem}]", path, GUIDELLM, rate,
+                                    math.nan if out_tok_s is None else out_tok_s,
+                                    math.nan if req_s is None else req_s, completed, failed,
+                                    _guidellm_latency(metrics)))
+    return points
+
+
+def _aiperf_per_s(path: Path, result: object, name: str) -> float:
+    """An AIPerf rate (unit "<things>/<time unit>") per second; NaN when the file lacks it."""
+    if not isinstance(result, dict) or number(result.get("avg")) is None:
+        return math.nan
+    unit = str(result.get("unit", "")).rsplit("/", 1)[-1]
+    if unit not in AIPERF_TIME_S:
+        raise ReportError(f"--extra {path}: AIPerf metric {name} has unit {result.get('unit')!r}, not per time")
+    return number(result["avg"]) / AIPERF_TIME_S[unit]
+
+
+def _aiperf_latency(path: Path, data: dict) -> dict:
+    latency = empty_latency()
+    for metric, tag in AIPERF_METRICS.items():
+        result = data.get(tag)
+        if not isinstance(result, dict):
+            continue
+        unit_s = AIPERF_TIME_S.get(str(result.get("unit")))
+        if unit_s is None:
+            raise ReportError(f"--extra {path}: AIPerf metric {tag} has unit {result.get('unit')!r}, "
+                              f"not one of {', '.join(AIPERF_TIME_S)}")
+        found = {"mean": result.get("avg"), "p50": result.get("p50"), "p90": result.get("p90"),
+                 "p99": result.get("p99")}
+        latency[metric] = {q: None if number(v) is None else number(v) * unit_s for q, v in found.items()}
+    return latency
+
+
+def _aiperf_count(data: dict, tag: str) -> int:
+    result = data.get(tag)
+    return int(number(result.get("avg")) or 0) if isinstance(result, dict) else 0
+
+
+def aiperf_point(path: Path, data: dict) -> ExternalPoint:
+    """The point of one AIPerf run (its input_config's request rate, else its concurrency, names it)."""
+    config = data.get("input_config") if isinstance(data.get("input_config"), dict) else {}
+    loadgen = config.get("loadgen") if isinstance(config.get("loadgen"), dict) else {}
+    rate, concurrency = number(loadgen.get("request_rate")), number(loadgen.get("concurrency"))
+    tail = (f"@ {rate:g} req/s" if rate is not None else
+            f"@ concurrency {concurrency:g}" if concurrency is not None else "profile")
+    return ExternalPoint(f"{AIPERF}: {tail} [{path.stem}]", path, AIPERF, math.nan if rate is None else rate,
+                         _aiperf_per_s(path, data.get("output_token_throughput"), "output_token_throughput"),
+                         _aiperf_per_s(path, data.get("request_throughput"), "request_throughput"),
+                         _aiperf_count(data, "request_count"), _aiperf_count(data, "error_request_count"),
+                         _aiperf_latency(path, data))
