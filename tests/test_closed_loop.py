@@ -109,6 +109,12 @@ def test_concurrency_beside_an_open_loop_setting_is_refused(given):
         checked_config({"concurrency": 4, "num_requests": 10}, given)
 
 
+def test_naive_batches_larger_than_the_clients_are_refused():
+    with pytest.raises(ConfigError, match="never have that many out"):
+        checked_config({"strategy": "naive", "batch_size": 8, "concurrency": 4, "num_requests": 10}, {})
+    assert checked_config({"strategy": "naive", "batch_size": 4, "concurrency": 4, "num_requests": 10}, {})
+
+
 def test_a_closed_loop_config_rebuilt_from_its_settings_is_the_same():
     cfg = checked_config({**SYNTHETIC, "concurrency": 4, "think_time_ms": 20.0}, {"num_requests": 10})
     again = checked_config(cfg.as_settings(), {})
