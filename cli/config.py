@@ -16,6 +16,9 @@ def checked_config(file_values: dict, overrides: dict) -> RunConfig:
     for name in ("prompt_lengths", "output_lengths"):  # one text form, whatever the YAML held
         setattr(cfg, name, _lengths_text(name, getattr(cfg, name)))
     _check_frame(strategy.rows if strategy.mode == "static" else 1, cfg.max_prompt_len)
+    if 0 < cfg.concurrency < strategy.rows and strategy.name == "naive":  # its batches would never fill
+        raise ConfigError(f"naive launches exactly {strategy.rows} requests at once, and {cfg.concurrency} "
+                          "closed-loop clients never have that many out: use --batch-size ≤ --concurrency")
     _check_trace(cfg.dataset)
     return cfg
 
@@ -76,6 +79,8 @@ def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
     if exact:
         _refuse_conflicts(given, saved)
     values = {k: v for k, v in {**saved, **({} if exact else given)}.items() if k in TRAFFIC_FIELDS}
+    if cfg.concurrency:  # closed loop takes the schedule's requests in order: its own times are not replayed
+        values = {k: v for k, v in values.items() if k not in ("rate", "arrival", "burstiness")}
     unknown = {k: None for k in TRAFFIC_FIELDS if k not in values and k != "max_new_tokens"}
     return replace(cfg, **values, extra={**unknown, **cfg.extra})
 

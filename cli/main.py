@@ -15,7 +15,7 @@ from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, B
                                   Compile, Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
                                   MaxPrompt, MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset,
                                   Rate, Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
-from batchlab.cli.options import NumRequests, OutputLens, Overwrite, PromptLens, SaveResult, TraceStart
+from batchlab.cli.options import Concurrency, NumRequests, OutputLens, ThinkTime, Overwrite, PromptLens, SaveResult, TraceStart
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -78,6 +78,8 @@ def _main(version: Annotated[bool, Opt("--version", is_eager=True, help="print b
 def _config(config: str | None, overrides: dict, *, replay: bool = False) -> RunConfig:
     """Defaults ← YAML ← options (with `replay`, a --schedule's own traffic settings); a bad setting is
     one line and exit 1."""
+    if overrides.get("concurrency") is not None and overrides["concurrency"] < 1:  # 0 is RunConfig's open loop
+        _fail("--concurrency must be ≥ 1 client (leave it out for open-loop --rate)")
     try:
         cfg = checked_config(load_yaml(config) if config else {}, overrides)
         return replay_config(cfg, overrides) if replay and cfg.schedule else cfg
@@ -106,7 +108,8 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
         max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
         tensor_parallel_size: TP = None,
         pipeline_parallel_size: PP = None, slo: SloOpt = None, overwrite: Overwrite = False,
-        num_requests: NumRequests = None, save_result: SaveResult = None) -> None:
+        num_requests: NumRequests = None, concurrency: Concurrency = None, think_time_ms: ThinkTime = None,
+        save_result: SaveResult = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     overrides = dict(locals())
     overwrite = overrides.pop("overwrite")
@@ -233,6 +236,7 @@ def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None,
             trace_start_s: TraceStart = None, prompt_lengths: PromptLens = None, output_lengths: OutputLens = None,
             schedule: Schedule = None, max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None,
             seed: Seed = None, out: Out = None, keys: Keys = None, num_requests: NumRequests = None,
+            concurrency: Concurrency = None, think_time_ms: ThinkTime = None,
             scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
     """Run the traffic generator alone."""
     overrides = {k: v for k, v in locals().items() if k not in ("config", "scheduler")}

@@ -48,6 +48,11 @@ Duration = Annotated[Optional[float], setting(
 NumRequests = Annotated[Optional[int], setting(
     "num_requests", "--num-requests", help="stop after N requests or --duration, whichever comes first "
                                            "(no --duration: N alone; 0: --duration alone)")]
+Concurrency = Annotated[Optional[int], setting(
+    "concurrency", help="closed loop: N clients, each sends its next request when its last one ended (plus "
+                        "--think-time-ms); not with --rate/--arrival (docs/traffic.md)")]
+ThinkTime = Annotated[Optional[float], setting(
+    "think_time_ms", "--think-time-ms", help="closed loop: a client waits this long after an end, ms")]
 Arrival = Annotated[Optional[str], setting(
     "arrival", help="poisson | gamma | constant | trace (a trace dataset's own arrival times)")]
 TraceStart = Annotated[Optional[float], setting(

@@ -27,7 +27,8 @@ log = logging.getLogger("batchlab.pool")
 # RunConfig fields that shape the traffic, the scheduler or the output folder, never the worker
 RUN_ONLY = frozenset({"strategy", "rate", "duration_s", "arrival", "burstiness", "dataset", "schedule",
                       "max_wait_ms", "max_new_tokens", "max_prompt_len", "seed", "out", "max_queue",
-                      "max_queue_tokens", "stall_limit_s", "label", "repeat", "extra"})
+                      "max_queue_tokens", "stall_limit_s", "label", "repeat", "concurrency", "think_time_ms",
+                      "extra"})
 
 
 def worker_key(cfg: RunConfig) -> tuple | None:

@@ -36,7 +36,11 @@ def table(summary: dict) -> Table:
     t.add_row("requests finished / scheduled", f"{summary.get('finished', 0)} / {summary.get('scheduled', 0)}")
     for reason, count in (summary.get("failure_reasons") or {}).items():
         t.add_row(f"  failed: {reason.splitlines()[0][:60]}", str(count))
-    t.add_row("offered rate (req/s)", "–" if offered is None else f"{offered:.2f}")
+    if clients := (summary.get("settings") or {}).get("concurrency"):
+        think_ms = summary["settings"].get("think_time_ms") or 0
+        t.add_row("closed loop (clients)", f"{clients}" + (f", think {think_ms:g} ms" if think_ms else ""))
+    else:
+        t.add_row("offered rate (req/s)", "–" if offered is None else f"{offered:.2f}")
     t.add_row("served rate (req/s)", f"{summary.get('requests_per_s', 0.0):.2f}")
     t.add_row("output throughput (tok/s)", f"{summary.get('throughput_tok_s', 0.0):,.1f}")
     if goodput := summary.get("goodput"):
@@ -61,7 +65,8 @@ def warnings(summary: dict) -> list[str]:
     elif any("queue full" in r for r in reasons):
         out.append("overloaded: requests were rejected because the queue was full")
     lag = (summary.get("harness_lag") or {}).get("p99")
-    if lag is not None and lag > SEND_LAG_WARN_S:
+    closed = bool((summary.get("settings") or {}).get("concurrency"))  # no planned times to lag behind
+    if lag is not None and lag > SEND_LAG_WARN_S and not closed:
         out.append(f"the traffic sender lagged: p99 {lag * 1e3:.1f} ms behind the planned arrival times")
     share = harness_cpu_share(summary)
     if share is not None and share > HARNESS_CPU_WARN:
@@ -85,4 +90,6 @@ def show(summary: dict, out: str, console: Console | None = None) -> None:
     err = Console(stderr=True)
     for line in warnings(summary):
         err.print(f"[yellow]warning:[/] {line}")
-    console.print(f"results in {out}: {summary.get('finished', 0)} finished, {summary.get('failed', 0)} failed")
+    clients = (summary.get("settings") or {}).get("concurrency")
+    load = f" ({clients} closed-loop client{'s' * (clients != 1)})" if clients else ""
+    console.print(f"results in {out}: {summary.get('finished', 0)} finished, {summary.get('failed', 0)} failed{load}")

@@ -75,11 +75,15 @@ def warm_worker_role(cfg: RunConfig, worker_id: str, sessions, on_run_log=None) 
 def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
     """Build (or load) the schedule and replay it against the scheduler; set `started` (an event) when
     the scheduler's Start came: the run's own time limit counts from then."""
-    from batchlab.traffic.process import run_traffic
+    from batchlab.traffic.process import ClosedLoop, run_traffic
 
     setup_logging(cfg.out, "traffic")
     target = Path(cfg.out) / "schedule.parquet"
     already_there = bool(cfg.schedule) and Path(cfg.schedule).resolve() == target.resolve()  # the launcher's
+    closed = None
+    if cfg.concurrency > 0:  # the send times recorded in the run's own schedule file
+        closed = ClosedLoop(cfg.concurrency, cfg.think_time_ms / 1000, target)
     run_traffic(make_schedule(cfg), scheduler_addr, out_dir=None if already_there else Path(cfg.out),
-                keys=cfg.keys or None, on_start=None if started is None else (lambda _t0: started.set()))
+                keys=cfg.keys or None, on_start=None if started is None else (lambda _t0: started.set()),
+                closed=closed)
     return 0

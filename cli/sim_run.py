@@ -73,7 +73,7 @@ def _auto_rates(sim: SimPlan, probe: dict | None, capacity: dict | None) -> list
 
 
 def _points(sim: SimPlan, probe: dict | None, capacity: dict | None = None) -> list[Point]:
-    rates = sim.plan.rates or _auto_rates(sim, probe, capacity)
+    rates = sim.plan.rates or ([] if sim.plan.concurrency else _auto_rates(sim, probe, capacity))
     if sim.layout:
         return plan_points(sim.plan, rates, sim.out)
     return [Point(sim.plan.entries[0], rates[0], 0, sim.plan.seed, sim.out)]
@@ -142,8 +142,9 @@ def _record_point(point: Point, summary: dict, elapsed_s: float) -> None:
 def _write_index(sim: SimPlan, points: list[Point], probe: dict | None, capacity: dict | None = None) -> None:
     """OUT/sweep.json as `batchlab sweep` writes it (marked simulated)."""
     plan = sim.plan
-    rates = sorted({p.rate for p in points})
+    rates = [] if plan.concurrency else sorted({p.rate for p in points})
     index = {"config": sim.config, "base": plan.base, "rates": rates, "repeats": plan.repeats, "seed": plan.seed,
+             **({"concurrency": plan.concurrency} if plan.concurrency else {}),
              "probe": probe, "capacity": capacity, "points": [p.record("done") for p in points],
              "entries": [{"label": e.label, **e.overrides} for e in plan.entries], "simulated": True}
     write_json_atomic(sim.out / INDEX_FILE, index, default=str)

@@ -79,7 +79,9 @@ def _print_table(results: list) -> None:
     table = Table("strategy", "rate", "finished", "tok/s", "req/s", "TTFT p50 s", "TTFT p99 s", "E2E p50 s",
                   "E2E p99 s", "out", title="simulated")
     for point, s in results:
-        table.add_row(point.entry.label, f"{point.rate:g}", f"{s['finished']}/{s['submitted']}",
+        clients = (s.get("settings") or {}).get("concurrency")
+        table.add_row(point.entry.label, f"{clients} clients" if clients else f"{point.rate:g}",
+                      f"{s['finished']}/{s['submitted']}",
                       f"{s['throughput_tok_s']:.0f}", f"{s['requests_per_s']:.2f}", _seconds(s, "ttft", "p50"),
                       _seconds(s, "ttft", "p99"), _seconds(s, "e2e", "p50"), _seconds(s, "e2e", "p99"),
                       str(point.folder))

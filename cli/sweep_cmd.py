@@ -189,6 +189,7 @@ def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None =
         if not mixed:
             points = warm_order(points, plan.base, worker_key, first=plan.entries[-1].label if capacity else None)
         index = {"config": str(config), "base": plan.base, "rates": rates, "repeats": plan.repeats,
+                 **({"concurrency": plan.concurrency} if plan.concurrency else {}),
                  "order": "interleaved" if mixed else "grouped",
                  "seed": plan.seed, "capacity": capacity, "points": [p.record("pending") for p in points],
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}

@@ -3,6 +3,7 @@
 Layout of a sweep folder: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic
 rates) and OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each); the names live in collector.layout.
 """
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ SPAN_LOW = 0.3
 SPAN_HIGH = 1.3
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # model loads, engine compilation and warm-up: minutes on a slow host
 ORDERS = ("auto", "interleaved", "grouped")
-GRID_KEYS = frozenset({"strategies", "rates", "repeats", "seed", "point_timeout_s", "startup_timeout_s", "order"})
+GRID_KEYS = frozenset({"strategies", "rates", "concurrency", "repeats", "seed", "point_timeout_s", "startup_timeout_s", "order"})
 
 
 class SweepError(ValueError):
@@ -42,7 +43,7 @@ class Plan:
 
     base: dict
     entries: list[Entry]
-    rates: list[float]  # empty when placed automatically
+    rates: list[float]  # empty when placed automatically (or closed loop)
     auto: dict  # {} when rates are given
     repeats: int
     seed: int
@@ -50,6 +51,7 @@ class Plan:
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S  # launch until the first request; 0: no limit
     order: str = "auto"  # ORDERS: interleaved, grouped, or auto (interleaved unless a point runs on a GPU)
     repeats_auto: dict = field(default_factory=dict)  # {} unless `repeats: {auto: {start, max, width_pct}}`
+    concurrency: list[int] = field(default_factory=list)  # closed loop: clients per point, in place of rates
 
     def limits(self):
         """Each point's time limits (cli.launcher.Limits)."""
@@ -63,22 +65,26 @@ class Point:
     """One run of the grid; its traffic seed is seed + repeat, shared by every strategy."""
 
     entry: Entry
-    rate: float
+    rate: float  # closed loop: inf (no planned times)
     repeat: int
     seed: int
     folder: Path
+    concurrency: int = 0  # closed loop's clients; 0: open loop at `rate`
 
     def config(self, base: dict) -> RunConfig:
-        """The run's settings: base ← entry ← this point's rate, seed and folder."""
-        values = {**base, **self.entry.overrides, "rate": self.rate, "seed": self.seed + self.repeat,
-                  "out": str(self.folder), "label": self.entry.label, "repeat": self.repeat}
+        """The run's settings: base ← entry ← this point's rate (or clients), seed and folder."""
+        load = {"concurrency": self.concurrency} if self.concurrency else {"rate": self.rate}
+        values = {**base, **self.entry.overrides, **load, "seed": self.seed + self.repeat, "out": str(self.folder),
+                  "label": self.entry.label, "repeat": self.repeat}
         return checked_config(values, {})
 
     def record(self, status: str, reason: str = "", elapsed_s: float | None = None) -> dict:
         """This point's row in sweep.json."""
         cfg = {**self.entry.overrides}
         return {"label": self.entry.label, "strategy": cfg.get("strategy"), "backend": cfg.get("backend"),
-                "rate": self.rate, "repeat": self.repeat, "seed": self.seed + self.repeat,
+                "rate": None if self.concurrency else self.rate,
+                **({"concurrency": self.concurrency} if self.concurrency else {}),
+                "repeat": self.repeat, "seed": self.seed + self.repeat,
                 "dir": "/".join(self.folder.parts[-POINT_DEPTH:]), "status": status, "reason": reason,
                 "elapsed_s": elapsed_s}
 
@@ -165,14 +171,29 @@ def load_plan(path: str | Path, sets: dict | None = None) -> Plan:
     labels = [e.label for e in entries]
     if not entries or len(set(labels)) != len(labels):
         raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
-    rates, auto = _rates(grid.get("rates", [base.get("rate", RunConfig().rate)]))
+    concurrency = _concurrency(grid, base)
+    rates, auto = ([], {}) if concurrency else _rates(grid.get("rates", [base.get("rate", RunConfig().rate)]))
     order = str(grid.get("order", "auto"))
     if order not in ORDERS:
         raise SweepError(f"grid.order must be one of {', '.join(ORDERS)}, got {order!r}")
     repeats, repeats_auto = _repeats(grid.get("repeats", 1))
     return Plan(base, entries, rates, auto, repeats, int(grid.get("seed", 0)),
                 float(grid.get("point_timeout_s", 0)),
-                float(grid.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)), order, repeats_auto)
+                float(grid.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)), order, repeats_auto, concurrency)
+
+
+def _concurrency(grid: dict, base: dict) -> list[int]:
+    """grid.concurrency: closed-loop clients per point, distinct and ascending ([] when not given); it
+    replaces rates, so a rate or an arrival process beside it is refused."""
+    raw = grid.get("concurrency")
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not raw or not all(type(c) is int and c >= 1 for c in raw):
+        raise SweepError(f"grid.concurrency must be a list of client counts ≥ 1, got {raw!r}")
+    if "rates" in grid or "rate" in base or "arrival" in base:
+        raise SweepError("grid.concurrency sweeps closed-loop load: it does not go with grid.rates, base.rate "
+                         "or base.arrival (open loop)")
+    return sorted(set(raw))
 
 
 def _repeats(raw: object) -> tuple[int, dict]:
@@ -193,6 +214,10 @@ def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
     """Repeat → rate → strategy, so an interrupted sweep already holds whole comparisons; the strategies'
     order turns by one each repeat, so that none always runs first (or right after another) at a rate."""
     n = len(plan.entries)
+    if plan.concurrency:  # closed loop: one point per client count, in its concurrency=<n> folder
+        return [Point(e, math.inf, k, plan.seed, out / point_dir(e.label, math.inf, k, concurrency=c), c)
+                for k in range(plan.repeats) for c in plan.concurrency
+                for e in plan.entries[k % n:] + plan.entries[:k % n]]
     return [Point(e, r, k, plan.seed, out / point_dir(e.label, r, k))
             for k in range(plan.repeats) for r in rates
             for e in plan.entries[k % n:] + plan.entries[:k % n]]

@@ -23,14 +23,17 @@ CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<point_dir> 
 CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes
 
 STRATEGY_KEY, RATE_KEY, REPEAT_KEY = "strategy", "rate", "repeat"  # a point folder's partition keys, outermost first
+CONCURRENCY_KEY = "concurrency"  # in a closed-loop sweep, the middle key instead of the rate
 POINT_DEPTH = 3  # folders from a sweep's OUT to a point's
 OLD_LAYOUT = "<label>/rate-<r>/rep-<k>"  # the point folders sweeps wrote before the Hive layout
 _OLD_RATE, _OLD_REPEAT = re.compile(r"rate-([0-9.eE+-]+|inf)"), re.compile(r"rep-(\d+)")
 
 
-def point_dir(label: str, rate: float, repeat: int) -> Path:
-    """A point's folder relative to the sweep's OUT: strategy=<label>/rate=<r>/repeat=<k>."""
-    return Path(_part(STRATEGY_KEY, label), _part(RATE_KEY, f"{rate:g}"), _part(REPEAT_KEY, str(repeat)))
+def point_dir(label: str, rate: float, repeat: int, concurrency: int = 0) -> Path:
+    """A point's folder relative to the sweep's OUT: strategy=<label>/rate=<r>/repeat=<k>, or with
+    `concurrency` (a closed-loop point) strategy=<label>/concurrency=<n>/repeat=<k>."""
+    load = _part(CONCURRENCY_KEY, str(concurrency)) if concurrency else _part(RATE_KEY, f"{rate:g}")
+    return Path(_part(STRATEGY_KEY, label), load, _part(REPEAT_KEY, str(repeat)))
 
 
 def probe_dir(label: str) -> str:
@@ -49,11 +52,14 @@ def partition(name: str, key: str) -> str | None:
 
 
 def point_of(folder: Path) -> tuple[str, float, int] | None:
-    """(label, rate, repeat) of a point folder in either layout (Hive or the old one), else None."""
+    """(label, rate, repeat) of a point folder in either layout (Hive or the old one), else None; a
+    closed-loop point (concurrency=<n>) has no planned rate: inf, as its settings record."""
     if len(folder.parts) < POINT_DEPTH:
         return None
     names = folder.parts[-POINT_DEPTH:]
     label, rate, repeat = (partition(n, k) for n, k in zip(names, (STRATEGY_KEY, RATE_KEY, REPEAT_KEY)))
+    if rate is None and partition(names[1], CONCURRENCY_KEY) is not None:
+        rate = "inf"
     if label is None or rate is None or repeat is None:
         old_rate, old_repeat = _OLD_RATE.fullmatch(names[1]), _OLD_REPEAT.fullmatch(names[2])
         if not (old_rate and old_repeat):

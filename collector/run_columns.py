@@ -11,9 +11,9 @@ import pyarrow as pa
 from batchlab.protocol.identity import config_hash, identity
 
 # requests.parquet had these before the others (as plain columns); every table carries all of them
-SETTINGS_COLUMNS = ("strategy", "backend", "model", "rate", "arrival", "seed")
+SETTINGS_COLUMNS = ("strategy", "backend", "model", "rate", "concurrency", "arrival", "seed")
 RUN_COLUMNS = ("label", "strategy_args", "repeat", "config_hash")
-TYPES = {"rate": pa.float64(), "seed": pa.int64(), "repeat": pa.int64()}  # the others: text
+TYPES = {"rate": pa.float64(), "concurrency": pa.int64(), "seed": pa.int64(), "repeat": pa.int64()}  # the others: text
 TEXT = pa.dictionary(pa.int32(), pa.string())
 
 

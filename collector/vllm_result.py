@@ -65,7 +65,7 @@ def _setup(folder: Path, summary: dict) -> dict:
     return {"date": _date(folder), "backend": settings.get("backend"), "label": settings.get("strategy"),
             "model_id": settings.get("model"), "tokenizer_id": settings.get("model"),
             "num_prompts": summary.get("scheduled"), "request_rate": rate,
-            "burstiness": settings.get("burstiness"), "max_concurrency": None}
+            "burstiness": settings.get("burstiness"), "max_concurrency": settings.get("concurrency") or None}
 
 
 def vllm_result(folder: str | Path) -> dict:

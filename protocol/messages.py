@@ -15,7 +15,7 @@ __all__ = [
     "PROTOCOL_VERSION", "STEP_BATCH", "BatchId", "Count", "Length", "RequestId", "FailedRow", "Kind", "RequestRow",
     "TokenBytes", "pack_tokens", "unpack_tokens",
     "Arrival", "BatchLaunch", "Bundle", "RequestFailed", "RunEnd", "RunInfo", "Step", "Tokens", "WorkerBye",
-    "TrafficHello", "Start", "RequestMsg", "EndOfStream", "WorkerHello", "Dispatch", "BatchDone", "Heartbeat",
+    "TrafficHello", "Start", "RequestMsg", "EndOfStream", "RequestsEnded", "WorkerHello", "Dispatch", "BatchDone", "Heartbeat",
     "Shutdown", "ClockPing", "ClockPong", "WorkerCapacity", "MESSAGE_TYPES",
 ]
 
@@ -29,6 +29,7 @@ class TrafficHello:
     n_requests: Count
     schedule_hash: str
     duration_s: float
+    concurrency: Count = 0  # closed loop's clients (0: open loop): the scheduler then sends it RequestsEnded
 
 
 @dataclass(slots=True)
@@ -58,6 +59,16 @@ class EndOfStream:
 
     KIND = Kind.END_OF_STREAM
     sent: Count
+
+
+@dataclass(slots=True)
+class RequestsEnded:
+    """Scheduler → a closed-loop traffic: these requests ended (finished or failed) by time `t`, so their
+    clients may send again. Sent only to a traffic whose hello gave a concurrency."""
+
+    KIND = Kind.REQUESTS_ENDED
+    request_ids: list[RequestId]
+    t: float
 
 
 # --- scheduler <-> worker --------------------------------------------------------------------------
@@ -184,7 +195,7 @@ class WorkerCapacity:
 
 
 MESSAGE_TYPES: tuple[type, ...] = (
-    TrafficHello, Start, RequestMsg, EndOfStream, WorkerHello, Dispatch, BatchDone, Heartbeat,
+    TrafficHello, Start, RequestMsg, EndOfStream, RequestsEnded, WorkerHello, Dispatch, BatchDone, Heartbeat,
     Shutdown, ClockPing, ClockPong, WorkerCapacity, Tokens, Step, Arrival, BatchLaunch, RequestFailed, RunInfo,
     RunEnd, WorkerBye, Bundle,
 )

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from batchlab.protocol.load_stops import (CLOSED_LOOP_CONFLICT, DEFAULT_DURATION_S, closed_loop_terms,  # noqa: F401
+                                         count_duration_s)
 from batchlab.protocol.slos import SLO_NAMES, UNITS_S, parse_slos, slo_items  # noqa: F401 (re-exported)
 
 BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
@@ -22,6 +24,7 @@ ARRIVALS = ("poisson", "gamma", "constant", "trace")
 # The settings a schedule is built from: a replayed schedule brings its own.
 TRAFFIC_FIELDS = ("arrival", "rate", "duration_s", "burstiness", "seed", "dataset", "max_new_tokens",
                   "max_prompt_len", "trace_start_s", "prompt_lengths", "output_lengths", "num_requests")
+DEFAULT_RATE = 10.0  # requests/s
 Lengths = str | int | list | dict  # 128, "32-512", "64,128,256", [64, 128], "lognormal:mean=256", {dist: ...}
 
 
@@ -38,10 +41,12 @@ class RunConfig:
     backend: str = "sim"
     model: str = "tiny-mistral"
     preset: str = "a100-llama2-7b"  # sim backend step-time preset
-    rate: float = 10.0  # requests/s; inf: every request at t = 0 (needs num_requests)
-    duration_s: float = 10.0
+    rate: float = DEFAULT_RATE  # requests/s; inf: every request at t = 0 (needs num_requests)
+    duration_s: float = DEFAULT_DURATION_S
     num_requests: int = 0  # stop after this many requests or duration_s, whichever comes first; 0: duration only
     arrival: str = "poisson"
+    concurrency: int = 0  # closed loop: this many clients, each sends when its last request ended; 0: open loop
+    think_time_ms: float = 0.0  # closed loop: a client waits this long after an end before its next send
     burstiness: float = 1.0
     dataset: str = "sharegpt"  # sharegpt | synthetic | azure-conv | azure-code | trace:PATH | PATH
     trace_start_s: float = 0.0  # traces: where in the trace the run starts, s after its first request
@@ -92,8 +97,11 @@ class RunConfig:
             (self.trace_start_s >= 0, "--trace-start must be ≥ 0 s"),
             (self.duration_s > 0 and math.isfinite(self.duration_s), "--duration must be > 0 s"),
             (self.num_requests >= 0, "--num-requests must be ≥ 0 (0: --duration alone stops the run)"),
-            (math.isfinite(self.rate) or self.num_requests > 0,
+            (self.concurrency >= 0, "--concurrency must be ≥ 1 client (0: open loop, --rate)"),
+            (math.isfinite(self.rate) or self.num_requests > 0 or self.concurrency > 0,
              "--rate inf (every request at t = 0) needs --num-requests N"),
+            (self.think_time_ms >= 0, "--think-time-ms must be ≥ 0 ms"),
+            (self.concurrency == 0 or math.isinf(self.rate), CLOSED_LOOP_CONFLICT),
             (math.isfinite(self.rate) or self.arrival != "trace", "--rate inf does not go with --arrival trace"),
             (self.burstiness > 0, "--burstiness must be > 0"),
             (self.batch_size >= 1, "--batch-size must be ≥ 1"),
@@ -214,27 +222,16 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
         merged["rate"] = 0.0  # a trace keeps its own timing unless a rate is asked for
     if "slo" in merged and isinstance(merged["slo"], (str, list, tuple)):  # comma lists: one item per SLO
         merged["slo"] = slo_items(merged["slo"])
+    if merged.get("concurrency"):
+        if not closed_loop_terms(merged):
+            raise ConfigError(CLOSED_LOOP_CONFLICT)
     if merged.get("num_requests") and "duration_s" not in merged:  # the count alone stops the run
-        default = RunConfig()
-        merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", default.rate),
-                                                merged.get("burstiness", default.burstiness))
+        merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", DEFAULT_RATE),
+                                                merged.get("burstiness", 1.0))
     unknown = sorted(set(merged) - set(known))
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
     return RunConfig(**{k: _typed(k, v, known[k]) for k, v in merged.items()}).validate()
-
-
-def count_duration_s(num_requests: object, rate: object, burstiness: object) -> float:
-    """A duration that holds `num_requests` arrivals at `rate` all but surely (their mean time plus 8
-    standard deviations of a gamma process, s): --num-requests without --duration is a count-only stop.
-    rate inf (all at t = 0) or a rate that is no number: RunConfig's default duration."""
-    try:
-        n, rate_f, shape = float(num_requests), float(rate), min(float(burstiness), 1.0)
-        if not (rate_f > 0 and math.isfinite(rate_f) and n > 0 and shape > 0):
-            return RunConfig().duration_s
-        return float(f"{(n + 8 * math.sqrt(n / shape) + 1) / rate_f:.4g}")
-    except (TypeError, ValueError):
-        return RunConfig().duration_s
 
 
 def parse_strategy_args(given: object) -> dict:

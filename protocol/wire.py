@@ -8,7 +8,7 @@ from typing import Annotated
 
 import numpy as np
 
-PROTOCOL_VERSION = 2  # 2: Dispatch carries several batches (`sizes`); Bundle
+PROTOCOL_VERSION = 3  # 2: Dispatch carries several batches (`sizes`); Bundle. 3: RequestsEnded (closed loop)
 STEP_BATCH = -1  # Tokens.batch_id of a continuous step: each token belongs to its request's latest batch
 
 
@@ -75,3 +75,4 @@ class Kind(IntEnum):
     CLOCK_PONG = 19
     WORKER_CAPACITY = 20
     BUNDLE = 21
+    REQUESTS_ENDED = 22

@@ -1,5 +1,6 @@
 """The scheduler process: the ZeroMQ edge around SchedulerCore (scheduler/core.py), which holds every
 rule about requests; this file moves messages, reads the clock and watches liveness."""
+import contextlib
 import logging
 import math
 import time
@@ -7,7 +8,7 @@ import time
 import zmq
 
 from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, Heartbeat,
-                               ProtocolError, RequestMsg, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
+                               ProtocolError, RequestMsg, RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                                WorkerCapacity, WorkerHello, decode_all, encode, now)
 from batchlab.protocol.bundling import Bundler
 from batchlab.protocol.security import start_authenticator
@@ -45,6 +46,8 @@ class Scheduler:
         self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True, keys=keys)
         self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
         self.traffic: bytes | None = None
+        self.closed_loop = False  # the traffic's hello gave a concurrency: it is told which requests ended
+        self.ended: list[int] = []  # closed loop: requests ended since the traffic was last told
         self.t0: float | None = None
         self.stopping = False
         self.wake_at: float | None = None
@@ -67,8 +70,9 @@ class Scheduler:
             # 4. liveness both ways (a silent worker is lost; the no-worker grace runs out)
             self._beat()
             self._forward()
-            # 5. the collector's records, in one frame when due
+            # 5. the collector's records, in one frame when due; a closed-loop traffic, what ended
             self._flush()
+            self._tell_ends()
             # 6. done?
             if self.core.done():
                 break
@@ -121,7 +125,9 @@ class Scheduler:
             self.core.on_request(QueuedRequest(msg.request_id, msg.arrival_time, msg.prompt_len, msg.output_len,
                                                msg.prompt_tokens), t)
         elif isinstance(msg, BatchDone):
-            self.core.on_batch_done(wid, msg.batch_id, msg.oom, t)
+            batch = self.core.on_batch_done(wid, msg.batch_id, msg.oom, t)
+            if batch is not None and not msg.oom and self.closed_loop:  # its worker decided each row's end
+                self.ended += [r.request_id for r in batch]
         elif isinstance(msg, WorkerHello):
             self._on_hello(wid, msg, t)
         elif isinstance(msg, WorkerCapacity):
@@ -129,7 +135,7 @@ class Scheduler:
             if rows is not None:
                 log.info("worker %s now runs at most %d rows (%s)", wid, rows, msg.reason)
         elif isinstance(msg, TrafficHello):
-            self.traffic = sender
+            self.traffic, self.closed_loop = sender, msg.concurrency > 0
             self._maybe_start()
         elif isinstance(msg, ClockPing):
             send_routed(self.router, sender, encode(ClockPong(msg.seq, msg.t_send, now())))
@@ -238,18 +244,26 @@ class Scheduler:
         for wid in self.core.workers:
             self._send_worker(wid, Shutdown(why))
         if self.traffic is not None:
-            try:
+            with contextlib.suppress(zmq.ZMQError):
                 send_routed(self.router, self.traffic, encode(Shutdown(why)), zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
         cpu_s = time.process_time() - self.cpu_at_start if self.t0 is not None else 0.0  # from Start on
         stats = {**self.core.stats, **self.stats, "cpu_s": cpu_s}
         self._to_collector(RunEnd(self.core.stats["submitted"], list(self.core.workers), stats))
         self._flush(force=True)
 
     def _forward(self) -> None:
-        """The core's terminal records, to the collector."""
-        self.records.extend(self.core.drain())
+        """The core's terminal records, to the collector (and, closed loop, their ids to the traffic)."""
+        records = self.core.drain()
+        self.records.extend(records)
+        if self.closed_loop:
+            self.ended += [r.request_id for r in records]
+
+    def _tell_ends(self) -> None:
+        """A closed-loop traffic learns, in one frame, which requests ended (its clients send again)."""
+        if self.ended and self.traffic is not None:
+            with contextlib.suppress(zmq.ZMQError):  # a traffic that is gone is not waited for
+                send_routed(self.router, self.traffic, encode(RequestsEnded(self.ended, now())), zmq.NOBLOCK)
+            self.ended = []
 
     def _to_collector(self, msg: object) -> None:
         self.records.add(msg)

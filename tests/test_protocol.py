@@ -12,7 +12,7 @@ from batchlab.protocol.codec import MAX_ARRAY_LEN
 
 SAMPLES = [
     m.TrafficHello(10, "abc", 5.0), m.Start(12.5), m.RequestMsg(1, 2.0, 2.001, 4, 5, m.pack_tokens([1, 2, 3, 4])),
-    m.EndOfStream(10),
+    m.EndOfStream(10), m.RequestsEnded([3, 7], 4.5), m.TrafficHello(10, "abc", 5.0, 4),
     m.WorkerHello("w0", "sim", "tiny", "static", 8, 1024, 10**12, "cpu", "none", {"dtype": "float32"}),
     m.Dispatch(3, 1.5, "age", [[1, 4, 5, m.pack_tokens([1, 2, 3, 4])], [2, 3, 2, m.pack_tokens([5, 6, 7])]]),
     m.BatchDone(3, "w0", 1.5, 2.5, [1], [[2, "worker error: boom"]], False, 123),
@@ -183,3 +183,21 @@ def test_well_formed_msgpack_with_random_fields_decodes_or_raises_protocol_error
     except ProtocolError:
         return
     assert int(msg.KIND) == kind
+
+
+def test_a_hello_without_a_concurrency_is_an_open_loop_traffic():
+    hello = decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.TRAFFIC_HELLO), 10, "abc", 5.0]))
+    assert hello.concurrency == 0
+
+
+@pytest.mark.parametrize("fields", [
+    [[-1], 1.0],  # a request id below 0
+    [[1, "2"], 1.0],  # an id that is no int
+    [[True], 1.0],  # a bool is no id
+    [[1], float("nan")],  # a time that is no finite number
+    [1, 1.0],  # ids that are no list
+    [[1]],  # the time missing
+])
+def test_requests_ended_with_a_bad_field_is_rejected(fields):
+    with pytest.raises(ProtocolError):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.REQUESTS_ENDED), *fields]))

@@ -7,20 +7,21 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
 
-from batchlab.protocol import (EndOfStream, Heartbeat, ProtocolError, RequestMsg, Shutdown, Start, TrafficHello,
-                               decode, encode)
+from batchlab.protocol import (EndOfStream, Heartbeat, ProtocolError, RequestMsg, RequestsEnded, Shutdown, Start,
+                               TrafficHello, decode, encode)
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.clock_sync import OffsetEstimate, measure
 from batchlab.protocol.messages import pack_tokens
 from batchlab.protocol.security import is_loopback
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
-from batchlab.traffic.schedule import Schedule, save_schedule
+from batchlab.traffic.closed_loop import ClientPool
+from batchlab.traffic.schedule import Schedule, save_schedule, with_send_times
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,21 @@ class _Control:
     stop_reason: str = ""
     protocol_errors: int = 0
     last_send: float = 0.0  # now() of the last frame sent (the scheduler counts any frame as a sign of life)
+    ended: list[int] = field(default_factory=list)  # closed loop: ids the scheduler said ended, not yet read
 
     def stop(self, reason: str) -> None:
         """The first reason to stop wins."""
         self.stop_reason = self.stop_reason or reason
+
+
+@dataclass(slots=True)
+class ClosedLoop:
+    """Closed-loop load: `clients` clients, `think_s` between an end and the next send; what was sent, and
+    when, is written to `record_to` (a schedule file: the send times become its arrival offsets)."""
+
+    clients: int
+    think_s: float = 0.0
+    record_to: Path | None = None
 
 
 def _beat(sock: zmq.Socket, ctl: _Control) -> None:
@@ -75,6 +87,8 @@ def _drain(sock: zmq.Socket, ctl: _Control, timeout_s: float = 0.0) -> Start | N
             ctl.stop(f"scheduler shutdown: {msg.reason}")
         elif isinstance(msg, Start):
             start = msg
+        elif isinstance(msg, RequestsEnded):
+            ctl.ended += msg.request_ids
     return start
 
 
@@ -142,6 +156,37 @@ def _send_loop(sock: zmq.Socket, ctl: _Control, ids: list, arrivals: list, promp
     return len(arrivals)
 
 
+def _send_closed(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control, closed: ClosedLoop,
+                 off: float = 0.0) -> int:
+    """Closed loop: every client sends at t0, then each again when the scheduler says its request ended
+    (plus the think time), until the schedule or the duration runs out. A request's arrival time is when
+    its client became free: the send times are written to closed.record_to. Returns how many were sent."""
+    frame = schedule.frame
+    ids, prompt_lens, output_lens = (frame[c].tolist() for c in ("request_id", "prompt_len", "output_len"))
+    pool = ClientPool(closed.clients, len(ids), closed.think_s, t0 + schedule.duration_s)
+    pool.start(t0)
+    arrivals: list[float] = []
+    while not ctl.stop_reason:
+        t = now()
+        pool.on_ended(ctl.ended, t)  # 1. the scheduler's ends free their clients
+        ctl.ended.clear()
+        if pool.done(t):
+            break
+        for i, ready_at in pool.due(t):  # 2. each free client sends the next request
+            sock.send(encode(RequestMsg(ids[i], ready_at + off, now() + off, prompt_lens[i], output_lens[i],
+                                        pack_tokens(frame["prompt_tokens"].iat[i]))))
+            arrivals.append(ready_at - t0)
+            ctl.last_send = now()
+        # 3. wait for an end, the next free client, or the stop (beating meanwhile)
+        wake = pool.next_send_at()
+        deadline = min(wake if wake is not None else math.inf, pool.stop_at, now() + WAIT_SLICE_S)
+        _beat(sock, ctl)
+        _drain(sock, ctl, max(0.0, deadline - now()))
+    if closed.record_to is not None:
+        save_schedule(with_send_times(schedule, arrivals), closed.record_to)
+    return len(arrivals)
+
+
 def _sync_clock(sock: zmq.Socket, scheduler_addr: str, ctl: _Control) -> OffsetEstimate:
     """The scheduler's clock minus ours: 0 on the same host (one monotonic clock), else measured by
     ping-pongs (minimum round trip, as the workers do; error ≤ rtt/2, logged)."""
@@ -174,18 +219,22 @@ def _punctual_sender() -> None:
 
 
 def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None,
-                start_timeout_s: float = 600, keys: str | None = None, on_start=None) -> int:
-    """Announce the schedule, wait for Start, send every request on time, end the stream; return sent.
-    `on_start(t0)` is called when Start came, before the first send (the launcher's run clock)."""
+                start_timeout_s: float = 600, keys: str | None = None, on_start=None,
+                closed: ClosedLoop | None = None) -> int:
+    """Announce the schedule, wait for Start, send every request on time (or, `closed`, when a client is
+    free), end the stream; return sent. `on_start(t0)` is called when Start came, before the first send
+    (the launcher's run clock)."""
     if out_dir is not None:
         save_schedule(schedule, Path(out_dir) / "schedule.parquet")
+        if closed is not None and closed.record_to is None:
+            closed.record_to = Path(out_dir) / "schedule.parquet"
     ctl = _Control()
     with on_stop_signal(lambda signum: ctl.stop(f"signal {signal.Signals(signum).name}")):
-        return _announce_and_send(schedule, scheduler_addr, ctl, start_timeout_s, keys, on_start)
+        return _announce_and_send(schedule, scheduler_addr, ctl, start_timeout_s, keys, on_start, closed)
 
 
 def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, start_timeout_s: float,
-                       keys: str | None, on_start=None) -> int:
+                       keys: str | None, on_start=None, closed: ClosedLoop | None = None) -> int:
     _punctual_sender()
     ctx = zmq.Context()
     sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity="traffic", keys=keys)
@@ -194,7 +243,8 @@ def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, s
         # 0. a scheduler on another host has another monotonic clock: measure the offset (as workers do)
         clock = _sync_clock(sock, scheduler_addr, ctl)
         # 1. announce
-        sock.send(encode(TrafficHello(schedule.n_requests, schedule.content_hash, schedule.duration_s)))
+        sock.send(encode(TrafficHello(schedule.n_requests, schedule.content_hash, schedule.duration_s,
+                                      closed.clients if closed else 0)))
         ctl.last_send = now()
         # 2. wait for the scheduler's Start
         t0 = _wait_for_start(sock, ctl, start_timeout_s)
@@ -205,7 +255,10 @@ def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, s
                 on_start(t0)
             log.info("traffic: start at t0=%.3f, %d requests over %.1f s", t0, schedule.n_requests,
                      schedule.duration_s)
-            sent = _send_all(sock, schedule, t0, ctl, clock.offset_s)
+            if closed is None:
+                sent = _send_all(sock, schedule, t0, ctl, clock.offset_s)
+            else:
+                sent = _send_closed(sock, schedule, t0, ctl, closed, clock.offset_s)
         # 4. end the stream, with the real count
         sock.send(encode(EndOfStream(sent)))
         log.info("traffic: sent %d of %d requests%s", sent, schedule.n_requests,

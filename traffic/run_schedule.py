@@ -1,10 +1,15 @@
 """A run's schedule from its settings: a saved one (replay) or a new one from the seed."""
+import math
 from pathlib import Path
 
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.traffic.config import TrafficConfig, default_output_lengths
 from batchlab.traffic.lengths import LengthSpec, parse_lengths
 from batchlab.traffic.schedule import Schedule, build_schedule, load_schedule
+
+# A closed loop stopped by --duration alone takes at most this many requests (the seeded schedule's first
+# ones): the clients' send times are not known before the run; the run ends early if they run out.
+CLOSED_LOOP_POOL_REQUESTS = 10_000
 
 
 def make_schedule(cfg: RunConfig) -> Schedule:
@@ -28,12 +33,16 @@ def traffic_config(cfg: RunConfig) -> TrafficConfig:
                                        "output_lengths")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return TrafficConfig(arrival=cfg.arrival, rate=cfg.rate, duration_s=cfg.duration_s,
+    closed = int(getattr(cfg, "concurrency", 0) or 0) > 0
+    count = int(getattr(cfg, "num_requests", 0) or 0)
+    if closed and not count:  # stopped by --duration alone: a pool of requests for the clients to take
+        count = CLOSED_LOOP_POOL_REQUESTS
+    return TrafficConfig(arrival=cfg.arrival, rate=math.inf if closed else cfg.rate, duration_s=cfg.duration_s,
                          burstiness=cfg.burstiness, seed=cfg.seed, dataset=cfg.dataset,
                          max_new_tokens=cfg.max_new_tokens, max_prompt_len=cfg.max_prompt_len,
                          prompt_lengths=prompt_lengths, output_lengths=output_lengths,
                          trace_start_s=float(getattr(cfg, "trace_start_s", 0.0)),
-                         num_requests=int(getattr(cfg, "num_requests", 0) or 0))
+                         num_requests=count)
 
 
 def tokenizer_for(cfg: RunConfig):

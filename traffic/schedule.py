@@ -124,6 +124,17 @@ def _first(n: int, offsets: np.ndarray, prompts: Prompts, notes: dict) -> tuple[
     return offsets[:n], kept, {**notes, "trace_requests": n}
 
 
+def with_send_times(schedule: Schedule, offsets_s: Sequence[float]) -> Schedule:
+    """The schedule's first len(offsets_s) requests with these arrival offsets (when a closed loop's
+    clients sent them), its hash recomputed: what was sent, as it was sent."""
+    frame = schedule.frame.iloc[:len(offsets_s)].copy()
+    frame["arrival_offset_s"] = np.asarray(offsets_s, dtype=np.float64)
+    digest = content_hash(frame["arrival_offset_s"].to_numpy(), list(frame["prompt_tokens"]),
+                          frame["output_len"].to_numpy())
+    notes = {**schedule.notes, "arrivals": "closed loop: when each client sent"}
+    return Schedule(frame.reset_index(drop=True), digest, schedule.duration_s, schedule.config, notes)
+
+
 def save_schedule(schedule: Schedule, path: str | Path) -> None:
     """Write the schedule as Parquet; hash, duration and config go into the file's key-value metadata."""
     table = pa.Table.from_pandas(schedule.frame[list(COLUMNS)], schema=SCHEMA, preserve_index=False)

@@ -54,12 +54,16 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     root.mkdir(parents=True, exist_ok=True)
     stats = all_stats(collection, slos)
     hardware_of = {r.label: hardware(r.settings) for r in reversed(collection.runs)}
-    capacities, source = load_capacities(collection, slos)
-    found = headlines(collection, capacities, hardware_of)
+    capacities, source = ({}, "") if collection.closed_loop else load_capacities(collection, slos)  # by rate
+    found = [] if collection.closed_loop else headlines(collection, capacities, hardware_of)  # capacity: by rate
     lines = [h.text for h in found]
     at = chosen_rate(collection, next((h.rate for h in found if h.rate is not None), None), rate)
     external = load_external(collection.root, extra)
     made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png", external)]
+    if collection.closed_loop:
+        from batchlab.collector.report.closed_plots import latency_vs_concurrency
+
+        made.append(latency_vs_concurrency(stats, collection.labels(), root / "latency_vs_concurrency.png"))
     if at is not None:
         made += [plots.latency_cdfs(collection, stats, at, root / "latency_cdf.png"),
                  plots.itl_distribution(collection, stats, at, root / "itl_distribution.png"),

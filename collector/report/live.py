@@ -93,7 +93,7 @@ class SweepView:
         return tick
 
     def _line(self, point, what: str, elapsed_s: float, peek: PartsPeek | None) -> str:
-        head = f"{what} {point.entry.label} λ={point.rate:g} req/s rep {point.repeat}" if point else what
+        head = f"{what} {point.entry.label} {_load(point)} rep {point.repeat}" if point else what
         counts = " ".join(f"{k} {v}" for k, v in self.counts.items())
         if peek is None:
             return f"{head}  {elapsed_s:5.1f}s"
@@ -113,6 +113,12 @@ class SweepView:
         self.counts[status] = self.counts.get(status, 0) + 1
         took = f" in {record['elapsed_s']:.1f}s" if status != "skipped" and record.get("elapsed_s") else ""
         reason = f": {record['reason'].splitlines()[0]}" if status == "failed" and record["reason"] else ""
-        self.note(f"{point.entry.label} λ={point.rate:g} rep {point.repeat}: {status}{took}{reason}")
+        self.note(f"{point.entry.label} {_load(point, '')} rep {point.repeat}: {status}{took}{reason}")
         if self.task is not None:
             self.progress.advance(self.task)
+
+
+def _load(point, unit: str = " req/s") -> str:
+    """A sweep point's load: 'λ=5 req/s', or closed loop '4 clients'."""
+    concurrency = getattr(point, "concurrency", 0)
+    return f"{concurrency} clients" if concurrency else f"λ={point.rate:g}{unit}"

@@ -2,7 +2,7 @@
 from batchlab.collector.report import oracle
 from batchlab.collector.report.capacities import capacity_table, criterion_text
 from batchlab.collector.report.headline import RULE
-from batchlab.collector.report.points import Collection
+from batchlab.collector.report.points import Collection, index_load, load_text
 from batchlab.collector.report.setup import knob_table, prefix_cache_line, schedule_lines, setup_lines
 from batchlab.collector.report.intervals import min_requests
 from batchlab.collector.report.stats import CI_LEVEL, CI_METRICS, CI_QUANTILES, FAILED_MARK_SHARE, GroupStats
@@ -98,16 +98,29 @@ def joins_table(groups: list[GroupStats]) -> list[str]:
     return lines
 
 
+CLOSED_LOOP_CAVEAT = (
+    "Closed-loop load: each run's load is its concurrency (clients), not an arrival rate, and the tables below "
+    "are per concurrency (clients). In closed loop a client sends only when its last request ended, so latency "
+    "is measured from when a client could send: it hides the queueing that an open-loop arrival would see "
+    "(coordinated omission). Throughput is the measured figure. Capacity comparisons need an open-loop sweep "
+    "(grid.rates): none is computed here.")
+
+
 def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], headlines: list[str],
            plots: list[str], chosen_rate: float | None, slos: dict | None, capacities: dict | None = None,
            capacity_source: str = "") -> str:
     """The whole REPORT.md text: the capacity table, then the headline, then the curves and the details."""
     groups = list(stats.values())
     out = [f"# batchlab report: {collection.root}", "", "## Capacity", ""]
-    out += (capacity_table(capacities) + ["", criterion_text(capacity_source)]) if capacities else [
-        "Capacity was not measured: no run to judge."]
+    if collection.closed_loop:
+        out += [CLOSED_LOOP_CAVEAT]
+    else:
+        out += (capacity_table(capacities) + ["", criterion_text(capacity_source)]) if capacities else [
+            "Capacity was not measured: no run to judge."]
     out += ["", "## Result", ""]
-    out += [f"- {h}" for h in headlines] or ["- No naive run to compare the other strategies with."]
+    none = ("- No capacity headline in closed loop: compare strategies' capacity with an open-loop sweep."
+            if collection.closed_loop else "- No naive run to compare the other strategies with.")
+    out += [f"- {h}" for h in headlines] or [none]
     if headlines:
         out += ["", f"By a fixed rule: {RULE}. Latency changes are paired over the same requests (every strategy "
                 "replays the same schedule), resampled by repeat then by request; capacity intervals come from "
@@ -125,7 +138,7 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
             "Throughput is the mean over repeats." + (f" Goodput: share of submitted requests meeting {slo_text} "
                                         "(failed requests are misses)." if slos else "")]
     for rate in collection.rates():
-        out += ["", f"### λ = {rate:g} req/s", ""]
+        out += ["", f"### {load_text(rate, collection.closed_loop)}", ""]
         out += rate_table([g for g in groups if g.rate == rate], bool(slos))
     out += oracle.section(collection, stats, slos)
     out += ci_section(groups)
@@ -148,14 +161,14 @@ def failures(collection: Collection) -> list[str]:
     """Points that did not complete, with their reasons."""
     listed = {(f.label, f.rate, f.repeat) for f in collection.failed}  # a stopped point that measured nothing
     stopped = [p for p in collection.index.get("points", []) if p["status"] != "failed" and p.get("reason")
-               and (p["label"], p["rate"], p["repeat"]) not in listed]
+               and (p["label"], index_load(p), p["repeat"]) not in listed]
     if not collection.failed and not stopped:
         return []
-    lines = ["", "## Failed and stopped points", ""]
+    lines, closed = ["", "## Failed and stopped points", ""], collection.closed_loop
     for f in collection.failed:
-        lines.append(f"- {f.label} λ = {f.rate:g} rep {f.repeat}: failed: {f.reason.splitlines()[0]}")
+        lines.append(f"- {f.label} {load_text(f.rate, closed, '')} rep {f.repeat}: failed: {f.reason.splitlines()[0]}")
     for p in stopped:  # kept: what finished counts, the rest are failed requests
-        lines.append(f"- {p['label']} λ = {p['rate']:g} rep {p['repeat']}: {p['reason']}")
+        lines.append(f"- {p['label']} {load_text(index_load(p), closed, '')} rep {p['repeat']}: {p['reason']}")
     return lines
 
 

@@ -54,6 +54,13 @@ class Collection:
     failed: list[FailedPoint] = field(default_factory=list)
     index: dict = field(default_factory=dict)
 
+    @property
+    def closed_loop(self) -> bool:
+        """Every run is closed loop: each one's `rate` is then its clients (--concurrency)."""
+        if self.index.get("concurrency"):
+            return True
+        return bool(self.runs) and all(r.settings.get("concurrency") for r in self.runs)
+
     def labels(self) -> list[str]:
         """Strategy labels in the order of the sweep's grid (else first seen)."""
         order = [e["label"] for e in self.index.get("entries", [])]
@@ -105,6 +112,8 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
         point = point_of(folder)
         repeat = point[2] if point else 0
     tables = {name: load_table(folder, name) for name in ("requests", "tokens", "batches", "steps")}
+    if settings.get("concurrency"):  # closed loop: its load level is its clients (no planned rate)
+        rate = float(settings["concurrency"])
     rate = planned_rate(folder, settings) if rate is None else float(rate)
     rate = rate if rate > 0 else own_trace_rate(summary) or rate
     return RunData(label or label_of(settings), rate, repeat, folder, summary, **tables)
@@ -139,16 +148,26 @@ def _add(coll: "Collection", run: RunData, note: str = "") -> None:
         coll.failed.append(FailedPoint(run.label, run.rate, run.repeat, why + (f" ({note})" if note else "")))
 
 
+def index_load(point: dict) -> float:
+    """A sweep.json point's load key: its clients (closed loop, rate null) or its planned rate."""
+    return float(point["concurrency"]) if point.get("concurrency") else point["rate"]
+
+
+def load_text(value: float, closed_loop: bool, unit: str = " req/s") -> str:
+    """'λ = 5 req/s', or closed loop '4 clients'."""
+    return f"{value:g} clients" if closed_loop else f"λ = {value:g}{unit}"
+
+
 def _from_index(root: Path, index: dict) -> Collection:
     coll = Collection(root, index=index)
     for point in index.get("points", []):
         folder = root / point["dir"]
         if point["status"] in ("done", "skipped") and (folder / SUMMARY_FILE).exists():
-            run = load_run(folder, point["label"], point["repeat"], point["rate"])
+            run = load_run(folder, point["label"], point["repeat"], index_load(point))
             _add(coll, run, (point.get("reason") or "").partition("\n")[0])
         elif point["status"] != "pending":
             reason = point.get("reason") or "no summary.json"
-            coll.failed.append(FailedPoint(point["label"], point["rate"], point["repeat"], reason))
+            coll.failed.append(FailedPoint(point["label"], index_load(point), point["repeat"], reason))
     return coll
 
 

@@ -10,7 +10,7 @@ import json
 from batchlab.collector.layout import RUN_FILE
 from batchlab.protocol.identity import differences, identity
 
-CURVE_FREE = frozenset({"seed", "rate"})  # what may differ along one strategy's curve
+CURVE_FREE = frozenset({"seed", "rate", "concurrency"})  # what may differ along one strategy's curve
 LABEL_KEYS_SHOWN = 3  # distinguishing settings put into a split label
 USABLE_STATUSES = ("done", "stopped")  # run.json statuses of a run that measured what it planned
 
@@ -20,8 +20,11 @@ class PoolingError(ValueError):
 
 
 def curve_key(settings: dict) -> str:
-    """The identity less seed and rate, as one comparable text."""
-    return json.dumps({k: v for k, v in identity(settings).items() if k not in CURVE_FREE}, sort_keys=True)
+    """The identity less seed and the load level (rate, or closed loop's clients), as one comparable
+    text; open and closed loop stay apart (a curve has one kind of load axis)."""
+    key = {k: v for k, v in identity(settings).items() if k not in CURVE_FREE}
+    key["closed_loop"] = bool(settings.get("concurrency"))
+    return json.dumps(key, sort_keys=True)
 
 
 def unusable(folder) -> str | None:
@@ -80,5 +83,5 @@ def refuse_mixed(runs: list) -> None:
         first, other = groups[0][0], groups[1][0]
         diffs = differences(first.settings, other.settings, ignore=CURVE_FREE)
         raise PoolingError(f"the points labelled {label} were measured with different configurations "
-                           f"({first.folder} vs {other.folder}: {'; '.join(diffs)}); rerun the sweep (it "
+                           f"({first.folder} vs {other.folder}: {'; '.join(diffs) or 'open against closed loop'}); rerun the sweep (it "
                            "reruns points whose configuration changed) or report them separately")

@@ -12,6 +12,8 @@ answer to that step's finished rows (or at the same instant) joins the step afte
 Times match a live run's (t0 = 0): planned arrival = schedule offset (send and receive times equal
 it), scheduled_time = launch, first token = end of the prefill step, later tokens at step ends.
 The collector's RunStore receives the same messages it would receive live, except Tokens (see record.py).
+Closed loop (`clients`, a traffic.closed_loop.ClientPool): no planned arrival; each client's request
+arrives at 0, then when its last one ended (the BatchDone, or the core's failure) plus the think time.
 Not modelled: OOM (the `sim` backend has none, so no batch is requeued), lost workers, clock offsets.
 """
 import heapq
@@ -25,11 +27,12 @@ from batchlab.protocol import Arrival, BatchDone, RunEnd, RunInfo, Step, WorkerB
 from batchlab.scheduler.core import Launch, SchedulerCore
 from batchlab.scheduler.policies import Policy, QueuedRequest
 from batchlab.scheduler.simulator.record import Recorder
+from batchlab.traffic.closed_loop import ClientPool
 from batchlab.worker.backend import Row
 from batchlab.worker.sim import ContinuousCore, StepPlan, static_step_durations
 from batchlab.worker.stepmodel import StepModel
 
-ARRIVAL, WAKE, BATCH_END, STEP_END = range(4)
+ARRIVAL, WAKE, BATCH_END, STEP_END, CLIENT = range(5)
 STALL_LIMIT_S = 60.0  # RunConfig's default
 
 
@@ -38,7 +41,7 @@ class Simulation:
 
     def __init__(self, policy: Policy, model: StepModel, hellos: list[WorkerHello], requests: pd.DataFrame,
                  *, settings: dict, max_queue: int = 0, max_queue_tokens: int = 0,
-                 stall_limit_s: float = STALL_LIMIT_S) -> None:
+                 stall_limit_s: float = STALL_LIMIT_S, clients: ClientPool | None = None) -> None:
         self.model, self.settings = model, settings
         self.store, self.recorder = RunStore(), Recorder()
         self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens,
@@ -51,9 +54,13 @@ class Simulation:
         self.admitted: dict[int, tuple[int, float, int]] = {}  # rid -> (batch_id, admit_s, output_len)
         self.requests = list(zip(requests["request_id"].tolist(), requests["arrival_offset_s"].tolist(),
                                  requests["prompt_len"].tolist(), requests["output_len"].tolist()))
-        self.events = [(r[1], i, ARRIVAL, i) for i, r in enumerate(self.requests)]
+        self.clients = clients  # closed loop: arrivals decided as requests end
+        self.events = [] if clients else [(r[1], i, ARRIVAL, i) for i, r in enumerate(self.requests)]
         heapq.heapify(self.events)
         self.seq = itertools.count(len(self.events))
+        if clients is not None:
+            clients.start(0.0)
+            self._push(0.0, CLIENT, None)
         self.wakes: set[float] = set()
         self.stats = {"rejected_messages": 0}  # what a live run's edge counts (nothing is malformed here)
         if not self.requests:
@@ -70,6 +77,7 @@ class Simulation:
             while self.events and self.events[0][0] == t:
                 _, _, kind, payload = heapq.heappop(self.events)
                 changed |= self._apply(kind, payload, t)
+            changed |= self._end_closed_stream(t)
             # 2. the core launches batches on workers with room (only a change can alter its answer)
             if changed:
                 self._schedule(t)
@@ -88,6 +96,11 @@ class Simulation:
         if kind == WAKE:
             self.wakes.discard(t)
             return True
+        if kind == CLIENT:
+            due = self.clients.due(t)
+            for index, _ in due:
+                self._arrive(index, t)
+            return bool(due)
         if kind == BATCH_END:
             wid, batch_id, start_s = payload
             rids = [r.request_id for r in self.core.workers[wid].inflight[batch_id]]
@@ -122,12 +135,33 @@ class Simulation:
     def _done(self, done: BatchDone) -> None:
         """A worker's BatchDone: to the collector, and the core frees the worker's room."""
         self.store.handle(done)
-        self.core.on_batch_done(done.worker_id, done.batch_id, done.oom, done.end_time)
+        batch = self.core.on_batch_done(done.worker_id, done.batch_id, done.oom, done.end_time)
+        if batch is not None and not done.oom:
+            self._ended([r.request_id for r in batch], done.end_time)
         self._forward()
 
     def _forward(self) -> None:
-        for record in self.core.drain():
+        records = self.core.drain()
+        for record in records:
             self.store.handle(record)
+        if records:
+            self._ended([r.request_id for r in records], records[-1].time)
+
+    def _ended(self, request_ids: list[int], t: float) -> None:
+        """Closed loop: these requests' clients send again after the think time (an event each, before the stop)."""
+        if self.clients is None:
+            return
+        for ready_s in self.clients.on_ended(request_ids, t):
+            if ready_s < self.clients.stop_at:
+                self._push(ready_s, CLIENT, None)
+
+    def _end_closed_stream(self, t: float) -> bool:
+        """Closed loop: the stream ends once no client will send again (schedule or duration run out)."""
+        if self.clients is None or self.core.eos or not self.clients.done(t):
+            return False
+        self.core.end_of_stream()
+        self.stats["sent_by_traffic"] = self.clients.next_index
+        return True
 
     def _finish(self, t: float) -> None:
         """No event is left: requests still queued wait on idle workers for a policy that will never launch

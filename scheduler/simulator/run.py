@@ -6,6 +6,7 @@ from batchlab.protocol import WorkerHello
 from batchlab.scheduler.strategies import Strategy, resolve
 from batchlab.scheduler.simulator.engine import Simulation
 from batchlab.scheduler.simulator.record import build_tables
+from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.stepmodel import StepModel, get_preset
 
@@ -37,11 +38,19 @@ def sim_settings(cfg: RunConfig) -> dict:
     return settings
 
 
+def clients(cfg: RunConfig, schedule: Schedule) -> ClientPool | None:
+    """Closed loop (--concurrency): the clients over the schedule, stopped at its duration; None: open loop."""
+    if cfg.concurrency <= 0:
+        return None
+    return ClientPool(cfg.concurrency, schedule.n_requests, cfg.think_time_ms / 1000, schedule.duration_s)
+
+
 def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) -> Tables:
     """Play `schedule` through cfg's policy and workers in virtual time; the run's tables."""
     strategy, model = resolve(cfg), step_model(cfg)
     sim = Simulation(strategy.policy(), model, worker_hellos(cfg, strategy, model), schedule.frame, settings=sim_settings(cfg),
-                     max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens, stall_limit_s=cfg.stall_limit_s)
+                     max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens, stall_limit_s=cfg.stall_limit_s,
+                     clients=clients(cfg, schedule))
     store = sim.run()
     tokens = sim.recorder.attach(store)
     # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
