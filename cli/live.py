@@ -43,6 +43,8 @@ class Progress:
             return "starting"
         if self.sending_since is None:
             self.sending_since = elapsed_s
+        if self.cfg.num_requests and self.counts.get("arrived", 0) >= self.cfg.num_requests:
+            return "draining"  # the count stop came first
         return "sending" if elapsed_s - self.sending_since < self.cfg.duration_s else "draining"
 
     def text(self, elapsed_s: float, alive: dict[str, bool]) -> str:
@@ -52,8 +54,10 @@ class Progress:
         since = elapsed_s - self.sending_since if self.sending_since is not None else 0.0
         dead = [n for n, a in alive.items() if not a]
         load = f"{self.cfg.concurrency} clients" if self.cfg.concurrency else f"λ={self.cfg.rate:g} req/s"
+        stop = (f"sent {c.get('arrived', 0)} of {self.cfg.num_requests}" if self.cfg.num_requests
+                else f"of {self.cfg.duration_s:g} s")  # a count stop: the duration is only its bound
         return (f"{self.cfg.strategy}/{self.cfg.backend} {load}  {phase} "
-                f"{since:5.1f} s of {self.cfg.duration_s:g} s  finished {c.get('finished', 0)} · in flight "
+                f"{since:5.1f} s {stop}  finished {c.get('finished', 0)} · in flight "
                 f"{c.get('in_flight', 0)} · queued {c.get('queued', 0)} · failed {c.get('failed', 0)}"
                 + (f"  (ended: {', '.join(dead)})" if dead else ""))
 

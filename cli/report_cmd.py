@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         except ReportError as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(code=1) from None
-        typer.echo("capacity (estimate [highest sustained, lowest not sustained]):")
+        if result.capacity_lines:  # none for closed-loop runs (no offered rate) or runs that measured nothing
+            typer.echo("capacity (estimate [highest sustained, lowest not sustained]):")
         for line in result.capacity_lines:
             typer.echo(f"  {line}")
         for line in result.headlines:

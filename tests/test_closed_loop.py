@@ -190,6 +190,7 @@ def test_a_simulated_concurrency_sweep_reports_against_clients(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out" / "strategy=continuous").iterdir()) == ["concurrency=1", "concurrency=4"]
     report = runner.invoke(app, ["report", str(tmp_path / "out")])
     assert report.exit_code == 0, report.output
+    assert "capacity (estimate" not in report.output  # no empty capacity table: closed loop has no offered rate
     text = (tmp_path / "out" / "REPORT.md").read_text()
     assert "coordinated omission" in text and "### 1 clients" in text and "### 4 clients" in text
     assert "## Capacity" in text and "capacity req/s" not in text

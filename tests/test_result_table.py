@@ -65,3 +65,14 @@ def test_progress_names_the_phase_from_the_collectors_counts(tmp_path):
     assert " sending " in progress.text(1.0, {}) and "in flight 2 · queued 1" in progress.text(1.0, {})
     progress.read_at = float("-inf")
     assert " draining " in progress.text(7.0, {"traffic": False}) and "(ended: traffic)" in progress.text(7.0, {"traffic": False})
+
+
+def test_a_count_stopped_run_shows_what_was_sent_of_its_count_not_a_duration(tmp_path):
+    cfg = RunConfig(out=str(tmp_path), concurrency=4, num_requests=200, strategy="continuous", backend="sim")
+    progress = Progress(cfg)
+    (tmp_path / "progress.json").write_text('{"arrived": 40, "queued": 0, "in_flight": 4, "finished": 36, "failed": 0}')
+    line = progress.text(2.0, {})
+    assert "4 clients" in line and "sent 40 of 200" in line and " s of " not in line
+    (tmp_path / "progress.json").write_text('{"arrived": 200, "queued": 0, "in_flight": 3, "finished": 197, "failed": 0}')
+    progress.read_at = float("-inf")
+    assert " draining " in progress.text(30.0, {})

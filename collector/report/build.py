@@ -73,7 +73,7 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     text += "\n".join(section(external)) + ("\n" if external else "")
     (root / REPORT_FILE).write_text(text)
     _html(collection, stats, lines, external, root)
-    return ReportResult(root / REPORT_FILE, made, lines, capacity_text(capacities))
+    return ReportResult(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [])
 
 
 def _html(collection: Collection, stats: dict, lines: list[str], external: list, root: Path) -> Path:
