@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.collector.metrics import percentiles  # noqa: E402
 from batchlab.protocol.clock import now, sleep_until  # noqa: E402
-from batchlab.scheduler.core import Launch, SchedulerCore  # noqa: E402
+from batchlab.scheduler.core import SchedulerCore  # noqa: E402
+from batchlab.scheduler.launch import Launch  # noqa: E402
 from batchlab.scheduler.policies import Continuous, Dynamic, Naive, QueuedRequest  # noqa: E402
 from batchlab.traffic.config import TrafficConfig  # noqa: E402
 from batchlab.traffic.lengths import LengthSpec  # noqa: E402

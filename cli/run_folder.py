@@ -50,12 +50,12 @@ def claim(out: str, *, overwrite: bool, tolerate: frozenset = frozenset()) -> Pa
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    if folder.is_dir() and any(child.name not in tolerate for child in folder.iterdir()):
-        if not overwrite:
-            raise ConfigError(f"--out {out} already holds {describe(folder)}; pass --overwrite to replace "
-                              "it, or choose another folder (without --out each run gets a new one)")
-        for child in (c for c in folder.iterdir() if c.name not in tolerate):
-            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    used = [c for c in folder.iterdir() if c.name not in tolerate] if folder.is_dir() else []
+    if used and not overwrite:
+        raise ConfigError(f"--out {out} already holds {describe(folder)}; pass --overwrite to replace "
+                          "it, or choose another folder (without --out each run gets a new one)")
+    for child in used:
+        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

@@ -11,10 +11,10 @@ its own. A request the core holds leaves it launched (the worker then decides ho
 nothing vanishes.
 """
 import itertools
-from dataclasses import dataclass, field
 
-from batchlab.protocol import BatchLaunch, Dispatch, RequestFailed, WorkerHello
+from batchlab.protocol import RequestFailed, WorkerHello
 from batchlab.protocol.ids import IdSet
+from batchlab.scheduler.launch import Decisions, Launch
 from batchlab.scheduler.policies import Decision, Policy, QueuedRequest
 from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
 
@@ -26,34 +26,6 @@ NO_WORKER_LEFT = "worker lost: no worker left"
 OOM_ALONE = "out of memory: does not fit alone"
 REJOINED = "worker rejoined: its running requests were lost"
 STALLED = "stalled: policy launched nothing for {limit_s:g} s with {queued} queued and every worker idle"
-
-
-@dataclass(slots=True)
-class Launch:
-    """A batch the core started: `requests` run on `worker_id` as batch `batch_id`."""
-
-    worker_id: str
-    batch_id: int
-    reason: str
-    requests: list[QueuedRequest]
-    queue_len: int  # requests still queued after this launch
-
-    def dispatch(self, t: float) -> Dispatch:
-        """The message that sends it to the worker, scheduled at `t`."""
-        return Dispatch(self.batch_id, t, self.reason, [r.row() for r in self.requests])
-
-    def record(self, t: float) -> BatchLaunch:
-        """The collector's record of it, launched at `t`."""
-        return BatchLaunch(self.batch_id, self.worker_id, t, self.reason, [r.request_id for r in self.requests],
-                           self.queue_len)
-
-
-@dataclass(slots=True)
-class Decisions:
-    """What one scheduling pass decided: batches to send now, and when to ask again (None: at the next event)."""
-
-    launches: list[Launch] = field(default_factory=list)
-    wake_at: float | None = None
 
 
 class SchedulerCore:

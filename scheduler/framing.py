@@ -2,7 +2,7 @@
 where a message would pass the frame limit (a peer drops the connection of a sender that passes it)."""
 from batchlab.protocol import Dispatch, encode
 from batchlab.protocol.codec import MAX_MESSAGE_BYTES
-from batchlab.scheduler.core import Launch
+from batchlab.scheduler.launch import Launch
 
 
 def group_launches(launches: list[Launch]) -> list[list[Launch]]:

@@ -14,7 +14,8 @@ from batchlab.protocol.bundling import Bundler
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, recv_frames, send_routed
-from batchlab.scheduler.core import Launch, SchedulerCore
+from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.framing import dispatch_frames, group_launches
 from batchlab.scheduler.policies import Policy, QueuedRequest
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from batchlab.protocol import ProtocolError, decode, decode_all, encode
 from batchlab.protocol.codec import split_frames
 from batchlab.protocol.messages import PROTOCOL_VERSION, Arrival, Kind, RequestFailed, RequestMsg, RunEnd, Tokens
-from batchlab.scheduler.core import Launch, SchedulerCore
+from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.framing import dispatch_frames
 from batchlab.scheduler.policies import QueuedRequest, make_policy
 from batchlab.scheduler.process import Scheduler

@@ -24,7 +24,8 @@ import pandas as pd
 
 from batchlab.collector.store import RunStore
 from batchlab.protocol import Arrival, BatchDone, RunEnd, RunInfo, Step, WorkerBye, WorkerHello
-from batchlab.scheduler.core import Launch, SchedulerCore
+from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy, QueuedRequest
 from batchlab.scheduler.simulator.record import Recorder
 from batchlab.traffic.closed_loop import ClientPool
@@ -33,7 +34,6 @@ from batchlab.worker.sim import ContinuousCore, StepPlan, static_step_durations
 from batchlab.worker.stepmodel import StepModel
 
 ARRIVAL, WAKE, BATCH_END, STEP_END, CLIENT = range(5)
-STALL_LIMIT_S = 60.0  # RunConfig's default
 
 
 class Simulation:
@@ -41,7 +41,7 @@ class Simulation:
 
     def __init__(self, policy: Policy, model: StepModel, hellos: list[WorkerHello], requests: pd.DataFrame,
                  *, settings: dict, max_queue: int = 0, max_queue_tokens: int = 0,
-                 stall_limit_s: float = STALL_LIMIT_S, clients: ClientPool | None = None) -> None:
+                 stall_limit_s: float = 0.0, clients: ClientPool | None = None) -> None:  # 0: no stall limit
         self.model, self.settings = model, settings
         self.store, self.recorder = RunStore(), Recorder()
         self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens,
