@@ -120,7 +120,7 @@ def run_calibrate(backend: str, model: str, device: str, dtype: str, mode: str, 
     weights = float(n_params * (4 if info.facts.get("dtype", "float32") == "float32" else 2))
     options = dict(form=form, weights_bytes=weights, kv_bytes_per_token=info.kv_bytes_per_token,
                    memory_bytes=(info.kv_budget_bytes + weights) / 0.9, padded=padded,
-                   fused=bool(getattr(engine, "fuse", False)))
+                   fused=bool(getattr(engine, "fuse", False)), step_tokens=_step_tokens(engine, stepping))
     fitted = fit_model(samples, name, **options)
     fit_err, held_err = errors(fitted, samples), held_out_errors(samples, name, **options)
     table = _table(samples, fitted, fit_err, held_err)
@@ -129,6 +129,12 @@ def run_calibrate(backend: str, model: str, device: str, dtype: str, mode: str, 
     save_preset(fitted, out, record)
     typer.echo(f"wrote {out} (use --preset {out})")
     return record
+
+
+def _step_tokens(engine, stepping: bool) -> int:
+    """The measured worker's per-step token budget, which the simulator's continuous steps keep to: the HF
+    loop's (its facts say it); 0 for static batches and vLLM (whose default leaves these prompts whole)."""
+    return int(engine.info.facts.get("max_num_batched_tokens") or 0) if stepping else 0
 
 
 def _print_progress(shape: list) -> None:

@@ -3,7 +3,7 @@
 A RUN_DIR is a run folder (summary.json) or a folder holding some (a sweep: every point under it).
 The runs must share one backend kind (hf static, hf-loop, vllm or sim: cli.sim_presets' kinds), chosen
 with --kind when the folders hold several; their constants (weights, KV bytes per token, padding,
-fusion) come from what the worker reported in the run's settings.
+fusion, the per-step token budget) come from what the worker reported in the run's settings.
 """
 import json
 import math
@@ -14,7 +14,9 @@ from pathlib import Path
 import typer
 
 from batchlab.cli.sim_presets import CALIBRATED_KIND
+from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, WORKERS_DIR
 
+NOT_POINTS = {PROBE_DIR, CAPACITY_DIR, WORKERS_DIR}  # a sweep's bursts, capacity probes and warm workers' own
 KIND_ORIGIN = {kind: key for key, kind in CALIBRATED_KIND.items()}  # hf-loop -> (hf, continuous)
 
 
@@ -23,13 +25,13 @@ class CalibrateError(ValueError):
 
 
 def run_folders(dirs: list[str]) -> list[Path]:
-    """Every run folder at or under each of `dirs` (the probe's excluded), in order."""
+    """Every run folder at or under each of `dirs`, in order, but a sweep's probes and searches (NOT_POINTS)."""
     found = []
     for d in map(Path, dirs):
         if not d.is_dir():
             raise CalibrateError(f"--from {d}: no such folder")
         runs = [d] if (d / "summary.json").is_file() else sorted(p.parent for p in d.rglob("summary.json"))
-        runs = [r for r in runs if "probe" not in r.relative_to(d).parts]
+        runs = [r for r in runs if not set(r.relative_to(d).parts) & NOT_POINTS]
         if not runs:
             raise CalibrateError(f"--from {d}: no run folder (summary.json) in it")
         found += runs
@@ -55,7 +57,15 @@ def run_facts(run: Path) -> dict:
     device = str(hello.get("device", settings.get("device", "")))
     return {"kind": kind, "backend": backend, "mode": mode, "device": device, "model": settings.get("model"),
             "constants": Constants(float(weights), int(hello.get("kv_bytes_per_token") or 0), float(memory),
-                                   bool(padded), bool(fused))}
+                                   bool(padded), bool(fused), _step_tokens(hello, preset, kind))}
+
+
+def _step_tokens(hello: dict, preset: dict, kind: str) -> int:
+    """The worker's per-step token budget: the HF loop's (its hello says it), a sim worker's preset's; 0 for
+    static batches and for vLLM (its chunked-prefill default leaves this project's prompts whole)."""
+    if kind == "hf-loop":
+        return int(hello.get("max_num_batched_tokens") or 0)
+    return int(preset.get("step_tokens") or 0)
 
 
 def chosen_runs(dirs: list[str], kind: str) -> tuple[list[Path], dict]:

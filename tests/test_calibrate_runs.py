@@ -104,3 +104,20 @@ def test_weighing_shapes_by_their_time_share_recovers_the_terms_too(tmp_path):
     assert yaml.safe_load(out.read_text())["calibration"]["weigh"] == "time"
     bad = _calibrate("--from", str(runs), "--weigh", "tokens", "--out", str(tmp_path / "x.yaml"))
     assert bad.exit_code == 1 and "--weigh must be one of steps, time" in bad.output
+
+
+def test_the_fit_keeps_the_workers_step_budget_and_skips_a_sweeps_probes(tmp_path):
+    """A continuous worker that chunks its prompts at a budget (here a sim worker whose preset says 48
+    tokens a step) gives a preset with that budget, so the simulator chunks as the worker did; the runs
+    under a sweep's _capacity and _probe folders are searches, not points, and are left out."""
+    from dataclasses import replace
+
+    runs = _runs(tmp_path, replace(KNOWN, step_tokens=48), ("continuous",), duration_s=3.0)
+    for probe in ("_capacity/strategy=continuous", "_probe/x"):
+        (runs / probe).mkdir(parents=True)
+        (runs / probe / "summary.json").write_text("{not json: reading it would fail the fit")
+    out = tmp_path / "fit.yaml"
+    result = _calibrate("--from", str(runs), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert get_preset(str(out)).step_tokens == 48
+    assert yaml.safe_load(out.read_text())["calibration"]["from_runs"] == [str(runs / "continuous")]

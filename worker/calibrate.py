@@ -110,8 +110,9 @@ def fit_terms(samples: list[Sample], kind: str, form: str, weights_bytes: float 
 
 def fit_model(samples: list[Sample], name: str, *, form: str = "compute", weights_bytes: float = 0.0,
               kv_bytes_per_token: int = 0, memory_bytes: float = 0.0, padded: bool = False,
-              fused: bool = False) -> StepModel:
-    """A StepModel of `form` fitted to the samples (decode terms from decode samples, prefill from prefill)."""
+              fused: bool = False, step_tokens: int = 0) -> StepModel:
+    """A StepModel of `form` fitted to the samples (decode terms from decode samples, prefill from prefill);
+    `padded`, `fused` and `step_tokens` describe the worker measured (see StepModel)."""
     if form not in FORMS:
         raise ValueError(f"unknown step-model form {form!r} (one of {', '.join(FORMS)})")
     decode = fit_terms(samples, "decode", form, weights_bytes, kv_bytes_per_token)
@@ -120,13 +121,14 @@ def fit_model(samples: list[Sample], name: str, *, form: str = "compute", weight
         return StepModel(name, weights_bytes, kv_bytes_per_token, 0.0, prefill["prefill_s_per_token"],
                          decode["overhead_s"], memory_bytes, decode["decode_s_per_row"],
                          decode["decode_s_per_context_token"], prefill["prefill_s_per_row"],
-                         prefill["prefill_s_per_token_pair"], prefill["prefill_overhead_s"], padded, fused)
+                         prefill["prefill_s_per_token_pair"], prefill["prefill_overhead_s"], padded, fused,
+                         step_tokens)
     bandwidth = 1.0 / decode["inverse_bandwidth"] if decode["inverse_bandwidth"] > 0 else 0.0
     streamed = weights_bytes / bandwidth if bandwidth else 0.0
     prefill = fit_terms(samples, "prefill", form, offset_s=streamed)
     return StepModel(name, weights_bytes, kv_bytes_per_token, bandwidth, prefill["prefill_s_per_token"],
                      decode["overhead_s"], memory_bytes, prefill_overhead_s=prefill["prefill_overhead_s"],
-                     padded=padded, fused=fused)
+                     padded=padded, fused=fused, step_tokens=step_tokens)
 
 
 def predict(model: StepModel, s: Sample) -> float:

@@ -37,6 +37,7 @@ class Constants:
     memory_bytes: float = 0.0
     padded: bool = False
     fused: bool = False
+    step_tokens: int = 0  # the worker's per-step token budget (0: none)
 
 
 def _bin(values: pd.Series) -> pd.Series:
@@ -97,11 +98,13 @@ def model_from_terms(terms: dict[str, float], name: str, form: str, c: Constants
         inverse = terms["inverse_bandwidth"]
         return StepModel(name, c.weights_bytes, c.kv_bytes_per_token, 1 / inverse if inverse > 0 else 0.0,
                          terms["prefill_s_per_token"], terms["overhead_s"], c.memory_bytes,
-                         prefill_overhead_s=terms["prefill_overhead_s"], padded=c.padded, fused=c.fused)
+                         prefill_overhead_s=terms["prefill_overhead_s"], padded=c.padded, fused=c.fused,
+                         step_tokens=c.step_tokens)
     return StepModel(name, c.weights_bytes, c.kv_bytes_per_token, 0.0, terms["prefill_s_per_token"],
                      terms["overhead_s"], c.memory_bytes, terms["decode_s_per_row"],
                      terms["decode_s_per_context_token"], terms["prefill_s_per_row"],
-                     terms["prefill_s_per_token_pair"], terms["prefill_overhead_s"], c.padded, c.fused)
+                     terms["prefill_s_per_token_pair"], terms["prefill_overhead_s"], c.padded, c.fused,
+                     c.step_tokens)
 
 
 def predict_steps(model: StepModel, steps: pd.DataFrame) -> np.ndarray:

@@ -26,7 +26,7 @@ def make_backend(cfg: RunConfig, mode: str, rows: int):
         from batchlab.worker.sim import SimBackend, make_echo
 
         backend = (make_echo(mode, rows) if cfg.backend == "echo"
-                   else SimBackend(cfg.preset, mode, rows))
+                   else SimBackend(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens))
         budget = parse_bytes(cfg.memory_budget)
         if budget:
             backend.info.kv_budget_bytes = budget

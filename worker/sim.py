@@ -4,10 +4,11 @@ The timing rules live in pure code (`static_step_durations`, `ContinuousCore`) t
 simulator reuses in virtual time; `sim_info` is what both kinds of worker report.
 """
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.worker.backend import BackendInfo, Row, StepOutput
+from batchlab.worker.hf_chunks import plan_chunks
 from batchlab.worker.stepmodel import StepModel, get_preset
 
 FAKE_VOCAB = 32000
@@ -49,17 +50,23 @@ class StepPlan:
 class ContinuousCore:
     """Iteration-level batching's timing, for the live `sim` worker and the simulator alike.
 
-    Joiners are prefilled in the next step (at most `max_rows` rows run at once); a row leaves after
-    max(output_len, 1) tokens: one joining at step k yields its i-th token at the end of step k + i.
+    Joiners take a free row (at most `max_rows` rows, prefilling ones included) and are prefilled; a row
+    yields its first token at the end of the step its prompt's last token is prefilled in, then one token a
+    step, and leaves after max(output_len, 1) tokens.
 
         duration = decode_step_s(Σ_running (prompt_len + generated), running)   [if rows were running]
-                   + prefill_s(Σ_joiners prompt_len, joiners, Σ_joiners prompt_len²)
+                   + prefill_s(Σ chunk, chunks, Σ ((filled + chunk)² − filled²))   [the step's chunks]
 
-    With a `padded` model (the HF loop) joiners are left-padded to the longest joiner and a decode step
-    attends over running × the widest row's columns (that part costs O(running) per step).
+    With the model's `step_tokens` budget (the HF loop's and vLLM's --max-num-batched-tokens; 0: none) a
+    step runs the running rows' decodes first and prefills what is left of the budget, oldest prompt first,
+    a longer prompt over several steps (worker.hf_chunks.plan_chunks: the live loop's own plan); without
+    one a joiner's whole prompt is prefilled in the step it joins (a chunk is its prompt).
+
+    With a `padded` model (the HF loop's padded layout, which has no budget) joiners are left-padded to the
+    longest joiner and a decode step attends over running × the widest row's columns (O(running) per step).
 
     The context is kept as a running sum and rows leave from a per-step list, so a step costs
-    O(joiners + finishers), not O(running).
+    O(prefilling + finishers), not O(running).
     """
 
     model: StepModel
@@ -67,6 +74,7 @@ class ContinuousCore:
     held_back: int = 0  # joiners that had to wait for a free row (a scheduler over its credit)
     step_no: int = 0  # the next step's number
     pending: list[tuple[int, int, int]] = field(default_factory=list)  # (request_id, prompt_len, output_len)
+    prefilling: list[list[int]] = field(default_factory=list)  # in a row, prompt partly prefilled: [rid, p, o, filled]
     rows: dict[int, tuple[int, int]] = field(default_factory=dict)  # running: row key -> (request_id, first step)
     context_tokens: int = 0  # Σ (prompt_len + generated) over running rows
     finishing: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # step -> [(row key, kv tokens)]
@@ -79,17 +87,24 @@ class ContinuousCore:
 
     def has_work(self) -> bool:
         """True while any row waits or runs."""
-        return bool(self.pending or self.rows)
+        return bool(self.pending or self.prefilling or self.rows)
 
     def plan_step(self, tokens: bool = False) -> StepPlan:
         """Advance one step; with `tokens`, also list each running row's token index (O(running))."""
-        room = max(0, self.max_rows - len(self.rows)) if self.max_rows else len(self.pending)
-        joiners, self.pending = self.pending[:room], self.pending[room:]
+        taken = len(self.rows) + len(self.prefilling)
+        room = max(0, self.max_rows - taken) if self.max_rows else len(self.pending)
+        self.prefilling += [[rid, p, o, 0] for rid, p, o in self.pending[:room]]
+        self.pending = self.pending[room:]
         self.held_back += len(self.pending)
         step = self.step_no
-        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(joiners))
-        width = max((p for _, p, _ in joiners), default=0)
-        for rid, prompt_len, output_len in joiners:
+        counts = self._chunks()
+        done = [row for row, n in zip(self.prefilling, counts) if row[3] + n >= row[1]]
+        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(counts))
+        for row, n in zip(self.prefilling, counts):
+            row[3] += n
+        self.prefilling = self.prefilling[len(done):]  # the oldest rows finish their prompts first
+        width = max((row[1] for row in done), default=0)
+        for rid, prompt_len, output_len, _ in done:
             self.rows[self.keys] = (rid, step)
             if self.model.padded:
                 self.pad_base[self.keys] = width - step
@@ -97,8 +112,7 @@ class ContinuousCore:
             self.finishing.setdefault(last, []).append((self.keys, prompt_len + max(output_len, 1)))
             self.context_tokens += prompt_len
             self.keys += 1
-        plan = StepPlan(step, duration, [rid for rid, _, _ in joiners], [], len(self.rows),
-                        sum(p for _, p, _ in joiners))
+        plan = StepPlan(step, duration, [row[0] for row in done], [], len(self.rows), sum(counts))
         if tokens:
             plan.request_ids = [rid for rid, _ in self.rows.values()]
             plan.token_indices = [step - first for _, first in self.rows.values()]
@@ -110,6 +124,13 @@ class ContinuousCore:
         self.step_no += 1
         return plan
 
+    def _chunks(self) -> list[int]:
+        """Prompt tokens each prefilling row (oldest first) runs this step: what the running rows' decodes
+        leave of the budget (no budget: every prompt whole)."""
+        budget = self.model.step_tokens
+        left = budget - len(self.rows) if budget and not self.model.padded else None
+        return plan_chunks(left, [p - filled for _, p, _, filled in self.prefilling])
+
     def _decode_s(self, step: int) -> float:
         """The running rows' decode step: over their own tokens, or (padded) rows × the widest row."""
         rows = len(self.rows)
@@ -117,18 +138,27 @@ class ContinuousCore:
             return self.model.decode_step_s(rows * (max(self.pad_base.values()) + step), rows)
         return self.model.decode_step_s(self.context_tokens, rows)
 
-    def _prefill_s(self, joiners: list[tuple[int, int, int]]) -> float:
-        """The joiners' prefill in one forward: packed, or (padded) left-padded to the longest joiner."""
-        lens = [p for _, p, _ in joiners]
-        if not lens:
+    def _prefill_s(self, counts: list[int]) -> float:
+        """The step's chunks in one forward: packed (each chunk attends over its row's earlier chunks), or
+        (padded) whole prompts left-padded to the longest."""
+        chunks = [(row[3], n) for row, n in zip(self.prefilling, counts) if n]
+        if not chunks:
             return 0.0
         if self.model.padded:
-            return self.model.prefill_s(len(lens) * max(lens), len(lens))
-        return self.model.prefill_s(sum(lens), len(lens), sum(p * p for p in lens))
+            return self.model.prefill_s(len(chunks) * max(n for _, n in chunks), len(chunks))
+        pairs = sum((f + n) * (f + n) - f * f for f, n in chunks)
+        return self.model.prefill_s(sum(n for _, n in chunks), len(chunks), pairs)
 
     def abort(self) -> None:
         """Drop every row, waiting or running (none is stepped again)."""
-        self.pending, self.rows, self.finishing, self.context_tokens, self.pad_base = [], {}, {}, 0, {}
+        self.pending, self.prefilling, self.rows, self.finishing = [], [], {}, {}
+        self.context_tokens, self.pad_base = 0, {}
+
+
+def with_budget(model: StepModel, step_tokens: int) -> StepModel:
+    """`model` with the run's per-step token budget (--max-num-batched-tokens) when it sets one (0: the
+    preset's own)."""
+    return replace(model, step_tokens=step_tokens) if step_tokens else model
 
 
 def sim_info(model: StepModel, mode: str, max_batch_size: int, *, backend: str = "sim",
@@ -145,8 +175,8 @@ class SimBackend:
     """Sleeps for the modelled step times; static (lockstep batches) or continuous mode."""
 
     def __init__(self, preset: str = "a100-llama2-7b", mode: str = "static", max_batch_size: int = 64,
-                 model_name: str | None = None, backend: str = "sim") -> None:
-        self.model = get_preset(preset)
+                 model_name: str | None = None, backend: str = "sim", step_tokens: int = 0) -> None:
+        self.model = with_budget(get_preset(preset), step_tokens)
         self.core = ContinuousCore(self.model, max_rows=max_batch_size)
         self.info = sim_info(self.model, mode, max_batch_size, backend=backend, model_name=model_name)
 

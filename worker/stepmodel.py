@@ -14,7 +14,9 @@ Both are one formula: the terms a form does not use are 0 (bandwidth_Bps 0: no m
 `context` is the cached tokens the step's attention reads (all rows); `padded` says whether the worker
 pads its rows to the widest (HF: generate()'s left padding, the slot cache's width) or packs them (vLLM),
 so callers count padding as context when it is set; `fused` that a continuous step's decodes and prefill are
-one forward (the HF slot loop), which pays the fixed cost once. A preset is a name in PRESETS or a YAML file.
+one forward (the HF slot loop), which pays the fixed cost once; `step_tokens` is the worker's per-step token
+budget (its --max-num-batched-tokens), past which a continuous step prefills a prompt in chunks
+(worker.sim.ContinuousCore). A preset is a name in PRESETS or a YAML file.
 """
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -42,6 +44,7 @@ class StepModel:
     prefill_overhead_s: float | None = None  # None: overhead_s
     padded: bool = False  # rows padded to the widest (HF) rather than packed (vLLM)
     fused: bool = False  # a step's decodes and prefill run as one forward (the HF continuous loop): see fused_s
+    step_tokens: int = 0  # a continuous step's token budget, decodes and prefill chunks (0: prompts prefilled whole)
 
     def _streamed_s(self, nbytes: float) -> float:
         return nbytes / self.bandwidth_Bps if self.bandwidth_Bps > 0 else 0.0

@@ -14,8 +14,11 @@ END_REASON = "simulated"
 
 
 def step_model(cfg: RunConfig) -> StepModel:
-    """The `sim` backend's preset (the echo backend's zero-time model for --backend echo)."""
-    return get_preset("echo" if cfg.backend == "echo" else cfg.preset)
+    """The `sim` backend's preset (the echo backend's zero-time model for --backend echo), with the run's
+    per-step token budget when it sets one."""
+    from batchlab.worker.sim import with_budget
+
+    return with_budget(get_preset("echo" if cfg.backend == "echo" else cfg.preset), cfg.max_num_batched_tokens)
 
 
 def worker_hellos(cfg: RunConfig, strategy: Strategy, model: StepModel) -> list[WorkerHello]:
