@@ -67,7 +67,7 @@ class Tally:
 
 def make_trace(rate: float, args) -> Schedule:
     """Poisson arrivals over --duration; seeded uniform prompt and output lengths (traffic's synthetic set)."""
-    cfg = TrafficConfig("poisson", rate, args.duration, seed=args.seed, dataset="synthetic",
+    cfg = TrafficConfig(arrival="poisson", rate=rate, duration_s=args.duration, seed=args.seed, dataset="synthetic",
                         max_new_tokens=args.max_new_tokens, max_prompt_len=args.max_prompt_len,
                         min_prompt_len=MIN_PROMPT_LEN,
                         prompt_lengths=LengthSpec("uniform", min=MIN_PROMPT_LEN, max=args.max_prompt_len),

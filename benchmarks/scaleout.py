@@ -10,7 +10,6 @@ first row and the TTFT p50/p99; writes OUT/scaleout.json. Timings are printed, n
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,7 +30,7 @@ def base_config(args: argparse.Namespace) -> RunConfig:
 
 def run_workers(base: RunConfig, workers: int) -> dict:
     """One run with `workers` sim workers; its row."""
-    cfg = replace(base, workers=workers, out=str(Path(base.out) / f"workers-{workers}"))
+    cfg = base.model_copy(update=dict(workers=workers, out=str(Path(base.out) / f"workers-{workers}")))
     s = launch_run(cfg)
     fidelity = add_run_fidelity(cfg.out) or {}  # post-processing: the simulator on the same schedule
     return {"workers": workers, "submitted": s["submitted"], "finished": s["finished"],
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     trace = Path(args.out) / "trace.parquet"
     trace.parent.mkdir(parents=True, exist_ok=True)
     save_schedule(make_schedule(base), trace)
-    base = replace(base, schedule=str(trace))
+    base = base.model_copy(update=dict(schedule=str(trace)))
     rows = [run_workers(base, int(n)) for n in args.workers.split(",")]
     print_table(rows)
     (Path(args.out) / "scaleout.json").write_text(json.dumps(rows, indent=2))

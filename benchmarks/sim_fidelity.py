@@ -23,7 +23,6 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import fields, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -63,7 +62,8 @@ def run_point(label: str, rate: float, preset: str, args: argparse.Namespace) ->
     strategy, backend, _ = STRATEGIES[label]
     out = Path(args.out) / label / f"rate-{rate:g}"
     extra = {"memory_budget": "1GiB", "max_num_seqs": 8} if backend == "vllm" else {}
-    cfg = replace(base_config(args), strategy=strategy, backend=backend, rate=rate, out=str(out), **extra)
+    cfg = base_config(args).model_copy(update=dict(strategy=strategy, backend=backend, rate=rate, out=str(out),
+                                                   **extra))
     live = launch_run(cfg)
     return evaluate_run(out, label, cfg, live, preset)
 
@@ -74,7 +74,7 @@ def evaluate_run(out: Path, label: str, cfg: RunConfig, live: dict, preset: str)
     frame = read_schedule(out)
     schedule = Schedule(frame, "", float(frame["arrival_offset_s"].max()))
     sim_strategy = "continuous" if cfg.backend == "vllm" else cfg.strategy  # vLLM's worker is fed by credit
-    sim = simulate(replace(cfg, backend="sim", preset=preset, strategy=sim_strategy), schedule).summary
+    sim = simulate(cfg.model_copy(update=dict(backend="sim", preset=preset, strategy=sim_strategy)), schedule).summary
     model = get_preset(preset)
     replayed = replay(read_run_steps(out, model.padded), model)
     figures = {"real": live, "replay": replayed, "sim": sim}
@@ -155,7 +155,7 @@ def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
     with `args`' presets."""
     import yaml
 
-    names = {f.name for f in fields(RunConfig)}
+    names = set(RunConfig.model_fields)
     points = []
     found = sorted([*folder.glob("*/rate-*/summary.json"), *folder.glob("*/rate-*/rep-*/summary.json"),
                     *folder.glob("strategy=*/rate=*/repeat=*/summary.json")])
@@ -168,7 +168,7 @@ def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
             print(f"{label}: skipped (no calibrated preset)")
             continue
         raw = yaml.safe_load((run / "config.yaml").read_text())
-        cfg = RunConfig(**{k: v for k, v in raw.items() if k in names})
+        cfg = RunConfig(**{k: v for k, v in raw.items() if k in names and v is not None})
         points.append(evaluate_run(run, label, cfg, json.loads(summary_file.read_text()), preset))
         print_point(points[-1])
     return points

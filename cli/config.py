@@ -1,8 +1,6 @@
 """The front end's part of a run's settings: a replayed schedule's own traffic settings, and the one
 check of a whole config (its strategy resolved) before anything starts."""
-from dataclasses import replace
-
-from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig, build_config
+from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig, build_config, option_name
 
 
 def checked_config(file_values: dict, overrides: dict) -> RunConfig:
@@ -82,7 +80,7 @@ def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
     if cfg.concurrency:  # closed loop takes the schedule's requests in order: its own times are not replayed
         values = {k: v for k, v in values.items() if k not in ("rate", "arrival", "burstiness")}
     unknown = {k: None for k in TRAFFIC_FIELDS if k not in values and k != "max_new_tokens"}
-    return replace(cfg, **values, extra={**unknown, **cfg.extra})
+    return cfg.model_copy(update={**values, "extra": {**unknown, **cfg.extra}})
 
 
 def _refuse_conflicts(given: dict, saved: dict) -> None:
@@ -91,7 +89,7 @@ def _refuse_conflicts(given: dict, saved: dict) -> None:
         if name in ("prompt_lengths", "output_lengths"):
             value = _lengths_text(name, value)
         if value != saved.get(name):
-            option = "--duration" if name == "duration_s" else "--" + name.replace("_", "-")
+            option = option_name(name)
             raise ConfigError(f"{option} {_show(value)} conflicts with the replayed schedule "
                               f"({name} {_show(saved.get(name))}); drop it or build a new schedule")
 

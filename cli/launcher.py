@@ -163,13 +163,12 @@ class _Clock:
 def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
     """Build (or check) the schedule here, so a bad dataset fails before any process starts; the
     traffic process then replays the saved file."""
-    from dataclasses import replace
 
     from batchlab.traffic.schedule import save_schedule
 
     path = out / "schedule.parquet"
     save_schedule(roles.make_schedule(cfg), path)
-    return replace(cfg, schedule=str(path))
+    return cfg.model_copy(update={"schedule": str(path)})
 
 
 @dataclass(slots=True)

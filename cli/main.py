@@ -11,11 +11,9 @@ from batchlab.cli.config import checked_config, replay_config
 from batchlab.cli.grammar import show_version
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
-from batchlab.cli.options import (PP, TP, Arrival, Backend, BatchSize, Budget, Burst, ConfigOpt, Dataset, Device,
-                                  Compile, Dtype, Duration, Eager, Endpoint, GpuUtil, Keys, MaxBatch, MaxConc, MaxNew,
-                                  MaxPrompt, MaxQueue, MaxQueueTok, MaxSeqs, MaxTok, MaxWait, Model, Opt, Out, Preset,
-                                  Rate, Schedule, Seed, SloOpt, Strategy, StrategyArgs, Strict, Workers)
-from batchlab.cli.options import Concurrency, NumRequests, OutputLens, ThinkTime, Overwrite, PromptLens, SaveResult, TraceStart
+from batchlab.cli.options import CLI_FIELDS, ConfigOpt, Opt, Overwrite, SaveResult, fields_of, with_settings
+from batchlab.protocol.setting_groups import (BACKEND_GROUPS, CollectorSettings, SchedulerSettings, TrafficSettings,
+                                              WorkerSettings)
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -95,27 +93,11 @@ def _fail(error: str | BaseException, code: int = 1) -> NoReturn:
 
 
 @app.command()
-def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: StrategyArgs = None,
-        backend: Backend = None, model: Model = None, preset: Preset = None, rate: Rate = None,
-        duration_s: Duration = None, arrival: Arrival = None, burstiness: Burst = None, dataset: Dataset = None,
-        trace_start_s: TraceStart = None, prompt_lengths: PromptLens = None, output_lengths: OutputLens = None,
-        schedule: Schedule = None, batch_size: BatchSize = None, max_batch_size: MaxBatch = None,
-        max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None,
-        seed: Seed = None, out: Out = None, workers: Workers = None, max_queue: MaxQueue = None,
-        max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, strict_memory: Strict = None,
-        dtype: Dtype = None, device: Device = None, endpoint: Endpoint = None,
-        max_concurrency: MaxConc = None, gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
-        max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
-        tensor_parallel_size: TP = None,
-        pipeline_parallel_size: PP = None, slo: SloOpt = None, overwrite: Overwrite = False,
-        num_requests: NumRequests = None, concurrency: Concurrency = None, think_time_ms: ThinkTime = None,
+@with_settings(*CLI_FIELDS)
+def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = False,
         save_result: SaveResult = None) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
-    overrides = dict(locals())
-    overwrite = overrides.pop("overwrite")
-    save_result = overrides.pop("save_result")
-    config_file = overrides.pop("config")
-    cfg = _config(config_file, overrides, replay=True)
+    cfg = _config(config, overrides, replay=True)
     from batchlab.cli.launcher import RunFailed
     from batchlab.cli.live import run_with_status
     from batchlab.cli.outcome import FAULT_EXIT, interrupted_exit, verdict
@@ -124,7 +106,7 @@ def run(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: S
     from batchlab.cli.run_folder import claim, new_folder
 
     try:
-        if overrides["out"] is None and "out" not in (load_yaml(config_file) if config_file else {}):
+        if overrides["out"] is None and "out" not in (load_yaml(config) if config else {}):
             cfg.out = new_folder(cfg)  # without --out, every run gets a folder of its own
         check_before_start(cfg)
         claim(cfg.out, overwrite=overwrite)
@@ -151,18 +133,19 @@ def _exit_by_verdict(code_line: tuple[int, str]) -> None:
 
 
 @app.command()
-def collector(*, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp://127.0.0.1:5558",
-              out: Annotated[str, Opt(help="output folder")] = "runs/latest", keys: Keys = None,
+@with_settings(*fields_of(CollectorSettings), "keys")
+def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp://127.0.0.1:5558",
               overwrite: Overwrite = False) -> None:
     """Run the collector alone."""
     from batchlab.cli.roles import collector_role
     from batchlab.cli.run_folder import ROLE_FILES, claim
 
+    cfg = _config(None, overrides)
     try:  # one run's tables per folder, never two runs' mixed; the sibling roles' logs may be there first
-        claim(out, overwrite=overwrite, tolerate=ROLE_FILES)
+        claim(cfg.out, overwrite=overwrite, tolerate=ROLE_FILES)
     except ConfigError as exc:
         _fail(exc)
-    _role(collector_role, RunConfig(out=out, keys=keys or ""), address)
+    _role(collector_role, cfg, address)
 
 
 def _role(role, *args) -> None:
@@ -189,36 +172,24 @@ def keys_generate(folder: Annotated[str, typer.Argument(help="where to write the
 
 
 @app.command()
-def scheduler(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: StrategyArgs = None,
-              batch_size: BatchSize = None,
-              max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
-              workers: Workers = None, max_queue: MaxQueue = None, max_queue_tokens: MaxQueueTok = None,
-              out: Out = None, keys: Keys = None,
+@with_settings(*fields_of(SchedulerSettings), "max_new_tokens", "workers", "out", "keys")
+def scheduler(*, overrides: dict, config: ConfigOpt = None,
               address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5557",
               collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558") -> None:
     """Run the scheduler alone (a new strategy in place of the old)."""
-    overrides = {k: v for k, v in locals().items() if k not in ("config", "address", "collector")}
     from batchlab.cli.roles import scheduler_role
 
     _role(scheduler_role, _config(config, overrides), address, collector)
 
 
 @app.command()
-def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = None, preset: Preset = None,
-           strategy: Strategy = None, strategy_args: StrategyArgs = None, max_batch_size: MaxBatch = None,
-           batch_size: BatchSize = None, memory_budget: Budget = None,
-           strict_memory: Strict = None, dtype: Dtype = None, device: Device = None,
-           endpoint: Endpoint = None, max_concurrency: MaxConc = None, out: Out = None, keys: Keys = None,
-           gpu_memory_utilization: GpuUtil = None, max_num_seqs: MaxSeqs = None,
-           max_num_batched_tokens: MaxTok = None, enforce_eager: Eager = None, torch_compile: Compile = None,
-           tensor_parallel_size: TP = None,
-           pipeline_parallel_size: PP = None,
+@with_settings(*fields_of(WorkerSettings, *BACKEND_GROUPS), "strategy", "strategy_args", "batch_size",
+               "max_batch_size", "out", "keys")
+def worker(*, overrides: dict, config: ConfigOpt = None,
            scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557",
            collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558",
            worker_id: Annotated[str, Opt(help="this worker's name")] = "worker-0") -> None:
     """Run one worker alone (e.g. on a remote GPU box)."""
-    overrides = {k: v for k, v in locals().items()
-                 if k not in ("config", "scheduler", "collector", "worker_id")}
     from batchlab.cli.preflight import check_before_start
     from batchlab.cli.roles import worker_role
 
@@ -231,15 +202,10 @@ def worker(*, config: ConfigOpt = None, backend: Backend = None, model: Model = 
 
 
 @app.command()
-def traffic(*, config: ConfigOpt = None, model: Model = None, rate: Rate = None, duration_s: Duration = None,
-            arrival: Arrival = None, burstiness: Burst = None, dataset: Dataset = None,
-            trace_start_s: TraceStart = None, prompt_lengths: PromptLens = None, output_lengths: OutputLens = None,
-            schedule: Schedule = None, max_new_tokens: MaxNew = None, max_prompt_len: MaxPrompt = None,
-            seed: Seed = None, out: Out = None, keys: Keys = None, num_requests: NumRequests = None,
-            concurrency: Concurrency = None, think_time_ms: ThinkTime = None,
+@with_settings(*fields_of(TrafficSettings), "model", "out", "keys")
+def traffic(*, overrides: dict, config: ConfigOpt = None,
             scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
     """Run the traffic generator alone."""
-    overrides = {k: v for k, v in locals().items() if k not in ("config", "scheduler")}
     from batchlab.cli.roles import traffic_role
 
     _role(traffic_role, _config(config, overrides, replay=True), scheduler)

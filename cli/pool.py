@@ -11,7 +11,6 @@ would compete for one GPU's memory.
 import logging
 import multiprocessing as mp
 import signal
-from dataclasses import fields
 from pathlib import Path
 
 from batchlab.cli import procs, roles
@@ -36,7 +35,7 @@ def worker_key(cfg: RunConfig) -> tuple | None:
     pooled (the openai backend holds no model: the server it talks to is the user's)."""
     if cfg.backend == "openai":
         return None
-    values = {f.name: getattr(cfg, f.name) for f in fields(RunConfig) if f.name not in RUN_ONLY}
+    values = {name: getattr(cfg, name) for name in RunConfig.model_fields if name not in RUN_ONLY}
     strategy = resolve(cfg)
     values.update(mode=strategy.mode, rows=strategy.rows)
     return tuple(sorted((k, repr(v)) for k, v in values.items()))

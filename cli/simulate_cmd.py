@@ -4,23 +4,26 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli.fanout import Fanout, Processes, RayAddress
-from batchlab.cli.options import NumRequests, OutputLens, PromptLens, SloOpt, TraceStart
-from batchlab.cli.options import (Arrival, BatchSize, Burst, Dataset, Duration, MaxBatch, MaxNew, MaxQueue,
-                                  MaxQueueTok, MaxWait, Opt, Schedule, Seed, StrategyArgs, setting)
+from batchlab.cli.options import fields_of, option, with_settings
+from batchlab.protocol.setting_groups import CollectorSettings, SchedulerSettings, TrafficSettings
 
 ConfigArg = Annotated[Optional[str], typer.Argument(
     help="a sweep YAML (base: and grid:, one folder per point) or a run's settings YAML")]
-Strategies = Annotated[Optional[str], setting("strategy", help="naive | dynamic | continuous | sjf | edf, a plugin's name or "
-                                                           "package.module:Class, or a comma list")]
-Preset = Annotated[Optional[str], setting(
-    "preset", help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral, or a file "
-                   "batchlab calibrate wrote; a grid on several backends takes one per backend: "
-                   "hf=PRESET,hf-loop=PRESET,vllm=PRESET (hf-loop: hf with a continuous strategy)")]
-Rates = Annotated[Optional[str], setting("rate", help="arrival rate, requests/s, or a comma list (5,10,20); "
-                                                     "inf: every request at t = 0 (needs --num-requests)")]
-Out = Annotated[Optional[str], Opt(help="output folder (default runs/simulated)")]
-Workers = Annotated[Optional[int], setting("workers", help="simulated workers")]
-Budget = Annotated[Optional[str], Opt(help="KV memory budget, e.g. 2GiB (default: the preset's)")]
+CUSTOM = {  # the options whose meaning here differs from a run's: comma lists, a simulated worker
+    "strategy": option("strategy", help="naive | dynamic | continuous | sjf | edf, a plugin's name or "
+                                        "package.module:Class, or a comma list"),
+    "preset": option("preset", help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral, or a "
+                                    "file batchlab calibrate wrote; a grid on several backends takes one per "
+                                    "backend: hf=PRESET,hf-loop=PRESET,vllm=PRESET (hf-loop: hf with a continuous "
+                                    "strategy)"),
+    "rate": option("rate", str, help="arrival rate, requests/s, or a comma list (5,10,20); inf: every request at "
+                                     "t = 0 (needs --num-requests)"),
+    "out": option("out", help="output folder (default runs/simulated)"),
+    "workers": option("workers", help="simulated workers"),
+    "memory_budget": option("memory_budget", help="KV memory budget, e.g. 2GiB (default: the preset's)"),
+}
+SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields_of(CollectorSettings), "preset",
+             "workers", "memory_budget")
 
 
 def register(app: typer.Typer) -> None:
@@ -28,19 +31,10 @@ def register(app: typer.Typer) -> None:
     app.command("simulate")(simulate)
 
 
-def simulate(config: ConfigArg = None, *, strategy: Strategies = None, strategy_args: StrategyArgs = None,
-             preset: Preset = None, rate: Rates = None,
-             duration_s: Duration = None, arrival: Arrival = None, burstiness: Burst = None,
-             dataset: Dataset = None, trace_start_s: TraceStart = None, prompt_lengths: PromptLens = None,
-             output_lengths: OutputLens = None, schedule: Schedule = None, batch_size: BatchSize = None,
-             max_batch_size: MaxBatch = None, max_wait_ms: MaxWait = None, max_new_tokens: MaxNew = None,
-             seed: Seed = None, out: Out = None, workers: Workers = None, max_queue: MaxQueue = None,
-             max_queue_tokens: MaxQueueTok = None, memory_budget: Budget = None, slo: SloOpt = None,
-             num_requests: NumRequests = None, processes: Processes = 1, ray: RayAddress = None) -> None:
+@with_settings(*SIMULATED, custom=CUSTOM)
+def simulate(config: ConfigArg = None, *, overrides: dict, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
-    overrides = dict(locals())
-    overrides.pop("config")
-    fanout = Fanout(overrides.pop("processes"), overrides.pop("ray"))
+    fanout = Fanout(processes, ray)
     from batchlab.protocol.settings import ConfigError
     from batchlab.cli.sweep_plan import SweepError
     from batchlab.cli.sim_plan import plan_simulation

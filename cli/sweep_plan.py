@@ -3,6 +3,7 @@
 Layout of a sweep folder: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic
 rates) and OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each); the names live in collector.layout.
 """
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,7 +166,9 @@ def load_plan(path: str | Path, sets: dict | None = None) -> Plan:
     base, grid = _keys(raw.get("base") or {}), _keys(raw.get("grid") or {})
     unknown = sorted(set(grid) - GRID_KEYS)
     if unknown:
-        raise SweepError(f"{path}: unknown grid key(s) {', '.join(unknown)} (expected {', '.join(sorted(GRID_KEYS))})")
+        close = sorted({m for k in unknown for m in difflib.get_close_matches(k, GRID_KEYS, n=2)})
+        hint = f"did you mean {', '.join(close)}?" if close else f"expected {', '.join(sorted(GRID_KEYS))}"
+        raise SweepError(f"{path}: unknown grid key(s) {', '.join(unknown)} ({hint})")
     checked_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
     entries = [_entry(item, base) for item in grid.get("strategies") or []]
     labels = [e.label for e in entries]

@@ -8,15 +8,14 @@ any --strategy-arg) hold their value unless --grid names them. Every candidate p
 import itertools
 import math
 import typing
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from batchlab.cli.fanout import Fanout, Processes, RayAddress
-from batchlab.cli.options import (Backend, ConfigOpt, Dataset, Duration, MaxNew, Model, Opt, OutputLens, Preset,
-                                  PromptLens, Rate, Seed, SloOpt, Strategy, StrategyArgs)
+from batchlab.cli.options import ConfigOpt, Opt, with_settings
 from batchlab.protocol.settings import ConfigError, RunConfig
 
 DEFAULT_OUT = "results/tune"
@@ -39,17 +38,13 @@ def register(app: typer.Typer) -> None:
     app.command("tune")(tune)
 
 
-def tune(*, config: ConfigOpt = None, strategy: Strategy = None, strategy_args: StrategyArgs = None,
-         slo: SloOpt = None, rate: Rate = None, duration_s: Duration = None, dataset: Dataset = None,
-         prompt_lengths: PromptLens = None, output_lengths: OutputLens = None, max_new_tokens: MaxNew = None,
-         preset: Preset = None, seed: Seed = None, backend: Backend = None, model: Model = None,
-         grid: Grid = None, confirm: Confirm = 0, out: Out = DEFAULT_OUT, top: Top = 20,
-         processes: Processes = 1, ray: RayAddress = None) -> None:
+@with_settings("strategy", "strategy_args", "slo", "rate", "duration_s", "dataset", "prompt_lengths", "output_lengths",
+               "max_new_tokens", "preset", "seed", "backend", "model")
+def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confirm: Confirm = 0, out: Out = DEFAULT_OUT,
+         top: Top = 20, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Search a strategy's knobs in the simulator for the highest goodput under --slo (comma list or
     repeated); --confirm K runs the best K live and prints predicted vs measured."""
-    overrides = {k: v for k, v in locals().items()
-                 if k not in ("config", "grid", "confirm", "out", "top", "processes", "ray")}
-    overrides["slo"] = [s for item in slo or [] for s in item.split(",") if s.strip()] or None
+    overrides["slo"] = [s for item in overrides["slo"] or [] for s in item.split(",") if s.strip()] or None
     from batchlab.cli.config import checked_config
     from batchlab.cli.launcher import RunFailed
     from batchlab.protocol.settings import load_yaml
@@ -191,7 +186,8 @@ def confirm_live(cfg: RunConfig, best: list[tuple[dict, dict]], out: Path) -> li
     rows = []
     for k, (knobs, predicted) in enumerate(best, start=1):
         typer.echo(f"confirming #{k} live on {cfg.backend}: {_knobs_text(knobs)}")
-        live = replace(_with_knobs(cfg, knobs), schedule=str(out / "schedule.parquet"), out=str(out / f"confirm-{k}"))
+        live = _with_knobs(cfg, knobs).model_copy(update={"schedule": str(out / "schedule.parquet"),
+                                                           "out": str(out / f"confirm-{k}")})
         measured = figures(run_with_status(live))
         errors = {m: _rel_error(predicted[m], measured[m]) for m, _ in COMPARED}
         rows.append({"rank": k, "knobs": knobs, "out": live.out, "predicted": predicted, "measured": measured,
@@ -204,7 +200,7 @@ def _write_predicted(cfg: RunConfig, schedule, best: list[tuple[dict, dict]], ou
     from batchlab.cli.sim_run import simulate_run
 
     for k, (knobs, _) in enumerate(best, start=1):
-        run = replace(_with_knobs(cfg, knobs), out=str(out / f"predicted-{k}"))
+        run = _with_knobs(cfg, knobs).model_copy(update={"out": str(out / f"predicted-{k}")})
         simulate_run(run, schedule, slos=cfg.slos(), saved_schedule=out / "schedule.parquet")
 
 
@@ -220,7 +216,7 @@ def _simulate(cfg: RunConfig, schedule, knobs: dict) -> dict:
 
 
 def _with_knobs(cfg: RunConfig, knobs: dict) -> RunConfig:
-    return replace(cfg, strategy_args={**cfg.strategy_args, **knobs})
+    return cfg.model_copy(update={"strategy_args": {**cfg.strategy_args, **knobs}})
 
 
 def _params(cfg: RunConfig) -> dict:

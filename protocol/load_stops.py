@@ -2,7 +2,7 @@
 loop's terms (--concurrency). Part of protocol.settings, kept apart to keep that file short."""
 import math
 
-DEFAULT_DURATION_S = 10.0  # RunConfig's duration_s (protocol.settings takes it from here)
+DEFAULT_DURATION_S = 10.0  # RunConfig's duration_s (protocol.setting_groups takes it from here)
 CLOSED_LOOP_COUNT_DURATION_S = 3600.0  # closed loop, --num-requests without --duration: the count alone stops it
 
 

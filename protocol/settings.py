@@ -1,145 +1,52 @@
 """One run's settings: defaults, then a YAML file, then command-line options; validated once.
 
 The project's shared vocabulary, at the bottom of the layers: every package may read a RunConfig, none
-needs the front end (`cli`) for it. Which strategy names exist is the scheduler's business
-(`scheduler.strategies.resolve`), checked where the front end composes a run.
+needs the front end (`cli`) for it. RunConfig composes the groups of protocol.setting_groups, where every
+field is declared once; pydantic checks them, and its errors become one ConfigError line. Which strategy
+names exist is the scheduler's business (`scheduler.strategies.resolve`), checked where the front end
+composes a run.
 """
-import math
+import difflib
 import numbers
 import os
 import platform
 import types
-import typing
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError, model_validator
 
-from batchlab.protocol.load_stops import (CLOSED_LOOP_CONFLICT, DEFAULT_DURATION_S, closed_loop_terms,  # noqa: F401
-                                         count_duration_s)
+from batchlab.protocol.load_stops import CLOSED_LOOP_CONFLICT, closed_loop_terms, count_duration_s
+from batchlab.protocol.setting_groups import (DEFAULT_RATE, GROUPS, ConfigError, ScheduleSettings,  # noqa: F401
+                                              parse_bytes, refuse)
 from batchlab.protocol.slos import SLO_NAMES, UNITS_S, parse_slos, slo_items  # noqa: F401 (re-exported)
 
-BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
-ARRIVALS = ("poisson", "gamma", "constant", "trace")
 # The settings a schedule is built from: a replayed schedule brings its own.
-TRAFFIC_FIELDS = ("arrival", "rate", "duration_s", "burstiness", "seed", "dataset", "max_new_tokens",
-                  "max_prompt_len", "trace_start_s", "prompt_lengths", "output_lengths", "num_requests")
-DEFAULT_RATE = 10.0  # requests/s
-Lengths = str | int | list | dict  # 128, "32-512", "64,128,256", [64, 128], "lognormal:mean=256", {dist: ...}
+TRAFFIC_FIELDS = tuple(ScheduleSettings.model_fields)
 
 
-class ConfigError(ValueError):
-    """A setting that cannot work; the CLI prints it as one line and exits 1."""
-
-
-@dataclass(slots=True)
-class RunConfig:
+class RunConfig(*GROUPS, title="RunConfig"):
     """Everything that defines a run (written into every table and summary)."""
 
-    strategy: str = "dynamic"  # a built-in, an entry point's name, or package.module:Class
-    strategy_args: dict = field(default_factory=dict)  # the strategy's parameters (scheduler.strategies)
-    backend: str = "sim"
-    model: str = "tiny-mistral"
-    preset: str = "a100-llama2-7b"  # sim backend step-time preset
-    rate: float = DEFAULT_RATE  # requests/s; inf: every request at t = 0 (needs num_requests)
-    duration_s: float = DEFAULT_DURATION_S
-    num_requests: int = 0  # stop after this many requests or duration_s, whichever comes first; 0: duration only
-    arrival: str = "poisson"
-    concurrency: int = 0  # closed loop: this many clients, each sends when its last request ended; 0: open loop
-    think_time_ms: float = 0.0  # closed loop: a client waits this long after an end before its next send
-    burstiness: float = 1.0
-    dataset: str = "sharegpt"  # sharegpt | synthetic | azure-conv | azure-code | trace:PATH | PATH
-    trace_start_s: float = 0.0  # traces: where in the trace the run starts, s after its first request
-    prompt_lengths: Lengths = ""  # synthetic prompts' lengths (traffic.lengths); "": uniform 32-512
-    output_lengths: Lengths = ""  # synthetic requests' output lengths; "": uniform 16-256
-    schedule: str = ""  # replay a saved schedule.parquet instead of generating one
-    batch_size: int = 8  # naive: exactly N
-    max_batch_size: int = 16  # dynamic cap / worker rows
-    max_wait_ms: float = 50.0
-    max_new_tokens: int = 128
-    max_prompt_len: int = 1024
-    seed: int = 0
-    label: str = ""  # the run's name in a sweep (its strategy entry's label; "": the strategy's); not identity
-    repeat: int = 0  # which repeat of its sweep point the run is (its seed is the grid's seed + repeat)
-    out: str = "runs/latest"
-    workers: int = 1
-    max_queue: int = 0  # requests; 0: unbounded
-    max_queue_tokens: int = 0  # prompt + output tokens queued; 0: unbounded
-    liveness_s: float = 30.0  # a worker, the traffic or the scheduler silent this long is declared dead
-    stall_limit_s: float = 60.0  # stream ended, requests queued, every worker idle this long: stalled; 0: off
-    memory_budget: str = ""  # KV budget, e.g. "2GiB"; default: the backend's own
-    strict_memory: bool = False
-    dtype: str = "auto"
-    device: str = "auto"
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 0
-    max_num_batched_tokens: int = 0
-    enforce_eager: bool = False
-    torch_compile: bool = False  # hf static: a fixed-shape decode compiled by torch.compile (CUDA graphs on CUDA)
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    endpoint: str = ""
-    max_concurrency: int = 64
-    warmup_requests: int = 2
-    keys: str = ""  # CurveZMQ key folder (required to bind a non-loopback address)
-    slo: list = field(default_factory=list)  # e.g. ["ttft=500ms", "tpot=50ms"]: goodput in summary.json
-    extra: dict = field(default_factory=dict)
+    def __init__(self, **values: object) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise config_error(exc) from None
 
-    def validate(self) -> "RunConfig":
-        """Raise ConfigError on the first impossible setting."""
-        _check_numbers(self)
-        checks = [
-            (bool(self.strategy), "--strategy must name a strategy"),
-            (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}"),
-            (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}"),
-            (self.rate > 0 or (self.rate == 0 and self.arrival == "trace"),
-             "--rate must be > 0 requests/s (0 only with --arrival trace: the trace's own rate)"),
-            (self.trace_start_s >= 0, "--trace-start must be ≥ 0 s"),
-            (self.duration_s > 0 and math.isfinite(self.duration_s), "--duration must be > 0 s"),
-            (self.num_requests >= 0, "--num-requests must be ≥ 0 (0: --duration alone stops the run)"),
-            (self.concurrency >= 0, "--concurrency must be ≥ 1 client (0: open loop, --rate)"),
-            (math.isfinite(self.rate) or self.num_requests > 0 or self.concurrency > 0,
-             "--rate inf (every request at t = 0) needs --num-requests N"),
-            (self.think_time_ms >= 0, "--think-time-ms must be ≥ 0 ms"),
-            (self.concurrency == 0 or math.isinf(self.rate), CLOSED_LOOP_CONFLICT),
-            (math.isfinite(self.rate) or self.arrival != "trace", "--rate inf does not go with --arrival trace"),
-            (self.burstiness > 0, "--burstiness must be > 0"),
-            (self.batch_size >= 1, "--batch-size must be ≥ 1"),
-            (self.max_batch_size >= 1, "--max-batch-size must be ≥ 1"),
-            (self.max_wait_ms >= 0, "--max-wait-ms must be ≥ 0"),
-            (self.max_new_tokens >= 1, "--max-new-tokens must be ≥ 1"),
-            (self.workers >= 1, "--workers must be ≥ 1"),
-            (self.batch_size <= MAX_ROWS and self.max_batch_size <= MAX_ROWS,
-             f"--batch-size and --max-batch-size must be ≤ {MAX_ROWS} (the most rows one message holds)"),
-            (self.max_prompt_len >= 1, "--max-prompt-len must be ≥ 1"),
-            (self.max_queue >= 0, "--max-queue must be ≥ 0 requests (0: unbounded)"),
-            (self.max_queue_tokens >= 0, "--max-queue-tokens must be ≥ 0 (0: unbounded)"),
-            (self.seed >= 0, "--seed must be ≥ 0"),
-            (self.repeat >= 0, "repeat must be ≥ 0"),
-            (self.warmup_requests >= 0, "--warmup-requests must be ≥ 0"),
-            (self.max_concurrency >= 1, "--max-concurrency must be ≥ 1"),
-            (self.max_num_seqs >= 0 and self.max_num_batched_tokens >= 0,
-             "--max-num-seqs and --max-num-batched-tokens must be ≥ 0 (0: the engine's default)"),
-            (self.tensor_parallel_size >= 1 and self.pipeline_parallel_size >= 1,
-             "--tensor-parallel-size and --pipeline-parallel-size must be ≥ 1"),
-            (0 < self.gpu_memory_utilization <= 1, "--gpu-memory-utilization must be in (0, 1]"),
-            (bool(str(self.out).strip()), "--out must name a folder (it is empty)"),
-            (self.backend != "openai" or bool(self.endpoint), "--backend openai needs --endpoint URL"),
-        ]
-        checks += self._fault_checks()
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+    @model_validator(mode="after")
+    def _across_groups(self) -> "RunConfig":
+        """The rules that span groups; strategy vllm means continuous batching in the vllm backend."""
+        if self.backend == "openai" and not self.endpoint:
+            raise refuse("--backend openai needs --endpoint URL")
         if self.strategy == "vllm":
             self.strategy, self.backend = "continuous", "vllm"
-        parse_bytes(self.memory_budget)
-        self.slos()
         return self
 
-    def _fault_checks(self) -> list[tuple[bool, str]]:
-        """The liveness window and the stall limit (NaN fails every comparison, so it is refused)."""
-        return [(0 < self.liveness_s < float("inf"), "liveness_s must be a number of seconds > 0"),
-                (0 <= self.stall_limit_s < float("inf"), "stall_limit_s must be ≥ 0 s (0: no limit)")]
+    def validate(self) -> "RunConfig":
+        """Check every setting again (after edits in place); ConfigError on the first impossible one."""
+        self.__dict__.update(type(self)(**self.model_dump()).__dict__)
+        return self
 
     def slos(self) -> dict[str, float]:
         """The SLOs in seconds ({} when none); ConfigError on a bad one."""
@@ -150,52 +57,56 @@ class RunConfig:
 
     def as_settings(self) -> dict:
         """Flat dict for RunInfo and reports."""
-        d = asdict(self)
+        d = self.model_dump()
         d.update(d.pop("extra"))
         return d
 
 
-def parse_bytes(text: str) -> int:
-    """'2GiB', '512MB', '1e9' → bytes; '' → 0 (meaning: the backend's default)."""
-    if not text:
-        return 0
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 1e3, "mb": 1e6, "gb": 1e9, "b": 1}
-    t = str(text).strip().lower()
-    for unit, scale in units.items():
-        if t.endswith(unit):
-            t, mult = t[: -len(unit)], scale
-            break
-    else:
-        mult = 1
-    try:
-        number = float(t) * mult
-    except ValueError:
-        raise ConfigError(f"cannot read {text!r} as a size (e.g. 2GiB, 512MB)") from None
-    if not math.isfinite(number) or number >= 2**63:
-        raise ConfigError(f"size {text!r} must be a finite number of bytes below 2**63 (e.g. 2GiB, 512MB)")
-    value = int(number)
-    if value <= 0:
-        raise ConfigError(f"size {text!r} must be positive")
-    return value
+def config_error(exc: ValidationError) -> ConfigError:
+    """pydantic's errors as the one line a user reads: the option, its bound and unit, what was given."""
+    errors = exc.errors(include_url=False)
+    unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+    if unknown:
+        close = sorted({m for n in unknown for m in difflib.get_close_matches(n, RunConfig.model_fields, n=2)})
+        return ConfigError(f"unknown setting(s): {', '.join(unknown)}" + (f" (did you mean {', '.join(close)}?)"
+                                                                          if close else ""))
+    return ConfigError(_said(errors[0]))
 
 
-MAX_ROWS = 1 << 20  # a message's longest list (protocol.codec.MAX_ARRAY_LEN): a batch of more cannot be sent
-OPTION_NAMES = {"duration_s": "--duration", "trace_start_s": "--trace-start"}
+def _said(error: dict) -> str:
+    """One pydantic error in words."""
+    name, kind, value, ctx = str((*error["loc"], "")[0]), error["type"], error.get("input"), error.get("ctx") or {}
+    field = RunConfig.model_fields.get(name)
+    extra, option = (field.json_schema_extra or {}) if field else {}, option_name(name)
+    bound = next((b for b in ("gt", "ge", "lt", "le") if b in ctx), None)
+    if kind in ("config", "value_error"):  # a rule's own line; a parser's (sizes, SLOs)
+        return str(ctx.get("error", error["msg"]))
+    if kind == "finite_number":
+        return f"{option} must be a finite number, got {value}"
+    if bound and ctx[bound] == 2**63:
+        return f"{option} {value} is out of range (at most 2**63 - 1)"
+    if bound:
+        limit = f"{ctx[bound]:g}" if isinstance(ctx[bound], float) else ctx[bound]
+        said = (f"{option} must be {_SIGNS[bound]} {limit}", extra.get("unit"), extra.get("note"))
+        return " ".join(p for p in said if p) + f", got {value!r}"
+    if kind == "string_pattern_mismatch":  # a name that is empty
+        return f"{option} must name {extra.get('note')}"
+    if kind == "literal_error":
+        return f"{option} must be one of {', '.join(field.annotation.__args__)}, got {value!r}"
+    what = "token lengths (e.g. 128, 32-512)" if len(error["loc"]) > 1 else _KIND_NAMES.get(kind, error["msg"])
+    return f"setting {name} must be {what}, got {value!r} ({type(value).__name__})"
 
 
-def _check_numbers(cfg: RunConfig) -> None:
-    """ConfigError for the first number setting that is NaN, infinite, or an int outside int64."""
-    for f in fields(cfg):
-        value = getattr(cfg, f.name)
-        if type(value) is bool or not isinstance(value, (int, float)):
-            continue
-        option = OPTION_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
-        if f.name == "rate" and value == math.inf:  # every request at t = 0: validate() checks its terms
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{option} must be a finite number, got {value}")
-        if isinstance(value, int) and not -(2**63) <= value < 2**63:
-            raise ConfigError(f"{option} {value} is out of range (at most 2**63 - 1)")
+_SIGNS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤"}
+_KIND_NAMES = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number",
+               "string_type": "a string", "dict_type": "a mapping", "list_type": "a list"}
+
+
+def option_name(name: str) -> str:
+    """The command-line option of RunConfig.<name> (its declared flag, else --name-with-dashes)."""
+    field = RunConfig.model_fields.get(name)
+    flag = ((field.json_schema_extra or {}).get("flag") if field else None) or "--" + name.replace("_", "-")
+    return flag.split("/")[0]
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -213,7 +124,6 @@ def load_yaml(path: str | Path) -> dict:
 
 def build_config(file_values: dict, overrides: dict) -> RunConfig:
     """Defaults ← file ← command line (only options the user gave), validated; None means not given."""
-    known = typing.get_type_hints(RunConfig)
     merged = {k: v for values in (file_values, overrides) for k, v in values.items() if v is not None}
     args = [values.get("strategy_args") for values in (file_values, overrides)]
     if any(a is not None for a in args):  # the command line's parameters are laid over the file's, key by key
@@ -228,10 +138,7 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
     if merged.get("num_requests") and "duration_s" not in merged:  # the count alone stops the run
         merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", DEFAULT_RATE),
                                                 merged.get("burstiness", 1.0))
-    unknown = sorted(set(merged) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
-    return RunConfig(**{k: _typed(k, v, known[k]) for k, v in merged.items()}).validate()
+    return RunConfig(**merged)
 
 
 def parse_strategy_args(given: object) -> dict:
@@ -259,21 +166,6 @@ def fits(value: object, kind: object) -> bool:
         base = numbers.Integral if kind is int else numbers.Real
         return isinstance(value, base) and not isinstance(value, bool)
     return not isinstance(kind, (type, types.UnionType)) or isinstance(value, kind)
-
-
-def _typed(name: str, value: object, kind: type) -> object:
-    """`value` as the field's type, or ConfigError ("inf" is a number: YAML reads `rate: inf` as text, and
-    summary.json writes the rate inf so)."""
-    if kind is float and isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
-        value = math.inf
-    if not fits(value, kind):
-        raise ConfigError(f"setting {name} must be {_KIND_NAMES.get(kind, 'token lengths (e.g. 128, 32-512)')}, "
-                          f"got {value!r} ({type(value).__name__})")
-    return kind(value) if kind in (int, float) else value  # numpy scalars → plain numbers
-
-
-_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
-               list: "a list"}
 
 
 def run_settings(cfg: RunConfig) -> dict:

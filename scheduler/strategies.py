@@ -31,7 +31,7 @@ BUILTINS: dict[str, type] = {**BASIC, **ORDERED}  # naive, dynamic, continuous, 
 MODES = ("static", "continuous")
 REQUIRED = ("name", "mode", "decide", "on_batch_done")
 KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-RUN_SETTINGS = frozenset(f.name for f in dataclasses.fields(RunConfig)) - {"strategy", "strategy_args", "extra"}
+RUN_SETTINGS = frozenset(RunConfig.model_fields) - {"strategy", "strategy_args", "extra"}
 TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 

@@ -4,7 +4,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from importlib import metadata
 
 import pandas as pd
@@ -132,8 +132,8 @@ def test_a_bad_strategy_arg_on_the_command_line_is_one_line():
 
 def test_run_help_shows_every_settings_default_from_run_config():
     run = get_command(app).commands["run"]
-    defaults = {f.name: f.default for f in fields(RunConfig) if f.default not in (None, "") and f.init
-                and not callable(f.default_factory) and f.name != "out"}  # run: a new folder per run
+    defaults = {name: f.default for name, f in RunConfig.model_fields.items() if f.default not in (None, "")
+                and f.default_factory is None and name != "out"}  # run: a new folder per run
     help_text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "320", "TERMINAL_WIDTH": "320"}).output
     lines = {line.split()[1]: line for line in help_text.splitlines() if line.startswith("│ --")}
     checked = 0

@@ -84,7 +84,8 @@ def test_auto_rates_config_keeps_its_probe_settings(tmp_path):
     ({"grid": {"strategies": ["naive"], "rates": [0]}}, "positive"),
     ({"grid": {"strategies": [{"backend": "hf"}]}}, "strategy name"),
     ({"grid": {"strategies": ["naive"]}, "points": 3}, "unknown top-level"),
-    ({"grid": {"strategies": ["naive"], "rates": [2], "repeat": 3}}, "unknown grid key"),
+    ({"grid": {"strategies": ["naive"], "rates": [2], "repeat": 3}}, r"unknown grid key.*did you mean repeats\?"),
+    ({"grid": {"strategies": ["naive"], "zzz": 3}}, r"unknown grid key.*expected concurrency"),
 ])
 def test_impossible_sweeps_are_rejected_with_one_line(tmp_path, data, message):
     with pytest.raises(SweepError, match=message):
@@ -92,7 +93,7 @@ def test_impossible_sweeps_are_rejected_with_one_line(tmp_path, data, message):
 
 
 def test_a_wrong_setting_in_base_stops_the_sweep_before_any_run(tmp_path):
-    with pytest.raises(ConfigError, match="unknown setting"):
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\): rat \(did you mean rate"):
         load_plan(write(tmp_path, {"base": {"rat": 3}, "grid": {"strategies": ["naive"]}}))
 
 

@@ -1,7 +1,7 @@
 """`batchlab tune`: the search space from a strategy's Params, --grid, a simulated search whose best
 candidate beats the rest and the untuned knobs, the one-line errors, and a live --confirm on `sim`."""
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
@@ -91,8 +91,8 @@ def test_the_best_candidate_beats_every_other_and_the_untuned_knobs(tmp_path):
     goodputs = [c["goodput"] for c in ranked]
     assert goodputs == sorted(goodputs, reverse=True)
     # independent of tune's bookkeeping: the recorded knobs, simulated again on the saved schedule
-    schedule = make_schedule(replace(cfg, schedule=str(tmp_path / "schedule.parquet")))
-    best = simulate(replace(cfg, strategy_args=ranked[0]["knobs"]), schedule, slos=cfg.slos()).summary
+    schedule = make_schedule(cfg.model_copy(update={"schedule": str(tmp_path / "schedule.parquet")}))
+    best = simulate(cfg.model_copy(update={"strategy_args": ranked[0]["knobs"]}), schedule, slos=cfg.slos()).summary
     untuned = simulate(cfg, schedule, slos=cfg.slos()).summary
     assert best["goodput"]["fraction"] == pytest.approx(ranked[0]["goodput"])
     assert best["goodput"]["fraction"] >= max(goodputs)

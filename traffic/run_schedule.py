@@ -2,7 +2,7 @@
 import math
 from pathlib import Path
 
-from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig
 from batchlab.traffic.config import TrafficConfig, default_output_lengths
 from batchlab.traffic.lengths import LengthSpec, parse_lengths
 from batchlab.traffic.schedule import Schedule, build_schedule, load_schedule
@@ -37,12 +37,9 @@ def traffic_config(cfg: RunConfig) -> TrafficConfig:
     count = int(getattr(cfg, "num_requests", 0) or 0)
     if closed and not count:  # stopped by --duration alone: a pool of requests for the clients to take
         count = CLOSED_LOOP_POOL_REQUESTS
-    return TrafficConfig(arrival=cfg.arrival, rate=math.inf if closed else cfg.rate, duration_s=cfg.duration_s,
-                         burstiness=cfg.burstiness, seed=cfg.seed, dataset=cfg.dataset,
-                         max_new_tokens=cfg.max_new_tokens, max_prompt_len=cfg.max_prompt_len,
-                         prompt_lengths=prompt_lengths, output_lengths=output_lengths,
-                         trace_start_s=float(getattr(cfg, "trace_start_s", 0.0)),
-                         num_requests=count)
+    given = {name: getattr(cfg, name) for name in TRAFFIC_FIELDS if hasattr(cfg, name)}  # older records lack some
+    return TrafficConfig(**{**given, "rate": math.inf if closed else cfg.rate, "num_requests": count,
+                            "prompt_lengths": prompt_lengths, "output_lengths": output_lengths})
 
 
 def tokenizer_for(cfg: RunConfig):

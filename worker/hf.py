@@ -13,7 +13,7 @@ memory estimate uses prompt_len as the scheduler does (one token per row is nois
 """
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
@@ -69,12 +69,10 @@ def resolve_dtype(name: str, device, checkpoint_dtype):
 
 
 def settings_from_config(cfg, rows: int) -> HFSettings:
-    """A RunConfig and the worker's row cap → HFSettings (static and continuous modes alike)."""
-    from batchlab.protocol.settings import parse_bytes
-
-    return HFSettings(model=cfg.model, dtype=cfg.dtype, device=cfg.device, max_batch_size=rows,
-                      memory_budget_bytes=parse_bytes(cfg.memory_budget), strict_memory=cfg.strict_memory,
-                      torch_compile=cfg.torch_compile)
+    """A RunConfig and the worker's row cap → HFSettings: the settings of the same name (the worker and hf
+    groups'), the budget in bytes (static and continuous modes alike)."""
+    shared = {f.name: getattr(cfg, f.name) for f in fields(HFSettings) if hasattr(cfg, f.name)}
+    return HFSettings(**{**shared, "max_batch_size": rows})
 
 
 def special_prefix(tokenizer) -> list[int]:

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
@@ -66,15 +66,11 @@ def _load_format(name: str) -> str:
 
 
 def settings_from_config(cfg, mode: str, rows: int) -> VLLMSettings:
-    """RunConfig → VLLMSettings (max_num_seqs 0 means the worker's row cap, `rows`)."""
-    from batchlab.protocol.settings import parse_bytes
-
-    seqs = cfg.max_num_seqs or rows
-    return VLLMSettings(
-        model=cfg.model, dtype=cfg.dtype, max_num_seqs=seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-        gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
-        tensor_parallel_size=cfg.tensor_parallel_size, pipeline_parallel_size=cfg.pipeline_parallel_size,
-        kv_cache_bytes=parse_bytes(cfg.memory_budget), warmup_requests=cfg.warmup_requests)
+    """RunConfig → VLLMSettings: the settings of the same name (the worker and vllm groups'), the budget in
+    bytes, max_num_seqs 0 meaning the worker's row cap, `rows`."""
+    shared = {f.name: getattr(cfg, f.name) for f in fields(VLLMSettings) if hasattr(cfg, f.name)}
+    return VLLMSettings(**{**shared, "max_num_seqs": cfg.max_num_seqs or rows,
+                           "kv_cache_bytes": cfg.memory_budget_bytes})
 
 
 def _engine_args(s: VLLMSettings, on_cpu: bool):

@@ -15,7 +15,6 @@ Errors are seconds, positive when the live run is slower. A failure here is logg
 import json
 import logging
 import time
-import typing
 from pathlib import Path
 
 import pandas as pd
@@ -38,7 +37,7 @@ KEY = "timing_fidelity"  # summary.json's key
 def config_from_settings(settings: dict) -> RunConfig:
     """The RunConfig a run's settings (RunInfo) came from, checked like any other; keys that are not
     RunConfig fields (host, t0, ...) are dropped."""
-    names = set(typing.get_type_hints(RunConfig)) - {"extra"}
+    names = set(RunConfig.model_fields) - {"extra"}
     values = {k: v for k, v in settings.items() if k in names}
     if isinstance(values.get("workers"), dict):  # RunInfo replaces the count with the workers' hellos
         values["workers"] = len(values["workers"])

@@ -1,0 +1,245 @@
+"""A run's settings by group, each field declared once: its default, type, bounds, help text and unit.
+
+`protocol.settings.RunConfig` composes the groups (a field of a group is a field of RunConfig); the CLI
+generates every option from these declarations (`cli.options`), and pydantic checks them (strict types:
+a string is no number, a bool no count). `json_schema_extra` carries the option's unit, a note that
+follows a bound's message, and a flag spelling other than --field-name.
+"""
+import math
+import numbers
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError, PydanticUndefined
+
+from batchlab.protocol.load_stops import CLOSED_LOOP_CONFLICT, DEFAULT_DURATION_S
+
+MAX_ROWS = 1 << 20  # a message's longest list (protocol.codec.MAX_ARRAY_LEN): a batch of more cannot be sent
+DEFAULT_RATE = 10.0  # requests/s
+Int = Annotated[int, Field(lt=2**63)]  # every count fits an int64 (a message's integers)
+Lengths = str | int | list | dict  # 128, "32-512", "64,128,256", [64, 128], "lognormal:mean=256", {dist: ...}
+
+
+def setting(default=PydanticUndefined, help: str = "", *, unit: str = "", note: str = "", flag: str = "",
+            cli: bool = True, hide_default: bool = False, **bounds) -> object:
+    """A field with its help text and unit (`flag`: an option spelling other than --field-name; `cli`:
+    False for a field no command takes; `hide_default`: --help shows no default)."""
+    extra = dict(unit=unit, note=note, flag=flag, hide_default=hide_default, no_option=not cli)
+    return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **bounds)
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the CLI prints it as one line and exits 1."""
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '512MB', '1e9' → bytes; '' → 0 (meaning: the backend's default)."""
+    if not text:
+        return 0
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 1e3, "mb": 1e6, "gb": 1e9, "b": 1}
+    t = str(text).strip().lower()
+    for unit, scale in units.items():
+        if t.endswith(unit):
+            t, mult = t[: -len(unit)], scale
+            break
+    else:
+        mult = 1
+    try:
+        number = float(t) * mult
+    except ValueError:
+        raise ConfigError(f"cannot read {text!r} as a size (e.g. 2GiB, 512MB)") from None
+    if not math.isfinite(number) or number >= 2**63:
+        raise ConfigError(f"size {text!r} must be a finite number of bytes below 2**63 (e.g. 2GiB, 512MB)")
+    value = int(number)
+    if value <= 0:
+        raise ConfigError(f"size {text!r} must be positive")
+    return value
+
+
+def refuse(message: str) -> PydanticCustomError:
+    """A rule's failure: its message becomes the ConfigError's line as written."""
+    return PydanticCustomError("config", message)
+
+
+class Group(BaseModel):
+    """One group of settings: strict types, no unknown keys, finite numbers (but where a field allows inf)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # title: its --help panel
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain(cls, value: object, info) -> object:
+        """numpy ints as ints (a float takes any number); "inf" text as inf where a float is asked (YAML reads
+        `rate: inf` as text, and summary.json writes the rate inf so)."""
+        if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
+            return math.inf if cls.model_fields[info.field_name].annotation is float else value
+        return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
+
+
+class ScheduleSettings(Group, title="Traffic"):
+    """The settings a schedule is built from (a replayed schedule brings its own)."""
+
+    arrival: Literal["poisson", "gamma", "constant", "trace"] = setting(
+        "poisson", "poisson | gamma | constant | trace (a trace dataset's own arrival times)")
+    rate: float = setting(DEFAULT_RATE, "arrival rate; inf: all at t = 0 (with --arrival trace: rescale to this "
+                          "mean rate, keeping the burst shape; 0 or not given: the trace's own timing)",
+                          unit="requests/s", allow_inf_nan=True)
+    duration_s: float = setting(DEFAULT_DURATION_S, "traffic's length (with --num-requests: whichever stop comes "
+                                "first)", unit="s", flag="--duration", gt=0)
+    burstiness: float = setting(1.0, "gamma shape: 1 = Poisson, < 1 burstier", gt=0)
+    seed: Int = setting(0, "seed of the arrival and prompt streams", ge=0)
+    dataset: str = setting("sharegpt", "sharegpt | synthetic | azure-conv | azure-code (Azure LLM inference trace "
+                           "2023) | trace:PATH (CSV/JSONL: timestamp, input length, output length) | PATH "
+                           "(ShareGPT JSON/JSONL)")
+    max_new_tokens: Int = setting(128, "cap on output tokens per request", unit="tokens", ge=1)
+    max_prompt_len: Int = setting(1024, "drop prompts longer than this", unit="tokens", ge=1)
+    trace_start_s: float = setting(0.0, "traces: start this long after the trace's first request", unit="s",
+                                   flag="--trace-start", ge=0)
+    prompt_lengths: Lengths = setting("", "synthetic prompt lengths: 128 | 32-512 | 64,128,256 | "
+                                      "lognormal:mean=256 (default 32-512)", unit="tokens")
+    output_lengths: Lengths = setting("", "synthetic output lengths, same forms (default 16-256; capped by "
+                                      "--max-new-tokens)", unit="tokens")
+    num_requests: Int = setting(0, "stop after N requests or --duration, whichever comes first (no --duration: "
+                                "N alone; 0: --duration alone)", note="(0: --duration alone stops the run)", ge=0)
+
+
+class TrafficSettings(ScheduleSettings):
+    """The traffic: a schedule's settings, a replayed schedule, and the closed loop's clients."""
+
+    schedule: str = setting("", "replay this saved schedule.parquet")
+    concurrency: Int = setting(0, "closed loop: N clients, each sends its next request when its last one ended "
+                               "(plus --think-time-ms); not with --rate/--arrival (docs/traffic.md)",
+                               unit="clients", note="(0: open loop, --rate)", ge=0)
+    think_time_ms: float = setting(0.0, "closed loop: a client waits this long after an end", unit="ms", ge=0)
+
+    @model_validator(mode="after")
+    def _load(self) -> "TrafficSettings":
+        """The rate and the stops go together (NaN fails every comparison, so it is refused)."""
+        rate, trace, closed = self.rate, self.arrival == "trace", self.concurrency > 0
+        rules = [(not math.isnan(rate), f"--rate must be a finite number, got {rate}"),
+                 (rate > 0 or (rate == 0 and trace),
+                  "--rate must be > 0 requests/s (0 only with --arrival trace: the trace's own rate)"),
+                 (math.isfinite(rate) or self.num_requests > 0 or closed,
+                  "--rate inf (every request at t = 0) needs --num-requests N"),
+                 (not closed or math.isinf(rate), CLOSED_LOOP_CONFLICT),
+                 (math.isfinite(rate) or not trace, "--rate inf does not go with --arrival trace")]
+        for ok, message in rules:
+            if not ok:
+                raise refuse(message)
+        return self
+
+
+class SchedulerSettings(Group, title="Scheduler"):
+    """The batching policy and the scheduler's bounds."""
+
+    strategy: str = setting("dynamic", "naive | dynamic | continuous | sjf | edf | vllm, an installed plugin's "
+                            "name, or package.module:Class", pattern=r"\S", note="a strategy")
+    strategy_args: dict = setting(help="a strategy parameter, KEY=VALUE (repeatable); a parameter named like an "
+                                  "option (e.g. max_batch_size) defaults to that option's value",
+                                  flag="--strategy-arg", default_factory=dict)
+    batch_size: Int = setting(8, "naive: launch exactly N", unit="rows", ge=1, le=MAX_ROWS,
+                              note="(the most rows one message holds)")
+    max_batch_size: Int = setting(16, "dynamic, continuous: size cap / worker rows", unit="rows", ge=1, le=MAX_ROWS,
+                                  note="(the most rows one message holds)")
+    max_wait_ms: float = setting(50.0, "dynamic: age trigger", unit="ms", ge=0)
+    max_queue: Int = setting(0, "reject arrivals beyond this queue length", unit="requests", note="(0: unbounded)",
+                             ge=0)
+    max_queue_tokens: Int = setting(0, "reject arrivals beyond this many queued prompt + output tokens",
+                                    unit="tokens", note="(0: unbounded)", ge=0)
+    liveness_s: float = setting(30.0, "a worker, the traffic or the scheduler silent this long is declared dead",
+                                unit="s", gt=0)
+    stall_limit_s: float = setting(60.0, "stream ended, requests queued, every worker idle this long: stalled",
+                                   unit="s", note="(0: no limit)", ge=0)
+
+
+class WorkerSettings(Group, title="Worker"):
+    """What every worker backend takes: the model, where it runs, its memory."""
+
+    backend: Literal["sim", "echo", "hf", "vllm", "openai"] = setting("sim", "sim | echo | hf | vllm | openai")
+    model: str = setting("tiny-mistral", "a hub id or a local path")
+    workers: Int = setting(1, "worker processes (the scheduler waits for this many)", ge=1)
+    memory_budget: str = setting("", "KV memory budget, e.g. 2GiB (default: the backend's)", unit="bytes")
+    strict_memory: bool = setting(False, "treat a batch over budget as OOM (CPU)")
+    dtype: str = setting("auto", "auto | float32 | float16 | bfloat16")
+    device: str = setting("auto", "auto | cpu | cuda")
+    max_num_batched_tokens: Int = setting(0, "per engine step, decodes and prompt chunks together (0: vLLM's "
+                                          "default; hf continuous: 256 on CPU, 2048 on CUDA); not below "
+                                          "--max-batch-size", unit="tokens", ge=0, note="(0: the engine's default)")
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _bytes(cls, text: str) -> str:
+        parse_bytes(text)
+        return text
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        """The budget in bytes (0: the backend's own)."""
+        return parse_bytes(self.memory_budget)
+
+
+class SimBackendSettings(Group, title="Worker: sim"):
+    """The sim backend's step-time model."""
+
+    preset: str = setting("a100-llama2-7b", "sim step-time preset (a100-llama2-7b, 3090-mistral-7b, "
+                          "cpu-tiny-mistral) or a file batchlab calibrate wrote")
+
+
+class HFBackendSettings(Group, title="Worker: hf"):
+    """The hf backend's own settings."""
+
+    torch_compile: bool = setting(False, "hf static: static KV cache, batches padded to --max-batch-size, decode "
+                                  "compiled once (CUDA graphs)")
+
+
+class VLLMBackendSettings(Group, title="Worker: vllm"):
+    """The vllm backend's engine settings."""
+
+    gpu_memory_utilization: float = setting(0.9, "vllm: fraction of GPU memory for the engine", gt=0, le=1)
+    max_num_seqs: Int = setting(0, "vllm: max running sequences (0: --max-batch-size)", ge=0)
+    enforce_eager: bool = setting(False, "vllm: no CUDA graphs / torch.compile")
+    tensor_parallel_size: Int = setting(1, "vllm: tensor-parallel GPUs", ge=1)
+    pipeline_parallel_size: Int = setting(1, "vllm: pipeline-parallel stages", ge=1)
+    warmup_requests: Int = setting(2, "vllm: requests sent before the run to warm the engine up", ge=0)
+
+
+class OpenAIBackendSettings(Group, title="Worker: openai"):
+    """The openai backend: a server to stream from."""
+
+    endpoint: str = setting("", "openai backend: server URL")
+    max_concurrency: Int = setting(64, "openai backend: concurrent streams", ge=1)
+
+
+class CollectorSettings(Group, title="Collector"):
+    """Where the results go and what they are judged by."""
+
+    out: str = setting("runs/latest", "output folder (run: a new runs/<date>-<strategy>-<backend> unless given; "
+                       "the roles alone: runs/latest)", hide_default=True, pattern=r"\S",
+                       note="a folder (it is empty)")
+    slo: list = setting(help="SLOs for goodput, NAME=VALUE with a unit ms, s or us (none: ms), a comma list or "
+                        "repeated (e.g. ttft=1s,tpot=50ms); names ttft, tpot, e2e, queue_wait", default_factory=list)
+
+    @field_validator("slo")
+    @classmethod
+    def _slos(cls, slo: list) -> list:
+        from batchlab.protocol.slos import parse_slos
+
+        parse_slos(slo)
+        return slo
+
+
+class RunSettings(Group, title="Run"):
+    """Every role's: the key folder; a sweep's names for a run (not identity); settings kept as given."""
+
+    keys: str = setting("", "CurveZMQ key folder (needed to bind a non-loopback address)")
+    label: str = setting("", "the run's name in a sweep (its strategy entry's label; '': the strategy's)", cli=False)
+    repeat: Int = setting(0, "which repeat of its sweep point the run is (its seed is the grid's seed + repeat)",
+                          ge=0, cli=False)
+    extra: dict = setting(help="settings recorded beside the fields (e.g. a replay's unknowns)", cli=False,
+                          default_factory=dict)
+
+
+# RunConfig's bases, its field order: the scheduler's first (strategy), the run's last (extra).
+GROUPS = (RunSettings, CollectorSettings, OpenAIBackendSettings, VLLMBackendSettings, HFBackendSettings,
+          SimBackendSettings, WorkerSettings, TrafficSettings, SchedulerSettings)
+BACKEND_GROUPS = (SimBackendSettings, HFBackendSettings, VLLMBackendSettings, OpenAIBackendSettings)
