@@ -1,10 +1,6 @@
-"""A run's settings by group, each field declared once: its default, type, bounds, help text and unit.
-
-`protocol.settings.RunConfig` composes the groups (a field of a group is a field of RunConfig); the CLI
-generates every option from these declarations (`cli.options`), and pydantic checks them (strict types:
-a string is no number, a bool no count). `json_schema_extra` carries the option's unit, a note that
-follows a bound's message, and a flag spelling other than --field-name.
-"""
+"""A run's settings by group, each field declared once: its default, type, bounds, help text and unit (a
+group's title is its --help panel). `protocol.settings.RunConfig` composes the groups, `cli.options` makes
+every option from them, and pydantic checks them (strictly: a string is no number, a bool no count)."""
 import math
 import numbers
 from typing import Annotated, Literal
@@ -64,7 +60,7 @@ def refuse(message: str) -> PydanticCustomError:
 class Group(BaseModel):
     """One group of settings: strict types, no unknown keys, finite numbers (but where a field allows inf)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # title: its --help panel
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -216,8 +212,9 @@ class CollectorSettings(Group, title="Collector"):
     out: str = setting("runs/latest", "output folder (run: a new runs/<date>-<strategy>-<backend> unless given; "
                        "the roles alone: runs/latest)", hide_default=True, pattern=r"\S",
                        note="a folder (it is empty)")
-    slo: list = setting(help="SLOs for goodput, NAME=VALUE with a unit ms, s or us (none: ms), a comma list or "
-                        "repeated (e.g. ttft=1s,tpot=50ms); names ttft, tpot, e2e, queue_wait", default_factory=list)
+    slo: list = setting(help="SLOs for goodput, NAME=VALUE with a unit ms, s or us, a comma list or repeated (e.g. "
+                        "ttft=1s,tpot=50ms); names ttft, tpot, e2e, queue_wait; a value without a unit is in ms",
+                        default_factory=list)
 
     @field_validator("slo")
     @classmethod

@@ -7,10 +7,8 @@ names exist is the scheduler's business (`scheduler.strategies.resolve`), checke
 composes a run.
 """
 import difflib
-import numbers
 import os
 import platform
-import types
 from pathlib import Path
 
 import yaml
@@ -155,17 +153,6 @@ def parse_strategy_args(given: object) -> dict:
             raise ConfigError(f"--strategy-arg {item!r}: expected KEY=VALUE")
         pairs[key.strip().replace("-", "_")] = value.strip()
     return pairs
-
-
-def fits(value: object, kind: object) -> bool:
-    """Is `value` of the type `kind`? An int is a fine float, a bool is no number; a hint that is no class
-    (a generic, Any) passes."""
-    if kind is bool:
-        return isinstance(value, bool)
-    if kind in (int, float):
-        base = numbers.Integral if kind is int else numbers.Real
-        return isinstance(value, base) and not isinstance(value, bool)
-    return not isinstance(kind, (type, types.UnionType)) or isinstance(value, kind)
 
 
 def run_settings(cfg: RunConfig) -> dict:

@@ -15,13 +15,17 @@ both.
 """
 import dataclasses
 import importlib
-import math
+import numbers
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Annotated
 
-from batchlab.protocol.settings import ConfigError, RunConfig, fits
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+
+from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.scheduler.ordered import ORDERED
 from batchlab.scheduler.policies import BUILTINS as BASIC
 from batchlab.scheduler.policies import Policy
@@ -32,7 +36,7 @@ MODES = ("static", "continuous")
 REQUIRED = ("name", "mode", "decide", "on_batch_done")
 KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 RUN_SETTINGS = frozenset(RunConfig.model_fields) - {"strategy", "strategy_args", "extra"}
-TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+FINITE = ConfigDict(allow_inf_nan=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,24 +164,20 @@ def make_params(cls: type, cfg: RunConfig, args: dict) -> object | None:
 
 
 def _typed(strategy: str, key: str, value: object, kind: object) -> object:
-    """`value` as the parameter's type (text from --strategy-arg is parsed), or ConfigError naming it."""
-    if isinstance(value, str) and kind in (int, float, bool):
-        value = _from_text(value, kind)
-    if not fits(value, kind):
-        raise ConfigError(f"strategy {strategy}: parameter {key} must be "
-                          f"{KIND_NAMES.get(kind, getattr(kind, '__name__', kind))}, got {value!r}")
-    if kind in (int, float) and not (math.isfinite(value) and abs(value) < 2**63):  # NaN never compares
-        raise ConfigError(f"strategy {strategy}: parameter {key} must be a finite number below 2**63, "
-                          f"got {value!r}")
-    return kind(value) if kind in (int, float) else value
-
-
-def _from_text(text: str, kind: type) -> object:
-    """'8' → 8, '0.5' → 0.5, 'true' → True; the text itself when it does not parse (refused next)."""
-    if kind is bool:
-        low = text.strip().lower()
-        return True if low in TRUE else False if low in FALSE else text
+    """`value` as the parameter's type, or ConfigError naming it: a number, flag or text is checked by pydantic
+    (strictly, but text from --strategy-arg is parsed: '8', '0.5', 'true'); another class by isinstance; a
+    hint that is no class (a generic, Any) passes."""
+    if kind not in KIND_NAMES:
+        if isinstance(kind, (type, types.UnionType)) and not isinstance(value, kind):
+            raise ConfigError(f"strategy {strategy}: parameter {key} must be {getattr(kind, '__name__', kind)}, "
+                              f"got {value!r}")
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # numpy ints too
+        value = int(value)
+    bounded = Annotated[kind, Field(gt=-2**63, lt=2**63)] if kind in (int, float) else kind
     try:
-        return kind(text)
-    except ValueError:
-        return text
+        return TypeAdapter(bounded, config=FINITE).validate_python(value, strict=not isinstance(value, str))
+    except ValidationError as exc:
+        typed = exc.errors()[0]["type"].endswith(("_type", "_parsing"))
+        what = KIND_NAMES[kind] if typed else "a finite number below 2**63"
+        raise ConfigError(f"strategy {strategy}: parameter {key} must be {what}, got {value!r}") from None
