@@ -68,7 +68,8 @@ def test_progress_names_the_phase_from_the_collectors_counts(tmp_path):
 
 
 def test_a_count_stopped_run_shows_what_was_sent_of_its_count_not_a_duration(tmp_path):
-    cfg = RunConfig(out=str(tmp_path), concurrency=4, num_requests=200, strategy="continuous", backend="sim")
+    cfg = RunConfig(out=str(tmp_path), concurrency=4, num_requests=200, rate=float("inf"), strategy="continuous",
+                    backend="sim")  # a closed loop's rate is inf (build_config sets it)
     progress = Progress(cfg)
     (tmp_path / "progress.json").write_text('{"arrived": 40, "queued": 0, "in_flight": 4, "finished": 36, "failed": 0}')
     line = progress.text(2.0, {})

@@ -135,7 +135,13 @@ def test_run_help_shows_every_settings_default_from_run_config():
     defaults = {name: f.default for name, f in RunConfig.model_fields.items() if f.default not in (None, "")
                 and f.default_factory is None and name != "out"}  # run: a new folder per run
     help_text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "320", "TERMINAL_WIDTH": "320"}).output
-    lines = {line.split()[1]: line for line in help_text.splitlines() if line.startswith("│ --")}
+    lines: dict[str, str] = {}  # an option's flag → its rows in the table (its default may wrap onto the next)
+    flag = ""
+    for line in help_text.splitlines():
+        if line.startswith("│ --"):
+            flag = line.split()[1]
+        if line.startswith("│ "):
+            lines[flag] = lines.get(flag, "") + line
     checked = 0
     for param in run.params:
         if param.name in defaults:
