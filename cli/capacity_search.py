@@ -109,13 +109,13 @@ class LiveSearch:
 
 
 class SimulatedSearch:
-    """The same searches in virtual time (scheduler.simulator): nothing is written."""
+    """The same searches in virtual time (simulator): nothing is written."""
 
     def __init__(self, plan: Plan, settings: SearchSettings) -> None:
         self.plan, self.s = plan, settings
 
     def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, dict, dict | None]:
-        from batchlab.scheduler.simulator.run import simulate
+        from batchlab.simulator.run import simulate
         from batchlab.traffic.run_schedule import make_schedule
 
         cfg = point.config(base)

@@ -4,8 +4,8 @@ from batchlab.protocol.settings import RunConfig, parse_bytes, run_settings
 from batchlab.collector.tables import Tables
 from batchlab.protocol import WorkerHello
 from batchlab.scheduler.strategies import Strategy, resolve
-from batchlab.scheduler.simulator.engine import Simulation
-from batchlab.scheduler.simulator.record import build_tables
+from batchlab.simulator.engine import Simulation
+from batchlab.simulator.record import build_tables
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.stepmodel import StepModel, get_preset
