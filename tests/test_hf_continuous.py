@@ -298,7 +298,7 @@ def test_a_sliding_window_model_runs_rows_inside_its_window_and_refuses_longer_o
     import json
     import shutil
 
-    from batchlab.worker.tiny import resolve_model
+    from batchlab.models.folders import resolve_model
 
     folder = tmp_path / "tiny-mistral-window"
     shutil.copytree(resolve_model("tiny-mistral"), folder)

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("protocol", "traffic", "worker", "scheduler", "collector", "simulator", "cli")
+PACKAGES = ("protocol", "models", "traffic", "worker", "scheduler", "collector", "simulator", "cli")
 
 
 def _imported(path: Path) -> set[str]:

@@ -15,6 +15,8 @@ import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from batchlab.models.archs import RANDOM_SEED, build_random_model, facts, random_arch
+from batchlab.models.folders import resolve_model
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
 from batchlab.worker.hf.generate import StepStreamer, compile_kwargs
@@ -108,7 +110,7 @@ class HFBackend:
         self.prefix = special_prefix(self.tokenizer)
         self.pad_id = self._pad_id()
         self.info = self._info(load_s=now() - started)
-        self.info.facts.update(self.model_facts)  # e.g. "random weights, real architecture" (worker.archs)
+        self.info.facts.update(self.model_facts)  # e.g. "random weights, real architecture" (models.archs)
         self.head_plan: HeadPlan | None = None  # set by warmup() (worker.hf.head)
 
     @classmethod
@@ -121,11 +123,8 @@ class HFBackend:
 
     # --- loading ----------------------------------------------------------------------------------
     def _load(self, name: str):
-        """(tokenizer, model) on self.device; `NAME:random` is built from its config (worker.archs)."""
+        """(tokenizer, model) on self.device; `NAME:random` is built from its config (models.archs)."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        from batchlab.worker.archs import RANDOM_SEED, build_random_model, facts, random_arch
-        from batchlab.worker.tiny import resolve_model
 
         try:
             arch = random_arch(name)
