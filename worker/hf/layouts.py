@@ -12,6 +12,7 @@ from batchlab.worker.backend import BackendError
 from batchlab.worker.hf.kv import PaddedKV
 from batchlab.worker.hf.slots import SlotKV, use_slot_attention
 from batchlab.worker.hf.static import left_pad
+from batchlab.worker.memory import kv_shape
 
 LAYOUTS = ("slots", "padded")
 DESCRIPTIONS = {  # the worker fact "decode": how each layout runs a step
@@ -27,8 +28,6 @@ class SlotLayout:
     both decodes and chunks runs them as one fused forward."""
 
     def __init__(self, torch, model, device, max_rows: int) -> None:
-        from batchlab.worker.memory import kv_shape
-
         layers, kv_heads, head_dim = kv_shape(model.config)
         self.kv = SlotKV(torch, device, model.dtype, layers, kv_heads, head_dim)
         self.torch, self.device, self.max_rows = torch, device, max_rows
