@@ -6,10 +6,7 @@ row is written then too, once it is terminal. It stays in memory KEEP_TAKES more
 arrival or launch writes its row again; the merge keeps a request's last row), then leaves: only its
 id stays, as a bit in `ended`. A batch's launch and completion leave with the last request in memory
 that refers to them, once the batch's row is written. The final tables are merged from the part files
-(collector.merge).
-
-The RunStore owns what the events said; PartTaking owns when each row is written (the store tells it of
-each change) and drops from the store what was written long enough ago.
+(collector.merge). The store tells PartTaking of each change; PartTaking owns only when rows are written.
 """
 from collections import deque
 from typing import TYPE_CHECKING
