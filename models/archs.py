@@ -109,4 +109,3 @@ def build_random_model(config, device, dtype, seed: int = RANDOM_SEED):
     torch.manual_seed(seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-
