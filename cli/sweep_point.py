@@ -5,7 +5,8 @@ import shutil
 import time
 from pathlib import Path
 
-from batchlab.cli.launcher import Limits
+from batchlab.cli.launcher import Limits, RunTimeout, launch_run
+from batchlab.cli.outcome import verdict
 from batchlab.cli.pool import PoolKeeper
 from batchlab.cli.sweep_plan import Plan, Point, SweepError
 from batchlab.collector.layout import (DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT, RUN_FILE, SUMMARY_FILE,
@@ -31,8 +32,6 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
 
     A run stopped at its limit keeps what finished (the rest failed) and is done, with a note; a run
     whose workers never got ready within the start-up limit measured nothing and is failed."""
-    from batchlab.cli.launcher import RunTimeout, launch_run
-
     shutil.rmtree(point.folder, ignore_errors=True)  # leftovers of an interrupted or failed try
     point.folder.mkdir(parents=True)
     started, note = time.monotonic(), ""
@@ -117,8 +116,6 @@ def stale_point(point: Point, base: dict) -> list[str]:
 
 def fault_note(summary: dict) -> str:
     """What `batchlab run` would have said on stderr about a fault ("" when the run lost nothing)."""
-    from batchlab.cli.outcome import verdict
-
     return verdict(summary, summary.get("role_deaths", []))[1]
 
 
