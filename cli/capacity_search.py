@@ -17,7 +17,7 @@ from batchlab.cli.sweep_plan import Entry, Plan, Point, SweepError
 from batchlab.cli.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
 from batchlab.collector.capacity import (MAX_PROBES, WIDTH, Capacity, Probe, Verdict, search, sustain,
                                         tokens_per_request)
-from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, PROBE_DIR, point_dir, probe_dir
+from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, PROBE_DIR, point_dir, probe_dir
 from batchlab.protocol.files import write_json_atomic
 
 BURST_REQUESTS = 24

@@ -312,7 +312,7 @@ def test_the_worker_reports_its_backends_changed_row_cap_once():
 @pytest.mark.slow  # tiny-mistral on HF
 def test_an_oom_halves_the_hf_row_cap_and_clean_steps_probe_it_back_to_the_announced_max(monkeypatch):
     probe_steps = 2
-    monkeypatch.setattr(hf_continuous, "CLEAN_STEPS_TO_PROBE", probe_steps)
+    monkeypatch.setattr(continuous, "CLEAN_STEPS_TO_PROBE", probe_steps)
     b = continuous.HFContinuousBackend(HFSettings(model="tiny-mistral", device="cpu", max_batch_size=8))
     model, raised = b.model, []
 
