@@ -22,7 +22,7 @@ QUIET_LOAD_PER_CPU = 0.75
 
 def drifted(name: str) -> list[str]:
     """The kinds of `name`'s steps whose mean |error| now exceeds what the preset states (printed as measured)."""
-    from batchlab.worker.hf import HFBackend, HFSettings
+    from batchlab.worker.hf.static import HFBackend, HFSettings
 
     settings, stated = STATED[name]
     backend = HFBackend(HFSettings(max_batch_size=4, **settings))

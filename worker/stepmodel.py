@@ -21,7 +21,7 @@ budget (its --max-num-batched-tokens), past which a continuous step prefills a p
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from batchlab.worker.archs import ARCHS, kv_bytes_per_token, n_params, weights_bytes
+from batchlab.models.archs import ARCHS, kv_bytes_per_token, n_params, weights_bytes
 
 GB = 1e9
 
@@ -89,7 +89,7 @@ def _llama_kv(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> in
 
 def _on_gpu(name: str, arch: str, bandwidth_Bps: float, prefill_Fps: float, overhead_s: float,
             memory_bytes: float) -> StepModel:
-    """A 16-bit model of worker.archs on a GPU: weights and KV bytes from the architecture (so a preset and
+    """A 16-bit model of models.archs on a GPU: weights and KV bytes from the architecture (so a preset and
     `--model ARCH:random` agree); prefill ≈ 2·N flops per token at `prefill_Fps` achieved flop/s."""
     a = ARCHS[arch]
     return StepModel(name, float(weights_bytes(a, 2)), kv_bytes_per_token(a, 2), bandwidth_Bps,
