@@ -101,16 +101,14 @@ PRESETS: dict[str, StepModel] = {
     "a100-llama2-7b": _on_gpu("a100-llama2-7b", "llama-2-7b", 1555 * GB, 156e12, 0.0005, 40 * GB),
     # Mistral-7B FP16 (7.24e9 params, GQA 8 KV heads) on an RTX 3090: 936 GB/s, 71 TFLOP/s fp16 dense.
     "3090-mistral-7b": _on_gpu("3090-mistral-7b", "mistral-7b-v0.1", 936 * GB, 35e12, 0.0008, 24 * GB),
-    # tiny-mistral (56.37M params, fp32) on this 2-core CPU: fitted by benchmarks/step_time.py (15 shapes,
-    # B 1-64 × P 33-513, fastest of 7 runs per shape). Mean |relative error| 35% decode, 38% prefill: the
-    # box was shared (load ~5), so refit on a quiet machine. Overhead fits to 0 (absorbed in bandwidth).
-    # `batchlab calibrate` writes a compute-bound preset file instead (README, Measured).
-    "cpu-tiny-mistral": StepModel("cpu-tiny-mistral", 0.2255 * GB, _llama_kv(8, 4, 64, 4), 6.56 * GB,
-                                  0.000417, 0.0, 8 * GB),
     # No model at all: the harness alone (the echo backend).
     "echo": StepModel("echo", 0.0, 0, 1.0, 0.0, 0.0, 1e12),
 }
 PRESET_SUFFIXES = (".yaml", ".yml")
+# Presets shipped as files (worker/presets/NAME.yaml, with their calibration record): tiny-mistral on a 2-core
+# CPU as `batchlab calibrate --from` fitted it to live runs' steps, one per backend kind: cpu-tiny-mistral
+# (HF static), cpu-tiny-mistral-loop (the HF continuous loop), cpu-tiny-mistral-vllm.
+PRESET_DIR = Path(__file__).with_name("presets")
 
 
 def load_preset(path: str | Path) -> StepModel:
@@ -141,9 +139,17 @@ def save_preset(model: StepModel, path: str | Path, record: dict | None = None) 
 
 
 def get_preset(name: str) -> StepModel:
-    """A preset by name or a preset file's path (.yaml/.yml), or ValueError naming the choices."""
+    """A preset by name (PRESETS, or a file shipped in PRESET_DIR) or a preset file's path (.yaml/.yml), or
+    ValueError naming the choices."""
     if name in PRESETS:
         return PRESETS[name]
+    if (PRESET_DIR / f"{name}.yaml").is_file():
+        return load_preset(PRESET_DIR / f"{name}.yaml")
     if str(name).endswith(PRESET_SUFFIXES) or Path(name).is_file():
         return load_preset(name)
-    raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(PRESETS)}, or a preset file's path)")
+    raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(preset_names())}, or a preset file's path)")
+
+
+def preset_names() -> list[str]:
+    """Every preset a name selects: PRESETS' and the shipped files'."""
+    return [*PRESETS, *sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))]
