@@ -7,8 +7,6 @@ names exist is the scheduler's business (`scheduler.strategies.resolve`), checke
 composes a run.
 """
 import difflib
-import os
-import platform
 from pathlib import Path
 
 import yaml
@@ -153,16 +151,3 @@ def parse_strategy_args(given: object) -> dict:
             raise ConfigError(f"--strategy-arg {item!r}: expected KEY=VALUE")
         pairs[key.strip().replace("-", "_")] = value.strip()
     return pairs
-
-
-def run_settings(cfg: RunConfig) -> dict:
-    """The settings written into every table, their identity's hash, plus the host they ran on (the
-    scheduler's; each worker's own environment is in its facts)."""
-    from batchlab.protocol.environment import environment
-    from batchlab.protocol.identity import config_hash
-
-    settings = cfg.as_settings()
-    settings.update(config_hash=config_hash(settings), host=platform.node(),
-                    cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count(),
-                    python=platform.python_version(), environment=environment())
-    return settings

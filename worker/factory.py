@@ -32,11 +32,11 @@ def make_backend(cfg: RunConfig, mode: str, rows: int):
             backend.info.kv_budget_bytes = budget
         return backend
     if cfg.backend == "hf" and mode == "continuous":
-        from batchlab.worker.hf_continuous import HFContinuousBackend
+        from batchlab.worker.hf.continuous import HFContinuousBackend
 
         return HFContinuousBackend.from_config(cfg, mode, rows)
     if cfg.backend == "hf":
-        from batchlab.worker.hf import HFBackend
+        from batchlab.worker.hf.static import HFBackend
 
         return HFBackend.from_config(cfg, mode, rows)
     if cfg.backend == "vllm":
