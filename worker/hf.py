@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
+from batchlab.worker.backend import Backend, BackendError, BackendInfo, OutOfMemory, Row, StepOutput
 from batchlab.worker.hf_generate import StepStreamer, compile_kwargs
 from batchlab.worker.hf_head import FORMS, MAX_TIMED_ROWS, HeadPlan, head_times, plan_table
 from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
@@ -95,7 +95,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[list[list[int]], li
     return ids, mask
 
 
-class HFBackend:
+class HFBackend(Backend):
     """Static batches through `model.generate()` on one device (see the module docstring)."""
 
     def __init__(self, settings: HFSettings) -> None:
@@ -112,11 +112,12 @@ class HFBackend:
         self.head_plan: HeadPlan | None = None  # set by warmup() (worker.hf_head)
 
     @classmethod
-    def from_config(cls, cfg, mode: str, rows: int) -> "HFBackend":
-        """Build from a RunConfig; continuous mode is worker.hf_continuous's job."""
-        if mode != "static":
-            raise BackendError("HFBackend runs static batches only; continuous mode is "
-                               "batchlab.worker.hf_continuous.HFContinuousBackend")
+    def from_config(cls, cfg, mode: str, rows: int) -> Backend:
+        """Build from a RunConfig; continuous mode is worker.hf_continuous's loop (on this loading)."""
+        if mode == "continuous":
+            from batchlab.worker.hf_continuous import HFContinuousBackend
+
+            return HFContinuousBackend.from_config(cfg, mode, rows)
         return cls(settings_from_config(cfg, rows))
 
     # --- loading ----------------------------------------------------------------------------------
@@ -177,7 +178,7 @@ class HFBackend:
             return cpu_budget_bytes(self.settings.memory_budget_bytes)
         return max(0, cuda_free_bytes(self.device) - cuda_reserve_bytes(0, 0, 0))
 
-    # --- the StaticBackend protocol ----------------------------------------------------------------
+    # --- the Backend interface (static batches) ------------------------------------------------------
     def warmup(self) -> None:
         """A 2-row batch through the model; on CUDA it also measures the activation reserve."""
         started, is_cuda = now(), self.device.type == "cuda"

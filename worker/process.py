@@ -79,7 +79,7 @@ class Worker:
             self._close_row(rid, "worker stopped before the request finished")
         try:
             stats = {**self.inbox.counters, "cpu_s": time.process_time() - self.cpu_start_s,
-                     **self.clock.facts(), **self._engine_facts()}
+                     **self.clock.facts(), **self.backend.run_facts()}
             self.out.record(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
                                          self.backend.info.memory_kind, stats))
             self.out.flush()
@@ -91,23 +91,12 @@ class Worker:
             self.coll.close()
             self.ctx.term()
 
-    def _engine_facts(self) -> dict:
-        """What an engine reports about the run as a whole (vLLM: KV usage); per-request engine
-        metrics travel with each completion instead (`_batch_done`), so no message grows with the run."""
-        return dict(getattr(self.backend, "run_facts", dict)())
-
     def _engine_metrics(self, request_ids: list[int]) -> dict:
-        """The engine's own timestamps for these requests (vLLM), on the scheduler's clock; taken, so
-        the backend holds only what is in flight."""
-        metrics = getattr(self.backend, "request_metrics", None)
-        if not metrics:
-            return {}
-        conv, out = self.clock.to_scheduler, {}
-        for rid in request_ids:
-            m = metrics.pop(rid, None)
-            if m:
-                out[str(rid)] = {k: conv(v) if k.endswith("_ts") else v for k, v in m.items()}
-        return out
+        """The engine's own stamps of these requests (vLLM), on the scheduler's clock; per-request engine
+        metrics travel with each completion (`_batch_done`), so no message grows with the run."""
+        conv = self.clock.to_scheduler
+        return {str(rid): {k: conv(v) if k.endswith("_ts") else v for k, v in m.items()}
+                for rid, m in self.backend.take_metrics(request_ids).items()}
 
     # --- steps ------------------------------------------------------------------------------------
     def _hello(self) -> None:
@@ -207,13 +196,10 @@ class Worker:
             self._close_row(rid, reason)
 
     def _report_capacity(self) -> None:
-        """Tell the scheduler when the backend's row cap (optional `max_rows`) moved, so its credit follows."""
-        rows = getattr(self.backend, "max_rows", None)
-        if rows is None or rows == self.max_rows:
-            return
-        self.max_rows = rows
-        reason = getattr(self.backend, "max_rows_reason", "")
-        self.sched.send(encode(WorkerCapacity(self.worker_id, rows, reason)))
+        """Tell the scheduler when the backend's row cap moved, so its credit follows."""
+        if self.backend.max_rows != self.max_rows:
+            self.max_rows = self.backend.max_rows
+            self.sched.send(encode(WorkerCapacity(self.worker_id, self.max_rows, self.backend.max_rows_reason)))
 
     def _close_row(self, request_id: int, reason: str | None) -> None:
         batch_id = self.batch_of.pop(request_id, None)
