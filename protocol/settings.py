@@ -17,6 +17,7 @@ import yaml
 
 from batchlab.protocol.load_stops import (CLOSED_LOOP_CONFLICT, DEFAULT_DURATION_S, closed_loop_terms,  # noqa: F401
                                          count_duration_s)
+from batchlab.protocol.plugins import BACKEND_GROUP, entry_point_names
 from batchlab.protocol.slos import SLO_NAMES, UNITS_S, parse_slos, slo_items  # noqa: F401 (re-exported)
 
 BACKENDS = ("sim", "echo", "hf", "vllm", "openai")
@@ -90,7 +91,8 @@ class RunConfig:
         _check_numbers(self)
         checks = [
             (bool(self.strategy), "--strategy must name a strategy"),
-            (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}"),
+            (self.backend in BACKENDS or ":" in self.backend or self.backend in entry_point_names(BACKEND_GROUP),
+             f"--backend must be one of {', '.join(BACKENDS)}, a {BACKEND_GROUP} entry point or package.module:Class"),
             (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}"),
             (self.rate > 0 or (self.rate == 0 and self.arrival == "trace"),
              "--rate must be > 0 requests/s (0 only with --arrival trace: the trace's own rate)"),
