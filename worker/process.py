@@ -13,7 +13,7 @@ from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket
 from batchlab.worker.admission import OpenBatch, admit
-from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
+from batchlab.worker.backend import Backend, OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.heartbeat import HeartbeatThread
 from batchlab.worker.outbox import Outbox
 
@@ -29,7 +29,7 @@ class WorkerStopping(Exception):
 class Worker:
     """Socket edges around a backend: hello, dispatches in, tokens and batch results out."""
 
-    def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str,
+    def __init__(self, backend: Backend, scheduler_addr: str, collector_addr: str, worker_id: str,
                  keys: str | None = None, run_over=None, liveness_s: float = LIVENESS_S) -> None:
         self.backend, self.worker_id = backend, worker_id
         self.liveness_s, self.exit_code = liveness_s, 0  # a scheduler silent this long is gone; run_worker's code
@@ -253,7 +253,7 @@ class Worker:
         return self.run_over is not None and SCHEDULER not in self.inbox.heard and self.run_over()
 
 
-def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
+def run_worker(backend: Backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
                keys: str | None = None, liveness_s: float = LIVENESS_S) -> int:
     """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step. Exit
     code: 0 after the scheduler's Shutdown, 128 + the signal after one, 1 when the scheduler went silent."""
