@@ -10,8 +10,7 @@ PATH_PREFIXES = ("/", "./", "../", "~")
 
 
 def check_before_start(cfg: RunConfig) -> None:
-    """ConfigError (one line) for a preset, a model or a plugin backend that cannot work; nothing starts
-    before this."""
+    """ConfigError (one line) for a preset, plugin backend or model that cannot work; nothing starts first."""
     if cfg.backend == "sim":
         check_preset(cfg.preset)
     if cfg.backend not in BACKENDS:  # a plugin: importable, a Backend, running the strategy's mode

@@ -52,19 +52,12 @@ def measure(inbox: Inbox, estimate: OffsetEstimate, samples: int = SYNC_SAMPLES,
         if stopping():
             break
         inbox.sock.send(encode(ClockPing(seq, now())))
-        others += _await_pong(inbox, estimate, seq, stopping)
-    return others
-
-
-def _await_pong(inbox: Inbox, estimate: OffsetEstimate, seq: int, stopping: Callable[[], bool]) -> list[object]:
-    """Wait up to SYNC_TIMEOUT_S for pong `seq` (looking at `stopping` every POLL_SLICE_MS)."""
-    others: list[object] = []
-    deadline = now() + SYNC_TIMEOUT_S
-    while not stopping() and now() < deadline:
-        msgs = [msg for _, msg in inbox.receive(POLL_SLICE_MS)]
-        pong = next((m for m in msgs if isinstance(m, ClockPong) and m.seq == seq), None)
-        others += [m for m in msgs if m is not pong]
-        if pong is not None:
-            estimate.add(pong.t_send, pong.t_server, now())
-            break
+        deadline = now() + SYNC_TIMEOUT_S  # for this pong, looking at `stopping` every POLL_SLICE_MS
+        while not stopping() and now() < deadline:
+            msgs = [msg for _, msg in inbox.receive(POLL_SLICE_MS)]
+            pong = next((m for m in msgs if isinstance(m, ClockPong) and m.seq == seq), None)
+            others += [m for m in msgs if m is not pong]
+            if pong is not None:
+                estimate.add(pong.t_send, pong.t_server, now())
+                break
     return others

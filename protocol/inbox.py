@@ -35,14 +35,13 @@ class RateLimitedLog:
 
 
 class Inbox:
-    """One socket's incoming messages. `peer` names the one sender a DEALER or PULL socket hears; None
-    for a ROUTER, whose frames come as [identity, message]. A Heartbeat through a ROUTER speaks for
-    its `sender` (a worker beats from a socket of its own). Rejections are counted in `counters`."""
+    """One socket's messages. `peer`: the one sender a DEALER or PULL hears (None: a ROUTER's [identity,
+    message] frames; a Heartbeat speaks for its `sender`, who beats from a socket of its own)."""
 
     def __init__(self, sock: zmq.Socket, log: logging.Logger, *, peer: str | None = None,
                  counters: dict | None = None, max_frames: int = MAX_FRAMES_PER_POLL) -> None:
         self.sock, self.peer, self.max_frames = sock, peer, max_frames
-        self.counters = counters if counters is not None else {}
+        self.counters = counters if counters is not None else {}  # the role's stats: REJECTED counts here
         self.counters.setdefault(REJECTED, 0)
         self.rejects = RateLimitedLog(log)
         self.heard: dict[str, float] = {}  # sender -> now() of its last valid message

@@ -15,36 +15,26 @@ def entry_point_names(group: str) -> list[str]:
     return sorted(ep.name for ep in metadata.entry_points(group=group))
 
 
-def qualified(spec: str) -> object:
-    """The object `package.module:Qual.Name` names (ImportError or AttributeError when it cannot)."""
-    module_name, _, qualname = spec.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 @dataclass(frozen=True, slots=True)
 class Registry:
-    """One kind of plugin. `builtins` maps a name to its object, or to the `module:Class` that is
-    imported only when that name is asked for (heavy imports wait for the one chosen)."""
+    """One kind of plugin. `builtins` maps a name to its object, or to the `module:Class` imported only
+    when that name is asked for (heavy imports wait for the one chosen)."""
 
     kind: str  # "strategy", "backend": the word its errors use
     group: str  # the entry-point group
     builtins: Mapping[str, object]
     error: type[Exception] = ValueError  # what a bad name raises (the callers' ConfigError)
-    aliases: tuple[str, ...] = ()  # more names the caller resolves itself, listed among the choices
 
     def names(self) -> list[str]:
         """Every name `load` accepts besides package.module:Class."""
-        return [*self.builtins, *self.aliases, *entry_point_names(self.group)]
+        return [*self.builtins, *entry_point_names(self.group)]
 
     def load(self, spec: str) -> object:
-        """The object `spec` names, or `error` saying why not (a built-in's own import errors propagate)."""
-        found = self.builtins.get(spec)
-        if found is not None:
-            return qualified(found) if isinstance(found, str) else found
-        return self._import(spec) if ":" in spec else self._entry_point(spec)
+        """The object `spec` names, or `error` saying why not."""
+        found = self.builtins.get(spec, spec)
+        if not isinstance(found, str):
+            return found
+        return self._import(found) if ":" in found else self._entry_point(found)
 
     def _entry_point(self, name: str) -> object:
         found = [ep for ep in metadata.entry_points(group=self.group) if ep.name == name]
@@ -58,15 +48,18 @@ class Registry:
                              f"({type(exc).__name__}: {exc})") from None
 
     def _import(self, spec: str) -> object:
+        """package.module:Qual.Name (the module importable: installed, or on PYTHONPATH)."""
         module_name, _, qualname = spec.partition(":")
         try:
-            importlib.import_module(module_name)
+            obj = importlib.import_module(module_name)
         except ImportError as exc:
             raise self.error(f"{self.kind} {spec}: cannot import {module_name} ({exc}; is it on PYTHONPATH?)") from None
         except Exception as exc:  # a SyntaxError, or an error its module raised at import
             raise self.error(f"{self.kind} {spec}: importing {module_name} raised {type(exc).__name__}: "
                              f"{' '.join(str(exc).split())}") from None
         try:
-            return qualified(spec)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
         except AttributeError:
             raise self.error(f"{self.kind} {spec}: module {module_name} has no {qualname!r}") from None
+        return obj

@@ -11,7 +11,7 @@ from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfSt
                                RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello, WorkerCapacity,
                                WorkerHello, encode, now)
 from batchlab.protocol.bundling import Bundler
-from batchlab.protocol.inbox import Inbox
+from batchlab.protocol.inbox import Inbox, RateLimitedLog
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, send_routed
@@ -55,6 +55,7 @@ class Scheduler:
         self.wake_at: float | None = None
         self.stats: dict = {}  # the edge's own counters (rejected_messages: the inbox's); the core keeps the rest
         self.inbox = Inbox(self.router, log, counters=self.stats, max_frames=MAX_MESSAGES_PER_POLL)
+        self.duplicates = RateLimitedLog(log)  # the core counts them (duplicate_requests)
         self.last_beat = now()
         self.records = Bundler(self.coll, RECORD_FLUSH_INTERVAL_S)  # the collector's records not yet sent
 
@@ -94,8 +95,7 @@ class Scheduler:
         self._maybe_back(msg.sender if isinstance(msg, Heartbeat) else wid, t)
         if isinstance(msg, RequestMsg):
             if self.core.knows(msg.request_id):  # refused and counted by the core: the first keeps the id
-                if self.core.stats["duplicate_requests"] < 10:
-                    log.warning("refused a request: id %d was taken already", msg.request_id)
+                self.duplicates.warn("refused requests whose id was taken", msg.request_id)
             else:
                 self._to_collector(Arrival(msg.request_id, msg.arrival_time, msg.send_time, t, msg.prompt_len,
                                            msg.output_len))

@@ -28,7 +28,7 @@ from batchlab.scheduler.policies import Policy
 ENTRY_POINT_GROUP = STRATEGY_GROUP
 BUILTINS: dict[str, type] = {**BASIC, **ORDERED}  # naive, dynamic, continuous, sjf, edf
 # vllm: continuous (validate() also moves it to the vllm backend)
-REGISTRY = Registry("strategy", ENTRY_POINT_GROUP, BUILTINS, ConfigError, aliases=("vllm",))
+REGISTRY = Registry("strategy", ENTRY_POINT_GROUP, {**BUILTINS, "vllm": BUILTINS["continuous"]}, ConfigError)
 MODES = ("static", "continuous")
 REQUIRED = ("name", "mode", "decide", "on_batch_done")
 KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
@@ -76,8 +76,6 @@ def resolve(cfg: RunConfig) -> Strategy:
 
 def load_class(spec: str) -> type:
     """The policy class `spec` names (built-in, entry point or package.module:Class), checked."""
-    if spec in BUILTINS or spec == "vllm":
-        return BUILTINS.get(spec, BUILTINS["continuous"])
     cls = REGISTRY.load(spec)
     missing = [a for a in REQUIRED if not hasattr(cls, a)]
     if missing or not isinstance(cls, type):

@@ -68,13 +68,10 @@ def worker_hello(worker_id: str, info: BackendInfo, facts: dict | None = None) -
 
 
 class Backend:
-    """What the worker process calls on a model backend. A backend sets `info` and overrides what it
-    does; the defaults serve one that lacks a capability, so callers call methods and never probe.
-
-    Continuous mode: `admit` rows, `step` until `has_work` is false. Static mode: `run_batch`, which by
-    default admits the whole batch and steps it to the end, so a continuous backend runs static batches
-    too; a static-only backend overrides `run_batch` and leaves `admit` refusing. Found by name, it is
-    built by `from_config(cfg, mode, rows)` (worker.factory)."""
+    """What the worker calls on a model backend: a backend sets `info` and overrides what it does; the
+    defaults serve one that lacks a capability (callers never probe). Continuous mode: `admit`, then `step`
+    while `has_work`; static mode: `run_batch` (by default admit + step, so a continuous backend runs
+    static batches too). worker.factory finds it by name and builds it with `from_config`."""
 
     info: BackendInfo
     modes: tuple[str, ...] = ("static", "continuous")  # the worker modes it runs

@@ -52,8 +52,6 @@ CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by o
 class HFContinuousBackend(Backend):
     """Continuous batching over an HF causal LM (see the module docstring); loading is HFBackend's."""
 
-    modes = ("continuous",)
-
     def __init__(self, settings: HFSettings, layout: str = "slots", max_num_batched_tokens: int = 0,
                  fuse: bool = True) -> None:
         if layout not in LAYOUTS:

@@ -183,8 +183,10 @@ class SimBackend(Backend):
 
     @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "SimBackend":
-        """The run's preset and per-step token budget."""
-        return with_memory_budget(cls(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens), cfg)
+        """The run's preset and per-step token budget; --memory-budget, when set, replaces the preset's KV budget."""
+        backend = cls(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens)
+        backend.info.kv_budget_bytes = parse_bytes(cfg.memory_budget) or backend.info.kv_budget_bytes
+        return backend
 
     def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
         """Play a lockstep batch: row r gets a token at steps 0 .. output_len-1."""
@@ -234,18 +236,8 @@ class SimBackend(Backend):
 
 
 class EchoBackend(SimBackend):
-    """The harness-only backend: tokens come back at once (the zero-time `echo` preset)."""
+    """The harness-only backend: tokens come back at once (the zero-time `echo` preset, whatever the run's
+    preset and step budget)."""
 
-    def __init__(self, mode: str = "static", max_batch_size: int = 1024) -> None:
+    def __init__(self, _preset: str = "echo", mode: str = "static", max_batch_size: int = 1024, **_unused) -> None:
         super().__init__("echo", mode=mode, max_batch_size=max_batch_size, backend="echo")
-
-    @classmethod
-    def from_config(cls, cfg, mode: str, rows: int) -> "EchoBackend":
-        """Echo ignores the preset and the step budget."""
-        return with_memory_budget(cls(mode, rows), cfg)
-
-
-def with_memory_budget(backend: SimBackend, cfg) -> SimBackend:
-    """--memory-budget, when set, replaces the preset's KV budget."""
-    backend.info.kv_budget_bytes = parse_bytes(cfg.memory_budget) or backend.info.kv_budget_bytes
-    return backend
