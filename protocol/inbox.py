@@ -80,8 +80,8 @@ class Inbox:
         except ProtocolError as exc:
             self.reject(exc)
             return []
-        sender, t = frames[0] if self.peer is None else self.peer.encode(), now()
+        sender = frames[0] if self.peer is None else self.peer.encode()
         for msg in msgs:
             name = self.peer or (msg.sender if isinstance(msg, Heartbeat) else sender.decode(errors="replace"))
-            self.heard[name] = t
+            self.heard[name] = self.last_frame_s
         return [(sender, msg) for msg in msgs]
