@@ -16,6 +16,7 @@ from batchlab.worker.backend import Backend
 BUILTINS = {"sim": "batchlab.worker.sim:SimBackend", "echo": "batchlab.worker.sim:EchoBackend",
             "hf": "batchlab.worker.hf:HFBackend", "vllm": "batchlab.worker.vllm_engine:VLLMBackend",
             "openai": "batchlab.worker.openai_client:OpenAIBackend"}
+HF_LOOP = "batchlab.worker.hf_continuous:HFContinuousBackend"  # `hf` in continuous mode
 REGISTRY = Registry("backend", BACKEND_GROUP, BUILTINS, ConfigError)
 
 
@@ -42,4 +43,5 @@ def make_backend(cfg: RunConfig, mode: str, rows: int) -> Backend:
     """The backend named by cfg.backend in `mode` (static | continuous), running at most `rows` rows."""
     if cfg.backend in ("hf", "vllm"):
         quiet_libraries()
-    return backend_class(cfg.backend, mode).from_config(cfg, mode, rows)
+    spec = HF_LOOP if (cfg.backend, mode) == ("hf", "continuous") else cfg.backend
+    return backend_class(spec, mode).from_config(cfg, mode, rows)

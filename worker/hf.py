@@ -112,12 +112,11 @@ class HFBackend(Backend):
         self.head_plan: HeadPlan | None = None  # set by warmup() (worker.hf_head)
 
     @classmethod
-    def from_config(cls, cfg, mode: str, rows: int) -> Backend:
-        """Build from a RunConfig; continuous mode is worker.hf_continuous's loop (on this loading)."""
-        if mode == "continuous":
-            from batchlab.worker.hf_continuous import HFContinuousBackend
-
-            return HFContinuousBackend.from_config(cfg, mode, rows)
+    def from_config(cls, cfg, mode: str, rows: int) -> "HFBackend":
+        """Build from a RunConfig; continuous mode is worker.hf_continuous's job."""
+        if mode != "static":
+            raise BackendError("HFBackend runs static batches only; continuous mode is "
+                               "batchlab.worker.hf_continuous.HFContinuousBackend")
         return cls(settings_from_config(cfg, rows))
 
     # --- loading ----------------------------------------------------------------------------------
