@@ -102,3 +102,4 @@ def test_the_example_backend_runs_live_from_outside_the_package(tmp_path, strate
     assert len(requests) > 0 and set(requests.status) == {"finished"}
     assert summary["settings"]["backend"] == PLUGIN
     assert [w["backend"] for w in summary["settings"]["workers"].values()] == ["fixed_latency"]
+    assert [s["steps"] > 0 for s in summary["worker_stats"].values()] == [True]  # its run_facts, in the bye
