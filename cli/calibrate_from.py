@@ -52,7 +52,7 @@ def run_facts(run: Path) -> dict:
     n_params = hello.get("n_params") or 0
     weights = preset.get("weights_bytes") or float(n_params * (4 if hello.get("dtype", "float32") == "float32" else 2))
     padded = preset["padded"] if "padded" in preset else backend == "hf"
-    fused = preset["fused"] if "fused" in preset else kind == "hf-loop"
+    fused = preset["fused"] if "fused" in preset else kind in ("hf-loop", "vllm")  # one forward a step
     memory = preset.get("memory_bytes") or (hello.get("kv_budget_bytes", 0) + weights) / 0.9
     device = str(hello.get("device", settings.get("device", "")))
     return {"kind": kind, "backend": backend, "mode": mode, "device": device, "model": settings.get("model"),

@@ -12,7 +12,8 @@ Duration = Annotated[Optional[float], typer.Option("--duration-s", help="traffic
 Width = Annotated[Optional[float], typer.Option(help="stop when hi / lo ≤ 1 + width")]
 Probes = Annotated[Optional[int], typer.Option(help="at most this many probes per strategy")]
 Simulated = Annotated[bool, typer.Option("--simulate", help="search in virtual time (sim backend's model)")]
-Preset = Annotated[Optional[str], typer.Option(help="with --simulate: the step-time preset (name or file)")]
+Preset = Annotated[Optional[str], typer.Option(help="with --simulate: the step-time preset (name or file), or "
+                                                   "one per backend kind: hf=P,hf-loop=P,vllm=P")]
 
 
 def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dict, simulated: bool,
@@ -31,7 +32,10 @@ def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dic
     auto = {**plan.auto, **{k: v for k, v in given.items() if v is not None}}
     settings = SearchSettings.from_auto(auto)
     if simulated:
+        from batchlab.cli.sim_presets import assign_presets
+
         plan.base.update({"preset": preset} if preset else {})
+        assign_presets(plan)  # each entry plays its own backend's step model, as in `simulate`
         return capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, labels), settings)
     from batchlab.collector.report.live import SweepView
 

@@ -121,3 +121,22 @@ def test_the_fit_keeps_the_workers_step_budget_and_skips_a_sweeps_probes(tmp_pat
     assert result.exit_code == 0, result.output
     assert get_preset(str(out)).step_tokens == 48
     assert yaml.safe_load(out.read_text())["calibration"]["from_runs"] == [str(runs / "continuous")]
+
+
+def test_a_step_that_records_no_prefill_tokens_prefills_its_joiners_whole_prompts():
+    """vLLM's worker counted no prompt tokens in its steps before it did: a step whose rows yield their
+    first tokens then prefilled those rows' whole prompts, so the fit sees prefill work, not a free step."""
+    import pandas as pd
+
+    from batchlab.worker.run_steps import executed_steps
+
+    requests = pd.DataFrame({"request_id": [0, 1], "prompt_len": [30, 50], "scheduled_time": [0.0, 0.0]})
+    batches = pd.DataFrame({"batch_id": [0, 1], "worker": ["w", "w"]})
+    tokens = pd.DataFrame({"request_id": [0, 1, 0, 1], "token_index": [0, 0, 1, 1], "token_id": [1, 1, 1, 1],
+                           "time": [0.1, 0.1, 0.2, 0.2], "batch_id": [0, 1, 0, 1]})
+    for recorded, want in ((0, 80.0), (80, 80.0), (40, 40.0)):  # none recorded; whole; a chunk
+        steps = pd.DataFrame({"worker": ["w", "w"], "step": [0, 1], "start_time": [0.0, 0.1],
+                              "end_time": [0.1, 0.2], "prefill_tokens": [recorded, 0]})
+        frame = executed_steps(requests, batches, tokens, steps, padded=False).steps
+        assert frame["prefill_tokens"].tolist() == [want, 0.0]
+        assert frame["decode_rows"].tolist() == [0, 2] and frame["decode_context"].tolist() == [0.0, 82.0]

@@ -79,3 +79,23 @@ def test_a_live_run_replayed_through_its_own_calibration_has_little_step_model_e
     print(sim_fidelity.split_table([played, calibrated]))
     for m in sim_fidelity.HEADLINE:
         assert abs(calibrated["step_error"][m]) < 0.15, m  # p50s of ~20 requests on a shared machine: seen 2-12%
+
+
+@pytest.mark.parametrize("label", ["dynamic", "continuous"])
+def test_a_saturated_workers_replay_is_not_held_to_the_real_runs_dispatch_times(tmp_path, label):
+    """Overloaded, a worker's next batch (or joiner) is dispatched the moment its last step frees room; a
+    model twice as fast must replay those dispatches earlier with it, so the replay's throughput rises
+    (held to the recorded dispatches it would stay close to the run's: the step model's error hidden)."""
+    preset = tmp_path / "played.yaml"
+    save_preset(MODEL, preset)
+    run = tmp_path / "runs" / label / "rate-400"
+    cfg = RunConfig(strategy=label, backend="sim", preset=str(preset), rate=400.0, duration_s=0.2,
+                    dataset="synthetic", max_new_tokens=32, max_batch_size=8, out=str(run))
+    simulate_run(cfg.validate())
+    faster = tmp_path / "faster.yaml"
+    terms = ("overhead_s", "decode_s_per_row", "decode_s_per_context_token", "prefill_s_per_token",
+             "prefill_s_per_row", "prefill_s_per_token_pair", "prefill_overhead_s")
+    save_preset(replace(MODEL, **{t: getattr(MODEL, t) / 2 for t in terms}), faster)
+    point = _point(run, label, faster)
+    assert point["step_error"]["throughput"] > 0.5  # steps twice as fast: nearly twice the tokens a second
+    assert point["step_error"]["e2e_p50"] < -0.3

@@ -108,11 +108,12 @@ def test_a_plan_without_tokens_lists_no_rows_and_abort_drops_every_row():
     assert not core.has_work() and core.context_tokens == 0
 
 
-def test_a_budget_prefills_a_long_prompt_over_several_steps_and_delays_its_first_token():
+@pytest.mark.parametrize("padded", [False, True], ids=["packed", "padded (the HF loop's slots)"])
+def test_a_budget_prefills_a_long_prompt_over_several_steps_and_delays_its_first_token(padded):
     """Budget 64, two rows decoding: a 200-token prompt takes 62 + 62 + 62 + 14 tokens, so its first token
     ends the fourth step, and each of those steps costs the decodes plus its chunk (attending over the
     chunks before it), where without a budget it would end the first."""
-    model = replace(PRESETS["cpu-tiny-mistral"], step_tokens=64, fused=False)
+    model = replace(PRESETS["cpu-tiny-mistral"], step_tokens=64, fused=False, padded=padded)
     core = ContinuousCore(model, max_rows=4)
     core.admit(0, 10, 50)
     core.admit(1, 10, 50)
@@ -125,7 +126,8 @@ def test_a_budget_prefills_a_long_prompt_over_several_steps_and_delays_its_first
     pairs = [(f + n) ** 2 - f ** 2 for f, n in ((0, 62), (62, 62), (124, 62), (186, 14))]
     for k, (p, n, pair) in enumerate(zip(plans, [62, 62, 62, 14], pairs)):
         context = 2 * 10 + 2 * (k + 1)  # two rows of 10 prompt tokens, one token each a step so far
-        assert p.duration_s == pytest.approx(model.decode_step_s(context, 2) + model.prefill_s(n, 1, pair))
+        prefill = model.prefill_s(n, 1) if padded else model.prefill_s(n, 1, pair)
+        assert p.duration_s == pytest.approx(model.decode_step_s(context, 2) + prefill)
     whole = ContinuousCore(replace(model, step_tokens=0), max_rows=4)
     whole.admit(2, 200, 5)
     assert whole.plan_step().joined == [2]

@@ -51,6 +51,9 @@ def test_vllm_rows_get_exactly_their_tokens_with_ordered_times(backend):
     finished = [rid for o in outs for rid in o.finished]
     assert sorted(finished) == [r.request_id for r in rows]
     assert not [f for o in outs for f in o.failed]
+    # the steps count the prompts they prefilled (the step model's fit prices them): each row's once
+    assert sum(o.prefill_tokens for o in outs) == sum(p for p, _ in SHAPES)
+    assert sum(o.joined for o in outs) == len(rows)
     for row in rows:
         stamps = [o.time for o in outs for rid in o.request_ids if rid == row.request_id]
         ids = [t for o in outs for rid, t in zip(o.request_ids, o.token_ids) if rid == row.request_id]

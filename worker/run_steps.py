@@ -12,7 +12,8 @@ over, prefill rows, tokens and Σ prompt_len². The shape is counted the way the
   token i ≥ 1 decodes over prompt_len + i tokens (packed) or, padded (HF), every decoded row is as wide
   as the widest: its joining group's longest prompt + i. The step's joiners (token 0) are its prefill,
   of Σ prompt_len tokens (padded: joiners × the longest), unless the worker prefilled in chunks (its
-  recorded prefill_tokens is not their prompts): then its recorded tokens.
+  recorded prefill_tokens is not their prompts): then its recorded tokens. A step that records none
+  (vLLM's before it counted them) is taken as its joiners' whole prompts.
 
 The tokens frame comes back with a `step` column (the row of the steps frame that yielded it), for replays.
 """
@@ -118,7 +119,8 @@ def _decode_shape(decoded: pd.DataFrame, padded: bool, width_of: dict) -> tuple[
 def _prefill_shape(joiners: pd.DataFrame, recorded_tokens: int, padded: bool) -> tuple[int, float, float]:
     """(rows, tokens, Σ prompt_len²) of a step's prefill; a chunked prefill counts its recorded tokens."""
     lens = joiners["prompt_len"].to_numpy(dtype=float)
-    whole = len(lens) and lens.sum() <= recorded_tokens <= lens.sum() + len(lens)  # + a BOS per row
+    whole = len(lens) and (lens.sum() <= recorded_tokens <= lens.sum() + len(lens)  # + a BOS per row
+                           or recorded_tokens <= 0)  # a worker that records no prefill tokens (older vLLM runs)
     if not whole:
         if recorded_tokens <= 0:
             return 0, 0.0, 0.0

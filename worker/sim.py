@@ -63,8 +63,9 @@ class ContinuousCore:
     a longer prompt over several steps (worker.hf_chunks.plan_chunks: the live loop's own plan); without
     one a joiner's whole prompt is prefilled in the step it joins (a chunk is its prompt).
 
-    With a `padded` model (the HF loop's padded layout, which has no budget) joiners are left-padded to the
-    longest joiner and a decode step attends over running × the widest row's columns (O(running) per step).
+    With a `padded` model (the HF loop: its slot cache, or its padded layout, which has no budget) a step's
+    chunks are padded to the longest and a decode step attends over running × the widest row's columns
+    (O(running) per step).
 
     The context is kept as a running sum and rows leave from a per-step list, so a step costs
     O(prefilling + finishers), not O(running).
@@ -129,7 +130,7 @@ class ContinuousCore:
         """Prompt tokens each prefilling row (oldest first) runs this step: what the running rows' decodes
         leave of the budget (no budget: every prompt whole)."""
         budget = self.model.step_tokens
-        left = budget - len(self.rows) if budget and not self.model.padded else None
+        left = budget - len(self.rows) if budget else None
         return plan_chunks(left, [p - filled for _, p, _, filled in self.prefilling])
 
     def _decode_s(self, step: int) -> float:
@@ -141,7 +142,7 @@ class ContinuousCore:
 
     def _prefill_s(self, counts: list[int]) -> float:
         """The step's chunks in one forward: packed (each chunk attends over its row's earlier chunks), or
-        (padded) whole prompts left-padded to the longest."""
+        (padded) padded to the longest chunk."""
         chunks = [(row[3], n) for row, n in zip(self.prefilling, counts) if n]
         if not chunks:
             return 0.0

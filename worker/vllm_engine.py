@@ -102,6 +102,8 @@ def _model_facts(name: str) -> dict:
 class VLLMBackend(Backend):
     """A vLLM engine in the worker process: admit() adds requests, step() runs one engine step."""
 
+    fuse = True  # vLLM v1 runs a step's decodes and prefill tokens as one packed forward (step model: fused)
+
     def __init__(self, settings: VLLMSettings, mode: str = "continuous") -> None:
         # In-process engine core: one step() = one iteration, and no EngineCore/Worker processes. With
         # the default multiprocessing the core loops on its own in another process, so step() only
@@ -192,8 +194,9 @@ class VLLMBackend(Backend):
         if lv is None:
             return
         new = list(ro.outputs[0].token_ids) if ro.outputs else []
-        if new and lv.generated == 0:
-            out.joined += 1
+        if new and lv.generated == 0:  # its prompt was prefilled in this step (whole: these prompts are
+            out.joined += 1             # far below vLLM's per-step token budget)
+            out.prefill_tokens += len(lv.row.prompt_tokens)
         out.times.extend(self._token_times(ro.metrics, lv.generated, len(new), out))
         lv.generated += len(new)
         out.request_ids.extend([rid] * len(new))

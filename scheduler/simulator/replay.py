@@ -2,12 +2,17 @@
 
 The run's decisions stay as recorded (which rows ran in which step, when each batch was launched and
 each row dispatched); only the steps' durations come from the model. A step starts when both its
-worker's previous step has (re)ended and its rows were dispatched (recorded), plus the latency the
-live worker took between those two moments and the step's start. So replay ÷ real − 1 is the step
+worker's previous step has (re)ended and its rows were dispatched, plus the latency the live worker
+took between those two moments and the step's start. A dispatch keeps its recorded time, unless it
+answered one of the worker's step ends (rows that were waiting, dispatched within REACTION_S of it):
+then it moves with that step's replayed end, so a saturated worker's next batch starts when the replayed
+one ends, not when the real one did. So replay ÷ real − 1 is the step
 model's error alone; a full simulation of the same schedule adds the scheduling model's (what the
 simulated scheduler decides differently). With the model that played a `sim` run, a replay gives the
 run's own times back. Pure: frames in, frames and a summary out.
 """
+import bisect
+
 import numpy as np
 
 from batchlab.collector.metrics import summarize
@@ -16,32 +21,50 @@ from batchlab.worker.run_steps import RunSteps
 from batchlab.worker.stepmodel import StepModel
 
 
-def ready_times(run: RunSteps) -> np.ndarray:
-    """Each step's recorded dispatch of its rows: a static prefill's launch (its start), a continuous
-    step's latest joiner's scheduled_time; −inf for a step of rows already running."""
-    ready = np.full(len(run.steps), -np.inf)
+REACTION_S = 0.02  # a dispatch this soon after one of its worker's step ends answered that step (measured ≤ 8 ms)
+
+
+def ready_times(run: RunSteps) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's recorded dispatch of its rows (a static prefill's launch, a continuous step's latest
+    joiner's scheduled_time; −inf for a step of rows already running) and when that latest joiner reached
+    the scheduler (its recv_time)."""
+    ready, arrived = np.full(len(run.steps), -np.inf), np.full(len(run.steps), -np.inf)
     firsts = run.tokens[(run.tokens["token_index"] == 0) & (run.tokens["step"] >= 0)]
-    launched = firsts.merge(run.requests[["request_id", "scheduled_time"]], on="request_id", how="left")
-    latest = launched.groupby("step")["scheduled_time"].max()
-    ready[latest.index.to_numpy(dtype=int)] = latest.to_numpy()
-    return ready
+    launched = firsts.merge(run.requests[["request_id", "scheduled_time", "recv_time"]], on="request_id", how="left")
+    latest = launched.sort_values("scheduled_time").groupby("step").last()
+    at = latest.index.to_numpy(dtype=int)
+    ready[at], arrived[at] = latest["scheduled_time"].to_numpy(), latest["recv_time"].to_numpy()
+    return ready, arrived
 
 
 def replay_step_ends(run: RunSteps, model: StepModel) -> tuple[np.ndarray, np.ndarray]:
     """(replayed start, replayed end) of every executed step, worker by worker in recorded order."""
     steps = run.steps
-    durations, ready = predict_steps(model, steps), ready_times(run)
+    durations, (ready, arrived) = predict_steps(model, steps), ready_times(run)
     start, end = np.empty(len(steps)), np.empty(len(steps))
     for _, own in steps.groupby("worker", sort=False):
-        prev_real, prev_new = -np.inf, -np.inf
+        prev_real, prev_new, real_ends, new_ends = -np.inf, -np.inf, [], []
         for k in own.sort_values(["start_s", "end_s"], kind="stable").index:
             bound_real = max(prev_real, ready[k])
             latency = max(steps.at[k, "start_s"] - bound_real, 0.0) if np.isfinite(bound_real) else 0.0
-            bound_new = max(prev_new, ready[k])
+            bound_new = max(prev_new, _moved(ready[k], arrived[k], real_ends, new_ends))
             start[k] = (bound_new if np.isfinite(bound_new) else steps.at[k, "start_s"]) + latency
             end[k] = start[k] + durations[k]
             prev_real, prev_new = steps.at[k, "end_s"], end[k]
+            real_ends.append(prev_real)
+            new_ends.append(prev_new)
     return start, end
+
+
+def _moved(ready_s: float, arrived_s: float, real_ends: list[float], new_ends: list[float]) -> float:
+    """A step's dispatch in the replayed timeline. Rows that were already waiting when one of the worker's
+    steps ended, dispatched within REACTION_S of that end, were the scheduler's answer to it (the step
+    freed their room): the dispatch moves with that step's replayed end. Any other dispatch (an arrival,
+    a timer) stays where it was."""
+    j = bisect.bisect_right(real_ends, ready_s) - 1
+    if j < 0 or not np.isfinite(ready_s) or not arrived_s < real_ends[j] or ready_s - real_ends[j] > REACTION_S:
+        return ready_s
+    return new_ends[j] + (ready_s - real_ends[j])
 
 
 def replay(run: RunSteps, model: StepModel, settings: dict | None = None) -> dict:
