@@ -174,8 +174,8 @@ class Driver:
 
 def hf_columns(args) -> dict[str, tuple[object, object]]:
     """naive and dynamic share the continuous backend's HFBackend (one model in memory)."""
-    from batchlab.worker.hf import HFSettings
-    from batchlab.worker.hf_continuous import HFContinuousBackend
+    from batchlab.worker.hf.static import HFSettings
+    from batchlab.worker.hf.continuous import HFContinuousBackend
 
     cont = HFContinuousBackend(HFSettings(model=args.model, dtype=args.dtype, device="cpu",
                                           max_batch_size=args.max_batch_size))

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.protocol.clock import now  # noqa: E402
 from batchlab.worker.backend import Row, StepOutput  # noqa: E402
-from batchlab.worker.hf import HFBackend, HFSettings  # noqa: E402
-from batchlab.worker.hf_continuous import HFContinuousBackend  # noqa: E402
+from batchlab.worker.hf.continuous import HFContinuousBackend  # noqa: E402
+from batchlab.worker.hf.static import HFBackend, HFSettings  # noqa: E402
 
 SKIP_DECODE_STEPS = 1  # the first decode step after a prefill is not measured (step_time.py does the same)
 
@@ -123,7 +123,7 @@ def main() -> None:
                         help="contexts spread evenly down to (1 − spread) × context (0: all equal, no padding)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--no-pad-head", action="store_true",
-                        help="the LM head at the real row count (default: padded to its fastest, worker.hf_head)")
+                        help="the LM head at the real row count (default: padded to its fastest, worker.hf.head)")
     parser.add_argument("--stall-prompt", type=int, default=1024, help="the joining prompt's tokens (0: no stall)")
     parser.add_argument("--stall-rows", type=int, default=4, help="rows running (128-token contexts) as it joins")
     parser.add_argument("--stall-budget", default="256", help="chunked prefill's tokens per step, comma-separated")

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.protocol.settings import RunConfig  # noqa: E402
 from batchlab.cli.launcher import launch_run  # noqa: E402
-from batchlab.scheduler.simulator.fidelity import add_run_fidelity  # noqa: E402
+from batchlab.simulator.fidelity import add_run_fidelity  # noqa: E402
 
 LAG_P99_LIMIT_S = 0.001
 MIN_ACHIEVED_FRACTION = 0.95

@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from batchlab.traffic.schedule import load_schedule
-    from batchlab.worker.tiny import resolve_model
+    from batchlab.models.folders import resolve_model
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ worst W%` over the headline metrics (TTFT p50, E2E p50, throughput) of every poi
     python benchmarks/sim_fidelity.py --runs results/sim_fidelity --preset ...   # re-score saved live runs
 
 The error is split by cause: each live run's own recorded batches and steps replayed through the step
-model (scheduler.simulator.replay: the step model's error alone) beside the full simulation of the same
+model (simulator.replay: the step model's error alone) beside the full simulation of the same
 schedule (which adds the scheduling model's error). Per point and headline metric the table gives the
 real value, the replay's and the simulation's, the step model's error (replay ÷ real − 1), the
 scheduling model's (simulation ÷ replay − 1) and the total (simulation ÷ real − 1).
@@ -32,8 +32,8 @@ from batchlab.cli.launcher import launch_run  # noqa: E402
 from batchlab.collector.layout import point_of  # noqa: E402
 from batchlab.collector.parts import read_schedule  # noqa: E402
 from batchlab.protocol.settings import RunConfig  # noqa: E402
-from batchlab.scheduler.simulator.replay import replay  # noqa: E402
-from batchlab.scheduler.simulator.run import simulate  # noqa: E402
+from batchlab.simulator.replay import replay  # noqa: E402
+from batchlab.simulator.run import simulate  # noqa: E402
 from batchlab.traffic.schedule import Schedule  # noqa: E402
 from batchlab.worker.run_steps import read_run_steps  # noqa: E402
 from batchlab.worker.stepmodel import get_preset  # noqa: E402

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.worker.backend import Row, StepOutput  # noqa: E402
-from batchlab.worker.hf import HFBackend, HFSettings  # noqa: E402
+from batchlab.worker.hf.static import HFBackend, HFSettings  # noqa: E402
 from batchlab.worker.stepmodel import StepModel  # noqa: E402
 
 SKIP_DECODE_STEPS = 1  # the first decode step after a prefill still pays for cache growth; not measured

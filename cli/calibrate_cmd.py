@@ -87,11 +87,11 @@ def _open_backend(backend: str, model: str, device: str, dtype: str, mode: str, 
         engine = VLLMBackend(VLLMSettings(model=model, dtype=dtype, max_num_seqs=rows, kv_cache_bytes=2**30))
         engine.warmup()
         return engine, True, False
-    from batchlab.worker.hf import HFBackend, HFSettings
+    from batchlab.worker.hf.static import HFBackend, HFSettings
 
     settings = HFSettings(model=model, dtype=dtype, device=device, max_batch_size=rows)
     if mode == "continuous":
-        from batchlab.worker.hf_continuous import HFContinuousBackend
+        from batchlab.worker.hf.continuous import HFContinuousBackend
 
         loop = HFContinuousBackend(settings)
         loop.warmup()

@@ -1,5 +1,5 @@
 """Every strategy's capacity search for a sweep's plan: live (each probe an ordinary point folder, run by
-cli.sweep_cmd.execute on the sweep's warm workers) or in virtual time (the simulator, no files).
+cli.sweep_point.execute on the sweep's warm workers) or in virtual time (the simulator, no files).
 
 Each search starts from a burst (burst_requests within burst_duration_s, no queue limit: finished ÷
 window is what the worker does when saturated), then collector.capacity.search measures rates of
@@ -14,9 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 from batchlab.cli.sweep_plan import Entry, Plan, Point, SweepError
+from batchlab.cli.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
 from batchlab.collector.capacity import (MAX_PROBES, WIDTH, Capacity, Probe, Verdict, search, sustain,
                                         tokens_per_request)
-from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, PROBE_DIR, point_dir, probe_dir
+from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, PROBE_DIR, point_dir, probe_dir
 from batchlab.protocol.files import write_json_atomic
 
 BURST_REQUESTS = 24
@@ -70,10 +71,6 @@ class LiveSearch:
         self.plan, self.out, self.s, self.pools, self.view = plan, out, settings, pools, view
 
     def _run(self, point: Point, base: dict, what: str) -> dict:
-        from batchlab.cli.sweep_cmd import execute  # the sweep's one way to run a point
-
-        from batchlab.cli.sweep_cmd import reused
-
         tick = self.view.ticker(point, what) if self.view else None  # resume: a probe that measured what
         return reused(point, base, True, self.view) or execute(point, base, tick, self.plan.limits(), self.pools)
 
@@ -109,13 +106,13 @@ class LiveSearch:
 
 
 class SimulatedSearch:
-    """The same searches in virtual time (scheduler.simulator): nothing is written."""
+    """The same searches in virtual time (simulator): nothing is written."""
 
     def __init__(self, plan: Plan, settings: SearchSettings) -> None:
         self.plan, self.s = plan, settings
 
     def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, dict, dict | None]:
-        from batchlab.scheduler.simulator.run import simulate
+        from batchlab.simulator.run import simulate
         from batchlab.traffic.run_schedule import make_schedule
 
         cfg = point.config(base)

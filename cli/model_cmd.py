@@ -11,7 +11,7 @@ def make_tiny(*, force: Annotated[bool, typer.Option(help="rebuild even if it ex
               home: Annotated[Optional[str], typer.Option(help="cache folder (default $BATCHLAB_HOME)")] = None
               ) -> None:
     """Create tiny-mistral (Mistral-7B's tokenizer, a scaled-down Mistral, seeded weights) in the cache."""
-    from batchlab.worker.tiny import make_tiny_mistral
+    from batchlab.models.folders import make_tiny_mistral
 
     path = make_tiny_mistral(home=home, force=force)
     typer.echo(f"tiny-mistral is at {path}")
@@ -24,8 +24,8 @@ def serve_command(model: Annotated[str, typer.Argument(help="NAME:random (mistra
                   dtype: Annotated[str, typer.Option(help="the server's dtype")] = "auto") -> None:
     """Print the command that starts a vLLM OpenAI server on this model without weights to download
     (random weights: vLLM's dummy load format), for `batchlab run --backend openai --endpoint ...`."""
-    from batchlab.worker.archs import random_arch
-    from batchlab.worker.tiny import resolve_model
+    from batchlab.models.archs import random_arch
+    from batchlab.models.folders import resolve_model
 
     try:
         arch = random_arch(model)

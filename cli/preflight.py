@@ -43,8 +43,7 @@ def _uses_model_files(cfg: RunConfig) -> bool:
 def check_model(name: str) -> None:
     """tiny-mistral and NAME:random are built locally; a path must exist; a Hub id must be in the local
     cache, or the Hub must say it exists within HUB_TIMEOUT_S."""
-    from batchlab.worker.archs import random_arch
-    from batchlab.worker.tiny import TINY_MISTRAL
+    from batchlab.models.archs import TINY_MISTRAL, random_arch
 
     if name == TINY_MISTRAL:
         return

@@ -51,8 +51,8 @@ class GroupRunner:
                 "pid": os.getpid()}
 
     def run(self, point, base: dict, limits, rel: str) -> dict:
-        """Run one point (cli.sweep_cmd.execute) here; its record, the node, and its folder's tarball."""
-        from batchlab.cli.sweep_cmd import execute
+        """Run one point (cli.sweep_point.execute) here; its record, the node, and its folder's tarball."""
+        from batchlab.cli.sweep_point import execute
 
         local = point if self.shared or _creatable(point.folder) else replace(point, folder=self.stage / rel)
         record = execute(local, base, None, limits, self.pools)

@@ -17,8 +17,8 @@ from pathlib import Path
 from batchlab.cli.pool import worker_key
 from batchlab.cli.ray_cluster import connect
 from batchlab.cli.ray_place import Ask, ask, declares_gpu_memory, refusals
-from batchlab.cli.sweep_cmd import preflight, refuse_old_layout, reused
 from batchlab.cli.sweep_plan import Point, SweepError, load_plan, plan_points
+from batchlab.cli.sweep_point import preflight, refuse_old_layout, reused
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.settings import ConfigError

@@ -2,7 +2,8 @@
 import logging
 from pathlib import Path
 
-from batchlab.protocol.settings import RunConfig, run_settings
+from batchlab.protocol.identity import run_settings
+from batchlab.protocol.settings import RunConfig
 from batchlab.scheduler.strategies import resolve
 from batchlab.traffic.run_schedule import make_schedule
 

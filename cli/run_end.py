@@ -9,7 +9,7 @@ def post_process(out: Path, deaths: list) -> None:
     died (for outcome.verdict), the traffic's send lag, and the simulator's replay of a live sim/echo
     run (`timing_fidelity`)."""
     from batchlab.collector.parts import write_summary
-    from batchlab.scheduler.simulator.fidelity import add_run_fidelity
+    from batchlab.simulator.fidelity import add_run_fidelity
 
     add_run_fidelity(out)
     summary = json.loads((out / "summary.json").read_text())

@@ -17,7 +17,7 @@ from batchlab.collector.parts import SCHEDULE_FILE, write_final
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.settings import RunConfig
-from batchlab.scheduler.simulator.run import simulate
+from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule
 from batchlab.traffic.schedule import Schedule, save_schedule
 

@@ -6,141 +6,20 @@ OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each: collector.layout). A po
 exists, written only after its run returned: summary.json alone proves nothing, since the collector also writes
 one for a run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
 """
-import json
 import shutil
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from batchlab.protocol.settings import ConfigError
 from batchlab.cli.fanout import ray_option
-from batchlab.cli.launcher import Limits
 from batchlab.cli.pool import PoolKeeper, worker_key
 from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, parse_sets,
                                      plan_points, span_rates, warm_order)
-from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT,
-                                       PROBE_DIR, RUN_FILE, SUMMARY_FILE, WORKERS_DIR, is_old_layout)
-from batchlab.collector.vllm_result import point_result
+from batchlab.cli.sweep_point import execute, preflight, refuse_old_layout, reused
+from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
 from batchlab.protocol.files import write_json_atomic
-from batchlab.protocol.identity import config_hash, differences
-
-
-def _failure_reason(exc: Exception, folder: Path) -> str:
-    """The exception, plus the last error line of the child logs when there is one."""
-    hints = []
-    for log in sorted([*(folder / "logs").glob("*.log"), *(folder / "logs").glob("*.out")]):
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln]
-        hints += [f"{log.name}: {lines[-1].strip()}"] if lines else []
-    return "\n".join([f"{type(exc).__name__}: {exc}", *hints])
-
-
-def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None,
-            pools: PoolKeeper | None = None) -> dict:
-    """Run one point into a clean folder; a failure becomes FAILED.txt, never an exception.
-
-    A run stopped at its limit keeps what finished (the rest failed) and is done, with a note; a run
-    whose workers never got ready within the start-up limit measured nothing and is failed."""
-    from batchlab.cli.launcher import RunTimeout, launch_run
-
-    shutil.rmtree(point.folder, ignore_errors=True)  # leftovers of an interrupted or failed try
-    point.folder.mkdir(parents=True)
-    started, note = time.monotonic(), ""
-    try:
-        cfg = point.config(base)
-        summary = launch_run(cfg, on_tick=on_tick, limits=limits, pool=pools.for_config(cfg) if pools else None)
-    except (ConfigError, RuntimeError, OSError, ValueError) as exc:
-        summary_path = point.folder / "summary.json"
-        stopped = isinstance(exc, RunTimeout) and exc.phase == "run"
-        if not stopped or not summary_path.exists():
-            reason = _failure_reason(exc, point.folder)
-            (point.folder / FAILED_FILE).write_text(reason + "\n")
-            return point.record("failed", reason, round(time.monotonic() - started, 2))
-        summary, note = json.loads(summary_path.read_text()), str(exc)  # unfinished requests: failed
-    note = note or fault_note(summary)
-    point_result(point.folder)  # vllm_result.json: the figures under vllm bench serve's keys
-    record = (point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
-              | {"config_hash": config_hash(cfg.as_settings())})
-    headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
-    _write_json(point.folder / DONE_FILE, {**record, "summary": headline})
-    return record
-
-
-def preflight(plan: Plan) -> None:
-    """Every strategy's settings checked (preset, model) before any process starts: ConfigError."""
-    from batchlab.cli.config import checked_config
-    from batchlab.cli.preflight import check_before_start
-
-    for entry in plan.entries:
-        try:
-            check_before_start(checked_config({**plan.base, **entry.overrides, "out": "."}, {}))
-        except ConfigError as exc:
-            raise SweepError(f"grid.strategies {entry.label}: {exc}") from None
-
-
-def refuse_old_layout(out_dir: Path) -> None:
-    """SweepError when out_dir holds a sweep whose point folders are in the old layout: resuming it would
-    measure every point again beside the old ones (`batchlab report` still reads it)."""
-    try:
-        points = json.loads((out_dir / INDEX_FILE).read_text()).get("points", [])
-    except (OSError, ValueError, AttributeError):
-        return
-    if any(isinstance(p, dict) and is_old_layout(str(p.get("dir", ""))) for p in points):
-        raise SweepError(f"{out_dir} holds a sweep in the old folder layout ({OLD_LAYOUT}); batchlab report "
-                         "still reads it, but it cannot be resumed: sweep into a new --out")
-
-
-def reused(point: Point, base: dict, resume: bool, view=None) -> dict | None:
-    """A done point's record, marked skipped, when resuming and it measured what is planned now; else
-    None (to be measured), with a note naming the keys when its configuration changed."""
-    done_file = point.folder / DONE_FILE
-    if not (resume and done_file.exists()):
-        return None
-    changed = stale_point(point, base)
-    if not changed:
-        return json.loads(done_file.read_text()) | {"status": "skipped"}
-    if view is not None:
-        view.note(f"{'/'.join(point.folder.parts[-3:])}: measured with another configuration "
-                  f"({'; '.join(changed)}); measuring it again")
-    return None
-
-
-def stale_point(point: Point, base: dict) -> list[str]:
-    """How a done point's recorded configuration differs from the one planned now (['key old → new',
-    ...]; [] when equal): a resumed sweep reuses a point only when it measured what is asked for now.
-    The record is the run's own summary.json settings (every version wrote them), else its run.json."""
-    try:
-        planned = point.config(base).as_settings()
-    except ConfigError as exc:  # measured again, so that the point fails with this reason
-        return [f"its planned configuration is invalid: {exc}"]
-    try:
-        recorded = json.loads((point.folder / SUMMARY_FILE).read_text()).get("settings")
-    except (OSError, ValueError):
-        recorded = None
-    if not isinstance(recorded, dict):
-        try:
-            recorded = json.loads((point.folder / RUN_FILE).read_text()).get("identity")
-        except (OSError, ValueError, AttributeError):
-            return ["no readable record of its configuration"]
-    return differences(recorded, planned) if isinstance(recorded, dict) else ["no record of its configuration"]
-
-
-def fault_note(summary: dict) -> str:
-    """What `batchlab run` would have said on stderr about a fault ("" when the run lost nothing)."""
-    from batchlab.cli.outcome import verdict
-
-    return verdict(summary, summary.get("role_deaths", []))[1]
-
-
-def _timing(folder: Path) -> dict:
-    """Start-up seconds (launch until the traffic's Start: loads, compilation, warm-up) from the launcher."""
-    path = folder / "timing.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _write_json(path: Path, data: dict) -> None:
-    write_json_atomic(path, data, default=str)
+from batchlab.protocol.settings import ConfigError
 
 
 def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
@@ -198,7 +77,7 @@ def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None =
             index["points"][i] = (reused(point, plan.base, resume, view)
                                   or execute(point, plan.base, view.ticker(point, "run"), plan.limits(), pools))
             view.finished(point, index["points"][i])
-            _write_json(out_dir / INDEX_FILE, index)
+            write_json_atomic(out_dir / INDEX_FILE, index, default=str)
         if plan.repeats_auto:
             index = _more_repeats(plan, out_dir, index, pools, view, resume)
     return index
@@ -215,7 +94,7 @@ def _more_repeats(plan: Plan, out_dir: Path, index: dict, pools: PoolKeeper, vie
         view.finished(point, record)
         return record
 
-    return run_more_repeats(plan, out_dir, index, run_point, lambda doc: _write_json(out_dir / INDEX_FILE, doc))
+    return run_more_repeats(plan, out_dir, index, run_point, lambda doc: write_json_atomic(out_dir / INDEX_FILE, doc, default=str))
 
 
 def register(app: typer.Typer) -> None:

@@ -214,7 +214,7 @@ def _rel_error(predicted: float | None, measured: float | None) -> float | None:
 
 
 def _simulate(cfg: RunConfig, schedule, knobs: dict) -> dict:
-    from batchlab.scheduler.simulator.run import simulate
+    from batchlab.simulator.run import simulate
 
     return simulate(_with_knobs(cfg, knobs), schedule, slos=cfg.slos()).summary
 

@@ -2,32 +2,29 @@
 the hot path (plain dicts and typed arrays; DataFrames are built only in take_parts and finish).
 
 Memory follows what is in flight, not how long the run is: a request's tokens are typed arrays until
-its rows go to a part file, and once written it leaves memory (collector.taking); a late event of a
-request that left is recognised by its id in `ended` and counted.
+its rows go to a part file, and once written it leaves memory (collector.taking.PartTaking, which the
+store tells of each change); a late event of a request that left is recognised by its id in `ended` and
+counted.
 """
 import math
-from collections import deque
 from collections.abc import Sequence
 
 import pandas as pd
 
 from batchlab.collector import tables
 from batchlab.collector.buffers import TokenBuffer
-from batchlab.collector.parts import load_table
 from batchlab.collector.state import EndedIds, RequestState
 from batchlab.collector.tables import Tables
-from batchlab.collector.taking import KEEP_TAKES, PartTaking
-from batchlab.protocol.messages import STEP_BATCH
+from batchlab.collector.taking import PartTaking
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye
-
-__all__ = ["KEEP_TAKES", "RequestState", "RunStore", "Tables", "TokenBuffer", "load_table"]
+from batchlab.protocol.messages import STEP_BATCH
 
 NAN = float("nan")
 SCALARS = (type(None), bool, int, float, str)  # what a settings column of the tables may hold
 
 
-class RunStore(PartTaking):
-    """Every event of one run, joined by request id and batch id (PartTaking: their rows out to part
+class RunStore:
+    """Every event of one run, joined by request id and batch id (self.taking: their rows out to part
     files, and what was written out of memory)."""
 
     def __init__(self) -> None:
@@ -51,12 +48,7 @@ class RunStore(PartTaking):
         self.progress = {"launched": 0, "finished": 0, "failed": 0, "failed_unlaunched": 0}  # requests
         self.peak_memory_bytes = 0  # the largest a BatchDone reported
         self._first_arrival = math.inf  # scheduler clock
-        self._takes = 0
-        self._retained: deque[tuple[int, list[int]]] = deque()  # (take, request ids it wrote)
-        self._taken_batches: set[int] = set()  # in a part, still referred to by a request in memory
-        self._new_terminal: list[int] = []  # terminal since the last take_parts
-        self._pending_batches: list[int] = []  # done, not yet in a part
-        self._late: set[int] = set()  # written requests whose row changed since (a late token, a relaunch)
+        self.taking = PartTaking()
         # continuous step tokens that overtook their request's BatchLaunch (the scheduler's and the
         # worker's sockets are separate pipes): request_id -> [(time, token_id)], joined at the launch
         self._early_tokens: dict[int, list[tuple[float, int]]] = {}
@@ -98,7 +90,7 @@ class RunStore(PartTaking):
         self._first_arrival = min(self._first_arrival, msg.arrival_time)
         state.arrival = msg
         if state.taken_batch is not None:  # its written row changes
-            self._late.add(msg.request_id)
+            self.taking.changed(msg.request_id)
 
     def _on_launch(self, msg: BatchLaunch) -> None:
         bid = msg.batch_id
@@ -111,7 +103,7 @@ class RunStore(PartTaking):
             state.batches.append(bid)
             self.batch_refs[bid] = self.batch_refs.get(bid, 0) + 1
             if state.taken_batch is not None:  # its written row changes (attempts)
-                self._late.add(rid)
+                self.taking.changed(rid)
         if self._early_tokens:
             self._join_early_tokens(msg)
 
@@ -177,7 +169,7 @@ class RunStore(PartTaking):
         if state is not None and state.taken_batch is not None:
             if bid != state.taken_batch:
                 return None
-            self._late.add(rid)  # its rows are in a part already: these go to the next one
+            self.taking.changed(rid)  # its rows are in a part already: these go to the next one
         buf = self.tokens[(rid, bid)] = TokenBuffer()
         self.batch_requests.setdefault(bid, set()).add(rid)
         return buf
@@ -185,7 +177,7 @@ class RunStore(PartTaking):
     def _on_batch_done(self, msg: BatchDone) -> None:
         self.dones[msg.batch_id] = msg
         self.peak_memory_bytes = max(self.peak_memory_bytes, msg.peak_memory_bytes)
-        self._pending_batches.append(msg.batch_id)
+        self.taking.batch_done(msg.batch_id)
         if msg.oom:  # the scheduler requeues every row: this attempt never counts
             self._discard_tokens(msg.batch_id)
             return
@@ -215,7 +207,7 @@ class RunStore(PartTaking):
             self.counters["duplicate_terminals"] += 1
             return
         state.status, state.error, state.terminal_batch = status, error, batch_id
-        self._new_terminal.append(rid)
+        self.taking.terminal(rid)
         self.progress[status] += 1
         self.progress["failed_unlaunched"] += status == "failed" and not state.batches
 
@@ -228,7 +220,11 @@ class RunStore(PartTaking):
     def _on_bye(self, msg: WorkerBye) -> None:
         self.byes[msg.worker_id] = msg
 
-    # --- state queries -------------------------------------------------------------------------
+    # --- output and state queries --------------------------------------------------------------
+    def take_parts(self, *, final: bool = False) -> dict[str, pd.DataFrame]:
+        """Rows new since the last call, per table (collector.taking.PartTaking.take)."""
+        return self.taking.take(self, final)
+
     def counts(self) -> dict[str, int]:
         """Requests so far: arrived, queued (arrived, never launched, not failed), in flight (launched,
         not terminal), finished, failed."""

@@ -15,7 +15,8 @@ from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, request_metrics, s
 from batchlab.collector.run_columns import SETTINGS_COLUMNS
 
 if TYPE_CHECKING:
-    from batchlab.collector.store import RequestState, RunStore
+    from batchlab.collector.state import RequestState
+    from batchlab.collector.store import RunStore
 
 NAN = float("nan")
 ENGINE_METRICS = "request_metrics"  # WorkerBye.stats key: {request_id (str): {name: value}}

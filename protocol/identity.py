@@ -7,7 +7,12 @@ back from any summary.json (its `settings`), so a folder written by an older ver
 import hashlib
 import json
 import math
+import os
+import platform
 from functools import cache
+
+from batchlab.protocol.environment import environment
+from batchlab.protocol.settings import RunConfig
 
 # Not part of what was measured: where the files went, the key folder, the path of the replayed
 # schedule (its content is: `schedule_hash`), the run's clock origin, the host facts (environment), and
@@ -47,8 +52,6 @@ def identity(settings: dict) -> dict:
 @cache
 def _defaults() -> dict:
     """RunConfig's field defaults (identity keys only; computed once, never mutated: identity copies)."""
-    from batchlab.protocol.settings import RunConfig
-
     return {k: v for k, v in RunConfig().as_settings().items() if k not in NOT_IDENTITY}
 
 
@@ -69,3 +72,13 @@ def differences(old: dict, new: dict, *, ignore: frozenset[str] = frozenset()) -
 def _show(value: object) -> str:
     return "(unset)" if value is None else json.dumps(value, ensure_ascii=False) if not isinstance(value, str) \
         else repr(value)
+
+
+def run_settings(cfg: RunConfig) -> dict:
+    """The settings written into every table, their identity's hash, plus the host they ran on (the
+    scheduler's; each worker's own environment is in its facts)."""
+    settings = cfg.as_settings()
+    settings.update(config_hash=config_hash(settings), host=platform.node(),
+                    cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count(),
+                    python=platform.python_version(), environment=environment())
+    return settings

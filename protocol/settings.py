@@ -6,8 +6,6 @@ needs the front end (`cli`) for it. Which strategy names exist is the scheduler'
 """
 import math
 import numbers
-import os
-import platform
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
@@ -276,16 +274,3 @@ def _typed(name: str, value: object, kind: type) -> object:
 
 _KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
                list: "a list"}
-
-
-def run_settings(cfg: RunConfig) -> dict:
-    """The settings written into every table, their identity's hash, plus the host they ran on (the
-    scheduler's; each worker's own environment is in its facts)."""
-    from batchlab.protocol.environment import environment
-    from batchlab.protocol.identity import config_hash
-
-    settings = cfg.as_settings()
-    settings.update(config_hash=config_hash(settings), host=platform.node(),
-                    cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count(),
-                    python=platform.python_version(), environment=environment())
-    return settings

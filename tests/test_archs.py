@@ -1,14 +1,15 @@
-"""Real architectures with random weights (worker.archs): shapes, sizes, folders and tokenizer, no network."""
+"""Real architectures with random weights (models.archs): shapes, sizes, folders and tokenizer, no network."""
 from pathlib import Path
 
 import pytest
 import torch
 
-from batchlab.worker.archs import (ARCHS, build_random_model, facts, hf_config, kv_bytes_per_token, make_random_dir,
-                                   n_params, random_arch, weights_bytes)
+from batchlab.models.archs import (ARCHS, build_random_model, facts, hf_config, kv_bytes_per_token, n_params,
+                                   random_arch, weights_bytes)
+from batchlab.models.folders import make_random_dir
 from batchlab.worker.memory import kv_bytes_per_token as worker_kv_bytes_per_token
 from batchlab.worker.stepmodel import PRESETS
-from batchlab.worker.tokenizers import (SentencePieceTokenizer, get_tokenizer, hf_tokenizer_from_sentencepiece,
+from batchlab.models.tokenizers import (SentencePieceTokenizer, get_tokenizer, hf_tokenizer_from_sentencepiece,
                                         mistral_tokenizer_file)
 
 PUBLISHED_PARAMS = {"mistral-7b-v0.1": 7.24e9, "tinyllama-1.1b": 1.10e9, "llama-2-7b": 6.74e9}

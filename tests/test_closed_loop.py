@@ -8,7 +8,7 @@ from batchlab.cli.config import checked_config
 from batchlab.cli.result_table import table, warnings
 from batchlab.protocol.identity import config_hash
 from batchlab.protocol.settings import ConfigError
-from batchlab.scheduler.simulator.run import simulate
+from batchlab.simulator.run import simulate
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.run_schedule import CLOSED_LOOP_POOL_REQUESTS, make_schedule, traffic_config
 from batchlab.traffic.schedule import content_hash, with_send_times

@@ -10,7 +10,7 @@ from batchlab.cli.launcher import launch_run
 from batchlab.cli.sim_run import simulate_run
 from batchlab.collector.store import RunStore
 from batchlab.protocol.settings import ConfigError, RunConfig
-from batchlab.scheduler.simulator.fidelity import (add_folder_fidelity, add_run_fidelity, add_timing_fidelity, compare,
+from batchlab.simulator.fidelity import (add_folder_fidelity, add_run_fidelity, add_timing_fidelity, compare,
                                                    config_from_settings)
 from batchlab.protocol import Arrival, BatchLaunch, Tokens
 from batchlab.protocol.messages import STEP_BATCH

@@ -2,7 +2,7 @@
 import pytest
 
 from batchlab.worker.backend import BackendError, OutOfMemory, Row, StepOutput
-from batchlab.worker.hf import HFBackend, HFSettings, left_pad, special_prefix
+from batchlab.worker.hf.static import HFBackend, HFSettings, left_pad, special_prefix
 
 
 def rows_of_mixed_lengths(batch_id: int = 0) -> list[Row]:
@@ -160,7 +160,7 @@ def test_torch_compile_gives_the_same_tokens_from_one_shape_compiled_in_the_warm
 
 
 def test_torch_compile_is_refused_for_the_continuous_loop():
-    from batchlab.worker.hf_continuous import HFContinuousBackend
+    from batchlab.worker.hf.continuous import HFContinuousBackend
 
     with pytest.raises(BackendError, match="--torch-compile applies to static hf batches"):
         HFContinuousBackend(HFSettings(model="tiny-mistral", device="cpu", torch_compile=True))

@@ -7,10 +7,10 @@ import torch
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, Row, StepOutput
-from batchlab.worker.hf import HFSettings
-from batchlab.worker.hf_chunks import DEFAULT_BATCHED_TOKENS, plan_chunks, step_budget
-from batchlab.worker.hf_continuous import HFContinuousBackend
-from batchlab.worker.hf_kv import PaddedKV
+from batchlab.worker.hf.chunks import DEFAULT_BATCHED_TOKENS, plan_chunks, step_budget
+from batchlab.worker.hf.continuous import HFContinuousBackend
+from batchlab.worker.hf.kv import PaddedKV
+from batchlab.worker.hf.static import HFSettings
 
 
 def mixed_rows() -> list[Row]:
@@ -298,7 +298,7 @@ def test_a_sliding_window_model_runs_rows_inside_its_window_and_refuses_longer_o
     import json
     import shutil
 
-    from batchlab.worker.tiny import resolve_model
+    from batchlab.models.folders import resolve_model
 
     folder = tmp_path / "tiny-mistral-window"
     shutil.copytree(resolve_model("tiny-mistral"), folder)

@@ -1,9 +1,9 @@
-"""worker.hf_head: the plan table from measured times, and the hooks that pad a head's input rows, run the
+"""worker.hf.head: the plan table from measured times, and the hooks that pad a head's input rows, run the
 planned form and cut its output back (the logits of the real rows unchanged)."""
 import pytest
 import torch
 
-from batchlab.worker.hf_head import HeadPlan, head_times, plan_table, product
+from batchlab.worker.hf.head import HeadPlan, head_times, plan_table, product
 
 
 def linear_only(times: list[float]) -> list[tuple[str, int]]:

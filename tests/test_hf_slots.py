@@ -3,7 +3,7 @@ masks and positions, freeing a slot by moving the last running row and the prefi
 growth) and the grouped-query decode attention."""
 import torch
 
-from batchlab.worker.hf_slots import COLUMN_BLOCK, SlotKV, slot_attention
+from batchlab.worker.hf.slots import COLUMN_BLOCK, SlotKV, slot_attention
 
 
 def toy_slots(rows: int = 4) -> SlotKV:

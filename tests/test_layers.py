@@ -1,6 +1,7 @@
-"""The layers: no package imports the front end (`cli`), the packages' import graph has no cycle, every
-package folder is installed, and only the `batchlab.` names are importable. Imports inside functions
-(lazy ones) count as much as those at the top of a module."""
+"""The layers: a package imports only the packages its row of LAYERS allows (none below the front end
+imports `cli`), no module imports itself back through others, every package folder is installed, and
+only the `batchlab.` names are importable. Imports inside functions (lazy ones) count as much as those at
+the top of a module; those under `if TYPE_CHECKING:` (annotations, never run) do not."""
 import ast
 import subprocess
 import sys
@@ -8,43 +9,63 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("protocol", "traffic", "worker", "scheduler", "collector", "cli")
+# package → the packages it may import (README's layout diagram)
+LAYERS: dict[str, set[str]] = {
+    "protocol": set(),
+    "models": {"protocol"},
+    "traffic": {"protocol", "models"},
+    "scheduler": {"protocol"},
+    "worker": {"protocol", "models"},
+    "collector": {"protocol"},
+    "simulator": {"protocol", "models", "traffic", "scheduler", "worker", "collector"},
+    "cli": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "simulator"},
+}
+PACKAGES = tuple(LAYERS)
 
 
-def _imported(path: Path) -> set[str]:
-    """Top-level batchlab packages a module imports anywhere in its body (relative imports stay inside)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        found |= {n.split(".")[1] for n in names if n.startswith("batchlab.") and n.split(".")[1] in PACKAGES}
+def _modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Every module of the packages by its dotted name (a package's __init__ by the package's)."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join(("batchlab", *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
     return found
 
 
-def _imports() -> dict[Path, set[str]]:
-    """Each module of the six packages → the other packages it imports."""
-    return {path: _imported(path) - {path.relative_to(ROOT).parts[0]}
-            for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+def _imported(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The batchlab names a module imports anywhere in its body but under `if TYPE_CHECKING:`; `from M
+    import n` names M.n when that is a module, else M."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            node.body = []
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                      for a in node.names}
+    return {name for name in found if name.startswith("batchlab.")}
 
 
-def _graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {p: set() for p in PACKAGES}
-    for path, used in _imports().items():
-        graph[path.relative_to(ROOT).parts[0]] |= used
-    return graph
+def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module → the other modules it imports."""
+    return {name: (_imported(path, modules) & modules.keys()) - {name} for name, path in modules.items()}
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1]
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One import cycle as [a, b, ..., a], or [] when the graph has none (depth-first search)."""
+    """One cycle as [a, b, ..., a], or [] when the graph has none (depth-first search)."""
     state: dict[str, str] = {}  # "open" while on the current path, "done" after
 
     def visit(node: str, path: list[str]) -> list[str]:
         state[node] = "open"
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":  # nxt is on the current path: path + [node] closes at nxt
                 on_path = path + [node]
                 return on_path[on_path.index(nxt):] + [nxt]
@@ -53,35 +74,45 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
         state[node] = "done"
         return []
 
-    for start in PACKAGES:
+    for start in sorted(graph):
         if start not in state and (found := visit(start, [])):
             return found
     return []
 
 
-def test_the_import_walk_sees_every_kind_of_import(tmp_path):
+def test_the_import_walk_sees_every_kind_of_import_but_annotations(tmp_path):
     module = tmp_path / "module.py"
-    module.write_text("import batchlab.protocol\nfrom batchlab import cli\nimport numpy\n\n\n"
-                      "def lazy():\n    from batchlab.worker.sim import SimBackend\n")
-    assert _imported(module) == {"protocol", "cli", "worker"}
-    assert _graph()["cli"] >= {"protocol", "traffic", "worker", "scheduler", "collector"}
+    module.write_text("import batchlab.protocol\nfrom batchlab import cli\nfrom batchlab.worker.sim import SimBackend\n"
+                      "import numpy\nif TYPE_CHECKING:\n    from batchlab.collector.store import RunStore\n\n\n"
+                      "def lazy():\n    from batchlab.models import folders\n")
+    assert _imported(module, _modules()) == {"batchlab.protocol", "batchlab.cli", "batchlab.worker.sim",
+                                             "batchlab.models.folders"}
+    cli_imports = set().union(*(used for module, used in _graph(_modules()).items() if _package(module) == "cli"))
+    assert {_package(m) for m in cli_imports} == set(PACKAGES)
 
 
-def test_no_package_below_the_front_end_imports_cli():
-    offenders = [f"{path.relative_to(ROOT)}" for path, used in _imports().items()
-                 if "cli" in used and path.relative_to(ROOT).parts[0] != "cli"]
+def test_each_package_imports_only_what_its_layer_allows():
+    offenders = sorted(f"{module} → {used}" for module, imports in _graph(_modules()).items() for used in imports
+                       if _package(used) not in LAYERS[_package(module)] | {_package(module)})
     assert offenders == []
 
 
-def test_the_package_import_graph_has_no_cycle():
-    assert _cycle(_graph()) == []
+def test_the_layers_have_no_cycle_and_none_below_the_front_end_imports_cli():
+    assert _cycle(LAYERS) == []
+    assert [p for p, allowed in LAYERS.items() if "cli" in allowed] == []
 
 
-def test_the_cycle_finder_finds_a_cycle():
-    graph = {p: set() for p in PACKAGES} | {"worker": {"scheduler"}, "scheduler": {"collector"},
-                                             "collector": {"worker"}}
-    cycle = _cycle(graph)
-    assert cycle[0] == cycle[-1] and set(cycle) == {"worker", "scheduler", "collector"}
+def test_no_module_imports_itself_back_through_others():
+    assert _cycle(_graph(_modules())) == []
+
+
+def test_the_cycle_finder_finds_a_module_cycle_hidden_in_a_function(tmp_path):
+    (tmp_path / "worker").mkdir()
+    (tmp_path / "worker" / "a.py").write_text("from batchlab.worker.b import f\n")
+    (tmp_path / "worker" / "b.py").write_text("def f():\n    from batchlab.worker import c\n")
+    (tmp_path / "worker" / "c.py").write_text("import batchlab.worker.a\nimport batchlab.protocol\n")
+    cycle = _cycle(_graph(_modules(tmp_path, ("worker",))))
+    assert cycle[0] == cycle[-1] and set(cycle) == {"batchlab.worker.a", "batchlab.worker.b", "batchlab.worker.c"}
 
 
 def test_every_package_folder_is_installed():

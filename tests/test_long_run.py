@@ -6,7 +6,9 @@ import numpy as np
 
 from batchlab.collector.parts import PartWriter, load_table
 from batchlab.collector.state import EndedIds
-from batchlab.collector.store import KEEP_TAKES, RunStore, TokenBuffer
+from batchlab.collector.buffers import TokenBuffer
+from batchlab.collector.store import RunStore
+from batchlab.collector.taking import KEEP_TAKES
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RunInfo, Tokens
 from batchlab.protocol.messages import STEP_BATCH
 from batchlab.traffic.config import TrafficConfig
@@ -55,7 +57,7 @@ def test_ended_requests_and_their_batches_leave_the_store_after_keep_takes(tmp_p
     for _ in range(KEEP_TAKES):  # nothing new: what was written leaves
         writer.write(store.take_parts())
     assert store.requests == {} and store.launches == {} and store.dones == {} and store.batch_refs == {}
-    assert not store.engine_metrics and not store._taken_batches and not store.tokens
+    assert not store.engine_metrics and not store.taking._taken_batches and not store.tokens
     assert all(rid in store.ended for rid in range(3000)) and len(store.ended._bits) <= 3000 // 8 * 2
     requests = load_table(tmp_path, "requests")
     assert sorted(requests.request_id) == list(range(3000)) and set(requests.n_tokens) == {5}

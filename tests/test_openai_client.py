@@ -89,7 +89,7 @@ def test_endpoint_base_drops_v1_and_slashes():
 def server(tmp_path_factory):
     """`python -m vllm.entrypoints.openai.api_server` on tiny-mistral, in its own process group."""
     pytest.importorskip("vllm")
-    from batchlab.worker.tiny import resolve_model
+    from batchlab.models.folders import resolve_model
 
     port, log_path = free_port(), tmp_path_factory.mktemp("vllm-server") / "server.log"
     cmd = server_command(resolve_model("tiny-mistral"), port)  # prefix caching on: its counters are tested

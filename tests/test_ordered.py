@@ -10,7 +10,7 @@ from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.ordered import EDF, SJF, EDFParams, SJFParams, _normal
 from batchlab.scheduler.policies import Capacity, Decision, QueuedRequest
 from batchlab.scheduler.strategies import resolve
-from batchlab.scheduler.simulator.run import simulate
+from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule
 from tests.conftest import run_cli
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from batchlab.cli.main import app
 from batchlab.cli.run_folder import ROLE_FILES, RunRecord, claim, new_folder
 from batchlab.cli.sim_run import simulate_run
-from batchlab.cli.sweep_cmd import stale_point
 from batchlab.cli.sweep_plan import Entry, Point
+from batchlab.cli.sweep_point import stale_point
 from batchlab.collector.report.points import ReportError, load_collection
 from batchlab.protocol.identity import config_hash, differences, identity
 from batchlab.protocol.settings import ConfigError, RunConfig

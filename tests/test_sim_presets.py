@@ -4,7 +4,7 @@ from typer.testing import CliRunner
 
 from batchlab.cli.main import app
 from batchlab.cli.sim_presets import parse_presets
-from batchlab.worker.stepmodel import PRESETS, save_preset
+from batchlab.worker.stepmodel import get_preset, save_preset
 from batchlab.collector.layout import point_dir
 
 runner = CliRunner()
@@ -50,7 +50,7 @@ def test_each_entry_plays_its_own_backends_preset(tmp_path):
 
 
 def test_vllm_and_hf_continuous_differ_when_their_presets_do(tmp_path):
-    assert _simulate(tmp_path, "hf=cpu-tiny-mistral,hf-loop=cpu-tiny-mistral,vllm=3090-mistral-7b").exit_code == 0
+    assert _simulate(tmp_path, "hf=cpu-tiny-mistral,hf-loop=a100-llama2-7b,vllm=3090-mistral-7b").exit_code == 0
     out = tmp_path / "out"
     e2e = {label: (out / point_dir(label, 4, 0) / "summary.json").read_text() for label in ("continuous", "vllm")}
     assert e2e["continuous"] != e2e["vllm"]
@@ -65,7 +65,7 @@ def test_an_entrys_own_preset_wins_over_the_option(tmp_path):
 
 def test_a_preset_calibrated_on_another_backend_is_refused(tmp_path):
     path = tmp_path / "vllm.yaml"
-    save_preset(PRESETS["cpu-tiny-mistral"], path, {"backend": "vllm", "mode": "continuous"})
+    save_preset(get_preset("cpu-tiny-mistral"), path, {"backend": "vllm", "mode": "continuous"})
     result = _simulate(tmp_path, f"hf=cpu-tiny-mistral,hf-loop={path},vllm={path}")
     assert result.exit_code == 1
     assert "calibrated on vllm, but strategy continuous runs on hf-loop" in result.output
@@ -75,3 +75,12 @@ def test_preset_grammar():
     assert parse_presets("cpu-tiny-mistral") == ("cpu-tiny-mistral", {})
     assert parse_presets("hf=a.yaml, vllm=b.yaml") == (None, {"hf": "a.yaml", "vllm": "b.yaml"})
     assert parse_presets({"hf-loop": "x"}) == (None, {"hf-loop": "x"})
+
+
+def test_a_shipped_preset_is_refused_for_a_backend_it_was_not_fitted_to(tmp_path):
+    """cpu-tiny-mistral is HF static's (its file's calibration record says so): not the HF loop's."""
+    result = _simulate(tmp_path, "hf=cpu-tiny-mistral,hf-loop=cpu-tiny-mistral,vllm=cpu-tiny-mistral-vllm")
+    assert result.exit_code == 1
+    assert "preset cpu-tiny-mistral was calibrated on hf, but strategy continuous runs on hf-loop" in result.output
+    shipped = "hf=cpu-tiny-mistral,hf-loop=cpu-tiny-mistral-loop,vllm=cpu-tiny-mistral-vllm"
+    assert _simulate(tmp_path, shipped).exit_code == 0

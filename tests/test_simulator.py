@@ -13,8 +13,8 @@ import pytest
 from batchlab.collector.store import RunStore
 from batchlab.protocol import WorkerHello
 from batchlab.scheduler.policies import Continuous, Dynamic, Naive
-from batchlab.scheduler.simulator.engine import Simulation
-from batchlab.scheduler.simulator.record import build_tables
+from batchlab.simulator.engine import Simulation
+from batchlab.simulator.record import build_tables
 from batchlab.worker.stepmodel import StepModel
 
 ARRIVALS_S = [0, 1, 5, 6, 7]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from batchlab.worker.sim import ContinuousCore
-from batchlab.worker.stepmodel import PRESETS, StepModel
+from batchlab.worker.stepmodel import PRESETS, StepModel, get_preset
 
 
 @dataclass
@@ -71,7 +71,7 @@ class ReferenceCore:
 @pytest.mark.parametrize("preset", ["a100-llama2-7b", "3090-mistral-7b", "cpu-tiny-mistral"])
 def test_core_plans_the_same_steps_as_the_per_row_reference(preset, max_rows, step_tokens):
     rng = np.random.default_rng(7)
-    model = replace(PRESETS[preset], step_tokens=step_tokens, fused=bool(step_tokens))
+    model = replace(get_preset(preset), step_tokens=step_tokens, fused=bool(step_tokens), padded=False)
     ref, core = ReferenceCore(model, max_rows), ContinuousCore(model, max_rows=max_rows)
     next_id, steps, chunked = 0, 0, 0
     for _ in range(400):
@@ -113,7 +113,7 @@ def test_a_budget_prefills_a_long_prompt_over_several_steps_and_delays_its_first
     """Budget 64, two rows decoding: a 200-token prompt takes 62 + 62 + 62 + 14 tokens, so its first token
     ends the fourth step, and each of those steps costs the decodes plus its chunk (attending over the
     chunks before it), where without a budget it would end the first."""
-    model = replace(PRESETS["cpu-tiny-mistral"], step_tokens=64, fused=False, padded=padded)
+    model = replace(get_preset("cpu-tiny-mistral"), step_tokens=64, fused=False, padded=padded)
     core = ContinuousCore(model, max_rows=4)
     core.admit(0, 10, 50)
     core.admit(1, 10, 50)

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from batchlab.worker.tiny import MARKER_FILE, build_tiny_model, make_tiny_mistral, resolve_model, tiny_mistral_dir
+from batchlab.models.folders import MARKER_FILE, build_tiny_model, make_tiny_mistral, resolve_model, tiny_mistral_dir
 
 
 @pytest.mark.slow  # builds and loads a real model

@@ -4,8 +4,8 @@ import json
 import pytest
 import sentencepiece
 
-from batchlab.worker.tiny import make_tiny_mistral
-from batchlab.worker.tokenizers import get_tokenizer, mistral_tokenizer_file
+from batchlab.models.folders import make_tiny_mistral
+from batchlab.models.tokenizers import get_tokenizer, mistral_tokenizer_file
 
 SHAREGPT_BYTES = 400_000  # the packaged file is cut off at 125 MB; its head is plenty
 FIXED_TEXTS = [

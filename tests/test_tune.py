@@ -14,7 +14,7 @@ from batchlab.cli.tune_cmd import (MAX_CANDIDATES, SIZES, WAITS_MS, candidates, 
                                    search_space)
 from batchlab.protocol.settings import ConfigError
 from batchlab.scheduler.policies import Continuous, Dynamic, Naive
-from batchlab.scheduler.simulator.run import simulate
+from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule
 
 # Overloaded on the a100 preset: the untuned knobs (16 rows, 50 ms) leave goodput on the table.

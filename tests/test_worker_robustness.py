@@ -19,9 +19,9 @@ from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler
 from tests.test_faults import free_port
-from batchlab.worker import hf_continuous
+from batchlab.worker.hf import continuous
 from batchlab.worker.backend import Row
-from batchlab.worker.hf import HFSettings
+from batchlab.worker.hf.static import HFSettings
 from batchlab.worker.process import Worker
 from batchlab.worker.sim import SimBackend
 
@@ -312,8 +312,8 @@ def test_the_worker_reports_its_backends_changed_row_cap_once():
 @pytest.mark.slow  # tiny-mistral on HF
 def test_an_oom_halves_the_hf_row_cap_and_clean_steps_probe_it_back_to_the_announced_max(monkeypatch):
     probe_steps = 2
-    monkeypatch.setattr(hf_continuous, "CLEAN_STEPS_TO_PROBE", probe_steps)
-    b = hf_continuous.HFContinuousBackend(HFSettings(model="tiny-mistral", device="cpu", max_batch_size=8))
+    monkeypatch.setattr(continuous, "CLEAN_STEPS_TO_PROBE", probe_steps)
+    b = continuous.HFContinuousBackend(HFSettings(model="tiny-mistral", device="cpu", max_batch_size=8))
     model, raised = b.model, []
 
     def oom_once_in_decode(*args, **kwargs):

@@ -2,6 +2,7 @@
 import math
 from pathlib import Path
 
+from batchlab.models.tokenizers import get_tokenizer
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.traffic.config import TrafficConfig, default_output_lengths
 from batchlab.traffic.lengths import LengthSpec, parse_lengths
@@ -49,6 +50,4 @@ def tokenizer_for(cfg: RunConfig):
     """The model's tokenizer (synthetic prompts need none)."""
     if cfg.dataset == "synthetic":
         return None
-    from batchlab.worker.tokenizers import get_tokenizer
-
     return get_tokenizer(cfg.model)

@@ -14,9 +14,9 @@ from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.worker.backend import Backend
 
 BUILTINS = {"sim": "batchlab.worker.sim:SimBackend", "echo": "batchlab.worker.sim:EchoBackend",
-            "hf": "batchlab.worker.hf:HFBackend", "vllm": "batchlab.worker.vllm_engine:VLLMBackend",
+            "hf": "batchlab.worker.hf.static:HFBackend", "vllm": "batchlab.worker.vllm_engine:VLLMBackend",
             "openai": "batchlab.worker.openai_client:OpenAIBackend"}
-HF_LOOP = "batchlab.worker.hf_continuous:HFContinuousBackend"  # `hf` in continuous mode
+HF_LOOP = "batchlab.worker.hf.continuous:HFContinuousBackend"  # `hf` in continuous mode
 REGISTRY = Registry("backend", BACKEND_GROUP, BUILTINS, ConfigError)
 
 

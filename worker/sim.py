@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.settings import parse_bytes
 from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput
-from batchlab.worker.hf_chunks import plan_chunks
+from batchlab.worker.hf.chunks import plan_chunks
 from batchlab.worker.stepmodel import StepModel, get_preset
 
 FAKE_VOCAB = 32000
@@ -60,7 +60,7 @@ class ContinuousCore:
 
     With the model's `step_tokens` budget (the HF loop's and vLLM's --max-num-batched-tokens; 0: none) a
     step runs the running rows' decodes first and prefills what is left of the budget, oldest prompt first,
-    a longer prompt over several steps (worker.hf_chunks.plan_chunks: the live loop's own plan); without
+    a longer prompt over several steps (worker.hf.chunks.plan_chunks: the live loop's own plan); without
     one a joiner's whole prompt is prefilled in the step it joins (a chunk is its prompt).
 
     With a `padded` model (the HF loop: its slot cache, or its padded layout, which has no budget) a step's

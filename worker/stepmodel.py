@@ -21,7 +21,7 @@ budget (its --max-num-batched-tokens), past which a continuous step prefills a p
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from batchlab.worker.archs import ARCHS, kv_bytes_per_token, n_params, weights_bytes
+from batchlab.models.archs import ARCHS, kv_bytes_per_token, n_params, weights_bytes
 
 GB = 1e9
 
@@ -89,7 +89,7 @@ def _llama_kv(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> in
 
 def _on_gpu(name: str, arch: str, bandwidth_Bps: float, prefill_Fps: float, overhead_s: float,
             memory_bytes: float) -> StepModel:
-    """A 16-bit model of worker.archs on a GPU: weights and KV bytes from the architecture (so a preset and
+    """A 16-bit model of models.archs on a GPU: weights and KV bytes from the architecture (so a preset and
     `--model ARCH:random` agree); prefill ≈ 2·N flops per token at `prefill_Fps` achieved flop/s."""
     a = ARCHS[arch]
     return StepModel(name, float(weights_bytes(a, 2)), kv_bytes_per_token(a, 2), bandwidth_Bps,
@@ -101,16 +101,14 @@ PRESETS: dict[str, StepModel] = {
     "a100-llama2-7b": _on_gpu("a100-llama2-7b", "llama-2-7b", 1555 * GB, 156e12, 0.0005, 40 * GB),
     # Mistral-7B FP16 (7.24e9 params, GQA 8 KV heads) on an RTX 3090: 936 GB/s, 71 TFLOP/s fp16 dense.
     "3090-mistral-7b": _on_gpu("3090-mistral-7b", "mistral-7b-v0.1", 936 * GB, 35e12, 0.0008, 24 * GB),
-    # tiny-mistral (56.37M params, fp32) on this 2-core CPU: fitted by benchmarks/step_time.py (15 shapes,
-    # B 1-64 × P 33-513, fastest of 7 runs per shape). Mean |relative error| 35% decode, 38% prefill: the
-    # box was shared (load ~5), so refit on a quiet machine. Overhead fits to 0 (absorbed in bandwidth).
-    # `batchlab calibrate` writes a compute-bound preset file instead (README, Measured).
-    "cpu-tiny-mistral": StepModel("cpu-tiny-mistral", 0.2255 * GB, _llama_kv(8, 4, 64, 4), 6.56 * GB,
-                                  0.000417, 0.0, 8 * GB),
     # No model at all: the harness alone (the echo backend).
     "echo": StepModel("echo", 0.0, 0, 1.0, 0.0, 0.0, 1e12),
 }
 PRESET_SUFFIXES = (".yaml", ".yml")
+# Presets shipped as files (worker/presets/NAME.yaml, with their calibration record): tiny-mistral on a 2-core
+# CPU as `batchlab calibrate --from` fitted it to live runs' steps, one per backend kind: cpu-tiny-mistral
+# (HF static), cpu-tiny-mistral-loop (the HF continuous loop), cpu-tiny-mistral-vllm.
+PRESET_DIR = Path(__file__).with_name("presets")
 
 
 def load_preset(path: str | Path) -> StepModel:
@@ -141,9 +139,17 @@ def save_preset(model: StepModel, path: str | Path, record: dict | None = None) 
 
 
 def get_preset(name: str) -> StepModel:
-    """A preset by name or a preset file's path (.yaml/.yml), or ValueError naming the choices."""
+    """A preset by name (PRESETS, or a file shipped in PRESET_DIR) or a preset file's path (.yaml/.yml), or
+    ValueError naming the choices."""
     if name in PRESETS:
         return PRESETS[name]
+    if (PRESET_DIR / f"{name}.yaml").is_file():
+        return load_preset(PRESET_DIR / f"{name}.yaml")
     if str(name).endswith(PRESET_SUFFIXES) or Path(name).is_file():
         return load_preset(name)
-    raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(PRESETS)}, or a preset file's path)")
+    raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(preset_names())}, or a preset file's path)")
+
+
+def preset_names() -> list[str]:
+    """Every preset a name selects: PRESETS' and the shipped files'."""
+    return [*PRESETS, *sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))]

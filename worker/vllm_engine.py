@@ -10,6 +10,8 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
+from batchlab.models import folders
+from batchlab.models.archs import facts, random_arch
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
 from batchlab.worker.vllm_stats import KVUsage, engine_metrics, kv_geometry, stats_tap
@@ -45,19 +47,15 @@ class _Live:
 
 def resolve_model(name: str) -> str:
     """'tiny-mistral' → the embedded model's folder, `NAME:random` → a config + tokenizer folder without
-    weights (worker.tiny, worker.archs); anything else is a path or hub id."""
-    from batchlab.worker.tiny import resolve_model as tiny_resolve
-
+    weights (models.folders, models.archs); anything else is a path or hub id."""
     try:
-        return tiny_resolve(name)
+        return folders.resolve_model(name)
     except ValueError as exc:  # an unknown NAME:random
         raise BackendError(str(exc)) from None
 
 
 def _load_format(name: str) -> str:
     """`NAME:random` → vLLM's dummy loader (random weights, no checkpoint); else vLLM's default."""
-    from batchlab.worker.archs import random_arch
-
     try:
         return "dummy" if random_arch(name) is not None else "auto"
     except ValueError as exc:
@@ -92,9 +90,7 @@ def _engine_args(s: VLLMSettings, on_cpu: bool):
 
 
 def _model_facts(name: str) -> dict:
-    """A `NAME:random` model's facts (worker.archs.facts) plus how vLLM got its weights; {} otherwise."""
-    from batchlab.worker.archs import facts, random_arch
-
+    """A `NAME:random` model's facts (models.archs.facts) plus how vLLM got its weights; {} otherwise."""
     arch = random_arch(name)
     return {**facts(arch), "load_format": "dummy (vLLM's random init)"} if arch is not None else {}
 

@@ -3,7 +3,7 @@ or a `batchlab capacity` folder's capacity.json), else brackets derived from the
 same sustain criterion (collector.capacity.from_runs); and the capacity table, in Markdown and as text."""
 import json
 
-from batchlab.collector.capacity import from_runs
+from batchlab.collector.capacity import GOODPUT_MIN, SERVED_MIN, from_runs
 from batchlab.collector.layout import CAPACITY_FILE
 from batchlab.collector.report.points import Collection
 
@@ -70,8 +70,6 @@ def capacity_text(capacities: dict[str, dict]) -> list[str]:
 
 def criterion_text(source: str) -> str:
     """How the capacities were found, in one sentence."""
-    from batchlab.collector.capacity import GOODPUT_MIN, SERVED_MIN
-
     how = ("a bracketing search per strategy (geometric steps from a saturating burst, then bisection in log "
            "space)" if source == SEARCHED else "the sweep's own rates (no search ran: the bracket is as coarse "
            "as the grid)")

@@ -24,7 +24,7 @@ from batchlab.collector.layout import SUMMARY_FILE
 from batchlab.collector.metrics import percentiles
 from batchlab.collector.parts import SCHEDULE_FILE, load_table, read_schedule, write_summary
 from batchlab.protocol.settings import RunConfig, build_config
-from batchlab.scheduler.simulator.run import simulate
+from batchlab.simulator.run import simulate
 from batchlab.traffic.schedule import Schedule
 
 log = logging.getLogger(__name__)

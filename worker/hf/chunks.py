@@ -1,4 +1,4 @@
-"""Stall-free chunked prefill for the continuous HF loop (worker.hf_continuous), as Sarathi-Serve's.
+"""Stall-free chunked prefill for the continuous HF loop (worker.hf.continuous), as Sarathi-Serve's.
 
 A step has a token budget (`--max-num-batched-tokens`): the running rows' decodes come first (one token
 each), and what is left goes to the prompts of the rows being prefilled, oldest first. A prompt longer than

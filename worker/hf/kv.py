@@ -1,4 +1,4 @@
-"""A left-padded batched KV cache for continuous batching on the Hugging Face worker (see hf_continuous)."""
+"""A left-padded batched KV cache for continuous batching on the Hugging Face worker (see worker.hf.continuous)."""
 
 
 class PaddedKV:

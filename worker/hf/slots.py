@@ -1,4 +1,4 @@
-"""A slot KV cache for continuous batching on the Hugging Face worker (see hf_continuous).
+"""A slot KV cache for continuous batching on the Hugging Face worker (see worker.hf.continuous).
 
 Per layer, K and V are one tensor each, [slots, kv_heads, columns, head_dim], allocated once and grown
 only when an admitted row's final length (known at admission: context + remaining tokens) or the row

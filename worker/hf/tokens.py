@@ -1,8 +1,8 @@
-"""What a continuous HF step's logits become (worker.hf_continuous): greedy tokens with EOS banned (as
+"""What a continuous HF step's logits become (worker.hf.continuous): greedy tokens with EOS banned (as
 generate()'s min_new_tokens does, so every row gets exactly its output_len tokens), appended to their rows
 and written into the step's StepOutput, each stamped when it reached the host."""
 from batchlab.worker.backend import StepOutput
-from batchlab.worker.hf_chunks import Live
+from batchlab.worker.hf.chunks import Live
 
 
 def eos_ids(model, tokenizer) -> list[int]:

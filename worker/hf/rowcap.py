@@ -1,4 +1,4 @@
-"""The continuous HF loop's row cap (worker.hf_continuous): halved by an out-of-memory, probed back up after
+"""The continuous HF loop's row cap (worker.hf.continuous): halved by an out-of-memory, probed back up after
 clean steps, as the static back-off does (scheduler.policies); the worker reports every change."""
 from dataclasses import dataclass
 
@@ -8,7 +8,7 @@ class RowCap:
     """Rows run at once: halved by an OOM (min 1), +1 after `probe_steps` clean steps, up to `limit`."""
 
     limit: int  # the cap announced at hello
-    probe_steps: int  # clean steps before the cap rises by one (hf_continuous.CLEAN_STEPS_TO_PROBE)
+    probe_steps: int  # clean steps before the cap rises by one (continuous.CLEAN_STEPS_TO_PROBE)
     rows: int = 0
     reason: str = "announced"
     clean_steps: int = 0

@@ -1,13 +1,16 @@
 """One simulated run from a RunConfig: the live run's schedule, policy and step model in virtual time.
 Pure: it writes no file (cli.sim_run writes a run folder from its tables)."""
-from batchlab.protocol.settings import RunConfig, parse_bytes, run_settings
 from batchlab.collector.tables import Tables
 from batchlab.protocol import WorkerHello
+from batchlab.protocol.identity import config_hash, run_settings
+from batchlab.protocol.settings import RunConfig, parse_bytes
 from batchlab.scheduler.strategies import Strategy, resolve
-from batchlab.scheduler.simulator.engine import Simulation
-from batchlab.scheduler.simulator.record import build_tables
+from batchlab.simulator.engine import Simulation
+from batchlab.simulator.record import build_tables
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
+from batchlab.worker.backend import worker_hello  # the one hello builder, from the one sim BackendInfo
+from batchlab.worker.sim import sim_info, with_budget
 from batchlab.worker.stepmodel import StepModel, get_preset
 
 END_REASON = "simulated"
@@ -16,25 +19,18 @@ END_REASON = "simulated"
 def step_model(cfg: RunConfig) -> StepModel:
     """The `sim` backend's preset (the echo backend's zero-time model for --backend echo), with the run's
     per-step token budget when it sets one."""
-    from batchlab.worker.sim import with_budget
-
     return with_budget(get_preset("echo" if cfg.backend == "echo" else cfg.preset), cfg.max_num_batched_tokens)
 
 
 def worker_hellos(cfg: RunConfig, strategy: Strategy, model: StepModel) -> list[WorkerHello]:
     """The hellos the live `sim`/`echo` workers of this config would send (see worker/factory.py)."""
-    from batchlab.worker.backend import worker_hello  # the one hello builder, from the one sim BackendInfo
-    from batchlab.worker.sim import sim_info
-
     info = sim_info(model, strategy.mode, strategy.rows, backend="echo" if cfg.backend == "echo" else "sim",
                     kv_budget_bytes=parse_bytes(cfg.memory_budget))
     return [worker_hello(f"worker-{i}", info) for i in range(cfg.workers)]
 
 
 def sim_settings(cfg: RunConfig) -> dict:
-    """The settings a live run writes (protocol.settings.run_settings), marked as simulated."""
-    from batchlab.protocol.identity import config_hash
-
+    """The settings a live run writes (protocol.identity.run_settings), marked as simulated."""
     settings = run_settings(cfg)
     settings.update(backend="echo" if cfg.backend == "echo" else "sim", simulated=True)
     settings["config_hash"] = config_hash(settings)  # of what it is: a simulation

@@ -1,9 +1,10 @@
-"""The model's tokenizer, for the traffic process (prompts are tokenized once, there)."""
+"""The model's tokenizer, for the traffic process (prompts are tokenized once, there), and the files
+models.folders writes next to a model built here."""
 import os
 from functools import lru_cache
 from pathlib import Path
 
-TINY_MISTRAL = "tiny-mistral"
+from batchlab.models.archs import TINY_MISTRAL, random_arch
 
 
 def mistral_tokenizer_file() -> Path:
@@ -79,10 +80,8 @@ class HFTokenizer:
 
 @lru_cache(maxsize=4)
 def get_tokenizer(model: str):
-    """tiny-mistral and `NAME:random` (worker.archs) → SentencePiece on Mistral's file; anything else →
+    """tiny-mistral and `NAME:random` (models.archs) → SentencePiece on Mistral's file; anything else →
     AutoTokenizer (hub id or path)."""
-    from batchlab.worker.archs import random_arch
-
     if model == TINY_MISTRAL or random_arch(model) is not None:
         return SentencePieceTokenizer(mistral_tokenizer_file())
     return HFTokenizer(model)

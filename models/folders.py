@@ -1,9 +1,9 @@
-"""tiny-mistral: the embedded default model (Mistral-7B's tokenizer, a scaled-down Mistral, seeded weights).
+"""The model folders built here: tiny-mistral, the embedded default model (Mistral-7B's tokenizer, a
+scaled-down Mistral, seeded weights), and `NAME:random`'s config + tokenizer folder (models.archs, no weights).
 
-It is built once into the cache (`$BATCHLAB_HOME/models/tiny-mistral`, else
-`~/.cache/batchlab/models/tiny-mistral`) with `save_pretrained`, then always loaded with `from_pretrained`
-like any other model. Nothing is downloaded: the tokenizer comes from the `mistral_common` package and
-the weights from `torch.manual_seed(TINY_SEED)`.
+Each is built once into the cache (`$BATCHLAB_HOME/models/`, else `~/.cache/batchlab/models/`) with
+`save_pretrained`, then always loaded with `from_pretrained` like any other model. Nothing is downloaded:
+the tokenizer comes from the `mistral_common` package and the weights from `torch.manual_seed(TINY_SEED)`.
 """
 import os
 import shutil
@@ -11,11 +11,14 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from batchlab.worker.tokenizers import TINY_MISTRAL, hf_tokenizer_from_sentencepiece, mistral_tokenizer_file
+from batchlab.models.archs import TINY_MISTRAL, Arch, hf_config, random_arch
+from batchlab.models.tokenizers import hf_tokenizer_from_sentencepiece, mistral_tokenizer_file
 
 TINY_SEED = 0
 TINY_FORMAT = 1  # bump when the recipe changes; an older folder is then rebuilt
 MARKER_FILE = "batchlab-tiny.json"
+RANDOM_FORMAT = 1  # bump when the `NAME:random` folder recipe changes; an older folder is then rebuilt
+RANDOM_MARKER_FILE = "batchlab-random.json"
 # Mistral-7B's shape scaled down: ~56M parameters (2 × 16.4M embeddings + 8 × 2.95M per layer).
 TINY_SHAPE: dict[str, int | float] = {
     "vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
@@ -107,11 +110,29 @@ def make_tiny_mistral(home: str | None = None, force: bool = False) -> Path:
     return make_model_folder(tiny_mistral_dir(home), _write, MARKER_FILE, f'"format": {TINY_FORMAT}', force)
 
 
+def random_dir(arch: Arch, home: str | None = None) -> Path:
+    """Where `NAME:random`'s folder (config + tokenizer, no weights) lives; it may not exist yet."""
+    return cache_home(home) / "models" / f"{arch.name}-random"
+
+
+def _write_random(arch: Arch):
+    def write(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        hf_config(arch).save_pretrained(folder)
+        hf_tokenizer_from_sentencepiece(mistral_tokenizer_file()).save_pretrained(folder)
+        (folder / RANDOM_MARKER_FILE).write_text(f'{{"format": {RANDOM_FORMAT}, "arch": "{arch.name}"}}\n')
+    return write
+
+
+def make_random_dir(arch: Arch, home: str | None = None, force: bool = False) -> Path:
+    """Create `NAME:random`'s folder (config.json + tokenizer files, no weights) unless it is there."""
+    return make_model_folder(random_dir(arch, home), _write_random(arch), RANDOM_MARKER_FILE,
+                             f'"format": {RANDOM_FORMAT}', force)
+
+
 def resolve_model(name: str) -> str:
     """tiny-mistral → its folder (created on first use); `NAME:random` → its config + tokenizer folder
-    (worker.archs, no weights); any other hub id or path unchanged."""
-    from batchlab.worker.archs import make_random_dir, random_arch
-
+    (models.archs, no weights); any other hub id or path unchanged."""
     if name == TINY_MISTRAL:
         return str(make_tiny_mistral())
     arch = random_arch(name)

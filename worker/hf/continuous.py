@@ -2,7 +2,7 @@
 
 Every `step()` is one step boundary: (1) rows admitted since the last step start prefilling; (2) the prompt
 chunks that fit what the running rows' decodes leave of the step's token budget are planned
-(worker.hf_chunks); (3) one fused forward runs the decodes and the chunks together (the slot layout; else a
+(worker.hf.chunks); (3) one fused forward runs the decodes and the chunks together (the slot layout; else a
 decode forward, then a prefill forward): each running row gets its next token, and a row whose last chunk
 ran gets its first; (4) finished rows leave, fully prefilled ones join the running set. A token is stamped
 (`StepOutput.times`) when it reached the host, i.e. when the argmax of the forward that made it is read back
@@ -10,12 +10,12 @@ ran gets its first; (4) finished rows leave, fully prefilled ones join the runni
 Fusing reads the weights once for both: on this CPU a 1,024-token prompt joining 4 running rows in 256-token
 chunks left them a longest gap of 125 ms fused against 160 ms in two forwards, and its first token came
 after 488 ms against 641 (benchmarks/continuous_step.py).
-Tokens are greedy with EOS banned (worker.hf_tokens), so every row gets exactly `output_len` tokens and they
+Tokens are greedy with EOS banned (worker.hf.tokens), so every row gets exactly `output_len` tokens and they
 match the static path even where EOS is the model's top choice.
 
-KV layout (`worker.hf_layouts`): `slots`, the default (`worker.hf_slots.SlotKV`: one preallocated K and V
+KV layout (`worker.hf.layouts`): `slots`, the default (`worker.hf.slots.SlotKV`: one preallocated K and V
 tensor per layer, a row per slot written in place, decode attention over the grouped KV heads without
-copies, prompts prefilled in chunks), or `padded` (`worker.hf_kv.PaddedKV`: the earlier left-padded
+copies, prompts prefilled in chunks), or `padded` (`worker.hf.kv.PaddedKV`: the earlier left-padded
 `DynamicCache`, whole prompts only; kept for comparison in benchmarks/continuous_step.py). Both mask what is
 not a row's own, so its greedy tokens match a solo run (tests/test_hf_continuous.py checks the token ids on
 tiny-mistral, chunked too). A sliding-window model runs rows that fit its window and refuses longer ones.
@@ -38,11 +38,11 @@ from dataclasses import replace
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import Backend, BackendError, Row, StepOutput
-from batchlab.worker.hf import HFBackend, HFSettings, settings_from_config
-from batchlab.worker.hf_chunks import Live, chunks_of, plan_chunks, step_budget
-from batchlab.worker.hf_layouts import DESCRIPTIONS, LAYOUTS, make_layout, sliding_window
-from batchlab.worker.hf_rowcap import RowCap
-from batchlab.worker.hf_tokens import emit, eos_ids, filled, pick
+from batchlab.worker.hf.chunks import Live, chunks_of, plan_chunks, step_budget
+from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, make_layout, sliding_window
+from batchlab.worker.hf.rowcap import RowCap
+from batchlab.worker.hf.static import HFBackend, HFSettings, settings_from_config
+from batchlab.worker.hf.tokens import emit, eos_ids, filled, pick
 
 CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by one: the static back-off's
 # 20 clean batches (scheduler.policies) × 32 steps, one batch's worth at the CPU config's 32-token outputs

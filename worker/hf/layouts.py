@@ -1,5 +1,5 @@
-"""The two KV layouts the continuous HF loop can run on (worker.hf_continuous): `slots` (the default,
-worker.hf_slots.SlotKV) and `padded` (the earlier left-padded DynamicCache, worker.hf_kv.PaddedKV).
+"""The two KV layouts the continuous HF loop can run on (worker.hf.continuous): `slots` (the default,
+worker.hf.slots.SlotKV) and `padded` (the earlier left-padded DynamicCache, worker.hf.kv.PaddedKV).
 
 A layout owns the cache and the model inputs; the loop owns rows, tokens, stamps and memory policy.
 Per step the loop calls join (rows admitted to prefill), then decode → decoded (if running rows) and prefill →
@@ -9,9 +9,10 @@ which returns the running rows' new order as indices into running + rows that ju
 Only the slot layout prefills in chunks; the padded one prefills each joiner whole in the step it joins.
 """
 from batchlab.worker.backend import BackendError
-from batchlab.worker.hf import left_pad
-from batchlab.worker.hf_kv import PaddedKV
-from batchlab.worker.hf_slots import SlotKV, use_slot_attention
+from batchlab.worker.hf.kv import PaddedKV
+from batchlab.worker.hf.slots import SlotKV, use_slot_attention
+from batchlab.worker.hf.static import left_pad
+from batchlab.worker.memory import kv_shape
 
 LAYOUTS = ("slots", "padded")
 DESCRIPTIONS = {  # the worker fact "decode": how each layout runs a step
@@ -27,8 +28,6 @@ class SlotLayout:
     both decodes and chunks runs them as one fused forward."""
 
     def __init__(self, torch, model, device, max_rows: int) -> None:
-        from batchlab.worker.memory import kv_shape
-
         layers, kv_heads, head_dim = kv_shape(model.config)
         self.kv = SlotKV(torch, device, model.dtype, layers, kv_heads, head_dim)
         self.torch, self.device, self.max_rows = torch, device, max_rows

@@ -15,10 +15,12 @@ import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from batchlab.models.archs import RANDOM_SEED, build_random_model, facts, random_arch
+from batchlab.models.folders import resolve_model
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, OutOfMemory, Row, StepOutput
-from batchlab.worker.hf_generate import StepStreamer, compile_kwargs
-from batchlab.worker.hf_head import FORMS, MAX_TIMED_ROWS, HeadPlan, head_times, plan_table
+from batchlab.worker.hf.generate import StepStreamer, compile_kwargs
+from batchlab.worker.hf.head import FORMS, MAX_TIMED_ROWS, HeadPlan, head_times, plan_table
 from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
                                     cuda_free_bytes, cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
 
@@ -36,8 +38,8 @@ class HFSettings:
     max_batch_size: int = 16
     memory_budget_bytes: int = 0  # 0: measured (CUDA) or a share of available RAM (CPU)
     strict_memory: bool = False
-    torch_compile: bool = False  # static batches: one fixed-shape decode step, compiled (see hf_generate.compile_kwargs)
-    pad_head: bool = True  # the LM head computes the row count and form it runs fastest at (worker.hf_head)
+    torch_compile: bool = False  # static batches: one fixed-shape decode step, compiled (see hf.generate.compile_kwargs)
+    pad_head: bool = True  # the LM head computes the row count and form it runs fastest at (worker.hf.head)
 
 
 def resolve_device(name: str):
@@ -108,24 +110,21 @@ class HFBackend(Backend):
         self.prefix = special_prefix(self.tokenizer)
         self.pad_id = self._pad_id()
         self.info = self._info(load_s=now() - started)
-        self.info.facts.update(self.model_facts)  # e.g. "random weights, real architecture" (worker.archs)
-        self.head_plan: HeadPlan | None = None  # set by warmup() (worker.hf_head)
+        self.info.facts.update(self.model_facts)  # e.g. "random weights, real architecture" (models.archs)
+        self.head_plan: HeadPlan | None = None  # set by warmup() (worker.hf.head)
 
     @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "HFBackend":
-        """Build from a RunConfig; continuous mode is worker.hf_continuous's job."""
+        """Build from a RunConfig; continuous mode is worker.hf.continuous's job."""
         if mode != "static":
             raise BackendError("HFBackend runs static batches only; continuous mode is "
-                               "batchlab.worker.hf_continuous.HFContinuousBackend")
+                               "batchlab.worker.hf.continuous.HFContinuousBackend")
         return cls(settings_from_config(cfg, rows))
 
     # --- loading ----------------------------------------------------------------------------------
     def _load(self, name: str):
-        """(tokenizer, model) on self.device; `NAME:random` is built from its config (worker.archs)."""
+        """(tokenizer, model) on self.device; `NAME:random` is built from its config (models.archs)."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        from batchlab.worker.archs import RANDOM_SEED, build_random_model, facts, random_arch
-        from batchlab.worker.tiny import resolve_model
 
         try:
             arch = random_arch(name)
@@ -193,7 +192,7 @@ class HFBackend(Backend):
 
     def _pad_head(self) -> None:
         """Time the LM head in each form at 1..max_batch_size rows (at most MAX_TIMED_ROWS) and run each count in
-        the form and at the count at or above it that was fastest (worker.hf_head; not with --torch-compile,
+        the form and at the count at or above it that was fastest (worker.hf.head; not with --torch-compile,
         whose batches are padded to the row cap)."""
         head = self.model.get_output_embeddings()
         if (not self.settings.pad_head or self.settings.torch_compile or self.head_plan is not None

@@ -27,7 +27,7 @@ from batchlab.protocol import Arrival, BatchDone, RunEnd, RunInfo, Step, WorkerB
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy, QueuedRequest
-from batchlab.scheduler.simulator.record import Recorder
+from batchlab.simulator.record import Recorder
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.worker.backend import Row
 from batchlab.worker.sim import ContinuousCore, StepPlan, static_step_durations

@@ -11,12 +11,10 @@ This module imports neither torch nor transformers at import time: the simulator
 (worker.stepmodel) derive their weight and KV sizes from the same ARCHS, so they cannot disagree.
 """
 from dataclasses import dataclass, field
-from pathlib import Path
 
+TINY_MISTRAL = "tiny-mistral"  # the embedded default model (models.folders builds it)
 RANDOM_SUFFIX = ":random"
 RANDOM_SEED = 0
-RANDOM_FORMAT = 1  # bump when the folder recipe changes; an older folder is then rebuilt
-MARKER_FILE = "batchlab-random.json"
 MISTRAL_TOKENIZER = "Mistral-7B v0.1's SentencePiece (mistral_common tokenizer.model.v1)"
 
 
@@ -111,28 +109,3 @@ def build_random_model(config, device, dtype, seed: int = RANDOM_SEED):
     torch.manual_seed(seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-
-
-def random_dir(arch: Arch, home: str | None = None) -> Path:
-    """Where `NAME:random`'s folder (config + tokenizer, no weights) lives; it may not exist yet."""
-    from batchlab.worker.tiny import cache_home
-
-    return cache_home(home) / "models" / f"{arch.name}-random"
-
-
-def _write(arch: Arch):
-    def write(folder: Path) -> None:
-        from batchlab.worker.tokenizers import hf_tokenizer_from_sentencepiece, mistral_tokenizer_file
-
-        folder.mkdir(parents=True)
-        hf_config(arch).save_pretrained(folder)
-        hf_tokenizer_from_sentencepiece(mistral_tokenizer_file()).save_pretrained(folder)
-        (folder / MARKER_FILE).write_text(f'{{"format": {RANDOM_FORMAT}, "arch": "{arch.name}"}}\n')
-    return write
-
-
-def make_random_dir(arch: Arch, home: str | None = None, force: bool = False) -> Path:
-    """Create `NAME:random`'s folder (config.json + tokenizer files, no weights) unless it is there."""
-    from batchlab.worker.tiny import make_model_folder
-
-    return make_model_folder(random_dir(arch, home), _write(arch), MARKER_FILE, f'"format": {RANDOM_FORMAT}', force)
