@@ -1,8 +1,9 @@
-"""Settings checked before any process starts: the sim preset, the model (a local folder, a built-in
-name, or in the local Hugging Face cache; else the Hub must answer at once). One line each."""
+"""Settings checked before any process starts: the sim preset, a plugin backend, the model (a local
+folder, a built-in name, or in the local Hugging Face cache; else the Hub must answer at once). One line each."""
 import os
 from pathlib import Path
 
+from batchlab.protocol.setting_groups import BACKENDS
 from batchlab.protocol.settings import ConfigError, RunConfig
 
 HUB_TIMEOUT_S = 1.5  # one metadata request, never the 50 s of retries a from_pretrained would spend
@@ -10,9 +11,14 @@ PATH_PREFIXES = ("/", "./", "../", "~")
 
 
 def check_before_start(cfg: RunConfig) -> None:
-    """ConfigError (one line) for a preset or a model that cannot work; nothing starts before this."""
+    """ConfigError (one line) for a preset, plugin backend or model that cannot work; nothing starts first."""
     if cfg.backend == "sim":
         check_preset(cfg.preset)
+    if cfg.backend not in BACKENDS:  # a plugin: importable, a Backend, running the strategy's mode
+        from batchlab.scheduler.strategies import resolve
+        from batchlab.worker.factory import backend_class
+
+        backend_class(cfg.backend, resolve(cfg).mode)
     if _uses_model_files(cfg):
         check_model(cfg.model)
 

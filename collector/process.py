@@ -13,9 +13,9 @@ from batchlab.collector.merge import merge_run
 from batchlab.collector.parts import SCHEDULE_FILE, PartWriter, write_final
 from batchlab.collector.store import RunStore
 from batchlab.collector.tables import Tables, harness_cpu
-from batchlab.protocol import ProtocolError, decode_all
 from batchlab.protocol.clock import now
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.inbox import Inbox
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import make_socket
@@ -24,10 +24,8 @@ log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
 FLUSH_INTERVAL_S = 1.0  # how often new rows go to a part file
-REJECT_LOG_INTERVAL_S = 5.0  # at most one log line about rejected frames per interval
 # traffic.schedule's footer key of Schedule.notes: read from the file, as the collector imports protocol only
 SCHEDULE_NOTES_KEY = b"batchlab.notes"
-MAX_FRAMES_PER_POLL = 10_000  # drain this many before looking at the clock again
 STOP_IDLE_S = 1.0  # after a stop signal: stop once nothing arrived for this long (or every bye is in)
 STOP_DRAIN_MAX_S = 20.0  # ... and at the latest this long after the signal (time for a launcher to stop the run)
 
@@ -38,20 +36,11 @@ class _Loop:
     def __init__(self) -> None:
         t = now()
         self.last_message_s = self.last_flush_s = t
-        self.last_reject_log_s = float("-inf")  # the first rejection is logged at once
         self.run_end_s: float | None = None
         self.stop_s: float | None = None  # when a stop signal came
         self.stop_signal = 0  # which signal (0: none)
         self.run_stopping = False  # the signal came mid-run and a launcher was asked to stop the run
-        self.rejected_since_log = 0
         self.stop_reason = ""
-
-    def note_reject(self, exc: Exception) -> None:
-        """Count a bad frame; log a line per REJECT_LOG_INTERVAL_S, not per frame."""
-        self.rejected_since_log += 1
-        if now() - self.last_reject_log_s >= REJECT_LOG_INTERVAL_S:
-            log.warning("collector: %d frame(s) rejected, last: %s", self.rejected_since_log, exc)
-            self.last_reject_log_s, self.rejected_since_log = now(), 0
 
 
 def schedule_notes(out_dir: Path) -> dict:
@@ -69,26 +58,14 @@ def schedule_notes(out_dir: Path) -> dict:
     return notes if isinstance(notes, dict) else {}
 
 
-def _drain(sock: zmq.Socket, store: RunStore, loop: _Loop) -> None:
-    """Receive, decode and record every frame already queued (up to MAX_FRAMES_PER_POLL)."""
-    for _ in range(MAX_FRAMES_PER_POLL):
+def _drain(inbox: Inbox, store: RunStore) -> None:
+    """Record every message already queued (at most the inbox's MAX_FRAMES_PER_POLL frames); one that
+    decodes but cannot be used is a rejected one too."""
+    for _, msg in inbox.drain():
         try:
-            frame = sock.recv(zmq.NOBLOCK)
-        except zmq.Again:
-            return
-        loop.last_message_s = now()
-        try:
-            msgs = decode_all(frame)  # a Bundle: a worker's step or a scheduler pass, in order
-        except ProtocolError as exc:
-            store.reject()
-            loop.note_reject(exc)
-            continue
-        for msg in msgs:
-            try:
-                store.handle(msg)
-            except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-                store.reject()  # a message that decodes but cannot be used is a bad one too
-                loop.note_reject(exc)
+            store.handle(msg)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            inbox.reject(exc)
 
 
 def _end_reason(store: RunStore, loop: _Loop, stop: threading.Event, grace_s: float,
@@ -126,11 +103,13 @@ def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threadin
            grace_s: float, idle_timeout_s: float | None, loop: _Loop | None = None) -> str:
     """The main loop; returns why it stopped."""
     loop = loop or _Loop()
+    inbox = Inbox(sock, log, peer="roles", counters=store.counters)  # at most MAX_FRAMES_PER_POLL per pass
     while True:
         # 1. wait briefly for frames
         if sock.poll(POLL_TIMEOUT_MS, zmq.POLLIN):
-            # 2. decode and record everything queued
-            _drain(sock, store, loop)
+            # 2. decode and record everything queued (bad frames counted)
+            _drain(inbox, store)
+            loop.last_message_s = inbox.last_frame_s
         # 3. periodic flush of new rows to a part file, and the counts for the launcher's progress line
         if now() - loop.last_flush_s >= FLUSH_INTERVAL_S:
             writer.write(store.take_parts())

@@ -65,10 +65,6 @@ class RunStore:
         if handler is not None:
             handler(msg)
 
-    def reject(self) -> None:
-        """Count a frame that could not be decoded or used."""
-        self.counters["rejected_messages"] += 1
-
     def _request(self, request_id: int) -> RequestState | None:
         """Its state, new if unseen; None for a request that ended and left memory."""
         state = self.requests.get(request_id)
@@ -127,7 +123,7 @@ class RunStore:
         bid, t, tokens = msg.batch_id, msg.time, self.tokens
         done = self.dones.get(bid)
         if len(msg.request_ids) != len(msg.token_ids):  # decodes, but cannot be joined: a bad frame
-            self.reject()
+            self.counters["rejected_messages"] += 1
             return
         if done is not None and done.oom:  # a late token of an attempt that never counts
             self.counters["ignored_tokens"] += len(msg.token_ids)

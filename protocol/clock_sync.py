@@ -9,9 +9,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import zmq
-
-from batchlab.protocol import ClockPing, ClockPong, ProtocolError, decode, encode, now
+from batchlab.protocol import ClockPing, ClockPong, encode, now
+from batchlab.protocol.inbox import Inbox
 
 SYNC_SAMPLES = 8  # ping-pongs at hello
 SYNC_TIMEOUT_S = 2.0  # per pong at hello
@@ -44,32 +43,21 @@ class OffsetEstimate:
                 "clock_samples": len(self.window)}
 
 
-def measure(sock: zmq.Socket, estimate: OffsetEstimate, samples: int = SYNC_SAMPLES,
+def measure(inbox: Inbox, estimate: OffsetEstimate, samples: int = SYNC_SAMPLES,
             stopping: Callable[[], bool] = lambda: False) -> list[object]:
-    """Ping-pong `samples` times on `sock` (a DEALER to the scheduler); returns other messages seen.
-    Gives up early when `stopping()` turns true (a signal during start-up)."""
+    """Ping-pong `samples` times through `inbox` (a DEALER to the scheduler); returns the other messages
+    read meanwhile, in order. Gives up early when `stopping()` turns true (a signal during start-up)."""
     others: list[object] = []
     for seq in range(samples):
         if stopping():
             break
-        sock.send(encode(ClockPing(seq, now())))
-        others += _await_pong(sock, estimate, seq, stopping)
-    return others
-
-
-def _await_pong(sock: zmq.Socket, estimate: OffsetEstimate, seq: int, stopping: Callable[[], bool]) -> list[object]:
-    """Wait up to SYNC_TIMEOUT_S for pong `seq` (looking at `stopping` every POLL_SLICE_MS)."""
-    others: list[object] = []
-    deadline = now() + SYNC_TIMEOUT_S
-    while not stopping() and now() < deadline:
-        if not sock.poll(POLL_SLICE_MS):
-            continue
-        try:
-            msg = decode(sock.recv())
-        except ProtocolError:
-            continue
-        if isinstance(msg, ClockPong) and msg.seq == seq:
-            estimate.add(msg.t_send, msg.t_server, now())
-            break
-        others.append(msg)
+        inbox.sock.send(encode(ClockPing(seq, now())))
+        deadline = now() + SYNC_TIMEOUT_S  # for this pong, looking at `stopping` every POLL_SLICE_MS
+        while not stopping() and now() < deadline:
+            msgs = [msg for _, msg in inbox.receive(POLL_SLICE_MS)]
+            pong = next((m for m in msgs if isinstance(m, ClockPong) and m.seq == seq), None)
+            others += [m for m in msgs if m is not pong]
+            if pong is not None:
+                estimate.add(pong.t_send, pong.t_server, now())
+                break
     return others

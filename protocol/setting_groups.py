@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from batchlab.protocol.load_stops import CLOSED_LOOP_CONFLICT, DEFAULT_DURATION_S
+from batchlab.protocol.plugins import BACKEND_GROUP, entry_point_names
 
+BACKENDS = ("sim", "echo", "hf", "vllm", "openai")  # the built-in backends (worker.factory); plugins by name too
 MAX_ROWS = 1 << 20  # a message's longest list (protocol.codec.MAX_ARRAY_LEN): a batch of more cannot be sent
 DEFAULT_RATE = 10.0  # requests/s
 Int = Annotated[int, Field(lt=2**63)]  # every count fits an int64 (a message's integers)
@@ -151,7 +153,8 @@ class SchedulerSettings(Group, title="Scheduler"):
 class WorkerSettings(Group, title="Worker"):
     """What every worker backend takes: the model, where it runs, its memory."""
 
-    backend: Literal["sim", "echo", "hf", "vllm", "openai"] = setting("sim", "sim | echo | hf | vllm | openai")
+    backend: str = setting("sim", "sim | echo | hf | vllm | openai, a batchlab.backends entry point or "
+                                  "package.module:Class")
     model: str = setting("tiny-mistral", "a hub id or a local path")
     workers: Int = setting(1, "worker processes (the scheduler waits for this many)", ge=1)
     memory_budget: str = setting("", "KV memory budget, e.g. 2GiB (default: the backend's)", unit="bytes")
@@ -161,6 +164,14 @@ class WorkerSettings(Group, title="Worker"):
     max_num_batched_tokens: Int = setting(0, "per engine step, decodes and prompt chunks together (0: vLLM's "
                                           "default; hf continuous: 256 on CPU, 2048 on CUDA); not below "
                                           "--max-batch-size", unit="tokens", ge=0, note="(0: the engine's default)")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, name: str) -> str:
+        if name in BACKENDS or ":" in name or name in entry_point_names(BACKEND_GROUP):
+            return name
+        raise refuse(f"--backend must be one of {', '.join(BACKENDS)}, a {BACKEND_GROUP} entry point or "
+                     f"package.module:Class, got {name!r}")
 
     @field_validator("memory_budget")
     @classmethod

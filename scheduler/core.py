@@ -56,7 +56,7 @@ class SchedulerCore:
         if old is not None:  # a restarted worker: what its last process ran is gone with it
             self.stats["workers_rejoined"] += 1
             self._drop_inflight(old, REJOINED, now)
-        self.workers[worker_id] = WorkerState(hello, now)
+        self.workers[worker_id] = WorkerState(hello)
         self.orphaned_since = None
         return None if old is None else old.running
 

@@ -7,13 +7,14 @@ import time
 
 import zmq
 
-from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, Heartbeat,
-                               ProtocolError, RequestMsg, RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
-                               WorkerCapacity, WorkerHello, decode_all, encode, now)
+from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, Heartbeat, RequestMsg,
+                               RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello, WorkerCapacity,
+                               WorkerHello, encode, now)
 from batchlab.protocol.bundling import Bundler
+from batchlab.protocol.inbox import Inbox, RateLimitedLog
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, recv_frames, send_routed
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, send_routed
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.framing import dispatch_frames, group_launches
@@ -52,9 +53,10 @@ class Scheduler:
         self.t0: float | None = None
         self.stopping = False
         self.wake_at: float | None = None
-        self.stats = {"rejected_messages": 0}  # the edge's own counters; the core keeps the rest
+        self.stats: dict = {}  # the edge's own counters (rejected_messages: the inbox's); the core keeps the rest
+        self.inbox = Inbox(self.router, log, counters=self.stats, max_frames=MAX_MESSAGES_PER_POLL)
+        self.duplicates = RateLimitedLog(log)  # the core counts them (duplicate_requests)
         self.last_beat = now()
-        self.traffic_heard = now()
         self.records = Bundler(self.coll, RECORD_FLUSH_INTERVAL_S)  # the collector's records not yet sent
 
     # --- main loop --------------------------------------------------------------------------------
@@ -62,7 +64,7 @@ class Scheduler:
         """Serve until the stream ended and every request is terminal (or a signal)."""
         while not self.stopping:
             # 1. wait for a message, the core's wake-up time, or the next heartbeat
-            for sender, msg in self._receive(self._timeout_ms()):
+            for sender, msg in self.inbox.receive(self._timeout_ms()):
                 # 2. feed it to the core (answer clock pings, start the traffic); forward what it decided
                 self._handle(sender, msg)
                 self._forward()
@@ -87,39 +89,13 @@ class Scheduler:
             limit = min(limit, max(0.0, self.records.due - now()))
         return math.ceil(limit * 1000)
 
-    def _receive(self, timeout_ms: int) -> list[tuple[bytes, object]]:
-        out = []
-        if not self.router.poll(timeout_ms):
-            return out
-        router = self.router
-        for _ in range(MAX_MESSAGES_PER_POLL):
-            try:
-                frames = recv_frames(router)
-            except zmq.Again:
-                return out
-            try:
-                if len(frames) != 2:
-                    raise ProtocolError(f"expected [identity, message], got {len(frames)} frames")
-                sender = frames[0]
-                out += [(sender, msg) for msg in decode_all(frames[1])]  # a worker bundles a step's BatchDones
-            except ProtocolError as exc:
-                self.stats["rejected_messages"] += 1
-                if self.stats["rejected_messages"] <= 10:
-                    log.warning("rejected a message: %s", exc)
-        return out
-
     # --- message handlers -------------------------------------------------------------------------
     def _handle(self, sender: bytes, msg: object) -> None:
         wid, t = sender.decode(errors="replace"), now()
         self._maybe_back(msg.sender if isinstance(msg, Heartbeat) else wid, t)
-        if wid in self.core.workers:
-            self.core.workers[wid].last_heard = t
-        elif sender == self.traffic:
-            self.traffic_heard = t
         if isinstance(msg, RequestMsg):
             if self.core.knows(msg.request_id):  # refused and counted by the core: the first keeps the id
-                if self.core.stats["duplicate_requests"] < 10:
-                    log.warning("refused a request: id %d was taken already", msg.request_id)
+                self.duplicates.warn("refused requests whose id was taken", msg.request_id)
             else:
                 self._to_collector(Arrival(msg.request_id, msg.arrival_time, msg.send_time, t, msg.prompt_len,
                                            msg.output_len))
@@ -140,8 +116,6 @@ class Scheduler:
             self._maybe_start()
         elif isinstance(msg, ClockPing):
             send_routed(self.router, sender, encode(ClockPong(msg.seq, msg.t_send, now())))
-        elif isinstance(msg, Heartbeat) and msg.sender in self.core.workers:
-            self.core.workers[msg.sender].last_heard = t
         elif isinstance(msg, EndOfStream):
             self.core.end_of_stream()
             self.stats["sent_by_traffic"] = msg.sent
@@ -170,7 +144,7 @@ class Scheduler:
         self.cpu_at_start = time.process_time()  # the run's CPU counts from here (not imports, not waiting)
         self._to_collector(RunInfo({**self.settings, "t0": self.t0, "workers": self.core.workers_info()}))
         send_routed(self.router, self.traffic, encode(Start(self.t0)))
-        self.traffic_heard = now()
+        self.inbox.heard[self.traffic.decode(errors="replace")] = now()  # its liveness counts from Start
 
     # --- scheduling -------------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -217,12 +191,13 @@ class Scheduler:
                 self._send_worker(wid, Heartbeat("scheduler", t))
         limit_s = self.liveness_s
         for wid, state in list(self.core.workers.items()):
-            if t - state.last_heard > limit_s:
-                log.error("worker %s lost (silent for %.1f s)", wid, t - state.last_heard)
+            if self.inbox.silent_s(wid, t) > limit_s:
+                log.error("worker %s lost (silent for %.1f s)", wid, self.inbox.silent_s(wid, t))
                 self.silent[wid] = state.hello  # it may be stalled, not dead: see _maybe_back
                 self.core.on_worker_lost(wid, t)
-        if self.t0 is not None and not self.core.eos and t - self.traffic_heard > limit_s:
-            log.error("traffic silent for %.1f s: treating it as the end of the stream", t - self.traffic_heard)
+        traffic_silent_s = self.inbox.silent_s((self.traffic or b"").decode(errors="replace"), t)
+        if self.t0 is not None and not self.core.eos and traffic_silent_s > limit_s:
+            log.error("traffic silent for %.1f s: treating it as the end of the stream", traffic_silent_s)
             self.stats["traffic_lost"] = 1
             self.core.end_of_stream()
         if self.stream_ended is not None and self.stream_ended.is_set():

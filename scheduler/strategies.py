@@ -14,24 +14,25 @@ tells each worker its mode and row cap (a worker never reads the strategy's name
 both.
 """
 import dataclasses
-import importlib
 import numbers
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Annotated
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
+from batchlab.protocol.plugins import STRATEGY_GROUP, Registry
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.scheduler.ordered import ORDERED
 from batchlab.scheduler.policies import BUILTINS as BASIC
 from batchlab.scheduler.policies import Policy
 
-ENTRY_POINT_GROUP = "batchlab.strategies"
+ENTRY_POINT_GROUP = STRATEGY_GROUP
 BUILTINS: dict[str, type] = {**BASIC, **ORDERED}  # naive, dynamic, continuous, sjf, edf
+# vllm: continuous (validate() also moves it to the vllm backend)
+REGISTRY = Registry("strategy", ENTRY_POINT_GROUP, {**BUILTINS, "vllm": BUILTINS["continuous"]}, ConfigError)
 MODES = ("static", "continuous")
 REQUIRED = ("name", "mode", "decide", "on_batch_done")
 KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
@@ -79,9 +80,7 @@ def resolve(cfg: RunConfig) -> Strategy:
 
 def load_class(spec: str) -> type:
     """The policy class `spec` names (built-in, entry point or package.module:Class), checked."""
-    if spec in BUILTINS or spec == "vllm":  # vllm: continuous (validate() also moves it to the vllm backend)
-        return BUILTINS.get(spec, BUILTINS["continuous"])
-    cls = _import(spec) if ":" in spec else _entry_point(spec)
+    cls = REGISTRY.load(spec)
     missing = [a for a in REQUIRED if not hasattr(cls, a)]
     if missing or not isinstance(cls, type):
         raise ConfigError(f"strategy {spec} is not a policy class: it lacks {', '.join(missing) or 'a class'} "
@@ -103,37 +102,7 @@ def label(spec: str) -> str:
 
 def names() -> list[str]:
     """Every strategy `--strategy NAME` accepts (vllm: continuous on the vllm backend)."""
-    return [*BUILTINS, "vllm", *sorted(ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))]
-
-
-def _entry_point(name: str) -> object:
-    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if not found:
-        raise ConfigError(f"unknown strategy {name!r} (choose from {', '.join(names())}, "
-                          f"or give package.module:Class)")
-    try:
-        return found[0].load()
-    except Exception as exc:  # ImportError, SyntaxError, or whatever its module raises at import
-        raise ConfigError(f"strategy {name}: entry point {found[0].value} does not load "
-                          f"({type(exc).__name__}: {exc})") from None
-
-
-def _import(spec: str) -> object:
-    """package.module:Class (the module importable: installed, or on PYTHONPATH)."""
-    module_name, _, qualname = spec.partition(":")
-    try:
-        obj = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"strategy {spec}: cannot import {module_name} ({exc}; is it on PYTHONPATH?)") from None
-    except Exception as exc:  # a SyntaxError, or an error its module raised at import
-        raise ConfigError(f"strategy {spec}: importing {module_name} raised {type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())}") from None
-    try:
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise ConfigError(f"strategy {spec}: module {module_name} has no {qualname!r}") from None
-    return obj
+    return REGISTRY.names()
 
 
 def typed_args(cls: type, given: dict) -> dict:

@@ -1,4 +1,4 @@
-"""The scheduler's view of its workers: what each runs, its free capacity, its liveness."""
+"""The scheduler's view of its workers: what each runs and its free capacity (liveness: the process's inbox)."""
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -11,7 +11,6 @@ class WorkerState:
     """One worker as the scheduler sees it (counters kept as batches come and go: no re-summing)."""
 
     hello: WorkerHello
-    last_heard: float
     max_rows: int = 0  # rows it runs at once: the hello's max_batch_size until a WorkerCapacity moves it
     inflight: dict[int, list[QueuedRequest]] = field(default_factory=dict)  # batch_id -> requests
     batches_done: int = 0

@@ -1,9 +1,10 @@
 """The collector under value-level fuzzing: a run's records with bad frames (every message type's fields
 with wrong types and extreme numbers) and colliding ids mixed in, fed to its receive-and-record code
-(collector.process._drain) on a fake socket. Each bad frame is refused and counted, each colliding id
+(collector.process._drain, through the protocol's Inbox) on a fake socket. Each bad frame is refused and counted, each colliding id
 too, the final write succeeds, and every request keeps exactly one terminal row. Also: any record that
 decodes leaves a final write that succeeds."""
 import json
+import logging
 import math
 import os
 import shutil
@@ -16,10 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchlab.collector.parts import PartWriter, write_final
-from batchlab.collector.process import _drain, _Loop, finish_run
+from batchlab.collector.process import _drain, finish_run
 from batchlab.collector.store import RunStore
 from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens,
                                WorkerBye, encode)
+from batchlab.protocol.inbox import Inbox
 from tests.wire_cases import bad_frame
 
 EXAMPLES = int(os.environ.get("BATCHLAB_FUZZ_EXAMPLES", 25))  # more for a deeper search by hand
@@ -56,7 +58,7 @@ def collect(frames: list[bytes]) -> tuple[RunStore, pd.DataFrame, dict]:
     out = Path(tempfile.mkdtemp(prefix="batchlab-test-"))
     try:
         store, writer = RunStore(), PartWriter(out)
-        _drain(Frames(frames), store, _Loop())
+        _drain(Inbox(Frames(frames), logging.getLogger(__name__), peer="roles", counters=store.counters), store)
         write_final(out, finish_run(store, writer, out, None))
         return store, pd.read_parquet(out / "requests.parquet"), json.loads((out / "summary.json").read_text())
     finally:

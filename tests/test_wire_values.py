@@ -101,17 +101,17 @@ def request_frame(rid: int, prompt_len: int = 4, output_len: int = 4) -> bytes:
 def test_the_scheduler_counts_bad_frames_refuses_taken_ids_and_gives_each_request_one_end(items):
     sched = Scheduler(make_policy("naive", batch_size=4), f"tcp://127.0.0.1:{free_port()}",
                       f"tcp://127.0.0.1:{free_port()}")
-    real, records = sched.router, []
+    real, records = sched.inbox.sock, []
     sched.records.sock = Capture(records)
     try:
-        sched.router = FakeRouter([[b"traffic", request_frame(v) if k == "request" else v] for k, v in items])
-        for sender, msg in sched._receive(0):  # the loop's steps 1-2, as run() does them
+        sched.inbox.sock = FakeRouter([[b"traffic", request_frame(v) if k == "request" else v] for k, v in items])
+        for sender, msg in sched.inbox.receive(0):  # the loop's steps 1-2, as run() does them
             sched._handle(sender, msg)
             sched._forward()
         sched.core.end_of_stream()
         sched._finish("test over")  # no worker joined: every queued request fails with a reason
     finally:
-        sched.router = real
+        sched.inbox.sock = real
         sched.close()
     ids = [v for k, v in items if k == "request"]
     bad = sum(k == "bad" for k, _ in items)

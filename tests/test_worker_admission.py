@@ -26,7 +26,7 @@ def rows(*ids: int) -> list[list]:
 
 def test_a_static_batch_over_the_announced_rows_fails_every_row_with_the_limit_named():
     a = admit(Dispatch(3, 0.0, "full", rows(*range(10))), "w0", info(8, False), {}, {})
-    assert a.accepted == [] and a.refused == 1
+    assert a.accepted == [] and a.refused == ["batch 3 of 10 rows refused: 10 rows > 8 announced"]
     (done,) = a.answers
     assert done.batch_id == 3 and done.finished == [] and not done.oom
     assert done.failed == [[rid, "refused: 10 rows > 8 announced"] for rid in range(10)]
@@ -47,7 +47,7 @@ def test_a_row_whose_id_runs_already_is_left_to_its_request_and_the_others_fail(
 
 def test_a_batch_id_that_runs_already_gets_no_answer_that_would_end_the_live_one():
     a = admit(Dispatch(0, 0.0, "full", rows(9)), "w0", info(8, True), {0: None}, {1: 0})
-    assert a.accepted == [] and a.answers == [] and a.refused == 1
+    assert a.accepted == [] and a.answers == [] and len(a.refused) == 1
 
 
 def test_an_id_twice_in_one_batch_fails_once():
@@ -66,7 +66,7 @@ def test_no_id_ends_twice_and_no_running_id_is_touched(batches, live, max_rows, 
     failed = [row[0] for d in a.answers for row in d.failed]
     assert len(run + failed) == len(set(run + failed))  # one end each
     assert not (set(run + failed) & live)
-    assert len(a.accepted) + a.refused == len(batches)
+    assert len(a.accepted) + len(a.refused) == len(batches)
     room = max(0, max_rows - len(live)) if continuous else max_rows
     assert sum(len(b) for _, b in a.accepted) <= (room if continuous else max_rows * len(batches))
     assert all(len(b) <= max_rows for _, b in a.accepted)

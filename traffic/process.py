@@ -12,10 +12,10 @@ from pathlib import Path
 
 import zmq
 
-from batchlab.protocol import (EndOfStream, Heartbeat, ProtocolError, RequestMsg, RequestsEnded, Shutdown, Start,
-                               TrafficHello, decode, encode)
+from batchlab.protocol import EndOfStream, Heartbeat, RequestMsg, RequestsEnded, Shutdown, Start, TrafficHello, encode
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.clock_sync import OffsetEstimate, measure
+from batchlab.protocol.inbox import Inbox
 from batchlab.protocol.messages import pack_tokens
 from batchlab.protocol.security import is_loopback
 from batchlab.protocol.signals import on_stop_signal
@@ -43,7 +43,7 @@ class _Control:
     """Why sending should stop (set by a signal handler or a Shutdown message), and liveness state."""
 
     stop_reason: str = ""
-    protocol_errors: int = 0
+    inbox: Inbox | None = None  # the scheduler's messages (set once the socket is open)
     last_send: float = 0.0  # now() of the last frame sent (the scheduler counts any frame as a sign of life)
     ended: list[int] = field(default_factory=list)  # closed loop: ids the scheduler said ended, not yet read
 
@@ -70,19 +70,10 @@ def _beat(sock: zmq.Socket, ctl: _Control) -> None:
         ctl.last_send = t
 
 
-def _drain(sock: zmq.Socket, ctl: _Control, timeout_s: float = 0.0) -> Start | None:
-    """Read every waiting frame (waiting up to timeout_s for the first); return a Start if one came."""
+def _drain(ctl: _Control, timeout_s: float = 0.0) -> Start | None:
+    """Read every waiting message (waiting up to timeout_s for the first); return a Start if one came."""
     start = None
-    wait_ms = math.ceil(timeout_s * 1000)  # rounding down to 0 would busy-poll the last millisecond
-    while sock.poll(wait_ms, zmq.POLLIN):
-        wait_ms = 0
-        try:
-            msg = decode(sock.recv())
-        except ProtocolError as exc:
-            ctl.protocol_errors += 1
-            if ctl.protocol_errors <= 10 or ctl.protocol_errors % 1000 == 0:  # never a log line per frame
-                log.warning("ignoring bad frame from scheduler (%d so far): %s", ctl.protocol_errors, exc)
-            continue
+    for _, msg in ctl.inbox.receive(math.ceil(timeout_s * 1000)):  # rounding down to 0 would busy-poll
         if isinstance(msg, Shutdown):
             ctl.stop(f"scheduler shutdown: {msg.reason}")
         elif isinstance(msg, Start):
@@ -101,7 +92,7 @@ def _wait_for_start(sock: zmq.Socket, ctl: _Control, timeout_s: float) -> float 
             raise TrafficStartTimeout(f"no Start from the scheduler within {timeout_s:g} s "
                                       "(is it running, and are its workers warm?)")
         _beat(sock, ctl)
-        start = _drain(sock, ctl, min(left, WAIT_SLICE_S))
+        start = _drain(ctl, min(left, WAIT_SLICE_S))
         if start is not None:
             return start.t0
     return None
@@ -115,7 +106,7 @@ def _wait_until(deadline: float, sock: zmq.Socket, ctl: _Control) -> None:
             sleep_until(deadline, SEND_SPIN_S)
             return
         _beat(sock, ctl)
-        _drain(sock, ctl, min(left, WAIT_SLICE_S))
+        _drain(ctl, min(left, WAIT_SLICE_S))
 
 
 def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control, clock_offset_s: float = 0.0) -> int:
@@ -144,7 +135,7 @@ def _send_loop(sock: zmq.Socket, ctl: _Control, ids: list, arrivals: list, promp
     for i, arrival in enumerate(arrivals):
         t = now()
         if t >= next_check:  # 1. look for Shutdown between sends
-            _drain(sock, ctl)
+            _drain(ctl)
             next_check = t + INBOX_CHECK_INTERVAL_S
         if arrival > t:  # 2. wait for the planned time
             _wait_until(arrival, sock, ctl)
@@ -181,20 +172,20 @@ def _send_closed(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control,
         wake = pool.next_send_at()
         deadline = min(wake if wake is not None else math.inf, pool.stop_at, now() + WAIT_SLICE_S)
         _beat(sock, ctl)
-        _drain(sock, ctl, max(0.0, deadline - now()))
+        _drain(ctl, max(0.0, deadline - now()))
     if closed.record_to is not None:
         save_schedule(with_send_times(schedule, arrivals), closed.record_to)
     return len(arrivals)
 
 
-def _sync_clock(sock: zmq.Socket, scheduler_addr: str, ctl: _Control) -> OffsetEstimate:
+def _sync_clock(scheduler_addr: str, ctl: _Control) -> OffsetEstimate:
     """The scheduler's clock minus ours: 0 on the same host (one monotonic clock), else measured by
     ping-pongs (minimum round trip, as the workers do; error ≤ rtt/2, logged)."""
     clock = OffsetEstimate()
     if is_loopback(scheduler_addr):
         clock.offset_s, clock.uncertainty_s = 0.0, 0.0
         return clock
-    for msg in measure(sock, clock, stopping=lambda: bool(ctl.stop_reason)):
+    for msg in measure(ctl.inbox, clock, stopping=lambda: bool(ctl.stop_reason)):
         if isinstance(msg, Shutdown):
             ctl.stop(f"scheduler shutdown: {msg.reason}")
     if not clock.window and not ctl.stop_reason:
@@ -238,10 +229,10 @@ def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, s
     _punctual_sender()
     ctx = zmq.Context()
     sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity="traffic", keys=keys)
-    sent = 0
+    ctl.inbox, sent = Inbox(sock, log, peer="scheduler"), 0
     try:
         # 0. a scheduler on another host has another monotonic clock: measure the offset (as workers do)
-        clock = _sync_clock(sock, scheduler_addr, ctl)
+        clock = _sync_clock(scheduler_addr, ctl)
         # 1. announce
         sock.send(encode(TrafficHello(schedule.n_requests, schedule.content_hash, schedule.duration_s,
                                       closed.clients if closed else 0)))

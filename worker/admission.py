@@ -5,17 +5,12 @@ A refused batch still ends in one BatchDone whose rows fail with the reason, so 
 one terminal record; a row whose id another running request holds is left out (that request keeps its
 own end), and a batch whose id is running is not answered at all (its answer would end the live one).
 """
-import logging
 from collections.abc import Container
 from dataclasses import dataclass, field
 
 from batchlab.protocol.clock import now
 from batchlab.protocol.messages import BatchDone, Dispatch, RequestRow
 from batchlab.worker.backend import BackendInfo
-
-log = logging.getLogger("batchlab.worker")
-MAX_REFUSAL_LOGS = 10  # then refusals are only counted (WorkerBye's rejected_messages)
-
 
 @dataclass
 class OpenBatch:
@@ -29,15 +24,16 @@ class OpenBatch:
 
 @dataclass(slots=True)
 class Admission:
-    """A Dispatch sorted: batches to run, BatchDones that refuse the others, and how many were refused."""
+    """A Dispatch sorted: batches to run, BatchDones that refuse the others, and why each was refused
+    (the worker counts each in its rejected_messages)."""
 
     accepted: list[tuple[int, list[RequestRow]]] = field(default_factory=list)
     answers: list[BatchDone] = field(default_factory=list)
-    refused: int = 0
+    refused: list[str] = field(default_factory=list)
 
 
-def admit(msg: Dispatch, worker_id: str, info: BackendInfo, open_batches: Container[int], live_ids: dict[int, int],
-          refused_before: int = 0) -> Admission:
+def admit(msg: Dispatch, worker_id: str, info: BackendInfo, open_batches: Container[int],
+          live_ids: dict[int, int]) -> Admission:
     """Sort `msg`'s batches: a static worker runs each batch alone, so each may hold the announced
     max_batch_size rows; a continuous one holds that many in all, those running (`live_ids`) included."""
     out, seen, t = Admission(), set(), now()
@@ -50,9 +46,7 @@ def admit(msg: Dispatch, worker_id: str, info: BackendInfo, open_batches: Contai
             room -= len(rows) if continuous else 0
             seen.update(r[0] for r in rows)
             continue
-        out.refused += 1
-        if refused_before + out.refused <= MAX_REFUSAL_LOGS:
-            log.warning("refused batch %d of %d rows: %s", batch_id, len(rows), reason)
+        out.refused.append(f"batch {batch_id} of {len(rows)} rows {reason}")
         if batch_id not in open_batches:
             failed = _fresh(rows, live_ids, seen)
             seen.update(failed)  # ended here: a later batch of this dispatch may not run them

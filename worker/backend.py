@@ -1,7 +1,6 @@
-"""What the worker process needs from a model backend (sim, echo, hf, vllm, openai)."""
+"""What the worker process needs from a model backend (sim, echo, hf, vllm, openai, or a plugin)."""
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from batchlab.protocol import WorkerHello
 
@@ -68,51 +67,76 @@ def worker_hello(worker_id: str, info: BackendInfo, facts: dict | None = None) -
                        {**info.facts, **(facts or {})})
 
 
-class StaticBackend(Protocol):
-    """Runs one batch at a time in lockstep until its longest row is done (like generate())."""
+class Backend:
+    """What the worker calls on a model backend: a backend sets `info` and overrides what it does; the
+    defaults serve one that lacks a capability (callers never probe). Continuous mode: `admit`, then `step`
+    while `has_work`; static mode: `run_batch` (by default admit + step, so a continuous backend runs
+    static batches too). worker.factory finds it by name and builds it with `from_config`."""
 
     info: BackendInfo
+    modes: tuple[str, ...] = ("static", "continuous")  # the worker modes it runs
 
-    def warmup(self) -> None: ...
+    @classmethod
+    def from_config(cls, cfg, mode: str, rows: int) -> "Backend":
+        """Build from a RunConfig, in `mode`, running at most `rows` rows."""
+        return cls(cfg, mode, rows)
 
-    def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
-        """Run to completion, calling on_step after every step; raise OutOfMemory if it does not fit."""
+    def warmup(self) -> None:
+        """Before the hello: load, compile, measure (nothing by default)."""
 
-    def peak_memory_bytes(self) -> int: ...
-
-    def close(self) -> None: ...
-
-
-class ContinuousBackend(Protocol):
-    """Requests join the running set at step boundaries and leave when done."""
-
-    info: BackendInfo
-
-    def warmup(self) -> None: ...
-
-    def admit(self, rows: list[Row]) -> None: ...
+    def admit(self, rows: list[Row]) -> None:
+        """Rows join at the next step boundary."""
+        raise BackendError(f"{type(self).__name__} runs static batches only (it has no admit/step)")
 
     def step(self) -> StepOutput | None:
         """Advance one step; None when nothing produced output (idle or waiting on I/O)."""
+        return None
 
-    def has_work(self) -> bool: ...
+    def has_work(self) -> bool:
+        """True while an admitted row has not ended."""
+        return False
 
-    def peak_memory_bytes(self) -> int: ...
+    def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
+        """Run one static batch to its end, calling on_step after every step (OutOfMemory if it does not
+        fit). Default: admit every row and step until all ended; rows that failed raise BackendError
+        at the end (the worker then fails the unfinished rows)."""
+        self.admit(rows)
+        failed: list[tuple[int, str]] = []
+        while self.has_work():
+            out = self.step()
+            if out is not None:
+                on_step(out)
+                failed.extend(out.failed)
+        if failed:
+            raise BackendError("; ".join(f"request {rid}: {why}" for rid, why in failed[:3]))
 
-    def close(self) -> None: ...
+    def abort_all(self) -> None:
+        """Drop every admitted row (after a failed step: else the next step repeats it)."""
 
+    def reset(self) -> None:
+        """Between runs of a warm worker: nothing left over from the last run."""
 
-def run_to_completion(backend: "ContinuousBackend", rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
-    """A static batch on a continuous backend: admit every row and step until all ended.
+    @property
+    def max_rows(self) -> int:
+        """The rows it runs at once now (the worker reports a change to the scheduler as WorkerCapacity)."""
+        return self.info.max_batch_size
 
-    Rows that failed raise BackendError at the end (the static worker loop then fails the unfinished rows).
-    """
-    backend.admit(rows)
-    failed: list[tuple[int, str]] = []
-    while backend.has_work():
-        out = backend.step()
-        if out is not None:
-            on_step(out)
-            failed.extend(out.failed)
-    if failed:
-        raise BackendError("; ".join(f"request {rid}: {why}" for rid, why in failed[:3]))
+    @property
+    def max_rows_reason(self) -> str:
+        """Why max_rows last moved."""
+        return ""
+
+    def take_metrics(self, request_ids: list[int]) -> dict[int, dict]:
+        """The engine's own stamps of these ended requests (`*_ts` on this host's clock), taken: {} by default."""
+        return {}
+
+    def run_facts(self) -> dict:
+        """Figures about the run as a whole, for WorkerBye's stats."""
+        return {}
+
+    def peak_memory_bytes(self) -> int:
+        """The most memory its rows used (0: none it can see)."""
+        return 0
+
+    def close(self) -> None:
+        """Release what it holds."""

@@ -1,12 +1,23 @@
 """Build a worker backend from the run's settings; heavy imports happen only for the chosen one.
 
+`--backend` names a backend as `--strategy` names a strategy (protocol/plugins.py): a built-in (sim,
+echo, hf, vllm, openai), the name of a `batchlab.backends` entry point, or `package.module:Class`. A
+backend is a worker.backend.Backend subclass, built by `Class.from_config(cfg, mode, rows)`.
+
 The worker never reads the strategy: the front end resolves it (scheduler.strategies.resolve) and
 passes the mode it needs (static or continuous) and the most rows it runs at once.
 """
 import os
 
-from batchlab.protocol.settings import RunConfig, parse_bytes
-from batchlab.worker.backend import BackendError
+from batchlab.protocol.plugins import BACKEND_GROUP, Registry
+from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.worker.backend import Backend
+
+BUILTINS = {"sim": "batchlab.worker.sim:SimBackend", "echo": "batchlab.worker.sim:EchoBackend",
+            "hf": "batchlab.worker.hf.static:HFBackend", "vllm": "batchlab.worker.vllm_engine:VLLMBackend",
+            "openai": "batchlab.worker.openai_client:OpenAIBackend"}
+HF_LOOP = "batchlab.worker.hf.continuous:HFContinuousBackend"  # `hf` in continuous mode
+REGISTRY = Registry("backend", BACKEND_GROUP, BUILTINS, ConfigError)
 
 
 def quiet_libraries() -> None:
@@ -18,33 +29,19 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
-def make_backend(cfg: RunConfig, mode: str, rows: int):
+def backend_class(spec: str, mode: str) -> type[Backend]:
+    """The Backend subclass `spec` names, able to run `mode`; ConfigError (one line) when it is not."""
+    cls = REGISTRY.load(spec)
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ConfigError(f"backend {spec} is not a backend class: derive it from batchlab.worker.backend.Backend")
+    if mode not in cls.modes:
+        raise ConfigError(f"backend {spec} runs {' or '.join(cls.modes)} batches, and the strategy needs {mode}")
+    return cls
+
+
+def make_backend(cfg: RunConfig, mode: str, rows: int) -> Backend:
     """The backend named by cfg.backend in `mode` (static | continuous), running at most `rows` rows."""
     if cfg.backend in ("hf", "vllm"):
         quiet_libraries()
-    if cfg.backend in ("sim", "echo"):
-        from batchlab.worker.sim import SimBackend, make_echo
-
-        backend = (make_echo(mode, rows) if cfg.backend == "echo"
-                   else SimBackend(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens))
-        budget = parse_bytes(cfg.memory_budget)
-        if budget:
-            backend.info.kv_budget_bytes = budget
-        return backend
-    if cfg.backend == "hf" and mode == "continuous":
-        from batchlab.worker.hf.continuous import HFContinuousBackend
-
-        return HFContinuousBackend.from_config(cfg, mode, rows)
-    if cfg.backend == "hf":
-        from batchlab.worker.hf.static import HFBackend
-
-        return HFBackend.from_config(cfg, mode, rows)
-    if cfg.backend == "vllm":
-        from batchlab.worker.vllm_engine import VLLMBackend
-
-        return VLLMBackend.from_config(cfg, mode, rows)
-    if cfg.backend == "openai":
-        from batchlab.worker.openai_client import OpenAIBackend
-
-        return OpenAIBackend.from_config(cfg, mode, rows)
-    raise BackendError(f"unknown backend {cfg.backend!r}")
+    spec = HF_LOOP if (cfg.backend, mode) == ("hf", "continuous") else cfg.backend
+    return backend_class(spec, mode).from_config(cfg, mode, rows)

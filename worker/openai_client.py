@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
+from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
 from batchlab.worker.openai_count import Chunk, Tally, count_chunk, parse_prefix_cache_counters, settle
 
 log = logging.getLogger("batchlab.openai")
@@ -95,7 +95,7 @@ class _Streams:
         self.client.close()
 
 
-class OpenAIBackend:
+class OpenAIBackend(Backend):
     """Streams completions from --endpoint with at most --max-concurrency requests in flight."""
 
     def __init__(self, endpoint: str, model: str, max_concurrency: int = 64, mode: str = "continuous") -> None:
@@ -104,6 +104,7 @@ class OpenAIBackend:
         self.served_model = self._pick_model(model)
         self.streams = _Streams(max_concurrency, self._stream)
         self.open: dict[int, float] = {}  # request_id -> time of its last chunk (or admission)
+        self.cache_start: dict[str, float] = {}  # the server's prefix-cache counters after warm-up
         self.info = BackendInfo(backend="openai", model=model, mode=mode, max_batch_size=max_concurrency,
                                 kv_bytes_per_token=0, kv_budget_bytes=0, device="remote", memory_kind="none",
                                 facts={"endpoint": self.base, "served_model": self.served_model,
@@ -160,7 +161,7 @@ class OpenAIBackend:
                     streams.chunks.put(chunk)
         raise RuntimeError("stream ended without [DONE]")
 
-    # --- the ContinuousBackend protocol -----------------------------------------------------------
+    # --- the Backend interface (continuous; static batches by the default run_batch) ---------------
     def warmup(self) -> None:
         """A couple of short completions (BackendError if the endpoint cannot serve them), then the
         server's prefix cache is emptied where its API allows, and its cache counters are read."""
@@ -194,7 +195,7 @@ class OpenAIBackend:
 
     def run_facts(self) -> dict:
         """The server's prefix-cache hit rate over this run (token queries and hits since warm-up)."""
-        start, end = getattr(self, "cache_start", {}), self._prefix_cache_counters()
+        start, end = self.cache_start, self._prefix_cache_counters()
         if not start or not end:
             return {}
         queries, hits = end["queries"] - start["queries"], end["hits"] - start["hits"]
@@ -239,20 +240,12 @@ class OpenAIBackend:
                 (out.finished.append(rid) if chunk.end == "ok" else out.failed.append((rid, chunk.end)))
         return out
 
-    def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
-        """Static mode: start every row and stream until all ended (see backend.run_to_completion)."""
-        run_to_completion(self, rows, on_step)
-
     def abort_all(self) -> None:
         """Forget every open stream (after a failed step) at once: a fresh generation of threads, queues and
         client serves on; the old one is cut and not waited for (see the module docstring)."""
         old, self.streams = self.streams, _Streams(self.info.max_batch_size, self._stream)
         old.stop()
         self.open.clear()
-
-    def peak_memory_bytes(self) -> int:
-        """The server's memory is not visible from here."""
-        return 0
 
     def close(self) -> None:
         """Cut the streams and release the connections."""

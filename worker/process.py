@@ -4,20 +4,22 @@ import time
 
 import zmq
 
-from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, ProtocolError, Shutdown, Step, WorkerBye,
-                               WorkerCapacity, decode, encode, now)
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, Shutdown, Step, WorkerBye, WorkerCapacity,
+                               encode, now)
 from batchlab.protocol.environment import environment
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
+from batchlab.protocol.inbox import Inbox
 from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket
 from batchlab.worker.admission import OpenBatch, admit
-from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
+from batchlab.worker.backend import Backend, OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.heartbeat import HeartbeatThread
 from batchlab.worker.outbox import Outbox
 
 log = logging.getLogger("batchlab.worker")
 WAITING_LOG_INTERVAL_S = 30.0  # before the scheduler first answers, say so this often
+SCHEDULER = "scheduler"  # the one peer a worker hears
 
 
 class WorkerStopping(Exception):
@@ -27,7 +29,7 @@ class WorkerStopping(Exception):
 class Worker:
     """Socket edges around a backend: hello, dispatches in, tokens and batch results out."""
 
-    def __init__(self, backend, scheduler_addr: str, collector_addr: str, worker_id: str,
+    def __init__(self, backend: Backend, scheduler_addr: str, collector_addr: str, worker_id: str,
                  keys: str | None = None, run_over=None, liveness_s: float = LIVENESS_S) -> None:
         self.backend, self.worker_id = backend, worker_id
         self.liveness_s, self.exit_code = liveness_s, 0  # a scheduler silent this long is gone; run_worker's code
@@ -35,17 +37,14 @@ class Worker:
         self.ctx = zmq.Context()
         self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id, keys=keys)
         self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
-        self.poller = zmq.Poller()
-        self.poller.register(self.sched, zmq.POLLIN)
+        self.inbox = Inbox(self.sched, log, peer=SCHEDULER)  # counts rejected_messages (refused rows too)
         self.open: dict[int, OpenBatch] = {}  # batch_id -> continuous bookkeeping
         self.batch_of: dict[int, int] = {}  # request_id -> batch_id (continuous)
         self.step_no = 0
         self.max_rows = backend.info.max_batch_size  # the row cap the scheduler last heard (hello, then reports)
         self.stopping = False
-        self.rejected = 0
         self.cpu_start_s = time.process_time()  # this run's share of a warm worker's CPU
-        self.last_heard = now()
-        self.heard_once = False
+        self.waiting_logged_s = now()  # the last "still waiting" line, before the scheduler is first heard
         self.deferred: list[object] = []
         self.heart = HeartbeatThread(self.ctx, scheduler_addr, worker_id, keys)
         self.clock = OffsetEstimate()
@@ -57,11 +56,9 @@ class Worker:
         """Say hello to this run's scheduler (the backend is warm), then serve until Shutdown, a signal,
         or a silent scheduler."""
         self.heart.start()
-        self.deferred.extend(measure(self.sched, self.clock, stopping=lambda: self.stopping or self._abandoned()))
-        self.heard_once = bool(self.clock.window)  # a pong proves the scheduler is there
+        self.deferred.extend(measure(self.inbox, self.clock, stopping=lambda: self.stopping or self._abandoned()))
         self._hello()
         self._report_capacity()  # a warm-up OOM may already have lowered the cap the hello announced
-        self.last_heard = now()
         while not self.stopping:
             busy = self.backend.info.mode == "continuous" and self.backend.has_work()
             # 1. take what the scheduler sent (do not block while a continuous batch runs)
@@ -81,8 +78,8 @@ class Worker:
         for rid in list(self.batch_of):  # continuous rows cut off by a stop: terminal, never silent
             self._close_row(rid, "worker stopped before the request finished")
         try:
-            stats = {"rejected_messages": self.rejected, "cpu_s": time.process_time() - self.cpu_start_s,
-                     **self.clock.facts(), **self._engine_facts()}
+            stats = {**self.inbox.counters, "cpu_s": time.process_time() - self.cpu_start_s,
+                     **self.clock.facts(), **self.backend.run_facts()}
             self.out.record(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
                                          self.backend.info.memory_kind, stats))
             self.out.flush()
@@ -94,23 +91,12 @@ class Worker:
             self.coll.close()
             self.ctx.term()
 
-    def _engine_facts(self) -> dict:
-        """What an engine reports about the run as a whole (vLLM: KV usage); per-request engine
-        metrics travel with each completion instead (`_batch_done`), so no message grows with the run."""
-        return dict(getattr(self.backend, "run_facts", dict)())
-
     def _engine_metrics(self, request_ids: list[int]) -> dict:
-        """The engine's own timestamps for these requests (vLLM), on the scheduler's clock; taken, so
-        the backend holds only what is in flight."""
-        metrics = getattr(self.backend, "request_metrics", None)
-        if not metrics:
-            return {}
-        conv, out = self.clock.to_scheduler, {}
-        for rid in request_ids:
-            m = metrics.pop(rid, None)
-            if m:
-                out[str(rid)] = {k: conv(v) if k.endswith("_ts") else v for k, v in m.items()}
-        return out
+        """The engine's own stamps of these requests (vLLM), on the scheduler's clock; per-request engine
+        metrics travel with each completion (`_batch_done`), so no message grows with the run."""
+        conv = self.clock.to_scheduler
+        return {str(rid): {k: conv(v) if k.endswith("_ts") else v for k, v in m.items()}
+                for rid, m in self.backend.take_metrics(request_ids).items()}
 
     # --- steps ------------------------------------------------------------------------------------
     def _hello(self) -> None:
@@ -122,28 +108,16 @@ class Worker:
 
     def _receive(self, timeout_ms: int) -> list[object]:
         msgs, self.deferred = self.deferred, []
-        if not self.poller.poll(timeout_ms):
-            if timeout_ms:
-                self._check_scheduler_alive()
-        else:
-            while True:
-                try:
-                    frame = self.sched.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self.last_heard, self.heard_once = now(), True
-                try:
-                    msgs.append(decode(frame))
-                except ProtocolError as exc:
-                    self.rejected += 1
-                    if self.rejected <= 10:
-                        log.warning("rejected a message from the scheduler: %s", exc)
-        return msgs
+        new = [msg for _, msg in self.inbox.receive(timeout_ms)]
+        if timeout_ms and not new:
+            self._check_scheduler_alive()
+        return msgs + new
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Dispatch):
-            admission = admit(msg, self.worker_id, self.backend.info, self.open, self.batch_of, self.rejected)
-            self.rejected += admission.refused
+            admission = admit(msg, self.worker_id, self.backend.info, self.open, self.batch_of)
+            for why in admission.refused:
+                self.inbox.reject(why)
             for done in admission.answers:  # refused: each row fails with the reason
                 self._batch_done(done)
             for batch_id, requests in admission.accepted:  # one batch, or a pass's one-request batches
@@ -222,13 +196,10 @@ class Worker:
             self._close_row(rid, reason)
 
     def _report_capacity(self) -> None:
-        """Tell the scheduler when the backend's row cap (optional `max_rows`) moved, so its credit follows."""
-        rows = getattr(self.backend, "max_rows", None)
-        if rows is None or rows == self.max_rows:
-            return
-        self.max_rows = rows
-        reason = getattr(self.backend, "max_rows_reason", "")
-        self.sched.send(encode(WorkerCapacity(self.worker_id, rows, reason)))
+        """Tell the scheduler when the backend's row cap moved, so its credit follows."""
+        if self.backend.max_rows != self.max_rows:
+            self.max_rows = self.backend.max_rows
+            self.sched.send(encode(WorkerCapacity(self.worker_id, self.max_rows, self.backend.max_rows_reason)))
 
     def _close_row(self, request_id: int, reason: str | None) -> None:
         batch_id = self.batch_of.pop(request_id, None)
@@ -259,15 +230,16 @@ class Worker:
 
     def _check_scheduler_alive(self) -> None:
         """Called after a poll that heard nothing; our own heartbeats go from a thread (heartbeat.py)."""
-        silent_s = now() - self.last_heard
-        if not self.heard_once:  # a scheduler that is not up yet gets our hello when it binds
+        t = now()
+        if SCHEDULER not in self.inbox.heard:  # a scheduler that is not up yet gets our hello when it binds
             if self._abandoned():
                 log.warning("the run ended before its scheduler was heard: leaving it")
                 self.stopping = True
-            elif silent_s > WAITING_LOG_INTERVAL_S:
+            elif t - self.waiting_logged_s > WAITING_LOG_INTERVAL_S:
                 log.warning("no word from the scheduler yet; still waiting")
-                self.last_heard = now()
+                self.waiting_logged_s = t
             return
+        silent_s = self.inbox.silent_s(SCHEDULER, t)
         if silent_s > self.liveness_s:
             log.error("scheduler silent for %.1f s: stopping", silent_s)
             self.stopping, self.exit_code = True, 1
@@ -278,10 +250,10 @@ class Worker:
 
     def _abandoned(self) -> bool:
         """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
-        return self.run_over is not None and not self.heard_once and self.run_over()
+        return self.run_over is not None and SCHEDULER not in self.inbox.heard and self.run_over()
 
 
-def run_worker(backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
+def run_worker(backend: Backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
                keys: str | None = None, liveness_s: float = LIVENESS_S) -> int:
     """Warm up, then serve one run until told to stop; SIGINT/SIGTERM stop after the current step. Exit
     code: 0 after the scheduler's Shutdown, 128 + the signal after one, 1 when the scheduler went silent."""

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from batchlab.protocol.clock import now, sleep_until
-from batchlab.worker.backend import BackendInfo, Row, StepOutput
+from batchlab.protocol.settings import parse_bytes
+from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput
 from batchlab.worker.hf.chunks import plan_chunks
 from batchlab.worker.stepmodel import StepModel, get_preset
 
@@ -172,7 +173,7 @@ def sim_info(model: StepModel, mode: str, max_batch_size: int, *, backend: str =
                        memory_kind="none", facts={"preset": model.as_dict()})
 
 
-class SimBackend:
+class SimBackend(Backend):
     """Sleeps for the modelled step times; static (lockstep batches) or continuous mode."""
 
     def __init__(self, preset: str = "a100-llama2-7b", mode: str = "static", max_batch_size: int = 64,
@@ -181,8 +182,12 @@ class SimBackend:
         self.core = ContinuousCore(self.model, max_rows=max_batch_size)
         self.info = sim_info(self.model, mode, max_batch_size, backend=backend, model_name=model_name)
 
-    def warmup(self) -> None:
-        """Nothing to warm."""
+    @classmethod
+    def from_config(cls, cfg, mode: str, rows: int) -> "SimBackend":
+        """The run's preset and per-step token budget; --memory-budget, when set, replaces the preset's KV budget."""
+        backend = cls(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens)
+        backend.info.kv_budget_bytes = parse_bytes(cfg.memory_budget) or backend.info.kv_budget_bytes
+        return backend
 
     def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
         """Play a lockstep batch: row r gets a token at steps 0 .. output_len-1."""
@@ -230,14 +235,10 @@ class SimBackend:
         """Joiners held back for want of a free row (never, while the scheduler keeps to its credit)."""
         return {"rows_held_back": self.core.held_back}
 
-    def peak_memory_bytes(self) -> int:
-        """A simulator allocates nothing."""
-        return 0
 
-    def close(self) -> None:
-        """Nothing to release."""
+class EchoBackend(SimBackend):
+    """The harness-only backend: tokens come back at once (the zero-time `echo` preset, whatever the run's
+    preset and step budget)."""
 
-
-def make_echo(mode: str = "static", max_batch_size: int = 1024) -> SimBackend:
-    """The harness-only backend: tokens come back at once."""
-    return SimBackend("echo", mode=mode, max_batch_size=max_batch_size, backend="echo")
+    def __init__(self, _preset: str = "echo", mode: str = "static", max_batch_size: int = 1024, **_unused) -> None:
+        super().__init__("echo", mode=mode, max_batch_size=max_batch_size, backend="echo")

@@ -8,13 +8,12 @@ process of its own that could outlive the worker.
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 from batchlab.models import folders
 from batchlab.models.archs import facts, random_arch
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import BackendError, BackendInfo, Row, StepOutput, run_to_completion
+from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
 from batchlab.worker.vllm_stats import KVUsage, engine_metrics, kv_geometry, stats_tap
 
 log = logging.getLogger("batchlab.vllm")
@@ -92,7 +91,7 @@ def _model_facts(name: str) -> dict:
     return {**facts(arch), "load_format": "dummy (vLLM's random init)"} if arch is not None else {}
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """A vLLM engine in the worker process: admit() adds requests, step() runs one engine step."""
 
     fuse = True  # vLLM v1 runs a step's decodes and prefill tokens as one packed forward (step model: fused)
@@ -144,7 +143,7 @@ class VLLMBackend:
         return SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len, min_tokens=output_len,
                               detokenize=False, output_kind=RequestOutputKind.DELTA)
 
-    # --- the ContinuousBackend protocol -----------------------------------------------------------
+    # --- the Backend interface (continuous; static batches by the default run_batch) ---------------
     def warmup(self) -> None:
         """A couple of short requests through the engine; their stats are forgotten."""
         rows = [Row(-1 - i, WARMUP_PROMPT_LEN, WARMUP_OUTPUT_LEN, list(range(100, 100 + WARMUP_PROMPT_LEN)), -1)
@@ -213,10 +212,6 @@ class VLLMBackend:
                 t = stamp
         return [t] * n_new
 
-    def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
-        """Static mode: admit the whole batch and step until every row is done (backend.run_to_completion)."""
-        run_to_completion(self, rows, on_step)
-
     def abort_all(self) -> None:
         """Abort every live request in the engine (after a failed step) and drop unreported rejections."""
         if self.live:
@@ -227,16 +222,17 @@ class VLLMBackend:
     def reset(self) -> None:
         """Between runs of a warm worker: abort what is left, empty the prefix cache (no run may hit
         another's cached prompts), forget the stats."""
-        if self.live:
-            self.engine.abort_request([str(r) for r in self.live])
-            self.live.clear()
-        self.failed = []
+        self.abort_all()
         while self.engine.has_unfinished_requests():
             self.engine.step()
         if not self.engine.reset_prefix_cache():
             raise BackendError("vLLM refused to reset its prefix cache between runs")
         self.usage.reset()
         self.request_metrics.clear()
+
+    def take_metrics(self, request_ids: list[int]) -> dict[int, dict]:
+        """vLLM's own stamps of these ended requests (vllm_stats.engine_metrics), taken."""
+        return {rid: m for rid in request_ids if (m := self.request_metrics.pop(rid, None))}
 
     def peak_memory_bytes(self) -> int:
         """Peak KV pool bytes in use (vLLM's kv_cache_usage × pool size); the pool itself is reserved."""

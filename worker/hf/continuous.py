@@ -37,7 +37,7 @@ recompute (a row's context keeps its generated tokens); a row that cannot run al
 from dataclasses import replace
 
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import BackendError, Row, StepOutput
+from batchlab.worker.backend import Backend, BackendError, Row, StepOutput
 from batchlab.worker.hf.chunks import Live, chunks_of, plan_chunks, step_budget
 from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, make_layout, sliding_window
 from batchlab.worker.hf.rowcap import RowCap
@@ -49,7 +49,7 @@ CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by o
 
 
 
-class HFContinuousBackend:
+class HFContinuousBackend(Backend):
     """Continuous batching over an HF causal LM (see the module docstring); loading is HFBackend's."""
 
     def __init__(self, settings: HFSettings, layout: str = "slots", max_num_batched_tokens: int = 0,
@@ -86,7 +86,7 @@ class HFContinuousBackend:
             raise BackendError("HFContinuousBackend runs continuous mode only")
         return cls(settings_from_config(cfg, rows), max_num_batched_tokens=cfg.max_num_batched_tokens)
 
-    # --- the ContinuousBackend protocol -------------------------------------------------------------
+    # --- the Backend interface (continuous) ----------------------------------------------------------
     def warmup(self) -> None:
         """HFBackend's warm-up (and CUDA reserve measurement), then the warm-up rows through this loop."""
         self.base.warmup()

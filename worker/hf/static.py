@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from batchlab.models.archs import RANDOM_SEED, build_random_model, facts, random_arch
 from batchlab.models.folders import resolve_model
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import BackendError, BackendInfo, OutOfMemory, Row, StepOutput
+from batchlab.worker.backend import Backend, BackendError, BackendInfo, OutOfMemory, Row, StepOutput
 from batchlab.worker.hf.generate import StepStreamer, compile_kwargs
 from batchlab.worker.hf.head import FORMS, MAX_TIMED_ROWS, HeadPlan, head_times, plan_table
 from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
@@ -95,7 +95,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[list[list[int]], li
     return ids, mask
 
 
-class HFBackend:
+class HFBackend(Backend):
     """Static batches through `model.generate()` on one device (see the module docstring)."""
 
     def __init__(self, settings: HFSettings) -> None:
@@ -174,7 +174,7 @@ class HFBackend:
             return cpu_budget_bytes(self.settings.memory_budget_bytes)
         return max(0, cuda_free_bytes(self.device) - cuda_reserve_bytes(0, 0, 0))
 
-    # --- the StaticBackend protocol ----------------------------------------------------------------
+    # --- the Backend interface (static batches) ------------------------------------------------------
     def warmup(self) -> None:
         """A 2-row batch through the model; on CUDA it also measures the activation reserve."""
         started, is_cuda = now(), self.device.type == "cuda"
