@@ -42,7 +42,7 @@ class StepPlan:
     joined: list[int]  # request ids prefilled in this step (their token 0 ends it)
     finished: list[int]  # request ids whose last token ends this step
     running: int  # rows in the step, joiners included
-    prefill_tokens: int = 0  # prompt tokens prefilled in it (joiners' whole prompts)
+    prefill_tokens: int = 0  # prompt tokens prefilled in it (its chunks: whole prompts without a budget)
     request_ids: list[int] = field(default_factory=list)
     token_indices: list[int] = field(default_factory=list)
 
