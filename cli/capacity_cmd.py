@@ -19,18 +19,18 @@ Preset = Annotated[Optional[str], typer.Option(help="with --simulate: the step-t
 def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dict, simulated: bool,
                      preset: str | None = None) -> dict:
     """Load the plan, search every (or each listed) strategy; capacity.json's content."""
-    from batchlab.cli.capacity_search import SearchSettings, SimulatedSearch, capacity_document, run_capacity
+    from batchlab.cli.capacity_search import SimulatedSearch, capacity_document, run_capacity
     from batchlab.cli.capacity_search import search_all
     from batchlab.cli.pool import PoolKeeper
-    from batchlab.cli.sweep_plan import SweepError, interleaved, load_plan
+    from batchlab.cli.sweep_plan import SweepError, checked_auto, interleaved, load_plan
     from batchlab.collector.layout import WORKERS_DIR
 
     plan = load_plan(config)
     unknown = sorted(set(labels or []) - {e.label for e in plan.entries})
     if unknown:
         raise SweepError(f"--strategy: no grid entry labelled {', '.join(unknown)}")
-    auto = {**plan.auto, **{k: v for k, v in given.items() if v is not None}}
-    settings = SearchSettings.from_auto(auto)
+    settings = checked_auto({**(plan.auto.model_dump() if plan.auto else {}),
+                             **{k: v for k, v in given.items() if v is not None}}, "capacity options")
     if simulated:
         from batchlab.cli.sim_presets import assign_presets
 

@@ -1,47 +1,24 @@
 """Every strategy's capacity search for a sweep's plan: live (each probe an ordinary point folder, run by
 cli.sweep_point.execute on the sweep's warm workers) or in virtual time (the simulator, no files).
 
-Each search starts from a burst (burst_requests within burst_duration_s, no queue limit: finished ÷
+Each search starts from a burst (probe_requests within probe_duration_s, no queue limit: finished ÷
 window is what the worker does when saturated), then collector.capacity.search measures rates of
 duration_s traffic each. Layout: OUT/_probe/strategy=<label>/ (the burst),
 OUT/_capacity/strategy=<label>/rate=<r>/repeat=0/
 (the probes), OUT/capacity.json (every strategy's bracket, estimate and probes with their verdicts).
 """
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from batchlab.cli.sweep_plan import Entry, Plan, Point, SweepError
+from batchlab.cli.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
 from batchlab.cli.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
-from batchlab.collector.capacity import (MAX_PROBES, WIDTH, Capacity, Probe, Verdict, search, sustain,
-                                        tokens_per_request)
+from batchlab.collector.capacity import Capacity, Probe, Verdict, search, sustain, tokens_per_request
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, PROBE_DIR, point_dir, probe_dir
 from batchlab.protocol.files import write_json_atomic
 
-BURST_REQUESTS = 24
-BURST_DURATION_S = 1.0
-PROBE_DURATION_S = 10.0
-
-
-@dataclass(slots=True)
-class SearchSettings:
-    """How each strategy's capacity is searched (grid.rates.auto's keys of the same names)."""
-
-    burst_requests: int = BURST_REQUESTS
-    burst_duration_s: float = BURST_DURATION_S
-    duration_s: float = PROBE_DURATION_S  # traffic per probe; its queue drains after
-    width: float = WIDTH
-    max_probes: int = MAX_PROBES
-
-    @classmethod
-    def from_auto(cls, auto: dict) -> "SearchSettings":
-        """From grid.rates.auto (probe_requests / probe_duration_s name the burst, as before)."""
-        return cls(int(auto.get("probe_requests", BURST_REQUESTS)),
-                   float(auto.get("probe_duration_s", BURST_DURATION_S)),
-                   float(auto.get("search_duration_s", PROBE_DURATION_S)),
-                   float(auto.get("width", WIDTH)), int(auto.get("max_probes", MAX_PROBES)))
+SEARCH_KEYS = {"probe_requests", "probe_duration_s", "search_duration_s", "width", "max_probes"}
 
 
 def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict | None, folder: str = "") -> Probe:
@@ -49,14 +26,14 @@ def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict 
     return Probe(rate, sustain(requests, duration_s, slos), folder, tokens_per_request(requests))
 
 
-def _burst_point(plan: Plan, entry: Entry, out: Path, s: SearchSettings) -> tuple[Point, dict]:
-    point = Point(entry, s.burst_requests / s.burst_duration_s, 0, plan.seed, out / PROBE_DIR / probe_dir(entry.label))
-    return point, {**plan.base, "duration_s": s.burst_duration_s, "max_queue": 0, "max_queue_tokens": 0}
+def _burst_point(plan: Plan, entry: Entry, out: Path, s: AutoRates) -> tuple[Point, dict]:
+    point = Point(entry, s.probe_requests / s.probe_duration_s, 0, plan.seed, out / PROBE_DIR / probe_dir(entry.label))
+    return point, {**plan.base, "duration_s": s.probe_duration_s, "max_queue": 0, "max_queue_tokens": 0}
 
 
-def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: SearchSettings) -> tuple[Point, dict]:
+def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates) -> tuple[Point, dict]:
     point = Point(entry, rate, 0, plan.seed, out / CAPACITY_DIR / point_dir(entry.label, rate, 0))
-    return point, {**plan.base, "duration_s": s.duration_s}
+    return point, {**plan.base, "duration_s": s.search_duration_s}
 
 
 def _saturated_rate(summary: dict) -> float:
@@ -67,7 +44,7 @@ def _saturated_rate(summary: dict) -> float:
 class LiveSearch:
     """Capacity searches on real points, on the sweep's warm workers (cli.pool.PoolKeeper)."""
 
-    def __init__(self, plan: Plan, out: Path, settings: SearchSettings, pools=None, view=None) -> None:
+    def __init__(self, plan: Plan, out: Path, settings: AutoRates, pools=None, view=None) -> None:
         self.plan, self.out, self.s, self.pools, self.view = plan, out, settings, pools, view
 
     def _run(self, point: Point, base: dict, what: str) -> dict:
@@ -95,7 +72,7 @@ class LiveSearch:
             where = str(point.folder.relative_to(self.out))
             if record["status"] not in ("done", "skipped"):
                 return Probe(rate, Verdict(False, [f"run failed: {record['reason'].splitlines()[0]}"], 0.0, 0.0), where)
-            probe = probe_of(rate, load_table(point.folder, "requests"), self.s.duration_s,
+            probe = probe_of(rate, load_table(point.folder, "requests"), self.s.search_duration_s,
                              point.config(base).slos() or None, where)
             if self.view:
                 self.view.note(f"capacity {entry.label} λ={rate:g}: "
@@ -108,7 +85,7 @@ class LiveSearch:
 class SimulatedSearch:
     """The same searches in virtual time (simulator): nothing is written."""
 
-    def __init__(self, plan: Plan, settings: SearchSettings) -> None:
+    def __init__(self, plan: Plan, settings: AutoRates) -> None:
         self.plan, self.s = plan, settings
 
     def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, dict, dict | None]:
@@ -131,12 +108,12 @@ class SimulatedSearch:
 
         def measure(rate: float) -> Probe:
             requests, _, slos = self._requests(*_probe_point(self.plan, entry, Path("."), rate, self.s))
-            return probe_of(rate, requests, self.s.duration_s, slos)
+            return probe_of(rate, requests, self.s.search_duration_s, slos)
 
         return measure
 
 
-def search_one(entry: Entry, runner, settings: SearchSettings) -> Capacity:
+def search_one(entry: Entry, runner, settings: AutoRates) -> Capacity:
     """One entry's search; a burst that failed or finished nothing leaves that entry unmeasured (with the
     reason), not the others."""
     try:
@@ -146,17 +123,17 @@ def search_one(entry: Entry, runner, settings: SearchSettings) -> Capacity:
     return search(entry.label, start, runner.measure(entry), width=settings.width, max_probes=settings.max_probes)
 
 
-def search_all(plan: Plan, runner, settings: SearchSettings, labels: list[str] | None = None) -> dict[str, Capacity]:
+def search_all(plan: Plan, runner, settings: AutoRates, labels: list[str] | None = None) -> dict[str, Capacity]:
     """Each entry's (or each labelled one's) capacity, in grid order."""
     return {e.label: search_one(e, runner, settings) for e in plan.entries if labels is None or e.label in labels}
 
 
-def capacity_document(capacities: dict[str, Capacity], settings: SearchSettings) -> dict:
+def capacity_document(capacities: dict[str, Capacity], settings: AutoRates) -> dict:
     """capacity.json's content."""
-    return {"search": asdict(settings), "strategies": {lb: c.as_dict() for lb, c in capacities.items()}}
+    return {"search": settings.model_dump(include=SEARCH_KEYS), "strategies": {lb: c.as_dict() for lb, c in capacities.items()}}
 
 
-def run_capacity(plan: Plan, out: Path, settings: SearchSettings, pools=None, view=None,
+def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
                  labels: list[str] | None = None) -> dict:
     """Live searches into `out`; writes and returns OUT/capacity.json (kept on resume when its search
     settings are the same and it holds every strategy asked for)."""
@@ -164,7 +141,7 @@ def run_capacity(plan: Plan, out: Path, settings: SearchSettings, pools=None, vi
     wanted = labels or [e.label for e in plan.entries]
     if path.exists():
         doc = json.loads(path.read_text())
-        if (doc.get("search") == asdict(settings) and doc.get("plan_hash") == plan_hash(plan)
+        if (doc.get("search") == settings.model_dump(include=SEARCH_KEYS) and doc.get("plan_hash") == plan_hash(plan)
                 and set(wanted) <= set(doc.get("strategies", {}))):
             return doc
     doc = capacity_document(search_all(plan, LiveSearch(plan, out, settings, pools, view), settings, labels),

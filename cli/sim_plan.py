@@ -46,7 +46,7 @@ def _flat_plan(values: dict) -> Plan:
     cfg = checked_config({**values, "out": "."}, {})
     strategy = values.pop("strategy", cfg.strategy)
     values.pop("rate", None)
-    return Plan(values, [Entry(str(strategy), {"strategy": strategy})], [cfg.rate], {}, 1, cfg.seed)
+    return Plan(values, [Entry(str(strategy), {"strategy": strategy})], [cfg.rate], None, 1, cfg.seed)
 
 
 def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
@@ -66,7 +66,7 @@ def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
     if strategies:
         plan.entries = [Entry(label(s), {"strategy": s}) for s in strategies]
     if rates:
-        plan.rates, plan.auto = sorted(set(rates)), {}
+        plan.rates, plan.auto = sorted(set(rates)), None
     if "seed" in given:
         plan.seed = int(given["seed"])
     default_out = str(Path("results") / Path(config).stem) if swept else DEFAULT_OUT

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from batchlab.cli.sim_plan import SimPlan
-from batchlab.cli.sweep_plan import Point, auto_rates, plan_points, probe_point, span_rates
+from batchlab.cli.sweep_plan import AutoRates, Point, auto_rates, plan_points, probe_point, span_rates
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
 from batchlab.collector.parts import SCHEDULE_FILE, write_final
 from batchlab.collector.tables import Tables
@@ -59,15 +59,15 @@ def _probe(sim: SimPlan) -> dict:
 
 def _capacity(sim: SimPlan) -> dict:
     """Every strategy's capacity searched in virtual time (cli.capacity_search), as capacity.json holds it."""
-    from batchlab.cli.capacity_search import SearchSettings, SimulatedSearch, capacity_document, search_all
+    from batchlab.cli.capacity_search import SimulatedSearch, capacity_document, search_all
 
-    settings = SearchSettings.from_auto(sim.plan.auto)
+    settings = sim.plan.auto or AutoRates()
     return capacity_document(search_all(sim.plan, SimulatedSearch(sim.plan, settings), settings), settings)
 
 
 def _auto_rates(sim: SimPlan, probe: dict | None, capacity: dict | None) -> list[float]:
     if capacity is None:
-        return auto_rates(probe["capacity_req_s"], sim.plan.auto["fractions"])
+        return auto_rates(probe["capacity_req_s"], sim.plan.auto.fractions)
     known = [c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for c in capacity["strategies"].values()]
     return span_rates([v for v in known if v], sim.plan.auto)
 
@@ -86,7 +86,7 @@ def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None 
     from batchlab.cli.fanout import Fanout
 
     auto = bool(sim.plan.auto) and not sim.plan.rates
-    capacity = _capacity(sim) if auto and sim.plan.auto.get("spanned") else None
+    capacity = _capacity(sim) if auto and sim.plan.auto.spanned else None
     probe = _probe(sim) if auto and capacity is None else None
     points = _points(sim, probe, capacity)
     configs = [p.config(sim.plan.base) for p in points]

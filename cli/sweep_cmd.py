@@ -24,19 +24,19 @@ from batchlab.protocol.settings import ConfigError
 
 def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
     """Every strategy's capacity searched live (OUT/capacity.json), and the rates placed from it."""
-    from batchlab.cli.capacity_search import SearchSettings, run_capacity
+    from batchlab.cli.capacity_search import run_capacity
 
-    doc = run_capacity(plan, out, SearchSettings.from_auto(plan.auto), pools, view)
+    doc = run_capacity(plan, out, plan.auto, pools, view)
     estimates = {lb: c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for lb, c in doc["strategies"].items()}
     known = [v for v in estimates.values() if v]
     if not known:
         raise SweepError("no strategy's capacity could be bracketed: every probe failed")
-    if plan.auto.get("spanned", True):
+    if plan.auto.spanned:
         return doc, span_rates(known, plan.auto)
-    wanted = plan.auto.get("probe") or ("dynamic" if "dynamic" in estimates else plan.entries[0].label)
+    wanted = plan.auto.probe or ("dynamic" if "dynamic" in estimates else plan.entries[0].label)
     if not estimates.get(wanted):
         raise SweepError(f"grid.rates.auto.probe: no capacity measured for a strategy labelled {wanted!r}")
-    return doc, auto_rates(estimates[wanted], plan.auto["fractions"])
+    return doc, auto_rates(estimates[wanted], plan.auto.fractions)
 
 
 def _bracket_text(c: dict) -> str:

@@ -7,27 +7,131 @@ import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError,
+                      model_validator)
 
 from batchlab.cli.config import checked_config
+from batchlab.collector.capacity import MAX_PROBES, WIDTH
 from batchlab.collector.layout import POINT_DEPTH, point_dir
-from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
+from batchlab.protocol.settings import DEFAULT_RATE, ConfigError, RunConfig, load_yaml
 from batchlab.scheduler.strategies import label as strategy_label
 
-DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
-PROBE_REQUESTS = 32  # sent within probe_duration_s: a burst far above any worker's capacity
-PROBE_DURATION_S = 1.0
-REPEATS_MAX = 4  # repeats: auto stops here at the latest
-REPEATS_WIDTH_PCT = 20.0  # ... or when every headline latency interval is at most this wide (percentage points)
-SPAN_POINTS = 5  # automatic rates: log-spaced from SPAN_LOW × the lowest capacity to SPAN_HIGH × the highest
-SPAN_LOW = 0.3
-SPAN_HIGH = 1.3
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # model loads, engine compilation and warm-up: minutes on a slow host
-ORDERS = ("auto", "interleaved", "grouped")
-GRID_KEYS = frozenset({"strategies", "rates", "concurrency", "repeats", "seed", "point_timeout_s", "startup_timeout_s", "order"})
 
 
 class SweepError(ValueError):
     """A sweep that cannot run; the CLI prints it as one line and exits 1."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AutoRates(_Strict):
+    """grid.rates.auto: every strategy's capacity searched (cli.capacity_search), then `points` rates
+    log-spaced from `low` × the lowest capacity to `high` × the highest; or, when `fractions` are given,
+    those fractions of the `probe` entry's capacity."""
+
+    fractions: list[PositiveFloat] | None = None
+    points: int = Field(5, ge=2)
+    low: PositiveFloat = 0.3
+    high: PositiveFloat = 1.3
+    probe: str | None = None  # the entry whose burst the fractions scale (default: dynamic, else the first)
+    probe_requests: PositiveInt = 24  # each search's burst: this many requests within probe_duration_s
+    probe_duration_s: PositiveFloat = 1.0
+    search_duration_s: PositiveFloat = 10.0  # traffic per capacity probe; its queue drains after
+    width: PositiveFloat = WIDTH  # a search stops when hi / lo ≤ 1 + width
+    max_probes: PositiveInt = MAX_PROBES
+
+    @model_validator(mode="after")
+    def _span(self) -> "AutoRates":
+        if not self.low < self.high:
+            raise ValueError("grid.rates.auto needs 0 < low < high")
+        return self
+
+    @property
+    def spanned(self) -> bool:
+        """Rates span every strategy's knee (no fractions given)."""
+        return self.fractions is None
+
+
+class AutoRepeats(_Strict):
+    """grid.repeats.auto (cli.sweep_repeats): `start` repeats, then more until every headline latency
+    interval is at most width_pct percentage points wide, or `max` repeats ran."""
+
+    start: PositiveInt = 1
+    max: PositiveInt = 4
+    width_pct: PositiveFloat = 20.0
+
+    @model_validator(mode="after")
+    def _order(self) -> "AutoRepeats":
+        if self.start > self.max:
+            raise ValueError("grid.repeats.auto needs 1 ≤ start ≤ max and width_pct > 0")
+        return self
+
+
+class Grid(_Strict):
+    """A sweep's `grid:` section, checked as a whole before anything runs."""
+
+    strategies: list[str | dict] = []
+    rates: list[PositiveFloat] | None = Field(None, min_length=1)  # req/s; None: base.rate, or rates_auto
+    rates_auto: AutoRates | None = None  # `rates: {auto: {...}}`
+    concurrency: list[PositiveInt] | None = Field(None, min_length=1)  # closed loop: clients per point
+    repeats: PositiveInt = 1
+    repeats_auto: AutoRepeats | None = None  # `repeats: auto` or `{auto: {...}}`: repeats = its start
+    seed: int = 0
+    point_timeout_s: NonNegativeFloat = 0.0  # from a point's first request; 0: a point runs until it drains
+    startup_timeout_s: NonNegativeFloat = DEFAULT_STARTUP_TIMEOUT_S  # launch until the first request; 0: none
+    order: Literal["auto", "interleaved", "grouped"] = "auto"  # auto: interleaved unless a point runs on a GPU
+
+    @model_validator(mode="before")
+    @classmethod
+    def _autos(cls, raw: dict) -> dict:
+        """`rates` or `repeats` given as {auto: {...}}, {...} or `auto` fill rates_auto / repeats_auto."""
+        raw = dict(raw)
+        for key in ("rates", "repeats"):
+            if raw.get(key) == "auto" or isinstance(raw.get(key), dict):
+                value = raw.pop(key)
+                raw[f"{key}_auto"] = _keys(value.get("auto", value) or {}) if isinstance(value, dict) else {}
+        return raw
+
+    @model_validator(mode="after")
+    def _loads(self) -> "Grid":
+        if self.repeats_auto:
+            self.repeats = self.repeats_auto.start
+        if self.concurrency and (self.rates or self.rates_auto):
+            raise ValueError("grid.concurrency sweeps closed-loop load: it does not go with grid.rates")
+        return self
+
+
+GRID_KEYS = sorted(set(Grid.model_fields) - {"rates_auto", "repeats_auto"})
+
+
+def _grid(raw: dict, where: object) -> Grid:
+    """The grid, or SweepError naming the key: an unknown one with its close matches."""
+    try:
+        return Grid(**raw)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        loc = [str(k).replace("_auto", ".auto") for k in error["loc"] if isinstance(k, str)]
+        if error["type"] == "extra_forbidden":
+            *section, key = loc
+            model = {"rates.auto": AutoRates, "repeats.auto": AutoRepeats}.get(".".join(section))
+            known = sorted(model.model_fields) if model else GRID_KEYS
+            close = difflib.get_close_matches(key, known, n=2)
+            hint = f"did you mean {', '.join(close)}?" if close else f"expected {', '.join(known)}"
+            raise SweepError(f"{where}: unknown {'.'.join(['grid', *section])} key {key} ({hint})") from None
+        if error["type"] == "value_error":
+            raise SweepError(f"{where}: {error['ctx']['error']}") from None
+        said = ".".join(k for k in loc if k[0].islower() and "[" not in k)
+        raise SweepError(f"{where}: grid.{said}: {error['msg'].lower()}, got {error.get('input')!r}") from None
+
+
+def checked_auto(values: dict, where: str) -> AutoRates:
+    """grid.rates.auto's settings from `values`, or the one-line SweepError."""
+    return _grid({"rates": {"auto": values}}, where).rates_auto
 
 
 @dataclass(slots=True)
@@ -45,13 +149,13 @@ class Plan:
     base: dict
     entries: list[Entry]
     rates: list[float]  # empty when placed automatically (or closed loop)
-    auto: dict  # {} when rates are given
+    auto: AutoRates | None  # None when rates are given
     repeats: int
     seed: int
-    point_timeout_s: float = 0.0  # from a point's first request; 0: a point runs until it drains
-    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S  # launch until the first request; 0: no limit
-    order: str = "auto"  # ORDERS: interleaved, grouped, or auto (interleaved unless a point runs on a GPU)
-    repeats_auto: dict = field(default_factory=dict)  # {} unless `repeats: {auto: {start, max, width_pct}}`
+    point_timeout_s: float = 0.0  # Grid's fields of the same names
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    order: str = "auto"
+    repeats_auto: AutoRepeats | None = None
     concurrency: list[int] = field(default_factory=list)  # closed loop: clients per point, in place of rates
 
     def limits(self):
@@ -110,24 +214,6 @@ def _entry(item: object, base: dict) -> Entry:
     return Entry(label, overrides)
 
 
-def _rates(raw: object) -> tuple[list[float], dict]:
-    """A list of req/s, or {auto: {...}}: every strategy's capacity searched (cli.capacity_search), then
-    `points` rates log-spaced from `low` × the lowest capacity to `high` × the highest, or, when
-    `fractions` are given, those fractions of the `probe` entry's capacity."""
-    if isinstance(raw, dict):
-        auto = _keys(raw.get("auto", raw) or {})
-        auto["spanned"] = "fractions" not in auto
-        auto.setdefault("fractions", list(DEFAULT_FRACTIONS))
-        if int(auto.get("points", SPAN_POINTS)) < 2 or not 0 < float(auto.get("low", SPAN_LOW)) < float(
-                auto.get("high", SPAN_HIGH)):
-            raise SweepError("grid.rates.auto needs points ≥ 2 and 0 < low < high")
-        return [], auto
-    if not isinstance(raw, list) or not raw or not all(isinstance(r, (int, float)) and r > 0
-                                                       for r in raw):
-        raise SweepError("grid.rates must be a list of positive req/s or {auto: {fractions: [...]}}")
-    return sorted({float(r) for r in raw}), {}
-
-
 def parse_sets(items: list[str] | None) -> dict:
     """--set items ['duration_s=5', 'grid.repeats=2'] → {'duration_s': 5, 'grid.repeats': 2}; each value is
     read as YAML (5 → int, true → bool, [1, 2] → list); SweepError on an item that is no KEY=VALUE."""
@@ -163,54 +249,19 @@ def load_plan(path: str | Path, sets: dict | None = None) -> Plan:
     extra = sorted(set(raw) - {"base", "grid"})
     if extra:
         raise SweepError(f"{path}: unknown top-level key(s) {', '.join(extra)} (expected base, grid)")
-    base, grid = _keys(raw.get("base") or {}), _keys(raw.get("grid") or {})
-    unknown = sorted(set(grid) - GRID_KEYS)
-    if unknown:
-        close = sorted({m for k in unknown for m in difflib.get_close_matches(k, GRID_KEYS, n=2)})
-        hint = f"did you mean {', '.join(close)}?" if close else f"expected {', '.join(sorted(GRID_KEYS))}"
-        raise SweepError(f"{path}: unknown grid key(s) {', '.join(unknown)} ({hint})")
+    base, grid = _keys(raw.get("base") or {}), _grid(_keys(raw.get("grid") or {}), path)
     checked_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
-    entries = [_entry(item, base) for item in grid.get("strategies") or []]
+    entries = [_entry(item, base) for item in grid.strategies]
     labels = [e.label for e in entries]
     if not entries or len(set(labels)) != len(labels):
         raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
-    concurrency = _concurrency(grid, base)
-    rates, auto = ([], {}) if concurrency else _rates(grid.get("rates", [base.get("rate", RunConfig().rate)]))
-    order = str(grid.get("order", "auto"))
-    if order not in ORDERS:
-        raise SweepError(f"grid.order must be one of {', '.join(ORDERS)}, got {order!r}")
-    repeats, repeats_auto = _repeats(grid.get("repeats", 1))
-    return Plan(base, entries, rates, auto, repeats, int(grid.get("seed", 0)),
-                float(grid.get("point_timeout_s", 0)),
-                float(grid.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)), order, repeats_auto, concurrency)
-
-
-def _concurrency(grid: dict, base: dict) -> list[int]:
-    """grid.concurrency: closed-loop clients per point, distinct and ascending ([] when not given); it
-    replaces rates, so a rate or an arrival process beside it is refused."""
-    raw = grid.get("concurrency")
-    if raw is None:
-        return []
-    if not isinstance(raw, list) or not raw or not all(type(c) is int and c >= 1 for c in raw):
-        raise SweepError(f"grid.concurrency must be a list of client counts ≥ 1, got {raw!r}")
-    if "rates" in grid or "rate" in base or "arrival" in base:
-        raise SweepError("grid.concurrency sweeps closed-loop load: it does not go with grid.rates, base.rate "
-                         "or base.arrival (open loop)")
-    return sorted(set(raw))
-
-
-def _repeats(raw: object) -> tuple[int, dict]:
-    """N, or {auto: {start, max, width_pct}} (cli.sweep_repeats): (repeats run first, the auto settings)."""
-    if raw == "auto" or isinstance(raw, dict):
-        auto = _keys((raw.get("auto", raw) if isinstance(raw, dict) else None) or {})
-        auto = {"start": int(auto.get("start", 1)), "max": int(auto.get("max", REPEATS_MAX)),
-                "width_pct": float(auto.get("width_pct", REPEATS_WIDTH_PCT))}
-        if not 1 <= auto["start"] <= auto["max"] or auto["width_pct"] <= 0:
-            raise SweepError("grid.repeats.auto needs 1 ≤ start ≤ max and width_pct > 0")
-        return auto["start"], auto
-    if not isinstance(raw, int) or raw < 1:
-        raise SweepError(f"grid.repeats must be a positive count or {{auto: {{start, max, width_pct}}}}, got {raw!r}")
-    return raw, {}
+    if grid.concurrency and ("rate" in base or "arrival" in base):
+        raise SweepError("grid.concurrency sweeps closed-loop load: it does not go with base.rate or "
+                         "base.arrival (open loop)")
+    rates = [] if grid.concurrency or grid.rates_auto else sorted(set(grid.rates or [base.get("rate", DEFAULT_RATE)]))
+    return Plan(base, entries, [float(r) for r in rates], grid.rates_auto, grid.repeats, grid.seed,
+                grid.point_timeout_s, grid.startup_timeout_s, grid.order, grid.repeats_auto,
+                sorted(set(grid.concurrency or [])))
 
 
 def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
@@ -264,21 +315,17 @@ def probe_point(plan: Plan, folder: Path) -> tuple[Point, float]:
     """The capacity probe's run (a burst of probe_requests within probe_duration_s on the entry labelled
     grid.rates.auto.probe, else `dynamic`, else the first) and its duration, s."""
     auto, entries = plan.auto, plan.entries
-    wanted = auto.get("probe") or next((e.label for e in entries if e.label == "dynamic"), entries[0].label)
+    wanted = auto.probe or next((e.label for e in entries if e.label == "dynamic"), entries[0].label)
     entry = next((e for e in entries if e.label == wanted), None)
     if entry is None:
         raise SweepError(f"grid.rates.auto.probe: no strategy labelled {wanted!r}")
-    duration_s = float(auto.get("probe_duration_s", PROBE_DURATION_S))
-    n = int(auto.get("probe_requests", PROBE_REQUESTS))
-    return Point(entry, n / duration_s, 0, plan.seed, folder), duration_s
+    return Point(entry, auto.probe_requests / auto.probe_duration_s, 0, plan.seed, folder), auto.probe_duration_s
 
 
-def span_rates(capacities_req_s: list[float], auto: dict) -> list[float]:
+def span_rates(capacities_req_s: list[float], auto: AutoRates) -> list[float]:
     """Rates that show every knee: `points` log-spaced from low × the lowest capacity to high × the highest
     (3 significant digits, distinct)."""
-    lowest = float(auto.get("low", SPAN_LOW)) * min(capacities_req_s)
-    highest = float(auto.get("high", SPAN_HIGH)) * max(capacities_req_s)
-    n = int(auto.get("points", SPAN_POINTS))
+    lowest, highest, n = auto.low * min(capacities_req_s), auto.high * max(capacities_req_s), auto.points
     return sorted({float(f"{lowest * (highest / lowest) ** (i / (n - 1)):.3g}") for i in range(n)})
 
 

@@ -48,13 +48,13 @@ def run_more_repeats(plan: Plan, out_dir: Path, index: dict, run_point: Callable
     a `repeats_auto` entry (the settings, the repeats run, each comparison's final width)."""
     settings = plan.repeats_auto
     repeat, found = plan.repeats, current_headlines(out_dir)
-    while repeat < settings["max"] and (todo := wide(found, settings["width_pct"])):
+    while repeat < settings.max and (todo := wide(found, settings.width_pct)):
         for point in repeat_points(plan, todo, repeat, out_dir):
             index["points"].append(run_point(point))
             save(index)
         repeat, found = repeat + 1, current_headlines(out_dir)
     index["repeats"] = repeat
-    index["repeats_auto"] = {**settings, "ran": repeat,
+    index["repeats_auto"] = {**settings.model_dump(), "ran": repeat,
                              "width_pct_now": {h.label: width_pct(h) for h in found}}
     save(index)
     return index

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.cli.capacity_search import SearchSettings, SimulatedSearch, search_all
-from batchlab.cli.sweep_plan import SweepError, load_plan, span_rates
+from batchlab.cli.capacity_search import SimulatedSearch, search_all
+from batchlab.cli.sweep_plan import AutoRates, SweepError, load_plan, span_rates
 from batchlab.collector.capacity import (QUEUE_SLACK, Probe, Verdict, bracket, from_runs, next_rate, search,
                                          sustain, waiting)
 from batchlab.collector.metrics import NO_TERMINAL
@@ -111,7 +111,7 @@ def test_a_sustained_rate_above_a_failing_one_does_not_make_an_inverted_bracket(
 
 def test_the_search_in_the_simulator_finds_the_fixed_service_times_capacity(tmp_path):
     plan = load_plan(fixed_service_config(tmp_path, duration_s=120))
-    settings = SearchSettings.from_auto(plan.auto)
+    settings = plan.auto
     runner = SimulatedSearch(plan, settings)
     far = search("naive", 2.0, runner.measure(plan.entries[0]), width=settings.width, max_probes=settings.max_probes)
     [from_burst] = search_all(plan, runner, settings).values()
@@ -132,7 +132,7 @@ def test_brackets_from_fixed_grid_rates_use_the_same_criterion_in_offered_rates(
 
 
 def test_automatic_rates_span_every_capacity_log_spaced():
-    rates = span_rates([2.0, 10.0], {"points": 5, "low": 0.3, "high": 1.3})
+    rates = span_rates([2.0, 10.0], AutoRates(points=5, low=0.3, high=1.3))
     assert rates[0] == pytest.approx(0.6) and rates[-1] == pytest.approx(13.0) and len(rates) == 5
     ratios = np.diff(np.log(rates))
     assert np.allclose(ratios, ratios[0], rtol=0.02)
@@ -172,7 +172,7 @@ def test_a_strategy_whose_burst_failed_is_left_unmeasured_without_stopping_the_o
         def measure(self, entry):
             return threshold_measure(7.3, [])
 
-    settings = SearchSettings(width=0.1, max_probes=20)
+    settings = AutoRates(width=0.1, max_probes=20)
     slow, fine = (search_one(Entry(lb, {}), Runner(), settings) for lb in ("slow", "fine"))
     assert (slow.lo_req_s, slow.hi_req_s, slow.probes) == (None, None, []) and "finished no request" in slow.note
     assert slow.as_dict()["note"] == slow.note and fine.lo_req_s <= 7.3 < fine.hi_req_s

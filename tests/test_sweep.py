@@ -75,17 +75,26 @@ def test_auto_rates_are_fractions_of_the_measured_capacity():
 def test_auto_rates_config_keeps_its_probe_settings(tmp_path):
     plan = load_plan(write(tmp_path, {"grid": {"strategies": ["dynamic"], "rates": {
         "auto": {"fractions": [0.5, 1.0], "probe_duration_s": 2}}}}))
-    assert plan.rates == [] and plan.auto == {"fractions": [0.5, 1.0], "probe_duration_s": 2, "spanned": False}
+    assert plan.rates == [] and plan.auto.fractions == [0.5, 1.0] and plan.auto.probe_duration_s == 2
+    assert not plan.auto.spanned
 
 
 @pytest.mark.parametrize("data, message", [
     ({"grid": {"strategies": []}}, "non-empty"),
     ({"grid": {"strategies": ["naive", "naive"]}}, "distinct"),
-    ({"grid": {"strategies": ["naive"], "rates": [0]}}, "positive"),
+    ({"grid": {"strategies": ["naive"], "rates": [0]}}, r"grid.rates: input should be greater than 0, got 0"),
     ({"grid": {"strategies": [{"backend": "hf"}]}}, "strategy name"),
     ({"grid": {"strategies": ["naive"]}, "points": 3}, "unknown top-level"),
     ({"grid": {"strategies": ["naive"], "rates": [2], "repeat": 3}}, r"unknown grid key.*did you mean repeats\?"),
     ({"grid": {"strategies": ["naive"], "zzz": 3}}, r"unknown grid key.*expected concurrency"),
+    ({"grid": {"strategies": ["naive"], "rates": {"auto": {"pionts": 4}}}},
+     r"unknown grid.rates.auto key pionts \(did you mean points\?\)"),
+    ({"grid": {"strategies": ["naive"], "repeats": {"auto": {"strat": 2}}}},
+     r"unknown grid.repeats.auto key strat \(did you mean start\?\)"),
+    ({"grid": {"strategies": ["naive"], "rates": {"auto": {"low": 2, "high": 1}}}}, "0 < low < high"),
+    ({"grid": {"strategies": ["naive"], "rates": {"auto": {"fractions": [0.5, -1]}}}},
+     r"grid.rates.auto.fractions: input should be greater than 0, got -1"),
+    ({"grid": {"strategies": ["naive"], "concurrency": [2], "rates": [1]}}, "does not go with grid.rates"),
 ])
 def test_impossible_sweeps_are_rejected_with_one_line(tmp_path, data, message):
     with pytest.raises(SweepError, match=message):
@@ -100,7 +109,7 @@ def test_a_wrong_setting_in_base_stops_the_sweep_before_any_run(tmp_path):
 @pytest.mark.parametrize("name", ["smoke", "cpu", "cpu-tpot", "full"])
 def test_shipped_configs_parse(name):
     plan = load_plan(ROOT / "configs" / f"{name}.yaml")
-    assert plan.entries and (plan.rates or plan.auto["fractions"])
+    assert plan.entries and (plan.rates or plan.auto)
 
 
 def test_full_config_is_the_seed_plan():
