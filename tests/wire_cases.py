@@ -86,3 +86,14 @@ def _cases() -> list[tuple[object, str, object]]:
 BAD_CASES = _cases()  # (valid message, field, value that field must refuse)
 bad_case = st.sampled_from(BAD_CASES)
 bad_frame = bad_case.map(lambda c: frame(c[0], **{c[1]: c[2]}))
+
+
+def launch(batch_id: int, worker_id: str, t: float, reason: str, request_ids: list[int], queue_len: int = 0
+           ) -> BatchLaunch:
+    """The BatchLaunch of a Dispatch that held one batch."""
+    return BatchLaunch(worker_id, t, reason, request_ids, [batch_id] * len(request_ids), queue_len)
+
+
+def tokens(batch_id: int, step: int, t: float, request_ids: list[int], token_ids: list[int]) -> Tokens:
+    """A Tokens record whose every token belongs to batch `batch_id`."""
+    return Tokens(step, t, request_ids, [batch_id] * len(request_ids), token_ids)
