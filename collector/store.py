@@ -6,7 +6,6 @@ its rows go to a part file, and once written it leaves memory (collector.taking.
 store tells of each change); a late event of a request that left is recognised by its id in `ended` and
 counted.
 """
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -93,9 +92,8 @@ class RunStore:
     def _on_launch(self, msg: BatchLaunch) -> None:
         if not msg.is_valid():  # the codec refuses it too; a store fed in-process checks again
             raise ValueError("BatchLaunch: request_ids and batch_ids differ in length")
-        for bid, launch in _per_batch(msg).items():  # the batches table has a row per batch
-            self.launches[bid] = launch
         for rid, bid in zip(msg.request_ids, msg.batch_ids):
+            self.launches[bid] = msg
             state = self._request(rid)
             if state is None:
                 continue
@@ -161,7 +159,7 @@ class RunStore:
 
     def _discard_tokens(self, batch_id: int) -> None:
         launch = self.launches.get(batch_id)
-        rids = self.batch_requests.pop(batch_id, set()) | set(launch.request_ids if launch else ())
+        rids = self.batch_requests.pop(batch_id, set()) | set(launch.requests_in(batch_id) if launch else ())
         for rid in rids:
             self.tokens.pop((rid, batch_id), None)
 
@@ -240,12 +238,3 @@ class RunStore:
         collector merges its part files instead (collector.merge.merge_run)."""
         return tables.build_tables(self, schedule, slos)
 
-
-def _per_batch(msg: BatchLaunch) -> dict[int, BatchLaunch]:
-    """A launch's record of each batch it holds (the message itself when it holds one)."""
-    rids: dict[int, list[int]] = {}
-    for rid, bid in zip(msg.request_ids, msg.batch_ids):
-        rids.setdefault(bid, []).append(rid)
-    if len(rids) == 1:
-        return {msg.batch_ids[0]: msg}
-    return {bid: dataclasses.replace(msg, request_ids=ids, batch_ids=[bid] * len(ids)) for bid, ids in rids.items()}

@@ -144,7 +144,7 @@ def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:
 def _batch_row(store: "RunStore", bid: int, t0: float) -> list:
     launch, done = store.launches.get(bid), store.dones.get(bid)
     if launch is not None:
-        rids = list(launch.request_ids)
+        rids = launch.requests_in(bid)
     else:
         rids = list(done.finished) + [r.request_id for r in done.failed]
     arrivals = [store.requests[r].arrival for r in rids if r in store.requests]

@@ -89,6 +89,10 @@ class BatchLaunch:
         """One batch id per request."""
         return len(self.request_ids) == len(self.batch_ids)
 
+    def requests_in(self, batch_id: int) -> list[int]:
+        """The requests it launched in batch `batch_id`, in order."""
+        return [rid for rid, bid in zip(self.request_ids, self.batch_ids) if bid == batch_id]
+
 
 @dataclass(slots=True)
 class RequestFailed:

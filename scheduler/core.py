@@ -141,20 +141,14 @@ class SchedulerCore:
     def on_send_failed(self, unsent: list[Launch], now: float) -> None:
         """These launches (of one worker, in order) never reached it: they go back to the front, not
         counting as a loss, and the worker is lost (with what it did receive)."""
-        state = self.workers.get(unsent[0].worker_id)
-        if state is not None:
-            for launch in unsent:
-                for batch_id in launch.batch_ids():
-                    state.end(batch_id)
+        for launch in unsent:
+            self._take_back(launch)
         self._requeue([r for launch in unsent for r in launch.requests])
         self.on_worker_lost(unsent[0].worker_id, now)
 
     def on_unsendable(self, launch: Launch, reason: str, now: float) -> None:
         """A launch whose Dispatch cannot be sent (over the frame limit): its requests fail with `reason`."""
-        state = self.workers.get(launch.worker_id)
-        if state is not None:
-            for batch_id in launch.batch_ids():
-                state.end(batch_id)
+        self._take_back(launch)
         for r in launch.requests:
             self._fail(r, reason, now)
 
@@ -256,6 +250,12 @@ class SchedulerCore:
             state.start(self.next_batch_id, group)
             self.next_batch_id += 1
         return Launch(wid, reason, rows, len(self.queue))
+
+    def _take_back(self, launch: Launch) -> None:
+        """Its batches do not run on its worker (it never got them)."""
+        state = self.workers.get(launch.worker_id)
+        for batch_id in launch.batch_ids() if state is not None else ():
+            state.end(batch_id)
 
     def _drop_inflight(self, state: WorkerState, reason: str, now: float) -> None:
         """A worker's in-flight requests went with it: each is requeued once, then failed with `reason`."""

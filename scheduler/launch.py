@@ -1,8 +1,10 @@
 """What a scheduling pass of the core (scheduler/core.py) decides: one launch per worker it gave work,
-and when to ask it again. Pure data; the live process sends them, the simulator plays them."""
+and when to ask it again. Pure data; the live process sends them (as frames within the limit a peer
+accepts: it drops the connection of a sender that passes it), the simulator plays them."""
 from dataclasses import dataclass, field, replace
 
-from batchlab.protocol import BatchLaunch, Dispatch, RequestMsg, RequestRow
+from batchlab.protocol import BatchLaunch, Dispatch, RequestMsg, RequestRow, encode
+from batchlab.protocol.codec import MAX_MESSAGE_BYTES
 
 
 @dataclass(slots=True)
@@ -35,6 +37,20 @@ class Launch:
     def dispatch(self, t: float) -> Dispatch:
         """The message that sends it to the worker, scheduled at `t`."""
         return Dispatch(t, self.reason, self.rows)
+
+    def frames(self, t: float, max_bytes: int = MAX_MESSAGE_BYTES
+               ) -> tuple[list[tuple["Launch", bytes]], list[tuple["Launch", str]]]:
+        """([(it or a part of it, its Dispatch frame)], [(part, why it cannot be sent)]): halved at batch
+        boundaries until each frame fits; a batch whose message alone passes the limit is never split."""
+        frame = encode(self.dispatch(t))
+        if len(frame) <= max_bytes:
+            return [(self, frame)], []
+        parts = self.halves()
+        if parts is None:
+            return [], [(self, f"dispatch of {len(self.rows)} rows is {len(frame)} bytes, over the "
+                               f"{max_bytes}-byte frame limit")]
+        head, tail = (part.frames(t, max_bytes) for part in parts)
+        return head[0] + tail[0], head[1] + tail[1]
 
     def record(self, t: float) -> BatchLaunch:
         """The collector's record of it, launched at `t`."""

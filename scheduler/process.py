@@ -18,7 +18,6 @@ from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, send_routed
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
-from batchlab.scheduler.framing import dispatch_frames
 from batchlab.scheduler.policies import Policy
 
 log = logging.getLogger("batchlab.scheduler")
@@ -162,7 +161,7 @@ class Scheduler:
         reachable = True
         for launch in launches:  # one per worker
             t, wid = now(), launch.worker_id
-            frames, too_large = dispatch_frames(launch, t)
+            frames, too_large = launch.frames(t)
             for part, reason in too_large:  # never sent: the worker would drop the connection
                 log.error("batch %d not dispatched: %s", part.rows[0].batch_id, reason)
                 self.core.on_unsendable(part, reason, t)

@@ -15,7 +15,6 @@ from batchlab.protocol.messages import (PROTOCOL_VERSION, Arrival, Kind, Request
                                         Tokens)
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
-from batchlab.scheduler.framing import dispatch_frames
 from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler
 from tests.test_faults import free_port
@@ -137,12 +136,12 @@ def test_the_core_refuses_a_request_whose_id_is_taken_and_keeps_the_first():
 def test_a_launch_too_large_for_one_frame_is_split_at_batches_and_a_lone_batch_fails_naming_size_and_limit():
     requests = [RequestMsg(i, 0.0, 0.0, 100, 4, TOKENS * 40) for i in range(4)]  # 640 bytes of tokens each
     launch = Launch("w0", "credit", [RequestRow(i, r) for i, r in enumerate(requests)], 0)
-    frames, too_large = dispatch_frames(launch, 1.0, max_bytes=1000)
+    frames, too_large = launch.frames(1.0, max_bytes=1000)
     assert too_large == [] and len(frames) > 1
     assert [row.batch_id for part, _ in frames for row in part.rows] == [0, 1, 2, 3]
     assert all(len(f) <= 1000 for _, f in frames)
     whole = Launch("w0", "full", [RequestRow(9, r) for r in requests], 0)
-    frames, too_large = dispatch_frames(whole, 1.0, max_bytes=1000)
+    frames, too_large = whole.frames(1.0, max_bytes=1000)
     assert frames == [] and [part.batch_ids() for part, _ in too_large] == [[9]]
     assert "over the 1000-byte frame limit" in too_large[0][1] and "4 rows" in too_large[0][1]
 

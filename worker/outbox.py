@@ -20,7 +20,6 @@ class Outbox:
         self.to_scheduler = to_scheduler  # this host's clock -> the scheduler's
         self.records = Bundler(coll, RECORD_FLUSH_INTERVAL_S)
         self.dones: list[BatchDone] = []
-        self.stray_tokens = 0  # tokens of rows it was not running (a backend bug): never sent
 
     def record(self, msg: object) -> None:
         """A message for the collector."""
@@ -34,20 +33,16 @@ class Outbox:
     def tokens(self, step: int, out: StepOutput, batch_of: Mapping[int, int]) -> None:
         """One Tokens record per distinct token time (a backend may stamp rows at different moments of
         one step: decode tokens when the forward's results reached the host, joiners after prefill), each
-        token with its row's batch (`batch_of`: request_id -> batch_id); a token of a row the worker does
-        not run is left out and counted (stray_tokens)."""
-        kept = [i for i, rid in enumerate(out.request_ids) if rid in batch_of]
-        self.stray_tokens += len(out.request_ids) - len(kept)
-        if not kept:
+        token with its row's batch (`batch_of`: request_id -> batch_id of the rows the worker runs)."""
+        if not out.request_ids:
             return
-        rids, toks = [out.request_ids[i] for i in kept], [out.token_ids[i] for i in kept]
-        times = [out.times[i] for i in kept] if out.times else [out.time] * len(kept)
+        times = out.times or [out.time] * len(out.request_ids)
         start = 0
         for i in range(1, len(times) + 1):
             if i == len(times) or times[i] != times[start]:
-                part = rids[start:i]
-                self.records.add(Tokens(step, self.to_scheduler(times[start]), part, [batch_of[r] for r in part],
-                                        toks[start:i]))
+                rids = out.request_ids[start:i]
+                self.records.add(Tokens(step, self.to_scheduler(times[start]), rids, [batch_of[r] for r in rids],
+                                        out.token_ids[start:i]))
                 start = i
 
     def flush(self, *, all_records: bool = True) -> None:

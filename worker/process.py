@@ -77,8 +77,7 @@ class Worker:
         for rid in list(self.batch_of):  # continuous rows cut off by a stop: terminal, never silent
             self._close_row(rid, "worker stopped before the request finished")
         try:
-            stray = {"stray_tokens": self.out.stray_tokens} if self.out.stray_tokens else {}
-            stats = {**self.inbox.counters, **stray, "cpu_s": time.process_time() - self.cpu_start_s,
+            stats = {**self.inbox.counters, "cpu_s": time.process_time() - self.cpu_start_s,
                      **self.clock.facts(), **self.backend.run_facts()}
             self.out.record(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
                                          self.backend.info.memory_kind, stats))
