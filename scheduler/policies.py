@@ -1,6 +1,7 @@
 """Batching policies: pure classes. No sockets, no clock reads.
 
-A policy is shown the queue (oldest first), the time it is given, and one worker's free capacity, and
+A policy is shown the queue (the RequestMsgs traffic sent, oldest first; it reads their ids, planned
+arrival times and prompt and output lengths), the time it is given, and one worker's free capacity, and
 answers with a Decision: launch the first `n` queued requests (with a reason) or the ones at the
 positions it `pick`s, fail the ones it `reject`s, or nothing until `wake_at` (or until the next event,
 when `wake_at` is None). It sees the first max(worker rows, its `lookahead`) queued requests. The live
