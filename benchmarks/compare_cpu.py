@@ -21,10 +21,11 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.collector.metrics import percentiles  # noqa: E402
+from batchlab.protocol import RequestMsg  # noqa: E402
 from batchlab.protocol.clock import now, sleep_until  # noqa: E402
 from batchlab.scheduler.core import SchedulerCore  # noqa: E402
 from batchlab.scheduler.launch import Launch  # noqa: E402
-from batchlab.scheduler.policies import Continuous, Dynamic, Naive, QueuedRequest  # noqa: E402
+from batchlab.scheduler.policies import Continuous, Dynamic, Naive  # noqa: E402
 from batchlab.traffic.config import TrafficConfig  # noqa: E402
 from batchlab.traffic.lengths import LengthSpec  # noqa: E402
 from batchlab.traffic.schedule import Schedule, build_schedule  # noqa: E402
@@ -129,7 +130,8 @@ class Driver:
         t = self._clock()
         while self.next < len(self.requests) and self.arrivals[self.next] <= t:
             rid, prompt_len, output_len, _ = self.requests[self.next]
-            self.core.on_request(QueuedRequest(rid, self.arrivals[self.next], prompt_len, output_len), t)
+            arrival = self.arrivals[self.next]
+            self.core.on_request(RequestMsg(rid, arrival, arrival, prompt_len, output_len), t)
             self.next += 1
         if self.next == len(self.requests):
             self.core.end_of_stream()
@@ -138,10 +140,10 @@ class Driver:
         decisions = self.core.schedule(self._clock())
         self.wake_at = decisions.wake_at
         for launch in decisions.launches:
-            rows = [Row(r.request_id, r.prompt_len, r.output_len, self.requests[r.request_id][3], launch.batch_id)
-                    for r in launch.requests]
+            rows = [Row(r.request.request_id, r.request.prompt_len, r.request.output_len,
+                        self.requests[r.request.request_id][3], r.batch_id) for r in launch.rows]
             if self.backend.info.mode == "continuous":
-                self.batch_of.update((r.request_id, launch.batch_id) for r in rows)
+                self.batch_of.update((r.request_id, r.batch_id) for r in rows)
                 self.backend.admit(rows)
             else:
                 self._run_static(launch, rows)
@@ -153,7 +155,7 @@ class Driver:
             self.backend.run_batch(rows, lambda out: self.tally.take(out, self.t0))
         except OutOfMemory:  # the core requeues the batch (or fails a single row) and the policy backs off
             oom = True
-        self.core.on_batch_done(WORKER, launch.batch_id, oom, self._clock())
+        self.core.on_batch_done(WORKER, rows[0].batch_id, oom, self._clock())  # a static launch is one batch
 
     def _step(self) -> None:
         out = self.backend.step()

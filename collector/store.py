@@ -17,7 +17,6 @@ from batchlab.collector.state import EndedIds, RequestState
 from batchlab.collector.tables import Tables
 from batchlab.collector.taking import PartTaking
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye
-from batchlab.protocol.messages import STEP_BATCH
 
 NAN = float("nan")
 SCALARS = (type(None), bool, int, float, str)  # what a settings column of the tables may hold
@@ -49,9 +48,6 @@ class RunStore:
         self.peak_memory_bytes = 0  # the largest a BatchDone reported
         self._first_arrival = math.inf  # scheduler clock
         self.taking = PartTaking()
-        # continuous step tokens that overtook their request's BatchLaunch (the scheduler's and the
-        # worker's sockets are separate pipes): request_id -> [(time, token_id)], joined at the launch
-        self._early_tokens: dict[int, list[tuple[float, int]]] = {}
         self._handlers = {
             RunInfo: self._on_run_info, Arrival: self._on_arrival, BatchLaunch: self._on_launch,
             Tokens: self._on_tokens, Step: self._on_step, BatchDone: self._on_batch_done,
@@ -81,21 +77,23 @@ class RunStore:
         self.settings = dict(msg.settings)
 
     def _on_arrival(self, msg: Arrival) -> None:
-        state = self._request(msg.request_id)
+        rid = msg.request.request_id
+        state = self._request(rid)
         if state is None:
             return
         if state.arrival is not None:  # a request's id arrives once: a second one is refused, never merged
-            raise ValueError(f"Arrival: request {msg.request_id} arrived already")
+            raise ValueError(f"Arrival: request {rid} arrived already")
         self.arrivals += 1
-        self._first_arrival = min(self._first_arrival, msg.arrival_time)
+        self._first_arrival = min(self._first_arrival, msg.request.arrival_time)
         state.arrival = msg
         if state.taken_batch is not None:  # its written row changes
-            self.taking.changed(msg.request_id)
+            self.taking.changed(rid)
 
     def _on_launch(self, msg: BatchLaunch) -> None:
-        bid = msg.batch_id
-        self.launches[bid] = msg
-        for rid in msg.request_ids:
+        if not msg.is_valid():  # the codec refuses it too; a store fed in-process checks again
+            raise ValueError("BatchLaunch: request_ids and batch_ids differ in length")
+        for rid, bid in zip(msg.request_ids, msg.batch_ids):
+            self.launches[bid] = msg
             state = self._request(rid)
             if state is None:
                 continue
@@ -104,57 +102,25 @@ class RunStore:
             self.batch_refs[bid] = self.batch_refs.get(bid, 0) + 1
             if state.taken_batch is not None:  # its written row changes (attempts)
                 self.taking.changed(rid)
-        if self._early_tokens:
-            self._join_early_tokens(msg)
-
-    def _join_early_tokens(self, msg: BatchLaunch) -> None:
-        """Step tokens that came before this launch belong to it (they are no longer ignored)."""
-        for rid in msg.request_ids:
-            early = self._early_tokens.pop(rid, None)
-            buf = None if early is None else self._buffer(rid, msg.batch_id)
-            if buf is None:
-                continue
-            self.counters["ignored_tokens"] -= len(early)
-            for t, tok in early:  # they came first
-                buf.append(t, tok)
-            self.batch_requests.setdefault(msg.batch_id, set()).add(rid)
 
     def _on_tokens(self, msg: Tokens) -> None:
-        bid, t, tokens = msg.batch_id, msg.time, self.tokens
-        done = self.dones.get(bid)
-        if len(msg.request_ids) != len(msg.token_ids):  # decodes, but cannot be joined: a bad frame
+        """Each token under (its request, the batch its worker stated); one may come before its launch
+        (the scheduler's and the worker's sockets are separate pipes): it is kept, its batch known."""
+        if not msg.is_valid():  # decodes, but cannot be joined: a bad frame
             self.counters["rejected_messages"] += 1
             return
-        if done is not None and done.oom:  # a late token of an attempt that never counts
-            self.counters["ignored_tokens"] += len(msg.token_ids)
-            return
-        if bid == STEP_BATCH:
-            self._on_step_tokens(msg)
-            return
-        for rid, tok in zip(msg.request_ids, msg.token_ids):
+        t, tokens, dones = msg.time, self.tokens, self.dones
+        for rid, bid, tok in zip(msg.request_ids, msg.batch_ids, msg.token_ids):
             rows = tokens.get((rid, bid))
             if rows is None:
+                done = dones.get(bid)
+                if done is not None and done.oom:  # a late token of an attempt that never counts
+                    self.counters["ignored_tokens"] += 1
+                    continue
                 rows = self._buffer(rid, bid)
                 if rows is None:
                     continue
             rows.append(t, tok)
-
-    def _on_step_tokens(self, msg: Tokens) -> None:
-        """A continuous step: each token belongs to its request's latest launched batch."""
-        for rid, tok in zip(msg.request_ids, msg.token_ids):
-            state = self.requests.get(rid)
-            if state is None or not state.batches:  # ignored unless its launch comes later
-                self.counters["ignored_tokens"] += 1
-                if rid not in self.ended:
-                    self._early_tokens.setdefault(rid, []).append((msg.time, tok))
-                continue
-            bid = state.batches[-1]
-            rows = self.tokens.get((rid, bid))
-            if rows is None:
-                rows = self._buffer(rid, bid)
-                if rows is None:
-                    continue
-            rows.append(msg.time, tok)
 
     def _buffer(self, rid: int, bid: int) -> TokenBuffer | None:
         """A new token buffer for (rid, bid); None for an attempt of a taken request that never counts,
@@ -189,12 +155,11 @@ class RunStore:
         for rid in msg.finished:
             self._terminate(rid, "finished", "", msg.batch_id)
         for row in msg.failed:
-            if row and type(row[0]) is int:
-                self._terminate(row[0], "failed", str(row[1]) if len(row) > 1 else "failed", msg.batch_id)
+            self._terminate(row.request_id, "failed", row.reason, msg.batch_id)
 
     def _discard_tokens(self, batch_id: int) -> None:
         launch = self.launches.get(batch_id)
-        rids = self.batch_requests.pop(batch_id, set()) | set(launch.request_ids if launch else ())
+        rids = self.batch_requests.pop(batch_id, set()) | set(launch.requests_in(batch_id) if launch else ())
         for rid in rids:
             self.tokens.pop((rid, batch_id), None)
 
@@ -272,3 +237,4 @@ class RunStore:
         summary built. Only for a store whose rows were never taken (the simulator, tests); the
         collector merges its part files instead (collector.merge.merge_run)."""
         return tables.build_tables(self, schedule, slos)
+

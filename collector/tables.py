@@ -67,7 +67,8 @@ def _worker_of(store: "RunStore", batch_id: int) -> str:
 
 
 def _request_row(store: "RunStore", state: "RequestState", t0: float) -> list:
-    a, bid = state.arrival, store.counting_batch(state)
+    arrival, bid = state.arrival, store.counting_batch(state)
+    a = arrival.request if arrival else None
     n_tokens, first, last = store.token_stats(state, bid)
     launch = store.launches.get(bid)
     status = state.status or "failed"
@@ -76,7 +77,8 @@ def _request_row(store: "RunStore", state: "RequestState", t0: float) -> list:
     return [
         state.request_id, status, state.error if state.status else NO_TERMINAL,
         a.prompt_len if a else 0, a.output_len if a else 0,
-        a.arrival_time - t0 if a else NAN, a.send_time - t0 if a else NAN, a.recv_time - t0 if a else NAN,
+        a.arrival_time - t0 if a else NAN, a.send_time - t0 if a else NAN,
+        arrival.recv_time - t0 if arrival else NAN,
         launch.scheduled_time - t0 if launch else NAN, first_s, done_s,
         n_tokens, bid, _worker_of(store, bid), len(state.batches), True,
     ]
@@ -142,11 +144,11 @@ def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:
 def _batch_row(store: "RunStore", bid: int, t0: float) -> list:
     launch, done = store.launches.get(bid), store.dones.get(bid)
     if launch is not None:
-        rids = list(launch.request_ids)
+        rids = launch.requests_in(bid)
     else:
-        rids = list(done.finished) + [r[0] for r in done.failed if r]
+        rids = list(done.finished) + [r.request_id for r in done.failed]
     arrivals = [store.requests[r].arrival for r in rids if r in store.requests]
-    arrivals = [a for a in arrivals if a is not None]
+    arrivals = [a.request for a in arrivals if a is not None]
     outs = [a.output_len for a in arrivals]
     return [
         bid, _worker_of(store, bid), len(rids), launch.reason if launch else "",

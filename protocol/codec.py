@@ -1,15 +1,16 @@
 """MessagePack codec with validation: a bad frame raises ProtocolError, nothing else.
 
 Values are checked as well as shapes: every int within int64, every float finite, the lower bounds the
-messages declare (protocol.wire: RequestId, Count, Length), and each message's own `is_valid`."""
+messages declare (protocol.wire: RequestId, Count, Length), and each message's own `is_valid`. A nested
+row (a dataclass inside a message: RequestRow, FailedRow) travels as the array of its fields and is
+checked field by field, as a message is."""
 import dataclasses
 import math
 import typing
 
 import msgpack
 
-from batchlab.protocol.messages import (MESSAGE_TYPES, PROTOCOL_VERSION, Bundle, FailedRow, Kind, RequestRow,
-                                       TokenBytes)
+from batchlab.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Bundle, Kind, TokenBytes
 from batchlab.protocol.wire import INT64_MAX, INT64_MIN, AtLeast
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger frames are rejected before unpacking
@@ -57,16 +58,6 @@ def _is_token_bytes(v: object) -> bool:
     return type(v) is bytes and len(v) % 4 == 0
 
 
-def _is_request_row(r: object) -> bool:
-    """[request_id ≥ 0, prompt_len ≥ 1, output_len ≥ 1, TokenBytes]."""
-    return (type(r) is list and len(r) == 4 and _is_int(r[0]) and _is_int(r[1]) and _is_int(r[2])
-            and r[0] >= 0 and r[1] >= 1 and r[2] >= 1 and _is_token_bytes(r[3]))
-
-
-def _is_failed_row(r: object) -> bool:
-    return type(r) is list and len(r) == 2 and _is_int(r[0]) and r[0] >= 0 and type(r[1]) is str
-
-
 _CHECKS: dict[object, typing.Callable[[object], bool]] = {
     int: _is_int,
     float: _is_float,
@@ -76,14 +67,45 @@ _CHECKS: dict[object, typing.Callable[[object], bool]] = {
     list[int]: _check_list_of(int),
     list[str]: _check_list_of(str),
     TokenBytes: _is_token_bytes,
-    list[RequestRow]: lambda v: type(v) is list and all(_is_request_row(r) for r in v),
-    list[FailedRow]: lambda v: type(v) is list and all(_is_failed_row(r) for r in v),
 }
+_Build = typing.Callable[[object], object] | None  # a nested row's array → the row (None: the value as is)
+
+
+class _Row:
+    """A nested row type (a dataclass inside a message, e.g. RequestRow): the array of its fields,
+    each checked as a message's field is, built into the dataclass on decode."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls, self.fields = cls, _fields(cls)
+
+    def check(self, v: object) -> bool:
+        return (type(v) is list and len(v) == len(self.fields)
+                and all(check(x) for (_, check, _), x in zip(self.fields, v)))
+
+    def build(self, v: list) -> object:
+        return self.cls(*[x if build is None else build(x) for (_, _, build), x in zip(self.fields, v)])
+
+
+def _field(hint: object) -> tuple[typing.Callable[[object], bool], _Build]:
+    """(check, build) of one field's type hint: a nested row (or a list of them) is built on decode."""
+    item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
+    if dataclasses.is_dataclass(hint):
+        row = _Row(hint)
+        return row.check, row.build
+    if dataclasses.is_dataclass(item):
+        row = _Row(item)
+        return (lambda v: type(v) is list and all(map(row.check, v))), (lambda v: [row.build(x) for x in v])
+    return _check_of(hint), None
+
+
+def _fields(cls: type) -> list[tuple[str, typing.Callable[[object], bool], _Build]]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return [(f.name, *_field(hints[f.name])) for f in dataclasses.fields(cls)]
 
 
 def _check_of(hint: object) -> typing.Callable[[object], bool]:
-    """The check of one field's type hint; an Annotated int (protocol.wire's RequestId, Count, ...) adds
-    its AtLeast bound, also inside a list."""
+    """The check of one plain field's type hint; an Annotated int (protocol.wire's RequestId, Count, ...)
+    adds its AtLeast bound, also inside a list."""
     if typing.get_origin(hint) is typing.Annotated:
         return _at_least(_CHECKS[hint.__origin__], _minimum(hint))
     if typing.get_origin(hint) is list:
@@ -97,10 +119,9 @@ def _minimum(hint: object) -> int:
     return next(m.minimum for m in hint.__metadata__ if isinstance(m, AtLeast))
 
 
-def _spec(cls: type) -> tuple[type, list[tuple[str, typing.Callable]], int, typing.Callable | None]:
-    """(class, [(field, check)], required fields, cross-field check or None) for one message type."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    fields = [(f.name, _check_of(hints[f.name])) for f in dataclasses.fields(cls)]
+def _spec(cls: type) -> tuple[type, list, int, typing.Callable | None]:
+    """(class, [(field, check, build)], required fields, cross-field check or None) for one message type."""
+    fields = _fields(cls)
     required = sum(
         1 for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -118,18 +139,29 @@ def _wire(msg: object) -> list:
     return [_KINDS[type(msg)], *[getattr(msg, name) for name in msg.__slots__]]
 
 
+def _row_array(row: object) -> list:
+    """A nested row (msgpack's hook for a type it does not know): the array of its fields."""
+    if not dataclasses.is_dataclass(row):
+        raise TypeError(f"cannot encode {type(row).__name__}")
+    return [getattr(row, name) for name in row.__slots__]
+
+
+def _pack(arr: list) -> bytes:
+    return msgpack.packb(arr, use_bin_type=True, default=_row_array)
+
+
 def encode(msg: object) -> bytes:
     """One message → bytes: [version, kind, *fields] (a Bundle: [version, BUNDLE, [[kind, *fields], ...]])."""
     if type(msg) is Bundle:
         return encode_many(msg.messages)
-    return msgpack.packb([PROTOCOL_VERSION, *_wire(msg)], use_bin_type=True)
+    return _pack([PROTOCOL_VERSION, *_wire(msg)])
 
 
 def encode_many(msgs: list) -> bytes:
     """Several messages → one frame: a lone message as itself, more as a Bundle (in order)."""
     if len(msgs) == 1:
         return encode(msgs[0])
-    return msgpack.packb([PROTOCOL_VERSION, _BUNDLE, [_wire(m) for m in msgs]], use_bin_type=True)
+    return _pack([PROTOCOL_VERSION, _BUNDLE, [_wire(m) for m in msgs]])
 
 
 def split_frames(msgs: list, max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[list[bytes], list[str]]:
@@ -198,10 +230,10 @@ def _build(kind: object, arr: list, first: int) -> object:
     values = arr[first:]
     if not required <= len(values) <= len(fields):
         raise ProtocolError(f"{cls.__name__}: {len(values)} fields, expected {len(fields)}")
-    for (name, check), value in zip(fields, values):
+    for (name, check, _), value in zip(fields, values):
         if not check(value):
             raise ProtocolError(f"{cls.__name__}.{name}: bad value {value!r:.60}")
-    msg = cls(*values)
+    msg = cls(*[v if build is None else build(v) for (_, _, build), v in zip(fields, values)])
     if is_valid is not None and not is_valid(msg):
         raise ProtocolError(f"{cls.__name__}: inconsistent fields")
     return msg

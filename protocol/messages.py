@@ -2,17 +2,21 @@
 protocol.records, kinds and the version in protocol.wire (all re-exported from this module).
 
 On the wire a message is a MessagePack array `[PROTOCOL_VERSION, kind, *fields]`, fields in the order
-declared here. All times are seconds on the scheduler host's monotonic clock (see protocol.clock).
+declared here; a nested row (RequestRow, FailedRow, a RequestMsg inside one) is the array of its fields.
+One request along its hops: RequestMsg (traffic → scheduler, which holds it as sent) → RequestRow (the
+scheduler → a worker: the RequestMsg and the batch it runs in) → worker.backend.Row (what a backend runs).
+All times are seconds on the scheduler host's monotonic clock (see protocol.clock).
 """
 from dataclasses import dataclass, field
 
 from batchlab.protocol.records import (Arrival, BatchLaunch, Bundle, RequestFailed, RunEnd, RunInfo, Step, Tokens,
                                        WorkerBye)
-from batchlab.protocol.wire import (PROTOCOL_VERSION, STEP_BATCH, BatchId, Count, FailedRow, Kind, Length, RequestId,
-                                    RequestRow, TokenBytes, pack_tokens, unpack_tokens)
+from batchlab.protocol.records import FailedRow, RequestMsg
+from batchlab.protocol.wire import (PROTOCOL_VERSION, BatchId, Count, Kind, Length, RequestId, TokenBytes, pack_tokens,
+                                    unpack_tokens)
 
 __all__ = [
-    "PROTOCOL_VERSION", "STEP_BATCH", "BatchId", "Count", "Length", "RequestId", "FailedRow", "Kind", "RequestRow",
+    "PROTOCOL_VERSION", "BatchId", "Count", "Length", "RequestId", "FailedRow", "Kind", "RequestRow",
     "TokenBytes", "pack_tokens", "unpack_tokens",
     "Arrival", "BatchLaunch", "Bundle", "RequestFailed", "RunEnd", "RunInfo", "Step", "Tokens", "WorkerBye",
     "TrafficHello", "Start", "RequestMsg", "EndOfStream", "RequestsEnded", "WorkerHello", "Dispatch", "BatchDone", "Heartbeat",
@@ -38,19 +42,6 @@ class Start:
 
     KIND = Kind.START
     t0: float
-
-
-@dataclass(slots=True)
-class RequestMsg:
-    """One request as traffic submits it. `arrival_time` is the planned time (t0 + offset)."""
-
-    KIND = Kind.REQUEST
-    request_id: RequestId
-    arrival_time: float
-    send_time: float
-    prompt_len: Length
-    output_len: Length
-    prompt_tokens: TokenBytes = b""
 
 
 @dataclass(slots=True)
@@ -97,38 +88,29 @@ class WorkerHello:
 
 
 @dataclass(slots=True)
+class RequestRow:
+    """A request inside a Dispatch (scheduler → worker): the RequestMsg traffic sent, and its batch."""
+
+    batch_id: BatchId
+    request: RequestMsg
+
+
+@dataclass(slots=True)
 class Dispatch:
-    """Scheduler → worker: run these requests (RequestRow each) as batch `batch_id`; or, with `sizes`,
-    as consecutive batches batch_id, batch_id + 1, ... of those many rows each (a continuous worker's
-    requests of one scheduling pass: one batch per request, one message)."""
+    """Scheduler → worker: one scheduling pass's requests for it, each row naming its batch (a static
+    pass: one batch id for every row; a continuous one: a batch per request, which joins and leaves alone)."""
 
     KIND = Kind.DISPATCH
-    batch_id: BatchId
     scheduled_time: float
     reason: str
     requests: list[RequestRow] = field(default_factory=list)
-    sizes: list[Length] = field(default_factory=list)  # [] : one batch of every row; else each ≥ 1, Σ = rows
-
-    def is_valid(self) -> bool:
-        """The sizes, if given, split the rows exactly (the codec refuses a Dispatch that breaks this)."""
-        return not self.sizes or (sum(self.sizes) == len(self.requests) and min(self.sizes) >= 1)
-
-    def batches(self) -> list[tuple[int, list[RequestRow]]]:
-        """[(batch_id, its rows)], in order."""
-        if not self.sizes:
-            return [(self.batch_id, self.requests)]
-        out, start = [], 0
-        for i, n in enumerate(self.sizes):
-            out.append((self.batch_id + i, self.requests[start:start + n]))
-            start += n
-        return out
 
 
 @dataclass(slots=True)
 class BatchDone:
     """Worker → scheduler and collector: a dispatched batch is over.
 
-    `finished` rows got exactly their output_len tokens; `failed` rows are [request_id, reason];
+    `finished` rows got exactly their output_len tokens; `failed` rows say why each other one ended;
     `oom` means the batch ran out of memory and every row may be retried (none is terminal).
     """
 

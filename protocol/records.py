@@ -4,23 +4,48 @@ Messages as protocol.messages describes them; a sender may pack several into one
 """
 import math
 from dataclasses import dataclass, field
-from typing import Annotated
 
-from batchlab.protocol.wire import STEP_BATCH, AtLeast, BatchId, Count, Kind, Length, RequestId
+from batchlab.protocol.wire import BatchId, Count, Kind, Length, RequestId, TokenBytes
+
+
+@dataclass(slots=True)
+class RequestMsg:
+    """One request as traffic submits it, and as the scheduler holds it. `arrival_time` is the planned
+    time (t0 + offset)."""
+
+    KIND = Kind.REQUEST
+    request_id: RequestId
+    arrival_time: float
+    send_time: float
+    prompt_len: Length
+    output_len: Length
+    prompt_tokens: TokenBytes = b""
+
+
+@dataclass(slots=True)
+class FailedRow:
+    """A failed request inside a BatchDone: why it ended."""
+
+    request_id: RequestId
+    reason: str
 
 
 @dataclass(slots=True)
 class Tokens:
-    """One decode step's new tokens: `token_ids[i]` belongs to `request_ids[i]` (a request may repeat
-    when a step yields several of its tokens). `time` is when the tokens were really available.
-    In continuous mode one step serves many dispatches: batch_id is then STEP_BATCH."""
+    """One step's new tokens: `token_ids[i]` belongs to `request_ids[i]` in batch `batch_ids[i]` (a
+    request may repeat when a step yields several of its tokens; a continuous step serves many batches).
+    `time` is when the tokens were really available."""
 
     KIND = Kind.TOKENS
-    batch_id: Annotated[int, AtLeast(STEP_BATCH)]  # a BatchId, or STEP_BATCH
     step: Count
     time: float
     request_ids: list[RequestId] = field(default_factory=list)
+    batch_ids: list[BatchId] = field(default_factory=list)
     token_ids: list[Count] = field(default_factory=list)
+
+    def is_valid(self) -> bool:
+        """One request id and one batch id per token."""
+        return len(self.request_ids) == len(self.batch_ids) == len(self.token_ids)
 
 
 @dataclass(slots=True)
@@ -40,28 +65,33 @@ class Step:
 
 @dataclass(slots=True)
 class Arrival:
-    """Scheduler → collector: a request was received (this makes it 'submitted')."""
+    """Scheduler → collector: a request was received (this makes it 'submitted'); its prompt tokens are
+    left out."""
 
     KIND = Kind.ARRIVAL
-    request_id: RequestId
-    arrival_time: float
-    send_time: float
+    request: RequestMsg
     recv_time: float
-    prompt_len: Length
-    output_len: Length
 
 
 @dataclass(slots=True)
 class BatchLaunch:
-    """Scheduler → collector: a batch was dispatched."""
+    """Scheduler → collector: a Dispatch was sent; request `request_ids[i]` runs in batch `batch_ids[i]`."""
 
     KIND = Kind.BATCH_LAUNCH
-    batch_id: BatchId
     worker_id: str
     scheduled_time: float
     reason: str
     request_ids: list[RequestId] = field(default_factory=list)
+    batch_ids: list[BatchId] = field(default_factory=list)
     queue_len: Count = 0  # requests still queued after this launch
+
+    def is_valid(self) -> bool:
+        """One batch id per request."""
+        return len(self.request_ids) == len(self.batch_ids)
+
+    def requests_in(self, batch_id: int) -> list[int]:
+        """The requests it launched in batch `batch_id`, in order."""
+        return [rid for rid, bid in zip(self.request_ids, self.batch_ids) if bid == batch_id]
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""The wire's vocabulary: the protocol version, one kind number per message, packed token rows.
+"""The wire's vocabulary: the protocol version, one kind number per message, packed token ids.
 
 The messages themselves are declared in protocol.messages (control) and protocol.records (to the collector).
 """
@@ -8,8 +8,7 @@ from typing import Annotated
 
 import numpy as np
 
-PROTOCOL_VERSION = 3  # 2: Dispatch carries several batches (`sizes`); Bundle. 3: RequestsEnded (closed loop)
-STEP_BATCH = -1  # Tokens.batch_id of a continuous step: each token belongs to its request's latest batch
+PROTOCOL_VERSION = 4  # 3: RequestsEnded (closed loop). 4: typed rows; a batch id per row and per token
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # every int on the wire fits a table's int64 column
@@ -31,14 +30,6 @@ Length = Annotated[int, AtLeast(1)]  # a prompt or an output has at least one to
 
 class TokenBytes(bytes):
     """Token ids packed as little-endian uint32 (`pack_tokens`): the scheduler forwards them unread."""
-
-
-class RequestRow(list):
-    """A request inside a Dispatch: [request_id ≥ 0, prompt_len ≥ 1, output_len ≥ 1, TokenBytes]."""
-
-
-class FailedRow(list):
-    """A failed request inside a BatchDone: [request_id ≥ 0, reason]."""
 
 
 def pack_tokens(ids) -> bytes:

@@ -12,10 +12,10 @@ nothing vanishes.
 """
 import itertools
 
-from batchlab.protocol import RequestFailed, WorkerHello
+from batchlab.protocol import RequestFailed, RequestMsg, RequestRow, WorkerHello
 from batchlab.protocol.ids import IdSet
 from batchlab.scheduler.launch import Decisions, Launch
-from batchlab.scheduler.policies import Decision, Policy, QueuedRequest
+from batchlab.scheduler.policies import Decision, Policy
 from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
 
 MAX_LOSSES = 1  # a request lost with its worker is requeued this often, then failed
@@ -42,7 +42,8 @@ class SchedulerCore:
         self.eos = False  # traffic sent its last request
         self.next_batch_id = 0
         self.orphaned_since: float | None = None  # when the last worker was lost
-        self.lost: dict[str, dict[int, list[QueuedRequest]]] = {}  # a lost worker's batches (it may be stalled)
+        self.lost: dict[str, dict[int, list[RequestMsg]]] = {}  # a lost worker's batches (it may be stalled)
+        self.losses: dict[int, int] = {}  # request_id -> times its worker was lost while it ran
         self.outbox: list[RequestFailed] = []  # terminal records not yet drained
         self.seen = IdSet()  # every request id received: one that comes again is refused
         self.stats = {"submitted": 0, "duplicate_requests": 0, "queue_full": 0, "oom_batches": 0, "workers_lost": 0,
@@ -73,7 +74,7 @@ class SchedulerCore:
             back = self.queue.take(requests)
             if back:
                 for r in back:
-                    r.losses -= 1  # it was not lost after all
+                    self.losses[r.request_id] -= 1  # it was not lost after all
                 state.start(batch_id, back)
                 taken += len(back)
         return taken
@@ -82,7 +83,7 @@ class SchedulerCore:
         """Was a request of this id received already (then another of it is refused, never merged)?"""
         return request_id in self.seen
 
-    def on_request(self, request: QueuedRequest, now: float) -> bool:
+    def on_request(self, request: RequestMsg, now: float) -> bool:
         """A request arrived; False when it failed at once (queue full, or no worker left) or was refused:
         its id was taken (counted in duplicate_requests; no record, the first of that id keeps its own)."""
         if request.request_id in self.seen:
@@ -101,7 +102,7 @@ class SchedulerCore:
         self.stats["max_queue_len"] = max(self.stats["max_queue_len"], len(self.queue))
         return True
 
-    def on_batch_done(self, worker_id: str, batch_id: int, oom: bool, now: float) -> list[QueuedRequest] | None:
+    def on_batch_done(self, worker_id: str, batch_id: int, oom: bool, now: float) -> list[RequestMsg] | None:
         """A batch is over (its worker decided each row's end, unless it ran out of memory); returns its
         requests (None: unknown). After an OOM they go back to the front, in order; one alone fails."""
         state = self.workers.get(worker_id)
@@ -140,18 +141,14 @@ class SchedulerCore:
     def on_send_failed(self, unsent: list[Launch], now: float) -> None:
         """These launches (of one worker, in order) never reached it: they go back to the front, not
         counting as a loss, and the worker is lost (with what it did receive)."""
-        state = self.workers.get(unsent[0].worker_id)
-        if state is not None:
-            for launch in unsent:
-                state.end(launch.batch_id)
+        for launch in unsent:
+            self._take_back(launch)
         self._requeue([r for launch in unsent for r in launch.requests])
         self.on_worker_lost(unsent[0].worker_id, now)
 
     def on_unsendable(self, launch: Launch, reason: str, now: float) -> None:
         """A launch whose Dispatch cannot be sent (over the frame limit): its requests fail with `reason`."""
-        state = self.workers.get(launch.worker_id)
-        if state is not None:
-            state.end(launch.batch_id)
+        self._take_back(launch)
         for r in launch.requests:
             self._fail(r, reason, now)
 
@@ -185,7 +182,8 @@ class SchedulerCore:
 
     # --- decisions out ------------------------------------------------------------------------------
     def schedule(self, now: float) -> Decisions:
-        """Ask the policy, worker by worker (least loaded first), and start what it launches."""
+        """Ask the policy, worker by worker (least loaded first), and start what it launches: at most one
+        launch per worker."""
         out = Decisions(wake_at=self._grace_end(now))
         for wid in least_loaded(self.workers) if len(self.workers) > 1 else list(self.workers):
             if not self.queue:
@@ -195,7 +193,7 @@ class SchedulerCore:
             decision = self.policy.decide(shown, now, state.capacity(), self.eos)
             batch = self._carry_out(decision, len(shown), now)
             if batch:
-                out.launches += self._launch(wid, batch, decision.reason)
+                out.launches.append(self._launch(wid, batch, decision.reason))
             elif decision.wake_at is not None:
                 out.wake_at = decision.wake_at if out.wake_at is None else min(out.wake_at, decision.wake_at)
         return out
@@ -214,13 +212,13 @@ class SchedulerCore:
         return {wid: state.hello.as_run_info() for wid, state in self.workers.items()}
 
     # --- the rules' parts ---------------------------------------------------------------------------
-    def _head(self, state: WorkerState) -> list[QueuedRequest]:
+    def _head(self, state: WorkerState) -> list[RequestMsg]:
         """The part of the queue a decision can use: what the worker could take, or the policy's
         `lookahead` when it ranks more (sjf, edf)."""
         n = max(state.max_rows, getattr(self.policy, "lookahead", 0), 1)
         return list(itertools.islice(self.queue, n))  # deque[i] is O(i)
 
-    def _carry_out(self, decision: Decision, shown: int, now: float) -> list[QueuedRequest]:
+    def _carry_out(self, decision: Decision, shown: int, now: float) -> list[RequestMsg]:
         """Fail what the decision rejects; take out of the queue, in launch order, what it launches."""
         if not (decision.pick or decision.reject):
             return [self.queue.popleft() for _ in range(decision.n)]
@@ -233,41 +231,49 @@ class SchedulerCore:
             self._fail(r, decision.reject_reason or "rejected by the strategy", now)
         return taken[:len(decision.pick)]
 
-    def _take(self, positions: list[int]) -> list[QueuedRequest]:
+    def _take(self, positions: list[int]) -> list[RequestMsg]:
         """The requests at these queue positions, in the order given; the rest keep their order."""
         head = [self.queue.popleft() for _ in range(max(positions) + 1)]
         chosen = set(positions)
         self._requeue([r for i, r in enumerate(head) if i not in chosen])
         return [head[i] for i in positions]
 
-    def _launch(self, wid: str, batch: list[QueuedRequest], reason: str) -> list[Launch]:
-        """A continuous worker gets one batch per request (they join and leave alone); a static one, one."""
+    def _launch(self, wid: str, batch: list[RequestMsg], reason: str) -> Launch:
+        """One launch: a continuous worker's requests get a batch each (they join and leave alone); a
+        static worker's share one."""
         state = self.workers[wid]
         self.idle_since = None  # a launch: the policy is not stalled
         groups = [[r] for r in batch] if state.hello.mode == "continuous" else [batch]
-        launches = []
+        rows = []
         for group in groups:
-            launches.append(Launch(wid, self.next_batch_id, reason, group, len(self.queue)))
+            rows += [RequestRow(self.next_batch_id, r) for r in group]
             state.start(self.next_batch_id, group)
             self.next_batch_id += 1
-        return launches
+        return Launch(wid, reason, rows, len(self.queue))
+
+    def _take_back(self, launch: Launch) -> None:
+        """Its batches do not run on its worker (it never got them)."""
+        state = self.workers.get(launch.worker_id)
+        for batch_id in launch.batch_ids() if state is not None else ():
+            state.end(batch_id)
 
     def _drop_inflight(self, state: WorkerState, reason: str, now: float) -> None:
         """A worker's in-flight requests went with it: each is requeued once, then failed with `reason`."""
         lost = [r for batch in state.inflight.values() for r in batch]
         for r in lost:
-            r.losses += 1
-        self._requeue([r for r in lost if r.losses <= MAX_LOSSES])  # a live worker, or one that rejoins
+            self.losses[r.request_id] = self.losses.get(r.request_id, 0) + 1
+        kept = [r for r in lost if self.losses[r.request_id] <= MAX_LOSSES]
+        self._requeue(kept)  # to a live worker, or one that rejoins
         for r in lost:
-            if r.losses > MAX_LOSSES:
+            if self.losses[r.request_id] > MAX_LOSSES:
                 self._fail(r, reason, now)
 
-    def _requeue(self, requests: list[QueuedRequest]) -> None:
+    def _requeue(self, requests: list[RequestMsg]) -> None:
         """Back to the front of the queue, in their order."""
         for r in reversed(requests):
             self.queue.appendleft(r)
 
-    def _fail(self, request: QueuedRequest, reason: str, now: float) -> None:
+    def _fail(self, request: RequestMsg, reason: str, now: float) -> None:
         self.outbox.append(RequestFailed(request.request_id, reason, now))
 
     def _grace_end(self, now: float) -> float | None:

@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from batchlab.protocol import RequestMsg
 from batchlab.protocol.settings import parse_slos
-from batchlab.scheduler.policies import (AdaptiveCap, Capacity, Decision, QueuedRequest, admit_by_credit, at_least,
+from batchlab.scheduler.policies import (AdaptiveCap, Capacity, Decision, admit_by_credit, at_least,
                                          batch_trigger)
 
 MODES = ("static", "continuous")
@@ -73,15 +74,15 @@ class Ranked:
         """The most rows its worker runs at once."""
         return self.params.max_batch_size
 
-    def key(self, request: QueuedRequest, now: float) -> tuple:
+    def key(self, request: RequestMsg, now: float) -> tuple:
         """Rank of a queued request (lower goes first)."""
         raise NotImplementedError
 
-    def late(self, request: QueuedRequest, now: float) -> bool:
+    def late(self, request: RequestMsg, now: float) -> bool:
         """True when the request is to be failed instead of served."""
         return False
 
-    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+    def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
         reject = tuple(i for i, r in enumerate(queue) if self.late(r, now))
         gone = set(reject)
@@ -94,12 +95,12 @@ class Ranked:
             decision.reject, decision.reject_reason = reject, DEADLINE
         return decision
 
-    def _admit(self, queue: Sequence[QueuedRequest], order: list[int], cap: Capacity) -> Decision:
+    def _admit(self, queue: Sequence[RequestMsg], order: list[int], cap: Capacity) -> Decision:
         """Best ranked first, while the worker has rows and KV (continuous's credit rule)."""
         n = admit_by_credit([queue[i] for i in order], min(cap.free_slots, self.params.max_batch_size), cap)
         return Decision(reason="credit", pick=tuple(order[:n])) if n else Decision()
 
-    def _batch(self, queue: Sequence[QueuedRequest], order: list[int], now: float, cap: Capacity,
+    def _batch(self, queue: Sequence[RequestMsg], order: list[int], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
         """dynamic's triggers over the best ranked requests."""
         if cap.free_slots <= 0 or not order:
@@ -139,12 +140,12 @@ class SJF(Ranked):
     name: ClassVar[str] = "sjf"
     Params: ClassVar[type] = SJFParams
 
-    def key(self, request: QueuedRequest, now: float) -> tuple:
+    def key(self, request: RequestMsg, now: float) -> tuple:
         if now - request.arrival_time >= self.params.max_age_ms / 1000.0:
             return (0, request.arrival_time)  # aged: before every younger one, oldest first
         return (1, self.predict(request))
 
-    def predict(self, request: QueuedRequest) -> float:
+    def predict(self, request: RequestMsg) -> float:
         """The job size the predictor reports (output tokens)."""
         p = self.params
         if p.predictor == "prompt":
@@ -188,10 +189,10 @@ class EDF(Ranked):
         super().__init__(params)
         self.ttft_s, self.tpot_s = params.ttft_s(), params.tpot_s()
 
-    def key(self, request: QueuedRequest, now: float) -> tuple:
+    def key(self, request: RequestMsg, now: float) -> tuple:
         return (request.arrival_time + self.ttft_s + self.tpot_s * max(request.output_len - 1, 0),)
 
-    def late(self, request: QueuedRequest, now: float) -> bool:
+    def late(self, request: RequestMsg, now: float) -> bool:
         return self.params.reject_late and now > request.arrival_time + self.ttft_s
 
 

@@ -1,6 +1,7 @@
 """Batching policies: pure classes. No sockets, no clock reads.
 
-A policy is shown the queue (oldest first), the time it is given, and one worker's free capacity, and
+A policy is shown the queue (the RequestMsgs traffic sent, oldest first; it reads their ids, planned
+arrival times and prompt and output lengths), the time it is given, and one worker's free capacity, and
 answers with a Decision: launch the first `n` queued requests (with a reason) or the ones at the
 positions it `pick`s, fail the ones it `reject`s, or nothing until `wake_at` (or until the next event,
 when `wake_at` is None). It sees the first max(worker rows, its `lookahead`) queued requests. The live
@@ -10,24 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+from batchlab.protocol import RequestMsg
+
 OOM_CLEAN_BATCHES_TO_PROBE = 20  # clean batches after an OOM before the cap is probed up by one
-
-
-@dataclass(slots=True)
-class QueuedRequest:
-    """A request the scheduler holds, queued or in flight; a policy reads its first four fields (the
-    output length is the target, known)."""
-
-    request_id: int
-    arrival_time: float  # planned arrival, s
-    prompt_len: int
-    output_len: int
-    prompt_tokens: bytes = b""  # TokenBytes, forwarded unread
-    losses: int = 0  # times its worker was lost while it ran
-
-    def row(self) -> list:
-        """The wire form inside a Dispatch (a RequestRow)."""
-        return [self.request_id, self.prompt_len, self.output_len, self.prompt_tokens]
 
 
 @dataclass(slots=True)
@@ -65,7 +51,7 @@ class Policy(Protocol):
     name: str
     mode: str  # "static" (batch at a time) or "continuous" (join at step boundaries)
 
-    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+    def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision: ...
 
     def on_batch_done(self, size: int, oom: bool) -> None: ...
@@ -78,7 +64,7 @@ def at_least(low: float, **params: float) -> None:
             raise ValueError(f"{name} must be ≥ {low:g}, got {value:g}")
 
 
-def fit_padded(queue: Sequence[QueuedRequest], limit: int, cap: Capacity, max_new_tokens: int) -> int:
+def fit_padded(queue: Sequence[RequestMsg], limit: int, cap: Capacity, max_new_tokens: int) -> int:
     """How many of queue[:limit] fit a padded static batch in the KV budget (the memory rule:
     stop before (len(batch)+1) × (P_max + max_new_tokens) × kv_bytes_per_token > budget); ≥ 1."""
     p_max = 0
@@ -89,7 +75,7 @@ def fit_padded(queue: Sequence[QueuedRequest], limit: int, cap: Capacity, max_ne
     return min(limit, len(queue))
 
 
-def batch_trigger(queue: Sequence[QueuedRequest], limit: int, now: float, cap: Capacity, end_of_stream: bool,
+def batch_trigger(queue: Sequence[RequestMsg], limit: int, now: float, cap: Capacity, end_of_stream: bool,
                   max_wait_s: float, max_new_tokens: int) -> Decision:
     """dynamic's rule over `queue` taken in the order given: launch its first n (n ≤ limit) on memory,
     size, the oldest's age or the end of the stream, else ask to be woken when the oldest ages out."""
@@ -106,7 +92,7 @@ def batch_trigger(queue: Sequence[QueuedRequest], limit: int, now: float, cap: C
     return Decision(wake_at=deadline)
 
 
-def admit_by_credit(queue: Sequence[QueuedRequest], limit: int, cap: Capacity) -> int:
+def admit_by_credit(queue: Sequence[RequestMsg], limit: int, cap: Capacity) -> int:
     """How many of queue[:limit], in the order given, fit the worker's KV credit (the first always fits an
     idle worker)."""
     n, kv = 0, cap.kv_free_bytes
@@ -176,7 +162,7 @@ class Naive:
         """Naive's worker runs `batch_size` rows: --max-batch-size must not widen it."""
         return self.batch_size
 
-    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+    def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
         if cap.free_slots <= 0 or not queue:
             return Decision()
@@ -229,7 +215,7 @@ class Dynamic:
         """The adaptive cap on rows per batch."""
         return self.adaptive.cap
 
-    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+    def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
         if cap.free_slots <= 0 or not queue:
             return Decision()
@@ -265,7 +251,7 @@ class Continuous:
         """The policy a run's parameters describe."""
         return cls(params.max_batch_size)
 
-    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+    def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
         n = admit_by_credit(queue, min(cap.free_slots, self.max_batch_size), cap)
         return Decision(n, "credit") if n else Decision()

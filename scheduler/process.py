@@ -1,6 +1,7 @@
 """The scheduler process: the ZeroMQ edge around SchedulerCore (scheduler/core.py), which holds every
 rule about requests; this file moves messages, reads the clock and watches liveness."""
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -17,8 +18,7 @@ from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, send_routed
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
-from batchlab.scheduler.framing import dispatch_frames, group_launches
-from batchlab.scheduler.policies import Policy, QueuedRequest
+from batchlab.scheduler.policies import Policy
 
 log = logging.getLogger("batchlab.scheduler")
 START_LEAD_S = 0.2  # planned time 0 lies this far after Start is sent, so the first sends are on time
@@ -97,10 +97,8 @@ class Scheduler:
             if self.core.knows(msg.request_id):  # refused and counted by the core: the first keeps the id
                 self.duplicates.warn("refused requests whose id was taken", msg.request_id)
             else:
-                self._to_collector(Arrival(msg.request_id, msg.arrival_time, msg.send_time, t, msg.prompt_len,
-                                           msg.output_len))
-            self.core.on_request(QueuedRequest(msg.request_id, msg.arrival_time, msg.prompt_len, msg.output_len,
-                                               msg.prompt_tokens), t)
+                self._to_collector(Arrival(dataclasses.replace(msg, prompt_tokens=b""), t))
+            self.core.on_request(msg, t)
         elif isinstance(msg, BatchDone):
             batch = self.core.on_batch_done(wid, msg.batch_id, msg.oom, t)
             if batch is not None and not msg.oom and self.closed_loop:  # its worker decided each row's end
@@ -158,29 +156,24 @@ class Scheduler:
                 return
 
     def _send_all(self, launches: list[Launch]) -> bool:
-        """Dispatch the launches (one message per worker's run of them) and record each; False when a
-        worker was unreachable (the core then took back its unsent launches and lost it)."""
-        unsent: dict[str, list[Launch]] = {}
-        for group in group_launches(launches):
-            wid = group[0].worker_id
-            if wid not in unsent:
-                t = now()
-                frames, too_large = dispatch_frames(group, t)  # each within the frame limit
-                for launch, reason in too_large:  # never sent: the worker would drop the connection
-                    log.error("batch %d not dispatched: %s", launch.batch_id, reason)
-                    self.core.on_unsendable(launch, reason, t)
-                try:
-                    while frames:
-                        send_routed(self.router, wid.encode(), frames[0][1])
-                        self.records.extend([launch.record(t) for launch in frames.pop(0)[0]])
-                    continue
-                except zmq.ZMQError as exc:  # the worker is gone (ROUTER_MANDATORY): this frame was not sent
-                    log.error("worker %s lost (unreachable: %s)", wid, exc)
-                group = [launch for part, _ in frames for launch in part]
-            unsent.setdefault(wid, []).extend(group)
-        for group in unsent.values():
-            self.core.on_send_failed(group, now())
-        return not unsent
+        """Send each worker's launch (in frames within the limit) and record each frame sent; False when a
+        worker was unreachable (the core then took back what it did not get, and lost it)."""
+        reachable = True
+        for launch in launches:  # one per worker
+            t, wid = now(), launch.worker_id
+            frames, too_large = launch.frames(t)
+            for part, reason in too_large:  # never sent: the worker would drop the connection
+                log.error("batch %d not dispatched: %s", part.rows[0].batch_id, reason)
+                self.core.on_unsendable(part, reason, t)
+            try:
+                while frames:
+                    send_routed(self.router, wid.encode(), frames[0][1])
+                    self.records.add(frames.pop(0)[0].record(t))
+            except zmq.ZMQError as exc:  # the worker is gone (ROUTER_MANDATORY): this frame was not sent
+                log.error("worker %s lost (unreachable: %s)", wid, exc)
+                self.core.on_send_failed([part for part, _ in frames], now())
+                reachable = False
+        return reachable
 
     # --- liveness and the end ---------------------------------------------------------------------
     def _beat(self) -> None:

@@ -2,8 +2,8 @@
 from collections import deque
 from dataclasses import dataclass, field
 
-from batchlab.protocol import WorkerHello
-from batchlab.scheduler.policies import Capacity, QueuedRequest
+from batchlab.protocol import RequestMsg, WorkerHello
+from batchlab.scheduler.policies import Capacity
 
 
 @dataclass(slots=True)
@@ -12,7 +12,7 @@ class WorkerState:
 
     hello: WorkerHello
     max_rows: int = 0  # rows it runs at once: the hello's max_batch_size until a WorkerCapacity moves it
-    inflight: dict[int, list[QueuedRequest]] = field(default_factory=dict)  # batch_id -> requests
+    inflight: dict[int, list[RequestMsg]] = field(default_factory=dict)  # batch_id -> requests
     batches_done: int = 0
     running: int = 0  # requests in flight on this worker
     promised_tokens: int = 0  # Σ (prompt + output) of the requests in flight
@@ -25,13 +25,13 @@ class WorkerState:
         self.max_rows = max(1, min(rows, self.hello.max_batch_size))
         return self.max_rows
 
-    def start(self, batch_id: int, group: list[QueuedRequest]) -> None:
+    def start(self, batch_id: int, group: list[RequestMsg]) -> None:
         """A batch was dispatched to this worker."""
         self.inflight[batch_id] = group
         self.running += len(group)
         self.promised_tokens += sum(p.prompt_len + p.output_len for p in group)
 
-    def end(self, batch_id: int) -> list[QueuedRequest] | None:
+    def end(self, batch_id: int) -> list[RequestMsg] | None:
         """A batch is over; returns its requests (None if unknown)."""
         group = self.inflight.pop(batch_id, None)
         if group is not None:
@@ -57,23 +57,23 @@ def least_loaded(workers: dict[str, WorkerState]) -> list[str]:
 
 
 class PendingQueue(deque):
-    """The scheduler's FIFO of QueuedRequests, counting the tokens (prompt + output) it holds."""
+    """The scheduler's FIFO of requests (RequestMsg), counting the tokens (prompt + output) it holds."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tokens = 0
 
-    def append(self, p: QueuedRequest) -> None:
+    def append(self, p: RequestMsg) -> None:
         """Join at the back."""
         super().append(p)
         self.tokens += p.prompt_len + p.output_len
 
-    def appendleft(self, p: QueuedRequest) -> None:
+    def appendleft(self, p: RequestMsg) -> None:
         """Go back to the front (requeue after an OOM or a lost worker)."""
         super().appendleft(p)
         self.tokens += p.prompt_len + p.output_len
 
-    def take(self, requests: list[QueuedRequest]) -> list[QueuedRequest]:
+    def take(self, requests: list[RequestMsg]) -> list[RequestMsg]:
         """Take these requests out wherever they wait (the others keep their order); returns those found."""
         wanted = {id(p) for p in requests}
         kept, taken = [p for p in self if id(p) not in wanted], [p for p in self if id(p) in wanted]
@@ -89,7 +89,7 @@ class PendingQueue(deque):
         by_tokens = max_tokens and self.tokens + tokens > max_tokens
         return bool(by_count or by_tokens)
 
-    def popleft(self) -> QueuedRequest:
+    def popleft(self) -> RequestMsg:
         """Leave from the front."""
         p = super().popleft()
         self.tokens -= p.prompt_len + p.output_len

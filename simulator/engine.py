@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.store import RunStore
-from batchlab.protocol import Arrival, BatchDone, RunEnd, RunInfo, Step, WorkerBye, WorkerHello
+from batchlab.protocol import Arrival, BatchDone, RequestMsg, RunEnd, RunInfo, Step, WorkerBye, WorkerHello
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
-from batchlab.scheduler.policies import Policy, QueuedRequest
+from batchlab.scheduler.policies import Policy
 from batchlab.simulator.record import Recorder
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.worker.backend import Row
@@ -111,11 +111,12 @@ class Simulation:
     # --- scheduler side ---------------------------------------------------------------------------
     def _arrive(self, index: int, t: float) -> None:
         rid, _, prompt_len, output_len = self.requests[index]
-        self.store.handle(Arrival(rid, t, t, t, prompt_len, output_len))
+        request = RequestMsg(rid, t, t, prompt_len, output_len)
+        self.store.handle(Arrival(request, t))
         if index == len(self.requests) - 1:  # traffic's EndOfStream follows its last request
             self.core.end_of_stream()
             self.stats["sent_by_traffic"] = len(self.requests)
-        self.core.on_request(QueuedRequest(rid, t, prompt_len, output_len), t)
+        self.core.on_request(request, t)
         self._forward()
 
     def _schedule(self, t: float) -> None:
@@ -179,17 +180,18 @@ class Simulation:
     # --- worker side ------------------------------------------------------------------------------
     def _run_static(self, launch: Launch, t: float) -> None:
         """worker.sim.SimBackend.run_batch: step ends are the launch time plus the step durations."""
-        group = launch.requests
-        rows = [Row(r.request_id, r.prompt_len, r.output_len, [], launch.batch_id) for r in group]
+        rows = [Row.of(r) for r in launch.rows]  # a static launch is one batch
+        batch_id = rows[0].batch_id
         ends_s = np.add.accumulate(np.array([t, *static_step_durations(rows, self.model)]))[1:]
-        self.recorder.static_batch(launch.batch_id, [(r.request_id, r.output_len) for r in group], ends_s)
-        self._push(float(ends_s[-1]), BATCH_END, (launch.worker_id, launch.batch_id, t))
+        self.recorder.static_batch(batch_id, [(r.request_id, r.output_len) for r in rows], ends_s)
+        self._push(float(ends_s[-1]), BATCH_END, (launch.worker_id, batch_id, t))
 
     def _admit(self, launch: Launch, t: float) -> None:
-        """worker.sim.SimBackend.admit: the row joins the worker's next step."""
-        r = launch.requests[0]  # a continuous worker gets one request per launch
-        self.admitted[r.request_id] = (launch.batch_id, t, r.output_len)
-        self.steppers[launch.worker_id].admit(r.request_id, r.prompt_len, r.output_len)
+        """worker.sim.SimBackend.admit: each row joins the worker's next step."""
+        for row in launch.rows:
+            r = row.request
+            self.admitted[r.request_id] = (row.batch_id, t, r.output_len)
+            self.steppers[launch.worker_id].admit(r.request_id, r.prompt_len, r.output_len)
 
     def _start_steps(self, t: float) -> None:
         """Idle continuous workers that were just given rows start a step."""

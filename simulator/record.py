@@ -16,7 +16,6 @@ from batchlab.collector import tables
 from batchlab.collector.store import RunStore
 from batchlab.collector.tables import TOKEN_DTYPES, Tables
 from batchlab.protocol import Tokens
-from batchlab.protocol.messages import STEP_BATCH
 from batchlab.worker.sim import fake_token
 
 
@@ -85,12 +84,11 @@ class Recorder:
         return _tokens_frame(spans, store.t0())
 
     def token_messages(self) -> list[Tokens]:
-        """The tokens as a live worker streams them, one message per token (continuous ones carry
-        STEP_BATCH): the slow route through RunStore, for checking the fast one."""
+        """The tokens as a live worker streams them, one message per token, each with its batch: the
+        slow route through RunStore, for checking the fast one."""
         out = []
         for s, times in self._times():
-            batch_id = STEP_BATCH if isinstance(s.source, str) else s.batch_id
-            out += [Tokens(batch_id, i, float(t), [s.request_id], [fake_token(s.request_id, i)])
+            out += [Tokens(i, float(t), [s.request_id], [s.batch_id], [fake_token(s.request_id, i)])
                     for i, t in enumerate(times)]
         return out
 

@@ -17,9 +17,9 @@ from batchlab.collector import merge, taking
 from batchlab.collector.parts import PartWriter, load_table, write_final
 from batchlab.collector.process import finish_run, run_collector
 from batchlab.collector.store import RunStore
-from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, Heartbeat, RequestFailed, RunEnd, RunInfo, Step,
-                               Tokens, WorkerBye, encode)
-from batchlab.protocol.messages import STEP_BATCH
+from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, FailedRow, Heartbeat, RequestFailed, RequestMsg,
+                               RunEnd, RunInfo, Step, Tokens, WorkerBye, encode)
+from tests.wire_cases import launch, tokens
 
 T0 = 1000.0
 SETTINGS = {"strategy": "static", "backend": "sim", "model": "m", "rate": 2.0, "arrival": "poisson",
@@ -27,7 +27,7 @@ SETTINGS = {"strategy": "static", "backend": "sim", "model": "m", "rate": 2.0, "
 
 
 def arrival(rid: int, offset_s: float, prompt_len: int, output_len: int) -> Arrival:
-    return Arrival(rid, T0 + offset_s, T0 + offset_s + 0.001, T0 + offset_s + 0.002, prompt_len, output_len)
+    return Arrival(RequestMsg(rid, T0 + offset_s, T0 + offset_s + 0.001, prompt_len, output_len), T0 + offset_s + 0.002)
 
 
 def script() -> list:
@@ -36,18 +36,18 @@ def script() -> list:
         RunInfo(SETTINGS),
         arrival(1, 0.0, 10, 3), arrival(2, 0.1, 20, 4), arrival(3, 0.2, 5, 2),
         arrival(4, 0.3, 5, 2), arrival(5, 0.4, 5, 2),
-        BatchLaunch(1, "w0", T0 + 0.5, "size", [1, 2], 3),
-        Tokens(1, 0, T0 + 1.0, [1, 2], [11, 21]),
-        Tokens(1, 1, T0 + 1.1, [1, 2], [12, 22]),
-        Tokens(1, 2, T0 + 1.2, [1], [13]),
-        BatchDone(1, "w0", T0 + 0.6, T0 + 1.2, [1], [[2, "decode error"]], False, 500),
+        launch(1, "w0", T0 + 0.5, "size", [1, 2], 3),
+        tokens(1, 0, T0 + 1.0, [1, 2], [11, 21]),
+        tokens(1, 1, T0 + 1.1, [1, 2], [12, 22]),
+        tokens(1, 2, T0 + 1.2, [1], [13]),
+        BatchDone(1, "w0", T0 + 0.6, T0 + 1.2, [1], [FailedRow(2, "decode error")], False, 500),
         RequestFailed(5, "queue full", T0 + 0.4),
-        BatchLaunch(2, "w0", T0 + 1.3, "age", [3], 1),
-        Tokens(2, 0, T0 + 1.4, [3], [99]),
+        launch(2, "w0", T0 + 1.3, "age", [3], 1),
+        tokens(2, 0, T0 + 1.4, [3], [99]),
         BatchDone(2, "w0", T0 + 1.3, T0 + 1.5, [], [], True, 900),
         Heartbeat("w0", T0 + 1.5),
-        BatchLaunch(3, "w0", T0 + 1.6, "memory", [3], 1),
-        Tokens(3, 0, T0 + 2.0, [3, 3], [31, 32]),  # two tokens of r3 in one message
+        launch(3, "w0", T0 + 1.6, "memory", [3], 1),
+        tokens(3, 0, T0 + 2.0, [3, 3], [31, 32]),  # two tokens of r3 in one message
         BatchDone(3, "w0", T0 + 1.7, T0 + 2.0, [3], [], False, 700),
         RunEnd(5, ["w0"], {"launched": 3}),
         WorkerBye("w0", 1000, "cpu_peak_rss", {"batches": 3}),
@@ -278,7 +278,7 @@ def test_unsent_rows_come_from_traffic_schedule_file(tmp_path):
 
 
 def test_tokens_with_mismatched_lengths_are_rejected_not_joined():
-    store = run_store(script()[:7] + [Tokens(1, 0, T0 + 1.0, [1, 2], [11])])
+    store = run_store(script()[:7] + [Tokens(0, T0 + 1.0, [1, 2], [1, 1], [11])])
     assert store.counters["rejected_messages"] == 1
     assert (1, 1) not in store.tokens
 
@@ -316,16 +316,16 @@ def interleaved_run(n: int, seed: int, *, late: bool = True, first: int = 0) -> 
     streams = []
     for rid in range(first, first + n):
         out_len, t = 1 + rid % 6, T0 + 0.01 * rid
-        events = [arrival(rid, 0.01 * rid, 3, out_len), BatchLaunch(100 + rid, "w0", t + 0.1, "credit", [rid], 0)]
-        events += [Tokens(STEP_BATCH, i, t + 0.2 + 0.01 * i * (1 + rid % 3), [rid], [10 * rid + i])
+        events = [arrival(rid, 0.01 * rid, 3, out_len), launch(100 + rid, "w0", t + 0.1, "credit", [rid], 0)]
+        events += [tokens(100 + rid, i, t + 0.2 + 0.01 * i * (1 + rid % 3), [rid], [10 * rid + i])
                    for i in range(out_len)]
         if rid % 7 != 3:
-            failed = [[rid, "decode error"]] if rid % 5 == 1 else []
+            failed = [FailedRow(rid, "decode error")] if rid % 5 == 1 else []
             engine = {str(rid): {"first_token_ts": t + 0.2, "cached_tokens": rid % 3}} if rid % 4 == 0 else {}
             events.append(BatchDone(100 + rid, "w0", t + 0.1, t + 0.3, [] if failed else [rid], failed, False,
                                     rid, engine))
         if late and rid % 9 == 2:
-            events.append(Tokens(STEP_BATCH, out_len, t + 0.5, [rid], [7]))
+            events.append(tokens(100 + rid, out_len, t + 0.5, [rid], [7]))
         streams.append(events)
     messages = [RunInfo(SETTINGS)]
     while streams:
@@ -382,11 +382,11 @@ def test_ended_requests_leave_memory_and_their_late_events_are_counted(tmp_path,
     writer.write(store.take_parts())
     assert sorted(store.requests) == [4]  # only the request that never ended is in memory
     assert not store.launches and not store.dones and not store.batch_refs  # every batch is written
-    store.handle(Tokens(1, 3, T0 + 1.3, [1], [14]))
-    store.handle(Tokens(STEP_BATCH, 0, T0 + 1.3, [3], [15]))
+    store.handle(tokens(1, 3, T0 + 1.3, [1], [14]))
+    store.handle(tokens(3, 0, T0 + 1.3, [3], [15]))
     store.handle(RequestFailed(2, "late", T0 + 1.4))
     assert (store.counters["ignored_tokens"], store.counters["duplicate_terminals"]) == (2, 1)
-    assert sorted(store.requests) == [4] and not store.tokens and not store._early_tokens
+    assert sorted(store.requests) == [4] and not store.tokens
     assert 1 in store.ended and 4 not in store.ended
 
 
@@ -406,11 +406,11 @@ def test_a_token_after_the_terminal_record_goes_to_the_next_part(tmp_path):
     for msg in script():
         store.handle(msg)
     writer.write(store.take_parts())
-    store.handle(Tokens(1, 3, T0 + 1.3, [1], [14]))
+    store.handle(tokens(1, 3, T0 + 1.3, [1], [14]))
     assert store.tokens[(1, 1)] == [(T0 + 1.3, 14)]
     writer.write(store.take_parts())
-    tokens = load_table(tmp_path, "tokens").query("request_id == 1")
-    assert tokens["token_index"].tolist() == [0, 1, 2, 3] and (1, 1) not in store.tokens
+    table = load_table(tmp_path, "tokens").query("request_id == 1")
+    assert table["token_index"].tolist() == [0, 1, 2, 3] and (1, 1) not in store.tokens
     r1 = load_table(tmp_path, "requests").query("request_id == 1")  # its row was written again
     assert r1["n_tokens"].tolist() == [4] and r1["completion_time"].tolist() == [pytest.approx(1.3)]
 
@@ -427,3 +427,25 @@ def test_summary_reports_the_harness_cpu_per_request(tmp_path):
     assert (cpu["cpu_s"]["scheduler"], cpu["cpu_s"]["w0"]) == (0.5, 0.25)
     assert cpu["us_per_request"]["scheduler"] == pytest.approx(1e5)
     assert cpu["total_us_per_request"] == pytest.approx(1e6 * sum(cpu["cpu_s"].values()) / 5)
+
+
+def test_a_token_is_filed_under_the_batch_its_worker_stated_not_the_requests_latest_launch():
+    store = run_store([RunInfo(SETTINGS), arrival(1, 0.0, 4, 2), launch(10, "a", T0 + 0.1, "credit", [1]),
+                       launch(11, "b", T0 + 0.2, "credit", [1]),  # requeued after a's loss, run on b
+                       tokens(10, 0, T0 + 0.3, [1], [7]),  # a late token of a's attempt
+                       tokens(11, 0, T0 + 0.4, [1], [8]), tokens(11, 1, T0 + 0.5, [1], [9]),
+                       BatchDone(11, "b", T0 + 0.2, T0 + 0.5, [1])])
+    assert store.tokens[(1, 10)] == [(T0 + 0.3, 7)] and store.tokens[(1, 11)] == [(T0 + 0.4, 8), (T0 + 0.5, 9)]
+    (r1,) = store.finish().requests.to_dict("records")
+    assert (r1["batch_id"], r1["n_tokens"], r1["worker"]) == (11, 2, "b")
+    assert r1["ttft"] == pytest.approx(0.4)  # from b's first token, not a's
+
+
+def test_one_launch_of_several_batches_gives_each_batch_its_own_row():
+    messages = [RunInfo(SETTINGS), arrival(1, 0.0, 4, 1), arrival(2, 0.0, 4, 1),
+                BatchLaunch("w0", T0 + 0.1, "credit", [1, 2], [5, 6], 0),
+                Tokens(0, T0 + 0.2, [1, 2], [5, 6], [7, 8]),
+                BatchDone(5, "w0", T0 + 0.1, T0 + 0.2, [1]), BatchDone(6, "w0", T0 + 0.1, T0 + 0.2, [2])]
+    tables = run_store(messages).finish()
+    assert tables.batches[["batch_id", "size"]].values.tolist() == [[5, 1], [6, 1]]
+    assert by_id(tables.requests)[2]["batch_id"] == 6 and by_id(tables.requests)[2]["n_tokens"] == 1

@@ -21,7 +21,7 @@ def test_frames_queued_before_a_stop_signal_are_all_recorded(tmp_path):
     pull.bind(f"ipc://{tmp_path}/c.sock")
     push.connect(f"ipc://{tmp_path}/c.sock")
     for i in range(FRAMES):
-        push.send(encode(Tokens(7, i, float(i), [1], [i % 32000])))
+        push.send(encode(Tokens(i, float(i), [1], [7], [i % 32000])))
     while pull.poll(0) == 0:  # the first frame is in
         pull.poll(50)
     store, stop = RunStore(), threading.Event()

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from batchlab.collector.parts import PartWriter, write_final
 from batchlab.collector.process import _drain, finish_run
 from batchlab.collector.store import RunStore
-from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens,
-                               WorkerBye, encode)
+from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, FailedRow, RequestFailed, RequestMsg, RunEnd, RunInfo,
+                               Step, Tokens, WorkerBye, encode)
 from batchlab.protocol.inbox import Inbox
-from tests.wire_cases import bad_frame
+from tests.wire_cases import bad_frame, launch, tokens
 
 EXAMPLES = int(os.environ.get("BATCHLAB_FUZZ_EXAMPLES", 25))  # more for a deeper search by hand
 FUZZ = settings(max_examples=EXAMPLES, database=None, deadline=None, suppress_health_check=list(HealthCheck))
@@ -45,9 +45,9 @@ def run_records() -> list[object]:
     """A small run: six requests, 0-4 finish in one batch with two tokens each, 5 fails at the queue."""
     ids = list(range(N_REQUESTS - 1))
     out = [RunInfo({"t0": 100.0, "strategy": "naive", "backend": "sim"})]
-    out += [Arrival(i, 100.0 + i, 100.0 + i, 100.5 + i, 4, OUTPUT_LEN) for i in range(N_REQUESTS)]
-    out += [BatchLaunch(0, "w0", 106.0, "full", ids, 0), RequestFailed(N_REQUESTS - 1, "queue full", 106.0)]
-    out += [Tokens(0, s, 107.0 + s, ids, [9] * len(ids)) for s in range(OUTPUT_LEN)]
+    out += [Arrival(RequestMsg(i, 100.0 + i, 100.0 + i, 4, OUTPUT_LEN), 100.5 + i) for i in range(N_REQUESTS)]
+    out += [launch(0, "w0", 106.0, "full", ids, 0), RequestFailed(N_REQUESTS - 1, "queue full", 106.0)]
+    out += [tokens(0, s, 107.0 + s, ids, [9] * len(ids)) for s in range(OUTPUT_LEN)]
     out += [BatchDone(0, "w0", 106.5, 109.0, ids, [], False, 10), RunEnd(N_REQUESTS, ["w0"], {}),
             WorkerBye("w0", 10, "none", {})]
     return out
@@ -66,7 +66,7 @@ def collect(frames: list[bytes]) -> tuple[RunStore, pd.DataFrame, dict]:
 
 
 collisions = st.sampled_from([
-    Arrival(1, 0.0, 0.0, 0.0, 128, 128),  # a second Arrival of a live id: refused, never merged
+    Arrival(RequestMsg(1, 0.0, 0.0, 128, 128), 0.0),  # a second Arrival of a live id: refused, never merged
     RequestFailed(2, "bogus", 108.0),  # a second end of a finished id: counted, the first end stays
 ])
 
@@ -100,13 +100,15 @@ setting_names = st.one_of(short, st.sampled_from(["strategy", "backend", "model"
 settings_values = st.dictionaries(setting_names, st.one_of(st.none(), ints, times, short, st.binary(max_size=4),
                                                    st.lists(ints, max_size=2)), max_size=4)
 records = st.one_of(
-    st.builds(Arrival, ints, times, times, times, st.integers(1, 2**63 - 1), st.integers(1, 2**63 - 1)),
+    st.builds(Arrival, st.builds(RequestMsg, ints, times, times, st.integers(1, 2**63 - 1),
+                                 st.integers(1, 2**63 - 1)), times),
     st.builds(RequestFailed, ints, short, times),
-    st.builds(BatchLaunch, ints, short, times, short, st.lists(ints, max_size=3), ints),
-    st.builds(Tokens, st.integers(-1, 2**63 - 1), ints, times, st.lists(ints, min_size=1, max_size=1),
-              st.lists(ints, min_size=1, max_size=1)),
+    st.builds(lambda w, t, r, pairs, q: BatchLaunch(w, t, r, [p[0] for p in pairs], [p[1] for p in pairs], q),
+              short, times, short, st.lists(st.tuples(ints, ints), max_size=3), ints),
+    st.builds(lambda s, t, pairs: Tokens(s, t, [p[0] for p in pairs], [p[1] for p in pairs], [p[2] for p in pairs]),
+              ints, times, st.lists(st.tuples(ints, ints, ints), min_size=1, max_size=2)),
     st.builds(BatchDone, ints, short, times, times, st.lists(ints, max_size=2),
-              st.lists(st.tuples(ints, short).map(list), max_size=2), st.booleans(), ints),
+              st.lists(st.builds(FailedRow, ints, short), max_size=2), st.booleans(), ints),
     st.builds(Step, short, ints, times, times, ints, ints, ints, ints),
     st.builds(lambda s, t0: RunInfo({**s, "t0": t0}), settings_values, times),
     st.builds(WorkerBye, short, ints, short, settings_values),

@@ -1,11 +1,13 @@
 """SchedulerCore on its own: no sockets, no clock, every time given. The rules of what happens to a
 request (queue, launch, OOM, lost workers, the no-worker grace) and that each ends exactly once."""
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchlab.protocol import RequestFailed, WorkerHello
+from batchlab.protocol import RequestFailed, RequestMsg, WorkerHello
 from batchlab.scheduler.core import MAX_LOSSES, WORKER_REJOIN_GRACE_S, SchedulerCore
-from batchlab.scheduler.policies import Continuous, Dynamic, Naive, QueuedRequest
+from batchlab.scheduler.policies import Continuous, Dynamic, Naive
 
 BIG_KV = 10**12
 
@@ -14,8 +16,8 @@ def hello(mode: str, rows: int = 4, worker_id: str = "w0") -> WorkerHello:
     return WorkerHello(worker_id, "sim", "fake", mode, rows, 1, BIG_KV, "cpu", "none")
 
 
-def request(rid: int, t: float = 0.0, prompt_len: int = 4, output_len: int = 4) -> QueuedRequest:
-    return QueuedRequest(rid, t, prompt_len, output_len)
+def request(rid: int, t: float = 0.0, prompt_len: int = 4, output_len: int = 4) -> RequestMsg:
+    return RequestMsg(rid, t, t, prompt_len, output_len)
 
 
 def core_with(policy, *workers: WorkerHello, **bounds) -> SchedulerCore:
@@ -26,7 +28,16 @@ def core_with(policy, *workers: WorkerHello, **bounds) -> SchedulerCore:
 
 
 def launched(decisions) -> list[list[int]]:
-    return [[r.request_id for r in launch.requests] for launch in decisions.launches]
+    """Each launched batch's request ids, in order (a launch may hold several batches)."""
+    return [ids for launch in decisions.launches for ids in batches(launch).values()]
+
+
+def batches(launch) -> dict[int, list[int]]:
+    """{batch_id: its request ids} of one launch."""
+    out: dict[int, list[int]] = {}
+    for row in launch.rows:
+        out.setdefault(row.batch_id, []).append(row.request.request_id)
+    return out
 
 
 def failures(core: SchedulerCore) -> dict[int, str]:
@@ -70,9 +81,10 @@ def test_a_continuous_worker_gets_one_batch_per_request_up_to_its_rows():
     for rid in range(5):
         core.on_request(request(rid), 0.0)
     decisions = core.schedule(0.0)
-    assert launched(decisions) == [[0], [1], [2]]
-    assert [launch.batch_id for launch in decisions.launches] == [0, 1, 2]
-    assert [launch.queue_len for launch in decisions.launches] == [2, 2, 2]
+    (launch,) = decisions.launches  # one launch per worker per pass, a batch per row
+    assert batches(launch) == {0: [0], 1: [1], 2: [2]} and launch.queue_len == 2
+    assert launch.record(0.0).batch_ids == [0, 1, 2]
+    assert [(r.batch_id, r.request.request_id) for r in launch.dispatch(0.0).requests] == [(0, 0), (1, 1), (2, 2)]
     core.on_batch_done("w0", 1, False, 1.0)
     assert launched(core.schedule(1.0)) == [[3]]
 
@@ -113,7 +125,7 @@ def test_an_oom_batch_goes_back_to_the_front_in_order_and_the_cap_halves():
     for rid in range(6):
         core.on_request(request(rid), 0.0)
     (launch,) = core.schedule(0.0).launches
-    assert core.on_batch_done("w0", launch.batch_id, True, 1.0) == launch.requests
+    assert core.on_batch_done("w0", launch.rows[0].batch_id, True, 1.0) == launch.requests
     assert [r.request_id for r in core.queue] == [0, 1, 2, 3, 4, 5] and not failures(core)
     assert launched(core.schedule(1.0)) == [[0, 1]]  # the policy's cap halved to 2
     assert core.stats["oom_batches"] == 1
@@ -123,7 +135,7 @@ def test_a_single_request_that_ooms_fails_as_not_fitting_alone():
     core = core_with(Naive(1), hello("static"))
     core.on_request(request(7), 0.0)
     (launch,) = core.schedule(0.0).launches
-    core.on_batch_done("w0", launch.batch_id, True, 2.0)
+    core.on_batch_done("w0", launch.rows[0].batch_id, True, 2.0)
     assert core.drain() == [RequestFailed(7, "out of memory: does not fit alone", 2.0)]
     assert not core.queue
 
@@ -156,8 +168,9 @@ def test_a_worker_back_from_a_stall_gets_back_what_it_still_runs_and_its_batch_e
     core = core_with(Continuous(16), hello("continuous", worker_id="a"), hello("continuous", worker_id="b"))
     for rid in range(3):
         core.on_request(request(rid), 0.0)
-    launches = core.schedule(0.0).launches
-    assert [launch.worker_id for launch in launches] == ["a", "a", "a"]
+    (launch,) = core.schedule(0.0).launches
+    assert launch.worker_id == "a" and len(launch.batch_ids()) == 3
+    bids = launch.batch_ids()
     core.on_worker_lost("a", 1.0)  # silent past the liveness window: requeued, as if dead
     assert [r.request_id for r in core.queue] == [0, 1, 2]
     core.workers["b"].max_rows = 1
@@ -165,10 +178,10 @@ def test_a_worker_back_from_a_stall_gets_back_what_it_still_runs_and_its_batch_e
     assert moved.worker_id == "b" and [r.request_id for r in moved.requests] == [0]
     assert core.on_back("a", hello("continuous", worker_id="a"), 2.0) == 2
     assert not core.queue and {b: [r.request_id for r in g] for b, g in core.workers["a"].inflight.items()} == {
-        launches[1].batch_id: [1], launches[2].batch_id: [2]}
-    assert all(r.losses == 0 for g in core.workers["a"].inflight.values() for r in g)
-    assert [r.request_id for r in core.on_batch_done("a", launches[1].batch_id, False, 3.0)] == [1]
-    assert core.on_batch_done("a", launches[0].batch_id, False, 3.0) is None  # 0 is b's now
+        bids[1]: [1], bids[2]: [2]}
+    assert all(core.losses[r.request_id] == 0 for g in core.workers["a"].inflight.values() for r in g)
+    assert [r.request_id for r in core.on_batch_done("a", bids[1], False, 3.0)] == [1]
+    assert core.on_batch_done("a", bids[0], False, 3.0) is None  # 0 is b's now
     assert not failures(core) and core.stats["workers_lost"] == 1
 
 
@@ -185,11 +198,13 @@ def test_launches_that_were_never_sent_are_requeued_without_a_loss():
     core = core_with(Continuous(16), hello("continuous", worker_id="a"), hello("continuous", worker_id="b"))
     for rid in range(3):
         core.on_request(request(rid), 0.0)
-    launches = core.schedule(0.0).launches  # a gets 0, 1, 2 (it is asked first and has room)
-    assert [launch.worker_id for launch in launches] == ["a", "a", "a"]
-    core.on_send_failed(launches[1:], 1.0)  # 0 reached a, then a became unreachable
+    (launch,) = core.schedule(0.0).launches  # a gets 0, 1, 2 (it is asked first and has room)
+    assert launch.worker_id == "a" and batches(launch) == {0: [0], 1: [1], 2: [2]}
+    sent, unsent = launch.halves()  # its frames: batch 0's reached a, then a became unreachable
+    assert batches(sent) == {0: [0]}
+    core.on_send_failed([unsent], 1.0)
     assert "a" not in core.workers
-    assert [(r.request_id, r.losses) for r in core.queue] == [(0, 1), (1, 0), (2, 0)]
+    assert [(r.request_id, core.losses.get(r.request_id, 0)) for r in core.queue] == [(0, 1), (1, 0), (2, 0)]
 
 
 def test_with_no_worker_left_queued_requests_wait_out_the_grace_then_fail():
@@ -222,7 +237,7 @@ def test_the_core_is_done_only_after_the_stream_ended_and_nothing_waits_or_runs(
     assert not core.done()
     (launch,) = core.schedule(0.0).launches
     assert not core.done()
-    core.on_batch_done("w0", launch.batch_id, False, 1.0)
+    core.on_batch_done("w0", launch.rows[0].batch_id, False, 1.0)
     assert core.done()
 
 
@@ -258,7 +273,7 @@ class Tracker:
     def play(self, kind: str, a, b) -> None:
         core = self.core
         if kind == "request":
-            core.on_request(QueuedRequest(self.next_id, self.t, a, b), self.t)
+            core.on_request(RequestMsg(self.next_id, self.t, self.t, a, b), self.t)
             self.ends[self.next_id] = []
             self.next_id += 1
         elif kind == "done" and self.running:
@@ -278,10 +293,11 @@ class Tracker:
             core.on_capacity(a, b)
         elif kind == "send_failed" and self.last_launches:
             launch = self.last_launches[a % len(self.last_launches)]
-            unsent = [x for x in self.last_launches if x.worker_id == launch.worker_id
-                      and x.batch_id >= launch.batch_id and x.batch_id in self.running]
-            if unsent:
-                core.on_send_failed(unsent, self.t)
+            ids = [b for b in launch.batch_ids() if b in self.running]
+            if ids:  # its frames from this batch on never reached the worker
+                first = ids[a % len(ids)]
+                rows = [r for r in launch.rows if r.batch_id >= first and r.batch_id in self.running]
+                core.on_send_failed([dataclasses.replace(launch, rows=rows)], self.t)
         elif kind == "wait":
             self.t += a
             core.tick(self.t)
@@ -291,7 +307,8 @@ class Tracker:
     def schedule(self) -> None:
         self.last_launches = self.core.schedule(self.t).launches
         for launch in self.last_launches:
-            self.running[launch.batch_id] = (launch.worker_id, [r.request_id for r in launch.requests])
+            for batch_id, rids in batches(launch).items():
+                self.running[batch_id] = (launch.worker_id, rids)
         self._collect()
 
     def _done(self, batch_id: int, oom: bool) -> None:

@@ -12,8 +12,8 @@ from batchlab.collector.store import RunStore
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.simulator.fidelity import (add_folder_fidelity, add_run_fidelity, add_timing_fidelity, compare,
                                                    config_from_settings)
-from batchlab.protocol import Arrival, BatchLaunch, Tokens
-from batchlab.protocol.messages import STEP_BATCH
+from batchlab.protocol import Arrival, RequestMsg
+from tests.wire_cases import launch, tokens
 
 ERROR_KEYS = ("ttft_error_s", "tpot_error_s", "e2e_error_s", "queue_wait_error_s")
 
@@ -65,13 +65,13 @@ def test_other_backends_get_no_fidelity_block():
     assert summary == {}
 
 
-def test_step_tokens_that_overtake_their_launch_are_kept():
+def test_step_tokens_that_overtake_their_launch_are_kept_under_their_stated_batch():
     store = RunStore()
-    store.handle(Tokens(STEP_BATCH, 0, 1.5, [7], [42]))  # the worker's token beat the scheduler's messages
-    assert store.counters["ignored_tokens"] == 1
-    store.handle(Arrival(7, 1.0, 1.0, 1.1, 4, 2))
-    store.handle(BatchLaunch(3, "worker-0", 1.2, "credit", [7]))
-    store.handle(Tokens(STEP_BATCH, 1, 1.6, [7], [43]))
+    store.handle(tokens(3, 0, 1.5, [7], [42]))  # the worker's token beat the scheduler's messages
+    assert store.counters["ignored_tokens"] == 0 and store.tokens[(7, 3)] == [(1.5, 42)]
+    store.handle(Arrival(RequestMsg(7, 1.0, 1.0, 4, 2), 1.1))
+    store.handle(launch(3, "worker-0", 1.2, "credit", [7]))
+    store.handle(tokens(3, 1, 1.6, [7], [43]))
     assert store.tokens[(7, 3)] == [(1.5, 42), (1.6, 43)]
     assert store.counters["ignored_tokens"] == 0
 

@@ -9,7 +9,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchlab.protocol import Dispatch, EndOfStream, ProtocolError, RequestMsg, Start, decode, decode_all, encode
+from batchlab.protocol import (Dispatch, EndOfStream, ProtocolError, RequestMsg, RequestRow, Start, decode, decode_all,
+                               encode)
 from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from tests.test_faults import COMMON, assert_conserved, finish, free_port, no_leftovers, start  # noqa: F401
 
@@ -130,7 +131,7 @@ def test_worker_counts_garbage_and_still_runs_a_batch(malformed):
     try:
         ident, _hello = serve_pongs(router, WorkerHello)
         blast(router, malformed, prefix=[ident])
-        router.send_multipart([ident, encode(Dispatch(0, 0.0, "size", [[7, 4, 3, pack_tokens([1, 2, 3, 4])]]))])
+        router.send_multipart([ident, encode(Dispatch(0.0, "size", [RequestRow(0, RequestMsg(7, 0.0, 0.0, 4, 3, pack_tokens([1, 2, 3, 4])))]))])
         _, done = serve_pongs(router, BatchDone)
         assert done.finished == [7]
         worker.terminate()

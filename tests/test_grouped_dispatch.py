@@ -1,12 +1,12 @@
 """One message per scheduling pass: a continuous scheduler sends a pass's requests to a worker as one
-Dispatch (one batch per request), the worker answers each batch once, and nothing is lost or doubled."""
+Dispatch whose rows name their batches (one per request), the worker answers each batch once and states
+each token's batch, and nothing is lost or doubled."""
 from collections import Counter
 
 from batchlab.protocol import (BatchDone, BatchLaunch, Dispatch, EndOfStream, RunEnd, Start, Tokens, TrafficHello,
                                WorkerBye)
-from batchlab.protocol.messages import pack_tokens
 from batchlab.worker.sim import SimBackend
-from tests.test_worker_robustness import PROMPT, WORKER, SchedulerRig, WorkerRig, hello, is_dispatch, request
+from tests.test_worker_robustness import WORKER, SchedulerRig, WorkerRig, hello, is_dispatch, request, row
 
 
 def test_a_pass_over_queued_requests_sends_one_dispatch_with_a_batch_per_request():
@@ -19,32 +19,31 @@ def test_a_pass_over_queued_requests_sends_one_dispatch_with_a_batch_per_request
         rig.worker.send(hello(max_rows=8))
         rig.traffic.wait_for(lambda m: isinstance(m, Start))
         dispatch = rig.worker.wait_for(is_dispatch)
-        assert [r[0] for r in dispatch.requests] == [0, 1, 2, 3] and dispatch.sizes == [1, 1, 1, 1]
-        batches = dispatch.batches()
-        rig.worker.send(BatchDone(batches[0][0], WORKER, 0.0, 0.0, [0]))
-        for bid, rows in batches[1:]:
-            rig.worker.send(BatchDone(bid, WORKER, 0.0, 0.0, [rows[0][0]]))
+        pairs = [(r.request.request_id, r.batch_id) for r in dispatch.requests]
+        assert [rid for rid, _ in pairs] == [0, 1, 2, 3] and len({bid for _, bid in pairs}) == 4
+        for rid, bid in pairs:
+            rig.worker.send(BatchDone(bid, WORKER, 0.0, 0.0, [rid]))
         rig.traffic.send(EndOfStream(4))
         rig.recorded_until(lambda m: isinstance(m, RunEnd))  # the run ends: every batch came back
     finally:
         rig.close()
     assert sum(isinstance(m, Dispatch) for m in rig.worker.seen) == 1
-    launches = [m for m in rig.recorded if isinstance(m, BatchLaunch)]
-    assert [(m.batch_id, m.request_ids) for m in launches] == [(bid, [rows[0][0]]) for bid, rows in batches]
-    assert {m.scheduled_time for m in launches} == {dispatch.scheduled_time}
+    (launch,) = [m for m in rig.recorded if isinstance(m, BatchLaunch)]  # one record of the one message
+    assert list(zip(launch.request_ids, launch.batch_ids)) == pairs
+    assert launch.scheduled_time == dispatch.scheduled_time
 
 
-def test_a_worker_ends_each_batch_of_a_grouped_dispatch_exactly_once():
+def test_a_worker_ends_each_batch_of_one_dispatch_exactly_once_and_states_each_tokens_batch():
     rig = WorkerRig(SimBackend("echo", mode="continuous", max_batch_size=8, backend="echo"))
     try:
-        rows = [[rid, len(PROMPT), 3, pack_tokens(PROMPT)] for rid in (1, 2, 3, 4)]
-        rig.send(Dispatch(10, 0.0, "credit", rows, [1, 2, 1]))  # batches 10: [1], 11: [2, 3], 12: [4]
+        batch_of = {1: 10, 2: 11, 3: 11, 4: 12}
+        rig.send(Dispatch(0.0, "credit", [row(bid, rid, 3) for rid, bid in batch_of.items()]))
         rig.wait_for(lambda _m: {10, 11, 12} <= {s.batch_id for s in rig.seen if isinstance(s, BatchDone)})
     finally:
         recorded = rig.close()
     done = {m.batch_id: sorted(m.finished) for m in rig.seen if isinstance(m, BatchDone)}
     assert done == {10: [1], 11: [2, 3], 12: [4]}
     assert Counter(m.batch_id for m in recorded if isinstance(m, BatchDone)) == {10: 1, 11: 1, 12: 1}
-    tokens = Counter(rid for m in recorded if isinstance(m, Tokens) for rid in m.request_ids)
-    assert tokens == {1: 3, 2: 3, 3: 3, 4: 3}
+    tokens = [(rid, bid) for m in recorded if isinstance(m, Tokens) for rid, bid in zip(m.request_ids, m.batch_ids)]
+    assert Counter(tokens) == {(1, 10): 3, (2, 11): 3, (3, 11): 3, (4, 12): 3}  # each token names its batch
     assert isinstance(recorded[-1], WorkerBye)

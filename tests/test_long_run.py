@@ -9,20 +9,20 @@ from batchlab.collector.state import EndedIds
 from batchlab.collector.buffers import TokenBuffer
 from batchlab.collector.store import RunStore
 from batchlab.collector.taking import KEEP_TAKES
-from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RunInfo, Tokens
-from batchlab.protocol.messages import STEP_BATCH
+from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestMsg, RunInfo, Tokens
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.lengths import LengthSpec
 from batchlab.traffic.schedule import build_schedule, load_schedule, save_schedule
 
 
 def _continuous_requests(store: RunStore, first: int, n: int, tokens_each: int) -> None:
-    for rid in range(first, first + n):
-        store.handle(Arrival(rid, 0.0, 0.0, 0.0, 4, tokens_each))
-        store.handle(BatchLaunch(rid, "w0", 0.1, "credit", [rid], 0))
+    """n requests of one pass, a batch each (batch id = request id), stepped together."""
     rids = list(range(first, first + n))
+    for rid in rids:
+        store.handle(Arrival(RequestMsg(rid, 0.0, 0.0, 4, tokens_each), 0.0))
+    store.handle(BatchLaunch("w0", 0.1, "credit", rids, rids, 0))
     for i in range(tokens_each):
-        store.handle(Tokens(STEP_BATCH, i, 1.0 + i, rids, [i] * n))
+        store.handle(Tokens(i, 1.0 + i, rids, rids, [i] * n))
 
 
 def test_in_flight_tokens_live_in_typed_arrays_not_python_tuples():
@@ -41,7 +41,7 @@ def test_the_store_holds_no_tokens_of_ended_requests_however_many_came(tmp_path)
         for rid in range(first, first + 100):
             store.handle(BatchDone(rid, "w0", 0.1, 30.0, [rid], [], False, 0))
         writer.write(store.take_parts())
-        assert store.tokens == {} and store.batch_requests == {} and not store._early_tokens
+        assert store.tokens == {} and store.batch_requests == {}
     assert {s.taken[0] for s in store.requests.values()} == {20}
 
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from batchlab.protocol import WorkerHello
+from batchlab.protocol import RequestMsg, WorkerHello
 from batchlab.protocol.settings import ConfigError, build_config
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.ordered import EDF, SJF, EDFParams, SJFParams, _normal
-from batchlab.scheduler.policies import Capacity, Decision, QueuedRequest
+from batchlab.scheduler.policies import Capacity, Decision
 from batchlab.scheduler.strategies import resolve
 from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule
@@ -18,8 +18,8 @@ BIG_KV = 10**12
 ROOMY = Capacity(free_slots=8, kv_free_bytes=BIG_KV, kv_bytes_per_token=1, idle=True)
 
 
-def req(rid: int, t: float = 0.0, prompt_len: int = 4, output_len: int = 4) -> QueuedRequest:
-    return QueuedRequest(rid, t, prompt_len, output_len)
+def req(rid: int, t: float = 0.0, prompt_len: int = 4, output_len: int = 4) -> RequestMsg:
+    return RequestMsg(rid, t, t, prompt_len, output_len)
 
 
 def core_with(policy, mode: str, rows: int = 8) -> SchedulerCore:

@@ -10,21 +10,23 @@ from batchlab.protocol import PROTOCOL_VERSION, ProtocolError, decode, decode_al
 from batchlab.protocol import messages as m
 from batchlab.protocol.codec import MAX_ARRAY_LEN
 
+REQ = m.RequestMsg(1, 2.0, 2.001, 4, 5, m.pack_tokens([1, 2, 3, 4]))
+REQ2 = m.RequestMsg(2, 2.0, 2.001, 3, 2, m.pack_tokens([5, 6, 7]))
 SAMPLES = [
     m.TrafficHello(10, "abc", 5.0), m.Start(12.5), m.RequestMsg(1, 2.0, 2.001, 4, 5, m.pack_tokens([1, 2, 3, 4])),
     m.EndOfStream(10), m.RequestsEnded([3, 7], 4.5), m.TrafficHello(10, "abc", 5.0, 4),
     m.WorkerHello("w0", "sim", "tiny", "static", 8, 1024, 10**12, "cpu", "none", {"dtype": "float32"}),
-    m.Dispatch(3, 1.5, "age", [[1, 4, 5, m.pack_tokens([1, 2, 3, 4])], [2, 3, 2, m.pack_tokens([5, 6, 7])]]),
-    m.BatchDone(3, "w0", 1.5, 2.5, [1], [[2, "worker error: boom"]], False, 123),
+    m.Dispatch(1.5, "age", [m.RequestRow(3, REQ), m.RequestRow(3, REQ2)]),
+    m.BatchDone(3, "w0", 1.5, 2.5, [1], [m.FailedRow(2, "worker error: boom")], False, 123),
     m.Heartbeat("w0", 3.0), m.Shutdown("done"), m.WorkerCapacity("w0", 4, "out of memory with 8 rows"),
     m.ClockPing(1, 2.0), m.ClockPong(1, 2.0, 2.5),
-    m.Tokens(3, 0, 1.6, [1, 2], [11, 12]), m.Step("w0", 4, 1.0, 1.1, 3, 1, 0),
-    m.Arrival(1, 2.0, 2.001, 2.002, 4, 5), m.BatchLaunch(3, "w0", 1.5, "size", [1, 2], 7),
+    m.Tokens(0, 1.6, [1, 2], [3, 4], [11, 12]), m.Step("w0", 4, 1.0, 1.1, 3, 1, 0),
+    m.Arrival(m.RequestMsg(1, 2.0, 2.001, 4, 5), 2.002), m.BatchLaunch("w0", 1.5, "size", [1, 2], [3, 3], 7),
     m.RequestFailed(1, "queue full", 2.0), m.RunInfo({"strategy": "naive", "rate": 5.0}),
     m.RunEnd(10, ["w0"], {"submitted": 10}), m.WorkerBye("w0", 100, "cpu_peak_rss", {}),
-    m.Dispatch(4, 1.5, "credit", [[1, 4, 5, m.pack_tokens([1, 2, 3, 4])], [2, 3, 2, m.pack_tokens([5, 6, 7])]], [1, 1]),
-    m.Bundle([m.Arrival(1, 2.0, 2.001, 2.002, 4, 5), m.BatchLaunch(3, "w0", 1.5, "size", [1], 0),
-              m.Tokens(-1, 0, 1.6, [1], [11])]),
+    m.Dispatch(1.5, "credit", [m.RequestRow(4, REQ), m.RequestRow(5, REQ2)]),
+    m.Bundle([m.Arrival(m.RequestMsg(1, 2.0, 2.001, 4, 5), 2.002), m.BatchLaunch("w0", 1.5, "size", [1], [3], 0),
+              m.Tokens(0, 1.6, [1], [3], [11])]),
 ]
 
 
@@ -64,26 +66,32 @@ def test_wrong_field_type_is_rejected():
 
 
 def test_malformed_rows_inside_a_dispatch_or_batch_done_are_rejected():
-    for rows in ([[1, 2, 3]], [[1, 2, 3, [4]]], [[1, "2", 3, b""]], [1]):
+    request = [1, 2.0, 2.0, 4, 4, b""]
+    for rows in ([[1, request[:5]]], [[1, [*request[:5], [4]]]], [[1, [1, 2.0, 2.0, "4", 4, b""]]], [[-1, request]],
+                 [[1, 2, 3, 4, b""]], [1], [[1]]):
         with pytest.raises(ProtocolError, match="requests"):
-            decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.DISPATCH), 1, 1.0, "size", rows]))
-    with pytest.raises(ProtocolError, match="failed"):
-        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.BATCH_DONE), 1, "w", 1.0, 2.0, [], [[1]]]))
+            decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.DISPATCH), 1.0, "size", rows]))
+    for failed in ([[1]], [[1, 2]], [[-1, "x"]], [1]):
+        with pytest.raises(ProtocolError, match="failed"):
+            decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.BATCH_DONE), 1, "w", 1.0, 2.0, [], failed]))
 
 
-def test_a_grouped_dispatch_names_one_batch_per_size_in_order():
-    rows = [[rid, 4, 2, m.pack_tokens([1, 2, 3, 4])] for rid in (7, 8, 9)]
-    msg = decode(encode(m.Dispatch(10, 1.0, "credit", rows, [1, 2])))
-    assert [(bid, [r[0] for r in batch]) for bid, batch in msg.batches()] == [(10, [7]), (11, [8, 9])]
-    assert decode(encode(m.Dispatch(10, 1.0, "size", rows))).batches() == [(10, rows)]
+def test_decoded_rows_are_typed_rows_naming_their_batch():
+    msg = decode(encode(m.Dispatch(1.0, "credit", [m.RequestRow(10, REQ), m.RequestRow(11, REQ2)])))
+    assert [(type(r), r.batch_id, type(r.request), r.request.request_id) for r in msg.requests] == [
+        (m.RequestRow, 10, m.RequestMsg, 1), (m.RequestRow, 11, m.RequestMsg, 2)]
+    done = decode(encode(m.BatchDone(3, "w0", 1.5, 2.5, [], [m.FailedRow(2, "boom")])))
+    assert done.failed == [m.FailedRow(2, "boom")]
 
 
-@pytest.mark.parametrize("sizes", [[1, 1], [1, 1, 1, 1], [3, 0], [4, -1], [True, 2], [1.0, 2]])
-def test_a_dispatch_whose_sizes_do_not_split_its_rows_is_rejected(sizes):
-    rows = [[rid, 4, 2, m.pack_tokens([1, 2, 3, 4])] for rid in (7, 8, 9)]
-    with pytest.raises(ProtocolError, match="Dispatch"):
-        decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.DISPATCH), 1, 1.0, "credit", rows, sizes],
-                             use_bin_type=True))
+@pytest.mark.parametrize("kind, fields", [
+    (m.Kind.TOKENS, [0, 1.0, [1, 2], [3], [11, 12]]),  # a batch id short
+    (m.Kind.TOKENS, [0, 1.0, [1], [3], [11, 12]]),
+    (m.Kind.BATCH_LAUNCH, ["w0", 1.0, "size", [1, 2], [3], 0]),
+])
+def test_parallel_lists_of_unequal_length_are_rejected(kind, fields):
+    with pytest.raises(ProtocolError, match="inconsistent"):
+        decode(msgpack.packb([PROTOCOL_VERSION, int(kind), *fields]))
 
 
 def test_a_bundle_decodes_to_its_messages_in_order_and_a_lone_message_is_sent_bare():

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from batchlab.protocol import ProtocolError, decode, decode_all, encode
 from batchlab.protocol.codec import split_frames
-from batchlab.protocol.messages import PROTOCOL_VERSION, Arrival, Kind, RequestFailed, RequestMsg, RunEnd, Tokens
+from batchlab.protocol.messages import (PROTOCOL_VERSION, Arrival, Kind, RequestFailed, RequestMsg, RequestRow, RunEnd,
+                                        Tokens)
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
-from batchlab.scheduler.framing import dispatch_frames
-from batchlab.scheduler.policies import QueuedRequest, make_policy
+from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler
 from tests.test_faults import free_port
 from tests.wire_cases import BAD_CASES, TOKENS, VALID, bad_frame, frame
@@ -50,10 +50,10 @@ def test_a_decoded_request_holds_only_ids_lengths_and_times_a_table_can_store(n,
 
 
 def test_a_bundle_with_one_bad_inner_message_is_refused_whole():
-    inner = [[int(Kind.TOKENS), 0, 0, 1.0, [1], [5]], [int(Kind.REQUEST_FAILED), 2**64 - 1, "x", 1.0]]
+    inner = [[int(Kind.TOKENS), 0, 1.0, [1], [0], [5]], [int(Kind.REQUEST_FAILED), 2**64 - 1, "x", 1.0]]
     with pytest.raises(ProtocolError, match="RequestFailed.request_id"):
         decode_all(msgpack.packb([PROTOCOL_VERSION, int(Kind.BUNDLE), inner]))
-    assert decode_all(msgpack.packb([PROTOCOL_VERSION, int(Kind.BUNDLE), inner[:1]])) == [Tokens(0, 0, 1.0, [1], [5])]
+    assert decode_all(msgpack.packb([PROTOCOL_VERSION, int(Kind.BUNDLE), inner[:1]])) == [Tokens(0, 1.0, [1], [0], [5])]
 
 
 # --- the scheduler: its receive and handle code fed a fake ROUTER -------------------------------------
@@ -119,29 +119,30 @@ def test_the_scheduler_counts_bad_frames_refuses_taken_ids_and_gives_each_reques
     assert stats["rejected_messages"] == bad  # every one counted, none became a request
     assert stats["submitted"] == len(set(ids))
     assert stats["duplicate_requests"] == len(ids) - len(set(ids))
-    arrivals = [r.request_id for r in records if isinstance(r, Arrival)]
+    arrivals = [r.request.request_id for r in records if isinstance(r, Arrival)]
     ends = [r.request_id for r in records if isinstance(r, RequestFailed)]
     assert sorted(arrivals) == sorted(ends) == sorted(set(ids))  # one Arrival and one end per id
 
 
 def test_the_core_refuses_a_request_whose_id_is_taken_and_keeps_the_first():
     core = SchedulerCore(make_policy("naive", batch_size=8))
-    first, clash = QueuedRequest(7, 0.0, 128, 128), QueuedRequest(7, 0.0, 4, 4)
+    first, clash = RequestMsg(7, 0.0, 0.0, 128, 128), RequestMsg(7, 0.0, 0.0, 4, 4)
     assert core.on_request(first, 0.0) and not core.on_request(clash, 0.0)
     assert list(core.queue) == [first] and core.stats["submitted"] == 1 and core.stats["duplicate_requests"] == 1
     assert core.drain() == []  # no record for the refused one: the first keeps its id's only end
 
 
 # --- frames within the limit ------------------------------------------------------------------------
-def test_a_run_of_launches_too_large_for_one_frame_is_split_and_a_lone_batch_fails_naming_size_and_limit():
-    rows = [QueuedRequest(i, 0.0, 100, 4, TOKENS * 40) for i in range(4)]  # 640 bytes of tokens each
-    group = [Launch("w0", i, "credit", [r], 0) for i, r in enumerate(rows)]
-    frames, too_large = dispatch_frames(group, 1.0, max_bytes=1000)
+def test_a_launch_too_large_for_one_frame_is_split_at_batches_and_a_lone_batch_fails_naming_size_and_limit():
+    requests = [RequestMsg(i, 0.0, 0.0, 100, 4, TOKENS * 40) for i in range(4)]  # 640 bytes of tokens each
+    launch = Launch("w0", "credit", [RequestRow(i, r) for i, r in enumerate(requests)], 0)
+    frames, too_large = launch.frames(1.0, max_bytes=1000)
     assert too_large == [] and len(frames) > 1
-    assert [launch.batch_id for part, _ in frames for launch in part] == [0, 1, 2, 3]
+    assert [row.batch_id for part, _ in frames for row in part.rows] == [0, 1, 2, 3]
     assert all(len(f) <= 1000 for _, f in frames)
-    frames, too_large = dispatch_frames([Launch("w0", 9, "full", rows, 0)], 1.0, max_bytes=1000)
-    assert frames == [] and [launch.batch_id for launch, _ in too_large] == [9]
+    whole = Launch("w0", "full", [RequestRow(9, r) for r in requests], 0)
+    frames, too_large = whole.frames(1.0, max_bytes=1000)
+    assert frames == [] and [part.batch_ids() for part, _ in too_large] == [[9]]
     assert "over the 1000-byte frame limit" in too_large[0][1] and "4 rows" in too_large[0][1]
 
 
@@ -150,7 +151,7 @@ def test_an_unsendable_launch_fails_each_of_its_requests_once_and_frees_the_work
     core = SchedulerCore(make_policy("naive", batch_size=2))
     core.on_hello("w0", WorkerHello("w0", "sim", "m", "static", 2, 1, 10**12, "cpu", "none"), 0.0)
     for i in range(2):
-        core.on_request(QueuedRequest(i, 0.0, 4, 4), 0.0)
+        core.on_request(RequestMsg(i, 0.0, 0.0, 4, 4), 0.0)
     (launch,) = core.schedule(0.0).launches
     core.on_unsendable(launch, "dispatch of 2 rows is 99 bytes, over the 10-byte frame limit", 1.0)
     assert [(r.request_id, r.reason) for r in core.drain()] == [

@@ -12,9 +12,9 @@ import pytest
 import torch
 import zmq
 
-from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, Heartbeat, ProtocolError,
-                               RequestFailed, RequestMsg, RunEnd, Shutdown, Start, Tokens, TrafficHello, WorkerBye,
-                               WorkerCapacity, WorkerHello, decode, decode_all, encode, now)
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, FailedRow, Heartbeat,
+                               ProtocolError, RequestFailed, RequestMsg, RequestRow, RunEnd, Shutdown, Start, Tokens,
+                               TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, decode, decode_all, encode, now)
 from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler
@@ -46,13 +46,18 @@ def request(rid: int) -> RequestMsg:
     return RequestMsg(rid, t, t, len(PROMPT), 4, pack_tokens(PROMPT))
 
 
+def row(batch_id: int, rid: int, output_len: int = 4) -> RequestRow:
+    """A Dispatch's row: request `rid` (the PROMPT, `output_len` tokens) in batch `batch_id`."""
+    return RequestRow(batch_id, RequestMsg(rid, 0.0, 0.0, len(PROMPT), output_len, pack_tokens(PROMPT)))
+
+
 def is_dispatch(msg: object) -> bool:
     return isinstance(msg, Dispatch)
 
 
 def dispatched(seen: list[object]) -> list[int]:
     """Request ids in the Dispatches seen so far, in order."""
-    return [row[0] for m in seen if isinstance(m, Dispatch) for row in m.requests]
+    return [r.request.request_id for m in seen if isinstance(m, Dispatch) for r in m.requests]
 
 
 # --- a real Scheduler with a fake traffic and a fake worker -------------------------------------------
@@ -179,7 +184,7 @@ def test_a_worker_that_rejoins_under_its_id_gets_its_running_request_again_then_
     first = rig.worker.wait_for(is_dispatch)
     rig.worker.send(hello())  # a restart: what the old process ran is gone
     again = rig.worker.wait_for(is_dispatch)
-    assert again.requests[0][0] == 7 and again.batch_id != first.batch_id
+    assert again.requests[0].request.request_id == 7 and again.requests[0].batch_id != first.requests[0].batch_id
     rig.worker.send(hello())  # a second restart: its one requeue is spent
     failed = rig.recorded_until(lambda m: isinstance(m, RequestFailed))
     assert (failed.request_id, failed.reason) == (7, "worker rejoined: its running requests were lost")
@@ -231,7 +236,7 @@ class WorkerRig:
 
     def dispatch(self, batch_id: int, rows: list[tuple[int, int]]) -> BatchDone:
         """Dispatch (request_id, output_len) rows as one batch and wait for its BatchDone."""
-        self.send(Dispatch(batch_id, now(), "credit", [[rid, len(PROMPT), n, pack_tokens(PROMPT)] for rid, n in rows]))
+        self.send(Dispatch(now(), "credit", [row(batch_id, rid, n) for rid, n in rows]))
         return self.wait_for(lambda m: isinstance(m, BatchDone) and m.batch_id == batch_id)
 
     def close(self) -> list[object]:
@@ -268,8 +273,8 @@ def test_a_step_that_raises_fails_its_rows_once_then_the_worker_idles_and_serves
     try:
         done = rig.dispatch(0, [(1, 1000), (2, 1000)])  # long rows: a backend that kept them stays busy
         assert not rig.backend.has_work()
-        assert done.finished == [] and sorted(done.failed) == [[1, "worker error: RuntimeError: boom"],
-                                                               [2, "worker error: RuntimeError: boom"]]
+        assert done.finished == [] and sorted(done.failed, key=lambda r: r.request_id) == [
+            FailedRow(1, "worker error: RuntimeError: boom"), FailedRow(2, "worker error: RuntimeError: boom")]
         again = rig.dispatch(1, [(3, 4)])
         assert again.finished == [3] and again.failed == []
     finally:

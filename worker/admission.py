@@ -9,7 +9,7 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 
 from batchlab.protocol.clock import now
-from batchlab.protocol.messages import BatchDone, Dispatch, RequestRow
+from batchlab.protocol.messages import BatchDone, Dispatch, FailedRow, RequestRow
 from batchlab.worker.backend import BackendInfo
 
 @dataclass
@@ -19,7 +19,7 @@ class OpenBatch:
     left: set[int]
     start_time: float
     finished: list[int] = field(default_factory=list)
-    failed: list[list] = field(default_factory=list)
+    failed: list[FailedRow] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -34,23 +34,31 @@ class Admission:
 
 def admit(msg: Dispatch, worker_id: str, info: BackendInfo, open_batches: Container[int],
           live_ids: dict[int, int]) -> Admission:
-    """Sort `msg`'s batches: a static worker runs each batch alone, so each may hold the announced
+    """Sort `msg`'s batches (its rows grouped by batch id): a static worker runs each batch alone, so each may hold the announced
     max_batch_size rows; a continuous one holds that many in all, those running (`live_ids`) included."""
     out, seen, t = Admission(), set(), now()
     max_rows, continuous = info.max_batch_size, info.mode == "continuous"
     room = max_rows - len(live_ids) if continuous else max_rows
-    for batch_id, rows in msg.batches():
+    for batch_id, rows in by_batch(msg.requests).items():
         reason = _refusal(batch_id, rows, room, max_rows, open_batches, live_ids, seen)
         if reason is None:
             out.accepted.append((batch_id, rows))
             room -= len(rows) if continuous else 0
-            seen.update(r[0] for r in rows)
+            seen.update(r.request.request_id for r in rows)
             continue
         out.refused.append(f"batch {batch_id} of {len(rows)} rows {reason}")
         if batch_id not in open_batches:
             failed = _fresh(rows, live_ids, seen)
             seen.update(failed)  # ended here: a later batch of this dispatch may not run them
-            out.answers.append(BatchDone(batch_id, worker_id, t, t, [], [[rid, reason] for rid in failed]))
+            out.answers.append(BatchDone(batch_id, worker_id, t, t, [], [FailedRow(rid, reason) for rid in failed]))
+    return out
+
+
+def by_batch(rows: list[RequestRow]) -> dict[int, list[RequestRow]]:
+    """{batch_id: its rows}, in the order of each batch's first row."""
+    out: dict[int, list[RequestRow]] = {}
+    for row in rows:
+        out.setdefault(row.batch_id, []).append(row)
     return out
 
 
@@ -59,7 +67,7 @@ def _refusal(batch_id: int, rows: list[RequestRow], room: int, max_rows: int, op
     """Why this batch is refused (short: a refusal of 2**20 rows must fit one frame), or None."""
     if batch_id in open_batches:
         return f"refused: batch {batch_id} runs already"
-    ids = [r[0] for r in rows]
+    ids = [r.request.request_id for r in rows]
     clash = next((rid for rid in ids if rid in live_ids or rid in seen), None)
     if clash is not None or len(set(ids)) != len(ids):
         return f"refused: request id {clash if clash is not None else _repeated(ids)} is taken"
@@ -70,7 +78,8 @@ def _refusal(batch_id: int, rows: list[RequestRow], room: int, max_rows: int, op
 
 def _fresh(rows: list[RequestRow], live_ids: Container[int], seen: set[int]) -> list[int]:
     """The distinct ids of `rows` that no running or accepted request holds, in order."""
-    return list(dict.fromkeys(r[0] for r in rows if r[0] not in live_ids and r[0] not in seen))
+    ids = (r.request.request_id for r in rows)
+    return list(dict.fromkeys(rid for rid in ids if rid not in live_ids and rid not in seen))
 
 
 def _repeated(ids: list[int]) -> int:

@@ -2,7 +2,8 @@
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batchlab.protocol import WorkerHello
+from batchlab.protocol import RequestRow, WorkerHello
+from batchlab.protocol.wire import unpack_tokens
 
 
 class OutOfMemory(Exception):
@@ -15,13 +16,20 @@ class BackendError(Exception):
 
 @dataclass(slots=True)
 class Row:
-    """One request as a worker runs it: token ids in, exactly `output_len` tokens out."""
+    """One request as a backend runs it (the last hop of a request: a RequestRow with its token ids
+    unpacked): token ids in, exactly `output_len` tokens out."""
 
     request_id: int
     prompt_len: int
     output_len: int
     prompt_tokens: list[int]
     batch_id: int
+
+    @classmethod
+    def of(cls, row: RequestRow) -> "Row":
+        """The row a Dispatch carried, its prompt tokens unpacked."""
+        r = row.request
+        return cls(r.request_id, r.prompt_len, r.output_len, unpack_tokens(r.prompt_tokens), row.batch_id)
 
 
 @dataclass(slots=True)

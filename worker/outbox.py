@@ -1,7 +1,7 @@
 """What a worker sends, kept and sent in bundles: the scheduler's BatchDones after each step (its credit),
 the collector's records every few milliseconds (an echo worker steps thousands of times a second; a frame
 per step cost more CPU in the I/O threads and the collector than the step itself)."""
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import zmq
 
@@ -30,17 +30,19 @@ class Outbox:
         self.records.add(msg)
         self.dones.append(msg)
 
-    def tokens(self, batch_id: int, step: int, out: StepOutput) -> None:
+    def tokens(self, step: int, out: StepOutput, batch_of: Mapping[int, int]) -> None:
         """One Tokens record per distinct token time (a backend may stamp rows at different moments of
-        one step: decode tokens when the forward's results reached the host, joiners after prefill)."""
+        one step: decode tokens when the forward's results reached the host, joiners after prefill), each
+        token with its row's batch (`batch_of`: request_id -> batch_id of the rows the worker runs)."""
         if not out.request_ids:
             return
         times = out.times or [out.time] * len(out.request_ids)
         start = 0
         for i in range(1, len(times) + 1):
             if i == len(times) or times[i] != times[start]:
-                self.records.add(Tokens(batch_id, step, self.to_scheduler(times[start]),
-                                        out.request_ids[start:i], out.token_ids[start:i]))
+                rids = out.request_ids[start:i]
+                self.records.add(Tokens(step, self.to_scheduler(times[start]), rids, [batch_of[r] for r in rids],
+                                        out.token_ids[start:i]))
                 start = i
 
     def flush(self, *, all_records: bool = True) -> None:

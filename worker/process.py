@@ -4,12 +4,11 @@ import time
 
 import zmq
 
-from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, Shutdown, Step, WorkerBye, WorkerCapacity,
-                               encode, now)
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, FailedRow, Shutdown, Step, WorkerBye,
+                               WorkerCapacity, encode, now)
 from batchlab.protocol.environment import environment
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.inbox import Inbox
-from batchlab.protocol.messages import STEP_BATCH, unpack_tokens
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket
 from batchlab.worker.admission import OpenBatch, admit
@@ -120,8 +119,8 @@ class Worker:
                 self.inbox.reject(why)
             for done in admission.answers:  # refused: each row fails with the reason
                 self._batch_done(done)
-            for batch_id, requests in admission.accepted:  # one batch, or a pass's one-request batches
-                rows = [Row(r[0], r[1], r[2], unpack_tokens(r[3]), batch_id) for r in requests]
+            for batch_id, requests in admission.accepted:  # a static pass's one batch, or a continuous one's
+                rows = [Row.of(r) for r in requests]
                 if self.backend.info.mode == "continuous":
                     self._admit(batch_id, rows)
                 else:
@@ -134,9 +133,10 @@ class Worker:
 
     def _run_static(self, batch_id: int, rows: list[Row]) -> None:
         start, finished, failed, oom = now(), [], [], False
+        batch_of = {r.request_id: batch_id for r in rows}
 
         def on_step(out: StepOutput) -> None:
-            self.out.tokens(batch_id, self.step_no, out)
+            self.out.tokens(self.step_no, out, batch_of)
             self.out.flush(all_records=False)
             finished.extend(out.finished)
             self.deferred.extend(self._receive(timeout_ms=0))
@@ -149,11 +149,11 @@ class Worker:
             oom = True
         except WorkerStopping as exc:
             done = set(finished)
-            failed = [[r.request_id, str(exc)] for r in rows if r.request_id not in done]
+            failed = [FailedRow(r.request_id, str(exc)) for r in rows if r.request_id not in done]
         except Exception as exc:  # a backend failure fails this batch, never the worker
             log.exception("batch %d failed", batch_id)
             done = set(finished)
-            failed = [[r.request_id, f"worker error: {type(exc).__name__}: {exc}"] for r in rows
+            failed = [FailedRow(r.request_id, f"worker error: {type(exc).__name__}: {exc}") for r in rows
                       if r.request_id not in done]
         self._batch_done(BatchDone(batch_id, self.worker_id, start, now(), [] if oom else finished, failed,
                                    oom, self.backend.peak_memory_bytes()))
@@ -174,7 +174,7 @@ class Worker:
         self._report_capacity()  # an OOM inside the step may have moved the backend's row cap
         if out is None:
             return
-        self.out.tokens(STEP_BATCH, self.step_no, out)  # one step serves many dispatches
+        self.out.tokens(self.step_no, out, self.batch_of)  # one step serves many batches
         conv = self.clock.to_scheduler
         self.out.record(Step(self.worker_id, self.step_no, conv(out.start_time), conv(out.time), out.running,
                                 out.joined, len(out.finished), out.prefill_tokens))
@@ -210,14 +210,14 @@ class Worker:
         if reason is None:
             ob.finished.append(request_id)
         else:
-            ob.failed.append([request_id, reason])
+            ob.failed.append(FailedRow(request_id, reason))
         if not ob.left:
             del self.open[batch_id]
             self._batch_done(BatchDone(batch_id, self.worker_id, ob.start_time, now(), ob.finished, ob.failed,
                                        False, self.backend.peak_memory_bytes()))
 
     def _batch_done(self, done: BatchDone) -> None:
-        done.engine_metrics = self._engine_metrics([*done.finished, *(row[0] for row in done.failed)])
+        done.engine_metrics = self._engine_metrics([*done.finished, *(row.request_id for row in done.failed)])
         done.start_time = self.clock.to_scheduler(done.start_time)
         done.end_time = self.clock.to_scheduler(done.end_time)
         self.out.done(done)

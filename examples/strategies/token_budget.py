@@ -10,7 +10,8 @@ holds, so a batch of long prompts launches sooner and a batch of short ones grow
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchlab.scheduler.policies import Capacity, Decision, QueuedRequest
+from batchlab.protocol import RequestMsg
+from batchlab.scheduler.policies import Capacity, Decision
 
 
 @dataclass
@@ -34,7 +35,7 @@ class TokenBudget:
         self.params = params
         self.budget = params.max_batch_tokens
 
-    def decide(self, queue: Sequence[QueuedRequest], now: float, cap: Capacity,
+    def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
         """Launch queue[:n] with a reason, or ask to be woken when the oldest request is due."""
         if cap.free_slots <= 0 or not queue:
