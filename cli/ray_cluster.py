@@ -155,11 +155,13 @@ class LocalCluster:
 
 
 def _node_pids(temp_dir: Path) -> list[int]:
-    """The daemons a `ray start --temp-dir temp_dir` left (each names its folder on its command line)."""
+    """The daemons a `ray start --temp-dir temp_dir` left: each names its folder on its command line or
+    has it as TMPDIR (Ray's client server names no folder on its command line)."""
     import psutil
 
-    return sorted(p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
-                  if str(temp_dir) in " ".join(p.info["cmdline"] or []))
+    return sorted(p.info["pid"] for p in psutil.process_iter(["pid", "cmdline", "environ"])
+                  if str(temp_dir) in " ".join(p.info["cmdline"] or [])
+                  or (p.info["environ"] or {}).get("TMPDIR") == str(temp_dir))
 
 
 def _kill_trees(pids: list[int]) -> None:

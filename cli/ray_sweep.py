@@ -200,9 +200,11 @@ def _drop_actor(ray, g: Group) -> None:
 
 
 def stop_all(ray, groups: list[Group]) -> None:
-    """Every group's actor stops what it started (its points' processes, its warm pool), then is killed;
-    a second Ctrl-C cannot cut this short."""
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Every group's actor stops what it started (its points' processes, its warm pool), then is killed.
+    A Ctrl-C meanwhile cannot cut this short: it is held and raised again once every actor is stopped
+    (mid-sweep, the sweep then stops; a SIGINT this process ignores stays ignored)."""
+    pressed: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
     try:
         live = [g for g in groups if g.actor is not None]
         refs = [g.actor.stop.remote() for g in live]
@@ -216,4 +218,5 @@ def stop_all(ray, groups: list[Group]) -> None:
             _drop_actor(ray, g)
     finally:
         signal.signal(signal.SIGINT, old)
-
+    if pressed:
+        signal.raise_signal(signal.SIGINT)

@@ -16,7 +16,7 @@ import yaml
 pytest.importorskip("ray")
 from batchlab.cli.ray_cluster import LocalCluster  # noqa: E402
 from batchlab.collector.layout import point_dir  # noqa: E402
-from tests.conftest import ROOT, run_cli  # noqa: E402
+from tests.conftest import ROOT, default_sigint, run_cli  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 BASE = {"backend": "sim", "preset": "cpu-tiny-mistral", "dataset": "synthetic", "max_new_tokens": 16,
@@ -104,8 +104,10 @@ def wait_for(condition, what: str, deadline_s: float = DEADLINE_S):
 
 
 def sweep_proc(config: Path, out: Path, address: str) -> subprocess.Popen:
+    """The sweep's driver, with SIGINT at its default even when this test runs as a background job."""
     return subprocess.Popen([sys.executable, "-m", "batchlab.cli.main", "sweep", str(config), "--out", str(out),
-                             "--ray", address], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--ray", address], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint)
 
 
 def test_a_sweep_splits_over_both_nodes_and_reports_as_a_local_sweep(cluster, tmp_path):
@@ -139,7 +141,8 @@ def test_ctrl_c_leaves_no_actor_or_batchlab_process_on_any_node(cluster, tmp_pat
         wait_for(lambda: len(list(out.glob("strategy=*/rate=*/repeat=*/pids.json"))) == 2,
                  "a point running on each node")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=DEADLINE_S) == 130
+        output, _ = proc.communicate(timeout=DEADLINE_S)
+        assert proc.returncode == 130, output[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,0 +1,77 @@
+"""How a Ray sweep stops, without Ray: a Ctrl-C while the actors stop is held until they have stopped, then
+stops the sweep; an inherited ignored SIGINT stays ignored; a local node's daemons are found by TMPDIR too."""
+import os
+import signal
+import subprocess
+
+import pytest
+
+from batchlab.cli.ray_cluster import _kill_trees, _node_pids
+from batchlab.cli.ray_place import Ask
+from batchlab.cli.ray_sweep import Group, stop_all
+
+
+class Method:
+    def __init__(self, calls: list, name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def remote(self):
+        self.calls.append(self.name)
+        return self.name
+
+
+class FakeActor:
+    def __init__(self, calls: list) -> None:
+        self.stop = Method(calls, "stop")
+
+
+class FakeRay:
+    """ray.get and ray.kill as stop_all uses them; a Ctrl-C lands while the actor stops."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def get(self, ref, timeout=None):
+        signal.raise_signal(signal.SIGINT)
+        self.calls.append(f"got {ref}")
+
+    def kill(self, actor, no_restart=True):
+        self.calls.append("killed")
+
+
+def stop_one(calls: list[str]) -> list[str]:
+    stop_all(FakeRay(calls), [Group("naive", Ask({"CPU": 1.0}), [], actor=FakeActor(calls))])
+    return calls
+
+
+@pytest.fixture
+def sigint():
+    """Python's own Ctrl-C handler while the test runs (importing batchlab.cli alone leaves another)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_while_the_actors_stop_is_raised_once_they_are_stopped_and_the_handler_is_restored(sigint):
+    calls: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        stop_one(calls)
+    assert calls == ["stop", "got stop", "killed"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_sigint_stays_ignored_through_the_stop(sigint):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    assert stop_one([]) == ["stop", "got stop", "killed"]
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_node_daemon_that_names_its_folder_only_in_tmpdir_is_one_of_its_pids(tmp_path):
+    proc = subprocess.Popen(["sleep", "60"], env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        assert proc.pid in _node_pids(tmp_path)
+        _kill_trees(_node_pids(tmp_path))
+        proc.wait(timeout=30)  # it ended (psutil reaped it, so no exit code is left to read)
+    finally:
+        proc.kill()
+        proc.wait()
