@@ -53,9 +53,18 @@ class Terminated(KeyboardInterrupt):
     temp folders removed) and exits 143 instead of 130."""
 
 
+_TERMINATED: list[bool] = []  # set once a SIGTERM came: a library (Ray) may re-raise it as a plain Ctrl-C
+
+
 def _terminate(_signum, _frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up that follows is not cut short
+    _TERMINATED.append(True)
     raise Terminated()
+
+
+def was_terminated(exc: BaseException) -> bool:
+    """Whether the command stops for a SIGTERM (`exc` its Terminated, or one that came before it)."""
+    return isinstance(exc, Terminated) or bool(_TERMINATED)
 
 
 @contextlib.contextmanager
@@ -66,6 +75,7 @@ def terminated_as_interrupt():
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
+    _TERMINATED.clear()  # a command starts unterminated (a test may run several in one process)
     signal.signal(signal.SIGTERM, _terminate)
     try:
         yield

@@ -81,9 +81,9 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     try:
         summary = _launch(_with_schedule(cfg, out), out, slos, on_tick, pool, limits)
     except KeyboardInterrupt as exc:
-        from batchlab.cli import Terminated
+        from batchlab.cli import was_terminated
 
-        record.end("interrupted", "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C")
+        record.end("interrupted", "SIGTERM" if was_terminated(exc) else "Ctrl-C")
         raise
     except RunTimeout as exc:
         record.end("stopped" if exc.phase == "run" else "failed", str(exc))

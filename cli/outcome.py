@@ -24,9 +24,9 @@ FAULT_PREFIXES = ("worker lost", "worker rejoined", "worker stopped", "worker er
 
 def interrupted_exit(exc: BaseException) -> int:
     """The exit code of a command stopped by `exc` (a KeyboardInterrupt): 143 for a SIGTERM, else 130."""
-    from batchlab.cli import Terminated
+    from batchlab.cli import was_terminated
 
-    return SIGNAL_EXIT_BASE + signal.SIGTERM if isinstance(exc, Terminated) else INTERRUPTED_EXIT
+    return SIGNAL_EXIT_BASE + signal.SIGTERM if was_terminated(exc) else INTERRUPTED_EXIT
 
 
 def is_fault(reason: str) -> bool:

@@ -75,3 +75,40 @@ def test_a_node_daemon_that_names_its_folder_only_in_tmpdir_is_one_of_its_pids(t
     finally:
         proc.kill()
         proc.wait()
+
+
+class SigtermTakingRay:
+    """ray.init as Ray's does it: its own SIGTERM handler in place of the caller's."""
+
+    def __init__(self) -> None:
+        self.inits = 0
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **_kwargs) -> None:
+        self.inits += 1
+        signal.signal(signal.SIGTERM, lambda signum, _frame: os._exit(signum))
+
+
+def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch):
+    from batchlab.cli import ray_cluster, terminated_as_interrupt
+
+    fake = SigtermTakingRay()
+    monkeypatch.setattr(ray_cluster, "import_ray", lambda: fake)
+    with terminated_as_interrupt():
+        ours = signal.getsignal(signal.SIGTERM)
+        assert ray_cluster.connect("10.0.0.1:6379") is fake and fake.inits == 1
+        assert signal.getsignal(signal.SIGTERM) is ours
+
+
+def test_a_sigterm_re_raised_as_a_plain_ctrl_c_still_exits_143(monkeypatch):
+    from batchlab import cli
+    from batchlab.cli.outcome import interrupted_exit
+
+    monkeypatch.setattr(cli, "_TERMINATED", [])
+    assert interrupted_exit(KeyboardInterrupt()) == 130
+    with pytest.raises(cli.Terminated):
+        cli._terminate(signal.SIGTERM, None)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert interrupted_exit(KeyboardInterrupt()) == 143  # what Ray's ray.wait raises in its place
