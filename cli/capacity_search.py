@@ -18,6 +18,7 @@ from batchlab.cli.sweep_point import execute, reused  # the sweep's one way to r
 from batchlab.collector.capacity import (MAX_PROBES, WIDTH, Capacity, Probe, Verdict, search, sustain,
                                         tokens_per_request)
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, PROBE_DIR, point_dir, probe_dir
+from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.files import write_json_atomic
 
 BURST_REQUESTS = 24
@@ -59,11 +60,6 @@ def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: SearchSett
     return point, {**plan.base, "duration_s": s.duration_s}
 
 
-def _saturated_rate(summary: dict) -> float:
-    window_s = summary.get("window_s") or 0.0
-    return summary["finished"] / window_s if window_s > 0 else 0.0
-
-
 class LiveSearch:
     """Capacity searches on real points, on the sweep's warm workers (cli.pool.PoolKeeper)."""
 
@@ -80,7 +76,7 @@ class LiveSearch:
         record = self._run(point, base, "burst")
         if record["status"] not in ("done", "skipped"):
             raise SweepError(f"the capacity burst on {entry.label} failed: {record['reason'].splitlines()[0]}")
-        rate = _saturated_rate(json.loads((point.folder / "summary.json").read_text()))
+        rate = read_summary(point.folder).requests_per_s
         if not rate > 0:
             raise SweepError(f"the capacity burst on {entry.label} finished no request within the point's limit")
         return rate
@@ -111,7 +107,7 @@ class SimulatedSearch:
     def __init__(self, plan: Plan, settings: SearchSettings) -> None:
         self.plan, self.s = plan, settings
 
-    def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, dict, dict | None]:
+    def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, Summary, dict | None]:
         from batchlab.simulator.run import simulate
         from batchlab.traffic.run_schedule import make_schedule
 
@@ -122,9 +118,9 @@ class SimulatedSearch:
     def start_rate(self, entry: Entry) -> float:
         """The burst's finished ÷ window in virtual time."""
         _, summary, _ = self._requests(*_burst_point(self.plan, entry, Path("."), self.s))
-        if not _saturated_rate(summary) > 0:
+        if not summary.requests_per_s > 0:
             raise SweepError(f"the simulated capacity burst on {entry.label} finished no request")
-        return _saturated_rate(summary)
+        return summary.requests_per_s
 
     def measure(self, entry: Entry):
         """collector.capacity.Measure for this entry, in virtual time."""

@@ -87,7 +87,7 @@ def tool_formulas(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
 
 
 def _peak_memory(runs: list[RunData]) -> int:
-    peaks = [int(r.summary.get("peak_memory_bytes") or 0) for r in runs]
+    peaks = [r.summary.peak_memory_bytes for r in runs]
     peaks += [int(r.batches["peak_memory_bytes"].max()) for r in runs
               if not r.batches.empty and "peak_memory_bytes" in r.batches]
     return max(peaks, default=0)
