@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from batchlab.collector.layout import RUN_FILE, SUMMARY_FILE
+from batchlab.protocol.run_dir import RUN_FILE, SUMMARY_FILE
 from batchlab.collector.report.setup import cpu_model, gpu_name, recorded_environment
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"

@@ -13,7 +13,8 @@ from pathlib import Path
 import typer
 
 from batchlab.cli.sim_presets import CALIBRATED_KIND
-from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, SUMMARY_FILE, WORKERS_DIR, RunDir
+from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
+from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, WORKERS_DIR
 from batchlab.collector.summary import read_summary
 
 NOT_POINTS = {PROBE_DIR, CAPACITY_DIR, WORKERS_DIR}  # a sweep's bursts, capacity probes and warm workers' own

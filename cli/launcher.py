@@ -15,7 +15,7 @@ from batchlab.protocol.settings import RunConfig
 from batchlab.cli.procs import Child
 from batchlab.cli.run_end import post_process
 from batchlab.cli.run_folder import RunRecord
-from batchlab.collector.layout import RunDir
+from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.sockets import Addresses
 

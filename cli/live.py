@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.text import Text
 
 from batchlab.cli.launcher import launch_run
-from batchlab.collector.layout import PROGRESS_FILE
+from batchlab.protocol.run_dir import PROGRESS_FILE
 from batchlab.protocol.settings import RunConfig
 
 LOG_INTERVAL_S = 5.0  # output not a terminal: one progress line this often

@@ -17,7 +17,7 @@ from batchlab.cli import procs, roles
 from batchlab.protocol.settings import RunConfig
 from batchlab.cli.launcher import STOP_GRACE_S, start_role
 from batchlab.cli.procs import Child
-from batchlab.collector.layout import RunDir
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.sockets import Addresses
 from batchlab.scheduler.strategies import resolve
 from batchlab.worker.sessions import Session

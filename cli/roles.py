@@ -2,7 +2,7 @@
 import logging
 from pathlib import Path
 
-from batchlab.collector.layout import RunDir
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.identity import run_settings
 from batchlab.protocol.settings import RunConfig
 from batchlab.scheduler.strategies import resolve

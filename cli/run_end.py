@@ -2,7 +2,7 @@
 run, so that no reader (report, tune, benchmarks) ever rewrites a run's files."""
 from pathlib import Path
 
-from batchlab.collector.layout import RunDir
+from batchlab.protocol.run_dir import RunDir
 
 
 def post_process(out: Path, deaths: list) -> None:

@@ -5,7 +5,7 @@ import shutil
 import time
 from pathlib import Path
 
-from batchlab.collector.layout import LOGS_DIR, RUN_FILE, SCHEDULE_FILE
+from batchlab.protocol.run_dir import LOGS_DIR, RUN_FILE, SCHEDULE_FILE
 from batchlab.protocol.environment import batchlab_version, environment, utc_now
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.identity import config_hash, identity

@@ -12,7 +12,8 @@ import yaml
 
 from batchlab.cli.sim_plan import SimPlan
 from batchlab.cli.sweep_plan import Point, auto_rates, plan_points, probe_point, span_rates
-from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR, RunDir
+from batchlab.protocol.run_dir import RunDir
+from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
 from batchlab.collector.parts import write_final
 from batchlab.collector.summary import Summary, headline
 from batchlab.collector.tables import Tables

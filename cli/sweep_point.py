@@ -9,8 +9,8 @@ from batchlab.cli.launcher import Limits, RunTimeout, launch_run
 from batchlab.cli.outcome import verdict
 from batchlab.cli.pool import PoolKeeper
 from batchlab.cli.sweep_plan import Plan, Point, SweepError
-from batchlab.collector.layout import (DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT, RUN_FILE, RunDir,
-                                       is_old_layout)
+from batchlab.protocol.run_dir import RUN_FILE, RunDir
+from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT, is_old_layout
 from batchlab.collector.summary import Summary, SummaryError, headline, read_summary
 from batchlab.collector.vllm_result import point_result
 from batchlab.protocol.files import write_json_atomic

@@ -17,7 +17,7 @@ import typer
 from batchlab.cli.fanout import Fanout, Processes, RayAddress
 from batchlab.cli.options import ConfigOpt, Opt, with_settings
 from batchlab.protocol.settings import ConfigError, RunConfig
-from batchlab.collector.layout import RunDir
+from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.summary import Summary
 
 DEFAULT_OUT = "results/tune"

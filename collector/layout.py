@@ -1,5 +1,5 @@
-"""Names of the files and folders in a run folder and a sweep folder (written by the collector and
-the sweep, read by the report).
+"""Names of the files and folders in a sweep folder (written by the sweep, read by the report); a run
+folder's own are protocol.run_dir's.
 
 A sweep's point folders are Hive partitions, OUT/strategy=<label>/rate=<r>/repeat=<k>/, so DuckDB,
 pyarrow, Polars and Spark read a whole sweep's tables as one table with those columns; a value is
@@ -7,70 +7,16 @@ percent-encoded as pyarrow writes it (a label with `/`, `=`, `%` or a space stay
 Every name of a point folder is made and parsed here (a closed-loop load setting would be one more key).
 """
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-TABLE_NAMES = ("requests", "tokens", "batches", "steps")  # a run's tables: <name>.parquet
-SUMMARY_FILE = "summary.json"
-SCHEDULE_FILE = "schedule.parquet"  # traffic's planned requests (replayable)
-NOTES_KEY = b"batchlab.notes"  # schedule.parquet's footer key: the schedule's notes as JSON
-PARTS_DIR = ".parts"  # a live run's table rows, one Parquet file per flush
-LOGS_DIR = "logs"  # every role's stdout/stderr
-CONFIG_FILE = "config.yaml"  # the run's settings, as `--config` reads them
-PIDS_FILE = "pids.json"  # every role's process id while a run goes
-TIMING_FILE = "timing.json"  # start-up and run seconds (launcher)
-PROGRESS_FILE = "progress.json"  # request counts while a run goes (collector → launcher)
-RUN_FILE = "run.json"  # a run's identity (config hash), environment, start/end and status
 INDEX_FILE = "sweep.json"  # a sweep's index of points
 DONE_FILE = "point.json"  # a point whose run returned (summary.json alone is also written on failure)
 FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
 PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
 WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, between points)
-VLLM_RESULT_FILE = "vllm_result.json"  # a run's figures under `vllm bench serve --save-result`'s keys
-VLLM_RESULT_ERROR_FILE = "vllm_result.error.txt"  # why a sweep point has no vllm_result.json
 CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<point_dir> (bursts: _probe/<probe_dir>)
 CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes
-
-
-
-@dataclass(frozen=True, slots=True)
-class RunDir:
-    """One run's folder: the path of every file in it."""
-
-    path: Path
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
-
-    def table(self, name: str) -> Path:
-        """A final table file: requests, tokens, batches or steps."""
-        return self.path / f"{name}.parquet"
-
-    def part(self, name: str, seq: int) -> Path:
-        """A table's `seq`-th part file."""
-        return self.path / PARTS_DIR / f"{name}-{seq:06d}.parquet"
-
-    def parts(self, name: str) -> list[Path]:
-        """A table's part files, in the order they were written."""
-        return sorted((self.path / PARTS_DIR).glob(f"{name}-*.parquet"))
-
-    def log(self, name: str) -> Path:
-        """A role's output file."""
-        return self.path / LOGS_DIR / name
-
-    summary = property(lambda self: self.path / SUMMARY_FILE)
-    schedule = property(lambda self: self.path / SCHEDULE_FILE)
-    progress = property(lambda self: self.path / PROGRESS_FILE)
-    run = property(lambda self: self.path / RUN_FILE)
-    parts_dir = property(lambda self: self.path / PARTS_DIR)
-    logs = property(lambda self: self.path / LOGS_DIR)
-    vllm_result = property(lambda self: self.path / VLLM_RESULT_FILE)
-    vllm_result_error = property(lambda self: self.path / VLLM_RESULT_ERROR_FILE)
-    config = property(lambda self: self.path / CONFIG_FILE)
-    pids = property(lambda self: self.path / PIDS_FILE)
-    timing = property(lambda self: self.path / TIMING_FILE)
-
 
 STRATEGY_KEY, RATE_KEY, REPEAT_KEY = "strategy", "rate", "repeat"  # a point folder's partition keys, outermost first
 CONCURRENCY_KEY = "concurrency"  # in a closed-loop sweep, the middle key instead of the rate

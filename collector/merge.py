@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from batchlab.collector import tables
 from batchlab.collector.metrics import LATENCY_STATS, RequestFigures
-from batchlab.collector.layout import RunDir
+from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.parts import read_schedule, write_parquet
 from batchlab.collector.summary import Summary
 from batchlab.collector.quantiles import chunked_percentiles
@@ -38,7 +38,6 @@ SPILL_CHUNK_VALUES = 1 << 18  # inter-token gaps read back at once (2 MiB; 8 MiB
 TOKEN_ORDER = [("request_id", "ascending"), ("token_index", "ascending")]
 SUMMARY_COLUMNS = ["status", "error", "submitted", "prompt_len", "output_len", "arrival_time",
                    "scheduled_time", "first_token_time", "completion_time", "n_tokens"]
-GAPS_FILE = "itl.f64"  # under PARTS_DIR: the finished requests' inter-token gaps, raw float64
 
 
 @dataclass(slots=True)
@@ -270,7 +269,7 @@ def merge_run(store: "RunStore", out_dir: Path, slos: dict | None) -> Tables:
     summary. Every table in the result is None: they are on disk."""
     out_dir = Path(out_dir)
     merge_requests(store, out_dir, read_schedule(out_dir))
-    gaps, run = GapSpill(RunDir(out_dir).parts_dir / GAPS_FILE), run_values(store.settings)
+    gaps, run = GapSpill(RunDir(out_dir).gaps), run_values(store.settings)
     try:
         merge_tokens(out_dir, finished_ids(out_dir), gaps, run)
         merge_batches(store, out_dir)

@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchlab.collector.layout import TABLE_NAMES, RunDir
+from batchlab.protocol.run_dir import TABLE_NAMES, RunDir
 from batchlab.collector.summary import write_summary
 from batchlab.collector.run_columns import RUN_COLUMNS, SETTINGS_COLUMNS, run_values, stamped
 from batchlab.protocol.files import write_atomic, write_json_atomic

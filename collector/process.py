@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zmq
 
-from batchlab.collector.layout import NOTES_KEY, RunDir
+from batchlab.protocol.run_dir import NOTES_KEY, RunDir
 from batchlab.collector.merge import merge_run
 from batchlab.collector.parts import PartWriter, write_final
 from batchlab.collector.store import RunStore

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from batchlab.collector.layout import RunDir
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.files import write_json_atomic
 
 

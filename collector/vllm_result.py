@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.layout import RunDir
+from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.summary import Summary, read_summary
 from batchlab.collector.metrics import inter_token_latencies, request_metrics
 from batchlab.protocol.files import write_json_atomic

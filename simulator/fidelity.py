@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.layout import SUMMARY_FILE, RunDir
+from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
 from batchlab.collector.metrics import percentiles
 from batchlab.collector.parts import load_table, read_schedule
 from batchlab.collector.summary import SummaryError, read_summary, write_summary

@@ -11,6 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchlab.protocol.run_dir import NOTES_KEY
 from batchlab.traffic.arrivals import arrival_offsets
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.datasets import DatasetError, load_conversations, load_sharegpt
@@ -25,7 +26,6 @@ SCHEMA = pa.schema([
 ])
 _HASH_TAG = b"batchlab-schedule-v1"
 _META_HASH, _META_CONFIG, _META_DURATION = b"batchlab.schedule_hash", b"batchlab.config", b"batchlab.duration_s"
-_META_NOTES = b"batchlab.notes"
 HASH_ROWS = 4096  # prompts hashed per slice (bounds the flat copy's memory)
 
 
@@ -143,7 +143,7 @@ def save_schedule(schedule: Schedule, path: str | Path) -> None:
         _META_HASH: schedule.content_hash.encode(),
         _META_DURATION: repr(float(schedule.duration_s)).encode(),
         _META_CONFIG: json.dumps(config).encode(),
-        _META_NOTES: json.dumps(schedule.notes).encode(),
+        NOTES_KEY: json.dumps(schedule.notes).encode(),
     })
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
@@ -176,7 +176,7 @@ def _read_config(meta: dict[bytes, bytes]) -> TrafficConfig | None:
 def _read_notes(meta: dict[bytes, bytes]) -> dict:
     """The saved notes ({} if absent or unreadable)."""
     try:
-        notes = json.loads(meta.get(_META_NOTES, b"{}"))
+        notes = json.loads(meta.get(NOTES_KEY, b"{}"))
     except ValueError:
         return {}
     return notes if isinstance(notes, dict) else {}

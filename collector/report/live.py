@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from batchlab.collector.layout import RunDir
+from batchlab.protocol.run_dir import RunDir
 
 PEEK_INTERVAL_S = 1.0  # the collector flushes parts once a second; reading faster gains nothing
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.layout import (FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE, TABLE_NAMES, RunDir,
-                                       point_of, rate_of)
+from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
+from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, point_of, rate_of
 from batchlab.collector.metrics import NOT_SENT, window_s
 from batchlab.collector.parts import load_table
 from batchlab.collector.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
