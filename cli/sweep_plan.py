@@ -10,7 +10,7 @@ from pathlib import Path
 
 from batchlab.cli.config import checked_config
 from batchlab.collector.layout import POINT_DEPTH, point_dir
-from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
+from batchlab.protocol.settings import VLLM, ConfigError, RunConfig, load_yaml, vllm_rule
 from batchlab.scheduler.strategies import label as strategy_label
 
 DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -105,8 +105,8 @@ def _entry(item: object, base: dict) -> Entry:
     backend = overrides.get("backend", base.get("backend"))
     if not label:
         strategy = strategy_label(str(overrides["strategy"]))
-        label = strategy if strategy == "vllm" or "backend" not in overrides else f"{strategy}-{backend}"
-    overrides.setdefault("backend", "vllm" if overrides["strategy"] == "vllm" else backend or RunConfig().backend)
+        label = strategy if strategy == VLLM or "backend" not in overrides else f"{strategy}-{backend}"
+    overrides.setdefault("backend", vllm_rule(str(overrides["strategy"]), backend or RunConfig().backend)[1])
     return Entry(label, overrides)
 
 
