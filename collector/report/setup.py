@@ -102,7 +102,7 @@ def _trace_text(notes: dict) -> str:
 
 
 def schedule_lines(runs: list[RunData]) -> list[str]:
-    """Where the prompts came from, and per rate how many lengths were capped (from summary["schedule"],
+    """Where the prompts came from, and per rate how many lengths were capped (from the summary's schedule,
     the first run at each rate that has it: every strategy replays the same schedule); [] without notes."""
     first: dict[float, RunData] = {}
     for run in sorted(runs, key=lambda r: r.repeat):
