@@ -3,7 +3,7 @@ a warning line when the run was overloaded or the harness itself lagged."""
 from rich.console import Console
 from rich.table import Table
 
-from batchlab.collector.summary import Summary
+from batchlab.collector.summary import Latency, Summary
 
 OVERLOAD_SERVED_SHARE = 0.9  # served rate under this share of the offered rate: the worker did not keep up
 SEND_LAG_WARN_S = 1e-3  # traffic sent its p99 request this late: arrival times are not what was planned
@@ -49,7 +49,7 @@ def table(summary: Summary) -> Table:
         t.add_row("goodput (SLOs met)", "–" if good.fraction is None else
                   f"{good.fraction:.1%} ({good.met} of {good.submitted})")
     for key, name in LATENCIES:
-        figures = summary.latency(key)
+        figures: Latency = getattr(summary, key)
         t.add_row(f"{name} p50 / p90 / p99 (ms)", " / ".join(_ms(v) for v in (figures.p50, figures.p90, figures.p99)))
     return t
 

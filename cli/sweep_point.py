@@ -11,7 +11,7 @@ from batchlab.cli.pool import PoolKeeper
 from batchlab.cli.sweep_plan import Plan, Point, SweepError
 from batchlab.protocol.run_dir import RUN_FILE, RunDir
 from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT, is_old_layout
-from batchlab.collector.summary import Summary, SummaryError, headline, read_summary
+from batchlab.collector.summary import SummaryError, headline, read_summary
 from batchlab.collector.vllm_result import point_result
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.identity import config_hash, differences
@@ -47,7 +47,7 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
             (point.folder / FAILED_FILE).write_text(reason + "\n")
             return point.record("failed", reason, round(time.monotonic() - started, 2))
         summary, note = read_summary(point.folder), str(exc)  # unfinished requests: failed
-    note = note or fault_note(summary)
+    note = note or verdict(summary, summary.role_deaths)[1]  # what `batchlab run` would say about a fault
     point_result(point.folder)  # vllm_result.json: the figures under vllm bench serve's keys
     record = (point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
               | {"config_hash": config_hash(cfg.as_settings())})
@@ -112,11 +112,6 @@ def stale_point(point: Point, base: dict) -> list[str]:
         except (OSError, ValueError, AttributeError):
             return ["no readable record of its configuration"]
     return differences(recorded, planned) if isinstance(recorded, dict) else ["no record of its configuration"]
-
-
-def fault_note(summary: Summary) -> str:
-    """What `batchlab run` would have said on stderr about a fault ("" when the run lost nothing)."""
-    return verdict(summary, summary.role_deaths)[1]
 
 
 def _timing(folder: Path) -> dict:

@@ -1,9 +1,5 @@
-"""A run's summary.json as typed data: the collector writes a Summary, every reader gets one back.
-
-The headline figures are required (a file without them is not a batchlab summary); the sections that
-later steps add (the launcher's harness_lag and role_deaths, the simulator's timing_fidelity, ...) are
-optional; any other key is kept as it is, so a file read and written again keeps every key.
-"""
+"""A run's summary.json as typed data: the collector writes a Summary, every reader gets one back. The
+headline figures are required; the sections later steps add are optional; any other key is kept as it is."""
 import math
 from pathlib import Path
 
@@ -66,10 +62,6 @@ class Summary(BaseModel):
     schedule: dict = {}  # the schedule's notes (prompt source, capped lengths, a trace's own rate)
     timing_fidelity: dict | None = None
     prefix_cache: dict | None = None
-
-    def latency(self, metric: str) -> Latency:
-        """ttft, tpot, itl, e2e or queue_wait by name."""
-        return getattr(self, metric)
 
     def to_json(self) -> dict:
         """The keys this summary was given (and set), in JSON's types: NaN → null, the rate inf → "inf"

@@ -7,7 +7,7 @@ import pandas as pd
 
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, point_of, rate_of
-from batchlab.collector.metrics import NOT_SENT, window_s
+from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table
 from batchlab.collector.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 from batchlab.collector.run_columns import run_label
@@ -78,11 +78,6 @@ class Collection:
         return [r for r in self.runs if r.label == label and r.rate == rate]
 
 
-def label_of(settings: dict) -> str:
-    """A run's label when no sweep index names it: its `label` setting, else vllm or the strategy."""
-    return run_label(settings)
-
-
 def planned_rate(folder: Path, settings: dict) -> float:
     """The rate the sweep planned for a folder (its `rate=<r>` parent, or an old sweep's `rate-<r>`), else the
     run's --rate; 0 if none. Never a measured one: a point that measured nothing has no measured rate."""
@@ -118,7 +113,7 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
         rate = float(settings["concurrency"])
     rate = planned_rate(folder, settings) if rate is None else float(rate)
     rate = rate if rate > 0 else own_trace_rate(summary) or rate
-    return RunData(label or label_of(settings), rate, repeat, folder, summary, **tables)
+    return RunData(label or run_label(settings), rate, repeat, folder, summary, **tables)
 
 
 def _first_error(requests: pd.DataFrame) -> str:
@@ -134,11 +129,10 @@ def emptiness(run: RunData) -> str | None:
     """Why a run measured nothing (no planned rate, or no finished request in a window), else None."""
     if not run.rate > 0:  # also NaN
         return "measured nothing: no planned rate"
-    requests = run.requests
-    finished = int((requests["status"] == "finished").sum()) if "status" in requests else 0
-    if finished and window_s(requests) > 0:
+    if run.summary.finished and run.summary.window_s > 0:
         return None
-    return f"measured nothing: {finished} of {len(requests)} requests finished; {_first_error(requests)}"
+    return (f"measured nothing: {run.summary.finished} of {len(run.requests)} requests finished; "
+            f"{_first_error(run.requests)}")
 
 
 def _add(coll: "Collection", run: RunData, note: str = "") -> None:
@@ -184,7 +178,7 @@ def _from_scan(root: Path) -> Collection:
         if why:
             settings = read_summary(folder).settings
             point = point_of(folder)
-            label = point[0] if point and (folder / FAILED_FILE).exists() else label_of(settings)
+            label = point[0] if point and (folder / FAILED_FILE).exists() else run_label(settings)
             coll.failed.append(FailedPoint(label, planned_rate(folder, settings), 0, why))
             continue
         point = point_of(folder.relative_to(root))
