@@ -88,3 +88,18 @@ def test_a_trace_replayed_at_its_own_timing_is_reported_at_the_traces_rate(tmp_p
     assert "no planned rate" not in text and "### λ = 4 req/s" in text  # 20 requests in [0, 5) s
     assert own_trace_rate(make_summary(settings={"arrival": "trace", "duration_s": 5}, scheduled=20)) == 4.0
     assert own_trace_rate(make_summary(settings={"arrival": "poisson", "duration_s": 5}, scheduled=20)) == 0.0
+
+
+@pytest.mark.parametrize("text, says", [('{"settings": {}}', "(scheduled: field required)"),
+                                        ("{not json", "(the file: invalid json")])
+def test_a_malformed_summary_is_one_line_and_exit_1_not_a_traceback(tmp_path, text, says):
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    (tmp_path / "summary.json").write_text(text)
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'summary.json'}: not a batchlab run summary")
+    assert says in lines[0]
