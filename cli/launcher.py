@@ -55,7 +55,7 @@ def _entry(target, args: tuple, out_dir: str | None = None) -> None:
     name = mp.current_process().name
     try:
         if out_dir:
-            procs.redirect_output(RunDir(out_dir).log(f"{name}.out"))
+            procs.redirect_output(RunDir(out_dir).logs / f"{name}.out")
         code = target(*args)
     except Exception as exc:
         logging.getLogger("batchlab").exception("%s crashed", name)

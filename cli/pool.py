@@ -81,7 +81,7 @@ class WorkerPool:
 
 def _session_output(out_dir: str) -> None:
     """In a warm worker, at each run: its terminal output goes into that run's logs/ folder."""
-    procs.redirect_output(RunDir(out_dir).log(f"{mp.current_process().name}.out"))
+    procs.redirect_output(RunDir(out_dir).logs / f"{mp.current_process().name}.out")
 
 
 class PoolKeeper:

@@ -9,7 +9,7 @@ from batchlab.cli.launcher import Limits, RunTimeout, launch_run
 from batchlab.cli.outcome import verdict
 from batchlab.cli.pool import PoolKeeper
 from batchlab.cli.sweep_plan import Plan, Point, SweepError
-from batchlab.protocol.run_dir import RUN_FILE, RunDir
+from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT, is_old_layout
 from batchlab.collector.summary import SummaryError, headline, read_summary
 from batchlab.collector.vllm_result import point_result
@@ -105,10 +105,8 @@ def stale_point(point: Point, base: dict) -> list[str]:
     try:
         recorded = read_summary(point.folder).settings
     except SummaryError:
-        recorded = None
-    if not isinstance(recorded, dict):
         try:
-            recorded = json.loads((point.folder / RUN_FILE).read_text()).get("identity")
+            recorded = json.loads(RunDir(point.folder).run.read_text()).get("identity")
         except (OSError, ValueError, AttributeError):
             return ["no readable record of its configuration"]
     return differences(recorded, planned) if isinstance(recorded, dict) else ["no record of its configuration"]

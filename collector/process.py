@@ -1,5 +1,4 @@
 """The collector process: PULL every event, join it in a RunStore, write the run's tables."""
-import json
 import logging
 import threading
 import time
@@ -8,7 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zmq
 
-from batchlab.protocol.run_dir import NOTES_KEY, RunDir
+from batchlab.protocol.run_dir import RunDir, footer_notes
 from batchlab.collector.merge import merge_run
 from batchlab.collector.parts import PartWriter, write_final
 from batchlab.collector.store import RunStore
@@ -49,12 +48,10 @@ def schedule_notes(out_dir: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        raw = (pq.read_metadata(path).metadata or {}).get(NOTES_KEY)
-        notes = json.loads(raw) if raw else {}
+        return footer_notes(pq.read_metadata(path).metadata or {})
     except Exception as exc:  # pyarrow raises several types for a bad file; the notes are an extra
         log.warning("collector: cannot read the schedule's notes in %s: %s", path, exc)
         return {}
-    return notes if isinstance(notes, dict) else {}
 
 
 def _drain(inbox: Inbox, store: RunStore) -> None:
