@@ -11,12 +11,12 @@ from pathlib import Path
 import yaml
 
 from batchlab.cli import outcome, procs, roles
-from batchlab.protocol.settings import RunConfig
 from batchlab.cli.procs import Child
 from batchlab.cli.run_end import post_process
 from batchlab.cli.run_folder import RunRecord
-from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.summary import Summary, read_summary
+from batchlab.protocol.run_dir import RunDir
+from batchlab.protocol.settings import RunConfig
 from batchlab.protocol.sockets import Addresses
 
 log = logging.getLogger("batchlab.launcher")

@@ -20,13 +20,13 @@ import pyarrow.parquet as pq
 
 from batchlab.collector import tables
 from batchlab.collector.metrics import LATENCY_STATS, RequestFigures
-from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.parts import read_schedule, write_parquet
-from batchlab.collector.summary import Summary
 from batchlab.collector.quantiles import chunked_percentiles
 from batchlab.collector.run_columns import run_values, stamped
+from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_atomic
+from batchlab.protocol.run_dir import RunDir
 
 if TYPE_CHECKING:
     from batchlab.collector.store import RunStore

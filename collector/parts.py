@@ -10,10 +10,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchlab.protocol.run_dir import TABLE_NAMES, RunDir
-from batchlab.collector.summary import write_summary
 from batchlab.collector.run_columns import RUN_COLUMNS, SETTINGS_COLUMNS, run_values, stamped
+from batchlab.collector.summary import write_summary
 from batchlab.protocol.files import write_atomic, write_json_atomic
+from batchlab.protocol.run_dir import TABLE_NAMES, RunDir
 
 if TYPE_CHECKING:
     from batchlab.collector.tables import Tables

@@ -7,7 +7,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zmq
 
-from batchlab.protocol.run_dir import RunDir, footer_notes
 from batchlab.collector.merge import merge_run
 from batchlab.collector.parts import PartWriter, write_final
 from batchlab.collector.store import RunStore
@@ -16,6 +15,7 @@ from batchlab.collector.tables import Tables, harness_cpu
 from batchlab.protocol.clock import now
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.inbox import Inbox
+from batchlab.protocol.run_dir import RunDir, footer_notes
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import make_socket

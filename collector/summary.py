@@ -5,8 +5,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.run_dir import RunDir
 
 
 class SummaryError(ValueError):

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchlab.protocol.run_dir import RunDir
-from batchlab.collector.summary import Summary, read_summary
 from batchlab.collector.metrics import inter_token_latencies, request_metrics
+from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.run_dir import RunDir
 
 PERCENTILES = (50, 90, 99)  # vLLM's --metric-percentiles (its default is 99 alone)
 METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}  # vLLM's name → batchlab's column

@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, point_of, rate_of
 from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table
 from batchlab.collector.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 from batchlab.collector.run_columns import run_label
 from batchlab.collector.summary import Summary, read_summary
+from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 
 class ReportError(ValueError):
     """A folder that holds nothing to report; the CLI prints it as one line and exits 1."""
