@@ -4,7 +4,7 @@
         [--strategy continuous|dynamic|naive] [--out results/harness]
 
 For each target rate it runs `launch_run` (traffic, scheduler, echo worker, collector as spawn
-processes) and prints, from the run's requests table: achieved vs target request rate, send lag
+processes) and prints, from the run's summary and requests table: achieved vs target request rate, send lag
 (send_time − planned arrival) p50/p99/max, scheduler dispatch latency (scheduled_time − recv_time)
 p50/p99, harness TTFT (with an echo worker every ms of TTFT is harness overhead) p50/p99, lost
 requests, and each role's CPU use. CPU is read from outside with psutil: the launcher writes
@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.protocol.settings import RunConfig  # noqa: E402
 from batchlab.cli.launcher import launch_run  # noqa: E402
-from batchlab.simulator.fidelity import add_run_fidelity  # noqa: E402
+from batchlab.collector.summary import Summary  # noqa: E402
+from batchlab.protocol.run_dir import RunDir  # noqa: E402
 
 LAG_P99_LIMIT_S = 0.001
 MIN_ACHIEVED_FRACTION = 0.95
@@ -44,7 +45,7 @@ class CpuSampler:
     """Samples each role's CPU seconds (user + system) by pid on every launcher tick."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.pids_file = out_dir / "pids.json"
+        self.pids_file = RunDir(out_dir).pids
         self.procs: dict[str, psutil.Process] = {}
         self.samples: dict[str, list[tuple[float, float]]] = {}  # role -> [(monotonic s, cpu s)]
 
@@ -89,28 +90,25 @@ def run_rate(rate: float, args: argparse.Namespace) -> dict:
                     max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, seed=args.seed,
                     out=str(out)).validate()
     sampler = CpuSampler(out)
-    summary = launch_run(cfg, on_tick=sampler.tick)
-    summary["timing_fidelity"] = add_run_fidelity(out)  # post-processing: the simulator on the same schedule
-    return table_row(cfg, summary, pd.read_parquet(out / "requests.parquet"), sampler)
+    summary = launch_run(cfg, on_tick=sampler.tick)  # with timing_fidelity: the simulator on the same schedule
+    return table_row(cfg, summary, pd.read_parquet(RunDir(out).table("requests")), sampler)
 
 
-def table_row(cfg: RunConfig, summary: dict, req: pd.DataFrame, sampler: CpuSampler) -> dict:
+def table_row(cfg: RunConfig, summary: Summary, req: pd.DataFrame, sampler: CpuSampler) -> dict:
     """The figures of one run (times in the requests table are seconds since t0)."""
     sent = req[req["submitted"]]
     done = req[req["status"] == "finished"]
     send_span_s = float(sent["send_time"].max() - sent["send_time"].min()) if len(sent) > 1 else 0.0
-    t0 = float(summary["settings"]["t0"])
+    t0 = float(summary.settings["t0"])
     row = {
         "strategy": cfg.strategy, "target_rate": cfg.rate, "scheduled": len(req), "finished": len(done),
         "lost": len(req) - len(done),
         "send_rate": (len(sent) - 1) / send_span_s if send_span_s > 0 else 0.0,
-        "completion_rate": float(summary["requests_per_s"]),
-        "send_lag_p50_ms": _ms(sent["send_time"] - sent["arrival_time"], 0.5),
-        "send_lag_p99_ms": _ms(sent["send_time"] - sent["arrival_time"], 0.99),
-        "send_lag_max_ms": _ms(sent["send_time"] - sent["arrival_time"], 1.0),
+        "completion_rate": summary.requests_per_s,
+        **{f"send_lag_{q}_ms": 1e3 * summary.harness_lag.get(q, float("nan")) for q in ("p50", "p99", "max")},
         "dispatch_p50_ms": _ms(done["scheduled_time"] - done["recv_time"], 0.5),
         "dispatch_p99_ms": _ms(done["scheduled_time"] - done["recv_time"], 0.99),
-        "ttft_p50_ms": _ms(done["ttft"], 0.5), "ttft_p99_ms": _ms(done["ttft"], 0.99),
+        "ttft_p50_ms": 1e3 * (summary.ttft.p50 or float("nan")), "ttft_p99_ms": 1e3 * (summary.ttft.p99 or float("nan")),
         "ttft_max_ms": _ms(done["ttft"], 1.0),
     }
     for role in ROLES:  # the share while sending, and the cost per request from t0 to the end
@@ -118,7 +116,7 @@ def table_row(cfg: RunConfig, summary: dict, req: pd.DataFrame, sampler: CpuSamp
         row[f"cpu_{role}_us_per_req"] = 1e6 * sampler.cpu_s(role, t0)[0] / max(len(sent), 1)
     row["sustained"] = bool(row["lost"] == 0 and row["send_lag_p99_ms"] <= 1000 * LAG_P99_LIMIT_S
                             and row["completion_rate"] >= MIN_ACHIEVED_FRACTION * cfg.rate)
-    row["timing_fidelity"] = summary.get("timing_fidelity")
+    row["timing_fidelity"] = summary.timing_fidelity
     return row
 
 

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.cli.launcher import launch_run  # noqa: E402
+from batchlab.protocol.run_dir import RunDir  # noqa: E402
 from batchlab.protocol.settings import RunConfig  # noqa: E402
 
 SAMPLE_S = 0.1
@@ -46,7 +47,7 @@ class RssSampler(threading.Thread):
 
     def __init__(self, out_dir: Path) -> None:
         super().__init__(daemon=True)
-        self.pids_file = out_dir / "pids.json"
+        self.pids_file = RunDir(out_dir).pids
         self.peak: dict[str, int] = {}
         self.last_seen_s: dict[str, float] = {}
         self.series: dict[str, list[tuple[float, int]]] = {}  # role -> [(s since start, rss bytes)]
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> dict:
     """One long run; its figures."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pids.json").unlink(missing_ok=True)
+    RunDir(out).pids.unlink(missing_ok=True)
     cfg = config(args)
     sampler = RssSampler(out)
     sampler.start()
@@ -94,9 +95,9 @@ def run(args: argparse.Namespace) -> dict:
     sampler.done.set()
     sampler.join()
     others = [t for role, t in sampler.last_seen_s.items() if role != "collector"]
-    rows = pq.read_metadata(out / "tokens.parquet").num_rows
+    rows = pq.read_metadata(RunDir(out).table("tokens")).num_rows
     return {
-        "token_rows": rows, "requests": summary["scheduled"], "finished": summary["finished"],
+        "token_rows": rows, "requests": summary.scheduled, "finished": summary.finished,
         "duration_s": cfg.duration_s, "rate": cfg.rate, "output_len": args.output_len,
         "launch_to_last_file_s": t_end - t_launch,
         "final_write_s": sampler.last_seen_s.get("collector", t_end) - max(others, default=t_end),

@@ -39,7 +39,8 @@ percentiles):
   and vllm bench's TTFT from planned arrival, estimated as its TTFT + its sender's lateness (post time −
   planned offset, less the smallest such difference over the run, since vllm bench saves no origin).
 - E2E: batchlab: completion − planned arrival; vllm bench: ttft + sum(itl) (its `e2el`).
-- Output tok/s: output tokens of finished requests ÷ (last completion − the run's time 0); vllm bench's
+- Output tok/s: batchlab's summary throughput_tok_s (output tokens of finished requests ÷ the window
+  from the first submitted arrival to the last completion, collector/metrics.py); vllm bench's
   `output_throughput` (tokens ÷ its benchmark duration).
 Differences left: batchlab asks for `continuous_usage_stats` (usage on every chunk) and `min_tokens`;
 vllm bench asks for usage once at the end.
@@ -63,6 +64,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from batchlab.collector.summary import read_summary  # noqa: E402
+from batchlab.protocol.run_dir import RunDir  # noqa: E402
 from benchmarks.peer_figures import (COLUMNS, PROMPT_FIELD, batchlab_figures, bench_figures,  # noqa: E402
                                      export_timed_trace, ratios, table)
 from benchmarks.vllm_procs import (LAUNCHER, free_port, kill_group, server_command,  # noqa: E402
@@ -104,8 +107,8 @@ def run_bench(args, url: str, model: str, trace: Path, n: int, out: Path, tag: s
     return result
 
 
-def run_batchlab(args, url: str, schedule: Path, out: Path) -> dict:
-    """`batchlab run` (openai backend, continuous, 8 streams) replaying the saved schedule; its summary."""
+def run_batchlab(args, url: str, schedule: Path, out: Path) -> None:
+    """`batchlab run` (openai backend, continuous, 8 streams) replaying the saved schedule into `out`."""
     cmd = [str(Path(sys.executable).with_name("batchlab")), "run", "--backend", "openai",
            "--endpoint", f"{url}/v1", "--strategy", "continuous", "--max-concurrency", "8",
            "--max-batch-size", "8", "--schedule", str(schedule), "--out", str(out)]
@@ -113,11 +116,8 @@ def run_batchlab(args, url: str, schedule: Path, out: Path) -> dict:
     with open(out.parent / f"{out.name}.log", "w") as log:
         rc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT,
                             timeout=BATCHLAB_TIMEOUT_S).returncode
-    if rc != 0 or not (out / "summary.json").exists():
+    if rc != 0 or not RunDir(out).summary.exists():
         raise RuntimeError(f"batchlab run failed (exit {rc}); see {out.parent / f'{out.name}.log'}")
-    summary = json.loads((out / "summary.json").read_text())
-    summary["_command"] = cmd
-    return summary
 
 
 def make_schedule(args, out: Path) -> Path:
@@ -127,7 +127,7 @@ def make_schedule(args, out: Path) -> Path:
 
     cfg = RunConfig(model="tiny-mistral", rate=args.rate, duration_s=args.duration, seed=args.seed,
                     dataset="sharegpt", max_new_tokens=args.max_new_tokens, max_prompt_len=args.max_prompt_len)
-    path = out / "schedule.parquet"
+    path = RunDir(out).schedule
     save_schedule(build(cfg), path)
     return path
 
@@ -251,10 +251,9 @@ def main(argv=None) -> int:
     ratio = ratios(bl, vb)
     harness, own = [], []
     for d in batchlab_dirs:
-        summary = json.loads((d / "summary.json").read_text())
-        harness.append(summary.get("harness_cpu"))
-        own.append({k: summary.get(k, {}).get("p50") for k in ("ttft", "tpot", "e2e")}
-                   | {"finished": summary.get("finished"), "failed": summary.get("failed")})
+        s = read_summary(d)
+        harness.append(s.harness_cpu)
+        own.append({"ttft": s.ttft.p50, "tpot": s.tpot.p50, "e2e": s.e2e.p50, "finished": s.finished, "failed": s.failed})
     rows = [("batchlab", bl), ("vllm bench", vb)]
     if args.rounds > 1:
         rows += [(f"{t} r{e['round']}", e[t]) for e in rounds for t in ("batchlab", "vllm-bench")]

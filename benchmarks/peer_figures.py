@@ -79,22 +79,21 @@ def bench_figures(results: list[dict], offsets=None) -> dict:
 def batchlab_requests(run_dir: Path) -> pd.DataFrame:
     """Finished rows of a batchlab run with ttft, tpot, e2e and ttft from dispatch (s)."""
     from batchlab.collector.metrics import request_metrics
+    from batchlab.protocol.run_dir import RunDir
 
-    df = request_metrics(pd.read_parquet(run_dir / "requests.parquet"))
+    df = request_metrics(pd.read_parquet(RunDir(run_dir).table("requests")))
     df["ttft_dispatch"] = df["first_token_time"] - df["scheduled_time"]
     df["submitted"] = len(df)
     return df
 
 
 def batchlab_figures(run_dirs: list[Path]) -> dict:
-    """Figures over the pooled finished requests of one or more batchlab runs."""
-    frames, tok_s = [], []
-    for d in run_dirs:
-        df = batchlab_requests(d)
-        done = df[df["status"] == "finished"]
-        frames.append(df)
-        tok_s.append(done["output_len"].sum() / done["completion_time"].max() if len(done) else float("nan"))
-    df = pd.concat(frames, ignore_index=True)
+    """Figures over the pooled finished requests of one or more batchlab runs; output tok/s: the mean of the
+    runs' summary throughput_tok_s (collector.metrics: finished output tokens ÷ window_s)."""
+    from batchlab.collector.summary import read_summary
+
+    tok_s = [read_summary(d).throughput_tok_s for d in run_dirs]
+    df = pd.concat([batchlab_requests(d) for d in run_dirs], ignore_index=True)
     done = df[df["status"] == "finished"]
     return figures(done["ttft"], done["tpot"], done["e2e"], len(done), len(df), float(np.mean(tok_s)),
                    ttft_dispatch_p50_ms=1e3 * _pct(done["ttft_dispatch"], 50),

@@ -6,7 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from batchlab.collector.layout import RUN_FILE, SUMMARY_FILE
+from batchlab.collector.summary import read_summary
+from batchlab.protocol.run_dir import RUN_FILE, RunDir
 from batchlab.collector.report.setup import cpu_model, gpu_name, recorded_environment
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -19,9 +20,8 @@ def provenance(folder: Path) -> str:
         record = json.loads(run_json.read_text())
         starts.append(record.get("started_utc", ""))
         commits.add((record.get("batchlab") or {}).get("commit") or "unknown")
-        summary = run_json.parent / SUMMARY_FILE
-        if not settings and summary.is_file():
-            settings = json.loads(summary.read_text()).get("settings", {})
+        if not settings and RunDir(run_json.parent).summary.is_file():
+            settings = read_summary(run_json.parent).settings
     env = recorded_environment(settings)
     machine = f"{cpu_model(settings)}, {env.get('cpu_count', '?')} CPU cores, GPU: {gpu_name(settings) or 'none'}"
     when = f"{min(starts)} to {max(starts)}" if starts else "unknown dates"

@@ -16,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.protocol.settings import RunConfig  # noqa: E402
 from batchlab.cli.launcher import launch_run  # noqa: E402
-from batchlab.simulator.fidelity import add_run_fidelity  # noqa: E402
 from batchlab.traffic.run_schedule import make_schedule  # noqa: E402
 from batchlab.traffic.schedule import save_schedule  # noqa: E402
 
@@ -32,11 +31,10 @@ def run_workers(base: RunConfig, workers: int) -> dict:
     """One run with `workers` sim workers; its row."""
     cfg = base.model_copy(update=dict(workers=workers, out=str(Path(base.out) / f"workers-{workers}")))
     s = launch_run(cfg)
-    fidelity = add_run_fidelity(cfg.out) or {}  # post-processing: the simulator on the same schedule
-    return {"workers": workers, "submitted": s["submitted"], "finished": s["finished"],
-            "requests_per_s": s["requests_per_s"], "throughput_tok_s": s["throughput_tok_s"],
-            "window_s": s["window_s"], "ttft_p50_s": s["ttft"]["p50"], "ttft_p99_s": s["ttft"]["p99"],
-            "ttft_error_p50_s": (fidelity.get("ttft_error_s") or {}).get("p50")}
+    fidelity = s.timing_fidelity or {}  # post-processing: the simulator on the same schedule
+    return {"workers": workers, "submitted": s.submitted, "finished": s.finished, "requests_per_s": s.requests_per_s,
+            "throughput_tok_s": s.throughput_tok_s, "window_s": s.window_s, "ttft_p50_s": s.ttft.p50,
+            "ttft_p99_s": s.ttft.p99, "ttft_error_p50_s": (fidelity.get("ttft_error_s") or {}).get("p50")}
 
 
 def print_table(rows: list[dict]) -> None:

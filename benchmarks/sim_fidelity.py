@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchlab.cli.launcher import launch_run  # noqa: E402
 from batchlab.collector.layout import point_of  # noqa: E402
 from batchlab.collector.parts import read_schedule  # noqa: E402
-from batchlab.protocol.settings import RunConfig  # noqa: E402
+from batchlab.collector.summary import Summary, read_summary  # noqa: E402
+from batchlab.protocol.run_dir import RunDir  # noqa: E402
+from batchlab.protocol.settings import RunConfig, vllm_rule  # noqa: E402
 from batchlab.simulator.replay import replay  # noqa: E402
 from batchlab.simulator.run import simulate  # noqa: E402
 from batchlab.traffic.schedule import Schedule  # noqa: E402
@@ -39,7 +41,7 @@ from batchlab.worker.stepmodel import get_preset  # noqa: E402
 
 METRICS = {"ttft_p50": ("ttft", "p50"), "ttft_p99": ("ttft", "p99"), "e2e_p50": ("e2e", "p50"),
            "tpot_p50": ("tpot", "p50"), "throughput": ("throughput_tok_s", None)}
-HEADLINE = ("ttft_p50", "e2e_p50", "throughput")  # the issue's goal: median ≤ 10%, none worse than 25%
+HEADLINE = ("ttft_p50", "e2e_p50", "throughput")  # the simulator's target: median error ≤ 10%, none worse than 25%
 STRATEGIES = {"naive": ("naive", "hf", "preset"), "dynamic": ("dynamic", "hf", "preset"),
               "continuous": ("continuous", "hf", "loop_preset"), "vllm": ("vllm", "vllm", "vllm_preset")}
 
@@ -51,10 +53,10 @@ def base_config(args: argparse.Namespace) -> RunConfig:
                      max_batch_size=8, max_wait_ms=200, max_queue=16, seed=args.seed)
 
 
-def value(summary: dict, metric: str) -> float | None:
+def value(summary: Summary, metric: str) -> float | None:
     key, q = METRICS[metric]
-    v = summary.get(key)
-    return v.get(q) if isinstance(v, dict) else v
+    v = getattr(summary, key)
+    return getattr(v, q) if q else v
 
 
 def run_point(label: str, rate: float, preset: str, args: argparse.Namespace) -> dict:
@@ -68,17 +70,17 @@ def run_point(label: str, rate: float, preset: str, args: argparse.Namespace) ->
     return evaluate_run(out, label, cfg, live, preset)
 
 
-def evaluate_run(out: Path, label: str, cfg: RunConfig, live: dict, preset: str) -> dict:
+def evaluate_run(out: Path, label: str, cfg: RunConfig, live: Summary, preset: str) -> dict:
     """A finished live run (folder `out`, its config and summary) against its replay through `preset` and
     the full simulation of its schedule: each one's figures and the three errors per metric."""
     frame = read_schedule(out)
     schedule = Schedule(frame, "", float(frame["arrival_offset_s"].max()))
-    sim_strategy = "continuous" if cfg.backend == "vllm" else cfg.strategy  # vLLM's worker is fed by credit
+    sim_strategy = vllm_rule(cfg.strategy, cfg.backend)[0]  # vLLM's worker is fed by credit
     sim = simulate(cfg.model_copy(update=dict(backend="sim", preset=preset, strategy=sim_strategy)), schedule).summary
     model = get_preset(preset)
     replayed = replay(read_run_steps(out, model.padded), model)
-    figures = {"real": live, "replay": replayed, "sim": sim}
-    point = {"label": label, "rate": cfg.rate, "finished": live.get("finished"), "submitted": live.get("submitted"),
+    figures = {"real": live, "replay": Summary.model_validate(replayed), "sim": sim}
+    point = {"label": label, "rate": cfg.rate, "finished": live.finished, "submitted": live.submitted,
              **{k: {m: value(v, m) for m in METRICS} for k, v in figures.items()}}
     point.update(split_errors(point))
     return point
@@ -167,9 +169,9 @@ def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
         if not preset:
             print(f"{label}: skipped (no calibrated preset)")
             continue
-        raw = yaml.safe_load((run / "config.yaml").read_text())
+        raw = yaml.safe_load(RunDir(run).config.read_text())
         cfg = RunConfig(**{k: v for k, v in raw.items() if k in names and v is not None})
-        points.append(evaluate_run(run, label, cfg, json.loads(summary_file.read_text()), preset))
+        points.append(evaluate_run(run, label, cfg, read_summary(run), preset))
         print_point(points[-1])
     return points
 

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchlab.cli.sweep_plan import Point  # noqa: E402
 from batchlab.cli.sim_plan import plan_simulation  # noqa: E402
 from batchlab.cli.sim_run import run_simulation  # noqa: E402
+from batchlab.collector.summary import Summary  # noqa: E402
 
 GOAL_WALL_S = 5.0
 
@@ -32,12 +33,12 @@ def main() -> None:
         last = [time.perf_counter()]
         totals = {"requests": 0, "tokens": 0}
 
-        def on_point(point: Point, summary: dict) -> None:
+        def on_point(point: Point, summary: Summary) -> None:
             t = time.perf_counter()
-            totals["requests"] += summary["submitted"]
-            totals["tokens"] += summary["output_tokens"]
-            print(f"{point.entry.label:>10} {point.rate:>5g} req/s  {summary['submitted']:>5} requests  "
-                  f"{summary['output_tokens']:>7} tokens  {1000 * (t - last[0]):6.0f} ms")
+            totals["requests"] += summary.submitted
+            totals["tokens"] += summary.output_tokens
+            print(f"{point.entry.label:>10} {point.rate:>5g} req/s  {summary.submitted:>5} requests  "
+                  f"{summary.output_tokens:>7} tokens  {1000 * (t - last[0]):6.0f} ms")
             last[0] = t
 
         wall0, cpu0 = time.perf_counter(), time.process_time()

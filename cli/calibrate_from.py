@@ -5,7 +5,6 @@ The runs must share one backend kind (hf static, hf-loop, vllm or sim: cli.sim_p
 with --kind when the folders hold several; their constants (weights, KV bytes per token, padding,
 fusion, the per-step token budget) come from what the worker reported in the run's settings.
 """
-import json
 import math
 import os
 import time
@@ -14,7 +13,9 @@ from pathlib import Path
 import typer
 
 from batchlab.cli.sim_presets import CALIBRATED_KIND
+from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
 from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, WORKERS_DIR
+from batchlab.collector.summary import read_summary
 
 NOT_POINTS = {PROBE_DIR, CAPACITY_DIR, WORKERS_DIR}  # a sweep's bursts, capacity probes and warm workers' own
 KIND_ORIGIN = {kind: key for key, kind in CALIBRATED_KIND.items()}  # hf-loop -> (hf, continuous)
@@ -30,7 +31,7 @@ def run_folders(dirs: list[str]) -> list[Path]:
     for d in map(Path, dirs):
         if not d.is_dir():
             raise CalibrateError(f"--from {d}: no such folder")
-        runs = [d] if (d / "summary.json").is_file() else sorted(p.parent for p in d.rglob("summary.json"))
+        runs = [d] if RunDir(d).summary.is_file() else sorted(p.parent for p in d.rglob(SUMMARY_FILE))
         runs = [r for r in runs if not set(r.relative_to(d).parts) & NOT_POINTS]
         if not runs:
             raise CalibrateError(f"--from {d}: no run folder (summary.json) in it")
@@ -42,11 +43,11 @@ def run_facts(run: Path) -> dict:
     """A run's backend kind and the fit's constants, from its summary's settings and its worker's hello."""
     from batchlab.worker.calibrate_runs import Constants
 
-    settings = json.loads((run / "summary.json").read_text()).get("settings", {})
+    settings = read_summary(run).settings
     workers = settings.get("workers") or {}
     hello = next(iter(workers.values()), {}) if isinstance(workers, dict) else {}
     backend, mode = hello.get("backend") or settings.get("backend"), hello.get("mode")
-    mode = mode or ("continuous" if (run / "steps.parquet").is_file() else "static")
+    mode = mode or ("continuous" if RunDir(run).table("steps").is_file() else "static")
     kind = CALIBRATED_KIND.get((backend, mode), backend)
     preset = hello.get("preset") if isinstance(hello.get("preset"), dict) else {}
     n_params = hello.get("n_params") or 0

@@ -16,6 +16,7 @@ from batchlab.cli.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
 from batchlab.cli.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
 from batchlab.collector.capacity import Capacity, Probe, Verdict, search, sustain, tokens_per_request
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, PROBE_DIR, point_dir, probe_dir
+from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.files import write_json_atomic
 
 SEARCH_KEYS = {"probe_requests", "probe_duration_s", "search_duration_s", "width", "max_probes"}
@@ -36,11 +37,6 @@ def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates)
     return point, {**plan.base, "duration_s": s.search_duration_s}
 
 
-def _saturated_rate(summary: dict) -> float:
-    window_s = summary.get("window_s") or 0.0
-    return summary["finished"] / window_s if window_s > 0 else 0.0
-
-
 class LiveSearch:
     """Capacity searches on real points, on the sweep's warm workers (cli.pool.PoolKeeper)."""
 
@@ -57,7 +53,7 @@ class LiveSearch:
         record = self._run(point, base, "burst")
         if record["status"] not in ("done", "skipped"):
             raise SweepError(f"the capacity burst on {entry.label} failed: {record['reason'].splitlines()[0]}")
-        rate = _saturated_rate(json.loads((point.folder / "summary.json").read_text()))
+        rate = read_summary(point.folder).requests_per_s
         if not rate > 0:
             raise SweepError(f"the capacity burst on {entry.label} finished no request within the point's limit")
         return rate
@@ -88,7 +84,7 @@ class SimulatedSearch:
     def __init__(self, plan: Plan, settings: AutoRates) -> None:
         self.plan, self.s = plan, settings
 
-    def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, dict, dict | None]:
+    def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, Summary, dict | None]:
         from batchlab.simulator.run import simulate
         from batchlab.traffic.run_schedule import make_schedule
 
@@ -99,9 +95,9 @@ class SimulatedSearch:
     def start_rate(self, entry: Entry) -> float:
         """The burst's finished ÷ window in virtual time."""
         _, summary, _ = self._requests(*_burst_point(self.plan, entry, Path("."), self.s))
-        if not _saturated_rate(summary) > 0:
+        if not summary.requests_per_s > 0:
             raise SweepError(f"the simulated capacity burst on {entry.label} finished no request")
-        return _saturated_rate(summary)
+        return summary.requests_per_s
 
     def measure(self, entry: Entry):
         """collector.capacity.Measure for this entry, in virtual time."""

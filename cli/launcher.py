@@ -11,10 +11,12 @@ from pathlib import Path
 import yaml
 
 from batchlab.cli import outcome, procs, roles
-from batchlab.protocol.settings import RunConfig
 from batchlab.cli.procs import Child
 from batchlab.cli.run_end import post_process
 from batchlab.cli.run_folder import RunRecord
+from batchlab.collector.summary import Summary, read_summary
+from batchlab.protocol.run_dir import RunDir
+from batchlab.protocol.settings import RunConfig
 from batchlab.protocol.sockets import Addresses
 
 log = logging.getLogger("batchlab.launcher")
@@ -53,7 +55,7 @@ def _entry(target, args: tuple, out_dir: str | None = None) -> None:
     name = mp.current_process().name
     try:
         if out_dir:
-            procs.redirect_output(Path(out_dir) / "logs" / f"{name}.out")
+            procs.redirect_output(RunDir(out_dir).logs / f"{name}.out")
         code = target(*args)
     except Exception as exc:
         logging.getLogger("batchlab").exception("%s crashed", name)
@@ -70,13 +72,13 @@ def start_role(ctx, name: str, target, *args, out_dir: str | None = None) -> Chi
 
 
 def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=None,
-               limits: Limits | None = None) -> dict:
+               limits: Limits | None = None) -> Summary:
     """Run everything to the end; return the summary. Raises RunFailed naming a dead child, RunTimeout
     past a limit. With `pool` (a cli.pool.WorkerPool) its warm workers join this run instead of new ones.
     Every process this run started, and every process those started, is gone when it returns."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
+    RunDir(out).config.write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
     record = RunRecord(out, cfg)
     try:
         summary = _launch(_with_schedule(cfg, out), out, slos, on_tick, pool, limits)
@@ -91,12 +93,11 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     except BaseException as exc:
         record.end("failed", f"{type(exc).__name__}: {exc}")
         raise
-    record.end("done", finished=summary.get("finished"), failed=summary.get("failed"),
-               role_deaths=summary.get("role_deaths", []))
+    record.end("done", finished=summary.finished, failed=summary.failed, role_deaths=summary.role_deaths)
     return summary
 
 
-def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits: Limits | None) -> dict:
+def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits: Limits | None) -> Summary:
     """launch_run's processes, from start to the summary (post-processed: a sim/echo run's timing
     fidelity is computed here, once, so that no reader ever rewrites a run's files)."""
     procs.clean_stale_temp()
@@ -117,18 +118,17 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
     else:
         workers = pool.join(addrs, cfg.out)
     own.append(start_role(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler, traffic_started, out_dir=cfg.out))
-    (out / "pids.json").write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
+    RunDir(out).pids.write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
     try:
         _watch(own, workers, on_tick, stream_ended, _Clock(limits or Limits(), traffic_started, out), watch)
     finally:
         watch.stop_run.set()  # the collector's signal from here on is the launcher's: no run to stop
         _stop(own)  # producers first, then the collector; every group reaped
         shutil.rmtree(tmp, ignore_errors=True)
-    summary_path = out / "summary.json"
-    if not summary_path.exists():
+    if not RunDir(out).summary.exists():
         raise RunFailed(f"the collector wrote no summary in {out}")
     post_process(out, watch.deaths)
-    return json.loads(summary_path.read_text())
+    return read_summary(out)
 
 
 class _Clock:
@@ -157,7 +157,7 @@ class _Clock:
                              "what finished is kept, the rest failed", "run")
 
     def _write(self, **facts) -> None:
-        (self.out / "timing.json").write_text(json.dumps(facts))
+        RunDir(self.out).timing.write_text(json.dumps(facts))
 
 
 def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
@@ -166,7 +166,7 @@ def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
 
     from batchlab.traffic.schedule import save_schedule
 
-    path = out / "schedule.parquet"
+    path = RunDir(out).schedule
     save_schedule(roles.make_schedule(cfg), path)
     return cfg.model_copy(update={"schedule": str(path)})
 

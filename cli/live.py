@@ -3,14 +3,13 @@ counts (finished / in flight / queued / failed, from the collector's progress.js
 live line (rich); otherwise a plain line every LOG_INTERVAL_S, so a log shows the run is alive."""
 import json
 import time
-from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
 from batchlab.cli.launcher import launch_run
-from batchlab.collector.layout import PROGRESS_FILE
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
 
 LOG_INTERVAL_S = 5.0  # output not a terminal: one progress line this often
@@ -21,7 +20,7 @@ class Progress:
     """The status text of one run, from the launcher's ticks and the collector's counts."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        self.cfg, self.path = cfg, Path(cfg.out) / PROGRESS_FILE
+        self.cfg, self.path = cfg, RunDir(cfg.out).progress
         self.counts: dict = {}
         self.read_at = float("-inf")
         self.sending_since: float | None = None  # launcher clock when the first request arrived

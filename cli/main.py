@@ -122,7 +122,7 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
         from batchlab.collector.vllm_result import save_result as write_result
 
         typer.echo(f"vllm-style result: {write_result(cfg.out, save_result)}")
-    _exit_by_verdict(verdict(summary, summary.get("role_deaths", [])))
+    _exit_by_verdict(verdict(summary, summary.role_deaths))
 
 
 def _exit_by_verdict(code_line: tuple[int, str]) -> None:

@@ -10,6 +10,8 @@ deaths in, a verdict out), shared by `batchlab run` and `batchlab sweep`.
 import os
 import signal
 
+from batchlab.collector.summary import Summary
+
 OK_EXIT = 0
 FAULT_EXIT = 2
 INTERRUPTED_EXIT = 130
@@ -59,16 +61,16 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def verdict(summary: dict | None, deaths: list[str]) -> tuple[int, str]:
+def verdict(summary: Summary | None, deaths: list[str]) -> tuple[int, str]:
     """(exit code, one line) for a run: its summary (None: none was written) and its roles' deaths
     (death_line's, in order). The line is "" when the code is 0."""
-    lost = _lost(summary or {})
+    lost = _lost(summary)
     tail = f"; {lost[0]} of {lost[1]} requests lost to faults" if lost[0] else ""
     if deaths:
         return FAULT_EXIT, deaths[0] + tail
     if summary is None:
         return FAULT_EXIT, "the collector wrote no summary"
-    reasons = {r: n for r, n in (summary.get("failure_reasons") or {}).items() if is_fault(str(r))}
+    reasons = {r: n for r, n in summary.failure_reasons.items() if is_fault(r)}
     if not reasons:
         return OK_EXIT, ""
     stalled = [r for r in reasons if str(r).startswith("stalled")]
@@ -77,8 +79,8 @@ def verdict(summary: dict | None, deaths: list[str]) -> tuple[int, str]:
     return FAULT_EXIT, f"{top}{tail}{more}"
 
 
-def _lost(summary: dict) -> tuple[int, int]:
+def _lost(summary: Summary | None) -> tuple[int, int]:
     """(requests failed by a fault, requests scheduled)."""
-    reasons = summary.get("failure_reasons") or {}
-    lost = sum(int(n) for r, n in reasons.items() if is_fault(str(r)))
-    return lost, int(summary.get("scheduled") or summary.get("submitted") or 0)
+    if summary is None:
+        return 0, 0
+    return sum(n for r, n in summary.failure_reasons.items() if is_fault(r)), summary.scheduled

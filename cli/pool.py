@@ -17,6 +17,7 @@ from batchlab.cli import procs, roles
 from batchlab.protocol.settings import RunConfig
 from batchlab.cli.launcher import STOP_GRACE_S, start_role
 from batchlab.cli.procs import Child
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.sockets import Addresses
 from batchlab.scheduler.strategies import resolve
 from batchlab.worker.sessions import Session
@@ -80,7 +81,7 @@ class WorkerPool:
 
 def _session_output(out_dir: str) -> None:
     """In a warm worker, at each run: its terminal output goes into that run's logs/ folder."""
-    procs.redirect_output(Path(out_dir) / "logs" / f"{mp.current_process().name}.out")
+    procs.redirect_output(RunDir(out_dir).logs / f"{mp.current_process().name}.out")
 
 
 class PoolKeeper:

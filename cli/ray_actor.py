@@ -37,10 +37,11 @@ class GroupRunner:
 
     def __init__(self, shared: bool) -> None:
         from batchlab.cli.pool import PoolKeeper
+        from batchlab.collector.layout import WORKERS_DIR
 
         self.shared = shared  # the sweep's --out is on storage this node sees at the same path
         self.stage = Path(tempfile.mkdtemp(prefix="batchlab-ray-"))
-        self.pools = PoolKeeper(self.stage / "_workers")
+        self.pools = PoolKeeper(self.stage / WORKERS_DIR)
         self.lock, self.stopped = threading.Lock(), False
 
     def where(self) -> dict:

@@ -2,6 +2,7 @@
 import logging
 from pathlib import Path
 
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.identity import run_settings
 from batchlab.protocol.settings import RunConfig
 from batchlab.scheduler.strategies import resolve
@@ -15,7 +16,7 @@ def setup_logging(out_dir: str | None, role: str) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     handlers[0].setLevel(logging.WARNING)
     if out_dir:
-        logs = Path(out_dir) / "logs"
+        logs = RunDir(out_dir).logs
         logs.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(logs / f"{role}.log"))
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=handlers, force=True)
@@ -29,7 +30,7 @@ def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None
     setup_logging(cfg.out, "collector")
     summary = run_collector(collector_addr, Path(cfg.out), slos=slos or cfg.slos() or None,
                             keys=cfg.keys or None, stop_run=stop_run)
-    return 128 + summary["stop_signal"] if summary.get("stop_signal") else 0
+    return 128 + summary.stop_signal if summary.stop_signal else 0
 
 
 def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, stream_ended=None) -> int:
@@ -79,7 +80,7 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
     from batchlab.traffic.process import ClosedLoop, run_traffic
 
     setup_logging(cfg.out, "traffic")
-    target = Path(cfg.out) / "schedule.parquet"
+    target = RunDir(cfg.out).schedule
     already_there = bool(cfg.schedule) and Path(cfg.schedule).resolve() == target.resolve()  # the launcher's
     closed = None
     if cfg.concurrency > 0:  # the send times recorded in the run's own schedule file

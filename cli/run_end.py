@@ -1,20 +1,20 @@
 """What a run's summary gets when the run ends, beyond the collector's figures: computed once, by the
 run, so that no reader (report, tune, benchmarks) ever rewrites a run's files."""
-import json
 from pathlib import Path
+
+from batchlab.protocol.run_dir import RunDir
 
 
 def post_process(out: Path, deaths: list) -> None:
     """What the summary needs beyond the collector's figures, added when the run ends: the roles that
     died (for outcome.verdict), the traffic's send lag, and the simulator's replay of a live sim/echo
     run (`timing_fidelity`)."""
-    from batchlab.collector.parts import write_summary
+    from batchlab.collector.summary import read_summary, write_summary
     from batchlab.simulator.fidelity import add_run_fidelity
 
     add_run_fidelity(out)
-    summary = json.loads((out / "summary.json").read_text())
-    summary["harness_lag"] = send_lag(out)
-    summary["role_deaths"] = deaths
+    summary = read_summary(out)
+    summary.harness_lag, summary.role_deaths = send_lag(out), deaths
     write_summary(out, summary)
 
 
@@ -24,7 +24,7 @@ def send_lag(out: Path) -> dict:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(out / "requests.parquet", columns=["arrival_time", "send_time"])
+        table = pq.read_table(RunDir(out).table("requests"), columns=["arrival_time", "send_time"])
     except (OSError, KeyError, ValueError):
         return {}
     lag = table["send_time"].to_numpy(zero_copy_only=False) - table["arrival_time"].to_numpy(zero_copy_only=False)

@@ -5,7 +5,7 @@ import shutil
 import time
 from pathlib import Path
 
-from batchlab.collector.layout import RUN_FILE
+from batchlab.protocol.run_dir import LOGS_DIR, RUN_FILE, SCHEDULE_FILE
 from batchlab.protocol.environment import batchlab_version, environment, utc_now
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.identity import config_hash, identity
@@ -38,7 +38,7 @@ def describe(folder: Path) -> str:
 
 # What the other roles of one run write into a shared --out as they start (their logs, traffic's
 # schedule): the collector started alone beside them may find these already there.
-ROLE_FILES = frozenset({"logs", "schedule.parquet"})
+ROLE_FILES = frozenset({LOGS_DIR, SCHEDULE_FILE})
 
 
 def claim(out: str, *, overwrite: bool, tolerate: frozenset = frozenset()) -> Path:

@@ -13,9 +13,11 @@ import yaml
 from batchlab.cli.sim_plan import SimPlan
 from batchlab.cli.sweep_plan import AutoRates, Point, auto_rates, plan_points, probe_point, span_rates
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
-from batchlab.collector.parts import SCHEDULE_FILE, write_final
+from batchlab.collector.parts import write_final
+from batchlab.collector.summary import Summary, headline
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
 from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule
@@ -27,23 +29,24 @@ def write_run(out_dir: Path, cfg: RunConfig, schedule: Schedule, tables: Tables,
     """The files a live run leaves: config.yaml, schedule.parquet, the tables and summary.json.
     `saved_schedule`: this schedule's file from an earlier point, copied instead of encoded again."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
+    folder = RunDir(out_dir)
+    folder.config.write_text(yaml.safe_dump(cfg.as_settings(), sort_keys=False))
     if saved_schedule is not None and saved_schedule.is_file():
-        shutil.copyfile(saved_schedule, out_dir / SCHEDULE_FILE)
+        shutil.copyfile(saved_schedule, folder.schedule)
     else:
-        save_schedule(schedule, out_dir / SCHEDULE_FILE)
+        save_schedule(schedule, folder.schedule)
     write_final(out_dir, tables)
 
 
 def simulate_run(cfg: RunConfig, schedule: Schedule | None = None, *, slos: dict | None = None,
-                 saved_schedule: Path | None = None) -> dict:
+                 saved_schedule: Path | None = None) -> Summary:
     """Simulate cfg (building its schedule unless given) into cfg.out; return the summary."""
     start_s = time.perf_counter()
     schedule = schedule if schedule is not None else make_schedule(cfg)
     tables = simulate(cfg, schedule, slos=slos)
-    tables.summary["simulation_wall_s"] = time.perf_counter() - start_s
+    tables.summary.simulation_wall_s = time.perf_counter() - start_s
     if schedule.notes:
-        tables.summary["schedule"] = dict(schedule.notes)
+        tables.summary.schedule = dict(schedule.notes)
     write_run(Path(cfg.out), cfg, schedule, tables, saved_schedule)
     return tables.summary
 
@@ -52,9 +55,8 @@ def _probe(sim: SimPlan) -> dict:
     """cli.sweep_cmd.probe_capacity in virtual time: a burst on the probe entry; capacity = finished / window."""
     point, duration_s = probe_point(sim.plan, sim.out / PROBE_DIR)
     summary = simulate_run(point.config({**sim.plan.base, "duration_s": duration_s, "max_queue": 0}))
-    window_s = summary["window_s"] or float("nan")
-    return {"label": point.entry.label, "requests": summary["finished"], "window_s": window_s,
-            "capacity_req_s": summary["finished"] / window_s, "saturated": window_s > 1.5 * duration_s}
+    return {"label": point.entry.label, "requests": summary.finished, "window_s": summary.window_s,
+            "capacity_req_s": summary.requests_per_s, "saturated": summary.window_s > 1.5 * duration_s}
 
 
 def _capacity(sim: SimPlan) -> dict:
@@ -121,7 +123,7 @@ def simulate_group(shared: tuple[dict | None, bool], configs: list[RunConfig]) -
     for cfg in configs:
         start_s = time.monotonic()
         summary = simulate_run(cfg, schedule, slos=slos, saved_schedule=saved)
-        saved = Path(cfg.out) / SCHEDULE_FILE
+        saved = RunDir(cfg.out).schedule
         done.append((summary, time.monotonic() - start_s, None))
     if ship:  # packed after the group: its later points copied the first one's schedule file
         from batchlab.cli.ray_actor import pack
@@ -130,13 +132,13 @@ def simulate_group(shared: tuple[dict | None, bool], configs: list[RunConfig]) -
     return done
 
 
-def _record_point(point: Point, summary: dict, elapsed_s: float) -> None:
+def _record_point(point: Point, summary: Summary, elapsed_s: float) -> None:
     from batchlab.collector.vllm_result import point_result
 
     point_result(point.folder)  # vllm_result.json, as a live sweep's point has
     record = point.record("done", "", round(elapsed_s, 3))
-    headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
-    write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline, "simulated": True}, default=str)
+    write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline(summary), "simulated": True},
+                      default=str)
 
 
 def _write_index(sim: SimPlan, points: list[Point], probe: dict | None, capacity: dict | None = None) -> None:

@@ -61,8 +61,7 @@ def _exit_by_verdict(results: list) -> None:
             raise typer.Exit(code=code)
 
 
-def _seconds(summary: dict, metric: str, q: str) -> str:
-    value = summary[metric][q]
+def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
@@ -73,10 +72,9 @@ def _print_table(results: list) -> None:
     table = Table("strategy", "rate", "finished", "tok/s", "req/s", "TTFT p50 s", "TTFT p99 s", "E2E p50 s",
                   "E2E p99 s", "out", title="simulated")
     for point, s in results:
-        clients = (s.get("settings") or {}).get("concurrency")
+        clients = s.settings.get("concurrency")
         table.add_row(point.entry.label, f"{clients} clients" if clients else f"{point.rate:g}",
-                      f"{s['finished']}/{s['submitted']}",
-                      f"{s['throughput_tok_s']:.0f}", f"{s['requests_per_s']:.2f}", _seconds(s, "ttft", "p50"),
-                      _seconds(s, "ttft", "p99"), _seconds(s, "e2e", "p50"), _seconds(s, "e2e", "p99"),
+                      f"{s.finished}/{s.submitted}", f"{s.throughput_tok_s:.0f}", f"{s.requests_per_s:.2f}",
+                      *map(_seconds, (s.ttft.p50, s.ttft.p99, s.e2e.p50, s.e2e.p99)),
                       str(point.folder))
     Console(width=160).print(table)

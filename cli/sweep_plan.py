@@ -15,7 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFl
 from batchlab.cli.config import checked_config
 from batchlab.collector.capacity import MAX_PROBES, WIDTH
 from batchlab.collector.layout import POINT_DEPTH, point_dir
-from batchlab.protocol.settings import DEFAULT_RATE, ConfigError, RunConfig, load_yaml
+from batchlab.protocol.settings import DEFAULT_RATE, VLLM, ConfigError, RunConfig, load_yaml, vllm_rule
 from batchlab.scheduler.strategies import label as strategy_label
 
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # model loads, engine compilation and warm-up: minutes on a slow host
@@ -209,8 +209,8 @@ def _entry(item: object, base: dict) -> Entry:
     backend = overrides.get("backend", base.get("backend"))
     if not label:
         strategy = strategy_label(str(overrides["strategy"]))
-        label = strategy if strategy == "vllm" or "backend" not in overrides else f"{strategy}-{backend}"
-    overrides.setdefault("backend", "vllm" if overrides["strategy"] == "vllm" else backend or RunConfig().backend)
+        label = strategy if strategy == VLLM or "backend" not in overrides else f"{strategy}-{backend}"
+    overrides.setdefault("backend", vllm_rule(str(overrides["strategy"]), backend or RunConfig().backend)[1])
     return Entry(label, overrides)
 
 

@@ -9,8 +9,9 @@ from batchlab.cli.launcher import Limits, RunTimeout, launch_run
 from batchlab.cli.outcome import verdict
 from batchlab.cli.pool import PoolKeeper
 from batchlab.cli.sweep_plan import Plan, Point, SweepError
-from batchlab.collector.layout import (DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT, RUN_FILE, SUMMARY_FILE,
-                                       is_old_layout)
+from batchlab.protocol.run_dir import RunDir
+from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT, is_old_layout
+from batchlab.collector.summary import SummaryError, headline, read_summary
 from batchlab.collector.vllm_result import point_result
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.identity import config_hash, differences
@@ -20,7 +21,8 @@ from batchlab.protocol.settings import ConfigError
 def _failure_reason(exc: Exception, folder: Path) -> str:
     """The exception, plus the last error line of the child logs when there is one."""
     hints = []
-    for log in sorted([*(folder / "logs").glob("*.log"), *(folder / "logs").glob("*.out")]):
+    logs = RunDir(folder).logs
+    for log in sorted([*logs.glob("*.log"), *logs.glob("*.out")]):
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln]
         hints += [f"{log.name}: {lines[-1].strip()}"] if lines else []
     return "\n".join([f"{type(exc).__name__}: {exc}", *hints])
@@ -39,19 +41,17 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
         cfg = point.config(base)
         summary = launch_run(cfg, on_tick=on_tick, limits=limits, pool=pools.for_config(cfg) if pools else None)
     except (ConfigError, RuntimeError, OSError, ValueError) as exc:
-        summary_path = point.folder / "summary.json"
         stopped = isinstance(exc, RunTimeout) and exc.phase == "run"
-        if not stopped or not summary_path.exists():
+        if not stopped or not RunDir(point.folder).summary.exists():
             reason = _failure_reason(exc, point.folder)
             (point.folder / FAILED_FILE).write_text(reason + "\n")
             return point.record("failed", reason, round(time.monotonic() - started, 2))
-        summary, note = json.loads(summary_path.read_text()), str(exc)  # unfinished requests: failed
-    note = note or fault_note(summary)
+        summary, note = read_summary(point.folder), str(exc)  # unfinished requests: failed
+    note = note or verdict(summary, summary.role_deaths)[1]  # what `batchlab run` would say about a fault
     point_result(point.folder)  # vllm_result.json: the figures under vllm bench serve's keys
     record = (point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
               | {"config_hash": config_hash(cfg.as_settings())})
-    headline = {k: summary.get(k) for k in ("finished", "failed", "throughput_tok_s", "window_s")}
-    write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline}, default=str)
+    write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline(summary)}, default=str)
     return record
 
 
@@ -103,23 +103,16 @@ def stale_point(point: Point, base: dict) -> list[str]:
     except ConfigError as exc:  # measured again, so that the point fails with this reason
         return [f"its planned configuration is invalid: {exc}"]
     try:
-        recorded = json.loads((point.folder / SUMMARY_FILE).read_text()).get("settings")
-    except (OSError, ValueError):
-        recorded = None
-    if not isinstance(recorded, dict):
+        recorded = read_summary(point.folder).settings
+    except SummaryError:
         try:
-            recorded = json.loads((point.folder / RUN_FILE).read_text()).get("identity")
+            recorded = json.loads(RunDir(point.folder).run.read_text()).get("identity")
         except (OSError, ValueError, AttributeError):
             return ["no readable record of its configuration"]
     return differences(recorded, planned) if isinstance(recorded, dict) else ["no record of its configuration"]
 
 
-def fault_note(summary: dict) -> str:
-    """What `batchlab run` would have said on stderr about a fault ("" when the run lost nothing)."""
-    return verdict(summary, summary.get("role_deaths", []))[1]
-
-
 def _timing(folder: Path) -> dict:
     """Start-up seconds (launch until the traffic's Start: loads, compilation, warm-up) from the launcher."""
-    path = folder / "timing.json"
+    path = RunDir(folder).timing
     return json.loads(path.read_text()) if path.exists() else {}

@@ -17,6 +17,8 @@ import typer
 from batchlab.cli.fanout import Fanout, Processes, RayAddress
 from batchlab.cli.options import ConfigOpt, Opt, with_settings
 from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.protocol.run_dir import RunDir
+from batchlab.collector.summary import Summary
 
 DEFAULT_OUT = "results/tune"
 MAX_CANDIDATES = 200
@@ -73,7 +75,7 @@ def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: in
     space, held = search_space(cfg, grid)
     out.mkdir(parents=True, exist_ok=True)
     schedule = make_schedule(cfg)  # one schedule: every candidate sees the same arrivals
-    save_schedule(schedule, out / "schedule.parquet")
+    save_schedule(schedule, RunDir(out).schedule)
     ranked = search(cfg, schedule, space, fanout)
     untuned = {k: v for k, v in _params(cfg).items() if k in space}
     record = {"strategy": cfg.strategy, "slos": cfg.slos(), "space": space, "held": held,
@@ -169,14 +171,12 @@ def rank_key(figs: dict) -> tuple:
     return -(figs["goodput"] or 0.0), -figs["throughput_tok_s"], math.inf if e2e is None else e2e
 
 
-def figures(summary: dict) -> dict:
+def figures(summary: Summary) -> dict:
     """The figures a candidate is ranked and compared by, from a run's summary."""
-    good = summary.get("goodput") or {}
-    return {"goodput": good.get("fraction"), "met": good.get("met"), "submitted": summary["submitted"],
-            "finished": summary["finished"], "ttft_p50_s": summary["ttft"]["p50"],
-            "ttft_p99_s": summary["ttft"]["p99"], "tpot_p50_s": summary["tpot"]["p50"],
-            "e2e_p50_s": summary["e2e"]["p50"], "e2e_p99_s": summary["e2e"]["p99"],
-            "throughput_tok_s": summary["throughput_tok_s"]}
+    s, good = summary, summary.goodput
+    return {"goodput": good and good.fraction, "met": good and good.met, "submitted": s.submitted,
+            "finished": s.finished, "ttft_p50_s": s.ttft.p50, "ttft_p99_s": s.ttft.p99, "tpot_p50_s": s.tpot.p50,
+            "e2e_p50_s": s.e2e.p50, "e2e_p99_s": s.e2e.p99, "throughput_tok_s": s.throughput_tok_s}
 
 
 def confirm_live(cfg: RunConfig, best: list[tuple[dict, dict]], out: Path) -> list[dict]:
@@ -186,7 +186,7 @@ def confirm_live(cfg: RunConfig, best: list[tuple[dict, dict]], out: Path) -> li
     rows = []
     for k, (knobs, predicted) in enumerate(best, start=1):
         typer.echo(f"confirming #{k} live on {cfg.backend}: {_knobs_text(knobs)}")
-        live = _with_knobs(cfg, knobs).model_copy(update={"schedule": str(out / "schedule.parquet"),
+        live = _with_knobs(cfg, knobs).model_copy(update={"schedule": str(RunDir(out).schedule),
                                                            "out": str(out / f"confirm-{k}")})
         measured = figures(run_with_status(live))
         errors = {m: _rel_error(predicted[m], measured[m]) for m, _ in COMPARED}
@@ -201,7 +201,7 @@ def _write_predicted(cfg: RunConfig, schedule, best: list[tuple[dict, dict]], ou
 
     for k, (knobs, _) in enumerate(best, start=1):
         run = _with_knobs(cfg, knobs).model_copy(update={"out": str(out / f"predicted-{k}")})
-        simulate_run(run, schedule, slos=cfg.slos(), saved_schedule=out / "schedule.parquet")
+        simulate_run(run, schedule, slos=cfg.slos(), saved_schedule=RunDir(out).schedule)
 
 
 def _rel_error(predicted: float | None, measured: float | None) -> float | None:

@@ -1,5 +1,5 @@
-"""Names of the files and folders in a run folder and a sweep folder (written by the collector and
-the sweep, read by the report).
+"""Names of the files and folders in a sweep folder (written by the sweep, read by the report); a run
+folder's own are protocol.run_dir's.
 
 A sweep's point folders are Hive partitions, OUT/strategy=<label>/rate=<r>/repeat=<k>/, so DuckDB,
 pyarrow, Polars and Spark read a whole sweep's tables as one table with those columns; a value is
@@ -10,15 +10,11 @@ import re
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-SUMMARY_FILE = "summary.json"
-PROGRESS_FILE = "progress.json"  # request counts while a run goes (collector → launcher)
-RUN_FILE = "run.json"  # a run's identity (config hash), environment, start/end and status
 INDEX_FILE = "sweep.json"  # a sweep's index of points
 DONE_FILE = "point.json"  # a point whose run returned (summary.json alone is also written on failure)
 FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
 PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
 WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, between points)
-VLLM_RESULT_FILE = "vllm_result.json"  # a run's figures under `vllm bench serve --save-result`'s keys
 CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<point_dir> (bursts: _probe/<probe_dir>)
 CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes
 

@@ -20,11 +20,13 @@ import pyarrow.parquet as pq
 
 from batchlab.collector import tables
 from batchlab.collector.metrics import LATENCY_STATS, RequestFigures
-from batchlab.collector.parts import PARTS_DIR, part_files, read_schedule, write_parquet
+from batchlab.collector.parts import read_schedule, write_parquet
 from batchlab.collector.quantiles import chunked_percentiles
 from batchlab.collector.run_columns import run_values, stamped
+from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_atomic
+from batchlab.protocol.run_dir import RunDir
 
 if TYPE_CHECKING:
     from batchlab.collector.store import RunStore
@@ -36,7 +38,6 @@ SPILL_CHUNK_VALUES = 1 << 18  # inter-token gaps read back at once (2 MiB; 8 MiB
 TOKEN_ORDER = [("request_id", "ascending"), ("token_index", "ascending")]
 SUMMARY_COLUMNS = ["status", "error", "submitted", "prompt_len", "output_len", "arrival_time",
                    "scheduled_time", "first_token_time", "completion_time", "n_tokens"]
-GAPS_FILE = "itl.f64"  # under PARTS_DIR: the finished requests' inter-token gaps, raw float64
 
 
 @dataclass(slots=True)
@@ -145,7 +146,7 @@ class GapSpill:
 def merge_requests(store: "RunStore", out_dir: Path, schedule: pd.DataFrame | None) -> None:
     """out_dir/requests.parquet: each request's last part row, plus the schedule's unsent rows, by id,
     with every engine_* column (older workers' figures from their bye where a row has none)."""
-    sources = [_file_source(p, "request_id") for p in part_files(out_dir, "requests")]
+    sources = [_file_source(p, "request_id") for p in RunDir(out_dir).parts("requests")]
     ids = pa.table({"request_id": schedule["request_id"].to_numpy(np.int64)}) if schedule is not None else None
     unsent = _memory_source(ids, "request_id") if ids is not None else None
     bye = tables.bye_engine_metrics(store)
@@ -169,9 +170,9 @@ def merge_requests(store: "RunStore", out_dir: Path, schedule: pd.DataFrame | No
 
     run = run_values(store.settings)
     if not any(sources) and unsent is None:
-        write_parquet(tables.requests_frame(store, [], t0), out_dir / "requests.parquet", run)
+        write_parquet(tables.requests_frame(store, [], t0), RunDir(out_dir).table("requests"), run)
         return
-    _merge(out_dir / "requests.parquet", [*sources, unsent], REQUEST_CHUNK_ROWS, build, run)
+    _merge(RunDir(out_dir).table("requests"), [*sources, unsent], REQUEST_CHUNK_ROWS, build, run)
 
 
 def _fill_from_bye(df: pd.DataFrame, bye: dict[int, dict], keys: list[str], t0: float) -> None:
@@ -185,16 +186,17 @@ def _fill_from_bye(df: pd.DataFrame, bye: dict[int, dict], keys: list[str], t0: 
 
 def finished_ids(out_dir: Path) -> np.ndarray:
     """The finished requests' ids, ascending, from out_dir/requests.parquet."""
-    t = pq.read_table(Path(out_dir) / "requests.parquet", columns=["request_id", "status"])
+    t = pq.read_table(RunDir(out_dir).table("requests"), columns=["request_id", "status"])
     return np.sort(t["request_id"].filter(pc.equal(t["status"], "finished")).to_numpy())
 
 
 def merge_tokens(out_dir: Path, finished: np.ndarray, gaps: GapSpill, run: dict) -> None:
     """out_dir/tokens.parquet from the tokens part files, sorted by request then token index; the
     finished requests' inter-token gaps go to `gaps` in that order (metrics.inter_token_latencies')."""
-    paths = part_files(out_dir, "tokens")
+    folder = RunDir(out_dir)
+    paths = folder.parts("tokens")
     if not paths:
-        write_parquet(tables.frame([], tables.TOKEN_DTYPES), Path(out_dir) / "tokens.parquet", run)
+        write_parquet(tables.frame([], tables.TOKEN_DTYPES), folder.table("tokens"), run)
         return
     metadata = pq.read_schema(paths[0]).metadata
 
@@ -203,8 +205,7 @@ def merge_tokens(out_dir: Path, finished: np.ndarray, gaps: GapSpill, run: dict)
         gaps.add(_sorted_gaps(chunk, finished[np.searchsorted(finished, lo):np.searchsorted(finished, hi, "right")]))
         return chunk
 
-    _merge(Path(out_dir) / "tokens.parquet", [_file_source(p, "request_id") for p in paths], TOKEN_CHUNK_ROWS, build,
-           run)
+    _merge(folder.table("tokens"), [_file_source(p, "request_id") for p in paths], TOKEN_CHUNK_ROWS, build, run)
 
 
 def _sorted_gaps(chunk: pa.Table, finished: np.ndarray) -> np.ndarray:
@@ -217,18 +218,19 @@ def _sorted_gaps(chunk: pa.Table, finished: np.ndarray) -> np.ndarray:
 
 def merge_batches(store: "RunStore", out_dir: Path) -> None:
     """out_dir/batches.parquet: each batch's last part row, by batch id."""
-    paths, run = part_files(out_dir, "batches"), run_values(store.settings)
+    folder, run = RunDir(out_dir), run_values(store.settings)
+    paths = folder.parts("batches")
     if not paths:
-        write_parquet(tables.batches_frame(store, [], store.t0()), Path(out_dir) / "batches.parquet", run)
+        write_parquet(tables.batches_frame(store, [], store.t0()), folder.table("batches"), run)
         return
-    _merge(Path(out_dir) / "batches.parquet", [_file_source(p, "batch_id") for p in paths], REQUEST_CHUNK_ROWS,
+    _merge(folder.table("batches"), [_file_source(p, "batch_id") for p in paths], REQUEST_CHUNK_ROWS,
            lambda lo, hi, parts: pa.Table.from_pandas(_last_rows(parts, "batch_id"), preserve_index=False), run)
 
 
 def merge_steps(out_dir: Path, run: dict) -> None:
     """out_dir/steps.parquet from the steps part files, in order, with the run's identity columns (none
     when no step arrived)."""
-    paths = part_files(out_dir, "steps")
+    paths = RunDir(out_dir).parts("steps")
     if not paths:
         return
     schema = pq.read_schema(paths[0])
@@ -247,19 +249,19 @@ def merge_steps(out_dir: Path, run: dict) -> None:
             if writer is not None:
                 writer.close()
 
-    write_atomic(Path(out_dir) / "steps.parquet", write)
+    write_atomic(RunDir(out_dir).table("steps"), write)
 
 
-def summary_from_files(store: "RunStore", out_dir: Path, slos: dict | None, gaps: GapSpill) -> dict:
+def summary_from_files(store: "RunStore", out_dir: Path, slos: dict | None, gaps: GapSpill) -> Summary:
     """build_tables' summary, from requests.parquet read in slices and the inter-token gaps in `gaps`."""
-    path = Path(out_dir) / "requests.parquet"
+    path = RunDir(out_dir).table("requests")
     figures = RequestFigures(slos)
     for batch in pq.ParquetFile(path).iter_batches(batch_size=REQUEST_CHUNK_ROWS, columns=SUMMARY_COLUMNS):
         figures.add(batch.to_pandas())
     itl = chunked_percentiles(gaps.chunks, LATENCY_STATS)
     cached = [c for c in ("prompt_len", "engine_cached_tokens") if c in pq.read_schema(path).names]
     prefix = tables.prefix_cache(pd.read_parquet(path, columns=cached))
-    return figures.summary(store.settings, itl) | tables.run_facts(store) | prefix
+    return Summary.model_validate(figures.summary(store.settings, itl) | tables.run_facts(store) | prefix)
 
 
 def merge_run(store: "RunStore", out_dir: Path, slos: dict | None) -> Tables:
@@ -267,7 +269,7 @@ def merge_run(store: "RunStore", out_dir: Path, slos: dict | None) -> Tables:
     summary. Every table in the result is None: they are on disk."""
     out_dir = Path(out_dir)
     merge_requests(store, out_dir, read_schedule(out_dir))
-    gaps, run = GapSpill(out_dir / PARTS_DIR / GAPS_FILE), run_values(store.settings)
+    gaps, run = GapSpill(RunDir(out_dir).gaps), run_values(store.settings)
     try:
         merge_tokens(out_dir, finished_ids(out_dir), gaps, run)
         merge_batches(store, out_dir)

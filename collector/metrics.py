@@ -158,16 +158,6 @@ class RequestFigures:
         return out
 
 
-def window_s(requests: pd.DataFrame) -> float:
-    """Seconds from the first submitted arrival to the last finished completion (0 if none)."""
-    finished = requests[requests["status"] == "finished"]
-    arrivals = requests.loc[submitted_mask(requests), "arrival_time"].dropna()
-    last = finished["completion_time"].dropna()
-    if arrivals.empty or last.empty:
-        return 0.0
-    return max(float(last.max() - arrivals.min()), 0.0)
-
-
 def summarize(requests: pd.DataFrame, tokens: pd.DataFrame | None, settings: dict,
               slos: dict | None = None, *, itl: pd.Series | None = None) -> dict:
     """The run's headline numbers from its requests and tokens tables (or, instead of the tokens,

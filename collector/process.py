@@ -1,5 +1,4 @@
 """The collector process: PULL every event, join it in a RunStore, write the run's tables."""
-import json
 import logging
 import threading
 import time
@@ -8,14 +7,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import zmq
 
-from batchlab.collector.layout import PROGRESS_FILE
 from batchlab.collector.merge import merge_run
-from batchlab.collector.parts import SCHEDULE_FILE, PartWriter, write_final
+from batchlab.collector.parts import PartWriter, write_final
 from batchlab.collector.store import RunStore
+from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables, harness_cpu
 from batchlab.protocol.clock import now
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.inbox import Inbox
+from batchlab.protocol.run_dir import RunDir, footer_notes
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import make_socket
@@ -24,8 +24,6 @@ log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 100
 FLUSH_INTERVAL_S = 1.0  # how often new rows go to a part file
-# traffic.schedule's footer key of Schedule.notes: read from the file, as the collector imports protocol only
-SCHEDULE_NOTES_KEY = b"batchlab.notes"
 STOP_IDLE_S = 1.0  # after a stop signal: stop once nothing arrived for this long (or every bye is in)
 STOP_DRAIN_MAX_S = 20.0  # ... and at the latest this long after the signal (time for a launcher to stop the run)
 
@@ -46,16 +44,14 @@ class _Loop:
 def schedule_notes(out_dir: Path) -> dict:
     """How the run's schedule was made (Schedule.notes: prompt source, capped lengths, trace window) from
     out_dir/schedule.parquet's footer; {} when the file, or its notes, are absent or unreadable."""
-    path = Path(out_dir) / SCHEDULE_FILE
+    path = RunDir(out_dir).schedule
     if not path.is_file():
         return {}
     try:
-        raw = (pq.read_metadata(path).metadata or {}).get(SCHEDULE_NOTES_KEY)
-        notes = json.loads(raw) if raw else {}
+        return footer_notes(pq.read_metadata(path).metadata or {})
     except Exception as exc:  # pyarrow raises several types for a bad file; the notes are an extra
         log.warning("collector: cannot read the schedule's notes in %s: %s", path, exc)
         return {}
-    return notes if isinstance(notes, dict) else {}
 
 
 def _drain(inbox: Inbox, store: RunStore) -> None:
@@ -124,7 +120,7 @@ def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threadin
 def write_progress(out_dir: Path, counts: dict) -> None:
     """OUT/progress.json: the request counts so far (a launcher's status line reads it)."""
     try:
-        write_json_atomic(Path(out_dir) / PROGRESS_FILE, counts)
+        write_json_atomic(RunDir(out_dir).progress, counts)
     except OSError:  # a status line is an extra: a full disk is reported where the tables fail
         pass
 
@@ -146,7 +142,7 @@ def _on_signal(signum: int, store: RunStore, loop: _Loop, stop: threading.Event,
 
 
 def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grace_s: float = 10.0,
-                  idle_timeout_s: float | None = None, keys: str | None = None, stop_run=None) -> dict:
+                  idle_timeout_s: float | None = None, keys: str | None = None, stop_run=None) -> Summary:
     """Collect one run's events from `address` into out_dir's tables; returns the summary (its
     `stop_signal`: the signal that stopped the collector, 0 when the run ended by itself)."""
     cpu_start_s = time.process_time()  # the collector's own CPU, for the summary's harness_cpu
@@ -161,11 +157,11 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
             reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s, loop)
             log.info("collector: stopping (%s)", reason)
             tables = finish_run(store, writer, out_dir, slos)
-            tables.summary["end_reason"] = reason
-            tables.summary["stop_signal"] = loop.stop_signal
-            tables.summary |= harness_cpu(store, time.process_time() - cpu_start_s)
+            summary = tables.summary
+            summary.end_reason, summary.stop_signal = reason, loop.stop_signal
+            summary.harness_cpu = harness_cpu(store, time.process_time() - cpu_start_s)
             if notes := schedule_notes(out_dir):
-                tables.summary["schedule"] = notes
+                summary.schedule = notes
             write_final(out_dir, tables)
             write_progress(out_dir, store.counts())
             return tables.summary

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchlab.protocol.identity import config_hash, identity
+from batchlab.protocol.settings import vllm_rule
 
 # requests.parquet had these before the others (as plain columns); every table carries all of them
 SETTINGS_COLUMNS = ("strategy", "backend", "model", "rate", "concurrency", "arrival", "seed")
@@ -22,7 +23,7 @@ def run_label(settings: dict) -> str:
     given = settings.get("label")
     if given:
         return str(given)
-    return "vllm" if settings.get("backend") == "vllm" else str(settings.get("strategy", "run"))
+    return vllm_rule(str(settings.get("strategy", "run")), str(settings.get("backend", "")))[2]
 
 
 def run_values(settings: dict) -> dict[str, object]:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, request_metrics, summarize, useful_fraction
 from batchlab.collector.run_columns import SETTINGS_COLUMNS
+from batchlab.collector.summary import Summary
 
 if TYPE_CHECKING:
     from batchlab.collector.state import RequestState
@@ -53,7 +54,7 @@ class Tables:
     tokens: pd.DataFrame | None
     batches: pd.DataFrame | None
     steps: pd.DataFrame | None
-    summary: dict
+    summary: Summary
 
 
 def frame(rows: list[list], dtypes: dict[str, str]) -> pd.DataFrame:
@@ -205,8 +206,8 @@ def harness_cpu(store: "RunStore", collector_cpu_s: float) -> dict:
             roles[w] = float(bye.stats[CPU_STAT])
     n = end.submitted if end is not None and end.submitted else store.arrivals
     per_us = {role: 1e6 * cpu_s / n if n else None for role, cpu_s in roles.items()}
-    return {"harness_cpu": {"cpu_s": roles, "us_per_request": per_us, "requests": n,
-                            "total_us_per_request": 1e6 * sum(roles.values()) / n if n else None}}
+    return {"cpu_s": roles, "us_per_request": per_us, "requests": n,
+            "total_us_per_request": 1e6 * sum(roles.values()) / n if n else None}
 
 
 def bye_engine_metrics(store: "RunStore") -> dict[int, dict]:
@@ -252,5 +253,6 @@ def build_tables(store: "RunStore", schedule: pd.DataFrame | None, slos: dict | 
     tokens = tokens_frame(store, rids, t0) if tokens is None else tokens
     steps = steps_frame(store.steps, t0) if store.steps else None
     batches = batches_frame(store, sorted(set(store.launches) | set(store.dones)), t0)
-    summary = summarize(requests, tokens, store.settings, slos) | run_facts(store) | prefix_cache(requests)
+    summary = Summary.model_validate(summarize(requests, tokens, store.settings, slos) | run_facts(store)
+                                     | prefix_cache(requests))
     return Tables(requests, tokens, batches, steps, summary)

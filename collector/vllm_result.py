@@ -4,7 +4,6 @@ Computed from batchlab's own tables (requests.parquet, tokens.parquet, summary.j
 written for vLLM's result files reads a batchlab run unchanged; `batchlab_definitions` names where
 batchlab's figures are defined differently from vLLM's.
 """
-import json
 import math
 from datetime import datetime
 from importlib import metadata
@@ -13,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.layout import SUMMARY_FILE, VLLM_RESULT_FILE
 from batchlab.collector.metrics import inter_token_latencies, request_metrics
+from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.run_dir import RunDir
 
 PERCENTILES = (50, 90, 99)  # vLLM's --metric-percentiles (its default is 99 alone)
 METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}  # vLLM's name → batchlab's column
@@ -47,7 +47,7 @@ def _stats(name: str, values_s: np.ndarray) -> dict:
 
 def _date(folder: Path) -> str:
     """When the run ended (its summary's time), in vLLM's format."""
-    return datetime.fromtimestamp((folder / SUMMARY_FILE).stat().st_mtime).strftime("%Y%m%d-%H%M%S")
+    return datetime.fromtimestamp(RunDir(folder).summary.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
 
 
 def _version() -> str:
@@ -57,47 +57,43 @@ def _version() -> str:
         return "unknown"
 
 
-def _setup(folder: Path, summary: dict) -> dict:
+def _setup(folder: Path, summary: Summary) -> dict:
     """The setup keys of vLLM's result (date, backend, model, traffic)."""
-    settings = summary.get("settings", {})
+    settings = summary.settings
     rate = settings.get("rate")
     rate = "inf" if rate is None or (isinstance(rate, float) and math.isinf(rate)) else rate
     return {"date": _date(folder), "backend": settings.get("backend"), "label": settings.get("strategy"),
             "model_id": settings.get("model"), "tokenizer_id": settings.get("model"),
-            "num_prompts": summary.get("scheduled"), "request_rate": rate,
+            "num_prompts": summary.scheduled, "request_rate": rate,
             "burstiness": settings.get("burstiness"), "max_concurrency": settings.get("concurrency") or None}
 
 
 def vllm_result(folder: str | Path) -> dict:
     """The run in `folder` under vLLM bench serve's result keys and units."""
-    folder = Path(folder)
-    summary = json.loads((folder / SUMMARY_FILE).read_text())
-    requests = request_metrics(pd.read_parquet(folder / "requests.parquet"))
+    run, summary = RunDir(folder), read_summary(folder)
+    requests = request_metrics(pd.read_parquet(run.table("requests")))
     finished = requests[requests["status"] == "finished"]
-    tokens = pd.read_parquet(folder / "tokens.parquet", columns=["request_id", "token_index", "time"])
-    duration_s = float(summary.get("window_s") or 0.0)
+    tokens = pd.read_parquet(run.table("tokens"), columns=["request_id", "token_index", "time"])
+    duration_s = summary.window_s
     per_s = 1.0 / duration_s if duration_s > 0 else float("nan")
     n_in, n_out = int(finished["prompt_len"].sum()), int(finished["n_tokens"].sum())
-    goodput = summary.get("goodput")
-    result = _setup(folder, summary) | {
-        "duration": duration_s, "completed": len(finished), "failed": int(summary.get("failed", 0)),
-        "total_input_tokens": n_in, "total_output_tokens": n_out,
-        "request_throughput": len(finished) * per_s,
-        "request_goodput": goodput["met"] * per_s if goodput else None,
-        "output_throughput": n_out * per_s, "total_token_throughput": (n_in + n_out) * per_s,
+    result = _setup(run.path, summary) | {
+        "duration": duration_s, "completed": len(finished), "failed": summary.failed,
+        "total_input_tokens": n_in, "total_output_tokens": n_out, "request_throughput": summary.requests_per_s,
+        "request_goodput": summary.goodput.met * per_s if summary.goodput else None,
+        "output_throughput": summary.throughput_tok_s, "total_token_throughput": (n_in + n_out) * per_s,
     }
     itl = inter_token_latencies(tokens, finished["request_id"]).to_numpy(dtype="float64")
     for name, column in METRICS.items():
         values = itl if name == "itl" else finished[column].to_numpy(dtype="float64")
         result |= _stats(name, values)
-    settings = summary.get("settings", {})
-    return result | {"batchlab_version": _version(), "batchlab_strategy_args": settings.get("strategy_args"),
+    return result | {"batchlab_version": _version(), "batchlab_strategy_args": summary.settings.get("strategy_args"),
                      "batchlab_definitions": DEFINITIONS}
 
 
 def save_result(folder: str | Path, path: str | Path | None = None) -> Path:
     """Write vllm_result() of the run in `folder` to `path` (default: the folder's vllm_result.json)."""
-    path = Path(path) if path else Path(folder) / VLLM_RESULT_FILE
+    path = Path(path) if path else RunDir(folder).vllm_result
     result = vllm_result(folder)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -111,5 +107,5 @@ def point_result(folder: str | Path) -> Path | None:
     try:
         return save_result(folder)
     except (OSError, ValueError, KeyError) as exc:
-        (Path(folder) / "vllm_result.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+        RunDir(folder).vllm_result_error.write_text(f"{type(exc).__name__}: {exc}\n")
         return None

@@ -19,6 +19,15 @@ from batchlab.protocol.slos import SLO_NAMES, UNITS_S, parse_slos, slo_items  # 
 
 # The settings a schedule is built from: a replayed schedule brings its own.
 TRAFFIC_FIELDS = tuple(ScheduleSettings.model_fields)
+VLLM = "vllm"  # a strategy name and a backend name
+
+
+def vllm_rule(strategy: str, backend: str) -> tuple[str, str, str]:
+    """(strategy, backend, label) of a run: strategy vllm is continuous batching on the vllm backend, and a run
+    on the vllm backend counts as strategy vllm whatever the scheduler runs (vLLM's engine does the batching)."""
+    if strategy == VLLM:
+        strategy, backend = "continuous", VLLM
+    return strategy, backend, VLLM if backend == VLLM else strategy
 
 
 class RunConfig(*GROUPS, title="RunConfig"):
@@ -35,8 +44,7 @@ class RunConfig(*GROUPS, title="RunConfig"):
         """The rules that span groups; strategy vllm means continuous batching in the vllm backend."""
         if self.backend == "openai" and not self.endpoint:
             raise refuse("--backend openai needs --endpoint URL")
-        if self.strategy == "vllm":
-            self.strategy, self.backend = "continuous", "vllm"
+        self.strategy, self.backend, _ = vllm_rule(self.strategy, self.backend)
         return self
 
     def validate(self) -> "RunConfig":

@@ -24,15 +24,15 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from batchlab.protocol.plugins import STRATEGY_GROUP, Registry
-from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.protocol.settings import VLLM, ConfigError, RunConfig, vllm_rule
 from batchlab.scheduler.ordered import ORDERED
 from batchlab.scheduler.policies import BUILTINS as BASIC
 from batchlab.scheduler.policies import Policy
 
 ENTRY_POINT_GROUP = STRATEGY_GROUP
 BUILTINS: dict[str, type] = {**BASIC, **ORDERED}  # naive, dynamic, continuous, sjf, edf
-# vllm: continuous (validate() also moves it to the vllm backend)
-REGISTRY = Registry("strategy", ENTRY_POINT_GROUP, {**BUILTINS, "vllm": BUILTINS["continuous"]}, ConfigError)
+# vllm: continuous (settings.vllm_rule also moves it to the vllm backend)
+REGISTRY = Registry("strategy", ENTRY_POINT_GROUP, {**BUILTINS, VLLM: BUILTINS[vllm_rule(VLLM, VLLM)[0]]}, ConfigError)
 MODES = ("static", "continuous")
 REQUIRED = ("name", "mode", "decide", "on_batch_done")
 KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}

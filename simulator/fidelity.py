@@ -12,16 +12,16 @@ sleep overshoot, CPU contention). It is written into summary.json as `timing_fid
 
 Errors are seconds, positive when the live run is slower. A failure here is logged, never raised.
 """
-import json
 import logging
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.layout import SUMMARY_FILE
+from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
 from batchlab.collector.metrics import percentiles
-from batchlab.collector.parts import SCHEDULE_FILE, load_table, read_schedule, write_summary
+from batchlab.collector.parts import load_table, read_schedule
+from batchlab.collector.summary import SummaryError, read_summary, write_summary
 from batchlab.protocol.settings import RunConfig, build_config
 from batchlab.simulator.run import simulate
 from batchlab.traffic.schedule import Schedule
@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 FIDELITY_BACKENDS = ("sim", "echo")  # backends whose step times the simulator knows exactly
 METRICS = ("ttft", "tpot", "e2e", "queue_wait")
 ERROR_STATS = ("mean", "p50", "p99", "max_abs")
-KEY = "timing_fidelity"  # summary.json's key
 
 
 def config_from_settings(settings: dict) -> RunConfig:
@@ -70,38 +69,31 @@ def timing_fidelity(live_requests: pd.DataFrame, settings: dict, schedule: pd.Da
     return result
 
 
-def add_timing_fidelity(summary: dict, live_requests: pd.DataFrame, settings: dict,
-                        schedule: pd.DataFrame | None) -> None:
-    """summary["timing_fidelity"] for live sim/echo runs; any failure is logged and the key left out."""
-    try:
-        result = timing_fidelity(live_requests, settings, schedule)
-    except Exception:  # a post-processing step must never break the report or the benchmark
-        log.exception("timing fidelity skipped: the simulation of this run failed")
-        return
-    if result is not None:
-        summary[KEY] = result
-
-
 def add_run_fidelity(run_dir: str | Path) -> dict | None:
     """A finished run folder's summary.json gains `timing_fidelity` unless it has one (live sim/echo runs
-    with their requests table and schedule only); returns the block, or None."""
-    run_dir = Path(run_dir)
+    with their requests table and schedule only); returns the block, or None. Any failure of the
+    simulation is logged and the block left out: a post-processing step never breaks a run or a report."""
+    folder = RunDir(run_dir)
     try:
-        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):  # unreadable: whoever reads the run reports that
+        summary = read_summary(folder.path)
+    except SummaryError:  # unreadable: whoever reads the run reports that
         return None
-    if KEY in summary or not (run_dir / "requests.parquet").is_file() or not (run_dir / SCHEDULE_FILE).is_file():
-        return summary.get(KEY)
-    settings = summary.get("settings") or {}
-    if settings.get("backend") not in FIDELITY_BACKENDS or settings.get("simulated"):
+    if summary.timing_fidelity is not None or not folder.table("requests").is_file() or not folder.schedule.is_file():
+        return summary.timing_fidelity
+    if summary.settings.get("backend") not in FIDELITY_BACKENDS or summary.settings.get("simulated"):
         return None
-    add_timing_fidelity(summary, load_table(run_dir, "requests"), settings, read_schedule(run_dir))
-    if KEY in summary:
+    try:
+        summary.timing_fidelity = timing_fidelity(load_table(folder.path, "requests"), summary.settings,
+                                                  read_schedule(folder.path))
+    except Exception:
+        log.exception("timing fidelity skipped: the simulation of this run failed")
+        return None
+    if summary.timing_fidelity is not None:
         try:
-            write_summary(run_dir, summary)
+            write_summary(folder.path, summary)
         except OSError as exc:  # a read-only copy of a run: the block is still returned
-            log.warning("timing fidelity of %s not saved: %s", run_dir, exc)
-    return summary.get(KEY)
+            log.warning("timing fidelity of %s not saved: %s", folder.path, exc)
+    return summary.timing_fidelity
 
 
 def add_folder_fidelity(folder: str | Path) -> int:

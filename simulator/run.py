@@ -54,5 +54,5 @@ def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) ->
     tokens = sim.recorder.attach(store)
     # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
     tables = build_tables(store, tokens, None, slos if slos is not None else cfg.slos() or None)  # as live
-    tables.summary["end_reason"] = END_REASON
+    tables.summary.end_reason = END_REASON
     return tables

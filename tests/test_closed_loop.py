@@ -6,6 +6,7 @@ import yaml
 
 from batchlab.cli.config import checked_config
 from batchlab.cli.result_table import table, warnings
+from tests.summaries import make_summary
 from batchlab.protocol.identity import config_hash
 from batchlab.protocol.settings import ConfigError
 from batchlab.simulator.run import simulate
@@ -161,7 +162,7 @@ def test_simulated_clients_keep_n_requests_out_from_time_zero():
     ends = sorted([(t, -1) for t in requests["completion_time"]] + [(t, 1) for t in requests["arrival_time"]])
     level = [sum(step for _, step in ends[:i + 1]) for i in range(len(ends))]
     assert max(level) == 3
-    assert summary["settings"]["concurrency"] == 3
+    assert summary.settings["concurrency"] == 3
 
 
 def test_a_simulated_client_sends_its_think_time_after_its_last_end():
@@ -198,8 +199,8 @@ def test_a_simulated_concurrency_sweep_reports_against_clients(tmp_path):
 
 
 def test_the_result_table_shows_the_clients_instead_of_an_offered_rate():
-    summary = {"settings": {"concurrency": 8, "think_time_ms": 50.0, "rate": "inf"}, "finished": 3, "scheduled": 3,
-               "harness_lag": {"p99": 0.5}}
+    summary = make_summary(settings={"concurrency": 8, "think_time_ms": 50.0, "rate": "inf"}, finished=3, scheduled=3,
+                           harness_lag={"p99": 0.5})
     rows = table(summary).columns[0]._cells
     assert "closed loop (clients)" in rows and "offered rate (req/s)" not in rows
     assert "8, think 50 ms" in table(summary).columns[1]._cells

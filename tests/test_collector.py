@@ -124,17 +124,17 @@ def test_schedule_rows_never_sent_become_failed():
     tables = run_store(script()).finish(schedule)
     r6 = by_id(tables.requests)[6]
     assert (r6["status"], r6["error"], r6["arrival_time"], r6["output_len"]) == ("failed", NOT_SENT, 5.0, 9)
-    assert (tables.summary["scheduled"], tables.summary["submitted"]) == (6, 5)
+    assert (tables.summary.scheduled, tables.summary.submitted) == (6, 5)
 
 
 def test_summary_counts_window_and_throughput():
     summary = run_store(script()).finish().summary
-    assert (summary["finished"], summary["failed"]) == (2, 3)
-    assert summary["failure_reasons"] == {"decode error": 1, "queue full": 1, NO_TERMINAL: 1}
-    assert summary["window_s"] == pytest.approx(2.0)  # first arrival 0 → r3's last token at 2.0
-    assert summary["throughput_tok_s"] == pytest.approx(5 / 2.0)
-    assert (summary["peak_memory_bytes"], summary["memory_kind"]) == (1000, "cpu_peak_rss")
-    assert summary["scheduler_stats"] == {"launched": 3} and summary["worker_stats"] == {"w0": {"batches": 3}}
+    assert (summary.finished, summary.failed) == (2, 3)
+    assert summary.failure_reasons == {"decode error": 1, "queue full": 1, NO_TERMINAL: 1}
+    assert summary.window_s == pytest.approx(2.0)  # first arrival 0 → r3's last token at 2.0
+    assert summary.throughput_tok_s == pytest.approx(5 / 2.0)
+    assert (summary.peak_memory_bytes, summary.memory_kind) == (1000, "cpu_peak_rss")
+    assert summary.scheduler_stats == {"launched": 3} and summary.worker_stats == {"w0": {"batches": 3}}
 
 
 def test_summary_percentiles_match_numpy():
@@ -216,7 +216,7 @@ def test_collector_over_socket_ends_on_run_end_and_byes_and_writes_files(tmp_pat
     thread.join(timeout=20)
     assert not thread.is_alive()
     summary = result[0]
-    assert summary["end_reason"] == "run end and every worker's bye"
+    assert summary.end_reason == "run end and every worker's bye"
     for name in ("requests", "tokens", "batches"):
         assert (tmp_path / f"{name}.parquet").exists()
     assert not (tmp_path / "steps.parquet").exists() and not (tmp_path / ".parts").exists()
@@ -230,8 +230,8 @@ def test_malformed_frame_is_counted_and_collector_keeps_going(tmp_path):
     frames = [encode(m) for m in script()]
     push_all(address, [b"\xc1garbage", frames[0], b"", *frames[1:]])
     thread.join(timeout=20)
-    assert result[0]["rejected_messages"] == 2
-    assert result[0]["finished"] == 2
+    assert result[0].rejected_messages == 2
+    assert result[0].finished == 2
 
 
 def test_idle_timeout_ends_run_and_fails_unfinished(tmp_path):
@@ -239,8 +239,8 @@ def test_idle_timeout_ends_run_and_fails_unfinished(tmp_path):
     push_all(address, [encode(m) for m in script()[:6]])  # arrivals only, no RunEnd
     thread.join(timeout=20)
     summary = result[0]
-    assert summary["end_reason"] == "idle timeout"
-    assert summary["failure_reasons"] == {NO_TERMINAL: 5}
+    assert summary.end_reason == "idle timeout"
+    assert summary.failure_reasons == {NO_TERMINAL: 5}
 
 
 def test_sigterm_stops_loop_and_writes_what_is_known(tmp_path):
@@ -257,7 +257,7 @@ def test_sigterm_stops_loop_and_writes_what_is_known(tmp_path):
     killer.start()
     summary = run_collector(address, tmp_path)  # main thread: its handlers are installed here
     pusher.join()
-    assert summary["end_reason"].startswith("signal")
+    assert summary.end_reason.startswith("signal")
     assert load_table(tmp_path, "requests")["error"].tolist() == [NO_TERMINAL] * 5
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
 
@@ -274,7 +274,7 @@ def test_unsent_rows_come_from_traffic_schedule_file(tmp_path):
     requests = load_table(tmp_path, "requests")
     unsent = requests[requests["error"] == NOT_SENT]
     assert unsent["request_id"].tolist() == [6, 7] and unsent["arrival_time"].tolist() == [5.0, 6.0]
-    assert (result[0]["scheduled"], result[0]["submitted"]) == (7, 5)
+    assert (result[0].scheduled, result[0].submitted) == (7, 5)
 
 
 def test_tokens_with_mismatched_lengths_are_rejected_not_joined():
@@ -368,7 +368,7 @@ def test_tables_merged_from_parts_equal_the_tables_built_in_memory(tmp_path, mon
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"),
                                       pd.read_parquet(tmp_path / "in_memory" / f"{name}.parquet"))
     assert streamed.summary == in_memory.summary
-    assert streamed.summary["itl"]["p50"] is not None and streamed.summary["prefix_cache"]
+    assert streamed.summary.itl.p50 is not None and streamed.summary.prefix_cache
     assert "engine_first_token_time" in in_memory.requests
     assert extra or in_memory.requests.engine_queued_time.notna().sum() == 1  # (the script replaces the bye)
     assert (in_memory.requests.error == NOT_SENT).sum() == 5 + (5 if extra else 10)  # ids 70-74 and below 10
@@ -422,7 +422,7 @@ def test_summary_reports_the_harness_cpu_per_request(tmp_path):
     address, thread, result = serve(tmp_path, grace_s=30.0)
     push_all(address, [encode(m) for m in messages])
     thread.join(timeout=20)
-    cpu = result[0]["harness_cpu"]
+    cpu = result[0].harness_cpu
     assert cpu["requests"] == 5 and cpu["cpu_s"]["collector"] > 0
     assert (cpu["cpu_s"]["scheduler"], cpu["cpu_s"]["w0"]) == (0.5, 0.25)
     assert cpu["us_per_request"]["scheduler"] == pytest.approx(1e5)

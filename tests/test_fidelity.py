@@ -9,8 +9,9 @@ import pytest
 from batchlab.cli.launcher import launch_run
 from batchlab.cli.sim_run import simulate_run
 from batchlab.collector.store import RunStore
+from batchlab.collector.summary import write_summary
 from batchlab.protocol.settings import ConfigError, RunConfig
-from batchlab.simulator.fidelity import (add_folder_fidelity, add_run_fidelity, add_timing_fidelity, compare,
+from batchlab.simulator.fidelity import (add_folder_fidelity, add_run_fidelity, compare,
                                                    config_from_settings)
 from batchlab.protocol import Arrival, RequestMsg
 from tests.wire_cases import launch, tokens
@@ -51,18 +52,18 @@ def test_recorded_settings_are_checked_like_any_config():
         config_from_settings({"backend": "sim", "rate": -1.0})
 
 
-def test_a_failing_simulation_is_logged_not_raised(caplog):
-    summary: dict = {}
-    broken_schedule = pd.DataFrame({"request_id": [0]})  # no arrival offsets: the simulator fails
-    add_timing_fidelity(summary, _requests([0.01], [0.001]), {"backend": "sim"}, broken_schedule)
-    assert "timing_fidelity" not in summary
+def test_a_failing_simulation_is_logged_not_raised(tmp_path, caplog):
+    _simulated_folder(tmp_path, live=True)
+    pd.DataFrame({"request_id": [0]}).to_parquet(tmp_path / "schedule.parquet")  # no arrival offsets: it fails
+    assert add_run_fidelity(tmp_path) is None
+    assert "timing_fidelity" not in json.loads((tmp_path / "summary.json").read_text())
     assert "timing fidelity skipped" in caplog.text
 
 
-def test_other_backends_get_no_fidelity_block():
-    summary: dict = {}
-    add_timing_fidelity(summary, _requests([0.01], [0.001]), {"backend": "hf"}, pd.DataFrame())
-    assert summary == {}
+def test_other_backends_get_no_fidelity_block(tmp_path):
+    _simulated_folder(tmp_path, live=True, backend="hf")
+    assert add_run_fidelity(tmp_path) is None
+    assert "timing_fidelity" not in json.loads((tmp_path / "summary.json").read_text())
 
 
 def test_step_tokens_that_overtake_their_launch_are_kept_under_their_stated_batch():
@@ -76,15 +77,14 @@ def test_step_tokens_that_overtake_their_launch_are_kept_under_their_stated_batc
     assert store.counters["ignored_tokens"] == 0
 
 
-def _simulated_folder(folder, *, live: bool) -> dict:
+def _simulated_folder(folder, *, live: bool, backend: str = "sim") -> None:
     """A simulated run's folder; with `live`, its settings claim a live run (its simulation is then exact)."""
     cfg = RunConfig(backend="sim", strategy="dynamic", dataset="synthetic", rate=20, duration_s=1.0,
                     max_new_tokens=8, seed=1, out=str(folder)).validate()
     summary = simulate_run(cfg)
     if live:
-        summary["settings"]["simulated"] = False
-        (folder / "summary.json").write_text(json.dumps(summary))
-    return summary
+        summary.settings.update(simulated=False, backend=backend)
+        write_summary(folder, summary)
 
 
 def test_a_run_folder_gains_its_fidelity_block_once(tmp_path):
@@ -106,7 +106,7 @@ def test_simulated_runs_and_folders_without_runs_get_no_block(tmp_path):
 def test_the_collector_leaves_fidelity_to_post_processing():
     import batchlab.collector.process as process
 
-    assert "fidelity" not in process.__dict__ and not hasattr(process, "add_timing_fidelity")
+    assert "fidelity" not in process.__dict__ and not hasattr(process, "add_run_fidelity")
 
 
 @pytest.mark.slow
@@ -114,15 +114,15 @@ def test_a_short_sim_run_reports_small_timing_errors(tmp_path):
     cfg = RunConfig(backend="sim", strategy="continuous", dataset="synthetic", rate=20, duration_s=1.5,
                     max_new_tokens=16, seed=3, out=str(tmp_path)).validate()
     summary = launch_run(cfg)
-    fidelity = summary["timing_fidelity"]  # computed once, when the run ended
+    fidelity = summary.timing_fidelity  # computed once, when the run ended
     assert add_run_fidelity(tmp_path) == fidelity  # and not again
     assert fidelity["backend"] == "sim"
-    assert fidelity["matched"] == summary["finished"] > 0
+    assert fidelity["matched"] == summary.finished > 0
     assert all(set(fidelity[k]) == {"mean", "p50", "p99", "max_abs"} for k in ERROR_KEYS)
     # Margins from the run itself, not from a quiet machine: on a busy machine every sleep of the sim worker
     # ends late, so the live run is slower than the model by some part of each step; a frame or matching
     # bug (a wrong t0, rows paired with other requests) is off by the run's own scale instead.
-    assert abs(fidelity["tpot_error_s"]["p50"]) < 0.75 * summary["tpot"]["p50"]  # < 3 × the model's TPOT
+    assert abs(fidelity["tpot_error_s"]["p50"]) < 0.75 * summary.tpot.p50  # < 3 × the model's TPOT
     assert abs(fidelity["ttft_error_s"]["p50"]) < cfg.duration_s / 3
     assert not math.isnan(fidelity["sim_wall_s"])
 

@@ -12,6 +12,7 @@ from batchlab.cli.main import app
 from batchlab.cli.sweep_plan import SweepError, load_plan, parse_sets
 from batchlab.protocol.settings import parse_slos
 from typer.main import get_command
+from tests.summaries import make_summary
 
 runner = CliRunner()
 SWEEP = "base: {dataset: synthetic, duration_s: 3}\ngrid: {strategies: [naive, dynamic], rates: [4], repeats: 1}\n"
@@ -48,7 +49,7 @@ def test_a_bool_flag_takes_a_true_or_false_word(words, expected):
 
 def test_a_bool_word_reaches_the_run_config(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr("batchlab.cli.live.run_with_status", lambda cfg: seen.setdefault("cfg", cfg) and {})
+    monkeypatch.setattr("batchlab.cli.live.run_with_status", lambda cfg: seen.setdefault("cfg", cfg) and make_summary())
     monkeypatch.setattr("batchlab.cli.result_table.show", lambda summary, out: None)
     result = runner.invoke(app, ["run", "--strict-memory", "true", "--enforce-eager", "false",
                                  "--out", str(tmp_path / "run")])

@@ -1,5 +1,5 @@
 """`batchlab run --strategy continuous` end to end on replayed schedules: the hf backend (tiny-mistral, CPU)
-and the seed's five-request example played live on the sim backend."""
+and the five-request example (tests/test_policies.py) played live on the sim backend."""
 import pandas as pd
 import pytest
 
@@ -92,7 +92,7 @@ def test_hf_continuous_with_chunked_prefill_gives_the_same_tokens(hf_run, tmp_pa
     assert s.joined.sum() == 6
 
 
-SEED_ARRIVALS_S = [0.0, 0.1, 0.5, 0.6, 0.7]  # the seed's [0, 1, 5, 6, 7] s at a tenth of the scale
+SEED_ARRIVALS_S = [0.0, 0.1, 0.5, 0.6, 0.7]  # the example's [0, 1, 5, 6, 7] s at a tenth of the scale
 SEED_OUTPUTS = [120, 60, 80, 40, 100]  # its needs [6, 3, 4, 2, 5] × 20 steps (~9 ms each on a100)
 
 

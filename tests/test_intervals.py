@@ -14,6 +14,7 @@ from batchlab.collector.report.intervals import (
 from batchlab.collector.report.markdown import ci_table
 from batchlab.collector.report.points import RunData
 from batchlab.collector.report.stats import GroupStats, paired_latency, percentile_ci
+from tests.summaries import make_summary
 
 
 def exact_coverage(n: int, q: float, lo: int, up: int) -> float:
@@ -151,7 +152,8 @@ def run(label: str, repeat: int, ttft_s: np.ndarray, finished: np.ndarray, seed:
                              "first_token_time": np.where(finished, arrival + ttft_s, np.nan),
                              "completion_time": np.where(finished, arrival + ttft_s + 0.1, np.nan)})
     empty = pd.DataFrame()
-    return RunData(label, 2.0, repeat, Path("."), {"settings": {"seed": seed + repeat}}, requests, empty, empty, empty)
+    summary = make_summary(settings={"seed": seed + repeat})
+    return RunData(label, 2.0, repeat, Path("."), summary, requests, empty, empty, empty)
 
 
 def test_paired_latency_pairs_requests_both_finished_within_the_same_repeat():

@@ -164,8 +164,8 @@ def test_sjf_with_the_oracle_gives_a_lower_mean_e2e_than_fcfs_at_the_same_load(f
     results = {}
     for name, extra in [(fcfs, {}), ("sjf", {"strategy_args": {"mode": mode, "max_age_ms": 60_000}})]:
         tables = simulate(build_config({**base, "strategy": name, **extra}, {}), schedule)
-        assert tables.summary["finished"] == schedule.n_requests  # the same load, all of it served
-        results[name] = tables.summary["e2e"]["mean"]
+        assert tables.summary.finished == schedule.n_requests  # the same load, all of it served
+        results[name] = tables.summary.e2e.mean
     assert results["sjf"] < 0.9 * results[fcfs], results
 
 

@@ -6,10 +6,7 @@ import signal
 import pytest
 
 from batchlab.cli.outcome import FAULT_EXIT, death_line, exit_code_for, is_fault, verdict
-
-
-def summary(**reasons: int) -> dict:
-    return {"scheduled": 216, "failure_reasons": {k.replace("_", " "): n for k, n in reasons.items()}}
+from tests.summaries import make_summary
 
 
 @pytest.mark.parametrize("reason", ["worker lost: no worker left", "no terminal record: run ended before it completed",
@@ -28,23 +25,24 @@ def test_failures_by_the_runs_own_rules_are_results(reason):
 
 
 def test_a_run_whose_failures_are_all_results_exits_0():
-    assert verdict({"scheduled": 10, "failure_reasons": {"queue full": 4, "deadline": 2}}, []) == (0, "")
-    assert verdict({"scheduled": 10, "failure_reasons": {}}, []) == (0, "")
+    assert verdict(make_summary(scheduled=10, failure_reasons={"queue full": 4, "deadline": 2}), []) == (0, "")
+    assert verdict(make_summary(scheduled=10, failure_reasons={}), []) == (0, "")
 
 
 def test_requests_lost_to_a_fault_exit_non_zero_naming_the_biggest_cause_and_the_count():
-    code, line = verdict({"scheduled": 216, "failure_reasons": {"worker lost: no worker left": 198, "queue full": 3}}, [])
+    reasons = {"worker lost: no worker left": 198, "queue full": 3}
+    code, line = verdict(make_summary(scheduled=216, failure_reasons=reasons), [])
     assert code == FAULT_EXIT and line == "worker lost: no worker left; 198 of 216 requests lost to faults"
 
 
 def test_a_stalled_policy_is_named_first_even_when_another_fault_failed_more():
     stalled = "stalled: policy launched nothing for 60 s with 5 queued and every worker idle"
-    code, line = verdict({"scheduled": 20, "failure_reasons": {"not sent: x": 9, stalled: 5}}, [])
+    code, line = verdict(make_summary(scheduled=20, failure_reasons={"not sent: x": 9, stalled: 5}), [])
     assert code == FAULT_EXIT and line.startswith(stalled + "; 14 of 20 requests lost") and "2 fault reasons" in line
 
 
 def test_a_role_death_comes_first_even_when_no_request_was_lost():
-    code, line = verdict({"scheduled": 5, "failure_reasons": {}}, ["worker-1 killed by SIGKILL mid-run; see its log"])
+    code, line = verdict(make_summary(scheduled=5), ["worker-1 killed by SIGKILL mid-run; see its log"])
     assert code == FAULT_EXIT and line == "worker-1 killed by SIGKILL mid-run; see its log"
     assert verdict(None, []) == (FAULT_EXIT, "the collector wrote no summary")
 

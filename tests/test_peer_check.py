@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.schedule import build_schedule, load_schedule, save_schedule
 
@@ -78,3 +79,24 @@ def test_sender_lag_counts_from_the_most_punctual_request():
               "output_throughput": 1.0}
     per = pc.bench_requests(result, [0.0, 1.0, 3.0])
     assert np.allclose(per["ttft_planned"], [0.1, 0.7, 0.3])
+
+
+def test_batchlab_throughput_is_the_summarys_definition(tmp_path):
+    """Output tok/s over the window from the first arrival (collector.metrics), not from the run's t0."""
+    from batchlab.cli.sim_run import simulate_run
+    from batchlab.collector.metrics import summarize
+    from batchlab.collector.summary import write_summary
+    from batchlab.protocol.settings import RunConfig
+
+    pc = _peer_check()
+    cfg = RunConfig(backend="sim", strategy="dynamic", dataset="synthetic", rate=20, duration_s=1.0,
+                    max_new_tokens=8, seed=1, out=str(tmp_path)).validate()
+    summary = simulate_run(cfg)
+    requests = pd.read_parquet(tmp_path / "requests.parquet")
+    late = [c for c in requests.columns if c.endswith("_time")]
+    requests[late] += 1.0  # traffic's first request 1 s after t0
+    requests.to_parquet(tmp_path / "requests.parquet")
+    summary.throughput_tok_s = summarize(requests, None, {}, itl=np.empty(0))["throughput_tok_s"]
+    write_summary(tmp_path, summary)
+    assert pc.batchlab_figures([tmp_path])["output_tok_s"] == pytest.approx(summary.throughput_tok_s)
+    assert summary.throughput_tok_s > requests["n_tokens"].sum() / requests["completion_time"].max()

@@ -1,10 +1,10 @@
-"""Policy table tests: the seed's five-request example, naive's flush, the memory trigger, the adaptive cap."""
+"""Policy table tests: the five-request example, naive's flush, the memory trigger, the adaptive cap."""
 import pytest
 
 from batchlab.protocol import RequestMsg
 from batchlab.scheduler.policies import Capacity, Continuous, Dynamic, Naive, fit_padded
 
-# The seed's example: room for 4 rows; arrivals at steps 0, 1, 5, 6, 7 needing 6, 3, 4, 2, 5 decode steps.
+# The five-request example: room for 4 rows; arrivals at steps 0, 1, 5, 6, 7 needing 6, 3, 4, 2, 5 decode steps.
 ARRIVALS = [0, 1, 5, 6, 7]
 NEEDS = [6, 3, 4, 2, 5]
 NAMES = "ABCDE"

@@ -7,6 +7,7 @@ import pytest
 from batchlab.collector.report.build import parse_slos
 from batchlab.collector.report.points import ReportError, load_collection
 from batchlab.collector.report.stats import GroupStats, tool_formulas
+from tests.summaries import make_summary
 from batchlab.collector.report.timeline import queue_length
 
 
@@ -58,8 +59,8 @@ def test_the_setup_says_what_an_engines_prefix_cache_did():
 
     def run(facts: dict, summary: dict) -> RunData:
         empty = pd.DataFrame()
-        return RunData("vllm", 4.0, 0, Path("."), {"settings": {"workers": {"worker-0": facts}}, **summary},
-                       empty, empty, empty, empty)
+        summary = make_summary(settings={"workers": {"worker-0": facts}}, **summary)
+        return RunData("vllm", 4.0, 0, Path("."), summary, empty, empty, empty, empty)
 
     warm = run({"prefix_caching": True, "prefix_cache_reset_between_runs": True},
                {"prefix_cache": {"hit_rate": 0.25}})
@@ -85,5 +86,20 @@ def test_a_trace_replayed_at_its_own_timing_is_reported_at_the_traces_rate(tmp_p
     result = run_report(str(out))
     text = result.path.read_text()
     assert "no planned rate" not in text and "### λ = 4 req/s" in text  # 20 requests in [0, 5) s
-    assert own_trace_rate({"settings": {"arrival": "trace", "duration_s": 5}, "scheduled": 20}) == 4.0
-    assert own_trace_rate({"settings": {"arrival": "poisson", "duration_s": 5}, "scheduled": 20}) == 0.0
+    assert own_trace_rate(make_summary(settings={"arrival": "trace", "duration_s": 5}, scheduled=20)) == 4.0
+    assert own_trace_rate(make_summary(settings={"arrival": "poisson", "duration_s": 5}, scheduled=20)) == 0.0
+
+
+@pytest.mark.parametrize("text, says", [('{"settings": {}}', "(scheduled: field required)"),
+                                        ("{not json", "(the file: invalid json")])
+def test_a_malformed_summary_is_one_line_and_exit_1_not_a_traceback(tmp_path, text, says):
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    (tmp_path / "summary.json").write_text(text)
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'summary.json'}: not a batchlab run summary")
+    assert says in lines[0]

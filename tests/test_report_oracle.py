@@ -13,12 +13,14 @@ from batchlab.collector.report.points import Collection, FailedPoint, RunData
 from batchlab.collector.report.stats import GroupStats
 from batchlab.collector.layout import point_dir
 from tests.conftest import run_cli
+from tests.summaries import make_summary
 
 EMPTY = pd.DataFrame()
 
 
 def run(label: str, rate: float, settings: dict, seed: int = 0) -> RunData:
-    return RunData(label, rate, 0, Path("."), {"settings": {"seed": seed, **settings}}, EMPTY, EMPTY, EMPTY, EMPTY)
+    summary = make_summary(settings={"seed": seed, **settings})
+    return RunData(label, rate, 0, Path("."), summary, EMPTY, EMPTY, EMPTY, EMPTY)
 
 
 def group(label: str, rate: float, e2e_mean_s: float, e2e_p99_s: float, goodput: float | None = None,
@@ -184,11 +186,11 @@ def test_summary_and_setup_say_where_prompts_came_from_and_what_was_capped(tmp_p
 
 
 def test_the_collector_reads_the_schedule_notes_from_the_footer_traffic_writes(tmp_path):
-    from batchlab.collector.process import SCHEDULE_NOTES_KEY, schedule_notes
+    from batchlab.collector.process import schedule_notes
     from batchlab.collector.report.setup import PROMPT_SOURCES
     from batchlab.traffic import prompts, schedule
 
-    assert SCHEDULE_NOTES_KEY == schedule._META_NOTES and PROMPT_SOURCES == prompts.PROMPT_SOURCES
+    assert PROMPT_SOURCES == prompts.PROMPT_SOURCES
     frame = pd.DataFrame({"request_id": [0], "arrival_offset_s": [0.0], "prompt": ["x"], "prompt_len": [1],
                           "output_len": [2], "prompt_tokens": [[5]]})
     notes = {"prompt_source": "synthetic-ids", "capped_prompts": 1, "capped_outputs": 0, "trace_speedup": 2.0}
@@ -206,9 +208,8 @@ def test_the_setup_names_a_traces_window():
     notes = {"prompt_source": "synthetic-ids", "capped_prompts": 2, "capped_outputs": 5, "trace_requests": 330,
              "trace_skipped_rows": 3, "trace_window_s": [600.0, 660.0], "trace_speedup": 1.0,
              "trace_native_rate": 5.5}
-    r = RunData("dynamic", 0.0, 0, Path("."), {"scheduled": 330, "schedule": notes,
-                                               "settings": {"max_prompt_len": 4096, "max_new_tokens": 512}},
-                EMPTY, EMPTY, EMPTY, EMPTY)
+    summary = make_summary(scheduled=330, schedule=notes, settings={"max_prompt_len": 4096, "max_new_tokens": 512})
+    r = RunData("dynamic", 0.0, 0, Path("."), summary, EMPTY, EMPTY, EMPTY, EMPTY)
     assert schedule_lines([r]) == [
         "- prompts: synthetic-ids (the trace's lengths; uniform random token ids)",
         ("- schedule at λ = 0 req/s: 330 requests; capped: 2 prompt lengths to max_prompt_len 4096, 5 output "

@@ -13,6 +13,8 @@ from batchlab.collector.report.markdown import render
 from batchlab.collector.report.points import load_collection
 from batchlab.collector.report.stats import all_stats
 from batchlab.collector.layout import point_dir
+from batchlab.collector.metrics import summarize
+from batchlab.collector.summary import Summary, write_summary
 
 DIED = "worker-0 died: CUDA out of memory"
 
@@ -37,7 +39,7 @@ def write_run(folder: Path, rate: float | None, finished: int, failed: int, ttft
     requests.to_parquet(folder / "requests.parquet")
     tokens.to_parquet(folder / "tokens.parquet")
     settings = {"strategy": label, "backend": "sim", "duration_s": 4} | ({"rate": rate} if rate else {})
-    (folder / "summary.json").write_text(json.dumps({"settings": settings}))
+    write_summary(folder, Summary.model_validate(summarize(requests, tokens, settings)))  # as the collector does
 
 
 def write_sweep(root: Path, points: list[tuple[str, float, int, int, dict]]) -> Path:

@@ -3,15 +3,17 @@ from rich.console import Console
 
 from batchlab.cli.live import Progress
 from batchlab.cli.result_table import offered_rate, show, warnings
+from batchlab.collector.summary import Summary
 from batchlab.protocol.settings import RunConfig
+from tests.summaries import make_summary
 
 
-def _summary(**over) -> dict:
+def _summary(**over) -> Summary:
     base = {"scheduled": 100, "finished": 100, "failed": 0, "requests_per_s": 9.8, "throughput_tok_s": 500.0,
             "window_s": 10.2, "settings": {"duration_s": 10.0, "rate": 10.0, "backend": "hf"},
             "ttft": {"p50": 0.05, "p90": 0.08, "p99": 0.1}, "harness_lag": {"p99": 2e-4, "last_arrival_s": 9.9},
             "harness_cpu": {"cpu_s": {"collector": 1.0, "scheduler": 0.5, "worker-0": 9.0}}}
-    return base | over
+    return make_summary(**base | over)
 
 
 def test_a_run_that_kept_up_has_no_warning():
@@ -48,7 +50,7 @@ def test_offered_rate_over_the_last_arrival_when_a_count_stopped_the_run():
 def test_the_table_shows_every_figure_and_the_failures_by_reason():
     console = Console(record=True, width=120)
     show(_summary(failed=2, finished=98, failure_reasons={"queue full": 2}, goodput={"fraction": 0.9, "met": 90,
-                                                                                      "submitted": 100}),
+                                                                                      "submitted": 100, "slos": {}}),
          "runs/x", console)
     text = console.export_text()
     for figure in ("98 / 100", "failed: queue full", "offered rate (req/s)", "10.00", "served rate", "9.80",

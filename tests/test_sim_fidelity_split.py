@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from batchlab.cli.sim_run import simulate_run
+from batchlab.collector.summary import read_summary
 from batchlab.protocol.settings import RunConfig
 from batchlab.worker.stepmodel import StepModel, save_preset
 from benchmarks import sim_fidelity
@@ -27,7 +28,7 @@ def _runs(tmp_path, strategies=("dynamic", "continuous")) -> tuple:
 
 def _point(run, label, preset):
     cfg = RunConfig(strategy=label, backend="sim", preset=str(preset), rate=float(run.name.split("-")[1]), out=str(run))
-    return sim_fidelity.evaluate_run(run, label, cfg, json.loads((run / "summary.json").read_text()), str(preset))
+    return sim_fidelity.evaluate_run(run, label, cfg, read_summary(run), str(preset))
 
 
 @pytest.mark.parametrize("label", ["dynamic", "continuous"])

@@ -1,11 +1,12 @@
-"""The simulator on the seed's five-request example, and its fast table route against the collector's.
+"""The simulator on the five-request example (room for 4 rows; arrivals at steps 0, 1, 5, 6, 7 needing
+6, 3, 4, 2, 5 decode steps), and its fast table route against the collector's.
 
-Mapping of the seed's step-time example onto the step model: every step lasts exactly 1 s (overhead
+Mapping of that step-time example onto the step model: every step lasts exactly 1 s (overhead
 1 s, no weights, no KV traffic, free prefill tokens) and the prefill counts as a step, so a request
 "needing k decode steps" has output_len k: its first token ends the prefill step, then one token per
 further step. In continuous mode ContinuousCore runs the joiners' prefill inside the step that also
 decodes the running rows, so such a mixed step lasts 1 s (decode) + 1 s (prefill) = 2 s here, and the
-seed's integer arrivals tie with step ends (see the continuous test for how ties resolve).
+example's integer arrivals tie with step ends (see the continuous test for how ties resolve).
 """
 import pandas as pd
 import pytest

@@ -24,6 +24,19 @@ def test_strategy_names_and_mappings_become_labelled_entries(tmp_path):
     assert [e.label for e in plan.entries] == ["naive", "continuous-hf", "vllm", "dyn-wide"]
     assert plan.entries[1].overrides == {"strategy": "continuous", "backend": "hf"}
     assert plan.entries[3].overrides["max_batch_size"] == 32
+    assert plan.entries[2].overrides["backend"] == "vllm" and plan.entries[0].overrides["backend"] == "sim"
+
+
+def test_a_vllm_run_is_continuous_on_the_vllm_backend_and_labelled_vllm_wherever_it_is_read():
+    from batchlab.collector.run_columns import run_label
+    from batchlab.protocol.settings import RunConfig, vllm_rule
+
+    assert vllm_rule("vllm", "sim") == ("continuous", "vllm", "vllm")
+    assert vllm_rule("continuous", "vllm") == ("continuous", "vllm", "vllm")
+    assert vllm_rule("dynamic", "hf") == ("dynamic", "hf", "dynamic")
+    cfg = RunConfig(strategy="vllm")
+    assert (cfg.strategy, cfg.backend) == ("continuous", "vllm")
+    assert run_label(cfg.as_settings()) == "vllm" and run_label({"strategy": "sjf", "backend": "hf"}) == "sjf"
 
 
 def test_every_strategy_at_a_rate_shares_the_traffic_seed_of_its_repeat(tmp_path):

@@ -94,10 +94,10 @@ def test_the_best_candidate_beats_every_other_and_the_untuned_knobs(tmp_path):
     schedule = make_schedule(cfg.model_copy(update={"schedule": str(tmp_path / "schedule.parquet")}))
     best = simulate(cfg.model_copy(update={"strategy_args": ranked[0]["knobs"]}), schedule, slos=cfg.slos()).summary
     untuned = simulate(cfg, schedule, slos=cfg.slos()).summary
-    assert best["goodput"]["fraction"] == pytest.approx(ranked[0]["goodput"])
-    assert best["goodput"]["fraction"] >= max(goodputs)
-    assert best["goodput"]["fraction"] > untuned["goodput"]["fraction"]  # tuning pays off here
-    assert record["baseline"]["goodput"] == pytest.approx(untuned["goodput"]["fraction"])
+    assert best.goodput.fraction == pytest.approx(ranked[0]["goodput"])
+    assert best.goodput.fraction >= max(goodputs)
+    assert best.goodput.fraction > untuned.goodput.fraction  # tuning pays off here
+    assert record["baseline"]["goodput"] == pytest.approx(untuned.goodput.fraction)
     assert (tmp_path / "tune.csv").read_text().count("\n") == len(ranked) + 1
     assert (tmp_path / "predicted-1" / "summary.json").is_file()
 

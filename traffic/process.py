@@ -17,6 +17,7 @@ from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.clock_sync import OffsetEstimate, measure
 from batchlab.protocol.inbox import Inbox
 from batchlab.protocol.messages import pack_tokens
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.security import is_loopback
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
@@ -216,9 +217,9 @@ def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None
     free), end the stream; return sent. `on_start(t0)` is called when Start came, before the first send
     (the launcher's run clock)."""
     if out_dir is not None:
-        save_schedule(schedule, Path(out_dir) / "schedule.parquet")
+        save_schedule(schedule, RunDir(out_dir).schedule)
         if closed is not None and closed.record_to is None:
-            closed.record_to = Path(out_dir) / "schedule.parquet"
+            closed.record_to = RunDir(out_dir).schedule
     ctl = _Control()
     with on_stop_signal(lambda signum: ctl.stop(f"signal {signal.Signals(signum).name}")):
         return _announce_and_send(schedule, scheduler_addr, ctl, start_timeout_s, keys, on_start, closed)

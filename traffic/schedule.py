@@ -11,6 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchlab.protocol.run_dir import NOTES_KEY, footer_notes
 from batchlab.traffic.arrivals import arrival_offsets
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.datasets import DatasetError, load_conversations, load_sharegpt
@@ -25,7 +26,6 @@ SCHEMA = pa.schema([
 ])
 _HASH_TAG = b"batchlab-schedule-v1"
 _META_HASH, _META_CONFIG, _META_DURATION = b"batchlab.schedule_hash", b"batchlab.config", b"batchlab.duration_s"
-_META_NOTES = b"batchlab.notes"
 HASH_ROWS = 4096  # prompts hashed per slice (bounds the flat copy's memory)
 
 
@@ -143,7 +143,7 @@ def save_schedule(schedule: Schedule, path: str | Path) -> None:
         _META_HASH: schedule.content_hash.encode(),
         _META_DURATION: repr(float(schedule.duration_s)).encode(),
         _META_CONFIG: json.dumps(config).encode(),
-        _META_NOTES: json.dumps(schedule.notes).encode(),
+        NOTES_KEY: json.dumps(schedule.notes).encode(),
     })
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
@@ -173,19 +173,10 @@ def _read_config(meta: dict[bytes, bytes]) -> TrafficConfig | None:
         return None
 
 
-def _read_notes(meta: dict[bytes, bytes]) -> dict:
-    """The saved notes ({} if absent or unreadable)."""
-    try:
-        notes = json.loads(meta.get(_META_NOTES, b"{}"))
-    except ValueError:
-        return {}
-    return notes if isinstance(notes, dict) else {}
-
-
 def saved_notes(path: str | Path) -> dict:
     """A saved schedule's notes (Schedule.notes) from the file's footer alone; {} if it has none."""
     try:
-        return _read_notes(pq.read_metadata(Path(path)).metadata or {})
+        return footer_notes(pq.read_metadata(Path(path)).metadata or {})
     except Exception as exc:  # pyarrow raises several types for a bad file
         raise DatasetError(f"cannot read schedule {path}: {exc}") from None
 
@@ -240,4 +231,4 @@ def load_schedule(path: str | Path) -> Schedule:
                            f"content hash {actual[:12]}...); it was modified or damaged")
     offsets = frame["arrival_offset_s"].to_numpy()
     duration_s = float(meta[_META_DURATION]) if _META_DURATION in meta else float(offsets.max(initial=0.0))
-    return Schedule(frame, actual, duration_s, _read_config(meta), _read_notes(meta))
+    return Schedule(frame, actual, duration_s, _read_config(meta), footer_notes(meta))

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from batchlab.protocol.run_dir import RunDir
+
 STEP_COLUMNS = ("worker", "start_s", "end_s", "decode_rows", "decode_context", "prefill_rows", "prefill_tokens",
                 "prefill_pairs")
 TIME_SLACK_S = 1e-6  # token stamps and step ends are the same clock reading, written as floats
@@ -39,11 +41,9 @@ class RunSteps:
 
 def read_run_steps(run_dir: str | Path, padded: bool) -> RunSteps:
     """A run folder's executed steps (static batches and continuous steps alike)."""
-    run_dir = Path(run_dir)
-    requests = pd.read_parquet(run_dir / "requests.parquet")
-    batches = pd.read_parquet(run_dir / "batches.parquet")
-    tokens = pd.read_parquet(run_dir / "tokens.parquet")
-    steps_file = run_dir / "steps.parquet"
+    run = RunDir(run_dir)
+    requests, batches, tokens = (pd.read_parquet(run.table(name)) for name in ("requests", "batches", "tokens"))
+    steps_file = run.table("steps")
     steps = pd.read_parquet(steps_file) if steps_file.is_file() else pd.DataFrame(columns=["worker"])
     return executed_steps(requests, batches, tokens, steps, padded)
 

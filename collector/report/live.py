@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from batchlab.collector.parts import PARTS_DIR
+from batchlab.protocol.run_dir import RunDir
 
 PEEK_INTERVAL_S = 1.0  # the collector flushes parts once a second; reading faster gains nothing
 
@@ -19,7 +19,7 @@ class PartsPeek:
     """Running totals over a run's part files, each read once."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.parts_dir = Path(out_dir) / PARTS_DIR
+        self.parts_dir = RunDir(out_dir).parts_dir
         self.seen: set[str] = set()
         self.tokens = 0
         self.last_token_s = 0.0  # s since t0 of the newest finished token seen

@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SUMMARY_FILE, point_of, rate_of
-from batchlab.collector.metrics import NOT_SENT, window_s
+from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, point_of, rate_of
+from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table
 from batchlab.collector.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 from batchlab.collector.run_columns import run_label
+from batchlab.collector.summary import Summary, read_summary
+from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 
 class ReportError(ValueError):
     """A folder that holds nothing to report; the CLI prints it as one line and exits 1."""
@@ -23,7 +25,7 @@ class RunData:
     rate: float
     repeat: int
     folder: Path
-    summary: dict
+    summary: Summary
     requests: pd.DataFrame
     tokens: pd.DataFrame
     batches: pd.DataFrame
@@ -32,7 +34,7 @@ class RunData:
     @property
     def settings(self) -> dict:
         """The run's settings (RunConfig fields plus host facts and worker facts)."""
-        return self.summary.get("settings", {})
+        return self.summary.settings
 
 
 @dataclass(slots=True)
@@ -76,11 +78,6 @@ class Collection:
         return [r for r in self.runs if r.label == label and r.rate == rate]
 
 
-def label_of(settings: dict) -> str:
-    """A run's label when no sweep index names it: its `label` setting, else vllm or the strategy."""
-    return run_label(settings)
-
-
 def planned_rate(folder: Path, settings: dict) -> float:
     """The rate the sweep planned for a folder (its `rate=<r>` parent, or an old sweep's `rate-<r>`), else the
     run's --rate; 0 if none. Never a measured one: a point that measured nothing has no measured rate."""
@@ -91,14 +88,14 @@ def planned_rate(folder: Path, settings: dict) -> float:
         return 0.0
 
 
-def own_trace_rate(summary: dict) -> float:
+def own_trace_rate(summary: Summary) -> float:
     """A trace replayed at its own timing (--arrival trace, rate 0) plans the trace's mean rate in its
     window: the schedule's notes give it, else scheduled requests ÷ duration; 0 for anything else."""
-    settings = summary.get("settings", {})
+    settings = summary.settings
     if settings.get("arrival") != "trace":
         return 0.0
-    native = (summary.get("schedule") or {}).get("trace_native_rate")
-    duration_s, scheduled = settings.get("duration_s") or 0, summary.get("scheduled") or 0
+    native = summary.schedule.get("trace_native_rate")
+    duration_s, scheduled = settings.get("duration_s") or 0, summary.scheduled
     return float(native) if native else scheduled / duration_s if duration_s > 0 else 0.0
 
 
@@ -106,17 +103,17 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
              rate: float | None = None) -> RunData:
     """A run folder's summary and tables; `rate` is the sweep's planned rate when the index gives it
     (a trace at its own timing: the trace's rate)."""
-    summary = json.loads((folder / SUMMARY_FILE).read_text())
-    settings = summary.get("settings", {})
+    summary = read_summary(folder)
+    settings = summary.settings
     if repeat is None:
         point = point_of(folder)
         repeat = point[2] if point else 0
-    tables = {name: load_table(folder, name) for name in ("requests", "tokens", "batches", "steps")}
+    tables = {name: load_table(folder, name) for name in TABLE_NAMES}
     if settings.get("concurrency"):  # closed loop: its load level is its clients (no planned rate)
         rate = float(settings["concurrency"])
     rate = planned_rate(folder, settings) if rate is None else float(rate)
     rate = rate if rate > 0 else own_trace_rate(summary) or rate
-    return RunData(label or label_of(settings), rate, repeat, folder, summary, **tables)
+    return RunData(label or run_label(settings), rate, repeat, folder, summary, **tables)
 
 
 def _first_error(requests: pd.DataFrame) -> str:
@@ -132,11 +129,10 @@ def emptiness(run: RunData) -> str | None:
     """Why a run measured nothing (no planned rate, or no finished request in a window), else None."""
     if not run.rate > 0:  # also NaN
         return "measured nothing: no planned rate"
-    requests = run.requests
-    finished = int((requests["status"] == "finished").sum()) if "status" in requests else 0
-    if finished and window_s(requests) > 0:
+    if run.summary.finished and run.summary.window_s > 0:
         return None
-    return f"measured nothing: {finished} of {len(requests)} requests finished; {_first_error(requests)}"
+    return (f"measured nothing: {run.summary.finished} of {len(run.requests)} requests finished; "
+            f"{_first_error(run.requests)}")
 
 
 def _add(coll: "Collection", run: RunData, note: str = "") -> None:
@@ -162,7 +158,7 @@ def _from_index(root: Path, index: dict) -> Collection:
     coll = Collection(root, index=index)
     for point in index.get("points", []):
         folder = root / point["dir"]
-        if point["status"] in ("done", "skipped") and (folder / SUMMARY_FILE).exists():
+        if point["status"] in ("done", "skipped") and RunDir(folder).summary.exists():
             run = load_run(folder, point["label"], point["repeat"], index_load(point))
             _add(coll, run, (point.get("reason") or "").partition("\n")[0])
         elif point["status"] != "pending":
@@ -180,9 +176,9 @@ def _from_scan(root: Path) -> Collection:
             continue
         why = (folder / FAILED_FILE).read_text().strip() if (folder / FAILED_FILE).exists() else unusable(folder)
         if why:
-            settings = json.loads(summary.read_text()).get("settings", {})
+            settings = read_summary(folder).settings
             point = point_of(folder)
-            label = point[0] if point and (folder / FAILED_FILE).exists() else label_of(settings)
+            label = point[0] if point and (folder / FAILED_FILE).exists() else run_label(settings)
             coll.failed.append(FailedPoint(label, planned_rate(folder, settings), 0, why))
             continue
         point = point_of(folder.relative_to(root))

@@ -7,7 +7,7 @@ within one label (data measured under another configuration) is refused, naming 
 """
 import json
 
-from batchlab.collector.layout import RUN_FILE
+from batchlab.protocol.run_dir import RUN_FILE
 from batchlab.protocol.identity import differences, identity
 
 CURVE_FREE = frozenset({"seed", "rate", "concurrency"})  # what may differ along one strategy's curve

@@ -71,9 +71,8 @@ def prefix_cache_line(run: RunData) -> str:
     state = ("on" if facts.get("prefix_caching") else "off") if "prefix_caching" in facts else "server's"
     reset = ("emptied before every run" if facts.get("prefix_cache_reset_between_runs")
              else str(facts.get("prefix_cache_reset", "not reset")))
-    stats = summary.get("prefix_cache") or next((s.get("server_prefix_cache") for s in
-                                                 summary.get("worker_stats", {}).values()
-                                                 if isinstance(s, dict) and s.get("server_prefix_cache")), None)
+    stats = summary.prefix_cache or next((s.get("server_prefix_cache") for s in summary.worker_stats.values()
+                                          if isinstance(s, dict) and s.get("server_prefix_cache")), None)
     rate = stats.get("hit_rate") if stats else None
     hits = f"; hit rate {rate:.1%} of prompt tokens at λ = {run.rate:g} req/s" if rate is not None else ""
     return f"- prefix cache ({run.label}): {state}, {reset}{hits}"
@@ -103,17 +102,17 @@ def _trace_text(notes: dict) -> str:
 
 
 def schedule_lines(runs: list[RunData]) -> list[str]:
-    """Where the prompts came from, and per rate how many lengths were capped (from summary["schedule"],
+    """Where the prompts came from, and per rate how many lengths were capped (from the summary's schedule,
     the first run at each rate that has it: every strategy replays the same schedule); [] without notes."""
     first: dict[float, RunData] = {}
     for run in sorted(runs, key=lambda r: r.repeat):
-        if isinstance(run.summary.get("schedule"), dict) and run.summary["schedule"]:
+        if run.summary.schedule:
             first.setdefault(run.rate, run)
-    sources = dict.fromkeys(str(r.summary["schedule"].get("prompt_source", "")) for r in first.values())
+    sources = dict.fromkeys(str(r.summary.schedule.get("prompt_source", "")) for r in first.values())
     lines = [f"- prompts: {src} ({PROMPT_SOURCES.get(src, 'not described')})" for src in sources if src]
     for rate, run in sorted(first.items()):
-        notes, s = run.summary["schedule"], run.settings
-        text = (f"- schedule at λ = {rate:g} req/s: {run.summary.get('scheduled', '?')} requests; capped: "
+        notes, s = run.summary.schedule, run.settings
+        text = (f"- schedule at λ = {rate:g} req/s: {run.summary.scheduled} requests; capped: "
                 f"{notes.get('capped_prompts', 0)} prompt lengths to max_prompt_len {s.get('max_prompt_len', '?')}, "
                 f"{notes.get('capped_outputs', 0)} output lengths to max_new_tokens {s.get('max_new_tokens', '?')}")
         trace = _trace_text(notes)

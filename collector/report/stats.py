@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics, summarize
+from batchlab.collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics
 from batchlab.collector.report.intervals import PairedResult, paired_ratio, quantile_ci
 from batchlab.collector.report.joins import split as joins_split
 from batchlab.collector.report.points import RunData
@@ -87,7 +87,7 @@ def tool_formulas(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
 
 
 def _peak_memory(runs: list[RunData]) -> int:
-    peaks = [int(r.summary.get("peak_memory_bytes") or 0) for r in runs]
+    peaks = [r.summary.peak_memory_bytes for r in runs]
     peaks += [int(r.batches["peak_memory_bytes"].max()) for r in runs
               if not r.batches.empty and "peak_memory_bytes" in r.batches]
     return max(peaks, default=0)
@@ -115,7 +115,7 @@ def _keyed(df: pd.DataFrame, repeat: int) -> pd.DataFrame:
 
 def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
     """Pool the repeats of one strategy at one rate."""
-    summaries = [summarize(r.requests, r.tokens, r.settings) for r in runs]
+    summaries = [r.summary for r in runs]
     finished = [_finished(r) for r in runs]
     pooled = pd.concat(finished, ignore_index=True)
     itl = pd.concat([inter_token_latencies(r.tokens, f["request_id"]) for r, f in zip(runs, finished)])
@@ -128,9 +128,8 @@ def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
     steps = [_keyed(r.steps, k) for k, r in enumerate(runs) if not r.steps.empty]
     return GroupStats(
         runs[0].label, runs[0].rate, len(runs),
-        float(np.mean([s["throughput_tok_s"] for s in summaries])),
-        float(np.mean([s["requests_per_s"] for s in summaries])),
-        sum(s["scheduled"] for s in summaries), sum(s["failed"] for s in summaries),
+        float(np.mean([s.throughput_tok_s for s in summaries])), float(np.mean([s.requests_per_s for s in summaries])),
+        sum(s.scheduled for s in summaries), sum(s.failed for s in summaries),
         latency, ci, _peak_memory(runs), _useful_fraction(runs), _goodput(runs, slos),
         tool_formulas(keyed, tokens),
         joins_split(keyed, tokens, pd.concat(steps, ignore_index=True)) if steps else None)

@@ -1,0 +1,112 @@
+"""A run's summary.json as typed data: the collector writes a Summary, every reader gets one back. The
+headline figures are required; the sections later steps add are optional; any other key is kept as it is."""
+import math
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.run_dir import RunDir
+
+
+class SummaryError(ValueError):
+    """A summary.json that is missing or not a batchlab summary; the CLI prints it as one line."""
+
+
+class Latency(BaseModel):
+    """One latency metric's statistics (s; None when no request has the metric)."""
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+
+class Goodput(BaseModel):
+    """Submitted requests that finished and met every SLO (s): met ÷ submitted."""
+
+    slos: dict[str, float]
+    met: int
+    submitted: int
+    fraction: float | None
+
+
+class Summary(BaseModel):
+    """A run's headline figures (counts, s, tok/s, req/s), its settings and the sections added later."""
+
+    model_config = ConfigDict(extra="allow")
+
+    scheduled: int
+    submitted: int
+    finished: int
+    failed: int
+    failure_reasons: dict[str, int]
+    output_tokens: int
+    window_s: float
+    throughput_tok_s: float
+    requests_per_s: float
+    ttft: Latency
+    tpot: Latency
+    itl: Latency
+    e2e: Latency
+    queue_wait: Latency
+    settings: dict
+    goodput: Goodput | None = None
+    peak_memory_bytes: int = 0
+    worker_stats: dict[str, dict] = {}
+    end_reason: str = ""
+    stop_signal: int = 0
+    harness_cpu: dict = {}
+    harness_lag: dict = {}
+    role_deaths: list = []
+    schedule: dict = {}  # the schedule's notes (prompt source, capped lengths, a trace's own rate)
+    timing_fidelity: dict | None = None
+    prefix_cache: dict | None = None
+
+    def to_json(self) -> dict:
+        """The keys this summary was given (and set), in JSON's types: NaN → null, the rate inf → "inf"
+        (as vLLM writes it)."""
+        out = self.model_dump(exclude_unset=True)
+        rate = self.settings.get("rate")
+        if isinstance(rate, float) and math.isinf(rate):
+            out["settings"] = {**out["settings"], "rate": "inf"}
+        return _jsonable(out)
+
+
+def headline(summary: Summary) -> dict:
+    """The figures a sweep's point.json repeats: finished, failed, throughput_tok_s and window_s."""
+    return summary.model_dump(include={"finished", "failed", "throughput_tok_s", "window_s"})
+
+
+def read_summary(folder: Path) -> Summary:
+    """A run folder's summary.json; SummaryError (one line) when it is missing or malformed."""
+    path = RunDir(folder).summary
+    try:
+        return Summary.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise SummaryError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the file"
+        raise SummaryError(f"{path}: not a batchlab run summary ({where}: {first['msg'].lower()})") from None
+
+
+def _jsonable(value: object) -> object:
+    """NaN → None, numpy scalars → Python, bytes → hex, anything else JSON lacks → its text, recursively
+    (summary.json stays strict JSON whatever a peer's settings or stats held)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value if value is None or isinstance(value, (str, int, float)) else str(value)
+
+
+def write_summary(folder: Path, summary: Summary) -> None:
+    """A run folder's summary.json, strict JSON, written atomically."""
+    write_json_atomic(RunDir(folder).summary, summary.to_json(), allow_nan=False)
