@@ -83,10 +83,6 @@ class StepModel:
         return asdict(self)
 
 
-def _llama_kv(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
-
-
 def _on_gpu(name: str, arch: str, bandwidth_Bps: float, prefill_Fps: float, overhead_s: float,
             memory_bytes: float) -> StepModel:
     """A 16-bit model of models.archs on a GPU: weights and KV bytes from the architecture (so a preset and
