@@ -26,6 +26,7 @@ from batchlab.protocol.settings import ConfigError
 MAX_TRIES = 3  # tries of one point whose node was lost, before it is recorded failed
 STOP_TIMEOUT_S = 60.0  # an actor's own stop (its processes terminated, then killed)
 PLACEMENT_CHECK_S = 30.0  # with no point ending for this long, check that every group still fits a node
+SETTLE_S = 5.0  # for the reply of a point the sweep stopped (its actor is stopped or killed by then)
 
 
 @dataclass(slots=True)
@@ -75,10 +76,12 @@ def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = Tru
         for g in groups:
             g.todo = [i for i in g.todo if index["points"][i]["status"] != "skipped"]
         write_json_atomic(out_dir / INDEX_FILE, index, default=str)
+        flight: dict = {}  # object ref → (group, point index)
         try:
-            _drive(ray, groups, points, plan, index, out_dir, opts, view)
+            _drive(ray, groups, points, plan, index, out_dir, opts, view, flight)
         finally:
             stop_all(ray, groups)
+            _settle(ray, flight)
     return index
 
 
@@ -110,14 +113,13 @@ def _skipped(points: list[Point], base: dict, resume: bool, view) -> list[int]:
 
 
 def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out_dir: Path,
-           opts: RayOptions, view) -> None:
+           opts: RayOptions, view, flight: dict) -> None:
     """The loop: 1. each group with work and no point in flight sends its next one to its actor;
     2. wait for any point to end; 3. a finished point's folder lands in --out and the index is written;
     a lost node's point goes back to the front of its group, on a new actor."""
     from batchlab.cli.ray_actor import GroupRunner
 
     remote = ray.remote(GroupRunner)
-    flight: dict = {}  # object ref → (group, point index)
     while any(g.todo for g in groups) or flight:
         for g in groups:  # 1.
             if g.todo and not any(fg is g for fg, _ in flight.values()):
@@ -197,6 +199,17 @@ def _drop_actor(ray, g: Group) -> None:
         except Exception:  # already gone with its node
             pass
     g.actor = None
+
+
+def _settle(ray, flight: dict) -> None:
+    """The replies of points the sweep stopped, fetched and dropped: Ray prints an error nobody fetched
+    as a traceback ("Unhandled error"), after the sweep's own line."""
+    for ref in list(flight):
+        try:
+            ray.get(ref, timeout=SETTLE_S)
+        except Exception:  # the point's "stopped", or its actor gone
+            pass
+    flight.clear()
 
 
 def stop_all(ray, groups: list[Group]) -> None:
