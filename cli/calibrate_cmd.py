@@ -52,11 +52,7 @@ def calibrate(*, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral", d
     if from_runs:
         from batchlab.cli.calibrate_from import calibrate_from
 
-        try:
-            calibrate_from(from_runs, kind=kind, form=form, out=out, name=name or _stem(out), weigh=weigh)
-        except (ValueError, OSError) as exc:  # CalibrateError, too few shapes, an unreadable table
-            typer.secho(f"error: {exc}", fg="red", err=True)
-            raise typer.Exit(code=1) from None
+        calibrate_from(from_runs, kind=kind, form=form, out=out, name=name or _stem(out), weigh=weigh)
         return
     from batchlab.worker.calibrate_measure import FULL, QUICK
 

@@ -115,8 +115,6 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
         _fail(f"interrupted; partial results in {cfg.out}", code=interrupted_exit(exc))
     except RunFailed as exc:
         _fail(exc, code=FAULT_EXIT)
-    except _user_errors() as exc:
-        _fail(exc)
     show(summary, cfg.out)
     if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
         from batchlab.collector.vllm_result import save_result as write_result
@@ -141,21 +139,17 @@ def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address
     from batchlab.cli.run_folder import ROLE_FILES, claim
 
     cfg = _config(None, overrides)
-    try:  # one run's tables per folder, never two runs' mixed; the sibling roles' logs may be there first
-        claim(cfg.out, overwrite=overwrite, tolerate=ROLE_FILES)
-    except ConfigError as exc:
-        _fail(exc)
+    # one run's tables per folder, never two runs' mixed; the sibling roles' logs may be there first
+    claim(cfg.out, overwrite=overwrite, tolerate=ROLE_FILES)
     _role(collector_role, cfg, address)
 
 
 def _role(role, *args) -> None:
-    """Run one role in this process; its known failures become one line and exit 1; stopped by Ctrl-C, 130."""
+    """Run one role in this process (a known failure: one line and exit 1, as every command's); stopped by
+    Ctrl-C, 130."""
     from batchlab.protocol.signals import last_stop_signal
 
-    try:
-        code = role(*args)
-    except _user_errors() as exc:
-        _fail(exc)
+    code = role(*args)
     raise typer.Exit(130 if last_stop_signal() == signal.SIGINT else code or 0)
 
 
@@ -194,10 +188,7 @@ def worker(*, overrides: dict, config: ConfigOpt = None,
     from batchlab.cli.roles import worker_role
 
     cfg = _config(config, overrides)
-    try:
-        check_before_start(cfg)  # a bad preset or model: one line, before the model loads
-    except ConfigError as exc:
-        _fail(exc)
+    check_before_start(cfg)  # a bad preset or model: one line, before the model loads
     _role(worker_role, cfg, scheduler, collector, worker_id)
 
 

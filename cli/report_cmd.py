@@ -26,14 +26,8 @@ def register(app: typer.Typer) -> None:
         batch timeline, tables per rate, other tools' results (--extra). Reads the runs and writes nothing
         into their files (a run's figures are computed when it ends)."""
         from batchlab.collector.report.build import parse_slos, run_report
-        from batchlab.collector.report.points import ReportError
 
-        try:
-            slos = parse_slos(slo or [])
-            result = run_report(folder, rate=rate, slos=slos, out=out, extra=extra)
-        except ReportError as exc:
-            typer.secho(f"error: {exc}", fg="red", err=True)
-            raise typer.Exit(code=1) from None
+        result = run_report(folder, rate=rate, slos=parse_slos(slo or []), out=out, extra=extra)
         if result.capacity_lines:  # none for closed-loop runs (no offered rate) or runs that measured nothing
             typer.echo("capacity (estimate [highest sustained, lowest not sustained]):")
         for line in result.capacity_lines:

@@ -19,7 +19,6 @@ from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interl
 from batchlab.cli.sweep_point import execute, preflight, refuse_old_layout, reused
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
 from batchlab.protocol.files import write_json_atomic
-from batchlab.protocol.settings import ConfigError
 
 
 def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
@@ -116,8 +115,10 @@ def register(app: typer.Typer) -> None:
               ray_shared: Annotated[bool, typer.Option(
                   help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
         """Run a grid of strategies × backends × rates × repeats, one real run per point."""
+        from batchlab.cli.outcome import resumable
+
         out = out or str(Path("results") / Path(config).stem)
-        try:
+        with resumable(out):
             if ray is not None:
                 from batchlab.cli.ray_sweep import RayOptions, run_ray_sweep
 
@@ -125,14 +126,6 @@ def register(app: typer.Typer) -> None:
                 index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_))
             else:
                 index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
-        except (SweepError, ConfigError) as exc:
-            typer.secho(f"error: {exc}", fg="red", err=True)
-            raise typer.Exit(code=1) from None
-        except KeyboardInterrupt as exc:
-            from batchlab.cli.outcome import interrupted_exit
-
-            typer.secho(f"interrupted; run the same command again to resume in {out}", err=True)
-            raise typer.Exit(code=interrupted_exit(exc)) from None
         statuses = [p["status"] for p in index["points"]]
         ok = len(statuses) - statuses.count("failed")
         typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "

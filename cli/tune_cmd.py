@@ -48,20 +48,14 @@ def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confir
     repeated); --confirm K runs the best K live and prints predicted vs measured."""
     overrides["slo"] = [s for item in overrides["slo"] or [] for s in item.split(",") if s.strip()] or None
     from batchlab.cli.config import checked_config
-    from batchlab.cli.launcher import RunFailed
     from batchlab.protocol.settings import load_yaml
-    from batchlab.traffic.datasets import DatasetError
 
-    try:
-        cfg = checked_config(load_yaml(config) if config else {}, overrides)
-        if not cfg.slo:
-            raise ConfigError("batchlab tune needs an SLO to rank by, e.g. --slo ttft=500ms,tpot=50ms")
-        if confirm < 0:
-            raise ConfigError("--confirm must be ≥ 0")
-        run_tune(cfg, grid or [], Path(out), confirm, top, Fanout(processes, ray))
-    except (ConfigError, DatasetError, RunFailed, OSError, ValueError) as exc:  # ValueError: an unknown preset
-        typer.secho(f"error: {' '.join(str(exc).split())}", fg="red", err=True)
-        raise typer.Exit(code=1) from None
+    cfg = checked_config(load_yaml(config) if config else {}, overrides)
+    if not cfg.slo:
+        raise ConfigError("batchlab tune needs an SLO to rank by, e.g. --slo ttft=500ms,tpot=50ms")
+    if confirm < 0:
+        raise ConfigError("--confirm must be ≥ 0")
+    run_tune(cfg, grid or [], Path(out), confirm, top, Fanout(processes, ray))
 
 
 def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: int = 20,
