@@ -73,27 +73,22 @@ def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None =
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))
         for i, point in enumerate(points):
-            index["points"][i] = (reused(point, plan.base, resume, view)
-                                  or execute(point, plan.base, view.ticker(point, "run"), plan.limits(), pools))
-            view.finished(point, index["points"][i])
+            index["points"][i] = _run_point(point, plan, pools, view, resume)
             write_json_atomic(out_dir / INDEX_FILE, index, default=str)
-        if plan.repeats_auto:
-            index = _more_repeats(plan, out_dir, index, pools, view, resume)
+        if plan.repeats_auto:  # extra repeats of the headline's comparisons (cli.sweep_repeats)
+            from batchlab.cli.sweep_repeats import run_more_repeats
+
+            index = run_more_repeats(plan, out_dir, index, lambda p: _run_point(p, plan, pools, view, resume, "repeat"),
+                                     lambda doc: write_json_atomic(out_dir / INDEX_FILE, doc, default=str))
     return index
 
 
-def _more_repeats(plan: Plan, out_dir: Path, index: dict, pools: PoolKeeper, view, resume: bool) -> dict:
-    """repeats: auto (cli.sweep_repeats): extra repeats of the headline's comparisons, each point run (or
-    skipped on resume) as the grid's are."""
-    from batchlab.cli.sweep_repeats import run_more_repeats
-
-    def run_point(point: Point) -> dict:
-        record = (reused(point, plan.base, resume, view)
-                  or execute(point, plan.base, view.ticker(point, "repeat"), plan.limits(), pools))
-        view.finished(point, record)
-        return record
-
-    return run_more_repeats(plan, out_dir, index, run_point, lambda doc: write_json_atomic(out_dir / INDEX_FILE, doc, default=str))
+def _run_point(point: Point, plan: Plan, pools: PoolKeeper, view, resume: bool, phase: str = "run") -> dict:
+    """The point run (or, on resume, its earlier record reused), shown as finished; its record."""
+    record = (reused(point, plan.base, resume, view)
+              or execute(point, plan.base, view.ticker(point, phase), plan.limits(), pools))
+    view.finished(point, record)
+    return record
 
 
 def register(app: typer.Typer) -> None:
