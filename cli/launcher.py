@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from batchlab.cli import outcome, procs, roles
+from batchlab.cli import outcome, procs, remove_temp_of, roles
 from batchlab.cli.procs import Child
 from batchlab.cli.run_end import post_process
 from batchlab.cli.run_folder import RunRecord
@@ -62,7 +62,7 @@ def _entry(target, args: tuple, out_dir: str | None = None) -> None:
         code = outcome.exit_code_for(exc)
     finally:
         if procs.orphaned():
-            procs.remove_run_temp(procs.launcher_pid())
+            remove_temp_of(procs.launcher_pid())
     raise SystemExit(code)
 
 
@@ -224,16 +224,12 @@ def _fatal(dead: Child, children: list[Child]) -> bool:
 def _stop(children: list[Child]) -> None:
     """Stop the producers first (traffic, then the scheduler, which tells the workers), then give the
     collector time to read what is queued and write before it is told to stop; reap every group."""
-    with procs.sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
-        _stop_in_order(children)
-
-
-def _stop_in_order(children: list[Child]) -> None:
     order = {"traffic": 0, "scheduler": 1}
     producers = sorted((c for c in children if c.name != "collector"), key=lambda c: order.get(c.name, 2))
     collector = [c for c in children if c.name == "collector"]
-    for c in producers:
-        procs.stop([c], signal.SIGTERM, STOP_GRACE_S)
-    for c in collector:
-        c.proc.join(timeout=COLLECTOR_GRACE_S)  # it ends by itself once RunEnd and the byes arrive
-    procs.stop(collector, signal.SIGTERM, STOP_GRACE_S)
+    with procs.sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
+        for c in producers:
+            procs.stop([c], signal.SIGTERM, STOP_GRACE_S)
+        for c in collector:
+            c.proc.join(timeout=COLLECTOR_GRACE_S)  # it ends by itself once RunEnd and the byes arrive
+        procs.stop(collector, signal.SIGTERM, STOP_GRACE_S)

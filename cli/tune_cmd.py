@@ -240,12 +240,8 @@ def _num(value: float | None, fmt: str = ".3f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
 def _shown(metric: str, value: float | None) -> str:
-    return _pct(value) if metric == "goodput" else _num(value, ".1f" if metric == "throughput_tok_s" else ".3f")
+    return _num(value, {"goodput": ".1%", "throughput_tok_s": ".1f"}.get(metric, ".3f"))
 
 
 def _print_ranked(record: dict, top: int, out: Path) -> None:
@@ -260,11 +256,11 @@ def _print_ranked(record: dict, top: int, out: Path) -> None:
                   caption=f"all candidates in {out / 'tune.csv'} and {out / 'tune.json'}")
     for r in rows[:top]:
         table.add_row(str(r["rank"]), *(_value(r["knobs"][k]) for k in knobs),
-                      _pct(r["goodput"]), _num(r["ttft_p50_s"]), _num(r["ttft_p99_s"]), _num(r["tpot_p50_s"]),
+                      _num(r["goodput"], ".1%"), _num(r["ttft_p50_s"]), _num(r["ttft_p99_s"]), _num(r["tpot_p50_s"]),
                       _num(r["e2e_p99_s"]), _num(r["throughput_tok_s"], ".0f"))
     console.print(table)
     base = record["baseline"]
-    console.print(f"untuned ({_knobs_text(base['knobs'])}): goodput {_pct(base['goodput'])}; "
+    console.print(f"untuned ({_knobs_text(base['knobs'])}): goodput {_num(base['goodput'], '.1%')}; "
                   f"held: {_knobs_text(record['held'])}", highlight=False)
     for note in record["notes"]:
         console.print(f"note: {note}", highlight=False)
@@ -277,8 +273,7 @@ def _print_confirm(rows: list[dict]) -> None:
     table = Table("rank", "knobs", "metric", "predicted", "measured", "error", title="simulated vs live")
     for r in rows:
         for i, (metric, name) in enumerate(COMPARED):
-            err = r["rel_error"][metric]
             table.add_row(str(r["rank"]) if i == 0 else "", _knobs_text(r["knobs"]) if i == 0 else "", name,
                           _shown(metric, r["predicted"][metric]), _shown(metric, r["measured"][metric]),
-                          "-" if err is None else f"{err:+.1%}")
+                          _num(r["rel_error"][metric], "+.1%"))
     Console(width=160).print(table)
