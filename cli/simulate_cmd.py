@@ -26,11 +26,6 @@ SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields
              "workers", "memory_budget")
 
 
-def register(app: typer.Typer) -> None:
-    """Add `batchlab simulate` to the CLI."""
-    app.command("simulate")(simulate)
-
-
 @with_settings(*SIMULATED, custom=CUSTOM)
 def simulate(config: ConfigArg = None, *, overrides: dict, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""

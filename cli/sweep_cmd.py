@@ -91,39 +91,35 @@ def _run_point(point: Point, plan: Plan, pools: PoolKeeper, view, resume: bool, 
     return record
 
 
-def register(app: typer.Typer) -> None:
-    """Add `batchlab sweep` to the app."""
+def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
+          out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
+          resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
+          set_: Annotated[Optional[list[str]], typer.Option(
+              "--set", help="override a base setting, KEY=VALUE (a RunConfig name, e.g. duration_s=5), or a "
+                            "grid key, grid.KEY=VALUE (e.g. grid.repeats=2); repeatable")] = None,
+          ray: Annotated[Optional[str], ray_option(
+              help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
+                   "alone: a local Ray); see docs/ray.md")] = None,
+          ray_cpus: Annotated[float, typer.Option(help="--ray: CPUs each point reserves")] = 1.0,
+          ray_gpu_resource: Annotated[str, typer.Option(
+              help="--ray: the resource GPUs are counted in")] = "GPU",
+          ray_shared: Annotated[bool, typer.Option(
+              help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
+    """Run a grid of strategies × backends × rates × repeats, one real run per point."""
+    from batchlab.cli.outcome import resumable
 
-    @app.command()
-    def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
-              out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
-              resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
-              set_: Annotated[Optional[list[str]], typer.Option(
-                  "--set", help="override a base setting, KEY=VALUE (a RunConfig name, e.g. duration_s=5), or a "
-                                "grid key, grid.KEY=VALUE (e.g. grid.repeats=2); repeatable")] = None,
-              ray: Annotated[Optional[str], ray_option(
-                  help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
-                       "alone: a local Ray); see docs/ray.md")] = None,
-              ray_cpus: Annotated[float, typer.Option(help="--ray: CPUs each point reserves")] = 1.0,
-              ray_gpu_resource: Annotated[str, typer.Option(
-                  help="--ray: the resource GPUs are counted in")] = "GPU",
-              ray_shared: Annotated[bool, typer.Option(
-                  help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
-        """Run a grid of strategies × backends × rates × repeats, one real run per point."""
-        from batchlab.cli.outcome import resumable
+    out = out or str(Path("results") / Path(config).stem)
+    with resumable(out):
+        if ray is not None:
+            from batchlab.cli.ray_sweep import RayOptions, run_ray_sweep
 
-        out = out or str(Path("results") / Path(config).stem)
-        with resumable(out):
-            if ray is not None:
-                from batchlab.cli.ray_sweep import RayOptions, run_ray_sweep
-
-                opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
-                index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_))
-            else:
-                index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
-        statuses = [p["status"] for p in index["points"]]
-        ok = len(statuses) - statuses.count("failed")
-        typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
-                   f"(see {Path(out) / INDEX_FILE}); next: batchlab report {out}")
-        if ok == 0:
-            raise typer.Exit(code=1)
+            opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
+            index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_))
+        else:
+            index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
+    statuses = [p["status"] for p in index["points"]]
+    ok = len(statuses) - statuses.count("failed")
+    typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
+               f"(see {Path(out) / INDEX_FILE}); next: batchlab report {out}")
+    if ok == 0:
+        raise typer.Exit(code=1)

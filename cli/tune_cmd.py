@@ -35,11 +35,6 @@ Out = Annotated[str, Opt("--out", help="output folder")]
 Top = Annotated[int, Opt("--top", help="rows of the ranked table to print (all are in OUT/tune.csv)")]
 
 
-def register(app: typer.Typer) -> None:
-    """Add `batchlab tune` to the CLI."""
-    app.command("tune")(tune)
-
-
 @with_settings("strategy", "strategy_args", "slo", "rate", "duration_s", "dataset", "prompt_lengths", "output_lengths",
                "max_new_tokens", "preset", "seed", "backend", "model")
 def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confirm: Confirm = 0, out: Out = DEFAULT_OUT,
