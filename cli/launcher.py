@@ -180,17 +180,15 @@ class _Faults:
     deaths: list[str] = field(default_factory=list)
 
 
-def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock,
-           faults: _Faults | None = None) -> None:
+def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock, faults: _Faults) -> None:
     """Wait for the run's end. A dead collector or scheduler, or the last worker, stops the run; a dead
     traffic process or one of several workers does not: the scheduler notices and the run goes on.
     Every one is noted in `faults`. A role ends with 0 only when the run is over (roles.py); any
     other code is a death. Warm workers (`workers`, from a pool) outlive the run: its end is the
     scheduler's and collector's."""
     children, reported = own + workers, set()
-    faults = faults or _Faults(None)
     while any(c.proc.is_alive() for c in own if c.name in ("scheduler", "collector")):
-        if faults.stop_run is not None and faults.stop_run.is_set() and "collector" not in reported:
+        if faults.stop_run.is_set() and "collector" not in reported:
             reported.add("collector")
             faults.deaths.append("collector stopped by a signal mid-run: the run was stopped, what it had "
                                  "is written")
