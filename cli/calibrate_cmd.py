@@ -12,6 +12,8 @@ import math
 import os
 import statistics
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -37,11 +39,6 @@ KindOpt = Annotated[str, Opt(help="with --from: the runs' backend kind to fit, h
                                   "(needed when the folders hold several)")]
 
 
-def register(app: typer.Typer) -> None:
-    """Add `batchlab calibrate` to the CLI."""
-    app.command("calibrate")(calibrate)
-
-
 def calibrate(*, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral", device: DeviceOpt = "auto",
               dtype: DtypeOpt = "auto", mode: ModeOpt = "static", form: FormOpt = "auto",
               out: OutOpt = "presets/calibrated.yaml", quick: QuickOpt = False, name: NameOpt = "",
@@ -52,15 +49,9 @@ def calibrate(*, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral", d
     if from_runs:
         from batchlab.cli.calibrate_from import calibrate_from
 
-        try:
-            calibrate_from(from_runs, kind=kind, form=form, out=out, name=name or _stem(out), weigh=weigh)
-        except (ValueError, OSError) as exc:  # CalibrateError, too few shapes, an unreadable table
-            typer.secho(f"error: {exc}", fg="red", err=True)
-            raise typer.Exit(code=1) from None
+        calibrate_from(from_runs, kind=kind, form=form, out=out, name=name or Path(out).stem, weigh=weigh)
         return
     from batchlab.worker.calibrate_measure import FULL, QUICK
-
-    from dataclasses import replace
 
     grid = replace(QUICK if quick else FULL)  # a copy: the options below must not change the module's grid
     if batch_sizes:
@@ -69,13 +60,7 @@ def calibrate(*, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral", d
         grid.prompt_lens = [int(v) for v in prompt_lens.split(",")]
     if backend not in ("hf", "vllm"):
         raise ValueError(f"--backend must be hf or vllm, not {backend!r}")
-    run_calibrate(backend, model, device, dtype, mode, form, out, grid, name or _stem(out))
-
-
-def _stem(path: str) -> str:
-    from pathlib import Path
-
-    return Path(path).stem
+    run_calibrate(backend, model, device, dtype, mode, form, out, grid, name or Path(out).stem)
 
 
 def _open_backend(backend: str, model: str, device: str, dtype: str, mode: str, rows: int):

@@ -45,32 +45,19 @@ def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dic
         return run_capacity(plan, out_dir, settings, pools, view, labels)
 
 
-def register(app: typer.Typer) -> None:
-    """Add `batchlab capacity` to the app."""
+def capacity(config: Config, *, out: Out = None, strategy: Labels = None, duration_s: Duration = None,
+             width: Width = None, max_probes: Probes = None, simulate: Simulated = False,
+             preset: Preset = None) -> None:
+    """Each strategy's capacity: served ≥ 99%, queue not growing, SLOs met by ≥ 90% (with SLOs)."""
+    from batchlab.cli.outcome import resumable
+    from batchlab.collector.report.capacities import capacity_text
 
-    @app.command()
-    def capacity(config: Config, *, out: Out = None, strategy: Labels = None, duration_s: Duration = None,
-                 width: Width = None, max_probes: Probes = None, simulate: Simulated = False,
-                 preset: Preset = None) -> None:
-        """Each strategy's capacity: served ≥ 99%, queue not growing, SLOs met by ≥ 90% (with SLOs)."""
-        from batchlab.cli.sweep_plan import SweepError
-        from batchlab.collector.report.capacities import capacity_text
-        from batchlab.protocol.settings import ConfigError
-
-        out = out or str(Path("results") / f"{Path(config).stem}-capacity")
-        labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
-        given = {"search_duration_s": duration_s, "width": width, "max_probes": max_probes}
-        try:
-            doc = run_capacity_cmd(config, out, labels, given, simulate, preset)
-        except (SweepError, ConfigError, ValueError) as exc:
-            typer.secho(f"error: {exc}", fg="red", err=True)
-            raise typer.Exit(code=1) from None
-        except KeyboardInterrupt as exc:
-            from batchlab.cli.outcome import interrupted_exit
-
-            typer.secho(f"interrupted; run the same command again to resume in {out}", err=True)
-            raise typer.Exit(code=interrupted_exit(exc)) from None
-        for line in capacity_text(doc["strategies"]):
-            typer.echo(line)
-        if not simulate:
-            typer.echo(f"capacity.json and every probe's folder in {out}; batchlab report {out} plots the probes")
+    out = out or str(Path("results") / f"{Path(config).stem}-capacity")
+    labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
+    given = {"search_duration_s": duration_s, "width": width, "max_probes": max_probes}
+    with resumable(out):
+        doc = run_capacity_cmd(config, out, labels, given, simulate, preset)
+    for line in capacity_text(doc["strategies"]):
+        typer.echo(line)
+    if not simulate:
+        typer.echo(f"capacity.json and every probe's folder in {out}; batchlab report {out} plots the probes")

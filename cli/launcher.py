@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from batchlab.cli import outcome, procs, roles
+from batchlab.cli import outcome, procs, remove_temp_of, roles
 from batchlab.cli.procs import Child
 from batchlab.cli.run_end import post_process
 from batchlab.cli.run_folder import RunRecord
@@ -62,7 +62,7 @@ def _entry(target, args: tuple, out_dir: str | None = None) -> None:
         code = outcome.exit_code_for(exc)
     finally:
         if procs.orphaned():
-            procs.remove_run_temp(procs.launcher_pid())
+            remove_temp_of(procs.launcher_pid())
     raise SystemExit(code)
 
 
@@ -180,17 +180,15 @@ class _Faults:
     deaths: list[str] = field(default_factory=list)
 
 
-def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock,
-           faults: _Faults | None = None) -> None:
+def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock, faults: _Faults) -> None:
     """Wait for the run's end. A dead collector or scheduler, or the last worker, stops the run; a dead
     traffic process or one of several workers does not: the scheduler notices and the run goes on.
     Every one is noted in `faults`. A role ends with 0 only when the run is over (roles.py); any
     other code is a death. Warm workers (`workers`, from a pool) outlive the run: its end is the
     scheduler's and collector's."""
     children, reported = own + workers, set()
-    faults = faults or _Faults(None)
     while any(c.proc.is_alive() for c in own if c.name in ("scheduler", "collector")):
-        if faults.stop_run is not None and faults.stop_run.is_set() and "collector" not in reported:
+        if faults.stop_run.is_set() and "collector" not in reported:
             reported.add("collector")
             faults.deaths.append("collector stopped by a signal mid-run: the run was stopped, what it had "
                                  "is written")
@@ -224,16 +222,12 @@ def _fatal(dead: Child, children: list[Child]) -> bool:
 def _stop(children: list[Child]) -> None:
     """Stop the producers first (traffic, then the scheduler, which tells the workers), then give the
     collector time to read what is queued and write before it is told to stop; reap every group."""
-    with procs.sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
-        _stop_in_order(children)
-
-
-def _stop_in_order(children: list[Child]) -> None:
     order = {"traffic": 0, "scheduler": 1}
     producers = sorted((c for c in children if c.name != "collector"), key=lambda c: order.get(c.name, 2))
     collector = [c for c in children if c.name == "collector"]
-    for c in producers:
-        procs.stop([c], signal.SIGTERM, STOP_GRACE_S)
-    for c in collector:
-        c.proc.join(timeout=COLLECTOR_GRACE_S)  # it ends by itself once RunEnd and the byes arrive
-    procs.stop(collector, signal.SIGTERM, STOP_GRACE_S)
+    with procs.sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
+        for c in producers:
+            procs.stop([c], signal.SIGTERM, STOP_GRACE_S)
+        for c in collector:
+            c.proc.join(timeout=COLLECTOR_GRACE_S)  # it ends by itself once RunEnd and the byes arrive
+        procs.stop(collector, signal.SIGTERM, STOP_GRACE_S)

@@ -9,7 +9,7 @@ from typer.core import TyperGroup
 from batchlab.cli import report_cmd, restore_sigint, simulate_cmd, sweep_cmd
 from batchlab.cli.config import checked_config, replay_config
 from batchlab.cli.grammar import show_version
-from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
+from batchlab.protocol.settings import RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import CLI_FIELDS, ConfigOpt, Opt, Overwrite, SaveResult, fields_of, with_settings
 from batchlab.protocol.setting_groups import (BACKEND_GROUPS, CollectorSettings, SchedulerSettings, TrafficSettings,
@@ -78,11 +78,8 @@ def _config(config: str | None, overrides: dict, *, replay: bool = False) -> Run
     one line and exit 1."""
     if overrides.get("concurrency") is not None and overrides["concurrency"] < 1:  # 0 is RunConfig's open loop
         _fail("--concurrency must be ≥ 1 client (leave it out for open-loop --rate)")
-    try:
-        cfg = checked_config(load_yaml(config) if config else {}, overrides)
-        return replay_config(cfg, overrides) if replay and cfg.schedule else cfg
-    except ConfigError as exc:
-        _fail(exc)
+    cfg = checked_config(load_yaml(config) if config else {}, overrides)
+    return replay_config(cfg, overrides) if replay and cfg.schedule else cfg
 
 
 def _fail(error: str | BaseException, code: int = 1) -> NoReturn:
@@ -115,19 +112,12 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
         _fail(f"interrupted; partial results in {cfg.out}", code=interrupted_exit(exc))
     except RunFailed as exc:
         _fail(exc, code=FAULT_EXIT)
-    except _user_errors() as exc:
-        _fail(exc)
     show(summary, cfg.out)
     if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
         from batchlab.collector.vllm_result import save_result as write_result
 
         typer.echo(f"vllm-style result: {write_result(cfg.out, save_result)}")
-    _exit_by_verdict(verdict(summary, summary.role_deaths))
-
-
-def _exit_by_verdict(code_line: tuple[int, str]) -> None:
-    """A run that lost requests to a fault: its one line, and its exit code (cli/outcome.py)."""
-    code, line = code_line
+    code, line = verdict(summary, summary.role_deaths)  # a run that lost requests to a fault (cli/outcome.py)
     if code:
         _fail(line, code=code)
 
@@ -141,21 +131,17 @@ def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address
     from batchlab.cli.run_folder import ROLE_FILES, claim
 
     cfg = _config(None, overrides)
-    try:  # one run's tables per folder, never two runs' mixed; the sibling roles' logs may be there first
-        claim(cfg.out, overwrite=overwrite, tolerate=ROLE_FILES)
-    except ConfigError as exc:
-        _fail(exc)
+    # one run's tables per folder, never two runs' mixed; the sibling roles' logs may be there first
+    claim(cfg.out, overwrite=overwrite, tolerate=ROLE_FILES)
     _role(collector_role, cfg, address)
 
 
 def _role(role, *args) -> None:
-    """Run one role in this process; its known failures become one line and exit 1; stopped by Ctrl-C, 130."""
+    """Run one role in this process (a known failure: one line and exit 1, as every command's); stopped by
+    Ctrl-C, 130."""
     from batchlab.protocol.signals import last_stop_signal
 
-    try:
-        code = role(*args)
-    except _user_errors() as exc:
-        _fail(exc)
+    code = role(*args)
     raise typer.Exit(130 if last_stop_signal() == signal.SIGINT else code or 0)
 
 
@@ -194,10 +180,7 @@ def worker(*, overrides: dict, config: ConfigOpt = None,
     from batchlab.cli.roles import worker_role
 
     cfg = _config(config, overrides)
-    try:
-        check_before_start(cfg)  # a bad preset or model: one line, before the model loads
-    except ConfigError as exc:
-        _fail(exc)
+    check_before_start(cfg)  # a bad preset or model: one line, before the model loads
     _role(worker_role, cfg, scheduler, collector, worker_id)
 
 
@@ -213,8 +196,9 @@ def traffic(*, overrides: dict, config: ConfigOpt = None,
 
 from batchlab.cli import calibrate_cmd, capacity_cmd, tune_cmd  # noqa: E402
 
-for _command in (sweep_cmd, capacity_cmd, report_cmd, simulate_cmd, tune_cmd, calibrate_cmd):
-    _command.register(app)
+for _command in (sweep_cmd.sweep, capacity_cmd.capacity, report_cmd.report, simulate_cmd.simulate, tune_cmd.tune,
+                 calibrate_cmd.calibrate):
+    app.command()(_command)
 restore_sigint()  # imported: a Ctrl-C is a KeyboardInterrupt again (exit 130, see _OneLineErrors)
 
 if __name__ == "__main__":

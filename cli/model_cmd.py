@@ -27,11 +27,7 @@ def serve_command(model: Annotated[str, typer.Argument(help="NAME:random (mistra
     from batchlab.models.archs import random_arch
     from batchlab.models.folders import resolve_model
 
-    try:
-        arch = random_arch(model)
-    except ValueError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(code=1) from None
+    arch = random_arch(model)
     folder = resolve_model(model)
     words = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name",
              model, "--dtype", dtype, "--port", str(port)]

@@ -7,6 +7,7 @@ deaths in, a verdict out), shared by `batchlab run` and `batchlab sweep`.
          request was lost to one (worker lost, no terminal record, not sent, scheduler stopped, ...)
     130  interrupted (Ctrl-C); 143 for a SIGTERM to the command itself
 """
+import contextlib
 import os
 import signal
 
@@ -29,6 +30,18 @@ def interrupted_exit(exc: BaseException) -> int:
     from batchlab.cli import was_terminated
 
     return SIGNAL_EXIT_BASE + signal.SIGTERM if was_terminated(exc) else INTERRUPTED_EXIT
+
+
+@contextlib.contextmanager
+def resumable(out: str):
+    """A Ctrl-C (or a SIGTERM) inside ends the command with a line saying how to resume in `out`."""
+    import typer
+
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        typer.secho(f"interrupted; run the same command again to resume in {out}", err=True)
+        raise typer.Exit(code=interrupted_exit(exc)) from None
 
 
 def is_fault(reason: str) -> bool:

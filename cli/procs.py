@@ -39,7 +39,7 @@ def become_group_leader() -> None:
     ignored since the spawn (`start`), is Python's own again once the terminal's Ctrl-C cannot reach us."""
     die_with_parent()  # already done when this package was imported (cli/__init__.py); idempotent
     if orphaned():  # the launcher died before the prctl took effect
-        remove_run_temp(launcher_pid())
+        remove_temp_of(launcher_pid())
         os._exit(128 + signal.SIGTERM)
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -59,31 +59,18 @@ def orphaned() -> bool:
 
 def run_temp_folder() -> str:
     """A private folder for a run's ipc sockets, named by its owner's pid so that whoever finds it
-    with the owner dead (a SIGKILLed launcher) may remove it: see remove_run_temp, clean_stale_temp."""
+    with the owner dead (a SIGKILLed launcher) may remove it: see cli.remove_temp_of, clean_stale_temp."""
     return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
-
-
-def remove_run_temp(owner_pid: int) -> None:
-    """Remove every run folder of `owner_pid` (a child calls it when its launcher died)."""
-    remove_temp_of(owner_pid)
 
 
 def clean_stale_temp() -> None:
     """Remove run folders whose owner process is gone (a launcher killed before it could clean up)."""
+    import psutil
+
     for folder in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
         owner = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and not _pid_alive(int(owner)):
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def redirect_output(log_file: Path) -> None:

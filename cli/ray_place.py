@@ -33,11 +33,10 @@ def on_gpu(cfg: RunConfig) -> bool:
     return cfg.backend in MODEL_BACKENDS and cfg.device != "cpu"
 
 
-def ask(cfg: RunConfig, *, cpus: float = 1.0, gpu_resource: str = "GPU", gpu_memory_known: bool = False,
-        extra: dict | None = None) -> Ask:
+def ask(cfg: RunConfig, *, cpus: float = 1.0, gpu_resource: str = "GPU", gpu_memory_known: bool = False) -> Ask:
     """A point's needs: `cpus` CPUs; one GPU per worker × tensor × pipeline stage (counted in
     `gpu_resource`); the weights in host memory on CPU, or in GPU memory when nodes declare it."""
-    resources = {"CPU": float(cpus), **(extra or {})}
+    resources = {"CPU": float(cpus)}
     weights = model_bytes(cfg.model) if cfg.backend in MODEL_BACKENDS else 0
     if on_gpu(cfg):
         resources[gpu_resource] = float(cfg.workers * cfg.tensor_parallel_size * cfg.pipeline_parallel_size)

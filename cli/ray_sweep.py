@@ -7,7 +7,6 @@ back into --out as a local sweep writes it, so report, resume and the run identi
 point whose node (or actor) was lost runs again on another node; its lost try is recorded in the point's
 `attempts` in sweep.json, never as data. On Ctrl-C or a failure every actor stops what it started.
 """
-import json
 import shutil
 import signal
 import time
@@ -19,7 +18,7 @@ from batchlab.cli.ray_cluster import connect
 from batchlab.cli.ray_place import Ask, ask, declares_gpu_memory, refusals
 from batchlab.cli.sweep_plan import Point, SweepError, load_plan, plan_points
 from batchlab.cli.sweep_point import preflight, refuse_old_layout, reused
-from batchlab.collector.layout import DONE_FILE, INDEX_FILE
+from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.settings import ConfigError
 
@@ -55,7 +54,7 @@ def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = Tru
     `sets`: the sweep's --set overrides, as cli.sweep_plan.load_plan takes them."""
     from batchlab.collector.report.live import SweepView
 
-    plan, out_dir = (load_plan(config, sets) if sets else load_plan(config)), Path(out)
+    plan, out_dir = load_plan(config, sets), Path(out)
     if plan.auto:
         raise SweepError("--ray needs grid.rates as a list (a capacity probe for automatic rates runs "
                          "without --ray: run one, then set the rates it found)")
@@ -70,9 +69,10 @@ def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = Tru
     out_dir.mkdir(parents=True, exist_ok=True)
     with SweepView() as view:
         view.start(len(points))
-        for i in _skipped(points, plan.base, resume, view):
-            index["points"][i] = json.loads((points[i].folder / DONE_FILE).read_text()) | {"status": "skipped"}
-            view.finished(points[i], index["points"][i])
+        for i, p in enumerate(points):  # done points whose recorded configuration is the one planned now
+            if (record := reused(p, plan.base, resume, view)) is not None:
+                index["points"][i] = record
+                view.finished(p, record)
         for g in groups:
             g.todo = [i for i in g.todo if index["points"][i]["status"] != "skipped"]
         write_json_atomic(out_dir / INDEX_FILE, index, default=str)
@@ -107,11 +107,6 @@ def _groups(points: list[Point], base: dict, opts: RayOptions, nodes: list[dict]
     return list(groups.values())
 
 
-def _skipped(points: list[Point], base: dict, resume: bool, view) -> list[int]:
-    """Indices of done points whose recorded configuration is the one planned now."""
-    return [i for i, p in enumerate(points) if reused(p, base, resume, view) is not None]
-
-
 def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out_dir: Path,
            opts: RayOptions, view, flight: dict) -> None:
     """The loop: 1. each group with work and no point in flight sends its next one to its actor;
@@ -128,7 +123,8 @@ def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out
                         .remote(opts.shared)
                 i = g.todo[0]
                 view.note(f"{points[i].entry.label} λ={points[i].rate:g} rep {points[i].repeat}: sent to the cluster")
-                flight[g.actor.run.remote(points[i], plan.base, plan.limits(), _rel(points[i], out_dir))] = (g, i)
+                rel = str(points[i].folder.relative_to(out_dir))  # its place in a node's staging folder
+                flight[g.actor.run.remote(points[i], plan.base, plan.limits(), rel)] = (g, i)
         ready, _ = ray.wait(list(flight), num_returns=1, timeout=PLACEMENT_CHECK_S)  # 2.
         if not ready:
             _give_up_unplaceable(ray, groups, flight, points, index, view)
@@ -185,11 +181,6 @@ def _landed(ray, ref, g: Group, i: int, point: Point, view) -> dict | None:
     if "tar" in reply:
         unpack(reply["tar"], point.folder)
     return reply["record"] | {"node": reply["node"]}
-
-
-def _rel(point: Point, out_dir: Path) -> str:
-    """The point's folder relative to --out (layout.point_dir): its place in a node's staging folder."""
-    return str(point.folder.relative_to(out_dir))
 
 
 def _drop_actor(ray, g: Group) -> None:

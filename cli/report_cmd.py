@@ -17,27 +17,17 @@ Extra = Annotated[Optional[list[str]], typer.Option(
          "FOLDER are found too)")]
 
 
-def register(app: typer.Typer) -> None:
-    """Add `batchlab report` to the app."""
+def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, out: Out = None, extra: Extra = None) -> None:
+    """Plots (PNG), REPORT.md and REPORT.html (interactive, self-contained): latency vs throughput, CDFs,
+    batch timeline, tables per rate, other tools' results (--extra). Reads the runs and writes nothing
+    into their files (a run's figures are computed when it ends)."""
+    from batchlab.collector.report.build import parse_slos, run_report
 
-    @app.command()
-    def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, out: Out = None, extra: Extra = None) -> None:
-        """Plots (PNG), REPORT.md and REPORT.html (interactive, self-contained): latency vs throughput, CDFs,
-        batch timeline, tables per rate, other tools' results (--extra). Reads the runs and writes nothing
-        into their files (a run's figures are computed when it ends)."""
-        from batchlab.collector.report.build import parse_slos, run_report
-        from batchlab.collector.report.points import ReportError
-
-        try:
-            slos = parse_slos(slo or [])
-            result = run_report(folder, rate=rate, slos=slos, out=out, extra=extra)
-        except ReportError as exc:
-            typer.secho(f"error: {exc}", fg="red", err=True)
-            raise typer.Exit(code=1) from None
-        if result.capacity_lines:  # none for closed-loop runs (no offered rate) or runs that measured nothing
-            typer.echo("capacity (estimate [highest sustained, lowest not sustained]):")
-        for line in result.capacity_lines:
-            typer.echo(f"  {line}")
-        for line in result.headlines:
-            typer.echo(f"- {line}")
-        typer.echo(f"report: {result.path} ({len(result.plots)} plots beside it)")
+    result = run_report(folder, rate=rate, slos=parse_slos(slo or []), out=out, extra=extra)
+    if result.capacity_lines:  # none for closed-loop runs (no offered rate) or runs that measured nothing
+        typer.echo("capacity (estimate [highest sustained, lowest not sustained]):")
+    for line in result.capacity_lines:
+        typer.echo(f"  {line}")
+    for line in result.headlines:
+        typer.echo(f"- {line}")
+    typer.echo(f"report: {result.path} ({len(result.plots)} plots beside it)")

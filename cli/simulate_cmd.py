@@ -26,26 +26,14 @@ SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields
              "workers", "memory_budget")
 
 
-def register(app: typer.Typer) -> None:
-    """Add `batchlab simulate` to the CLI."""
-    app.command("simulate")(simulate)
-
-
 @with_settings(*SIMULATED, custom=CUSTOM)
 def simulate(config: ConfigArg = None, *, overrides: dict, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
     fanout = Fanout(processes, ray)
-    from batchlab.protocol.settings import ConfigError
-    from batchlab.cli.sweep_plan import SweepError
     from batchlab.cli.sim_plan import plan_simulation
     from batchlab.cli.sim_run import run_simulation
-    from batchlab.traffic.datasets import DatasetError
 
-    try:
-        results = run_simulation(plan_simulation(config, overrides), fanout=fanout)
-    except (ConfigError, SweepError, DatasetError, ValueError) as exc:  # ValueError: an unknown preset
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(code=1) from None
+    results = run_simulation(plan_simulation(config, overrides), fanout=fanout)
     _print_table(results)
     _exit_by_verdict(results)
 

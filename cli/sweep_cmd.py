@@ -19,7 +19,6 @@ from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interl
 from batchlab.cli.sweep_point import execute, preflight, refuse_old_layout, reused
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
 from batchlab.protocol.files import write_json_atomic
-from batchlab.protocol.settings import ConfigError
 
 
 def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
@@ -74,68 +73,53 @@ def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None =
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))
         for i, point in enumerate(points):
-            index["points"][i] = (reused(point, plan.base, resume, view)
-                                  or execute(point, plan.base, view.ticker(point, "run"), plan.limits(), pools))
-            view.finished(point, index["points"][i])
+            index["points"][i] = _run_point(point, plan, pools, view, resume)
             write_json_atomic(out_dir / INDEX_FILE, index, default=str)
-        if plan.repeats_auto:
-            index = _more_repeats(plan, out_dir, index, pools, view, resume)
+        if plan.repeats_auto:  # extra repeats of the headline's comparisons (cli.sweep_repeats)
+            from batchlab.cli.sweep_repeats import run_more_repeats
+
+            index = run_more_repeats(plan, out_dir, index, lambda p: _run_point(p, plan, pools, view, resume, "repeat"),
+                                     lambda doc: write_json_atomic(out_dir / INDEX_FILE, doc, default=str))
     return index
 
 
-def _more_repeats(plan: Plan, out_dir: Path, index: dict, pools: PoolKeeper, view, resume: bool) -> dict:
-    """repeats: auto (cli.sweep_repeats): extra repeats of the headline's comparisons, each point run (or
-    skipped on resume) as the grid's are."""
-    from batchlab.cli.sweep_repeats import run_more_repeats
-
-    def run_point(point: Point) -> dict:
-        record = (reused(point, plan.base, resume, view)
-                  or execute(point, plan.base, view.ticker(point, "repeat"), plan.limits(), pools))
-        view.finished(point, record)
-        return record
-
-    return run_more_repeats(plan, out_dir, index, run_point, lambda doc: write_json_atomic(out_dir / INDEX_FILE, doc, default=str))
+def _run_point(point: Point, plan: Plan, pools: PoolKeeper, view, resume: bool, phase: str = "run") -> dict:
+    """The point run (or, on resume, its earlier record reused), shown as finished; its record."""
+    record = (reused(point, plan.base, resume, view)
+              or execute(point, plan.base, view.ticker(point, phase), plan.limits(), pools))
+    view.finished(point, record)
+    return record
 
 
-def register(app: typer.Typer) -> None:
-    """Add `batchlab sweep` to the app."""
+def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
+          out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
+          resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
+          set_: Annotated[Optional[list[str]], typer.Option(
+              "--set", help="override a base setting, KEY=VALUE (a RunConfig name, e.g. duration_s=5), or a "
+                            "grid key, grid.KEY=VALUE (e.g. grid.repeats=2); repeatable")] = None,
+          ray: Annotated[Optional[str], ray_option(
+              help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
+                   "alone: a local Ray); see docs/ray.md")] = None,
+          ray_cpus: Annotated[float, typer.Option(help="--ray: CPUs each point reserves")] = 1.0,
+          ray_gpu_resource: Annotated[str, typer.Option(
+              help="--ray: the resource GPUs are counted in")] = "GPU",
+          ray_shared: Annotated[bool, typer.Option(
+              help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
+    """Run a grid of strategies × backends × rates × repeats, one real run per point."""
+    from batchlab.cli.outcome import resumable
 
-    @app.command()
-    def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
-              out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
-              resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
-              set_: Annotated[Optional[list[str]], typer.Option(
-                  "--set", help="override a base setting, KEY=VALUE (a RunConfig name, e.g. duration_s=5), or a "
-                                "grid key, grid.KEY=VALUE (e.g. grid.repeats=2); repeatable")] = None,
-              ray: Annotated[Optional[str], ray_option(
-                  help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
-                       "alone: a local Ray); see docs/ray.md")] = None,
-              ray_cpus: Annotated[float, typer.Option(help="--ray: CPUs each point reserves")] = 1.0,
-              ray_gpu_resource: Annotated[str, typer.Option(
-                  help="--ray: the resource GPUs are counted in")] = "GPU",
-              ray_shared: Annotated[bool, typer.Option(
-                  help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
-        """Run a grid of strategies × backends × rates × repeats, one real run per point."""
-        out = out or str(Path("results") / Path(config).stem)
-        try:
-            if ray is not None:
-                from batchlab.cli.ray_sweep import RayOptions, run_ray_sweep
+    out = out or str(Path("results") / Path(config).stem)
+    with resumable(out):
+        if ray is not None:
+            from batchlab.cli.ray_sweep import RayOptions, run_ray_sweep
 
-                opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
-                index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_))
-            else:
-                index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
-        except (SweepError, ConfigError) as exc:
-            typer.secho(f"error: {exc}", fg="red", err=True)
-            raise typer.Exit(code=1) from None
-        except KeyboardInterrupt as exc:
-            from batchlab.cli.outcome import interrupted_exit
-
-            typer.secho(f"interrupted; run the same command again to resume in {out}", err=True)
-            raise typer.Exit(code=interrupted_exit(exc)) from None
-        statuses = [p["status"] for p in index["points"]]
-        ok = len(statuses) - statuses.count("failed")
-        typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
-                   f"(see {Path(out) / INDEX_FILE}); next: batchlab report {out}")
-        if ok == 0:
-            raise typer.Exit(code=1)
+            opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
+            index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_))
+        else:
+            index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
+    statuses = [p["status"] for p in index["points"]]
+    ok = len(statuses) - statuses.count("failed")
+    typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
+               f"(see {Path(out) / INDEX_FILE}); next: batchlab report {out}")
+    if ok == 0:
+        raise typer.Exit(code=1)

@@ -35,11 +35,6 @@ Out = Annotated[str, Opt("--out", help="output folder")]
 Top = Annotated[int, Opt("--top", help="rows of the ranked table to print (all are in OUT/tune.csv)")]
 
 
-def register(app: typer.Typer) -> None:
-    """Add `batchlab tune` to the CLI."""
-    app.command("tune")(tune)
-
-
 @with_settings("strategy", "strategy_args", "slo", "rate", "duration_s", "dataset", "prompt_lengths", "output_lengths",
                "max_new_tokens", "preset", "seed", "backend", "model")
 def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confirm: Confirm = 0, out: Out = DEFAULT_OUT,
@@ -48,20 +43,14 @@ def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confir
     repeated); --confirm K runs the best K live and prints predicted vs measured."""
     overrides["slo"] = [s for item in overrides["slo"] or [] for s in item.split(",") if s.strip()] or None
     from batchlab.cli.config import checked_config
-    from batchlab.cli.launcher import RunFailed
     from batchlab.protocol.settings import load_yaml
-    from batchlab.traffic.datasets import DatasetError
 
-    try:
-        cfg = checked_config(load_yaml(config) if config else {}, overrides)
-        if not cfg.slo:
-            raise ConfigError("batchlab tune needs an SLO to rank by, e.g. --slo ttft=500ms,tpot=50ms")
-        if confirm < 0:
-            raise ConfigError("--confirm must be ≥ 0")
-        run_tune(cfg, grid or [], Path(out), confirm, top, Fanout(processes, ray))
-    except (ConfigError, DatasetError, RunFailed, OSError, ValueError) as exc:  # ValueError: an unknown preset
-        typer.secho(f"error: {' '.join(str(exc).split())}", fg="red", err=True)
-        raise typer.Exit(code=1) from None
+    cfg = checked_config(load_yaml(config) if config else {}, overrides)
+    if not cfg.slo:
+        raise ConfigError("batchlab tune needs an SLO to rank by, e.g. --slo ttft=500ms,tpot=50ms")
+    if confirm < 0:
+        raise ConfigError("--confirm must be ≥ 0")
+    run_tune(cfg, grid or [], Path(out), confirm, top, Fanout(processes, ray))
 
 
 def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: int = 20,
@@ -246,12 +235,8 @@ def _num(value: float | None, fmt: str = ".3f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
 def _shown(metric: str, value: float | None) -> str:
-    return _pct(value) if metric == "goodput" else _num(value, ".1f" if metric == "throughput_tok_s" else ".3f")
+    return _num(value, {"goodput": ".1%", "throughput_tok_s": ".1f"}.get(metric, ".3f"))
 
 
 def _print_ranked(record: dict, top: int, out: Path) -> None:
@@ -266,11 +251,11 @@ def _print_ranked(record: dict, top: int, out: Path) -> None:
                   caption=f"all candidates in {out / 'tune.csv'} and {out / 'tune.json'}")
     for r in rows[:top]:
         table.add_row(str(r["rank"]), *(_value(r["knobs"][k]) for k in knobs),
-                      _pct(r["goodput"]), _num(r["ttft_p50_s"]), _num(r["ttft_p99_s"]), _num(r["tpot_p50_s"]),
+                      _num(r["goodput"], ".1%"), _num(r["ttft_p50_s"]), _num(r["ttft_p99_s"]), _num(r["tpot_p50_s"]),
                       _num(r["e2e_p99_s"]), _num(r["throughput_tok_s"], ".0f"))
     console.print(table)
     base = record["baseline"]
-    console.print(f"untuned ({_knobs_text(base['knobs'])}): goodput {_pct(base['goodput'])}; "
+    console.print(f"untuned ({_knobs_text(base['knobs'])}): goodput {_num(base['goodput'], '.1%')}; "
                   f"held: {_knobs_text(record['held'])}", highlight=False)
     for note in record["notes"]:
         console.print(f"note: {note}", highlight=False)
@@ -283,8 +268,7 @@ def _print_confirm(rows: list[dict]) -> None:
     table = Table("rank", "knobs", "metric", "predicted", "measured", "error", title="simulated vs live")
     for r in rows:
         for i, (metric, name) in enumerate(COMPARED):
-            err = r["rel_error"][metric]
             table.add_row(str(r["rank"]) if i == 0 else "", _knobs_text(r["knobs"]) if i == 0 else "", name,
                           _shown(metric, r["predicted"][metric]), _shown(metric, r["measured"][metric]),
-                          "-" if err is None else f"{err:+.1%}")
+                          _num(r["rel_error"][metric], "+.1%"))
     Console(width=160).print(table)
