@@ -42,10 +42,6 @@ class Verdict:
     goodput: float | None = None
     offered_req_s: float | None = None  # arrivals ÷ duration: a seeded Poisson schedule is off its nominal rate
 
-    def as_dict(self) -> dict:
-        """Plain dict (capacity.json)."""
-        return asdict(self)
-
 
 def _leave_times(sub: pd.DataFrame) -> np.ndarray:
     """When each request stopped waiting: its launch; at once when it failed unlaunched on arrival (queue
@@ -146,7 +142,7 @@ class Capacity:
         tok = {f"{k}_tok_s": (v * tpr if v is not None and tpr else None)
                for k, v in (("lo", self.lo_req_s), ("hi", self.hi_req_s), ("estimate", self.estimate_req_s))}
         probes = [{"rate_req_s": p.rate_req_s, "folder": p.folder, "tokens_per_request": p.tokens_per_request,
-                   **p.verdict.as_dict()} for p in self.probes]
+                   **asdict(p.verdict)} for p in self.probes]
         return {"label": self.label, "lo_req_s": self.lo_req_s, "hi_req_s": self.hi_req_s,
                 "estimate_req_s": self.estimate_req_s, **tok, "tokens_per_request": tpr,
                 "start_req_s": self.start_req_s, "probes": probes, **({"note": self.note} if self.note else {})}

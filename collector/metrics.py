@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.quantiles import exact_mean
-from batchlab.protocol.settings import SLO_NAMES, parse_slos  # noqa: F401  (the report reads them here)
 
 NOT_SENT = "not sent: traffic stopped before its planned time"
 NO_TERMINAL = "no terminal record: run ended before it completed"

@@ -13,12 +13,11 @@ import pandas as pd
 
 from batchlab.collector import tables
 from batchlab.collector.buffers import TokenBuffer
-from batchlab.collector.state import EndedIds, RequestState
+from batchlab.collector.state import NAN, EndedIds, RequestState
 from batchlab.collector.tables import Tables
 from batchlab.collector.taking import PartTaking
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye
 
-NAN = float("nan")
 SCALARS = (type(None), bool, int, float, str)  # what a settings column of the tables may hold
 
 
@@ -50,7 +49,7 @@ class RunStore:
         self.taking = PartTaking()
         self._handlers = {
             RunInfo: self._on_run_info, Arrival: self._on_arrival, BatchLaunch: self._on_launch,
-            Tokens: self._on_tokens, Step: self._on_step, BatchDone: self._on_batch_done,
+            Tokens: self._on_tokens, Step: self.steps.append, BatchDone: self._on_batch_done,
             RequestFailed: self._on_request_failed, RunEnd: self._on_run_end, WorkerBye: self._on_bye,
         }
 
@@ -124,10 +123,7 @@ class RunStore:
 
     def _buffer(self, rid: int, bid: int) -> TokenBuffer | None:
         """A new token buffer for (rid, bid); None for an attempt of a taken request that never counts,
-        or a request that left memory (its token is counted as ignored)."""
-        buf = self.tokens.get((rid, bid))
-        if buf is not None:
-            return buf
+        or a request that left memory (its token is counted as ignored); only called when there is none yet."""
         state = self.requests.get(rid)
         if state is None and rid in self.ended:
             self.counters["ignored_tokens"] += 1
@@ -175,9 +171,6 @@ class RunStore:
         self.taking.terminal(rid)
         self.progress[status] += 1
         self.progress["failed_unlaunched"] += status == "failed" and not state.batches
-
-    def _on_step(self, msg: Step) -> None:
-        self.steps.append(msg)
 
     def _on_run_end(self, msg: RunEnd) -> None:
         self.run_end = msg

@@ -6,7 +6,6 @@ batchlab's figures are defined differently from vLLM's.
 """
 import math
 from datetime import datetime
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pandas as pd
 
 from batchlab.collector.metrics import inter_token_latencies, request_metrics
 from batchlab.collector.summary import Summary, read_summary
+from batchlab.protocol.environment import batchlab_version
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 
@@ -40,21 +40,12 @@ def _stats(name: str, values_s: np.ndarray) -> dict:
     v = v if v.size else np.zeros(1)
     out = {f"mean_{name}_ms": float(np.mean(v)) * 1e3, f"median_{name}_ms": float(np.median(v)) * 1e3,
            f"std_{name}_ms": float(np.std(v)) * 1e3}
-    for p, value in zip(PERCENTILES, np.percentile(v, PERCENTILES)):
-        out[f"p{p}_{name}_ms"] = float(value) * 1e3
-    return out
+    return out | {f"p{p}_{name}_ms": float(value) * 1e3 for p, value in zip(PERCENTILES, np.percentile(v, PERCENTILES))}
 
 
 def _date(folder: Path) -> str:
     """When the run ended (its summary's time), in vLLM's format."""
     return datetime.fromtimestamp(RunDir(folder).summary.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
-
-
-def _version() -> str:
-    try:
-        return metadata.version("batchlab")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _setup(folder: Path, summary: Summary) -> dict:
@@ -87,7 +78,8 @@ def vllm_result(folder: str | Path) -> dict:
     for name, column in METRICS.items():
         values = itl if name == "itl" else finished[column].to_numpy(dtype="float64")
         result |= _stats(name, values)
-    return result | {"batchlab_version": _version(), "batchlab_strategy_args": summary.settings.get("strategy_args"),
+    return result | {"batchlab_version": batchlab_version()["version"],
+                     "batchlab_strategy_args": summary.settings.get("strategy_args"),
                      "batchlab_definitions": DEFINITIONS}
 
 

@@ -2,8 +2,8 @@
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchlab.collector import metrics
 from batchlab.collector.report.points import Collection, ReportError, load_collection
+from batchlab.protocol.slos import parse_slos as parse_slo_items
 
 REPORT_FILE = "REPORT.md"
 
@@ -21,7 +21,7 @@ class ReportResult:
 def parse_slos(items: list[str]) -> dict[str, float]:
     """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds); ReportError on a bad item."""
     try:
-        return metrics.parse_slos(items)
+        return parse_slo_items(items)
     except ValueError as exc:
         raise ReportError(str(exc)) from None
 

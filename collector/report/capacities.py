@@ -6,6 +6,7 @@ import json
 from batchlab.collector.capacity import GOODPUT_MIN, SERVED_MIN, from_runs
 from batchlab.collector.layout import CAPACITY_FILE
 from batchlab.collector.report.points import Collection
+from batchlab.collector.report.text import md_table
 
 SEARCHED = "searched"  # a bracketing search measured it
 FROM_GRID = "from the grid"  # the grid's fixed rates, judged with the same criterion
@@ -19,13 +20,9 @@ def load_capacities(collection: Collection, slos: dict | None = None) -> tuple[d
         doc = json.loads(path.read_text())
     if doc and doc.get("strategies"):
         return dict(doc["strategies"]), SEARCHED
-    out = {}
-    for label in collection.labels():
-        runs = [(r.rate, r.requests, float(r.settings.get("duration_s") or 0.0)) for r in collection.runs
-                if r.label == label]
-        if runs:
-            out[label] = from_runs(label, runs, slos).as_dict()
-    return out, FROM_GRID
+    runs = {lb: [(r.rate, r.requests, float(r.settings.get("duration_s") or 0.0)) for r in collection.runs
+                 if r.label == lb] for lb in collection.labels()}
+    return {lb: from_runs(lb, rs, slos).as_dict() for lb, rs in runs.items() if rs}, FROM_GRID
 
 
 def sig(value: float | None) -> str:
@@ -56,9 +53,8 @@ def capacity_rows(capacities: dict[str, dict]) -> list[tuple[str, str, str, str]
 
 def capacity_table(capacities: dict[str, dict]) -> list[str]:
     """The Markdown table: capacity in req/s and output tok/s, estimate [bracket], and the rates measured."""
-    lines = ["| strategy | capacity (req/s) | capacity (output tok/s) | rates measured (✓ sustained, ✗ not) |",
-             "|---|---|---|---|"]
-    return lines + [f"| {' | '.join(row)} |" for row in capacity_rows(capacities)]
+    head = ["strategy", "capacity (req/s)", "capacity (output tok/s)", "rates measured (✓ sustained, ✗ not)"]
+    return md_table(head, capacity_rows(capacities))
 
 
 def capacity_text(capacities: dict[str, dict]) -> list[str]:

@@ -15,6 +15,7 @@ from batchlab.collector.report.external_point import ExternalPoint, figure
 from batchlab.collector.report.extra_formats import (AIPERF, GUIDELLM, aiperf_point, guidellm_points, is_aiperf,
                                                       is_guidellm)
 from batchlab.collector.report.points import ReportError
+from batchlab.collector.report.text import md_table, p50_p99
 
 __all__ = ["ExternalPoint", "load_external", "section"]
 
@@ -127,8 +128,10 @@ def load_external(folder: str | Path, files: list[str] | None = None) -> list[Ex
     return sorted(points, key=lambda p: (p.rate if not math.isnan(p.rate) else math.inf, p.label))
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+def table_rows(points: list[ExternalPoint], metrics: tuple[str, ...], missing: str) -> list[list[str]]:
+    """Each point's cells: run, tool, rate, counts, req/s, tok/s, then each metric's p50 / p99 in ms."""
+    return [[p.label, p.kind, figure(p.rate, "g"), str(p.completed), str(p.failed), figure(p.requests_per_s, ".2f"),
+             figure(p.throughput_tok_s, ".0f"), *(p50_p99(p.latency, m, missing) for m in metrics)] for p in points]
 
 
 def section(points: list[ExternalPoint]) -> list[str]:
@@ -141,11 +144,5 @@ def section(points: list[ExternalPoint]) -> list[str]:
            "own, measured by it; latencies in ms as p50 / p99, '-' where the file has no such figure. "
            "Where the definitions differ from batchlab's:", ""]
     out += [f"- {kind}: {DEFINITIONS[kind]}." for kind in kinds]
-    out += ["", "| run | tool | rate req/s | completed | failed | req/s | out tok/s | TTFT | TPOT | ITL | E2E |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for p in points:
-        lat = [f"{_ms(p.latency[m]['p50'])} / {_ms(p.latency[m]['p99'])}" for m in POINT_METRICS]
-        out.append(f"| {p.label} | {p.kind} | {figure(p.rate, 'g')} | {p.completed} | {p.failed} "
-                   f"| {figure(p.requests_per_s, '.2f')} | {figure(p.throughput_tok_s, '.0f')} | "
-                   + " | ".join(lat) + " |")
-    return out
+    head = ["run", "tool", "rate req/s", "completed", "failed", "req/s", "out tok/s", "TTFT", "TPOT", "ITL", "E2E"]
+    return out + [""] + md_table(head, table_rows(points, POINT_METRICS, "-"))

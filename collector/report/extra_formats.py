@@ -48,29 +48,36 @@ def is_aiperf(data: object) -> bool:
             and any(isinstance(data.get(tag), dict) for tag in ("time_to_first_token", "request_latency")))
 
 
+def _dict(value: object) -> dict:
+    """A JSON object as it is; {} for anything else (absent, a list, a number)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _seconds(found: dict, unit_s: float) -> dict:
+    """Each quantile's figure in s (None where the file has no number)."""
+    return {q: None if number(v) is None else number(v) * unit_s for q, v in found.items()}
+
+
 def _successful(metrics: dict, name: str) -> dict:
     """The successful requests' DistributionSummary of one GuideLLM metric ({} when absent)."""
-    summary = metrics.get(name)
-    summary = summary.get("successful") if isinstance(summary, dict) else None
-    return summary if isinstance(summary, dict) else {}
+    return _dict(_dict(metrics.get(name)).get("successful"))
 
 
 def _guidellm_latency(metrics: dict) -> dict:
     latency = empty_latency()
     for metric, (name, unit_s) in GUIDELLM_METRICS.items():
         summary = _successful(metrics, name)
-        pct = summary.get("percentiles") if isinstance(summary.get("percentiles"), dict) else {}
+        pct = _dict(summary.get("percentiles"))
         found = {"mean": summary.get("mean"), "p50": pct.get("p50", summary.get("median")),
                  "p90": pct.get("p90"), "p99": pct.get("p99")}
-        latency[metric] = {q: None if number(v) is None else number(v) * unit_s for q, v in found.items()}
+        latency[metric] = _seconds(found, unit_s)
     return latency
 
 
 def _guidellm_strategy(bench: dict) -> tuple[str, float]:
     """The point's label tail and its offered rate (req/s; inf for throughput, NaN without a rate)."""
     config = bench.get("config") if isinstance(bench.get("config"), dict) else bench.get("args")
-    strategy = config.get("strategy") if isinstance(config, dict) else None
-    strategy = strategy if isinstance(strategy, dict) else {}
+    strategy = _dict(_dict(config).get("strategy"))
     kind = str(strategy.get("type_") or "benchmark")
     rate, streams = number(strategy.get("rate")), number(strategy.get("streams"))
     if rate is not None:
@@ -82,8 +89,7 @@ def _guidellm_strategy(bench: dict) -> tuple[str, float]:
 
 def _guidellm_counts(bench: dict) -> tuple[int, int]:
     """Successful and errored requests (GenerativeMetrics.request_totals; before 0.7, the benchmark's)."""
-    totals = bench["metrics"].get("request_totals", bench.get("request_totals"))
-    totals = totals if isinstance(totals, dict) else {}
+    totals = _dict(bench["metrics"].get("request_totals", bench.get("request_totals")))
     return int(number(totals.get("successful")) or 0), int(number(totals.get("errored")) or 0)
 
 
@@ -125,19 +131,17 @@ def _aiperf_latency(path: Path, data: dict) -> dict:
                               f"not one of {', '.join(AIPERF_TIME_S)}")
         found = {"mean": result.get("avg"), "p50": result.get("p50"), "p90": result.get("p90"),
                  "p99": result.get("p99")}
-        latency[metric] = {q: None if number(v) is None else number(v) * unit_s for q, v in found.items()}
+        latency[metric] = _seconds(found, unit_s)
     return latency
 
 
 def _aiperf_count(data: dict, tag: str) -> int:
-    result = data.get(tag)
-    return int(number(result.get("avg")) or 0) if isinstance(result, dict) else 0
+    return int(number(_dict(data.get(tag)).get("avg")) or 0)
 
 
 def aiperf_point(path: Path, data: dict) -> ExternalPoint:
     """The point of one AIPerf run (its input_config's request rate, else its concurrency, names it)."""
-    config = data.get("input_config") if isinstance(data.get("input_config"), dict) else {}
-    loadgen = config.get("loadgen") if isinstance(config.get("loadgen"), dict) else {}
+    loadgen = _dict(_dict(data.get("input_config")).get("loadgen"))
     rate, concurrency = number(loadgen.get("request_rate")), number(loadgen.get("concurrency"))
     tail = (f"@ {rate:g} req/s" if rate is not None else
             f"@ concurrency {concurrency:g}" if concurrency is not None else "profile")

@@ -5,7 +5,7 @@ or bracket, and a change whose interval includes zero is written as no significa
 from dataclasses import dataclass
 
 from batchlab.collector.report.capacities import bracket_text
-from batchlab.collector.report.intervals import PairedResult, describe
+from batchlab.collector.report.intervals import PairedResult, describe, pct_text
 from batchlab.collector.report.points import Collection
 from batchlab.collector.report.stats import paired_latency
 
@@ -54,17 +54,6 @@ def common_rate(rates: list[float], new: dict, old: dict) -> float | None:
     return max(fitting) if fitting else None
 
 
-def _signed(value: float, decimals: int) -> str:
-    text = f"{abs(value):.{decimals}f}%"
-    return ("−" if value < 0 and float(text[:-1]) != 0 else "+") + text
-
-
-def _pct(r: PairedResult) -> str:
-    """'+58% [+39%, +80%]', with as many decimals as the interval's width deserves."""
-    decimals = 0 if r.hi - r.lo >= 10 else 1 if r.hi - r.lo >= 1 else 2
-    return f"{_signed(r.estimate, decimals)} [{_signed(r.lo, decimals)}, {_signed(r.hi, decimals)}]"
-
-
 def capacity_sentence(label: str, new: dict, old: dict, ratio: PairedResult | None, hardware: str) -> str:
     """'Dynamic batching raised capacity by +X% [a, b] (naive A [..] → dynamic B [..] req/s) on …'."""
     name = NAMES.get(label, label)
@@ -75,7 +64,7 @@ def capacity_sentence(label: str, new: dict, old: dict, ratio: PairedResult | No
         return (f"{name}: no significant difference in capacity from naive batching (the brackets overlap: "
                 f"{both}) on {hardware}.")
     verb = "raised" if ratio.estimate > 0 else "lowered"
-    return f"{name} {verb} capacity by {_pct(ratio)} ({both}) compared to naive batching on {hardware}."
+    return f"{name} {verb} capacity by {pct_text(ratio)} ({both}) compared to naive batching on {hardware}."
 
 
 def latency_sentence(rate: float | None, ttft: PairedResult | None, e2e: PairedResult | None) -> str:

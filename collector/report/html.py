@@ -8,10 +8,10 @@ import html
 import re
 from pathlib import Path
 
-from batchlab.collector.report.external import DEFINITIONS
-from batchlab.collector.report.external_point import figure
+from batchlab.collector.report.external import DEFINITIONS, table_rows
 from batchlab.collector.report.html_curves import curves_html
 from batchlab.collector.report.stats import GroupStats
+from batchlab.collector.report.text import ms, p50_p99
 
 HTML_FILE = "REPORT.html"
 ERRORS_JS = """<script>
@@ -34,16 +34,11 @@ COLUMNS = ("strategy", "repeats", "throughput tok/s", "requests/s", "TTFT p50 / 
            "ITL p50 ms", "E2E p50 / p99 ms", "failed", "goodput")
 
 
-def _ms(seconds: float | None) -> str:
-    return "–" if seconds is None else f"{seconds * 1e3:.1f}"
-
-
 def _row(g: GroupStats) -> list[str]:
     lat = g.latency
     return [g.label, str(g.repeats), f"{g.throughput_tok_s:.1f}", f"{g.requests_per_s:.2f}",
-            f"{_ms(lat['ttft']['p50'])} / {_ms(lat['ttft']['p99'])}", _ms(lat["tpot"]["p50"]),
-            _ms(lat["itl"]["p50"]), f"{_ms(lat['e2e']['p50'])} / {_ms(lat['e2e']['p99'])}", g.failed_text(),
-            "–" if g.goodput is None else f"{g.goodput:.1%}"]
+            p50_p99(lat, "ttft", "–"), ms(lat["tpot"]["p50"], "–"), ms(lat["itl"]["p50"], "–"),
+            p50_p99(lat, "e2e", "–"), g.failed_text(), "–" if g.goodput is None else f"{g.goodput:.1%}"]
 
 
 def _table(head: list[str] | tuple, rows: list[list[str]], table_id: str) -> str:
@@ -66,9 +61,7 @@ def _external_table(external: list) -> str:
         return ""
     head = ("run", "tool", "rate req/s", "completed", "failed", "req/s", "out tok/s", "TTFT p50 / p99 ms",
             "E2E p50 / p99 ms")
-    rows = [[p.label, p.kind, figure(p.rate, "g"), str(p.completed), str(p.failed), figure(p.requests_per_s, ".2f"),
-             figure(p.throughput_tok_s, ".0f"), f"{_ms(p.latency['ttft']['p50'])} / {_ms(p.latency['ttft']['p99'])}",
-             f"{_ms(p.latency['e2e']['p50'])} / {_ms(p.latency['e2e']['p99'])}"] for p in external]
+    rows = table_rows(external, ("ttft", "e2e"), "–")
     notes = "".join(f"<li>{html.escape(kind)}: {html.escape(DEFINITIONS[kind])}.</li>"
                     for kind in sorted({p.kind for p in external}))
     return ("<h2>Other tools' runs</h2><p class='note'>Stars in the curves; their figures are the tool's own. "

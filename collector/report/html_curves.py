@@ -19,7 +19,7 @@ def hover_text(g: GroupStats) -> str:
              f"TTFT p50 {_ms(lat['ttft']['p50'])}, p99 {_ms(lat['ttft']['p99'])}",
              f"TPOT p50 {_ms(lat['tpot']['p50'])}, ITL p50 {_ms(lat['itl']['p50'])}",
              f"E2E p50 {_ms(lat['e2e']['p50'])}, p99 {_ms(lat['e2e']['p99'])}",
-             f"failed {g.failed} / {g.scheduled} ({share_text(g.failed_share)})"]
+             f"failed {g.failed_text()}"]
     if g.goodput is not None:
         lines.append(f"goodput {g.goodput:.1%}")
     return "<br>".join(lines)

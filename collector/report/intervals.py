@@ -200,14 +200,18 @@ def _signed(pct: float, decimals: int) -> str:
     return ("−" if pct < 0 and float(text[:-1]) != 0 else "+") + text
 
 
-def describe(result: PairedResult | None, what: str = "TTFT p50") -> str:
-    """'TTFT p50 −48% [−55%, −40%]', or 'no significant difference in TTFT p50 (−2.0% [−9.0%, +5.0%])';
-    as many decimals as the interval's width deserves."""
-    if result is None:
-        return f"too few requests finished by both to compare {what}"
+def pct_text(result: PairedResult) -> str:
+    """'−48% [−55%, −40%]', with as many decimals as the interval's width deserves."""
     width = result.hi - result.lo
     decimals = 0 if width >= 10 else 1 if width >= 1 else 2
     est, lo, hi = (_signed(v, decimals) for v in (result.estimate, result.lo, result.hi))
+    return f"{est} [{lo}, {hi}]"
+
+
+def describe(result: PairedResult | None, what: str = "TTFT p50") -> str:
+    """'TTFT p50 −48% [−55%, −40%]', or 'no significant difference in TTFT p50 (−2.0% [−9.0%, +5.0%])'."""
+    if result is None:
+        return f"too few requests finished by both to compare {what}"
     if result.significant:
-        return f"{what} {est} [{lo}, {hi}]"
-    return f"no significant difference in {what} ({est} [{lo}, {hi}])"
+        return f"{what} {pct_text(result)}"
+    return f"no significant difference in {what} ({pct_text(result)})"

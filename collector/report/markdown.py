@@ -6,6 +6,7 @@ from batchlab.collector.report.points import Collection, index_load, load_text
 from batchlab.collector.report.setup import knob_table, prefix_cache_line, schedule_lines, setup_lines
 from batchlab.collector.report.intervals import min_requests
 from batchlab.collector.report.stats import CI_LEVEL, CI_METRICS, CI_QUANTILES, FAILED_MARK_SHARE, GroupStats
+from batchlab.collector.report.text import md_table, ms
 
 QS = ("p50", "p90", "p99")
 
@@ -13,11 +14,6 @@ QS = ("p50", "p90", "p99")
 ORDERS = {"interleaved": "points in the plan's order (repeat → rate → strategy, each strategy's workers kept warm): "
                           "the strategies at a rate ran back to back",
           "grouped": "points grouped by worker settings: the strategies at a rate ran minutes apart"}
-
-
-def ms(value: float | None) -> str:
-    """Seconds → milliseconds text ('—' when missing)."""
-    return "—" if value is None else f"{value * 1e3:.1f}"
 
 
 def _pcts(latency: dict) -> str:
@@ -37,14 +33,15 @@ def rate_table(groups: list[GroupStats], with_goodput: bool) -> list[str]:
     head = ["strategy", "repeats", "throughput (tok/s)", "requests/s", "TTFT ms", "TPOT ms", "ITL ms",
             "E2E ms", "failed", *(["goodput"] if with_goodput else []), "peak memory",
             "mean useful_fraction"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for g in groups:
-        cells = [g.label, str(g.repeats), f"{g.throughput_tok_s:.1f}", f"{g.requests_per_s:.2f}",
-                 *(_pcts(g.latency[m]) for m in ("ttft", "tpot", "itl", "e2e")), g.failed_text(),
-                 *([_num(g.goodput, "{:.1%}")] if with_goodput else []), _bytes(g.peak_memory_bytes),
-                 _num(g.useful_fraction)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return md_table(head, [[g.label, str(g.repeats), f"{g.throughput_tok_s:.1f}", f"{g.requests_per_s:.2f}",
+                            *(_pcts(g.latency[m]) for m in ("ttft", "tpot", "itl", "e2e")), g.failed_text(),
+                            *([_num(g.goodput, "{:.1%}")] if with_goodput else []), _bytes(g.peak_memory_bytes),
+                            _num(g.useful_fraction)] for g in groups])
+
+
+def _point_cells(g: GroupStats) -> list[str]:
+    """A row's first cells: strategy, rate and failed requests."""
+    return [g.label, f"{g.rate:g}", g.failed_text()]
 
 
 def _ci_cell(g: GroupStats, key: str) -> str:
@@ -57,12 +54,8 @@ def _ci_cell(g: GroupStats, key: str) -> str:
 def ci_table(groups: list[GroupStats]) -> list[str]:
     """95% order-statistic intervals of TTFT and E2E p50 / p99 (ms), or where too few requests finished."""
     keys = tuple(f"{m}_p{q}" for m in CI_METRICS for q in CI_QUANTILES)
-    lines = ["| strategy | λ | failed | " + " | ".join(k.replace("_", " ").upper() for k in keys) + " |",
-             "|---|---|---|" + "---|" * len(keys)]
-    for g in groups:
-        lines.append(f"| {g.label} | {g.rate:g} | {g.failed_text()} | "
-                     + " | ".join(_ci_cell(g, k) for k in keys) + " |")
-    return lines
+    return md_table(["strategy", "λ", "failed", *(k.replace("_", " ").upper() for k in keys)],
+                    [[*_point_cells(g), *(_ci_cell(g, k) for k in keys)] for g in groups])
 
 
 def ci_section(groups: list[GroupStats]) -> list[str]:
@@ -79,23 +72,18 @@ def ci_section(groups: list[GroupStats]) -> list[str]:
 def tools_table(groups: list[GroupStats]) -> list[str]:
     """TPOT / ITL by each tool's formula: mean / median / p99 (ms)."""
     names = list(groups[0].tools) if groups else []
-    lines = ["| strategy | λ | failed | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
-    for g in groups:
-        cells = [" / ".join(ms(g.tools[n][k]) for k in ("mean", "p50", "p99")) for n in names]
-        lines.append(f"| {g.label} | {g.rate:g} | {g.failed_text()} | " + " | ".join(cells) + " |")
-    return lines
+    return md_table(["strategy", "λ", "failed", *names],
+                    [[*_point_cells(g), *(" / ".join(ms(g.tools[n][k]) for k in ("mean", "p50", "p99"))
+                                          for n in names)] for g in groups])
 
 
 def joins_table(groups: list[GroupStats]) -> list[str]:
     """TPOT with and without the steps that carried other requests' prompt tokens (continuous batches)."""
-    lines = ["| strategy | λ | failed | TPOT p50 | TPOT p50 over decode-only gaps | gaps ending in a step with prompt "
-             "tokens | mean gap there / elsewhere |", "|---|---|---|---|---|---|---|"]
-    for g in groups:
-        j = g.joins
-        lines.append(f"| {g.label} | {g.rate:g} | {g.failed_text()} | {ms(g.latency['tpot']['p50'])} | "
-                     f"{ms(j['decode_only_tpot']['p50'])} | {j['chunk_share']:.1%} | "
-                     f"{ms(j['chunk_gap_mean'])} / {ms(j['plain_gap_mean'])} |")
-    return lines
+    head = ["strategy", "λ", "failed", "TPOT p50", "TPOT p50 over decode-only gaps",
+            "gaps ending in a step with prompt tokens", "mean gap there / elsewhere"]
+    return md_table(head, [[*_point_cells(g), ms(g.latency["tpot"]["p50"]), ms(g.joins["decode_only_tpot"]["p50"]),
+                            f"{g.joins['chunk_share']:.1%}",
+                            f"{ms(g.joins['chunk_gap_mean'])} / {ms(g.joins['plain_gap_mean'])}"] for g in groups])
 
 
 CLOSED_LOOP_CAVEAT = (

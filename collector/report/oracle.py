@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from batchlab.collector.report.points import Collection
 from batchlab.collector.report.stats import GroupStats
+from batchlab.collector.report.text import md_table
 
 ORACLE_STRATEGY = "sjf"
 ORACLE_PREDICTOR = "oracle"  # sjf's default predictor: a run without one used it
@@ -89,12 +90,12 @@ def _cells(row: OracleRow, oracle: OracleRow | None, with_goodput: bool) -> list
 def rate_table(rows: list[OracleRow], oracle: OracleRow | None, with_goodput: bool) -> list[str]:
     """One row per strategy at one rate: failed requests, then each figure with its ratio."""
     head = ["strategy", "failed", "E2E mean ms", "E2E p99 ms", *(["goodput"] if with_goodput else [])]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rows:
-        failed = row.failed or (row.stats.failed_text() if row.stats is not None else FAILED)
-        lines.append("| " + " | ".join([row.label, failed.replace("|", "\\|"),
-                                        *_cells(row, oracle, with_goodput)]) + " |")
-    return lines
+    return md_table(head, [[row.label, _failed_cell(row), *_cells(row, oracle, with_goodput)] for row in rows])
+
+
+def _failed_cell(row: OracleRow) -> str:
+    failed = row.failed or (row.stats.failed_text() if row.stats is not None else FAILED)
+    return failed.replace("|", "\\|")
 
 
 def _caveat(oracle: OracleRow | None, label: str) -> list[str]:

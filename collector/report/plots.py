@@ -8,10 +8,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from batchlab.collector.metrics import inter_token_latencies, request_metrics  # noqa: E402
+from batchlab.collector.metrics import inter_token_latencies  # noqa: E402
 from batchlab.collector.report.external_point import figure  # noqa: E402
 from batchlab.collector.report.points import Collection  # noqa: E402
-from batchlab.collector.report.stats import FAILED_MARK_SHARE, GroupStats, share_text  # noqa: E402
+from batchlab.collector.report.stats import FAILED_MARK_SHARE, GroupStats, finished_requests, share_text  # noqa: E402
 
 DPI = 110
 PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))
@@ -101,12 +101,8 @@ def latency_cdfs(collection: Collection, stats: dict[tuple[str, float], GroupSta
     """TTFT and E2E CDFs of every strategy at one rate (repeats pooled, finished requests), each legend
     entry with the failed share the curve leaves out."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for label in collection.labels():
-        runs = collection.group(label, rate)
-        if not runs:
-            continue
-        df = pd.concat([request_metrics(r.requests) for r in runs])
-        df = df[df["status"] == "finished"]
+    for label, runs in collection.at_rate(rate).items():
+        df = pd.concat([finished_requests(r) for r in runs])
         for ax, metric in zip(axes, ("ttft", "e2e")):
             _cdf(ax, df[metric], legend_label(label, stats.get((label, rate))))
     for ax, metric in zip(axes, ("TTFT", "E2E")):
@@ -126,8 +122,8 @@ def itl_distribution(collection: Collection, stats: dict[tuple[str, float], Grou
     """Every inter-token gap from tokens.parquet at one rate: a histogram per strategy (log bins), each
     legend entry with its failed share."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    series = {lb: pd.concat([inter_token_latencies(r.tokens) for r in collection.group(lb, rate)]) * 1e3
-              for lb in collection.labels() if collection.group(lb, rate)}
+    series = {lb: pd.concat([inter_token_latencies(r.tokens) for r in runs]) * 1e3
+              for lb, runs in collection.at_rate(rate).items()}
     values = pd.concat(series.values()) if series else pd.Series(dtype="float64")
     positive = values[values > 0]
     if not positive.empty:

@@ -77,6 +77,10 @@ class Collection:
         """The completed repeats of one strategy at one rate."""
         return [r for r in self.runs if r.label == label and r.rate == rate]
 
+    def at_rate(self, rate: float) -> dict[str, list[RunData]]:
+        """Each strategy's completed repeats at one rate, in label order (a strategy with none left out)."""
+        return {label: runs for label in self.labels() if (runs := self.group(label, rate))}
+
 
 def planned_rate(folder: Path, settings: dict) -> float:
     """The rate the sweep planned for a folder (its `rate=<r>` parent, or an old sweep's `rate-<r>`), else the

@@ -7,7 +7,7 @@ within one label (data measured under another configuration) is refused, naming 
 """
 import json
 
-from batchlab.protocol.run_dir import RUN_FILE
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.identity import differences, identity
 
 CURVE_FREE = frozenset({"seed", "rate", "concurrency"})  # what may differ along one strategy's curve
@@ -31,7 +31,7 @@ def unusable(folder) -> str | None:
     """Why a run folder's data is not a finished measurement (run.json's status), else None; a run
     written before run.json existed is taken as it is."""
     try:
-        record = json.loads((folder / RUN_FILE).read_text())
+        record = json.loads(RunDir(folder).run.read_text())
     except (OSError, ValueError):
         return None
     status = record.get("status") if isinstance(record, dict) else None

@@ -1,5 +1,6 @@
 """What the runs ran on: hardware, model, dtype, library versions and every setting."""
 from batchlab.collector.report.points import RunData
+from batchlab.collector.report.text import md_table
 
 # per-point values, shown elsewhere
 VOLATILE = ("out", "t0", "workers", "rate", "seed", "environment", "config_hash", "label", "repeat")
@@ -51,15 +52,14 @@ def setup_lines(run: RunData) -> list[str]:
     ram, cores = env.get("memory_bytes") or 0, env.get("cpu_count", s.get("cpu_count", "?"))
     libraries = env.get("libraries") or {}
     made_by = env.get("batchlab") or {}
-    lines = [f"- CPU: {cpu_model(s)}, {cores} cores"
-             + (f", {ram / 2**30:.1f} GiB RAM" if ram else "") + f" (host {env.get('host', s.get('host', '?'))})",
-             f"- GPU: {gpu_name(s) or 'none'}",
-             f"- model: {s.get('model')} (sim preset {s.get('preset')})" if s.get("backend") == "sim"
-             else f"- model: {s.get('model')}",
-             f"- dtype: {facts.get('dtype', s.get('dtype'))}",
-             "- libraries: " + (", ".join(f"{k} {v}" for k, v in libraries.items()) or "not recorded by this run"),
-             f"- batchlab {made_by.get('version', '?')} (commit {made_by.get('commit') or 'unknown'})"]
-    return lines
+    return [f"- CPU: {cpu_model(s)}, {cores} cores"
+            + (f", {ram / 2**30:.1f} GiB RAM" if ram else "") + f" (host {env.get('host', s.get('host', '?'))})",
+            f"- GPU: {gpu_name(s) or 'none'}",
+            f"- model: {s.get('model')} (sim preset {s.get('preset')})" if s.get("backend") == "sim"
+            else f"- model: {s.get('model')}",
+            f"- dtype: {facts.get('dtype', s.get('dtype'))}",
+            "- libraries: " + (", ".join(f"{k} {v}" for k, v in libraries.items()) or "not recorded by this run"),
+            f"- batchlab {made_by.get('version', '?')} (commit {made_by.get('commit') or 'unknown'})"]
 
 
 def prefix_cache_line(run: RunData) -> str:
@@ -128,11 +128,8 @@ def knob_table(runs_by_label: dict[str, RunData]) -> list[str]:
     """Every setting, one column per strategy (values from its first completed run)."""
     labels = list(runs_by_label)
     keys = list(dict.fromkeys(k for r in runs_by_label.values() for k in r.settings if k not in VOLATILE))
-    lines = ["| setting | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-    for key in keys:
-        lines.append(f"| {key} | " + " | ".join(_cell(runs_by_label[lb].settings.get(key, "")) for lb in labels)
-                     + " |")
     facts = [worker_facts(runs_by_label[lb].settings) for lb in labels]
-    for key in dict.fromkeys(k for f in facts for k in f):
-        lines.append(f"| worker.{key} | " + " | ".join(_cell(f.get(key, "")) for f in facts) + " |")
-    return lines
+    rows = [[key, *(_cell(runs_by_label[lb].settings.get(key, "")) for lb in labels)] for key in keys]
+    rows += [[f"worker.{key}", *(_cell(f.get(key, "")) for f in facts)]
+             for key in dict.fromkeys(k for f in facts for k in f)]
+    return md_table(["setting", *labels], rows)

@@ -40,11 +40,6 @@ class GroupStats:
         """Failed ÷ scheduled over the repeats (0 when nothing was scheduled)."""
         return self.failed / self.scheduled if self.scheduled else 0.0
 
-    @property
-    def finished_share(self) -> float:
-        """Finished ÷ scheduled over the repeats (0 when nothing was scheduled)."""
-        return (self.scheduled - self.failed) / self.scheduled if self.scheduled else 0.0
-
     def failed_text(self) -> str:
         """'50 / 234 (21%)': latencies cover finished requests only, so this goes beside every one."""
         return f"{self.failed} / {self.scheduled} ({share_text(self.failed_share)})"
@@ -55,7 +50,8 @@ def share_text(share: float) -> str:
     return f"{share:.1%}" if 0 < share < 0.01 or 0.99 < share < 1 else f"{share:.0%}"
 
 
-def _finished(run: RunData) -> pd.DataFrame:
+def finished_requests(run: RunData) -> pd.DataFrame:
+    """The run's finished requests, with their latency columns."""
     df = request_metrics(run.requests)
     return df[df["status"] == "finished"]
 
@@ -116,14 +112,13 @@ def _keyed(df: pd.DataFrame, repeat: int) -> pd.DataFrame:
 def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
     """Pool the repeats of one strategy at one rate."""
     summaries = [r.summary for r in runs]
-    finished = [_finished(r) for r in runs]
+    finished = [finished_requests(r) for r in runs]
     pooled = pd.concat(finished, ignore_index=True)
     itl = pd.concat([inter_token_latencies(r.tokens, f["request_id"]) for r, f in zip(runs, finished)])
     latency = {m: percentiles(itl if m == "itl" else pooled[m]) for m in ("ttft", "tpot", "itl", "e2e")}
     ci = {f"{m}_p{q}": percentile_ci([f[m].dropna().to_numpy() for f in finished], q)
           for m in CI_METRICS for q in CI_QUANTILES}
-    tokens = pd.concat([r.tokens.assign(request_id=r.tokens["request_id"] + (k << 32))
-                        for k, r in enumerate(runs)], ignore_index=True)  # request ids distinct per repeat
+    tokens = pd.concat([_keyed(r.tokens, k) for k, r in enumerate(runs)], ignore_index=True)
     keyed = pd.concat([_keyed(f, k) for k, f in enumerate(finished)])
     steps = [_keyed(r.steps, k) for k, r in enumerate(runs) if not r.steps.empty]
     return GroupStats(
@@ -137,13 +132,8 @@ def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
 
 def all_stats(collection, slos: dict | None = None) -> dict[tuple[str, float], GroupStats]:
     """GroupStats for every (label, rate) with at least one completed repeat."""
-    out = {}
-    for label in collection.labels():
-        for rate in collection.rates():
-            runs = collection.group(label, rate)
-            if runs:
-                out[(label, rate)] = group_stats(runs, slos)
-    return out
+    return {(label, rate): group_stats(runs, slos) for label in collection.labels() for rate in collection.rates()
+            if (runs := collection.group(label, rate))}
 
 
 def _pair_key(run: RunData) -> tuple:
@@ -161,8 +151,8 @@ def paired_latency(runs_a: list[RunData], runs_b: list[RunData], metric: str = "
         other = others.get(_pair_key(run))
         if other is None:
             continue
-        both = _finished(run)[["request_id", metric]].merge(_finished(other)[["request_id", metric]],
-                                                             on="request_id", suffixes=("_a", "_b")).dropna()
+        both = finished_requests(run)[["request_id", metric]].merge(
+            finished_requests(other)[["request_id", metric]], on="request_id", suffixes=("_a", "_b")).dropna()
         a.append(both[f"{metric}_a"].to_numpy())
         b.append(both[f"{metric}_b"].to_numpy())
         clusters.append(np.full(len(both), k))

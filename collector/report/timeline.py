@@ -70,7 +70,7 @@ def _draw_scale(ax, top: float) -> None:
 def batch_timeline(collection: Collection, rate: float, path: Path) -> Path:
     """One row per strategy; a bar per batch (colored by launch reason) or step, its height ∝ its size on
     one scale shared by every row (drawn right of the first row)."""
-    runs = [collection.group(lb, rate)[0] for lb in collection.labels() if collection.group(lb, rate)]
+    runs = [repeats[0] for repeats in collection.at_rate(rate).values()]
     t0, t1 = window(runs) if runs else (0.0, WINDOW_S)
     fig, ax = plt.subplots(figsize=(12, 1.2 + 1.1 * max(len(runs), 1)))
     acts = [a[(a["end"] >= t0) & (a["start"] <= t1)] for a in map(activity, runs)]
@@ -128,10 +128,7 @@ def load_over_time(collection: Collection, rate: float, path: Path) -> Path:
     strategy (a trace's bursts show in the arrival rate, and the queue they build beside it)."""
     fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
     bin_s = MIN_RATE_BIN_S
-    for label in collection.labels():
-        runs = collection.group(label, rate)
-        if not runs:
-            continue
+    for label, runs in collection.at_rate(rate).items():
         act = activity(runs[0]).sort_values("start")
         top.step(act["start"], act["size"], where="post", label=label, linewidth=1)
         t, q = queue_length(runs[0].requests)

@@ -1,0 +1,16 @@
+"""Text the report's tables share: milliseconds, a Markdown table and a latency's p50 / p99."""
+
+
+def ms(value: float | None, missing: str = "—", unit: str = "") -> str:
+    """Seconds → milliseconds text (`missing` when there is none)."""
+    return missing if value is None else f"{value * 1e3:.1f}{unit}"
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines: the head, its rule, then one line per row."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def p50_p99(latency: dict, metric: str, missing: str) -> str:
+    """'12.3 / 45.6': a metric's p50 and p99 in ms."""
+    return f"{ms(latency[metric]['p50'], missing)} / {ms(latency[metric]['p99'], missing)}"
