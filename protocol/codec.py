@@ -50,10 +50,6 @@ def _check_list_of(kind: type, minimum: int = INT64_MIN) -> typing.Callable[[obj
                       and (not v or (min(v) >= minimum and max(v) <= INT64_MAX)))
 
 
-def _at_least(check: typing.Callable[[object], bool], minimum: int) -> typing.Callable[[object], bool]:
-    return lambda v: check(v) and v >= minimum
-
-
 def _is_token_bytes(v: object) -> bool:
     return type(v) is bytes and len(v) % 4 == 0
 
@@ -107,7 +103,8 @@ def _check_of(hint: object) -> typing.Callable[[object], bool]:
     """The check of one plain field's type hint; an Annotated int (protocol.wire's RequestId, Count, ...)
     adds its AtLeast bound, also inside a list."""
     if typing.get_origin(hint) is typing.Annotated:
-        return _at_least(_CHECKS[hint.__origin__], _minimum(hint))
+        check, minimum = _CHECKS[hint.__origin__], _minimum(hint)
+        return lambda v: check(v) and v >= minimum
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
         if typing.get_origin(item) is typing.Annotated:
@@ -188,10 +185,8 @@ def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> object:
 
 def decode_all(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> list:
     """Bytes → the validated messages the frame carries, in order (a Bundle's, or the one), or ProtocolError."""
-    arr = _unpack(frame, max_bytes)
-    if arr[1] == _BUNDLE and type(arr[1]) is int:
-        return _bundled(arr)
-    return [_build(arr[1], arr, 2)]
+    msg = decode(frame, max_bytes)
+    return msg.messages if type(msg) is Bundle else [msg]
 
 
 def _unpack(frame: bytes, max_bytes: int) -> list:
