@@ -19,7 +19,6 @@ from batchlab.protocol.settings import RunConfig
 # the names a sweep gives a run (its label and repeat number: the seed is what a repeat changes).
 NOT_IDENTITY = frozenset({"out", "keys", "schedule", "t0", "host", "cpu", "cpu_count", "python",
                           "environment", "config_hash", "label", "repeat"})
-SEED_KEYS = frozenset({"seed"})  # what may differ between repeats of one point
 HASH_CHARS = 16
 
 
