@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
+from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.metrics import percentiles
 from batchlab.collector.parts import load_table, read_schedule
 from batchlab.collector.summary import SummaryError, read_summary, write_summary
@@ -95,7 +95,3 @@ def add_run_fidelity(run_dir: str | Path) -> dict | None:
             log.warning("timing fidelity of %s not saved: %s", folder.path, exc)
     return summary.timing_fidelity
 
-
-def add_folder_fidelity(folder: str | Path) -> int:
-    """add_run_fidelity for every run folder under `folder` (itself included); how many hold a block."""
-    return sum(add_run_fidelity(path.parent) is not None for path in sorted(Path(folder).rglob(SUMMARY_FILE)))

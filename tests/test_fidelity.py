@@ -11,8 +11,7 @@ from batchlab.cli.sim_run import simulate_run
 from batchlab.collector.store import RunStore
 from batchlab.collector.summary import write_summary
 from batchlab.protocol.settings import ConfigError, RunConfig
-from batchlab.simulator.fidelity import (add_folder_fidelity, add_run_fidelity, compare,
-                                                   config_from_settings)
+from batchlab.simulator.fidelity import add_run_fidelity, compare, config_from_settings
 from batchlab.protocol import Arrival, RequestMsg
 from tests.wire_cases import launch, tokens
 
@@ -99,7 +98,7 @@ def test_simulated_runs_and_folders_without_runs_get_no_block(tmp_path):
     _simulated_folder(tmp_path / "simulated", live=False)
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "summary.json").write_text("{not json")
-    assert add_folder_fidelity(tmp_path) == 0
+    assert add_run_fidelity(tmp_path / "simulated") is None and add_run_fidelity(tmp_path / "broken") is None
     assert "timing_fidelity" not in json.loads((tmp_path / "simulated" / "summary.json").read_text())
 
 
