@@ -81,10 +81,8 @@ class WorkerHello:
 
     def as_run_info(self) -> dict:
         """This worker as RunInfo's `workers[worker_id]` records it: its facts, the hello's fields over them."""
-        return {**self.facts, "backend": self.backend, "model": self.model, "mode": self.mode,
-                "device": self.device, "max_batch_size": self.max_batch_size,
-                "kv_budget_bytes": self.kv_budget_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "memory_kind": self.memory_kind}
+        return {**self.facts, **{name: getattr(self, name) for name in self.__slots__
+                                 if name not in ("worker_id", "facts")}}
 
 
 @dataclass(slots=True)

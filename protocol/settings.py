@@ -136,9 +136,8 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
         merged["rate"] = 0.0  # a trace keeps its own timing unless a rate is asked for
     if "slo" in merged and isinstance(merged["slo"], (str, list, tuple)):  # comma lists: one item per SLO
         merged["slo"] = slo_items(merged["slo"])
-    if merged.get("concurrency"):
-        if not closed_loop_terms(merged):
-            raise ConfigError(CLOSED_LOOP_CONFLICT)
+    if merged.get("concurrency") and not closed_loop_terms(merged):
+        raise ConfigError(CLOSED_LOOP_CONFLICT)
     if merged.get("num_requests") and "duration_s" not in merged:  # the count alone stops the run
         merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", DEFAULT_RATE),
                                                 merged.get("burstiness", 1.0))
