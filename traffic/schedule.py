@@ -2,7 +2,7 @@
 import hashlib
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,14 +149,19 @@ def save_schedule(schedule: Schedule, path: str | Path) -> None:
     pq.write_table(table, path)
 
 
-def _read_table(path: Path) -> tuple[pa.Table, dict[bytes, bytes]]:
-    """The Parquet table and its metadata, or DatasetError."""
+def _read(path: Path, read: Callable[[Path], object]) -> object:
+    """read(path) of a schedule file, or DatasetError when it is missing or unreadable."""
     if not path.is_file():
         raise DatasetError(f"schedule file not found: {path}")
     try:
-        table = pq.ParquetFile(path).read()
+        return read(path)
     except Exception as exc:  # pyarrow raises several types for a bad file
         raise DatasetError(f"cannot read schedule {path}: {exc}") from None
+
+
+def _read_table(path: Path) -> tuple[pa.Table, dict[bytes, bytes]]:
+    """The Parquet table and its metadata, or DatasetError."""
+    table = _read(path, lambda p: pq.ParquetFile(p).read())
     meta = table.schema.metadata or {}
     missing = [c for c in COLUMNS if c not in table.column_names]
     if missing or _META_HASH not in meta:
@@ -175,22 +180,14 @@ def _read_config(meta: dict[bytes, bytes]) -> TrafficConfig | None:
 
 def saved_notes(path: str | Path) -> dict:
     """A saved schedule's notes (Schedule.notes) from the file's footer alone; {} if it has none."""
-    try:
-        return footer_notes(pq.read_metadata(Path(path)).metadata or {})
-    except Exception as exc:  # pyarrow raises several types for a bad file
-        raise DatasetError(f"cannot read schedule {path}: {exc}") from None
+    return footer_notes(_read(Path(path), pq.read_metadata).metadata or {})
 
 
 def saved_settings(path: str | Path) -> tuple[dict, bool]:
     """(settings, exact) from the file's footer alone: the TrafficConfig the schedule was built with
     (exact; TrafficConfig.settings, length specs as text), or for a file saved without it what its rows tell: duration_s and the mean rate n / duration_s."""
     path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"schedule file not found: {path}")
-    try:
-        footer = pq.read_metadata(path)
-    except Exception as exc:  # pyarrow raises several types for a bad file
-        raise DatasetError(f"cannot read schedule {path}: {exc}") from None
+    footer = _read(path, pq.read_metadata)
     meta = footer.metadata or {}
     if _META_HASH not in meta:
         raise DatasetError(f"{path} is not a batchlab schedule (missing its hash)")
