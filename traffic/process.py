@@ -115,10 +115,8 @@ def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control, cl
     scheduler's clock (+ clock_offset_s). Returns how many were sent before the end or a stop."""
     frame = schedule.frame
     # plain lists, built once: no pandas in the loop
-    ids = frame["request_id"].tolist()
+    ids, prompt_lens, output_lens = (frame[c].tolist() for c in ("request_id", "prompt_len", "output_len"))
     arrivals = (frame["arrival_offset_s"].to_numpy() + t0).tolist()
-    prompt_lens = frame["prompt_len"].tolist()
-    output_lens = frame["output_len"].tolist()
     tokens = [pack_tokens(t) for t in frame["prompt_tokens"]]  # packed once: forwarded unread
     gc.collect()
     gc.freeze()  # the schedule's lists are permanent while sending: collections need not scan them
