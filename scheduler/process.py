@@ -74,7 +74,7 @@ class Scheduler:
             self._beat()
             self._forward()
             # 5. the collector's records, in one frame when due; a closed-loop traffic, what ended
-            self._flush()
+            self.records.flush()
             self._tell_ends()
             # 6. done?
             if self.core.done():
@@ -82,12 +82,8 @@ class Scheduler:
         self._finish("run complete" if not self.stopping else "interrupted")
 
     def _timeout_ms(self) -> int:
-        limit = HEARTBEAT_INTERVAL_S
-        if self.wake_at is not None:
-            limit = min(limit, max(0.0, self.wake_at - now()))
-        if self.records.due is not None:
-            limit = min(limit, max(0.0, self.records.due - now()))
-        return math.ceil(limit * 1000)
+        t, due = now(), [d for d in (self.wake_at, self.records.due) if d is not None]
+        return math.ceil(min([HEARTBEAT_INTERVAL_S, *(max(0.0, d - t) for d in due)]) * 1000)
 
     # --- message handlers -------------------------------------------------------------------------
     def _handle(self, sender: bytes, msg: object) -> None:
@@ -97,7 +93,7 @@ class Scheduler:
             if self.core.knows(msg.request_id):  # refused and counted by the core: the first keeps the id
                 self.duplicates.warn("refused requests whose id was taken", msg.request_id)
             else:
-                self._to_collector(Arrival(dataclasses.replace(msg, prompt_tokens=b""), t))
+                self.records.add(Arrival(dataclasses.replace(msg, prompt_tokens=b""), t))
             self.core.on_request(msg, t)
         elif isinstance(msg, BatchDone):
             batch = self.core.on_batch_done(wid, msg.batch_id, msg.oom, t)
@@ -140,7 +136,7 @@ class Scheduler:
             return
         self.t0 = now() + START_LEAD_S
         self.cpu_at_start = time.process_time()  # the run's CPU counts from here (not imports, not waiting)
-        self._to_collector(RunInfo({**self.settings, "t0": self.t0, "workers": self.core.workers_info()}))
+        self.records.add(RunInfo({**self.settings, "t0": self.t0, "workers": self.core.workers_info()}))
         send_routed(self.router, self.traffic, encode(Start(self.t0)))
         self.inbox.heard[self.traffic.decode(errors="replace")] = now()  # its liveness counts from Start
 
@@ -182,14 +178,13 @@ class Scheduler:
             self.last_beat = t
             for wid in list(self.core.workers):
                 self._send_worker(wid, Heartbeat("scheduler", t))
-        limit_s = self.liveness_s
         for wid, state in list(self.core.workers.items()):
-            if self.inbox.silent_s(wid, t) > limit_s:
+            if self.inbox.silent_s(wid, t) > self.liveness_s:
                 log.error("worker %s lost (silent for %.1f s)", wid, self.inbox.silent_s(wid, t))
                 self.silent[wid] = state.hello  # it may be stalled, not dead: see _maybe_back
                 self.core.on_worker_lost(wid, t)
         traffic_silent_s = self.inbox.silent_s((self.traffic or b"").decode(errors="replace"), t)
-        if self.t0 is not None and not self.core.eos and traffic_silent_s > limit_s:
+        if self.t0 is not None and not self.core.eos and traffic_silent_s > self.liveness_s:
             log.error("traffic silent for %.1f s: treating it as the end of the stream", traffic_silent_s)
             self.stats["traffic_lost"] = 1
             self.core.end_of_stream()
@@ -217,8 +212,8 @@ class Scheduler:
                 send_routed(self.router, self.traffic, encode(Shutdown(why)), zmq.NOBLOCK)
         cpu_s = time.process_time() - self.cpu_at_start if self.t0 is not None else 0.0  # from Start on
         stats = {**self.core.stats, **self.stats, "cpu_s": cpu_s}
-        self._to_collector(RunEnd(self.core.stats["submitted"], list(self.core.workers), stats))
-        self._flush(force=True)
+        self.records.add(RunEnd(self.core.stats["submitted"], list(self.core.workers), stats))
+        self.records.flush(force=True)
 
     def _forward(self) -> None:
         """The core's terminal records, to the collector (and, closed loop, their ids to the traffic)."""
@@ -233,13 +228,6 @@ class Scheduler:
             with contextlib.suppress(zmq.ZMQError):  # a traffic that is gone is not waited for
                 send_routed(self.router, self.traffic, encode(RequestsEnded(self.ended, now())), zmq.NOBLOCK)
             self.ended = []
-
-    def _to_collector(self, msg: object) -> None:
-        self.records.add(msg)
-
-    def _flush(self, force: bool = False) -> None:
-        """The records kept, in order, as one frame (a Bundle when several): when due, many, or forced."""
-        self.records.flush(force)
 
     def close(self) -> None:
         """Sockets first, then the context."""
