@@ -176,11 +176,9 @@ def _build(path: Path, name: str, columns: dict[str, pd.Series], lines: np.ndarr
 
 def _find(path: Path, by_key: dict[str, str], keys: tuple[str, ...], what: str = "") -> str | None:
     """The column whose name matches one of `keys`; None (or, given `what`, DatasetError) if none."""
-    for key in keys:
-        if key in by_key:
-            return by_key[key]
-    if not what:
-        return None
+    found = next((by_key[key] for key in keys if key in by_key), None)
+    if found is not None or not what:
+        return found
     raise DatasetError(f"trace {path} has no {what} column: expected one of {', '.join(keys)} (any case, "
                        f"spaces or underscores); found {', '.join(map(str, by_key.values()))}")
 
