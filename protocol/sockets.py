@@ -60,10 +60,7 @@ def _configure(sock: zmq.Socket, kind: int, address: str, *, bind: bool, identit
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a gone peer raises, not drops
     if keys:
         (secure_server if bind else secure_client)(sock, keys)
-    if bind:
-        sock.bind(address)
-    else:
-        sock.connect(address)
+    (sock.bind if bind else sock.connect)(address)
 
 
 # Plain ints: pyzmq's flag enums cost an enum construction per `|` (send_multipart does one per frame).
