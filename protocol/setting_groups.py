@@ -36,12 +36,8 @@ def parse_bytes(text: str) -> int:
         return 0
     units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 1e3, "mb": 1e6, "gb": 1e9, "b": 1}
     t = str(text).strip().lower()
-    for unit, scale in units.items():
-        if t.endswith(unit):
-            t, mult = t[: -len(unit)], scale
-            break
-    else:
-        mult = 1
+    unit = next((u for u in units if t.endswith(u)), "")
+    t, mult = t[: len(t) - len(unit)], units.get(unit, 1)
     try:
         number = float(t) * mult
     except ValueError:
