@@ -20,9 +20,8 @@ class ClientPool:
     outstanding: set[int] = field(default_factory=set)  # sent, not ended yet
 
     def start(self, t0: float) -> None:
-        """Every client is ready at t0."""
+        """Every client is ready at t0 (a list of equal times is a heap)."""
         self.ready = [t0] * self.clients
-        heapq.heapify(self.ready)
 
     def on_ended(self, request_ids: list[int], t: float) -> list[float]:
         """These requests ended by `t`: each frees its client at t + think_s. An id not out (ended
@@ -49,9 +48,7 @@ class ClientPool:
 
     def next_send_at(self) -> float | None:
         """When the next send is due (None: none until a request ends, or none at all)."""
-        if self.ready and self._may_send(self.ready[0]):
-            return self.ready[0]
-        return None
+        return self.ready[0] if self.ready and self._may_send(self.ready[0]) else None
 
     def done(self, t: float) -> bool:
         """Nothing more will be sent: the schedule ran out, or the stop passed (at `t`, or before any
