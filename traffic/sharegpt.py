@@ -26,20 +26,14 @@ class ParseResult:
 
 def conversation_pair(obj: object) -> tuple[str, str] | None:
     """(first human text, first gpt text) when turn 1 is from "human" and turn 2 from "gpt", else None."""
-    if not isinstance(obj, dict):
+    turns = obj.get("conversations") if isinstance(obj, dict) else None
+    if not isinstance(turns, list) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns[:2]):
         return None
-    turns = obj.get("conversations")
-    if not isinstance(turns, list) or len(turns) < 2:
-        return None
-    first, second = turns[0], turns[1]
-    if not (isinstance(first, dict) and isinstance(second, dict)):
-        return None
+    first, second = turns[:2]
     if first.get("from") != "human" or second.get("from") != "gpt":
         return None
     prompt, reply = first.get("value"), second.get("value")
-    if not (isinstance(prompt, str) and isinstance(reply, str)):
-        return None
-    return prompt, reply
+    return (prompt, reply) if isinstance(prompt, str) and isinstance(reply, str) else None
 
 
 class _ArrayStream:
