@@ -262,8 +262,8 @@ class SchedulerCore:
         lost = [r for batch in state.inflight.values() for r in batch]
         for r in lost:
             self.losses[r.request_id] = self.losses.get(r.request_id, 0) + 1
-        kept = [r for r in lost if self.losses[r.request_id] <= MAX_LOSSES]
-        self._requeue(kept)  # to a live worker, or one that rejoins
+        # the ones left are requeued: to a live worker, or one that rejoins
+        self._requeue([r for r in lost if self.losses[r.request_id] <= MAX_LOSSES])
         for r in lost:
             if self.losses[r.request_id] > MAX_LOSSES:
                 self._fail(r, reason, now)
