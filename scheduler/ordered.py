@@ -64,11 +64,6 @@ class Ranked:
         self.lookahead = params.window  # the core shows this many queued requests
         self.adaptive = AdaptiveCap(params.max_batch_size)
 
-    @classmethod
-    def from_params(cls, params: RankedParams) -> "Ranked":
-        """The policy a run's parameters describe."""
-        return cls(params)
-
     @property
     def rows(self) -> int:
         """The most rows its worker runs at once."""
