@@ -39,10 +39,6 @@ class Decision:
     reject: tuple[int, ...] = ()
     reject_reason: str = ""
 
-    def launched(self) -> int:
-        """How many requests this decision launches."""
-        return len(self.pick) if self.pick else self.n
-
 
 class Policy(Protocol):
     """What the scheduler and the simulator need from a strategy (scheduler.strategies loads one by
