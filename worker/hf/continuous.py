@@ -39,7 +39,7 @@ from dataclasses import replace
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import Backend, BackendError, Row, StepOutput
 from batchlab.worker.hf.chunks import Live, chunks_of, plan_chunks, step_budget
-from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, make_layout, sliding_window
+from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, sliding_window
 from batchlab.worker.hf.rowcap import RowCap
 from batchlab.worker.hf.static import HFBackend, HFSettings, settings_from_config
 from batchlab.worker.hf.tokens import emit, eos_ids, filled, pick
@@ -67,7 +67,7 @@ class HFContinuousBackend(Backend):
         self.decode_fact = DESCRIPTIONS[layout]
         self.info = replace(self.base.info, mode="continuous",
                             facts={**self.base.info.facts, "decode": self.decode_fact, **self._budget_fact()})
-        self.kv = make_layout(layout, self.torch, self.model, self.device, self.info.max_batch_size)
+        self.kv = LAYOUTS[layout](self.torch, self.model, self.device, self.info.max_batch_size)
         self.fuse = fuse and callable(self.kv.fused)  # decodes and chunks in one forward (the slot layout)
         self.eos = self.torch.tensor(eos_ids(self.model, self.base.tokenizer), dtype=self.torch.long,
                                      device=self.device)  # [E]
