@@ -41,8 +41,7 @@ def shapes(steps: pd.DataFrame) -> pd.DataFrame:
     s = s.assign(kind=kind, context_bin=np.where(s["decode_rows"] > 0, per_row_context, 0),
                  prompt_bin=np.where(s["prefill_rows"] > 0, per_row_prompt, 0))
     grouped = s.groupby(list(SHAPE_KEYS), sort=True)
-    out = grouped[list(MEANS)].mean().join(grouped.size().rename("steps")).reset_index()
-    return out
+    return grouped[list(MEANS)].mean().join(grouped.size().rename("steps")).reset_index()
 
 
 def features(sh: pd.DataFrame, form: str, c: Constants, shared: str = "overhead_s") -> np.ndarray:
