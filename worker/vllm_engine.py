@@ -167,8 +167,7 @@ class VLLMBackend(Backend):
         """One engine step; None when it produced no tokens and nothing failed."""
         start = now()
         outputs = self.engine.step() if self.live else []
-        t = now()
-        out = StepOutput(time=t, request_ids=[], token_ids=[], start_time=start, failed=self.failed, times=[])
+        out = StepOutput(time=now(), request_ids=[], token_ids=[], start_time=start, failed=self.failed, times=[])
         self.failed = []
         for ro in outputs:
             self._take(ro, out)
@@ -240,13 +239,12 @@ class VLLMBackend(Backend):
 
     def close(self) -> None:
         """Abort what runs and shut the EngineCore and its workers down."""
-        engine, self.engine = getattr(self, "engine", None), None
-        if engine is None:
+        if getattr(self, "engine", None) is None:
             return
         try:
-            if self.live:
-                engine.abort_request([str(r) for r in self.live])
-            engine.engine_core.shutdown()  # in-process: frees the executor; nothing to join
+            self.abort_all()
+            self.engine.engine_core.shutdown()  # in-process: frees the executor; nothing to join
         except Exception:  # shutting down must never raise into the worker's finally
             log.exception("vLLM shutdown failed")
+        self.engine = None
         self.live.clear()
