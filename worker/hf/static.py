@@ -149,7 +149,6 @@ class HFBackend(Backend):
         return 0
 
     def _info(self, load_s: float) -> BackendInfo:
-        import torch
         import transformers
 
         is_cuda = self.device.type == "cuda"
@@ -157,12 +156,12 @@ class HFBackend(Backend):
         layers, kv_heads, head_dim = kv_shape(self.model.config)
         facts = {"dtype": str(self.model.dtype).removeprefix("torch."), "layers": layers, "kv_heads": kv_heads,
                  "head_dim": head_dim, "n_params": sum(p.numel() for p in self.model.parameters()),
-                 "torch": torch.__version__, "transformers": transformers.__version__,
+                 "torch": self.torch.__version__, "transformers": transformers.__version__,
                  "bos_prefix": self.prefix, "pad_id": self.pad_id, "load_s": round(load_s, 3),
                  "decode": "model.generate(do_sample=False, min_new_tokens=max_new_tokens)"
                  + (", static cache, batches padded to the row cap, torch.compile" if self.settings.torch_compile
                     else "")}
-        device = f"{self.device} ({torch.cuda.get_device_name(self.device)})" if is_cuda else str(self.device)
+        device = f"{self.device} ({self.torch.cuda.get_device_name(self.device)})" if is_cuda else str(self.device)
         return BackendInfo(backend="hf", model=self.settings.model, mode="static",
                            max_batch_size=self.settings.max_batch_size, kv_bytes_per_token=per_token,
                            kv_budget_bytes=self._initial_budget(), device=device,
