@@ -9,6 +9,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from batchlab.models.archs import TINY_MISTRAL, Arch, hf_config, random_arch
@@ -90,9 +91,7 @@ def make_model_folder(final: Path, write: Callable[[Path], None], marker_file: s
     Written into a temporary sibling folder and renamed at the end, so a killed or concurrent
     creation never leaves a half-written model where loaders look.
     """
-    def complete(folder: Path) -> bool:
-        return _is_complete(folder, marker_file, stamp)
-
+    complete = partial(_is_complete, marker_file=marker_file, stamp=stamp)
     if complete(final) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -115,18 +114,17 @@ def random_dir(arch: Arch, home: str | None = None) -> Path:
     return cache_home(home) / "models" / f"{arch.name}-random"
 
 
-def _write_random(arch: Arch):
-    def write(folder: Path) -> None:
-        folder.mkdir(parents=True)
-        hf_config(arch).save_pretrained(folder)
-        hf_tokenizer_from_sentencepiece(mistral_tokenizer_file()).save_pretrained(folder)
-        (folder / RANDOM_MARKER_FILE).write_text(f'{{"format": {RANDOM_FORMAT}, "arch": "{arch.name}"}}\n')
-    return write
+def _write_random(arch: Arch, folder: Path) -> None:
+    """`arch`'s config and the tokenizer into `folder` (which must not exist)."""
+    folder.mkdir(parents=True)
+    hf_config(arch).save_pretrained(folder)
+    hf_tokenizer_from_sentencepiece(mistral_tokenizer_file()).save_pretrained(folder)
+    (folder / RANDOM_MARKER_FILE).write_text(f'{{"format": {RANDOM_FORMAT}, "arch": "{arch.name}"}}\n')
 
 
 def make_random_dir(arch: Arch, home: str | None = None, force: bool = False) -> Path:
     """Create `NAME:random`'s folder (config.json + tokenizer files, no weights) unless it is there."""
-    return make_model_folder(random_dir(arch, home), _write_random(arch), RANDOM_MARKER_FILE,
+    return make_model_folder(random_dir(arch, home), partial(_write_random, arch), RANDOM_MARKER_FILE,
                              f'"format": {RANDOM_FORMAT}', force)
 
 

@@ -53,6 +53,16 @@ class StepOutput:
     times: list[float] | None = None  # per token, parallel to request_ids; None: every token at `time`
 
 
+def lockstep_output(rows: list[Row], step: int, token_of: Callable[[int, Row], int], time: float,
+                    start_time: float) -> StepOutput:
+    """Step `step` of a lockstep (static) batch: the rows still generating, each with `token_of(i, rows[i])`, and
+    those whose last token this is."""
+    live = [(i, r) for i, r in enumerate(rows) if step < r.output_len]
+    return StepOutput(time=time, start_time=start_time, request_ids=[r.request_id for _, r in live],
+                      token_ids=[token_of(i, r) for i, r in live], running=len(live),
+                      finished=[r.request_id for _, r in live if step == r.output_len - 1])
+
+
 @dataclass(slots=True)
 class BackendInfo:
     """Facts a worker reports at hello."""

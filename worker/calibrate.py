@@ -47,6 +47,18 @@ class Settled:
     settled: bool
 
 
+@dataclass(slots=True)
+class Constants:
+    """What the fit does not fit: the model's bytes and how its worker lays out rows."""
+
+    weights_bytes: float = 0.0
+    kv_bytes_per_token: int = 0
+    memory_bytes: float = 0.0
+    padded: bool = False
+    fused: bool = False
+    step_tokens: int = 0  # the worker's per-step token budget (0: none)
+
+
 def spread(values: list[float]) -> float:
     """Median absolute deviation ÷ median (0 for one value)."""
     med = statistics.median(values)
@@ -116,19 +128,25 @@ def fit_model(samples: list[Sample], name: str, *, form: str = "compute", weight
     if form not in FORMS:
         raise ValueError(f"unknown step-model form {form!r} (one of {', '.join(FORMS)})")
     decode = fit_terms(samples, "decode", form, weights_bytes, kv_bytes_per_token)
-    if form == "compute":
-        prefill = fit_terms(samples, "prefill", form)
-        return StepModel(name, weights_bytes, kv_bytes_per_token, 0.0, prefill["prefill_s_per_token"],
-                         decode["overhead_s"], memory_bytes, decode["decode_s_per_row"],
-                         decode["decode_s_per_context_token"], prefill["prefill_s_per_row"],
-                         prefill["prefill_s_per_token_pair"], prefill["prefill_overhead_s"], padded, fused,
-                         step_tokens)
-    bandwidth = 1.0 / decode["inverse_bandwidth"] if decode["inverse_bandwidth"] > 0 else 0.0
-    streamed = weights_bytes / bandwidth if bandwidth else 0.0
-    prefill = fit_terms(samples, "prefill", form, offset_s=streamed)
-    return StepModel(name, weights_bytes, kv_bytes_per_token, bandwidth, prefill["prefill_s_per_token"],
-                     decode["overhead_s"], memory_bytes, prefill_overhead_s=prefill["prefill_overhead_s"],
-                     padded=padded, fused=fused, step_tokens=step_tokens)
+    inverse = decode.get("inverse_bandwidth", 0.0)  # memory form: the weights' stream is a known part of a prefill
+    prefill = fit_terms(samples, "prefill", form, offset_s=weights_bytes * inverse)
+    c = Constants(weights_bytes, kv_bytes_per_token, memory_bytes, padded, fused, step_tokens)
+    return model_from_terms({**decode, **prefill}, name, form, c)
+
+
+def model_from_terms(terms: dict[str, float], name: str, form: str, c: Constants) -> StepModel:
+    """The StepModel of fitted terms."""
+    if form == "memory":
+        inverse = terms["inverse_bandwidth"]
+        return StepModel(name, c.weights_bytes, c.kv_bytes_per_token, 1 / inverse if inverse > 0 else 0.0,
+                         terms["prefill_s_per_token"], terms["overhead_s"], c.memory_bytes,
+                         prefill_overhead_s=terms["prefill_overhead_s"], padded=c.padded, fused=c.fused,
+                         step_tokens=c.step_tokens)
+    return StepModel(name, c.weights_bytes, c.kv_bytes_per_token, 0.0, terms["prefill_s_per_token"],
+                     terms["overhead_s"], c.memory_bytes, terms["decode_s_per_row"],
+                     terms["decode_s_per_context_token"], terms["prefill_s_per_row"],
+                     terms["prefill_s_per_token_pair"], terms["prefill_overhead_s"], c.padded, c.fused,
+                     c.step_tokens)
 
 
 def predict(model: StepModel, s: Sample) -> float:

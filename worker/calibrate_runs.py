@@ -12,12 +12,11 @@ the long ones that carry the time). Each shape's error is also given
 held out: predicted by a fit without it. Pure: frames in, a model and its table out.
 """
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from batchlab.worker.calibrate import nnls
+from batchlab.worker.calibrate import Constants, model_from_terms, nnls
 from batchlab.worker.stepmodel import StepModel
 
 COMPUTE = ("overhead_s", "decode_s_per_row", "decode_s_per_context_token", "prefill_overhead_s",
@@ -26,18 +25,6 @@ MEMORY = ("overhead_s", "inverse_bandwidth", "prefill_overhead_s", "prefill_s_pe
 SHAPE_KEYS = ("kind", "decode_rows", "context_bin", "prefill_rows", "prompt_bin")
 WEIGHS = ("steps", "time")
 MEANS = ("decode_context", "prefill_tokens", "prefill_pairs", "seconds")
-
-
-@dataclass(slots=True)
-class Constants:
-    """What the fit does not fit: the model's bytes and how its worker lays out rows."""
-
-    weights_bytes: float = 0.0
-    kv_bytes_per_token: int = 0
-    memory_bytes: float = 0.0
-    padded: bool = False
-    fused: bool = False
-    step_tokens: int = 0  # the worker's per-step token budget (0: none)
 
 
 def _bin(values: pd.Series) -> pd.Series:
@@ -54,8 +41,7 @@ def shapes(steps: pd.DataFrame) -> pd.DataFrame:
     s = s.assign(kind=kind, context_bin=np.where(s["decode_rows"] > 0, per_row_context, 0),
                  prompt_bin=np.where(s["prefill_rows"] > 0, per_row_prompt, 0))
     grouped = s.groupby(list(SHAPE_KEYS), sort=True)
-    out = grouped[list(MEANS)].mean().join(grouped.size().rename("steps")).reset_index()
-    return out
+    return grouped[list(MEANS)].mean().join(grouped.size().rename("steps")).reset_index()
 
 
 def features(sh: pd.DataFrame, form: str, c: Constants, shared: str = "overhead_s") -> np.ndarray:
@@ -90,21 +76,6 @@ def _solve(sh: pd.DataFrame, form: str, c: Constants, weigh: str = "steps") -> d
         other = "prefill_overhead_s" if shared == "overhead_s" else "overhead_s"
         fits.append((c.fused and terms[shared] > terms[other] + 1e-12, residual, terms))
     return min(fits, key=lambda f: f[:2])[2]
-
-
-def model_from_terms(terms: dict[str, float], name: str, form: str, c: Constants) -> StepModel:
-    """The StepModel of fitted terms."""
-    if form == "memory":
-        inverse = terms["inverse_bandwidth"]
-        return StepModel(name, c.weights_bytes, c.kv_bytes_per_token, 1 / inverse if inverse > 0 else 0.0,
-                         terms["prefill_s_per_token"], terms["overhead_s"], c.memory_bytes,
-                         prefill_overhead_s=terms["prefill_overhead_s"], padded=c.padded, fused=c.fused,
-                         step_tokens=c.step_tokens)
-    return StepModel(name, c.weights_bytes, c.kv_bytes_per_token, 0.0, terms["prefill_s_per_token"],
-                     terms["overhead_s"], c.memory_bytes, terms["decode_s_per_row"],
-                     terms["decode_s_per_context_token"], terms["prefill_s_per_row"],
-                     terms["prefill_s_per_token_pair"], terms["prefill_overhead_s"], c.padded, c.fused,
-                     c.step_tokens)
 
 
 def predict_steps(model: StepModel, steps: pd.DataFrame) -> np.ndarray:

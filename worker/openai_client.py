@@ -38,8 +38,7 @@ WARMUP_OUTPUT_LEN = 4
 
 def base_url(endpoint: str) -> str:
     """'http://h:8000/v1/' → 'http://h:8000' (the paths below add /v1/...)."""
-    url = endpoint.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    return endpoint.rstrip("/").removesuffix("/v1")
 
 
 def request_body(model: str, row: Row) -> dict:
@@ -189,9 +188,7 @@ class OpenAIBackend(Backend):
             resp = self.client.get(f"{self.base}/metrics", timeout=CONNECT_TIMEOUT_S)
         except Exception:
             return {}
-        if resp.status_code != 200:
-            return {}
-        return parse_prefix_cache_counters(resp.text)
+        return parse_prefix_cache_counters(resp.text) if resp.status_code == 200 else {}
 
     def run_facts(self) -> dict:
         """The server's prefix-cache hit rate over this run (token queries and hits since warm-up)."""

@@ -90,13 +90,6 @@ class Worker:
             self.coll.close()
             self.ctx.term()
 
-    def _engine_metrics(self, request_ids: list[int]) -> dict:
-        """The engine's own stamps of these requests (vLLM), on the scheduler's clock; per-request engine
-        metrics travel with each completion (`_batch_done`), so no message grows with the run."""
-        conv = self.clock.to_scheduler
-        return {str(rid): {k: conv(v) if k.endswith("_ts") else v for k, v in m.items()}
-                for rid, m in self.backend.take_metrics(request_ids).items()}
-
     # --- steps ------------------------------------------------------------------------------------
     def _hello(self) -> None:
         hello = worker_hello(self.worker_id, self.backend.info,
@@ -147,22 +140,20 @@ class Worker:
             self.backend.run_batch(rows, on_step)
         except OutOfMemory:
             oom = True
-        except WorkerStopping as exc:
+        except Exception as exc:  # a stop, or a backend failure: it fails this batch, never the worker
+            reason = str(exc)
+            if not isinstance(exc, WorkerStopping):
+                log.exception("batch %d failed", batch_id)
+                reason = f"worker error: {type(exc).__name__}: {exc}"
             done = set(finished)
-            failed = [FailedRow(r.request_id, str(exc)) for r in rows if r.request_id not in done]
-        except Exception as exc:  # a backend failure fails this batch, never the worker
-            log.exception("batch %d failed", batch_id)
-            done = set(finished)
-            failed = [FailedRow(r.request_id, f"worker error: {type(exc).__name__}: {exc}") for r in rows
-                      if r.request_id not in done]
+            failed = [FailedRow(r.request_id, reason) for r in rows if r.request_id not in done]
         self._batch_done(BatchDone(batch_id, self.worker_id, start, now(), [] if oom else finished, failed,
                                    oom, self.backend.peak_memory_bytes()))
         self.out.flush()
 
     def _admit(self, batch_id: int, rows: list[Row]) -> None:
         self.open[batch_id] = OpenBatch({r.request_id for r in rows}, now())
-        for r in rows:
-            self.batch_of[r.request_id] = batch_id
+        self.batch_of.update((r.request_id, batch_id) for r in rows)
         self.backend.admit(rows)
 
     def _continuous_step(self) -> None:
@@ -217,9 +208,14 @@ class Worker:
                                        False, self.backend.peak_memory_bytes()))
 
     def _batch_done(self, done: BatchDone) -> None:
-        done.engine_metrics = self._engine_metrics([*done.finished, *(row.request_id for row in done.failed)])
-        done.start_time = self.clock.to_scheduler(done.start_time)
-        done.end_time = self.clock.to_scheduler(done.end_time)
+        """A batch's end, on the scheduler's clock, with the engine's own stamps of its requests (vLLM): per-request
+        engine metrics travel with each completion, so no message grows with the run."""
+        conv = self.clock.to_scheduler
+        metrics = self.backend.take_metrics([*done.finished, *(row.request_id for row in done.failed)])
+        done.engine_metrics = {str(rid): {k: conv(v) if k.endswith("_ts") else v for k, v in m.items()}
+                               for rid, m in metrics.items()}
+        done.start_time = conv(done.start_time)
+        done.end_time = conv(done.end_time)
         self.out.done(done)
 
     def _resync(self) -> None:

@@ -61,8 +61,7 @@ def executed_steps(requests: pd.DataFrame, batches: pd.DataFrame, tokens: pd.Dat
         rows += _static_batch(batch, group, tokens, len(rows))
     for _, own in steps.groupby("worker", sort=True):
         rows += _continuous_worker(own.sort_values("step"), tokens, padded, len(rows))
-    frame = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
-    return RunSteps(frame, tokens, requests)
+    return RunSteps(pd.DataFrame(rows, columns=list(STEP_COLUMNS)), tokens, requests)
 
 
 def _static_batch(batch: pd.Series, group: pd.DataFrame, tokens: pd.DataFrame, first: int) -> list[list]:
@@ -78,8 +77,7 @@ def _static_batch(batch: pd.Series, group: pd.DataFrame, tokens: pd.DataFrame, f
         else:
             out.append([batch["worker"], start, end, rows_n, rows_n * (width + i), 0, 0.0, 0.0])
         start = end
-    index = group.index
-    tokens.loc[index, "step"] = first + group["token_index"].to_numpy()
+    tokens.loc[group.index, "step"] = first + group["token_index"].to_numpy()
     return out
 
 

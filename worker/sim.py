@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.settings import parse_bytes
-from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput
+from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput, lockstep_output
 from batchlab.worker.hf.chunks import plan_chunks
 from batchlab.worker.stepmodel import StepModel, get_preset
 
@@ -195,12 +195,7 @@ class SimBackend(Backend):
         for step, duration in enumerate(static_step_durations(rows, self.model)):
             start, t = t, t + duration
             sleep_until(t)
-            live = [r for r in rows if step < r.output_len]
-            on_step(StepOutput(
-                time=now(), start_time=start, request_ids=[r.request_id for r in live],
-                token_ids=[fake_token(r.request_id, step) for r in live],
-                finished=[r.request_id for r in live if step == r.output_len - 1], running=len(live),
-            ))
+            on_step(lockstep_output(rows, step, lambda _i, r: fake_token(r.request_id, step), now(), start))
 
     def admit(self, rows: list[Row]) -> None:
         """Rows join at the next step boundary."""

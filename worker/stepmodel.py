@@ -143,9 +143,5 @@ def get_preset(name: str) -> StepModel:
         return load_preset(PRESET_DIR / f"{name}.yaml")
     if str(name).endswith(PRESET_SUFFIXES) or Path(name).is_file():
         return load_preset(name)
-    raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(preset_names())}, or a preset file's path)")
-
-
-def preset_names() -> list[str]:
-    """Every preset a name selects: PRESETS' and the shipped files'."""
-    return [*PRESETS, *sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))]
+    names = [*PRESETS, *sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))]  # PRESETS' and the shipped files'
+    raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(names)}, or a preset file's path)")

@@ -54,14 +54,6 @@ def resolve_model(name: str) -> str:
         raise BackendError(str(exc)) from None
 
 
-def _load_format(name: str) -> str:
-    """`NAME:random` → vLLM's dummy loader (random weights, no checkpoint); else vLLM's default."""
-    try:
-        return "dummy" if random_arch(name) is not None else "auto"
-    except ValueError as exc:
-        raise BackendError(str(exc)) from None
-
-
 def settings_from_config(cfg, mode: str, rows: int) -> VLLMSettings:
     """RunConfig → VLLMSettings: the settings of the same name (the worker and vllm groups'), the budget in
     bytes, max_num_seqs 0 meaning the worker's row cap, `rows`."""
@@ -77,7 +69,10 @@ def _engine_args(s: VLLMSettings, on_cpu: bool):
     # auto on CPU: float32 like the hf backend (vLLM's own auto would pick bfloat16), so both do the same work
     dtype = "float32" if on_cpu and s.dtype == "auto" else s.dtype
     return EngineArgs(
-        model=resolve_model(s.model), load_format=_load_format(s.model), dtype=dtype,
+        # `NAME:random` → vLLM's dummy loader (random weights, no checkpoint); resolve_model, evaluated first,
+        # has refused an unknown NAME
+        model=resolve_model(s.model), dtype=dtype,
+        load_format="dummy" if random_arch(s.model) is not None else "auto",
         max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens or None,
         gpu_memory_utilization=s.gpu_memory_utilization, enforce_eager=s.enforce_eager,
@@ -172,8 +167,7 @@ class VLLMBackend(Backend):
         """One engine step; None when it produced no tokens and nothing failed."""
         start = now()
         outputs = self.engine.step() if self.live else []
-        t = now()
-        out = StepOutput(time=t, request_ids=[], token_ids=[], start_time=start, failed=self.failed, times=[])
+        out = StepOutput(time=now(), request_ids=[], token_ids=[], start_time=start, failed=self.failed, times=[])
         self.failed = []
         for ro in outputs:
             self._take(ro, out)
@@ -245,13 +239,12 @@ class VLLMBackend(Backend):
 
     def close(self) -> None:
         """Abort what runs and shut the EngineCore and its workers down."""
-        engine, self.engine = getattr(self, "engine", None), None
-        if engine is None:
+        if getattr(self, "engine", None) is None:
             return
         try:
-            if self.live:
-                engine.abort_request([str(r) for r in self.live])
-            engine.engine_core.shutdown()  # in-process: frees the executor; nothing to join
+            self.abort_all()
+            self.engine.engine_core.shutdown()  # in-process: frees the executor; nothing to join
         except Exception:  # shutting down must never raise into the worker's finally
             log.exception("vLLM shutdown failed")
+        self.engine = None
         self.live.clear()

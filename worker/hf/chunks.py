@@ -16,6 +16,7 @@ finish and 45% more to the joiner's first token, half of it the running rows' de
 This module is the pure part: the row record and the plan of one step's chunks.
 """
 from dataclasses import dataclass
+from itertools import accumulate
 
 from batchlab.worker.backend import BackendError, Row
 
@@ -61,13 +62,8 @@ def plan_chunks(tokens: int | None, unfilled: list[int]) -> list[int]:
     the oldest rows whole, the next one in part; rows that get nothing are left off."""
     if tokens is None:
         return list(unfilled)
-    counts = []
-    for n in unfilled:
-        if tokens <= 0:
-            break
-        counts.append(min(n, tokens))
-        tokens -= counts[-1]
-    return counts
+    before = accumulate(unfilled, initial=0)  # tokens of the older rows, planned first
+    return [min(n, tokens - planned) for n, planned in zip(unfilled, before) if planned < tokens]
 
 
 def chunks_of(lives: list[Live], counts: list[int]) -> list[list[int]]:

@@ -39,7 +39,7 @@ from dataclasses import replace
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import Backend, BackendError, Row, StepOutput
 from batchlab.worker.hf.chunks import Live, chunks_of, plan_chunks, step_budget
-from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, make_layout, sliding_window
+from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, sliding_window
 from batchlab.worker.hf.rowcap import RowCap
 from batchlab.worker.hf.static import HFBackend, HFSettings, settings_from_config
 from batchlab.worker.hf.tokens import emit, eos_ids, filled, pick
@@ -67,7 +67,7 @@ class HFContinuousBackend(Backend):
         self.decode_fact = DESCRIPTIONS[layout]
         self.info = replace(self.base.info, mode="continuous",
                             facts={**self.base.info.facts, "decode": self.decode_fact, **self._budget_fact()})
-        self.kv = make_layout(layout, self.torch, self.model, self.device, self.info.max_batch_size)
+        self.kv = LAYOUTS[layout](self.torch, self.model, self.device, self.info.max_batch_size)
         self.fuse = fuse and callable(self.kv.fused)  # decodes and chunks in one forward (the slot layout)
         self.eos = self.torch.tensor(eos_ids(self.model, self.base.tokenizer), dtype=self.torch.long,
                                      device=self.device)  # [E]
@@ -133,7 +133,7 @@ class HFContinuousBackend(Backend):
         """Drop every admitted row and the cache (after a failed step: else the next step repeats it)."""
         self.pending, self.prefilling, self.running, self.refused = [], [], [], []
         self.kv.clear()
-        self._free()
+        self.base.free()
 
     def step(self) -> StepOutput | None:
         """Decode the running rows, prefill chunks within the budget, retire finished rows, merge the joiners."""
@@ -152,7 +152,7 @@ class HFContinuousBackend(Backend):
             out.running, out.joined = len(out.request_ids), len(joiners)
             self._retire(joiners)
         self.cap.end_step()
-        self._sync()
+        self.base.sync()
         out.time = now()  # the step's end (cache merged); each token's own time is in out.times
         return out
 
@@ -271,7 +271,7 @@ class HFContinuousBackend(Backend):
     def _requeue_or_fail(self, out: StepOutput) -> None:
         """A prefill OOM: a row alone fails with the reason; else the prefilling rows wait at the queue's
         front (their chunks so far are dropped: they prefill again from the start)."""
-        self._free()
+        self.base.free()
         joiners = self._unprefill()
         if len(joiners) == 1 and not self.running:
             out.failed.append((joiners[0].row.request_id, "out of memory: the prompt does not fit alone"))
@@ -292,7 +292,7 @@ class HFContinuousBackend(Backend):
         """A decode OOM leaves the cache half-updated: drop it; the rows resume by recompute, fewer at a time."""
         back = self._unprefill()
         self.kv.clear()
-        self._free()
+        self.base.free()
         if len(self.running) == 1:
             out.failed.append((self.running[0].row.request_id, "out of memory: the row does not fit alone"))
         else:
@@ -306,12 +306,3 @@ class HFContinuousBackend(Backend):
 
     def _budget_fact(self) -> dict:
         return {"max_num_batched_tokens": self.budget or 0}  # 0: no limit (prompts prefilled whole)
-
-    def _free(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.empty_cache()
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize(self.device)
-

@@ -3,7 +3,7 @@ and the --torch-compile arguments (a static cache over fixed shapes)."""
 from collections.abc import Callable
 
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import Row, StepOutput
+from batchlab.worker.backend import Row, StepOutput, lockstep_output
 
 COMPILE_COLUMN_BLOCK = 512  # --torch-compile: the static cache's columns, in blocks (a new block recompiles)
 
@@ -23,12 +23,7 @@ class StepStreamer:
             return
         self.sync()
         t, tokens = now(), value.reshape(-1).tolist()
-        live = [i for i, r in enumerate(self.rows) if self.step < r.output_len]
-        self.on_step(StepOutput(
-            time=t, start_time=self.last_time, request_ids=[self.rows[i].request_id for i in live],
-            token_ids=[tokens[i] for i in live], running=len(live),
-            finished=[self.rows[i].request_id for i in live if self.step == self.rows[i].output_len - 1],
-        ))
+        self.on_step(lockstep_output(self.rows, self.step, lambda i, _r: tokens[i], t, self.last_time))
         self.step, self.last_time = self.step + 1, t
 
     def end(self) -> None:

@@ -14,7 +14,6 @@ from batchlab.worker.hf.slots import SlotKV, use_slot_attention
 from batchlab.worker.hf.static import left_pad
 from batchlab.worker.memory import kv_shape
 
-LAYOUTS = ("slots", "padded")
 DESCRIPTIONS = {  # the worker fact "decode": how each layout runs a step
     "slots": "greedy loop, EOS banned: one forward per step for the running rows' decodes and the joiners' prompt "
              "chunks (within a per-step token budget) into free slots of a preallocated per-row KV cache, "
@@ -145,9 +144,7 @@ class PaddedLayout:
         self.kv, self.joined = PaddedKV(self.torch, self.device), None
 
 
-def make_layout(name: str, torch, model, device, max_rows: int):
-    """The layout called `name` (one of LAYOUTS)."""
-    return {"slots": SlotLayout, "padded": PaddedLayout}[name](torch, model, device, max_rows)
+LAYOUTS = {"slots": SlotLayout, "padded": PaddedLayout}  # by name, each built as (torch, model, device, max_rows)
 
 
 def sliding_window(torch, model, device, pad_id: int) -> int:

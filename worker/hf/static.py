@@ -149,7 +149,6 @@ class HFBackend(Backend):
         return 0
 
     def _info(self, load_s: float) -> BackendInfo:
-        import torch
         import transformers
 
         is_cuda = self.device.type == "cuda"
@@ -157,12 +156,12 @@ class HFBackend(Backend):
         layers, kv_heads, head_dim = kv_shape(self.model.config)
         facts = {"dtype": str(self.model.dtype).removeprefix("torch."), "layers": layers, "kv_heads": kv_heads,
                  "head_dim": head_dim, "n_params": sum(p.numel() for p in self.model.parameters()),
-                 "torch": torch.__version__, "transformers": transformers.__version__,
+                 "torch": self.torch.__version__, "transformers": transformers.__version__,
                  "bos_prefix": self.prefix, "pad_id": self.pad_id, "load_s": round(load_s, 3),
                  "decode": "model.generate(do_sample=False, min_new_tokens=max_new_tokens)"
                  + (", static cache, batches padded to the row cap, torch.compile" if self.settings.torch_compile
                     else "")}
-        device = f"{self.device} ({torch.cuda.get_device_name(self.device)})" if is_cuda else str(self.device)
+        device = f"{self.device} ({self.torch.cuda.get_device_name(self.device)})" if is_cuda else str(self.device)
         return BackendInfo(backend="hf", model=self.settings.model, mode="static",
                            max_batch_size=self.settings.max_batch_size, kv_bytes_per_token=per_token,
                            kv_budget_bytes=self._initial_budget(), device=device,
@@ -197,7 +196,7 @@ class HFBackend(Backend):
                 or not isinstance(head, self.torch.nn.Linear)):
             return
         rows = min(self.settings.max_batch_size, MAX_TIMED_ROWS)
-        times = {form: head_times(head, rows, head.in_features, self.device, self.model.dtype, self._sync, now, form)
+        times = {form: head_times(head, rows, head.in_features, self.device, self.model.dtype, self.sync, now, form)
                  for form in FORMS}
         table = plan_table(times)
         self.head_plan = HeadPlan(head, table)
@@ -228,8 +227,7 @@ class HFBackend(Backend):
             self._generate(rows, on_step)
         except self.torch.OutOfMemoryError as exc:
             gc.collect()
-            if self.device.type == "cuda":
-                self.torch.cuda.empty_cache()
+            self.free()
             raise OutOfMemory(f"{len(rows)} rows did not fit: {str(exc).splitlines()[0]}") from None
 
     def _check_strict_memory(self, rows: list[Row]) -> None:
@@ -256,13 +254,19 @@ class HFBackend(Backend):
         ids, mask = left_pad(contexts, self.pad_id)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)  # [B, S]
         attention_mask = torch.tensor(mask, dtype=torch.long, device=self.device)  # [B, S]
-        streamer = StepStreamer(rows, on_step, self._sync)
+        streamer = StepStreamer(rows, on_step, self.sync)
         with torch.inference_mode():
             self.model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
                                 max_new_tokens=steps, min_new_tokens=steps, pad_token_id=self.pad_id,
                                 streamer=streamer, **extra)
 
-    def _sync(self) -> None:
+    def free(self) -> None:
+        """Give the allocator's cached device memory back (CUDA; nothing on CPU)."""
+        if self.device.type == "cuda":
+            self.torch.cuda.empty_cache()
+
+    def sync(self) -> None:
+        """Wait until the device has run what was queued (CUDA; nothing on CPU)."""
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
 
@@ -283,5 +287,4 @@ class HFBackend(Backend):
         """Drop the model and give cached device memory back."""
         self.model = None
         gc.collect()
-        if self.device.type == "cuda":
-            self.torch.cuda.empty_cache()
+        self.free()
