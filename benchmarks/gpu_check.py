@@ -116,18 +116,20 @@ def simulate_plan(plan_file: Path, presets: dict, out: Path) -> list[dict]:
     return [{"label": p.entry.label, "rate": p.rate, **_figures(s)} for p, s in results]
 
 
-def _figures(s: dict) -> dict:
-    return {"finished": s["finished"], "submitted": s["submitted"], "throughput_tok_s": s["throughput_tok_s"],
-            "ttft_p50": s["ttft"]["p50"], "e2e_p50": s["e2e"]["p50"]}
+def _figures(s) -> dict:
+    """A Summary's figures the check compares."""
+    return {"finished": s.finished, "submitted": s.submitted, "throughput_tok_s": s.throughput_tok_s,
+            "ttft_p50": s.ttft.p50, "e2e_p50": s.e2e.p50}
 
 
 def live_rows(sweep: Path) -> list[dict]:
     """The sweep's points: a row per point from its summary."""
     rows = []
     from batchlab.collector.layout import point_of
+    from batchlab.collector.summary import read_summary
 
     for f in sorted(sweep.glob("strategy=*/rate=*/repeat=*/summary.json")):
-        s = json.loads(f.read_text())
+        s = read_summary(f.parent)
         label, rate, _ = point_of(f.parent)
         rows.append({"label": label, "rate": rate, **_figures(s)})
     return rows
