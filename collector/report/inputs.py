@@ -50,6 +50,38 @@ class IndexEntry(BaseModel):
     label: str
 
 
+class CapacityProbe(BaseModel):
+    """One rate a capacity search measured, and whether it was sustained."""
+
+    model_config = ConfigDict(extra="allow")
+
+    rate_req_s: float
+    sustained: bool
+
+
+class CapacityEntry(BaseModel):
+    """One strategy's capacity bracket (req/s and output tok/s; None: that side not measured)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    lo_req_s: float | None = None
+    hi_req_s: float | None = None
+    estimate_req_s: float | None = None
+    lo_tok_s: float | None = None
+    hi_tok_s: float | None = None
+    estimate_tok_s: float | None = None
+    note: str | None = None
+    probes: list[CapacityProbe] = []
+
+
+class CapacityDoc(BaseModel):
+    """capacity.json (or sweep.json's `capacity`): every strategy's bracket, by label."""
+
+    model_config = ConfigDict(extra="allow")
+
+    strategies: dict[str, CapacityEntry] = {}
+
+
 class SweepIndex(BaseModel):
     """sweep.json as the report reads it; keys it does not read are kept as they are."""
 
@@ -59,18 +91,27 @@ class SweepIndex(BaseModel):
     entries: list[IndexEntry] = []
     rates: list[float] | None = None
     concurrency: list[int] | int | None = None
-    capacity: dict | None = None
+    capacity: CapacityDoc | None = None
     probe: dict | None = None
+
+
+def _read(path: Path, model: type[BaseModel], what: str) -> BaseModel:
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except ValidationError as exc:
+        raise ValueError(f"{path}: not a batchlab {what} ({_first(exc)})") from None
+
+
+def check_capacity(path: Path) -> None:
+    """capacity.json checked against CapacityDoc; ValueError (one line) when it is not one."""
+    _read(path, CapacityDoc, "capacity file")
 
 
 def read_index(path: Path) -> dict:
     """sweep.json checked against SweepIndex, as a plain dict; ValueError (one line) when it is not one."""
-    try:
-        index = SweepIndex.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except ValidationError as exc:
-        raise ValueError(f"{path}: not a batchlab sweep index ({_first(exc)})") from None
+    index = _read(path, SweepIndex, "sweep index")
     for i, point in enumerate(index.points):
         if point.rate is None and not point.concurrency:
             raise ValueError(f"{path}: not a batchlab sweep index (points.{i}: neither a rate nor a concurrency)")

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, point_of, rate_of
+from batchlab.collector.layout import CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, point_of, rate_of
 from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table
-from batchlab.collector.report.inputs import inside, read_index, table_problem
+from batchlab.collector.report.inputs import check_capacity, inside, read_index, table_problem
 from batchlab.collector.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 from batchlab.collector.run_columns import run_label
 from batchlab.collector.summary import Summary, SummaryError, read_summary
@@ -250,6 +250,8 @@ def load_collection(root: str | Path) -> Collection:
     index_path, refused = root / INDEX_FILE, []
     try:
         index = read_index(index_path) if index_path.exists() else None
+        if (root / CAPACITY_FILE).exists():  # read by collector.report.capacities
+            check_capacity(root / CAPACITY_FILE)
     except ValueError as exc:
         raise ReportError(str(exc)) from None
     coll = _from_scan(root, refused) if index is None else _from_index(root, index, refused)
