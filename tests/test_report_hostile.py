@@ -93,6 +93,10 @@ CASES = {
                             "run/batches.parquet", "size (str, not number)"),
     "a table that is not Parquet": (lambda root, out: (root / "run" / "tokens.parquet").write_text("PAR1 no"),
                                     "run/tokens.parquet", "cannot read it"),
+    "capacity.json a list": (lambda root, out: (root / "capacity.json").write_text("[1, 2]"),
+                             "capacity.json", "not a batchlab capacity file (the file: input should be an object)"),
+    "a capacity bracket as text": (lambda root, out: (root / "capacity.json").write_text(
+        json.dumps({"strategies": {"dynamic": {"lo_req_s": "fast"}}})), "capacity.json", "strategies.dynamic.lo_req_s"),
     "a negative count": (lambda root, out: _summary(root / "run", finished=-5),
                          "run/summary.json", "finished: input should be greater than or equal to 0"),
     "a negative rate": (lambda root, out: _summary(root / "run", throughput_tok_s=-1.0),
