@@ -22,8 +22,14 @@ def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, out: Out = Non
     batch timeline, tables per rate, other tools' results (--extra). Reads the runs and writes nothing
     into their files (a run's figures are computed when it ends)."""
     from batchlab.collector.report.build import parse_slos, run_report
+    from batchlab.collector.report.points import ReportError
 
-    result = run_report(folder, rate=rate, slos=parse_slos(slo or []), out=out, extra=extra)
+    try:
+        result = run_report(folder, rate=rate, slos=parse_slos(slo or []), out=out, extra=extra)
+    except ReportError as exc:  # one line per file it refused, then exit 1 (nothing was written)
+        for line in exc.lines:
+            typer.secho(f"error: {' '.join(line.split())}", fg="red", err=True)
+        raise typer.Exit(code=1) from None
     if result.capacity_lines:  # none for closed-loop runs (no offered rate) or runs that measured nothing
         typer.echo("capacity (estimate [highest sustained, lowest not sustained]):")
     for line in result.capacity_lines:

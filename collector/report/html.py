@@ -10,6 +10,7 @@ from pathlib import Path
 
 from batchlab.collector.report.external import DEFINITIONS, table_rows
 from batchlab.collector.report.html_curves import curves_html
+from batchlab.collector.report.output import write_text
 from batchlab.collector.report.stats import GroupStats
 from batchlab.collector.report.text import ms, p50_p99
 
@@ -93,5 +94,4 @@ def write_html(path: Path, *, title: str, headlines: list[str], stats: dict, lab
             "<h2>Setup</h2>", _list(setup, "setup"), '<pre id="page-errors" data-count="-1"></pre>']
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title>{ERRORS_JS}{STYLE}</head><body>" + "".join(body) + "</body></html>")
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_text(path, page)
