@@ -24,8 +24,8 @@ METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}
 QUANTILES = {"mean": "mean", "p50": "median", "p90": "p90", "p99": "p99"}
 REQUIRED = ("request_throughput", "output_throughput")
 KIND = "vllm bench serve"
-ACCEPTED = ("vllm bench serve --save-result JSON, GuideLLM benchmarks.json (--output-path), "
-            "AIPerf profile_export_aiperf.json")
+ACCEPTED = ("vllm bench serve --save-result JSON, GuideLLM's JSON report (guidellm run --output "
+            "kind=json,path=FILE), AIPerf profile_export_aiperf.json")
 # each tool's definitions where they differ from batchlab's (TTFT from arrival at the scheduler, TPOT
 # (completion − first token) ÷ (tokens − 1) per request, ITL the gaps between consecutive tokens)
 DEFINITIONS = {
