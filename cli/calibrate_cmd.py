@@ -32,8 +32,8 @@ NameOpt = Annotated[str, Opt(help="the preset's name (default: the file's stem)"
 RowsOpt = Annotated[str, Opt(help="batch sizes, a comma list (default: the grid's)")]
 LensOpt = Annotated[str, Opt(help="prompt lengths, a comma list (default: the grid's)")]
 FromOpt = Annotated[Optional[list[str]], Opt("--from", help="fit the steps live workers executed in these run "
-                                                            "folders (or folders of runs: a sweep) instead of measuring; "
-                                                            "several: --from A B C (or --from A --from B)")]
+                                                            "folders (or folders of runs: a sweep) instead of "
+                                                            "measuring; several: --from A B C (or --from A --from B)")]
 # the folders after --from's first: an option takes one value each time it is given, so `--from A B` hands B
 # over as an argument, and it joins --from's list
 MoreOpt = Annotated[Optional[list[str]], typer.Argument(help="more run folders for --from", show_default=False)]
@@ -43,8 +43,8 @@ KindOpt = Annotated[str, Opt(help="with --from: the runs' backend kind to fit, h
                                   "(needed when the folders hold several)")]
 
 
-def calibrate(more_runs: MoreOpt = None, *, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral", device: DeviceOpt = "auto",
-              dtype: DtypeOpt = "auto", mode: ModeOpt = "static", form: FormOpt = "auto",
+def calibrate(more_runs: MoreOpt = None, *, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral",
+              device: DeviceOpt = "auto", dtype: DtypeOpt = "auto", mode: ModeOpt = "static", form: FormOpt = "auto",
               out: OutOpt = "presets/calibrated.yaml", quick: QuickOpt = False, name: NameOpt = "",
               batch_sizes: RowsOpt = "", prompt_lens: LensOpt = "", from_runs: FromOpt = None,
               kind: KindOpt = "", weigh: WeighOpt = "steps") -> None:
