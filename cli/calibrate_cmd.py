@@ -36,7 +36,8 @@ FromOpt = Annotated[Optional[list[str]], Opt("--from", help="fit the steps live 
                                                             "measuring; several: --from A B C (or --from A --from B)")]
 # the folders after --from's first: an option takes one value each time it is given, so `--from A B` hands B
 # over as an argument, and it joins --from's list
-MoreOpt = Annotated[Optional[list[str]], typer.Argument(help="more run folders for --from", show_default=False)]
+MoreOpt = Annotated[Optional[list[str]], typer.Argument(metavar="RUN_DIR...", help="more run folders for --from",
+                                                         show_default=False)]
 WeighOpt = Annotated[str, Opt(help="with --from: a step shape weighs by its steps (√n) or by its share of the "
                                     "runs' time (time)")]
 KindOpt = Annotated[str, Opt(help="with --from: the runs' backend kind to fit, hf | hf-loop | vllm | sim "
