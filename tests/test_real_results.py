@@ -83,3 +83,37 @@ def test_guidellm_incomplete_requests_are_shown_not_dropped():
     _, _, per_s, _, out_tok_s, _ = _guidellm_row(console, "Server Throughput Statistics (All Requests)")
     assert float(cells[6]) == pytest.approx(per_s, abs=0.05) and float(cells[7]) == pytest.approx(out_tok_s, abs=0.05)
     assert all(v is None for m in point.latency.values() for v in m.values())  # none finished: no latency, not 0
+
+
+GUIDELLM_SYNC = REAL / "guidellm-0.8.1_synchronous_benchmarks.json"
+# GuideLLM's latency table groups (in its column order) → the point's metric and the group's unit in ms;
+# its ITL is batchlab's TPOT, its TTFOT and TPOT have no place (TTFOT equals TTFT for text)
+GUIDELLM_GROUPS = (("e2e", 1e3), ("ttft", 1.0), (None, 1.0), ("tpot", 1.0), (None, 1.0))
+
+
+def test_guidellm_every_printed_latency_and_throughput_is_in_the_report():
+    console = (REAL / "guidellm-0.8.1_synchronous_console.txt").read_text()
+    point, = points_of(GUIDELLM_SYNC, json.loads(GUIDELLM_SYNC.read_text()))
+    text = "\n".join(section([point]))
+    block = console.rsplit("Request Latency Statistics (Completed Requests)", 1)[1]
+    line = next(ln for ln in block.splitlines() if ln.startswith("| synchronous"))
+    cells = [_numbers(c)[0] for c in line.strip().strip("|").split("|")[1:]]  # mean (± its margin), median, p95
+    assert len(cells) == 3 * len(GUIDELLM_GROUPS)
+    for i, (metric, unit_ms) in enumerate(GUIDELLM_GROUPS):
+        if metric is None:
+            continue
+        mean, median, p95 = (v * unit_ms for v in cells[3 * i:3 * i + 3])
+        half_unit = 0.05 * unit_ms + 1e-9  # the console's one decimal, in ms
+        assert point.latency[metric]["mean"] * 1e3 == pytest.approx(mean, abs=half_unit), metric
+        assert point.latency[metric]["p50"] * 1e3 == pytest.approx(median, abs=half_unit), metric
+        assert point.latency[metric]["p95"] * 1e3 == pytest.approx(p95, abs=half_unit), metric
+        for value in (mean, median, p95):
+            assert any(abs(n - value) <= half_unit + 0.05 for n in _numbers(text)), (metric, value)
+    summary = _guidellm_row(console.replace("| synchronous", "| constant@"), "Run Summary Info")
+    assert (point.completed, point.incomplete, point.failed) == tuple(int(v) for v in summary[-9:-6]) == (4, 0, 0)
+    _, _, per_s, _, out_tok_s, _ = _guidellm_row(console.replace("| synchronous", "| constant@"),
+                                                 "Server Throughput Statistics (All Requests)")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| guidellm: synchronous"))
+    row_cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(row_cells[6]) == pytest.approx(per_s, abs=0.05)
+    assert float(row_cells[7]) == pytest.approx(out_tok_s, abs=0.05)
