@@ -117,3 +117,23 @@ def test_guidellm_every_printed_latency_and_throughput_is_in_the_report():
     row_cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(row_cells[6]) == pytest.approx(per_s, abs=0.05)
     assert float(row_cells[7]) == pytest.approx(out_tok_s, abs=0.05)
+
+
+def test_the_real_files_render_in_report_md_beside_a_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    runner = CliRunner()
+    run = tmp_path / "run"
+    done = runner.invoke(app, ["simulate", "--duration", "2", "--dataset", "synthetic", "--rate", "4",
+                              "--out", str(run)])
+    assert done.exit_code == 0, done.output
+    files = [AIPERF, GUIDELLM_2RPS, GUIDELLM_SYNC]
+    result = runner.invoke(app, ["report", str(run), *(a for f in files for a in ("--extra", str(f)))])
+    assert result.exit_code == 0, result.output
+    text = (run / "REPORT.md").read_text().split("## Other tools' runs")[1]
+    assert "| aiperf: poisson @ 2 req/s [aiperf-0.13.0_profile_export_aiperf] | aiperf | 2 | 5 | 0 | - |" in text
+    assert "| guidellm: constant @ 2 req/s [guidellm-0.8.1_2rps_benchmarks] | guidellm | 2 | 0 | 0 | 30 |" in text
+    assert "| guidellm: synchronous [guidellm-0.8.1_synchronous_benchmarks] | guidellm | - | 4 | 0 | 0 |" in text
+    assert "time_to_second_token" in text and "request_concurrency" in text  # named, not dropped
