@@ -45,7 +45,8 @@ DEFINITIONS = {
               "the strategy's (constant or poisson; inf for throughput, '-' for synchronous and concurrent)",
     AIPERF: "TTFT from sending the request; its ITL, (latency − TTFT) ÷ (output tokens − 1) per request, is "
             "batchlab's TPOT and is shown as TPOT; its inter-chunk latency (gaps between streamed chunks, "
-            "vLLM's ITL) is shown as ITL; rate its --request-rate ('-' when it ran at a concurrency)",
+            "vLLM's ITL) is shown as ITL; rate its --request-rate, its arrival type (poisson, constant) in the label "
+            "('-' when it ran at a concurrency); it counts no incomplete requests",
 }
 
 
