@@ -142,11 +142,12 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
 
 def _end_report(out: str) -> None:
     """The capacity table and headline, as `batchlab report` prints them (its REPORT.md written too); a report
-    that cannot be made is one line: the sweep's runs stand."""
+    that cannot be made is one line and exit 1, the sweep's runs kept."""
     from batchlab.cli.report_cmd import echo_report
     from batchlab.collector.report.points import ReportError
 
     try:
         echo_report(out)
     except ReportError as exc:
-        typer.echo(f"no report: {exc}; the runs are in {out} (batchlab report {out} tries again)")
+        typer.echo(f"no report: {exc}; the runs are in {out} (batchlab report {out} tries again)", err=True)
+        raise typer.Exit(code=1) from None
