@@ -101,8 +101,22 @@ def _peaks(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
     return {"max_output_tokens_per_s": float(per_s.max()), "max_concurrent_requests": int(np.cumsum(edges).max())}
 
 
-def vllm_result(folder: str | Path) -> dict:
-    """The run in `folder` under vLLM bench serve's result keys and units."""
+def _detailed(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
+    """The per-request lists `vllm bench serve --save-detailed` adds, over the finished requests in one order
+    (times in s: start_times from the run's t0, itls each request's gaps between consecutive tokens)."""
+    tok = tokens[tokens["request_id"].isin(finished["request_id"])].sort_values(["request_id", "token_index"])
+    gaps = {rid: np.diff(t.to_numpy(dtype="float64")).tolist() for rid, t in tok.groupby("request_id")["time"]}
+    return {"input_lens": finished["prompt_len"].astype(int).tolist(),
+            "output_lens": finished["n_tokens"].astype(int).tolist(),
+            "ttfts": finished["ttft"].astype("float64").tolist(),
+            "itls": [gaps.get(rid, []) for rid in finished["request_id"]],
+            "start_times": finished["arrival_time"].astype("float64").tolist(),
+            "errors": [""] * len(finished)}
+
+
+def vllm_result(folder: str | Path, detailed: bool = False) -> dict:
+    """The run in `folder` under vLLM bench serve's result keys and units (`detailed`: with the per-request
+    lists of its --save-detailed)."""
     run, summary = RunDir(folder), read_summary(folder)
     requests = request_metrics(pd.read_parquet(run.table("requests")))
     finished = requests[requests["status"] == "finished"]
@@ -122,15 +136,16 @@ def vllm_result(folder: str | Path) -> dict:
     for name, column in METRICS.items():
         values = itl if name == "itl" else finished[column].to_numpy(dtype="float64")
         result |= _stats(name, values)
+    result |= _detailed(finished, tokens) if detailed else {}
     return result | {"batchlab_version": batchlab_version()["version"],
                      "batchlab_strategy_args": summary.settings.get("strategy_args"),
                      "batchlab_definitions": DEFINITIONS}
 
 
-def save_result(folder: str | Path, path: str | Path | None = None) -> Path:
+def save_result(folder: str | Path, path: str | Path | None = None, detailed: bool = False) -> Path:
     """Write vllm_result() of the run in `folder` to `path` (default: the folder's vllm_result.json)."""
     path = Path(path) if path else RunDir(folder).vllm_result
-    result = vllm_result(folder)
+    result = vllm_result(folder, detailed)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                              for k, v in result.items()})

@@ -177,3 +177,18 @@ def test_vllms_plot_pareto_keeps_batchlabs_runs(tmp_path, capsys):
     assert skipped == 0 and [r["user_count_estimate"] for r in prepared] == [3, runs[1]["max_concurrent_requests"]]
     pareto.plot_pareto(sweep, "max_concurrency", None, [], dry_run=True)
     assert "Skipped" not in capsys.readouterr().out
+
+
+def test_the_detailed_lists_are_vllms_save_detailed_per_finished_request(run_folder, tmp_path):
+    """vLLM's --save-detailed lists, one entry per finished request, each request's gaps summing to its span."""
+    plain = json.loads(save_result(run_folder, tmp_path / "plain.json").read_text())
+    data = json.loads(save_result(run_folder, tmp_path / "detailed.json", detailed=True).read_text())
+    lists = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
+    assert not set(lists) & set(plain)
+    assert {len(data[k]) for k in lists} == {data["completed"]}
+    assert sum(data["input_lens"]) == data["total_input_tokens"]
+    assert sum(data["output_lens"]) == data["total_output_tokens"]
+    assert [len(gaps) for gaps in data["itls"]] == [n - 1 for n in data["output_lens"]]
+    assert sum(data["ttfts"]) / len(data["ttfts"]) * 1e3 == pytest.approx(data["mean_ttft_ms"])
+    for ttft, gaps, e2e in zip(data["ttfts"], data["itls"], data["latencies"]):
+        assert ttft + sum(gaps) == pytest.approx(e2e)
