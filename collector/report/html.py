@@ -60,7 +60,7 @@ def rate_tables(stats: dict, rates: list[float]) -> str:
 def _external_table(external: list) -> str:
     if not external:
         return ""
-    head = ("run", "tool", "rate req/s", "completed", "failed", "req/s", "out tok/s", "TTFT p50 / p99 ms",
+    head = ("run", "tool", "rate req/s", "completed", "failed", "incomplete", "req/s", "out tok/s", "TTFT p50 / p99 ms",
             "E2E p50 / p99 ms")
     rows = table_rows(external, ("ttft", "e2e"), "–")
     notes = "".join(f"<li>{html.escape(kind)}: {html.escape(DEFINITIONS[kind])}.</li>"
