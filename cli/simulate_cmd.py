@@ -22,7 +22,7 @@ CUSTOM = {  # the options whose meaning here differs from a run's: comma lists, 
     "workers": option("workers", help="simulated workers"),
     "memory_budget": option("memory_budget", help="KV memory budget, e.g. 2GiB (default: the preset's)"),
 }
-SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields_of(CollectorSettings), "preset",
+SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields_of(CollectorSettings), "preset", "speed_noise",
              "workers", "memory_budget")
 
 
