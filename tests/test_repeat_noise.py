@@ -69,6 +69,7 @@ def significant(outcomes: list[dict], label: str) -> dict[str, int]:
 
 def test_the_same_strategy_under_two_labels_reads_as_no_significant_difference_in_90_percent(outcomes):
     found = significant(outcomes, "twin")
+    print(f"A/A: significant in {found} of {SEEDS} seeds")  # the figure docs/statistics.md quotes (pytest -rA)
     assert all(n <= SEEDS // 10 for n in found.values()), f"significant in {found} of {SEEDS} A/A seeds"
     assert all(o["twin"].throughput.clusters == REPEATS for o in outcomes)  # repeats were the units
     assert all("no significant difference in throughput" in o["twin"].text for o in outcomes
@@ -79,6 +80,7 @@ def test_step_times_10_percent_slower_are_found_in_most_seeds_in_the_right_direc
     # three repeats give Student's t 4.3 on 2 degrees of freedom: the half-width is about 4.3 × 2.8% ÷ √3 ≈ 7%
     # of a 9.5% effect, so a share of seeds miss it (measured: docs/statistics.md); more repeats close the gap
     found = significant(outcomes, "slow")
+    print(f"10% slower: found in {found} of {SEEDS} seeds")
     assert all(n > SEEDS / 2 for n in found.values()), f"found in {found} of {SEEDS} seeds"
     for o in outcomes:  # a finding is never in the wrong direction
         slow = o["slow"]
