@@ -16,8 +16,9 @@ pads its rows to the widest (HF: generate()'s left padding, the slot cache's wid
 so callers count padding as context when it is set; `fused` that a continuous step's decodes and prefill are
 one forward (the HF slot loop), which pays the fixed cost once; `step_tokens` is the worker's per-step token
 budget (its --max-num-batched-tokens), past which a continuous step prefills a prompt in chunks
-(worker.sim.ContinuousCore). A preset is a name in PRESETS or a YAML file. `scaled` and `speed_factor` model a machine whose speed moves
-from run to run (a busy, shared one): every step time of one run multiplied by one seeded factor.
+(worker.sim.ContinuousCore). A preset is a name in PRESETS or a YAML file.
+`scaled` and `speed_factor` model a machine whose speed moves from run to run (a busy, shared one): every
+step time of one run multiplied by one seeded factor.
 """
 import hashlib
 import math
