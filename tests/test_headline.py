@@ -64,6 +64,14 @@ def test_one_repeat_states_the_estimate_and_that_run_to_run_variation_was_not_me
     assert "TTFT p50 −" in latency and "run-to-run variation not measured" in latency
     assert "significant" not in latency
     assert bare_numbers(line.text, hw.values()) == []
+    (tmp_path / "saturated").mkdir()
+    collection, capacities, *_ = simulated_sweep(tmp_path / "saturated", "[naive, continuous]", repeats=1)
+    for label in capacities:
+        capacities[label]["saturated"] = saturated(collection.group(label, 100.0), 20.0)
+    [line] = headlines(collection, capacities, hw)
+    assert not line.throughput.measured and "changed throughput by " in line.text
+    assert line.text.count("run-to-run variation not measured") == 1  # said once, for all three figures
+    assert "Throughput, TTFT p50, E2E p50 from one repeat" in line.text and "is called significant" in line.text
 
 
 def test_continuous_beats_naive_at_a_load_both_sustain_significantly_and_in_the_right_direction(tmp_path):

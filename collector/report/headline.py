@@ -8,7 +8,7 @@ difference."""
 from dataclasses import dataclass
 
 from batchlab.collector.report.capacities import bracket_text, sig
-from batchlab.collector.report.intervals import PairedResult, between_repeats, describe, pct_text
+from batchlab.collector.report.intervals import UNMEASURED, PairedResult, between_repeats, describe, pct_text
 from batchlab.collector.report.points import Collection
 from batchlab.collector.report.stats import paired_latency
 
@@ -122,6 +122,12 @@ def headline_text(label: str, new: dict, old: dict, found: "Headline", hardware:
         where = f" at λ = {rate:g} req/s"
     text = (f"{name} {change(thr, 'throughput', 'improved', 'lowered')}{latency} compared to naive batching"
             f"{where} on {hardware}.")
+    single = [what for what, r in (("throughput", thr), ("TTFT p50", found.ttft), ("E2E p50", found.e2e))
+              if r is not None and not r.measured]
+    if single:  # said once, not after every figure
+        figures = ", ".join(single)
+        text = text.replace(f" ({UNMEASURED})", "") + (f" {figures[0].upper()}{figures[1:]} from one repeat: "
+                                                       f"{UNMEASURED[12:]}, so no difference there is called significant.")
     text += (f" Throughput: saturated μ, {BASELINE} {mu_text(old)} → {label} {mu_text(new)} req/s, "
              f"{thr.clusters} paired repeat(s).")
     if found.ttft is not None:
