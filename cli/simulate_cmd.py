@@ -23,7 +23,7 @@ CUSTOM = {  # the options whose meaning here differs from a run's: comma lists, 
     "memory_budget": option("memory_budget", help="KV memory budget, e.g. 2GiB (default: the preset's)"),
 }
 SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields_of(CollectorSettings), "preset",
-             "workers", "memory_budget")
+             "speed_noise", "workers", "memory_budget")
 
 
 @with_settings(*SIMULATED, custom=CUSTOM)

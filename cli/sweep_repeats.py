@@ -1,7 +1,10 @@
 """`repeats: {auto: {start, max, width_pct}}`: after the grid's first `start` repeats, one more repeat at a
-time of the headline's comparisons (each strategy and naive at the headline's common load) until every
-headline latency interval (TTFT p50 and E2E p50, percentage points wide) is at most width_pct, or `max`
-repeats ran. Only the comparisons still too wide get another repeat; the rest of the grid keeps its own."""
+time of the headline's comparisons (each strategy and naive at the headline's common load, interleaved
+within a repeat) until every headline latency interval (TTFT p50 and E2E p50, percentage points wide, from
+the spread between repeats) is at most width_pct and rests on at least MIN_REPEATS repeats, or `max`
+repeats ran. Only the comparisons still too wide get another repeat; the rest of the grid keeps its own.
+The headline's throughput comes from the capacity search's saturated runs, which have their own repeats."""
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,10 +13,23 @@ from batchlab.collector.layout import point_dir
 from batchlab.collector.report.headline import BASELINE, Headline
 
 
+MIN_REPEATS = 3  # two repeats give the spread one degree of freedom: too rough an estimate to stop on
+
+
 def width_pct(h: Headline) -> float | None:
-    """The wider of the headline's TTFT p50 and E2E p50 intervals (percentage points); None: not compared."""
+    """The wider of the headline's TTFT p50 and E2E p50 intervals (percentage points); inf while fewer than
+    MIN_REPEATS repeats back it (one repeat: no interval at all); None: not compared."""
     results = [r for r in (h.ttft, h.e2e) if r is not None]
-    return max(r.hi - r.lo for r in results) if results else None
+    if not results:
+        return None
+    if any(r.clusters < MIN_REPEATS or not r.measured for r in results):
+        return math.inf
+    return max(r.hi - r.lo for r in results)
+
+
+def _finite(width: float | None) -> float | None:
+    """A width for sweep.json: None when there is none yet (too few repeats) or no comparison."""
+    return width if width is not None and math.isfinite(width) else None
 
 
 def current_headlines(out_dir: Path) -> list[Headline]:
@@ -55,6 +71,6 @@ def run_more_repeats(plan: Plan, out_dir: Path, index: dict, run_point: Callable
         repeat, found = repeat + 1, current_headlines(out_dir)
     index["repeats"] = repeat
     index["repeats_auto"] = {**settings.model_dump(), "ran": repeat,
-                             "width_pct_now": {h.label: width_pct(h) for h in found}}
+                             "width_pct_now": {h.label: _finite(width_pct(h)) for h in found}}
     save(index)
     return index

@@ -186,6 +186,9 @@ class SimBackendSettings(Group, title="Worker: sim"):
 
     preset: str = setting("a100-llama2-7b", "sim step-time preset (a100-llama2-7b, 3090-mistral-7b, "
                           "cpu-tiny-mistral) or a file batchlab calibrate wrote")
+    speed_noise: float = setting(0.0, "sim: run-to-run speed noise, as on a busy shared machine: every step time of "
+                                 "a run scaled by one factor exp(σ·z), z ~ N(0, 1) seeded by the run's seed, repeat "
+                                 "and label (0.1: about ±10% between runs)", unit="σ of log", ge=0, le=2)
 
 
 class HFBackendSettings(Group, title="Worker: hf"):

@@ -10,7 +10,7 @@ from batchlab.simulator.record import build_tables
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.backend import worker_hello  # the one hello builder, from the one sim BackendInfo
-from batchlab.worker.sim import sim_info, with_budget
+from batchlab.worker.sim import run_speed, sim_info, with_budget
 from batchlab.worker.stepmodel import StepModel, get_preset
 
 END_REASON = "simulated"
@@ -18,14 +18,15 @@ END_REASON = "simulated"
 
 def step_model(cfg: RunConfig) -> StepModel:
     """The `sim` backend's preset (the echo backend's zero-time model for --backend echo), with the run's
-    per-step token budget when it sets one."""
-    return with_budget(get_preset("echo" if cfg.backend == "echo" else cfg.preset), cfg.max_num_batched_tokens)
+    per-step token budget when it sets one and its speed factor (--speed-noise), as the live sim worker has."""
+    model = get_preset("echo" if cfg.backend == "echo" else cfg.preset)
+    return with_budget(model, cfg.max_num_batched_tokens).scaled(run_speed(cfg))
 
 
 def worker_hellos(cfg: RunConfig, strategy: Strategy, model: StepModel) -> list[WorkerHello]:
     """The hellos the live `sim`/`echo` workers of this config would send (see worker/factory.py)."""
     info = sim_info(model, strategy.mode, strategy.rows, backend="echo" if cfg.backend == "echo" else "sim",
-                    kv_budget_bytes=parse_bytes(cfg.memory_budget))
+                    kv_budget_bytes=parse_bytes(cfg.memory_budget), speed=run_speed(cfg))
     return [worker_hello(f"worker-{i}", info) for i in range(cfg.workers)]
 
 

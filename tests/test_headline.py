@@ -1,5 +1,6 @@
 """The headline's fixed rule on simulated sweeps: twin strategies read as no significant difference, continuous
-batching beats naive where queueing theory says it must, and every number carries an interval or the words."""
+batching beats naive where queueing theory says it must, dynamic batching serves what naive serves at
+saturation, one repeat claims no significance, and every number carries an interval or the words."""
 import re
 
 import pytest
@@ -8,7 +9,8 @@ from typer.testing import CliRunner
 from batchlab.cli.main import app
 from batchlab.collector.report.build import run_report
 from batchlab.collector.report.capacities import FROM_GRID, SEARCHED, load_capacities
-from batchlab.collector.report.headline import capacity_ratio, common_rate, headlines
+from batchlab.collector.report.headline import capacity_ratio, common_rate, headlines, throughput_ratio
+from batchlab.collector.report.intervals import between_repeats
 from batchlab.collector.report.points import load_collection
 from batchlab.collector.report.setup import hardware
 
@@ -18,9 +20,9 @@ runner = CliRunner()
 BASE = "{backend: sim, preset: a100-llama2-7b, dataset: synthetic, duration_s: 20, max_new_tokens: 32, batch_size: 8}"
 
 
-def simulated_sweep(tmp_path, strategies: str, rates: str = "[2, 4, 100]"):
+def simulated_sweep(tmp_path, strategies: str, rates: str = "[2, 4, 100]", repeats: int = 3):
     config = tmp_path / "grid.yaml"
-    config.write_text(f"base: {BASE}\ngrid: {{strategies: {strategies}, rates: {rates}}}\n")
+    config.write_text(f"base: {BASE}\ngrid: {{strategies: {strategies}, rates: {rates}, repeats: {repeats}}}\n")
     out = tmp_path / "out"
     result = runner.invoke(app, ["simulate", str(config), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -35,7 +37,9 @@ def bare_numbers(text: str, hardware_texts) -> list[str]:
     load, the 0.8 share, pair and repeat counts) and the machine's name are not measurements."""
     for hw in hardware_texts:
         text = text.replace(hw, "")
-    text = re.sub(r"λ = [\d.]+ req/s|≤ 0\.8 ×|\d+ requests, \d+ repeat\(s\)|\([^()]*\[[^\]]*\][^()]*\)", "", text)
+    text = re.sub(r"λ = [\d.]+ req/s|≤ 0\.8 ×|\d+ requests in \d+ repeat\(s\)|\d+ paired repeat\(s\)"
+                  r"|\([^()]*\[[^\]]*\][^()]*\)|[+−-][\d.]+% \(one repeat: run-to-run variation not measured\)",
+                  "", text)
     text = re.sub(r"\[[^\]]*\]", "[]", text)  # interval contents
     numbers = re.finditer(r"(?<![\w.])([+−-]?\d+(?:\.\d+)?)(%?)", text)
     return [m.group(0) for m in numbers if not text[m.end():].lstrip().startswith("[")
@@ -45,16 +49,34 @@ def bare_numbers(text: str, hardware_texts) -> list[str]:
 def test_two_identical_strategies_read_as_no_significant_difference(tmp_path):
     _, capacities, source, [line], hw = simulated_sweep(tmp_path, "[naive, {strategy: naive, label: naive-twin}]")
     assert source == FROM_GRID and capacities["naive"]["lo_req_s"] == capacities["naive-twin"]["lo_req_s"]
-    assert line.label == "naive-twin" and line.rate == 4.0
+    assert line.label == "naive-twin" and line.rate == 4.0 and line.ttft.clusters == 3
     assert not line.capacity.significant and not line.ttft.significant and not line.e2e.significant
+    assert line.throughput is None and "no saturated throughput measured" in line.text  # a fixed-rate sweep
     assert "no significant difference in capacity" in line.text
     assert "no significant difference in TTFT p50" in line.text and "no significant difference in E2E p50" in line.text
     assert bare_numbers(line.text, hw.values()) == []
 
 
+def test_one_repeat_states_the_estimate_and_that_run_to_run_variation_was_not_measured(tmp_path):
+    _, _, _, [line], hw = simulated_sweep(tmp_path, "[naive, continuous]", repeats=1)
+    assert not line.ttft.measured and not line.ttft.significant and line.ttft.estimate < 0
+    latency = line.text.split("At λ")[1]
+    assert "TTFT p50 −" in latency and "run-to-run variation not measured" in latency
+    assert "significant" not in latency
+    assert bare_numbers(line.text, hw.values()) == []
+    (tmp_path / "saturated").mkdir()
+    collection, capacities, *_ = simulated_sweep(tmp_path / "saturated", "[naive, continuous]", repeats=1)
+    for label in capacities:
+        capacities[label]["saturated"] = saturated(collection.group(label, 100.0), 20.0)
+    [line] = headlines(collection, capacities, hw)
+    assert not line.throughput.measured and "changed throughput by " in line.text
+    assert line.text.count("run-to-run variation not measured") == 1  # said once, for all three figures
+    assert "Throughput, TTFT p50, E2E p50 from one repeat" in line.text and "is called significant" in line.text
+
+
 def test_continuous_beats_naive_at_a_load_both_sustain_significantly_and_in_the_right_direction(tmp_path):
     _, _, _, [line], hw = simulated_sweep(tmp_path, "[naive, continuous]")
-    assert line.label == "continuous" and line.rate == 4.0
+    assert line.label == "continuous" and line.rate == 4.0 and line.ttft.clusters == 3
     assert line.ttft.significant and line.ttft.hi < 0  # lower TTFT, the whole interval below zero
     assert line.e2e.significant and line.e2e.hi < 0
     assert re.search(r"TTFT p50 −\d+(\.\d+)?% \[−", line.text)
@@ -101,3 +123,40 @@ def test_a_searched_capacity_in_capacity_json_is_preferred_to_the_grid(tmp_path)
     collection.index.pop("capacity", None)
     capacities, source = load_capacities(load_collection(collection.root))
     assert source == SEARCHED and capacities["naive"]["hi_req_s"] == 1.1 and "points" in index
+
+
+def saturated(runs, duration_s: float) -> dict:
+    """capacity.json's `saturated` entry (the capacity search's interface) from a sweep's saturated points:
+    each repeat's completions per second over the traffic's last three quarters (warm-up left out)."""
+    rows = []
+    for r in runs:
+        done = r.requests["completion_time"].dropna()
+        rows.append({"repeat": r.repeat, "req_s": float(done.between(duration_s / 4, duration_s).sum())
+                     / (0.75 * duration_s)})
+    mean = sum(row["req_s"] for row in rows) / len(rows)
+    return {"runs": rows, "req_s": mean, "req_s_lo": min(row["req_s"] for row in rows),
+            "req_s_hi": max(row["req_s"] for row in rows), "method": "test: completions / window"}
+
+
+def test_dynamic_serves_what_naive_serves_at_saturation_and_is_far_faster_at_low_load(tmp_path):
+    # both launch full batches of 8 when requests pile up, so their saturated μ agree (queueing theory: the same
+    # service process); at 2 req/s naive waits for 7 more arrivals (about 1.75 s on average), dynamic 50 ms
+    collection, capacities, _, _, hw = simulated_sweep(tmp_path, "[naive, {strategy: dynamic, max_batch_size: 8}]")
+    for label in capacities:
+        capacities[label]["saturated"] = saturated(collection.group(label, 100.0), 20.0)
+    [line] = headlines(collection, capacities, hw)
+    assert line.throughput.clusters == 3 and abs(line.throughput.estimate) < 5
+    assert not line.throughput.significant or max(abs(line.throughput.lo), abs(line.throughput.hi)) < 5
+    assert line.ttft.significant and line.ttft.hi < -50  # far lower TTFT, the whole interval
+    assert line.text.startswith("Dynamic batching ") and " throughput " in line.text and "TTFT p50" in line.text
+    assert "naive batching at λ = " in line.text and bare_numbers(line.text, hw.values()) == []
+
+
+def test_the_throughput_claim_pairs_saturated_runs_by_repeat():
+    def entry(rates):
+        return {"saturated": {"runs": [{"repeat": k, "req_s": v} for k, v in enumerate(rates)]}}
+
+    r = throughput_ratio(entry([6.0, 6.6, 5.4, 9.0]), entry([5.0, 6.0, 4.5]))  # repeat 3 has no partner
+    assert r == between_repeats([6.0 / 5.0, 6.6 / 6.0, 5.4 / 4.5]) and r.clusters == 3 and r.significant
+    assert throughput_ratio({"estimate_req_s": 5.0}, entry([5.0])) is None  # an older capacity.json: no runs
+    assert not throughput_ratio(entry([6.0]), entry([5.0])).measured  # one repeat: the estimate alone

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from batchlab.collector.report.intervals import (
     PairedResult, _resample_counts, _weighted_stat, describe, design_effect, min_requests, order_ranks,
-    paired_ratio, quantile_ci, unpaired_ratio)
+    between_repeats, paired_ratio, quantile_ci, t_quantile, unpaired_ratio)
 from batchlab.collector.report.markdown import ci_table
 from batchlab.collector.report.points import RunData
 from batchlab.collector.report.stats import GroupStats, paired_latency, percentile_ci
@@ -177,3 +177,55 @@ def test_ci_table_says_too_few_requests_where_the_interval_does_not_exist():
     row = ci_table([GroupStats("naive", 2.0, 1, 10.0, 2.0, 32, 0, latency, ci, 0, 1.0, None)])[2]
     assert row == ("| naive | 2 | 0 / 32 (0%) | 90.0 – 110.0 | too few requests for p99 | 100.0 – 120.0 | "
                    "too few requests for p99 |")
+
+
+def test_t_quantile_matches_the_printed_table():
+    table = {(0.95, 1): 12.706, (0.95, 2): 4.303, (0.95, 4): 2.776, (0.95, 10): 2.228, (0.99, 7): 3.499,
+             (0.90, 1): 6.314, (0.95, 120): 1.980}
+    for (level, df), value in table.items():
+        assert t_quantile(level, df) == pytest.approx(value, abs=1e-3)
+
+
+@pytest.mark.parametrize("k", [3, 5, 10])
+def test_between_repeat_intervals_cover_the_true_ratio_about_95_percent_of_the_time(k):
+    rng = np.random.default_rng(k)
+    true_pct, trials = 20.0, 2000  # each repeat's ratio: 1.2 × a lognormal run-to-run factor (σ = 0.1)
+    covered = 0
+    for _ in range(trials):
+        r = between_repeats(1.2 * np.exp(rng.normal(0, 0.1, k)))
+        covered += r.lo <= true_pct <= r.hi
+    assert 0.935 <= covered / trials <= 0.965
+
+
+def test_between_repeat_intervals_read_no_significant_difference_for_equal_strategies_95_percent_of_the_time():
+    rng = np.random.default_rng(3)
+    alarms = sum(between_repeats(np.exp(rng.normal(0, 0.05, 3))).significant for _ in range(2000))
+    assert 0.035 <= alarms / 2000 <= 0.065
+
+
+def test_one_repeat_gives_the_estimate_without_an_interval_and_never_significant():
+    r = between_repeats([0.5])
+    assert r.estimate == pytest.approx(-50) and not r.measured and not r.significant and r.clusters == 1
+    text = describe(r, "TTFT p50")
+    assert text == "TTFT p50 −50.0% (one repeat: run-to-run variation not measured)" and "significant" not in text
+    assert between_repeats([]) is None and between_repeats([0.0, -1.0]) is None  # no positive ratio
+
+
+def test_between_repeat_estimate_is_the_geometric_mean_and_the_interval_widens_with_the_spread():
+    tight, loose = between_repeats([1.1, 1.1, 1.1]), between_repeats([1.0, 1.1, 1.21])
+    assert tight.estimate == pytest.approx(10) and (tight.lo, tight.hi) == pytest.approx((10, 10))
+    assert tight.significant and loose.estimate == pytest.approx(10) and loose.lo < 0 < loose.hi
+
+
+def test_paired_latency_intervals_come_from_the_spread_between_repeats_not_from_the_requests():
+    rng = np.random.default_rng(5)
+    base = [rng.lognormal(-2, 0.5, 400) for _ in range(3)]
+    done = np.ones(400, dtype=bool)
+    speed = [0.6, 1.0, 1.5]  # what moves a whole run (the machine's speed that minute): 400 requests hide none of it
+    runs_a = [run("dynamic", k, speed[k] * base[k], done) for k in range(3)]
+    runs_b = [run("naive", k, base[k], done) for k in range(3)]
+    spread = paired_latency(runs_a, runs_b, "ttft", 50)
+    assert spread.clusters == 3 and spread.n_pairs == 1200 and not spread.significant
+    assert spread.lo < -40 and spread.hi > 50
+    one = paired_latency(runs_a[:1], runs_b[:1], "ttft", 50)
+    assert one.estimate == pytest.approx(-40) and not one.measured and not one.significant

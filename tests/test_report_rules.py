@@ -118,7 +118,7 @@ def test_report_states_the_headline_rule_and_compares_latency_at_a_load_both_sus
     assert ("capacity not compared to naive batching, a bracket is open (naive 5.92 [4.25, 8.25] → dynamic ≥ 8.25 "
             "(no failing rate measured) req/s)") in dynamic
     assert "At λ = 4 req/s" in dynamic and "TTFT p50 −50" in dynamic  # 4 ≤ 0.8 × 5.92; 8 is not
-    assert "By a fixed rule: throughput = each strategy's capacity" in text
+    assert "By a fixed rule: throughput = each strategy's saturated throughput μ" in text
     assert text.index("## Capacity") < text.index("## Result")
 
 

@@ -1,4 +1,5 @@
 """The step model's compute-bound terms, and how the simulator's cores count padding."""
+import numpy as np
 import pytest
 
 from batchlab.worker.backend import Row
@@ -55,3 +56,40 @@ def test_a_fused_continuous_step_pays_its_fixed_cost_once(fused):
     assert both.duration_s == pytest.approx(decode + prefill - (min(0.01, 0.02) if fused else 0.0))
     gpu = StepModel(**{**PRESETS["a100-llama2-7b"].as_dict(), "fused": True})  # the weight stream, read once
     assert gpu.fused_s(1.0, 2.0) == pytest.approx(3.0 - gpu.overhead_s - gpu.weights_bytes / gpu.bandwidth_Bps)
+
+
+def test_a_scaled_model_takes_every_step_that_many_times_longer():
+    for model in (CPU, PRESETS["a100-llama2-7b"]):
+        slow = model.scaled(1.25)
+        assert slow.decode_step_s(300, 4) == pytest.approx(1.25 * model.decode_step_s(300, 4))
+        assert slow.prefill_s(60, 2, 2600) == pytest.approx(1.25 * model.prefill_s(60, 2, 2600))
+    assert CPU.scaled(1.0) is CPU
+
+
+def test_the_run_speed_factor_is_seeded_by_the_run_and_differs_between_labels():
+    from batchlab.worker.stepmodel import speed_factor
+
+    assert speed_factor(0.0, 3, 1, "naive") == 1.0
+    assert speed_factor(0.1, 3, 1, "naive") == speed_factor(0.1, 3, 1, "naive")  # the same run, the same factor
+    factors = [speed_factor(0.1, seed, 0, label) for seed in range(400) for label in ("a", "b")]
+    assert len(set(factors)) == len(factors)  # twins at one repeat differ, and so do seeds
+    logs = np.log(factors)
+    assert abs(logs.mean()) < 0.02 and 0.09 < logs.std() < 0.11  # lognormal, σ as asked
+
+
+def test_speed_noise_reaches_the_live_sim_worker_and_the_simulator_alike():
+    from batchlab.cli.config import checked_config
+    from batchlab.cli.pool import worker_key
+    from batchlab.simulator.run import step_model
+    from batchlab.worker.sim import SimBackend, run_speed
+
+    cfg = checked_config({"backend": "sim", "strategy": "naive", "speed_noise": 0.2, "seed": 4, "repeat": 1,
+                          "label": "twin", "out": "."}, {})
+    live, simulated = SimBackend.from_config(cfg, "static", 8), step_model(cfg)
+    assert run_speed(cfg) != 1.0 and live.info.facts["speed_factor"] == run_speed(cfg)
+    assert live.model.decode_step_s(100, 8) == pytest.approx(simulated.decode_step_s(100, 8))
+    assert live.model.decode_step_s(100, 8) == pytest.approx(run_speed(cfg) * PRESETS[cfg.preset].decode_step_s(100, 8))
+    other = cfg.model_copy(update={"label": "naive"})
+    assert worker_key(cfg) != worker_key(other)  # a warm worker would carry one run's speed into the next
+    quiet = [c.model_copy(update={"speed_noise": 0.0}) for c in (cfg, other)]
+    assert worker_key(quiet[0]) == worker_key(quiet[1])

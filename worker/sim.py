@@ -10,7 +10,7 @@ from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.settings import parse_bytes
 from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput, lockstep_output
 from batchlab.worker.hf.chunks import plan_chunks
-from batchlab.worker.stepmodel import StepModel, get_preset
+from batchlab.worker.stepmodel import StepModel, get_preset, speed_factor
 
 FAKE_VOCAB = 32000
 
@@ -163,29 +163,36 @@ def with_budget(model: StepModel, step_tokens: int) -> StepModel:
     return replace(model, step_tokens=step_tokens) if step_tokens else model
 
 
+def run_speed(cfg) -> float:
+    """This run's step-time factor from its --speed-noise (1: none), seeded by its seed, repeat and label."""
+    return speed_factor(cfg.speed_noise, cfg.seed, cfg.repeat, cfg.label or cfg.strategy)
+
+
 def sim_info(model: StepModel, mode: str, max_batch_size: int, *, backend: str = "sim",
-             model_name: str | None = None, kv_budget_bytes: int = 0) -> BackendInfo:
+             model_name: str | None = None, kv_budget_bytes: int = 0, speed: float = 1.0) -> BackendInfo:
     """What a `sim`/`echo` worker playing `model` reports (the simulator's workers report the same);
-    `kv_budget_bytes` 0: the model's own budget."""
+    `kv_budget_bytes` 0: the model's own budget; `speed`: the run's step-time factor, already in `model`."""
     return BackendInfo(backend=backend, model=model_name or model.name, mode=mode, max_batch_size=max_batch_size,
                        kv_bytes_per_token=model.kv_bytes_per_token,
                        kv_budget_bytes=kv_budget_bytes or model.kv_budget_bytes(), device="simulated",
-                       memory_kind="none", facts={"preset": model.as_dict()})
+                       memory_kind="none", facts={"preset": model.as_dict(), "speed_factor": speed})
 
 
 class SimBackend(Backend):
     """Sleeps for the modelled step times; static (lockstep batches) or continuous mode."""
 
     def __init__(self, preset: str = "a100-llama2-7b", mode: str = "static", max_batch_size: int = 64,
-                 model_name: str | None = None, backend: str = "sim", step_tokens: int = 0) -> None:
-        self.model = with_budget(get_preset(preset), step_tokens)
+                 model_name: str | None = None, backend: str = "sim", step_tokens: int = 0,
+                 speed: float = 1.0) -> None:
+        self.model = with_budget(get_preset(preset), step_tokens).scaled(speed)
         self.core = ContinuousCore(self.model, max_rows=max_batch_size)
-        self.info = sim_info(self.model, mode, max_batch_size, backend=backend, model_name=model_name)
+        self.info = sim_info(self.model, mode, max_batch_size, backend=backend, model_name=model_name, speed=speed)
 
     @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "SimBackend":
-        """The run's preset and per-step token budget; --memory-budget, when set, replaces the preset's KV budget."""
-        backend = cls(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens)
+        """The run's preset, per-step token budget and speed factor (--speed-noise; a warm worker serves one
+        run only when it is set: cli.pool.worker_key); --memory-budget, when set, replaces the preset's KV budget."""
+        backend = cls(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens, speed=run_speed(cfg))
         backend.info.kv_budget_bytes = parse_bytes(cfg.memory_budget) or backend.info.kv_budget_bytes
         return backend
 

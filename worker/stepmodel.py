@@ -17,9 +17,15 @@ so callers count padding as context when it is set; `fused` that a continuous st
 one forward (the HF slot loop), which pays the fixed cost once; `step_tokens` is the worker's per-step token
 budget (its --max-num-batched-tokens), past which a continuous step prefills a prompt in chunks
 (worker.sim.ContinuousCore). A preset is a name in PRESETS or a YAML file.
+`scaled` and `speed_factor` model a machine whose speed moves from run to run (a busy, shared one): every
+step time of one run multiplied by one seeded factor.
 """
-from dataclasses import asdict, dataclass, fields
+import hashlib
+import math
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+
+import numpy as np
 
 from batchlab.models.archs import ARCHS, kv_bytes_per_token, n_params, weights_bytes
 
@@ -74,6 +80,15 @@ class StepModel:
         shared = min(self.overhead_s, prefill_overhead) + self._streamed_s(self.weights_bytes)
         return decode_s + prefill_s - min(shared, decode_s, prefill_s)
 
+    def scaled(self, factor: float) -> "StepModel":
+        """The same model with every step time multiplied by `factor` (> 1: a slower machine)."""
+        if factor == 1.0:
+            return self
+        times = {name: getattr(self, name) * factor for name in TIME_TERMS}
+        if self.prefill_overhead_s is not None:
+            times["prefill_overhead_s"] = self.prefill_overhead_s * factor
+        return replace(self, bandwidth_Bps=self.bandwidth_Bps / factor, **times)
+
     def kv_budget_bytes(self) -> int:
         """Device memory left for the KV cache after the weights (10% reserve)."""
         return max(0, int(0.9 * self.memory_bytes - self.weights_bytes))
@@ -81,6 +96,21 @@ class StepModel:
     def as_dict(self) -> dict:
         """Plain dict (for hello facts, summaries and preset files)."""
         return asdict(self)
+
+
+# StepModel's per-second terms (bandwidth_Bps and prefill_overhead_s are scaled apart: a rate, an optional)
+TIME_TERMS = ("prefill_s_per_token", "overhead_s", "decode_s_per_row", "decode_s_per_context_token",
+              "prefill_s_per_row", "prefill_s_per_token_pair")
+
+
+def speed_factor(sigma: float, *keys: object) -> float:
+    """One run's step-time multiplier exp(σ·z), z ~ N(0, 1) drawn from a seed hashed from `keys` (the run's
+    seed, repeat and label: the same run gets the same factor, two labels at one repeat different ones);
+    1 when σ is 0."""
+    if sigma <= 0:
+        return 1.0
+    digest = hashlib.sha256(repr(keys).encode()).digest()
+    return math.exp(sigma * float(np.random.default_rng(int.from_bytes(digest[:8], "little")).standard_normal()))
 
 
 def _on_gpu(name: str, arch: str, bandwidth_Bps: float, prefill_Fps: float, overhead_s: float,

@@ -1,5 +1,6 @@
 """Intervals that fit how batchlab measures: distribution-free percentile intervals from order statistics,
-and paired comparisons of two strategies over the same requests (pure numpy; latencies in any one unit)."""
+paired comparisons of two strategies over the same requests, and comparisons whose units are repeats (the
+spread between runs, which requests within one run cannot show). Pure numpy; latencies in any one unit."""
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ N_BOOT = 2000  # paired-bootstrap resamples
 SEED = 0  # the bootstrap's rng seed: the same data always gives the same interval
 _TOL = 1e-12  # slack when a binomial sum is compared to the level (rounding, not statistics)
 _BLOCK_CELLS = 2_000_000  # resample counts are drawn in blocks of about this many cells (memory bound)
+UNMEASURED = "one repeat: run-to-run variation not measured"
 
 
 def _binomial_cdf(n: int, p: float) -> np.ndarray:
@@ -105,9 +107,14 @@ class PairedResult:
     lo: float
     hi: float
     n_pairs: int
-    significant: bool  # False when the interval includes 0
-    clusters: int = 1
+    significant: bool  # False when the interval includes 0 (and always with one repeat: see `measured`)
+    clusters: int = 1  # repeats the comparison spans
     level: float = LEVEL
+
+    @property
+    def measured(self) -> bool:
+        """Whether lo and hi are an interval (NaN: one repeat, run-to-run variation not measured)."""
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
 
 
 def _resample_counts(members: list[np.ndarray], n: int, n_boot: int,
@@ -195,13 +202,65 @@ def unpaired_ratio(a, b, q: float | None = 50, level: float = LEVEL, *, n_boot: 
     return _result(_stat(a, q) / _stat(b, q) - 1, np.concatenate(reps), min(a.size, b.size), 1, level)
 
 
+def _t_within(t: float, df: int) -> float:
+    """P(|T| ≤ t) for Student's T with df degrees of freedom (Abramowitz & Stegun 26.7.3–4: exact for integer
+    df, a finite sum in cos² of θ = atan(t / √df))."""
+    theta = math.atan(t / math.sqrt(df))
+    c2, sum_, term = math.cos(theta) ** 2, 1.0, 1.0
+    if df % 2 == 0:
+        for k in range(1, df // 2):
+            term *= (2 * k - 1) / (2 * k) * c2
+            sum_ += term
+        return math.sin(theta) * sum_
+    if df == 1:
+        return 2 * theta / math.pi
+    for k in range(1, (df - 1) // 2):
+        term *= 2 * k / (2 * k + 1) * c2
+        sum_ += term
+    return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * sum_)
+
+
+@lru_cache(maxsize=256)
+def t_quantile(level: float, df: int) -> float:
+    """t with P(|T| ≤ t) = level, T ~ Student's t on df degrees of freedom (12.71 for 95% and df 1)."""
+    lo, hi = 0.0, 1.0
+    while _t_within(hi, df) < level:
+        hi *= 2
+    for _ in range(100):  # bisection: far below float resolution of any t used here
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_within(mid, df) < level else (lo, mid)
+    return (lo + hi) / 2
+
+
+def between_repeats(ratios, level: float = LEVEL, n_pairs: int = 0) -> PairedResult | None:
+    """Relative change from per-repeat ratios a_r ÷ b_r (each repeat's own paired effect, one unit each, so
+    whatever moves a whole run, the machine's speed in that minute or a burst, is in the spread): estimate
+    exp(mean log ratio) − 1, interval from Student's t on the log ratios (k − 1 degrees of freedom). With one
+    repeat the estimate has no interval (lo, hi NaN) and is never significant: run-to-run variation was not
+    measured. None when no ratio is finite and positive. `n_pairs`: the requests behind the ratios (0: none)."""
+    x = np.asarray(ratios, dtype="float64")
+    logs = np.log(x[np.isfinite(x) & (x > 0)])
+    k = logs.size
+    if k == 0:
+        return None
+    mean = float(np.mean(logs))
+    if k == 1:
+        return PairedResult(math.expm1(mean) * 100, math.nan, math.nan, n_pairs, False, 1, level)
+    half = t_quantile(level, k - 1) * float(np.std(logs, ddof=1)) / math.sqrt(k)
+    lo, hi = math.expm1(mean - half) * 100, math.expm1(mean + half) * 100
+    return PairedResult(math.expm1(mean) * 100, lo, hi, n_pairs, not lo <= 0 <= hi, k, level)
+
+
 def _signed(pct: float, decimals: int) -> str:
     text = f"{abs(pct):.{decimals}f}%"
     return ("−" if pct < 0 and float(text[:-1]) != 0 else "+") + text
 
 
 def pct_text(result: PairedResult) -> str:
-    """'−48% [−55%, −40%]', with as many decimals as the interval's width deserves."""
+    """'−48% [−55%, −40%]', with as many decimals as the interval's width deserves; one repeat: the estimate
+    and 'run-to-run variation not measured'."""
+    if not result.measured:
+        return f"{_signed(result.estimate, 1)} ({UNMEASURED})"
     width = result.hi - result.lo
     decimals = 0 if width >= 10 else 1 if width >= 1 else 2
     est, lo, hi = (_signed(v, decimals) for v in (result.estimate, result.lo, result.hi))
@@ -212,6 +271,6 @@ def describe(result: PairedResult | None, what: str = "TTFT p50") -> str:
     """'TTFT p50 −48% [−55%, −40%]', or 'no significant difference in TTFT p50 (−2.0% [−9.0%, +5.0%])'."""
     if result is None:
         return f"too few requests finished by both to compare {what}"
-    if result.significant:
+    if result.significant or not result.measured:
         return f"{what} {pct_text(result)}"
     return f"no significant difference in {what} ({pct_text(result)})"

@@ -144,8 +144,9 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
     out += [f"- {h}" for h in headlines] or [none]
     if headlines:
         out += ["", f"By a fixed rule: {RULE}. Latency changes are paired over the same requests (every strategy "
-                "replays the same schedule), resampled by repeat then by request; capacity intervals come from "
-                "the two brackets. An interval that includes zero is written as no significant difference."]
+                "replays the same schedule); each repeat gives one ratio, so the interval holds what moves a "
+                "whole run (the machine's speed, a burst), and with one repeat no interval is claimed. An "
+                "interval that includes zero is written as no significant difference."]
     out += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     out += ["", "Latency plots cover finished requests only: each curve point is labelled with its failed "
             f"share, a red x marks points where more than {FAILED_MARK_SHARE:.0%} failed, and each "

@@ -1,12 +1,12 @@
 """Numbers per (strategy, rate) over its repeats: collector.metrics formulas, order-statistic intervals,
-goodput, the TPOT / ITL formulas other benchmarking tools use, and paired per-request comparisons."""
+goodput, the TPOT / ITL formulas other benchmarking tools use, and paired comparisons with repeats as units."""
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics
-from batchlab.collector.report.intervals import PairedResult, paired_ratio, quantile_ci
+from batchlab.collector.report.intervals import PairedResult, between_repeats, quantile_ci
 from batchlab.collector.report.joins import split as joins_split
 from batchlab.collector.report.points import RunData
 
@@ -143,19 +143,24 @@ def _pair_key(run: RunData) -> tuple:
 
 def paired_latency(runs_a: list[RunData], runs_b: list[RunData], metric: str = "ttft", q: float | None = 50,
                    level: float = CI_LEVEL) -> PairedResult | None:
-    """a's q-th percentile (q None: mean) of a request latency against b's, in percent, over the requests
-    both finished, paired by (rate, repeat, seed, request id) and clustered by repeat; None if none pair."""
+    """a's q-th percentile (q None: mean) of a request latency against b's, in percent. Each repeat is one unit:
+    its ratio is taken over the requests both finished in it, paired by (rate, repeat, seed, request id), and
+    the interval comes from the spread of those ratios between repeats (intervals.between_repeats; one repeat:
+    no interval). None if no repeat pairs."""
     others = {_pair_key(r): r for r in runs_b}
-    a, b, clusters = [], [], []
-    for k, run in enumerate(runs_a):
+    ratios, n_pairs = [], 0
+    for run in runs_a:
         other = others.get(_pair_key(run))
         if other is None:
             continue
         both = finished_requests(run)[["request_id", metric]].merge(
             finished_requests(other)[["request_id", metric]], on="request_id", suffixes=("_a", "_b")).dropna()
-        a.append(both[f"{metric}_a"].to_numpy())
-        b.append(both[f"{metric}_b"].to_numpy())
-        clusters.append(np.full(len(both), k))
-    if not a:
-        return None
-    return paired_ratio(np.concatenate(a), np.concatenate(b), q, level, clusters=np.concatenate(clusters))
+        if both.empty or not _stat(both[f"{metric}_b"], q) > 0:
+            continue
+        ratios.append(_stat(both[f"{metric}_a"], q) / _stat(both[f"{metric}_b"], q))
+        n_pairs += len(both)
+    return between_repeats(ratios, level, n_pairs) if ratios else None
+
+
+def _stat(values: pd.Series, q: float | None) -> float:
+    return float(values.mean()) if q is None else float(np.percentile(values.to_numpy(), q))
