@@ -80,6 +80,7 @@ def test_the_scheduler_refuses_and_counts_forgeries_and_keeps_each_real_request_
 @pytest.mark.slow
 def test_forged_requests_on_loopback_are_refused_counted_and_the_real_rows_stay_exact(tmp_path):
     out = tmp_path / "run"
+    oversized = encode(RequestMsg(7, 1.0, 1.0, 4, 4, bytes(60_000_000)))  # 60 MB of tokens claiming 4
     sched, _, procs = roles(out)
     procs["traffic"] = start("traffic", *COMMON[2:], "--rate", "10", "--duration", "6", "--scheduler", sched,
                              "--out", str(out))
@@ -92,9 +93,8 @@ def test_forged_requests_on_loopback_are_refused_counted_and_the_real_rows_stay_
     forger.connect(sched)
     schedule = pd.read_parquet(out / "schedule.parquet")
     late = int(schedule.request_id.max())  # the traffic sends it last, seconds from now
-    for msg in (request(10 ** 6), request(late, prompt_len=64),
-                RequestMsg(7, 1.0, 1.0, 4, 4, pack_tokens(range(15_000_000)))):  # 60 MB claiming 4 tokens
-        forger.send(encode(msg))
+    for frame in (encode(request(10 ** 6)), encode(request(late, prompt_len=64)), oversized):
+        forger.send(frame)
     finish(procs)
     forger.close(linger=0)
     ctx.term()

@@ -125,9 +125,9 @@ def test_shutdown_from_scheduler_stops_sending_and_reports_the_real_count(tmp_pa
 
 
 def test_the_traffic_keeps_its_queued_frames_until_a_stalled_scheduler_took_the_stream(tmp_path: Path) -> None:
-    # The fake stops reading at the first request for longer than the old 2 s linger; its socket takes
-    # in 10 frames, so the rest of 2,000 wait in the traffic's own queue, which a close would drop.
-    schedule = _schedule(rate=2000.0, duration_s=1.0)
+    # A high rate, and a scheduler stopped at the first request for longer than the old 2 s linger: its
+    # socket takes in 10 frames, so the rest of 10,000 wait in the traffic's own queue (a close drops them).
+    schedule = _schedule(rate=20_000.0, duration_s=0.5)
     fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock", stall_s=4.0, recv_hwm=10).start()
     sent = run_traffic(schedule, fake.address, out_dir=None, start_timeout_s=5, liveness_s=60)
     fake.join()
