@@ -19,7 +19,8 @@ __all__ = [
     "PROTOCOL_VERSION", "BatchId", "Count", "Length", "RequestId", "FailedRow", "Kind", "RequestRow",
     "TokenBytes", "pack_tokens", "unpack_tokens",
     "Arrival", "BatchLaunch", "Bundle", "RequestFailed", "RunEnd", "RunInfo", "Step", "Tokens", "WorkerBye",
-    "TrafficHello", "Start", "RequestMsg", "EndOfStream", "EndOfStreamAck", "RequestsEnded", "WorkerHello", "Dispatch", "BatchDone", "Heartbeat",
+    "TrafficHello", "Start", "RequestMsg", "EndOfStream", "EndOfStreamAck", "RequestsEnded", "WorkerHello", "Dispatch",
+    "BatchDone", "Heartbeat",
     "Shutdown", "ClockPing", "ClockPong", "WorkerCapacity", "MESSAGE_TYPES",
 ]
 
@@ -186,7 +187,8 @@ class WorkerCapacity:
 
 
 MESSAGE_TYPES: tuple[type, ...] = (
-    TrafficHello, Start, RequestMsg, EndOfStream, EndOfStreamAck, RequestsEnded, WorkerHello, Dispatch, BatchDone, Heartbeat,
+    TrafficHello, Start, RequestMsg, EndOfStream, EndOfStreamAck, RequestsEnded, WorkerHello, Dispatch, BatchDone,
+    Heartbeat,
     Shutdown, ClockPing, ClockPong, WorkerCapacity, Tokens, Step, Arrival, BatchLaunch, RequestFailed, RunInfo,
     RunEnd, WorkerBye, Bundle,
 )

@@ -9,8 +9,8 @@ import time
 import zmq
 
 from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, EndOfStreamAck, Heartbeat,
-                               RequestMsg, RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello, WorkerCapacity,
-                               WorkerHello, encode, now)
+                               RequestMsg, RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
+                               WorkerCapacity, WorkerHello, encode, now)
 from batchlab.protocol.bundling import Bundler
 from batchlab.protocol.inbox import Inbox, RateLimitedLog
 from batchlab.protocol.security import start_authenticator

@@ -9,9 +9,9 @@ import msgpack
 from hypothesis import strategies as st
 
 from batchlab.protocol.messages import (PROTOCOL_VERSION, Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong,
-                                        Dispatch, EndOfStream, EndOfStreamAck, FailedRow, Heartbeat, RequestFailed, RequestMsg,
-                                        RequestRow, RunEnd, RunInfo, Shutdown, Start, Step, Tokens, TrafficHello,
-                                        WorkerBye, WorkerCapacity, WorkerHello, pack_tokens)
+                                        Dispatch, EndOfStream, EndOfStreamAck, FailedRow, Heartbeat, RequestFailed,
+                                        RequestMsg, RequestRow, RunEnd, RunInfo, Shutdown, Start, Step, Tokens,
+                                        TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, pack_tokens)
 from batchlab.protocol.wire import AtLeast, TokenBytes
 
 NAN, INF = math.nan, math.inf
