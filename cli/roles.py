@@ -87,5 +87,5 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
         closed = ClosedLoop(cfg.concurrency, cfg.think_time_ms / 1000, target)
     run_traffic(make_schedule(cfg), scheduler_addr, out_dir=None if already_there else Path(cfg.out),
                 keys=cfg.keys or None, on_start=None if started is None else (lambda _t0: started.set()),
-                closed=closed)
+                closed=closed, liveness_s=cfg.liveness_s)
     return 0

@@ -19,7 +19,8 @@ __all__ = [
     "PROTOCOL_VERSION", "BatchId", "Count", "Length", "RequestId", "FailedRow", "Kind", "RequestRow",
     "TokenBytes", "pack_tokens", "unpack_tokens",
     "Arrival", "BatchLaunch", "Bundle", "RequestFailed", "RunEnd", "RunInfo", "Step", "Tokens", "WorkerBye",
-    "TrafficHello", "Start", "RequestMsg", "EndOfStream", "RequestsEnded", "WorkerHello", "Dispatch", "BatchDone", "Heartbeat",
+    "TrafficHello", "Start", "RequestMsg", "EndOfStream", "EndOfStreamAck", "RequestsEnded", "WorkerHello", "Dispatch",
+    "BatchDone", "Heartbeat",
     "Shutdown", "ClockPing", "ClockPong", "WorkerCapacity", "MESSAGE_TYPES",
 ]
 
@@ -50,6 +51,17 @@ class EndOfStream:
 
     KIND = Kind.END_OF_STREAM
     sent: Count
+
+
+@dataclass(slots=True)
+class EndOfStreamAck:
+    """Scheduler → traffic: its EndOfStream was taken, so was every frame sent before it (one pipe, in
+    order; `received`: the requests it took from this traffic). Until then the traffic keeps its socket
+    open: frames still queued in it when it closed would be lost (a scheduler stalled, or behind at a
+    high rate)."""
+
+    KIND = Kind.END_OF_STREAM_ACK
+    received: Count
 
 
 @dataclass(slots=True)
@@ -175,7 +187,8 @@ class WorkerCapacity:
 
 
 MESSAGE_TYPES: tuple[type, ...] = (
-    TrafficHello, Start, RequestMsg, EndOfStream, RequestsEnded, WorkerHello, Dispatch, BatchDone, Heartbeat,
+    TrafficHello, Start, RequestMsg, EndOfStream, EndOfStreamAck, RequestsEnded, WorkerHello, Dispatch, BatchDone,
+    Heartbeat,
     Shutdown, ClockPing, ClockPong, WorkerCapacity, Tokens, Step, Arrival, BatchLaunch, RequestFailed, RunInfo,
     RunEnd, WorkerBye, Bundle,
 )

@@ -21,6 +21,11 @@ class RequestMsg:
     output_len: Length
     prompt_tokens: TokenBytes = b""
 
+    def is_valid(self) -> bool:
+        """The packed prompt holds exactly prompt_len tokens (none at all: an Arrival's copy, which the
+        scheduler sends without them): a frame far larger than its stated prompt is refused."""
+        return not self.prompt_tokens or len(self.prompt_tokens) == 4 * self.prompt_len
+
 
 @dataclass(slots=True)
 class FailedRow:

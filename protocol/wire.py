@@ -8,7 +8,9 @@ from typing import Annotated
 
 import numpy as np
 
-PROTOCOL_VERSION = 4  # 3: RequestsEnded (closed loop). 4: typed rows; a batch id per row and per token
+PROTOCOL_VERSION = 5  # 3: RequestsEnded (closed loop). 4: typed rows; a batch id per row and per token.
+# 5: EndOfStreamAck (traffic keeps its socket until the scheduler took the stream); a RequestMsg's
+# tokens match its prompt_len
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # every int on the wire fits a table's int64 column
@@ -67,3 +69,4 @@ class Kind(IntEnum):
     WORKER_CAPACITY = 20
     BUNDLE = 21
     REQUESTS_ENDED = 22
+    END_OF_STREAM_ACK = 23

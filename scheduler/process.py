@@ -8,15 +8,16 @@ import time
 
 import zmq
 
-from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, Heartbeat, RequestMsg,
-                               RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello, WorkerCapacity,
-                               WorkerHello, encode, now)
+from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, EndOfStreamAck, Heartbeat,
+                               RequestMsg, RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
+                               WorkerCapacity, WorkerHello, encode, now)
 from batchlab.protocol.bundling import Bundler
 from batchlab.protocol.inbox import Inbox, RateLimitedLog
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, send_routed
 from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.gate import TrafficGate
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy
 
@@ -56,6 +57,8 @@ class Scheduler:
         self.stats: dict = {}  # the edge's own counters (rejected_messages: the inbox's); the core keeps the rest
         self.inbox = Inbox(self.router, log, counters=self.stats, max_frames=MAX_MESSAGES_PER_POLL)
         self.duplicates = RateLimitedLog(log)  # the core counts them (duplicate_requests)
+        self.gate = TrafficGate()  # the announced traffic, and its schedule's ids
+        self.refusals = RateLimitedLog(log)  # the gate counts them (refused_requests, refused_stream_messages)
         self.last_beat = now()
         self.records = Bundler(self.coll, RECORD_FLUSH_INTERVAL_S)  # the collector's records not yet sent
 
@@ -87,6 +90,10 @@ class Scheduler:
 
     # --- message handlers -------------------------------------------------------------------------
     def _handle(self, sender: bytes, msg: object) -> None:
+        why = self.gate.refusal(sender, msg)  # a forged request or a second traffic: counted, never taken
+        if why:
+            self.refusals.warn("refused messages", why)
+            return
         wid, t = sender.decode(errors="replace"), now()
         self._maybe_back(msg.sender if isinstance(msg, Heartbeat) else wid, t)
         if isinstance(msg, RequestMsg):
@@ -113,6 +120,8 @@ class Scheduler:
         elif isinstance(msg, EndOfStream):
             self.core.end_of_stream()
             self.stats["sent_by_traffic"] = msg.sent
+            with contextlib.suppress(zmq.ZMQError):  # every frame before it was taken: the traffic may close
+                send_routed(self.router, sender, encode(EndOfStreamAck(self.gate.received)), zmq.NOBLOCK)
 
     def _maybe_back(self, wid: str, t: float) -> None:
         """A worker lost for its silence spoke again (it was stalled): it rejoins, and what it still runs
@@ -211,7 +220,7 @@ class Scheduler:
             with contextlib.suppress(zmq.ZMQError):
                 send_routed(self.router, self.traffic, encode(Shutdown(why)), zmq.NOBLOCK)
         cpu_s = time.process_time() - self.cpu_at_start if self.t0 is not None else 0.0  # from Start on
-        stats = {**self.core.stats, **self.stats, "cpu_s": cpu_s}
+        stats = {**self.core.stats, **self.stats, **self.gate.stats, "cpu_s": cpu_s}
         self.records.add(RunEnd(self.core.stats["submitted"], list(self.core.workers), stats))
         self.records.flush(force=True)
 

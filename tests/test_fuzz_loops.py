@@ -149,7 +149,7 @@ def test_worker_counts_garbage_and_still_runs_a_batch(malformed):
 
 
 def test_traffic_ignores_garbage_and_sends_its_schedule(tmp_path, malformed):
-    from batchlab.protocol import TrafficHello
+    from batchlab.protocol import EndOfStreamAck, TrafficHello
 
     sched = f"tcp://127.0.0.1:{free_port()}"
     ctx = zmq.Context()
@@ -164,6 +164,7 @@ def test_traffic_ignores_garbage_and_sends_its_schedule(tmp_path, malformed):
         router.send_multipart([ident, encode(Start(time.monotonic() + 0.2))])
         _, eos = serve_pongs(router, EndOfStream)
         assert eos.sent == hello.n_requests > 0
+        router.send_multipart([ident, encode(EndOfStreamAck(eos.sent))])  # the traffic may close: all taken
         traffic.wait(timeout=30)
         assert traffic.returncode == 0
     finally:

@@ -14,7 +14,7 @@ REQ = m.RequestMsg(1, 2.0, 2.001, 4, 5, m.pack_tokens([1, 2, 3, 4]))
 REQ2 = m.RequestMsg(2, 2.0, 2.001, 3, 2, m.pack_tokens([5, 6, 7]))
 SAMPLES = [
     m.TrafficHello(10, "abc", 5.0), m.Start(12.5), m.RequestMsg(1, 2.0, 2.001, 4, 5, m.pack_tokens([1, 2, 3, 4])),
-    m.EndOfStream(10), m.RequestsEnded([3, 7], 4.5), m.TrafficHello(10, "abc", 5.0, 4),
+    m.EndOfStream(10), m.EndOfStreamAck(10), m.RequestsEnded([3, 7], 4.5), m.TrafficHello(10, "abc", 5.0, 4),
     m.WorkerHello("w0", "sim", "tiny", "static", 8, 1024, 10**12, "cpu", "none", {"dtype": "float32"}),
     m.Dispatch(1.5, "age", [m.RequestRow(3, REQ), m.RequestRow(3, REQ2)]),
     m.BatchDone(3, "w0", 1.5, 2.5, [1], [m.FailedRow(2, "worker error: boom")], False, 123),

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from batchlab.protocol import (ClockPing, ClockPong, EndOfStream, Heartbeat, RequestMsg, Shutdown, Start, TrafficHello,
-                               decode, encode, now)
+from batchlab.protocol import (ClockPing, ClockPong, EndOfStream, EndOfStreamAck, Heartbeat, RequestMsg, Shutdown,
+                               Start, TrafficHello, decode, encode, now)
 from batchlab.protocol.messages import unpack_tokens
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S
 from batchlab.traffic.config import TrafficConfig
@@ -29,6 +29,9 @@ class FakeScheduler:
     answer_hello: bool = True
     start_on_heartbeat: bool = False  # answer the hello only once a heartbeat came
     skew_s: float = 0.0  # this fake's clock runs this far ahead of the traffic's (another host)
+    stall_s: float = 0.0  # reads nothing this long after its first request (a stopped scheduler)
+    recv_hwm: int = 1000  # frames its socket takes in while it does not read
+    ack: bool = True  # answers the EndOfStream
     heartbeats: list[Heartbeat] = field(default_factory=list)
     hello: TrafficHello | None = None
     t0: float = 0.0
@@ -41,6 +44,7 @@ class FakeScheduler:
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.RCVTIMEO, 10_000)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self.recv_hwm)
         sock.bind(self.address)
         self.thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
         self.thread.start()
@@ -67,10 +71,14 @@ class FakeScheduler:
                 self._start(sock, identity)
         elif isinstance(msg, RequestMsg):
             self.requests.append(msg)
+            if len(self.requests) == 1:
+                time.sleep(self.stall_s)
             if len(self.requests) == self.shutdown_after:
                 sock.send_multipart([identity, encode(Shutdown("test"))])
         elif isinstance(msg, EndOfStream):
             self.end = msg
+            if self.ack:
+                sock.send_multipart([identity, encode(EndOfStreamAck(len(self.requests)))])
         elif isinstance(msg, ClockPing):
             sock.send_multipart([identity, encode(ClockPong(msg.seq, msg.t_send, now() + self.skew_s))])
 
@@ -114,6 +122,26 @@ def test_shutdown_from_scheduler_stops_sending_and_reports_the_real_count(tmp_pa
     assert now() - started < 5.0
     assert sent == len(fake.requests) == fake.end.sent
     assert 3 <= sent < schedule.n_requests
+
+
+def test_the_traffic_keeps_its_queued_frames_until_a_stalled_scheduler_took_the_stream(tmp_path: Path) -> None:
+    # A high rate, and a scheduler stopped at the first request for longer than the old 2 s linger: its
+    # socket takes in 10 frames, so the rest of 10,000 wait in the traffic's own queue (a close drops them).
+    schedule = _schedule(rate=20_000.0, duration_s=0.5)
+    fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock", stall_s=4.0, recv_hwm=10).start()
+    sent = run_traffic(schedule, fake.address, out_dir=None, start_timeout_s=5, liveness_s=60)
+    fake.join()
+    assert sent == schedule.n_requests and fake.end == EndOfStream(sent)
+    assert [r.request_id for r in fake.requests] == schedule.frame["request_id"].tolist()
+
+
+def test_without_an_ack_the_traffic_gives_up_after_its_liveness_window(tmp_path: Path) -> None:
+    fake = FakeScheduler(f"ipc://{tmp_path}/sched.sock", ack=False).start()
+    started = now()
+    sent = run_traffic(_schedule(rate=20.0, duration_s=0.5), fake.address, out_dir=None, start_timeout_s=5,
+                       liveness_s=1.0)
+    fake.join()
+    assert fake.end == EndOfStream(sent) and 1.0 <= now() - started < 30
 
 
 def test_sigint_stops_sending_and_restores_the_old_handler(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from batchlab.protocol import ProtocolError, decode, decode_all, encode
 from batchlab.protocol.codec import split_frames
 from batchlab.protocol.messages import (PROTOCOL_VERSION, Arrival, Kind, RequestFailed, RequestMsg, RequestRow, RunEnd,
-                                        Tokens)
+                                        Tokens, TrafficHello)
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import make_policy
@@ -104,7 +104,9 @@ def test_the_scheduler_counts_bad_frames_refuses_taken_ids_and_gives_each_reques
     real, records = sched.inbox.sock, []
     sched.records.sock = Capture(records)
     try:
-        sched.inbox.sock = FakeRouter([[b"traffic", request_frame(v) if k == "request" else v] for k, v in items])
+        hello = [b"traffic", encode(TrafficHello(21, "hash", 1.0))]  # its schedule: ids 0 .. 20
+        sched.inbox.sock = FakeRouter([hello] + [[b"traffic", request_frame(v) if k == "request" else v]
+                                                 for k, v in items])
         for sender, msg in sched.inbox.receive(0):  # the loop's steps 1-2, as run() does them
             sched._handle(sender, msg)
             sched._forward()

@@ -9,15 +9,16 @@ import msgpack
 from hypothesis import strategies as st
 
 from batchlab.protocol.messages import (PROTOCOL_VERSION, Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong,
-                                        Dispatch, EndOfStream, FailedRow, Heartbeat, RequestFailed, RequestMsg,
-                                        RequestRow, RunEnd, RunInfo, Shutdown, Start, Step, Tokens, TrafficHello,
-                                        WorkerBye, WorkerCapacity, WorkerHello, pack_tokens)
+                                        Dispatch, EndOfStream, EndOfStreamAck, FailedRow, Heartbeat, RequestFailed,
+                                        RequestMsg, RequestRow, RunEnd, RunInfo, Shutdown, Start, Step, Tokens,
+                                        TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, pack_tokens)
 from batchlab.protocol.wire import AtLeast, TokenBytes
 
 NAN, INF = math.nan, math.inf
 TOKENS = pack_tokens([1, 2, 3, 4])
 VALID = [
     TrafficHello(3, "hash", 1.0), Start(1.0), RequestMsg(1, 1.0, 1.0, 4, 4, TOKENS), EndOfStream(3),
+    EndOfStreamAck(3),
     WorkerHello("w0", "sim", "m", "static", 4, 1, 1000, "cpu", "none", {}),
     Dispatch(1.0, "credit", [RequestRow(0, RequestMsg(1, 1.0, 1.0, 4, 4, TOKENS))]),
     BatchDone(0, "w0", 1.0, 2.0, [1], [FailedRow(2, "x")], False, 0, {}),

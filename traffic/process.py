@@ -12,7 +12,8 @@ from pathlib import Path
 
 import zmq
 
-from batchlab.protocol import EndOfStream, Heartbeat, RequestMsg, RequestsEnded, Shutdown, Start, TrafficHello, encode
+from batchlab.protocol import (EndOfStream, EndOfStreamAck, Heartbeat, RequestMsg, RequestsEnded, Shutdown, Start,
+                               TrafficHello, encode)
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.clock_sync import OffsetEstimate, measure
 from batchlab.protocol.inbox import Inbox
@@ -20,7 +21,7 @@ from batchlab.protocol.messages import pack_tokens
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.security import is_loopback
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, make_socket
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule, save_schedule, with_send_times
 
@@ -47,10 +48,14 @@ class _Control:
     inbox: Inbox | None = None  # the scheduler's messages (set once the socket is open)
     last_send: float = 0.0  # now() of the last frame sent (the scheduler counts any frame as a sign of life)
     ended: list[int] = field(default_factory=list)  # closed loop: ids the scheduler said ended, not yet read
+    acked: bool = False  # the scheduler took our EndOfStream, so every frame before it
+    stops: int = 0  # reasons to stop so far (one arriving while the stream's end waits for its ack ends the wait)
+    told_to_stop: bool = False  # the scheduler sent Shutdown: it reads nothing more
 
     def stop(self, reason: str) -> None:
         """The first reason to stop wins."""
         self.stop_reason = self.stop_reason or reason
+        self.stops += 1
 
 
 @dataclass(slots=True)
@@ -76,12 +81,37 @@ def _drain(ctl: _Control, timeout_s: float = 0.0) -> Start | None:
     start = None
     for _, msg in ctl.inbox.receive(math.ceil(timeout_s * 1000)):  # rounding down to 0 would busy-poll
         if isinstance(msg, Shutdown):
+            ctl.told_to_stop = True
             ctl.stop(f"scheduler shutdown: {msg.reason}")
         elif isinstance(msg, Start):
             start = msg
         elif isinstance(msg, RequestsEnded):
             ctl.ended += msg.request_ids
+        elif isinstance(msg, EndOfStreamAck):
+            ctl.acked = True
     return start
+
+
+def _linger_s(ctl: _Control, liveness_s: float) -> float:
+    """How long the stream's end waits for the scheduler's ack: a whole liveness window when the traffic
+    ended by itself (a scheduler stalled for less than that loses nothing), the socket's usual linger
+    when a signal stopped it (the run is being stopped: a dead scheduler would never ack), none after
+    the scheduler's own Shutdown (it reads nothing more)."""
+    if ctl.told_to_stop:
+        return 0.0
+    return LINGER_MS / 1000 if ctl.stop_reason else liveness_s
+
+
+def _wait_for_ack(ctl: _Control, linger_s: float) -> bool:
+    """Keep the socket open until the scheduler took the EndOfStream (True), `linger_s` passed, or a
+    new reason to stop came (a signal, Shutdown): then False, and frames still queued may be lost."""
+    deadline, stops = now() + linger_s, ctl.stops
+    while not ctl.acked and ctl.stops == stops:
+        left = deadline - now()
+        if left <= 0:
+            return False
+        _drain(ctl, min(left, WAIT_SLICE_S))
+    return ctl.acked
 
 
 def _wait_for_start(sock: zmq.Socket, ctl: _Control, timeout_s: float) -> float | None:
@@ -210,21 +240,22 @@ def _punctual_sender() -> None:
 
 def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None,
                 start_timeout_s: float = 600, keys: str | None = None, on_start=None,
-                closed: ClosedLoop | None = None) -> int:
+                closed: ClosedLoop | None = None, liveness_s: float = LIVENESS_S) -> int:
     """Announce the schedule, wait for Start, send every request on time (or, `closed`, when a client is
-    free), end the stream; return sent. `on_start(t0)` is called when Start came, before the first send
-    (the launcher's run clock)."""
+    free), end the stream and wait (up to `liveness_s`) until the scheduler took it; return sent.
+    `on_start(t0)` is called when Start came, before the first send (the launcher's run clock)."""
     if out_dir is not None:
         save_schedule(schedule, RunDir(out_dir).schedule)
         if closed is not None and closed.record_to is None:
             closed.record_to = RunDir(out_dir).schedule
     ctl = _Control()
     with on_stop_signal(lambda signum: ctl.stop(f"signal {signal.Signals(signum).name}")):
-        return _announce_and_send(schedule, scheduler_addr, ctl, start_timeout_s, keys, on_start, closed)
+        return _announce_and_send(schedule, scheduler_addr, ctl, start_timeout_s, keys, on_start, closed, liveness_s)
 
 
 def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, start_timeout_s: float,
-                       keys: str | None, on_start=None, closed: ClosedLoop | None = None) -> int:
+                       keys: str | None, on_start=None, closed: ClosedLoop | None = None,
+                       liveness_s: float = LIVENESS_S) -> int:
     _punctual_sender()
     ctx = zmq.Context()
     sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity="traffic", keys=keys)
@@ -253,6 +284,12 @@ def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, s
         sock.send(encode(EndOfStream(sent)))
         log.info("traffic: sent %d of %d requests%s", sent, schedule.n_requests,
                  f" (stopped: {ctl.stop_reason})" if ctl.stop_reason else "")
+        # 5. keep the socket until the scheduler took the stream: closing drops the frames still queued
+        linger_s = _linger_s(ctl, liveness_s)
+        if linger_s and not _wait_for_ack(ctl, linger_s):
+            log.warning("traffic: the scheduler did not take the end of the stream within %.1f s%s: "
+                        "requests still queued may not reach it", linger_s,
+                        f" ({ctl.stop_reason})" if ctl.stop_reason else "")
         return sent
     finally:
         sock.close()
