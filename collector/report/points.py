@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, point_of, rate_of
+from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of, rate_of
 from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table
 from batchlab.collector.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
@@ -172,11 +172,11 @@ def _from_index(root: Path, index: dict) -> Collection:
 
 
 def _from_scan(root: Path) -> Collection:
-    """No index: every folder below root with a summary.json (the probe excluded) is a run."""
+    """No index: every folder below root with a summary.json (bursts and saturated runs excluded) is a run."""
     coll = Collection(root)
     for summary in sorted(root.rglob(SUMMARY_FILE)):
         folder = summary.parent
-        if PROBE_DIR in folder.relative_to(root).parts:
+        if {PROBE_DIR, SATURATED_DIR} & set(folder.relative_to(root).parts):
             continue
         why = (folder / FAILED_FILE).read_text().strip() if (folder / FAILED_FILE).exists() else unusable(folder)
         if why:
