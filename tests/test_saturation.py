@@ -132,3 +132,22 @@ def test_mu_and_capacity_meet_a_constant_step_models_known_maximum(tmp_path, bat
         assert doc["saturated"]["tok_s"] == pytest.approx(OUT * mu, rel=0.02), label
         assert 0.95 * mu <= doc["estimate_req_s"] <= mu * (1 + 1e-9), (label, doc["probes"])
         assert doc["lo_req_s"] <= doc["estimate_req_s"] <= doc["hi_req_s"] <= mu * (1 + 1e-9)
+
+
+def test_the_report_warns_when_capacity_exceeds_what_the_same_sweep_completed():
+    from batchlab.collector.report.capacities import capacity_text, checks
+
+    # the grid's points: at λ 8.57 the worker completed about 4.6/s at steady state (63 would be 5.25 in 12 s)
+    runs = [(8.57, queue_table(103, 4.6, 12.0), 12.0), (2.0, queue_table(24, 4.6, 12.0), 12.0)]
+    searched = {"label": "dynamic", "estimate_req_s": 5.57, "lo_req_s": 5.25, "hi_req_s": 5.92}
+    [overloaded] = checks(searched, runs)
+    assert "above what it completed at steady state when overloaded (λ = 8.57" in overloaded
+    sat = {"req_s": 4.6, "req_s_lo": 4.5, "req_s_hi": 4.7, "tok_s": 18.4, "tok_s_lo": 18.0, "tok_s_hi": 18.8}
+    assert checks({**searched, "estimate_req_s": 4.5, "saturated": sat}, runs) == []
+    slow_mu = {**sat, "req_s": 3.0, "req_s_lo": 2.9, "req_s_hi": 3.1}
+    notes = checks({**searched, "estimate_req_s": 2.9, "saturated": slow_mu}, runs)
+    assert len(notes) == 1 and "above its saturated rate μ = 3 [2.9, 3.1]" in notes[0]
+    above = {**searched, "saturated": sat, "checks": checks({**searched, "saturated": sat}, runs)}
+    text = capacity_text({"dynamic": above})
+    assert text[1].split()[:3] == ["dynamic", "5.57", "[5.25,"] and "4.6 [4.5, 4.7]" in text[1]
+    assert any(line.startswith("⚠ dynamic: capacity 5.57 req/s is above its saturated rate") for line in text)
