@@ -5,8 +5,8 @@ Pure: tables in, numbers out.
 
 The completion series of a batching worker is autocorrelated (a batch ends many requests at once, a slow
 minute slows many batches), so requests are not independent samples: the interval is a t-interval over
-the rates of BATCHES blocks of consecutive completion events (batch means), whose correlation is small
-when each block spans several batches. Between repeats, each run's rate is one sample (what moves a whole run, the
+the rates of BATCHES blocks of about equal completions (batch means), whose correlation is small when
+each block spans several batches. Between repeats, each run's rate is one sample (what moves a whole run, the
 machine's speed that minute, shows only there).
 """
 import math
@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 WARMUP_SHARE = 0.25  # of the traffic, excluded: the first batches form, caches and allocators warm up
-BATCHES = 10  # sub-windows of the steady window (batch means)
+BATCHES = 10  # blocks of the steady window (batch means)
+EVENT_GAP_S = 1e-3  # completions closer than this are one event (one batch's rows, reported row by row)
 # two-sided 95% Student t quantiles by degrees of freedom (no scipy); above 30: the normal's 1.96 + 2.5 / df
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
@@ -49,6 +50,12 @@ def batch_means(series: np.ndarray, batches: int = BATCHES, weights: np.ndarray 
     return mean, mean - half, mean + half
 
 
+def _events(times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(event times, index of each event's first completion, completions per event) of sorted times."""
+    first = np.flatnonzero(np.concatenate([[True], np.diff(times) > EVENT_GAP_S]))
+    return times[first], first, np.diff(np.append(first, times.size))
+
+
 @dataclass(slots=True)
 class SaturatedRun:
     """One saturated run's completion rate over its steady window, with its batch-means interval."""
@@ -79,16 +86,22 @@ def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0,
     times, tokens = times[order], tokens[order]
     if times.size < 2 or times[-1] <= times[0]:
         return None
-    # completion events (a static batch ends its rows at one time) and the gap before each: the rate over
-    # a block of consecutive events is its completions ÷ its gaps, so a worker that ends B requests every
-    # T s reads exactly B / T in every block
-    event_times, first, counts = np.unique(times, return_index=True, return_counts=True)
+    # completion events: rows ending within EVENT_GAP_S of each other are one (a batch's rows end together),
+    # then blocks of about equal completions, each ending on an event: a block's rate is its completions ÷
+    # its span, so a worker that ends B requests every T s reads exactly B / T in every block
+    event_times, first, counts = _events(times)
     event_tokens = np.add.reduceat(tokens, first)
-    gaps = np.diff(event_times)
-    req = batch_means(counts[1:] / gaps, batches, gaps)  # the first event opens the window: its origin
-    tok = batch_means(event_tokens[1:] / gaps, batches, gaps)
+    done_by = np.cumsum(counts) - counts[0]  # completions after the first event (the window's origin), by each
+    tokens_by = np.cumsum(event_tokens) - event_tokens[0]
+    targets = np.linspace(0, done_by[-1], batches + 1)
+    edges = np.unique(np.searchsorted(done_by, targets, side="left"))
+    spans = np.diff(event_times[edges])
+    req = batch_means(np.diff(done_by[edges]) / spans, spans.size, spans)
+    tok = batch_means(np.diff(tokens_by[edges]) / spans, spans.size, spans)
     start, end = float(event_times[0]), float(event_times[-1])
-    return SaturatedRun(repeat, *req, *tok, [start, end], int(counts[1:].sum()), folder)
+    req, tok = (req[0], max(req[1], 0.0), req[2]), (tok[0], max(tok[1], 0.0), tok[2])  # a rate is never < 0
+    completions = int(done_by[-1])
+    return SaturatedRun(repeat, *req, *tok, [start, end], completions, folder)
 
 
 def pooled(runs: list[SaturatedRun]) -> dict | None:
