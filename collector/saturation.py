@@ -118,6 +118,6 @@ def pooled(runs: list[SaturatedRun]) -> dict | None:
         else:
             entry |= {k: getattr(runs[0], k) for k in (unit, f"{unit}_lo", f"{unit}_hi")}
     entry["method"] = (f"95% t-interval over {len(runs)} repeats' saturated rates" if len(runs) >= 2 else
-                       f"one run: 95% batch-means interval over {BATCHES} sub-windows (run-to-run variation "
-                       "not measured)")
+                       f"one run: 95% batch-means interval over up to {BATCHES} blocks of its steady window "
+                       "(run-to-run variation not measured)")
     return entry
