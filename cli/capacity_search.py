@@ -192,9 +192,9 @@ def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=No
 
 
 def plan_hash(plan: Plan) -> str:
-    """What the searches measured: the base settings and every entry's (a changed setting searches again)."""
+    """What the searches measured: the base settings, every entry's and the repeats (a change searches again)."""
     import hashlib
 
-    text = json.dumps({"base": plan.base, "entries": [[e.label, e.overrides] for e in plan.entries]},
-                      sort_keys=True, default=str)
+    text = json.dumps({"base": plan.base, "entries": [[e.label, e.overrides] for e in plan.entries],
+                       "repeats": plan.repeats}, sort_keys=True, default=str)  # a saturated run per repeat
     return hashlib.sha256(text.encode()).hexdigest()[:16]
