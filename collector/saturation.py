@@ -87,13 +87,15 @@ def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0,
     if times.size < 2 or times[-1] <= times[0]:
         return None
     # completion events: rows ending within EVENT_GAP_S of each other are one (a batch's rows end together),
-    # then blocks of about equal completions, each ending on an event: a block's rate is its completions ÷
-    # its span, so a worker that ends B requests every T s reads exactly B / T in every block
+    # then up to `batches` blocks of about equal completions, each ending on an event: a block's rate is its
+    # completions ÷ its span, so a worker that ends B requests every T s reads exactly B / T in every block
     event_times, first, counts = _events(times)
     event_tokens = np.add.reduceat(tokens, first)
     done_by = np.cumsum(counts) - counts[0]  # completions after the first event (the window's origin), by each
     tokens_by = np.cumsum(event_tokens) - event_tokens[0]
-    targets = np.linspace(0, done_by[-1], batches + 1)
+    # a block holds at least two of the largest events (two full batches), or its rate is one batch's luck
+    blocks = max(min(batches, int(done_by[-1] // (2 * counts[1:].max()))), 2) if counts.size > 1 else 1
+    targets = np.linspace(0, done_by[-1], blocks + 1)
     edges = np.unique(np.searchsorted(done_by, targets, side="left"))
     spans = np.diff(event_times[edges])
     req = batch_means(np.diff(done_by[edges]) / spans, spans.size, spans)
