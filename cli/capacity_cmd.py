@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 Config = Annotated[str, typer.Argument(help="sweep YAML (base: and grid:); its grid.rates are not used")]
-Out = Annotated[Optional[str], typer.Option(help="output folder (default results/<config>-capacity)")]
+Out = Annotated[Optional[str], typer.Option(help="output folder (default results/<config>-capacity); with "
+                                                "--simulate: where capacity.json goes (nothing written without it)")]
 Labels = Annotated[Optional[str], typer.Option("--strategy", help="only these grid labels (comma list)")]
 Duration = Annotated[Optional[float], typer.Option("--duration-s", help="traffic per probe, s")]
 Saturated = Annotated[Optional[float], typer.Option("--saturated-s", help="traffic per saturated run (μ), s")]
@@ -38,7 +39,8 @@ def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dic
 
         plan.base.update({"preset": preset} if preset else {})
         assign_presets(plan)  # each entry plays its own backend's step model, as in `simulate`
-        return capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, labels), settings)
+        doc = capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, labels), settings)
+        return doc | {"simulated": True}  # no plan_hash: a live search never takes it for its own on resume
     from batchlab.collector.report.live import SweepView
 
     out_dir = Path(out)
@@ -55,7 +57,7 @@ def capacity(config: Config, *, out: Out = None, strategy: Labels = None, durati
     from batchlab.cli.outcome import resumable
     from batchlab.collector.report.capacities import capacity_text
 
-    out = out or str(Path("results") / f"{Path(config).stem}-capacity")
+    out_given, out = out is not None, out or str(Path("results") / f"{Path(config).stem}-capacity")
     labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
     given = {"search_duration_s": duration_s, "saturated_duration_s": saturated_s, "width": width,
              "max_probes": max_probes}
@@ -65,3 +67,10 @@ def capacity(config: Config, *, out: Out = None, strategy: Labels = None, durati
         typer.echo(line)
     if not simulate:
         typer.echo(f"capacity.json and every probe's folder in {out}; batchlab report {out} plots the probes")
+    elif out_given:  # what the live search writes there, less the probes' folders (its probes ran in virtual time)
+        from batchlab.collector.layout import CAPACITY_FILE
+        from batchlab.protocol.files import write_json_atomic
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(out) / CAPACITY_FILE, doc, default=str)
+        typer.echo(f"capacity.json in {out} (searched in virtual time: no probe folders)")

@@ -11,7 +11,8 @@ from batchlab.cli.config import checked_config, replay_config
 from batchlab.cli.grammar import show_version
 from batchlab.protocol.settings import RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
-from batchlab.cli.options import CLI_FIELDS, ConfigOpt, Opt, Overwrite, SaveResult, fields_of, with_settings
+from batchlab.cli.options import (CLI_FIELDS, ConfigOpt, Opt, Overwrite, SaveDetailed, SaveResult, fields_of,
+                                  with_settings)
 from batchlab.protocol.setting_groups import (BACKEND_GROUPS, CollectorSettings, SchedulerSettings, TrafficSettings,
                                               WorkerSettings)
 
@@ -92,7 +93,7 @@ def _fail(error: str | BaseException, code: int = 1) -> NoReturn:
 @app.command()
 @with_settings(*CLI_FIELDS)
 def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = False,
-        save_result: SaveResult = None) -> None:
+        save_result: SaveResult = None, save_detailed: SaveDetailed = False) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     cfg = _config(config, overrides, replay=True)
     from batchlab.cli.launcher import RunFailed
@@ -116,7 +117,7 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
     if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
         from batchlab.collector.vllm_result import save_result as write_result
 
-        typer.echo(f"vllm-style result: {write_result(cfg.out, save_result)}")
+        typer.echo(f"vllm-style result: {write_result(cfg.out, save_result, save_detailed)}")
     code, line = verdict(summary, summary.role_deaths)  # a run that lost requests to a fault (cli/outcome.py)
     if code:
         _fail(line, code=code)

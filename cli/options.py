@@ -80,3 +80,5 @@ SLO_HELP = FIELDS["slo"].description
 SaveResult = Annotated[Optional[str], Opt(
     "--save-result", help="also write the run's figures to this JSON file under vllm bench serve's result keys "
                           "and units (docs/load-and-results.md)")]
+SaveDetailed = Annotated[bool, Opt("--save-detailed", help="with --save-result: also each request's lengths, TTFT, "
+                                                           "token gaps and start time (vLLM's --save-detailed lists)")]

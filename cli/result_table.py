@@ -54,6 +54,13 @@ def table(summary: Summary) -> Table:
     return t
 
 
+def point_line(summary: Summary) -> str:
+    """A finished sweep point's figures on one line, from the same summary as the end-of-run table."""
+    return (f"served {summary.requests_per_s:.2f} req/s, {summary.throughput_tok_s:,.1f} tok/s, "
+            f"TTFT p50 {_ms(summary.ttft.p50)} ms, E2E p50 {_ms(summary.e2e.p50)} ms, "
+            f"{summary.finished}/{summary.scheduled} finished")
+
+
 def warnings(summary: Summary) -> list[str]:
     """One line per reason the figures mislead: overload, a lagging sender, a busy harness."""
     out = []

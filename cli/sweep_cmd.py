@@ -89,7 +89,21 @@ def _run_point(point: Point, plan: Plan, pools: PoolKeeper, view, resume: bool, 
     record = (reused(point, plan.base, resume, view)
               or execute(point, plan.base, view.ticker(point, phase), plan.limits(), pools))
     view.finished(point, record)
+    if record["status"] == "done":
+        _show_figures(point, view)
     return record
+
+
+def _show_figures(point: Point, view) -> None:
+    """The point's measured figures under its line, as `run` shows them at its end (nothing when its summary
+    cannot be read: the report names that point's fault)."""
+    from batchlab.cli.result_table import point_line
+    from batchlab.collector.summary import SummaryError, read_summary
+
+    try:
+        view.note(f"  {point_line(read_summary(point.folder))}")
+    except (OSError, ValueError, SummaryError):
+        pass
 
 
 def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
@@ -121,6 +135,20 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
     statuses = [p["status"] for p in index["points"]]
     ok = len(statuses) - statuses.count("failed")
     typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
-               f"(see {Path(out) / INDEX_FILE}); next: batchlab report {out}")
+               f"(see {Path(out) / INDEX_FILE})")
     if ok == 0:
         raise typer.Exit(code=1)
+    _end_report(out)
+
+
+def _end_report(out: str) -> None:
+    """The capacity table and headline, as `batchlab report` prints them (its REPORT.md written too); a report
+    that cannot be made is one line and exit 1, the sweep's runs kept."""
+    from batchlab.cli.report_cmd import echo_report
+    from batchlab.collector.report.points import ReportError
+
+    try:
+        echo_report(out)
+    except ReportError as exc:
+        typer.echo(f"no report: {exc}; the runs are in {out} (batchlab report {out} tries again)", err=True)
+        raise typer.Exit(code=1) from None

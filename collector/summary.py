@@ -2,8 +2,9 @@
 headline figures are required; the sections later steps add are optional; any other key is kept as it is."""
 import math
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, NonNegativeInt, ValidationError
 
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
@@ -11,6 +12,16 @@ from batchlab.protocol.run_dir import RunDir
 
 class SummaryError(ValueError):
     """A summary.json that is missing or not a batchlab summary; the CLI prints it as one line."""
+
+
+def _not_negative(value: float) -> float:
+    if value < 0:  # NaN passes: a figure nothing measured
+        raise ValueError("must not be negative")
+    return value
+
+
+Count = NonNegativeInt
+Amount = Annotated[float, AfterValidator(_not_negative)]  # a duration, rate or share: ≥ 0 (or NaN)
 
 
 class Latency(BaseModel):
@@ -26,9 +37,9 @@ class Goodput(BaseModel):
     """Submitted requests that finished and met every SLO (s): met ÷ submitted."""
 
     slos: dict[str, float]
-    met: int
-    submitted: int
-    fraction: float | None
+    met: Count
+    submitted: Count
+    fraction: Amount | None
 
 
 class Summary(BaseModel):
@@ -36,15 +47,15 @@ class Summary(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    scheduled: int
-    submitted: int
-    finished: int
-    failed: int
-    failure_reasons: dict[str, int]
-    output_tokens: int
-    window_s: float
-    throughput_tok_s: float
-    requests_per_s: float
+    scheduled: Count
+    submitted: Count
+    finished: Count
+    failed: Count
+    failure_reasons: dict[str, Count]
+    output_tokens: Count
+    window_s: Amount
+    throughput_tok_s: Amount
+    requests_per_s: Amount
     ttft: Latency
     tpot: Latency
     itl: Latency
@@ -52,7 +63,7 @@ class Summary(BaseModel):
     queue_wait: Latency
     settings: dict
     goodput: Goodput | None = None
-    peak_memory_bytes: int = 0
+    peak_memory_bytes: Count = 0
     worker_stats: dict[str, dict] = {}
     end_reason: str = ""
     stop_signal: int = 0

@@ -140,3 +140,13 @@ def test_a_step_that_records_no_prefill_tokens_prefills_its_joiners_whole_prompt
         frame = executed_steps(requests, batches, tokens, steps, padded=False).steps
         assert frame["prefill_tokens"].tolist() == [want, 0.0]
         assert frame["decode_rows"].tolist() == [0, 2] and frame["decode_context"].tolist() == [0.0, 82.0]
+
+
+def test_several_folders_follow_one_from(tmp_path):
+    """`--from A B`, as --help shows the option, fits both folders' runs (not 'unexpected extra argument')."""
+    runs = _runs(tmp_path, KNOWN, ("dynamic", "continuous"), duration_s=3.0)
+    out = tmp_path / "both.yaml"
+    result = _calibrate("--from", str(runs / "dynamic"), str(runs / "continuous"), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(out.read_text())["calibration"]["from_runs"] == [str(runs / "dynamic"),
+                                                                           str(runs / "continuous")]

@@ -159,6 +159,22 @@ def test_the_capacity_command_searches_in_virtual_time_and_names_bad_labels(tmp_
     assert bad.exit_code == 1 and "no grid entry labelled nope" in bad.output
 
 
+def test_the_simulated_capacity_search_writes_capacity_json_into_out(tmp_path):
+    """--out is not ignored in virtual time: capacity.json lands there as the live search writes it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    config = fixed_service_config(tmp_path, duration_s=120)
+    result = CliRunner().invoke(app, ["capacity", config, "--simulate", "--out", str(tmp_path / "cap")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert doc["simulated"] is True and "plan_hash" not in doc
+    assert doc["strategies"]["naive"]["estimate_req_s"] == pytest.approx(1 / SERVICE_S, rel=0.05)
+
+
 def test_a_strategy_whose_saturated_run_failed_is_left_unmeasured_without_stopping_the_others():
     from types import SimpleNamespace
 

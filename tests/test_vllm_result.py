@@ -135,3 +135,60 @@ def test_a_simulated_sweep_writes_a_vllm_result_per_point(tmp_path):
     assert result.exit_code == 0, result.output
     found = sorted(point_of(p.parent)[0] for p in tmp_path.glob("strategy=*/rate=4/repeat=0/vllm_result.json"))
     assert found == ["dynamic", "naive"]
+
+
+def _saved(tmp_path: Path, name: str, *flags: str) -> dict:
+    """A simulated run's result as --save-result writes it."""
+    out = tmp_path / name
+    result = runner.invoke(app, ["simulate", "--duration", "2", "--dataset", "synthetic", *flags, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return json.loads(save_result(out, tmp_path / f"{name}.json").read_text())
+
+
+def test_the_concurrency_and_arrival_keys_mean_what_vllm_means(tmp_path):
+    """max_concurrency is the cap on requests in flight (vLLM's --max-concurrency), never the observed peak;
+    burstiness is the gamma shape, null for arrivals that are no gamma process."""
+    closed = _saved(tmp_path, "closed", "--concurrency", "3")
+    constant = _saved(tmp_path, "constant", "--rate", "6", "--arrival", "constant")
+    poisson = _saved(tmp_path, "poisson", "--rate", "6")
+    gamma = _saved(tmp_path, "gamma", "--rate", "6", "--arrival", "gamma", "--burstiness", "0.5")
+    assert closed["max_concurrency"] == 3 and closed["burstiness"] is None
+    assert constant["max_concurrency"] is None and constant["burstiness"] is None  # the sim backend caps nothing
+    assert poisson["burstiness"] == 1.0 and gamma["burstiness"] == 0.5
+    for data in (closed, constant, poisson):
+        assert data["endpoint_type"] == data["backend"] == "sim"
+        assert len(data["latencies"]) == len(data["queue_times"]) == data["completed"] > 0
+        assert sum(data["latencies"]) / len(data["latencies"]) * 1e3 == pytest.approx(data["mean_e2el_ms"])
+        assert 1 <= data["max_concurrent_requests"] <= data["completed"]
+        assert 0 < data["max_output_tokens_per_s"] <= data["total_output_tokens"]
+
+
+@pytest.mark.slow  # importing vLLM takes a minute on a loaded 2-core machine
+def test_vllms_plot_pareto_keeps_batchlabs_runs(tmp_path, capsys):
+    """vLLM's own loader of `vllm bench sweep plot_pareto` reads the saved results as its sweep writes them (a
+    summary.json list per run folder) and keeps every run: each has a user count."""
+    pareto = pytest.importorskip("vllm.benchmarks.sweep.plot_pareto")
+    runs = [_saved(tmp_path, "closed", "--concurrency", "3"), _saved(tmp_path, "open", "--rate", "6")]
+    sweep = tmp_path / "sweep"
+    for i, data in enumerate(runs):
+        (sweep / f"run-{i}").mkdir(parents=True)
+        (sweep / f"run-{i}" / "summary.json").write_text(json.dumps([data]))
+    prepared, skipped = pareto._prepare_records(runs, user_count_var="max_concurrency", gpu_count_var=None)
+    assert skipped == 0 and [r["user_count_estimate"] for r in prepared] == [3, runs[1]["max_concurrent_requests"]]
+    pareto.plot_pareto(sweep, "max_concurrency", None, [], dry_run=True)
+    assert "Skipped" not in capsys.readouterr().out
+
+
+def test_the_detailed_lists_are_vllms_save_detailed_per_finished_request(run_folder, tmp_path):
+    """vLLM's --save-detailed lists, one entry per finished request, each request's gaps summing to its span."""
+    plain = json.loads(save_result(run_folder, tmp_path / "plain.json").read_text())
+    data = json.loads(save_result(run_folder, tmp_path / "detailed.json", detailed=True).read_text())
+    lists = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
+    assert not set(lists) & set(plain)
+    assert {len(data[k]) for k in lists} == {data["completed"]}
+    assert sum(data["input_lens"]) == data["total_input_tokens"]
+    assert sum(data["output_lens"]) == data["total_output_tokens"]
+    assert [len(gaps) for gaps in data["itls"]] == [n - 1 for n in data["output_lens"]]
+    assert sum(data["ttfts"]) / len(data["ttfts"]) * 1e3 == pytest.approx(data["mean_ttft_ms"])
+    for ttft, gaps, e2e in zip(data["ttfts"], data["itls"], data["latencies"]):
+        assert ttft + sum(gaps) == pytest.approx(e2e)

@@ -2,6 +2,7 @@
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchlab.collector.report.output import link_problems, write_text
 from batchlab.collector.report.points import Collection, ReportError, load_collection
 from batchlab.protocol.slos import parse_slos as parse_slo_items
 
@@ -52,6 +53,8 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     collection = load_collection(folder)
     root = Path(out) if out else collection.root
     root.mkdir(parents=True, exist_ok=True)
+    if links := link_problems(root):  # before anything is drawn: a refused report writes nothing
+        raise ReportError(*links)
     stats = all_stats(collection, slos)
     hardware_of = {r.label: hardware(r.settings) for r in reversed(collection.runs)}
     capacities, source = ({}, "") if collection.closed_loop else load_capacities(collection, slos)  # by rate
@@ -71,7 +74,7 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
                  timeline.load_over_time(collection, at, root / "batch_size_queue.png")]
     text = render(collection, stats, lines, [p.name for p in made], at, slos, capacities, source)
     text += "\n".join(section(external)) + ("\n" if external else "")
-    (root / REPORT_FILE).write_text(text)
+    write_text(root / REPORT_FILE, text)
     _html(collection, stats, lines, external, root)
     return ReportResult(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [])
 

@@ -8,24 +8,30 @@ their own table, with the definitions that differ from batchlab's stated once pe
 """
 import json
 import math
+import re
 from pathlib import Path
 
 from batchlab.collector.report.external_point import METRICS as POINT_METRICS
+from batchlab.collector.report.external_point import QUANTILES as POINT_QUANTILES
 from batchlab.collector.report.external_point import ExternalPoint, figure
 from batchlab.collector.report.extra_formats import (AIPERF, GUIDELLM, aiperf_point, guidellm_points, is_aiperf,
                                                       is_guidellm)
 from batchlab.collector.report.points import ReportError
-from batchlab.collector.report.text import md_table, p50_p99
+from batchlab.collector.report.text import md_table, ms, p50_p99
 
 __all__ = ["ExternalPoint", "load_external", "section"]
 
 # batchlab's metric → vLLM's key stem; a percentile q → vLLM's key prefix (p50 is also its median)
 METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}
-QUANTILES = {"mean": "mean", "p50": "median", "p90": "p90", "p99": "p99"}
+QUANTILES = {"mean": "mean", "p50": "median", "p90": "p90", "p95": "p95", "p99": "p99"}
 REQUIRED = ("request_throughput", "output_throughput")
+# the numeric keys of a vLLM result that the point holds or that describe its setup (others are named as not
+# placed): the counts, rates and the mean/median/p90/p99 of each metric (its std and other percentiles are not)
+VLLM_PLACED = {*REQUIRED, "completed", "failed", "request_rate", "num_prompts", "burstiness", "max_concurrency"}
+VLLM_SHOWN = re.compile(rf"(mean|median|p50|p90|p95|p99)_({'|'.join(METRICS.values())})_ms")
 KIND = "vllm bench serve"
-ACCEPTED = ("vllm bench serve --save-result JSON, GuideLLM benchmarks.json (--output-path), "
-            "AIPerf profile_export_aiperf.json")
+ACCEPTED = ("vllm bench serve --save-result JSON, GuideLLM's JSON report (guidellm run --output "
+            "kind=json,path=FILE), AIPerf profile_export_aiperf.json")
 # each tool's definitions where they differ from batchlab's (TTFT from arrival at the scheduler, TPOT
 # (completion − first token) ÷ (tokens − 1) per request, ITL the gaps between consecutive tokens)
 DEFINITIONS = {
@@ -34,11 +40,13 @@ DEFINITIONS = {
     GUIDELLM: "TTFT from sending the request; its ITL, (last − first token) ÷ (output tokens − 1) per request, "
               "is batchlab's TPOT and is shown as TPOT, its percentiles over requests weighted by their "
               "tokens; its TPOT includes the TTFT and is not shown; it keeps no gap distribution, so ITL is "
-              "empty; req/s and tok/s are the means of its rate over the benchmark's measured window; rate "
+              "empty; req/s and tok/s are the means of its rate over all its requests (its `total`, the figures its "
+              "console prints); incomplete: requests still in flight at its cut-off, neither finished nor failed; rate "
               "the strategy's (constant or poisson; inf for throughput, '-' for synchronous and concurrent)",
     AIPERF: "TTFT from sending the request; its ITL, (latency − TTFT) ÷ (output tokens − 1) per request, is "
             "batchlab's TPOT and is shown as TPOT; its inter-chunk latency (gaps between streamed chunks, "
-            "vLLM's ITL) is shown as ITL; rate its --request-rate ('-' when it ran at a concurrency)",
+            "vLLM's ITL) is shown as ITL; rate its --request-rate, its arrival type (poisson, constant) in the label "
+            "('-' when it ran at a concurrency); it counts no incomplete requests",
 }
 
 
@@ -67,9 +75,11 @@ def vllm_point(path: Path, data: dict) -> ExternalPoint:
     """The point of one vLLM result."""
     name = data.get("label") or f"{data.get('backend') or 'vllm'} {data.get('model_id') or ''}".strip()
     latency = {m: {q: _seconds(data, m, q) for q in QUANTILES} for m in METRICS}
+    unplaced = tuple(k for k, v in data.items() if isinstance(v, (int, float, list)) and not isinstance(v, bool)
+                     and k not in VLLM_PLACED and not VLLM_SHOWN.fullmatch(k) and not k.startswith("batchlab_"))
     return ExternalPoint(f"{name} [{path.stem}]", path, KIND, _rate(data.get("request_rate")),
                          float(data["output_throughput"]), float(data["request_throughput"]),
-                         int(data.get("completed") or 0), int(data.get("failed") or 0), latency)
+                         int(data.get("completed") or 0), int(data.get("failed") or 0), latency, unplaced=unplaced)
 
 
 def _figured(path: Path, points: list[ExternalPoint]) -> list[ExternalPoint]:
@@ -129,9 +139,12 @@ def load_external(folder: str | Path, files: list[str] | None = None) -> list[Ex
 
 
 def table_rows(points: list[ExternalPoint], metrics: tuple[str, ...], missing: str) -> list[list[str]]:
-    """Each point's cells: run, tool, rate, counts, req/s, tok/s, then each metric's p50 / p99 in ms."""
-    return [[p.label, p.kind, figure(p.rate, "g"), str(p.completed), str(p.failed), figure(p.requests_per_s, ".2f"),
-             figure(p.throughput_tok_s, ".0f"), *(p50_p99(p.latency, m, missing) for m in metrics)] for p in points]
+    """Each point's cells: run, tool, rate, counts (incomplete: `missing` where the tool counts none), req/s,
+    tok/s, then each metric's p50 / p99 in ms."""
+    return [[p.label, p.kind, figure(p.rate, "g"), str(p.completed), str(p.failed),
+             missing if p.incomplete is None else str(p.incomplete), figure(p.requests_per_s, ".2f"),
+             figure(p.throughput_tok_s, ".0f" if p.throughput_tok_s >= 100 else ".3g"),
+             *(p50_p99(p.latency, m, missing) for m in metrics)] for p in points]
 
 
 def section(points: list[ExternalPoint]) -> list[str]:
@@ -144,5 +157,15 @@ def section(points: list[ExternalPoint]) -> list[str]:
            "own, measured by it; latencies in ms as p50 / p99, '-' where the file has no such figure. "
            "Where the definitions differ from batchlab's:", ""]
     out += [f"- {kind}: {DEFINITIONS[kind]}." for kind in kinds]
-    head = ["run", "tool", "rate req/s", "completed", "failed", "req/s", "out tok/s", "TTFT", "TPOT", "ITL", "E2E"]
-    return out + [""] + md_table(head, table_rows(points, POINT_METRICS, "-"))
+    head = ["run", "tool", "rate req/s", "completed", "failed", "incomplete", "req/s", "out tok/s", "TTFT", "TPOT",
+            "ITL", "E2E"]
+    out += [""] + md_table(head, table_rows(points, POINT_METRICS, "-"))
+    out += ["", "Each run's latencies in full, ms (mean / p50 / p90 / p95 / p99; '-' where the file has none):",
+            ""] + md_table(["run", *(m.upper() for m in POINT_METRICS)], [
+                [p.label, *(" / ".join(ms(p.latency[m][q], "-") for q in POINT_QUANTILES) for m in POINT_METRICS)]
+                for p in points])
+    unplaced = [p for p in points if p.unplaced]
+    if unplaced:
+        out += ["", "Figures these files hold that the table does not show (read them in the file):", ""]
+        out += [f"- {p.label}: {', '.join(p.unplaced)}" for p in unplaced]
+    return out

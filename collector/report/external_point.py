@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 METRICS = ("ttft", "tpot", "itl", "e2e")  # batchlab's latency names, in the report's column order
-QUANTILES = ("mean", "p50", "p90", "p99")
+QUANTILES = ("mean", "p50", "p90", "p95", "p99")  # p95: GuideLLM's console prints it
 
 
 @dataclass(slots=True)
@@ -19,7 +19,9 @@ class ExternalPoint:
     requests_per_s: float  # finished requests/s as the tool measured it
     completed: int
     failed: int
-    latency: dict  # metric -> {mean, p50, p90, p99} s (None where the file has no such figure)
+    latency: dict  # metric -> {mean, p50, p90, p95, p99} s (None where the file has no such figure)
+    incomplete: int | None = None  # requests still in flight at the tool's cut-off (None: it counts none)
+    unplaced: tuple[str, ...] = ()  # the file's figures batchlab has no place for, named in the report
 
     @property
     def failed_share(self) -> float:

@@ -8,8 +8,9 @@ GuideLLM `src/guidellm/benchmark/schemas/report.py` (GenerativeBenchmarksReport:
 before 0.7 keep the strategy under `args` and the counts at the benchmark's top level
 (`src/guidellm/benchmark/benchmark.py` of v0.3). AIPerf `aiperf/common/models/export_models.py`
 (JsonExportData: one JsonMetricResult per metric tag, `unit`, `avg`, `p50`, `p90`, `p99`),
-`aiperf/metrics/types/*.py` (the tags and units) and `aiperf/common/config/loadgen_config.py`
-(`request_rate`, `concurrency`).
+`aiperf/metrics/types/*.py` (the tags and units); the load is `input_config.phases` (0.13: one entry per
+phase, `kind` "profiling", `type` poisson/constant/..., `rate`, `concurrency`), before that
+`input_config.loadgen` (`aiperf/common/config/loadgen_config.py`: `request_rate`, `concurrency`).
 """
 import math
 from pathlib import Path
@@ -29,6 +30,8 @@ GUIDELLM_METRICS = {"ttft": ("time_to_first_token_ms", 1e-3), "tpot": ("inter_to
 AIPERF_METRICS = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "itl": "inter_chunk_latency",
                   "e2e": "request_latency"}
 AIPERF_TIME_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "sec": 1.0, "s": 1.0}  # aiperf MetricTimeUnit tags
+# the AIPerf metric tags the point holds beside AIPERF_METRICS (any other tag is named as not placed)
+AIPERF_PLACED = {"request_throughput", "output_token_throughput", "request_count", "error_request_count"}
 
 
 def is_guidellm(data: object) -> bool:
@@ -67,9 +70,11 @@ def _guidellm_latency(metrics: dict) -> dict:
     latency = empty_latency()
     for metric, (name, unit_s) in GUIDELLM_METRICS.items():
         summary = _successful(metrics, name)
+        if number(summary.get("count")) == 0:  # no request succeeded: GuideLLM writes 0.0 for every figure
+            continue
         pct = _dict(summary.get("percentiles"))
         found = {"mean": summary.get("mean"), "p50": pct.get("p50", summary.get("median")),
-                 "p90": pct.get("p90"), "p99": pct.get("p99")}
+                 "p90": pct.get("p90"), "p95": pct.get("p95"), "p99": pct.get("p99")}
         latency[metric] = _seconds(found, unit_s)
     return latency
 
@@ -87,10 +92,27 @@ def _guidellm_strategy(bench: dict) -> tuple[str, float]:
     return (f"{kind} @ {streams:g} streams" if streams is not None else kind), math.nan
 
 
-def _guidellm_counts(bench: dict) -> tuple[int, int]:
-    """Successful and errored requests (GenerativeMetrics.request_totals; before 0.7, the benchmark's)."""
+def _guidellm_counts(bench: dict) -> tuple[int, int, int | None]:
+    """Successful, errored and incomplete requests (GenerativeMetrics.request_totals; before 0.7, the
+    benchmark's); incomplete ones were still in flight at its cut-off (None where the file has no count)."""
     totals = _dict(bench["metrics"].get("request_totals", bench.get("request_totals")))
-    return int(number(totals.get("successful")) or 0), int(number(totals.get("errored")) or 0)
+    incomplete = number(totals.get("incomplete"))
+    return (int(number(totals.get("successful")) or 0), int(number(totals.get("errored")) or 0),
+            None if incomplete is None else int(incomplete))
+
+
+def _guidellm_rate(metrics: dict, name: str) -> float:
+    """A per-second rate as GuideLLM's console prints it: the mean over all requests (`total`), else the
+    successful ones' (a file without `total`); NaN without either."""
+    summary = _dict(metrics.get(name))
+    value = number(_dict(summary.get("total")).get("mean"))
+    value = number(_dict(summary.get("successful")).get("mean")) if value is None else value
+    return math.nan if value is None else value
+
+
+# GuideLLM's metrics the point holds (any other metric of the file is named as not placed)
+GUIDELLM_PLACED = {"request_totals", "requests_per_second", "output_tokens_per_second",
+                   *(name for name, _ in GUIDELLM_METRICS.values())}
 
 
 def guidellm_points(path: Path, data: dict) -> list[ExternalPoint]:
@@ -99,13 +121,12 @@ def guidellm_points(path: Path, data: dict) -> list[ExternalPoint]:
     for bench in data["benchmarks"]:
         metrics = bench["metrics"]
         tail, rate = _guidellm_strategy(bench)
-        completed, failed = _guidellm_counts(bench)
-        out_tok_s = number(_successful(metrics, "output_tokens_per_second").get("mean"))
-        req_s = number(_successful(metrics, "requests_per_second").get("mean"))
+        completed, failed, incomplete = _guidellm_counts(bench)
+        unplaced = tuple(k for k, v in metrics.items() if isinstance(v, dict) and k not in GUIDELLM_PLACED)
         points.append(ExternalPoint(f"{GUIDELLM}: {tail} [{path.stem}]", path, GUIDELLM, rate,
-                                    math.nan if out_tok_s is None else out_tok_s,
-                                    math.nan if req_s is None else req_s, completed, failed,
-                                    _guidellm_latency(metrics)))
+                                    _guidellm_rate(metrics, "output_tokens_per_second"),
+                                    _guidellm_rate(metrics, "requests_per_second"), completed, failed,
+                                    _guidellm_latency(metrics), incomplete, unplaced))
     return points
 
 
@@ -130,7 +151,7 @@ def _aiperf_latency(path: Path, data: dict) -> dict:
             raise ReportError(f"--extra {path}: AIPerf metric {tag} has unit {result.get('unit')!r}, "
                               f"not one of {', '.join(AIPERF_TIME_S)}")
         found = {"mean": result.get("avg"), "p50": result.get("p50"), "p90": result.get("p90"),
-                 "p99": result.get("p99")}
+                 "p95": result.get("p95"), "p99": result.get("p99")}
         latency[metric] = _seconds(found, unit_s)
     return latency
 
@@ -139,14 +160,32 @@ def _aiperf_count(data: dict, tag: str) -> int:
     return int(number(_dict(data.get(tag)).get("avg")) or 0)
 
 
+def _aiperf_load(data: dict) -> tuple[str, float | None, float | None]:
+    """(arrival type, request rate, concurrency) of the run: 0.13's profiling phase (else its first), or
+    the older loadgen layout ("" for a type it does not write)."""
+    config = _dict(data.get("input_config"))
+    phases = [p for p in config.get("phases") or [] if isinstance(p, dict)]
+    if phases:
+        phase = next((p for p in phases if p.get("kind") == "profiling"), phases[0])
+        return str(phase.get("type") or ""), number(phase.get("rate")), number(phase.get("concurrency"))
+    loadgen = _dict(config.get("loadgen"))
+    return "", number(loadgen.get("request_rate")), number(loadgen.get("concurrency"))
+
+
+def _aiperf_unplaced(data: dict) -> tuple[str, ...]:
+    """The file's metric tags (a dict with a unit) that the point does not hold."""
+    placed = AIPERF_PLACED | set(AIPERF_METRICS.values())
+    return tuple(tag for tag, v in data.items() if isinstance(v, dict) and "unit" in v and tag not in placed)
+
+
 def aiperf_point(path: Path, data: dict) -> ExternalPoint:
-    """The point of one AIPerf run (its input_config's request rate, else its concurrency, names it)."""
-    loadgen = _dict(_dict(data.get("input_config")).get("loadgen"))
-    rate, concurrency = number(loadgen.get("request_rate")), number(loadgen.get("concurrency"))
+    """The point of one AIPerf run (its arrival type and request rate, else its concurrency, names it)."""
+    kind, rate, concurrency = _aiperf_load(data)
     tail = (f"@ {rate:g} req/s" if rate is not None else
             f"@ concurrency {concurrency:g}" if concurrency is not None else "profile")
+    tail = f"{kind} {tail}" if kind and rate is not None else tail
     return ExternalPoint(f"{AIPERF}: {tail} [{path.stem}]", path, AIPERF, math.nan if rate is None else rate,
                          _aiperf_per_s(path, data.get("output_token_throughput"), "output_token_throughput"),
                          _aiperf_per_s(path, data.get("request_throughput"), "request_throughput"),
                          _aiperf_count(data, "request_count"), _aiperf_count(data, "error_request_count"),
-                         _aiperf_latency(path, data))
+                         _aiperf_latency(path, data), unplaced=_aiperf_unplaced(data))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from batchlab.collector.report.external import DEFINITIONS, table_rows
 from batchlab.collector.report.html_curves import curves_html
+from batchlab.collector.report.output import write_text
 from batchlab.collector.report.stats import GroupStats
 from batchlab.collector.report.text import ms, p50_p99
 
@@ -59,7 +60,7 @@ def rate_tables(stats: dict, rates: list[float]) -> str:
 def _external_table(external: list) -> str:
     if not external:
         return ""
-    head = ("run", "tool", "rate req/s", "completed", "failed", "req/s", "out tok/s", "TTFT p50 / p99 ms",
+    head = ("run", "tool", "rate req/s", "completed", "failed", "incomplete", "req/s", "out tok/s", "TTFT p50 / p99 ms",
             "E2E p50 / p99 ms")
     rows = table_rows(external, ("ttft", "e2e"), "–")
     notes = "".join(f"<li>{html.escape(kind)}: {html.escape(DEFINITIONS[kind])}.</li>"
@@ -93,5 +94,4 @@ def write_html(path: Path, *, title: str, headlines: list[str], stats: dict, lab
             "<h2>Setup</h2>", _list(setup, "setup"), '<pre id="page-errors" data-count="-1"></pre>']
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title>{ERRORS_JS}{STYLE}</head><body>" + "".join(body) + "</body></html>")
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_text(path, page)

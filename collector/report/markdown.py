@@ -2,7 +2,7 @@
 from batchlab.collector.report import oracle
 from batchlab.collector.report.capacities import capacity_table, criterion_text
 from batchlab.collector.report.headline import RULE
-from batchlab.collector.report.points import Collection, index_load, load_text
+from batchlab.collector.report.points import Collection, RunData, index_load, load_text
 from batchlab.collector.report.setup import knob_table, prefix_cache_line, schedule_lines, setup_lines
 from batchlab.collector.report.intervals import min_requests
 from batchlab.collector.report.stats import CI_LEVEL, CI_METRICS, CI_QUANTILES, FAILED_MARK_SHARE, GroupStats
@@ -24,18 +24,51 @@ def _bytes(n: int) -> str:
     return f"{n / 2**20:.0f} MiB" if n else "—"
 
 
+# what each backend's peak_memory_bytes measures (its summary's memory_kind): not one quantity
+MEMORY_KINDS = {"cpu_peak_rss": "CPU peak RSS", "cuda_max_allocated": "CUDA peak allocated",
+                "vllm_kv_pool": "KV pool in use", "none": "not measured"}
+MEMORY_NOTE = ("Peak memory is what each backend measures, named in its cell: HF's is the process's peak RSS "
+               "(CPU) or CUDA's peak allocation, weights and activations included; vLLM's is its KV cache pool "
+               "in use at the peak, beside the pool's reserved size, weights not included. Compare vLLM's KV "
+               "cache use with HF's peak allocation as such, not as one quantity.")
+
+
+def memory_facts(runs: list[RunData]) -> dict[tuple[str, float], tuple[str, int]]:
+    """(strategy, rate) → (what its peak memory measures, the KV pool's size in bytes, 0 without one)."""
+    kinds: dict[tuple[str, float], set] = {}
+    pools: dict[tuple[str, float], int] = {}
+    for run in runs:
+        key = (run.label, run.rate)
+        kinds.setdefault(key, set()).update(str(getattr(run.summary, "memory_kind", "") or "").split(","))
+        sizes = [s.get("kv_pool_bytes") or 0 for s in run.summary.worker_stats.values() if isinstance(s, dict)]
+        pools[key] = max([pools.get(key, 0), *sizes])
+    return {k: (",".join(sorted(v - {""})), pools[k]) for k, v in kinds.items()}
+
+
+def _memory(g: GroupStats, facts: tuple[str, int]) -> str:
+    """The peak memory cell with what it measures: 'N MiB (CPU peak RSS)', 'N MiB of M MiB KV pool'."""
+    kind, pool = facts
+    if kind == "vllm_kv_pool" and pool:
+        return f"{_bytes(g.peak_memory_bytes)} of {_bytes(pool)} KV pool"
+    names = [MEMORY_KINDS.get(k, k) for k in kind.split(",") if k]
+    if not g.peak_memory_bytes:
+        return f"— ({', '.join(names)})" if names else "—"
+    return f"{_bytes(g.peak_memory_bytes)} ({', '.join(names) or 'unknown kind'})"
+
+
 def _num(value: float | None, fmt: str = "{:.2f}") -> str:
     return "—" if value is None or value != value else fmt.format(value)
 
 
-def rate_table(groups: list[GroupStats], with_goodput: bool) -> list[str]:
-    """One row per strategy at one rate; latencies in ms as p50 / p90 / p99."""
+def rate_table(groups: list[GroupStats], with_goodput: bool, memory: dict | None = None) -> list[str]:
+    """One row per strategy at one rate; latencies in ms as p50 / p90 / p99; `memory`: memory_facts()."""
     head = ["strategy", "repeats", "throughput (tok/s)", "requests/s", "TTFT ms", "TPOT ms", "ITL ms",
             "E2E ms", "failed", *(["goodput"] if with_goodput else []), "peak memory",
             "mean useful_fraction"]
     return md_table(head, [[g.label, str(g.repeats), f"{g.throughput_tok_s:.1f}", f"{g.requests_per_s:.2f}",
                             *(_pcts(g.latency[m]) for m in ("ttft", "tpot", "itl", "e2e")), g.failed_text(),
-                            *([_num(g.goodput, "{:.1%}")] if with_goodput else []), _bytes(g.peak_memory_bytes),
+                            *([_num(g.goodput, "{:.1%}")] if with_goodput else []),
+                            _memory(g, (memory or {}).get((g.label, g.rate), ("", 0))),
                             _num(g.useful_fraction)] for g in groups])
 
 
@@ -124,10 +157,11 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
             "Latencies in ms as p50 / p90 / p99 over the finished requests of every repeat, so the failed "
             "column (failed / scheduled) belongs beside them: a strategy that drops more looks faster. "
             "Throughput is the mean over repeats." + (f" Goodput: share of submitted requests meeting {slo_text} "
-                                        "(failed requests are misses)." if slos else "")]
+                                        "(failed requests are misses)." if slos else ""), "", MEMORY_NOTE]
+    memory = memory_facts(collection.runs)
     for rate in collection.rates():
         out += ["", f"### {load_text(rate, collection.closed_loop)}", ""]
-        out += rate_table([g for g in groups if g.rate == rate], bool(slos))
+        out += rate_table([g for g in groups if g.rate == rate], bool(slos), memory)
     out += oracle.section(collection, stats, slos)
     out += ci_section(groups)
     out += ["", "## TPOT and ITL by other tools' formulas", "",

@@ -10,6 +10,7 @@ import pandas as pd  # noqa: E402
 
 from batchlab.collector.metrics import inter_token_latencies  # noqa: E402
 from batchlab.collector.report.external_point import figure  # noqa: E402
+from batchlab.collector.report.output import write_file  # noqa: E402
 from batchlab.collector.report.points import Collection  # noqa: E402
 from batchlab.collector.report.stats import FAILED_MARK_SHARE, GroupStats, finished_requests, share_text  # noqa: E402
 
@@ -20,11 +21,12 @@ FAILED_NOTE = ("Latencies cover finished requests only; labels give the failed s
 
 
 def save(fig, path: Path) -> Path:
-    """Write and close a figure."""
+    """Write (a PNG, through output.write_file) and close a figure."""
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    try:
+        return write_file(path, lambda f: fig.savefig(f, dpi=DPI, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def _error(g: GroupStats, metric: str, q: str, value: float) -> list[float]:

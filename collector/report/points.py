@@ -1,20 +1,31 @@
 """Find and load the runs under a folder: a sweep (sweep.json + point folders) or one `batchlab run`."""
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.layout import FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of, rate_of
+from batchlab.collector.layout import (CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of,
+                                       rate_of)
 from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table
+from batchlab.collector.report.inputs import check_capacity, inside, read_index, table_problem
 from batchlab.collector.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 from batchlab.collector.run_columns import run_label
-from batchlab.collector.summary import Summary, read_summary
+from batchlab.collector.summary import Summary, SummaryError, read_summary
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 
+
 class ReportError(ValueError):
-    """A folder that holds nothing to report; the CLI prints it as one line and exits 1."""
+    """A folder the report refuses: `lines` says why, one line per bad file (the CLI prints each and
+    exits 1)."""
+
+    def __init__(self, *lines: str) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = list(lines)
+
+
+class RunRefused(ValueError):
+    """One run folder whose files the report cannot read (collector.report.inputs): one line."""
 
 
 @dataclass(slots=True)
@@ -112,12 +123,27 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
     if repeat is None:
         point = point_of(folder)
         repeat = point[2] if point else 0
-    tables = {name: load_table(folder, name) for name in TABLE_NAMES}
+    tables = {name: _table(folder, name) for name in TABLE_NAMES}
     if settings.get("concurrency"):  # closed loop: its load level is its clients (no planned rate)
+        if not isinstance(settings["concurrency"], int):
+            raise RunRefused(f"{RunDir(folder).summary}: settings.concurrency is not a number of clients")
         rate = float(settings["concurrency"])
     rate = planned_rate(folder, settings) if rate is None else float(rate)
     rate = rate if rate > 0 else own_trace_rate(summary) or rate
     return RunData(label or run_label(settings), rate, repeat, folder, summary, **tables)
+
+
+def _table(folder: Path, name: str) -> pd.DataFrame:
+    """A run's table, checked for the columns the report reads; RunRefused (one line) when it cannot be."""
+    path = RunDir(folder).table(name)
+    try:
+        df = load_table(folder, name)
+    except (OSError, ValueError) as exc:  # pyarrow's errors on a file that is not Parquet are ValueErrors
+        raise RunRefused(f"{path}: cannot read it ({' '.join(str(exc).split()) or type(exc).__name__})") from None
+    problem = table_problem(name, df)
+    if problem:
+        raise RunRefused(f"{path}: {problem}")
+    return df
 
 
 def _first_error(requests: pd.DataFrame) -> str:
@@ -158,45 +184,80 @@ def load_text(value: float, closed_loop: bool, unit: str = " req/s") -> str:
     return f"{value:g} clients" if closed_loop else f"λ = {value:g}{unit}"
 
 
-def _from_index(root: Path, index: dict) -> Collection:
+def _from_index(root: Path, index: dict, refused: list[str]) -> Collection:
+    """The points sweep.json lists; a point folder outside `root` or unreadable is refused (its line)."""
     coll = Collection(root, index=index)
     for point in index.get("points", []):
         folder = root / point["dir"]
+        if not inside(root, folder):
+            refused.append(f"{root / 'sweep.json'}: the point {point['dir']!r} is not inside {root}; "
+                           "the report pools only run folders within the folder it is given")
+            continue
         if point["status"] in ("done", "skipped") and RunDir(folder).summary.exists():
-            run = load_run(folder, point["label"], point["repeat"], index_load(point))
-            _add(coll, run, (point.get("reason") or "").partition("\n")[0])
+            run = _guarded(refused, load_run, folder, point["label"], point["repeat"], index_load(point))
+            if run is not None:
+                _add(coll, run, (point.get("reason") or "").partition("\n")[0])
         elif point["status"] != "pending":
             reason = point.get("reason") or "no summary.json"
             coll.failed.append(FailedPoint(point["label"], index_load(point), point["repeat"], reason))
     return coll
 
 
-def _from_scan(root: Path) -> Collection:
+def _guarded(refused: list[str], load, *args):
+    """`load(*args)`, or None with its one line added to `refused` when the run's files are bad."""
+    try:
+        return load(*args)
+    except (SummaryError, RunRefused) as exc:
+        refused.append(str(exc))
+        return None
+
+
+def _scanned(root: Path, summary: Path) -> RunData | FailedPoint | None:
+    """One folder found by the scan: a run, a failed point, or None (a burst's or a saturated run's)."""
+    folder = summary.parent
+    if {PROBE_DIR, SATURATED_DIR} & set(folder.relative_to(root).parts):
+        return None
+    why = (folder / FAILED_FILE).read_text().strip() if (folder / FAILED_FILE).exists() else unusable(folder)
+    if why:
+        settings = read_summary(folder).settings
+        point = point_of(folder)
+        label = point[0] if point and (folder / FAILED_FILE).exists() else run_label(settings)
+        return FailedPoint(label, planned_rate(folder, settings), 0, why)
+    point = point_of(folder.relative_to(root))
+    return load_run(folder, point[0] if point else None)
+
+
+def _from_scan(root: Path, refused: list[str]) -> Collection:
     """No index: every folder below root with a summary.json (bursts and saturated runs excluded) is a run."""
     coll = Collection(root)
     for summary in sorted(root.rglob(SUMMARY_FILE)):
-        folder = summary.parent
-        if {PROBE_DIR, SATURATED_DIR} & set(folder.relative_to(root).parts):
+        if not inside(root, summary):
+            refused.append(f"{summary}: a link to a run outside {root}; the report pools only run folders within it")
             continue
-        why = (folder / FAILED_FILE).read_text().strip() if (folder / FAILED_FILE).exists() else unusable(folder)
-        if why:
-            settings = read_summary(folder).settings
-            point = point_of(folder)
-            label = point[0] if point and (folder / FAILED_FILE).exists() else run_label(settings)
-            coll.failed.append(FailedPoint(label, planned_rate(folder, settings), 0, why))
-            continue
-        point = point_of(folder.relative_to(root))
-        _add(coll, load_run(folder, point[0] if point else None))
+        found = _guarded(refused, _scanned, root, summary)
+        if isinstance(found, FailedPoint):
+            coll.failed.append(found)
+        elif found is not None:
+            _add(coll, found)
     return coll
 
 
 def load_collection(root: str | Path) -> Collection:
-    """A sweep folder (via sweep.json) or any folder holding run folders or being one."""
+    """A sweep folder (via sweep.json) or any folder holding run folders or being one. Every file it
+    cannot take is a line of one ReportError: a report is made of every run or of none."""
     root = Path(root)
     if not root.is_dir():
         raise ReportError(f"{root} is not a folder")
-    index_path = root / INDEX_FILE
-    coll = _from_index(root, json.loads(index_path.read_text())) if index_path.exists() else _from_scan(root)
+    index_path, refused = root / INDEX_FILE, []
+    try:
+        index = read_index(index_path) if index_path.exists() else None
+        if (root / CAPACITY_FILE).exists():  # read by collector.report.capacities
+            check_capacity(root / CAPACITY_FILE)
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
+    coll = _from_scan(root, refused) if index is None else _from_index(root, index, refused)
+    if refused:
+        raise ReportError(*refused)
     try:
         refuse_mixed(coll.runs) if index_path.exists() else split_mixed(coll.runs)
     except PoolingError as exc:

@@ -124,12 +124,31 @@ def _cell(value: object) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def _flat(key: str, value: object) -> list[tuple[str, object]]:
+    """A setting as rows: a mapping (a worker's environment, its libraries) one row per entry, `key.sub`."""
+    if isinstance(value, dict) and value:
+        return [row for sub, v in value.items() for row in _flat(f"{key}.{sub}", v)]
+    return [(key, value)]
+
+
+def _settings(run: RunData) -> dict:
+    """One run's settings and its first worker's facts, flattened to one value per row."""
+    rows = [row for k, v in run.settings.items() if k not in VOLATILE for row in _flat(k, v)]
+    rows += _flat("worker", worker_facts(run.settings))
+    return {k: _cell(v) for k, v in rows if k != "worker"}
+
+
 def knob_table(runs_by_label: dict[str, RunData]) -> list[str]:
-    """Every setting, one column per strategy (values from its first completed run)."""
+    """Every setting, one row each (values from each strategy's first completed run): those every strategy
+    shares once, with one value, then those that differ, one column per strategy."""
     labels = list(runs_by_label)
-    keys = list(dict.fromkeys(k for r in runs_by_label.values() for k in r.settings if k not in VOLATILE))
-    facts = [worker_facts(runs_by_label[lb].settings) for lb in labels]
-    rows = [[key, *(_cell(runs_by_label[lb].settings.get(key, "")) for lb in labels)] for key in keys]
-    rows += [[f"worker.{key}", *(_cell(f.get(key, "")) for f in facts)]
-             for key in dict.fromkeys(k for f in facts for k in f)]
-    return md_table(["setting", *labels], rows)
+    values = {lb: _settings(run) for lb, run in runs_by_label.items()}
+    keys = list(dict.fromkeys(k for v in values.values() for k in v))
+    same = [k for k in keys if len({values[lb].get(k, "") for lb in labels}) == 1]
+    differ = [k for k in keys if k not in same]
+    shared = "value" if len(labels) == 1 else "value (every strategy)"
+    out = md_table(["setting", shared], [[k, values[labels[0]][k]] for k in same])
+    if differ:
+        out += ["", "Settings that differ between strategies:", ""]
+        out += md_table(["setting", *labels], [[k, *(values[lb].get(k, "") for lb in labels)] for k in differ])
+    return out
