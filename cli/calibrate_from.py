@@ -14,10 +14,10 @@ import typer
 
 from batchlab.cli.sim_presets import CALIBRATED_KIND
 from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
-from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, WORKERS_DIR
+from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, SATURATED_DIR, WORKERS_DIR
 from batchlab.collector.summary import read_summary
 
-NOT_POINTS = {PROBE_DIR, CAPACITY_DIR, WORKERS_DIR}  # a sweep's bursts, capacity probes and warm workers' own
+NOT_POINTS = {PROBE_DIR, SATURATED_DIR, CAPACITY_DIR, WORKERS_DIR}  # bursts, saturated runs, probes, workers' own
 KIND_ORIGIN = {kind: key for key, kind in CALIBRATED_KIND.items()}  # hf-loop -> (hf, continuous)
 
 

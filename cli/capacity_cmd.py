@@ -1,5 +1,6 @@
-"""`batchlab capacity CONFIG`: each strategy's capacity (the highest arrival rate it sustains), found by a
-bracketing search; live (each probe an ordinary point folder, on warm workers) or in virtual time."""
+"""`batchlab capacity CONFIG`: each strategy's saturated rate μ and capacity (the highest arrival rate it
+sustains), found by a search below μ; live (each run an ordinary point folder, on warm workers) or in
+virtual time."""
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,6 +11,7 @@ Out = Annotated[Optional[str], typer.Option(help="output folder (default results
                                                 "--simulate: where capacity.json goes (nothing written without it)")]
 Labels = Annotated[Optional[str], typer.Option("--strategy", help="only these grid labels (comma list)")]
 Duration = Annotated[Optional[float], typer.Option("--duration-s", help="traffic per probe, s")]
+Saturated = Annotated[Optional[float], typer.Option("--saturated-s", help="traffic per saturated run (μ), s")]
 Width = Annotated[Optional[float], typer.Option(help="stop when hi / lo ≤ 1 + width")]
 Probes = Annotated[Optional[int], typer.Option(help="at most this many probes per strategy")]
 Simulated = Annotated[bool, typer.Option("--simulate", help="search in virtual time (sim backend's model)")]
@@ -48,15 +50,17 @@ def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dic
 
 
 def capacity(config: Config, *, out: Out = None, strategy: Labels = None, duration_s: Duration = None,
-             width: Width = None, max_probes: Probes = None, simulate: Simulated = False,
-             preset: Preset = None) -> None:
-    """Each strategy's capacity: served ≥ 99%, queue not growing, SLOs met by ≥ 90% (with SLOs)."""
+             saturated_s: Saturated = None, width: Width = None, max_probes: Probes = None,
+             simulate: Simulated = False, preset: Preset = None) -> None:
+    """Each strategy's saturated rate μ and capacity (served ≥ 99%, queue not growing, below μ, SLOs met
+    by ≥ 90% with SLOs)."""
     from batchlab.cli.outcome import resumable
     from batchlab.collector.report.capacities import capacity_text
 
     out_given, out = out is not None, out or str(Path("results") / f"{Path(config).stem}-capacity")
     labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
-    given = {"search_duration_s": duration_s, "width": width, "max_probes": max_probes}
+    given = {"search_duration_s": duration_s, "saturated_duration_s": saturated_s, "width": width,
+             "max_probes": max_probes}
     with resumable(out):
         doc = run_capacity_cmd(config, out, labels, given, simulate, preset)
     for line in capacity_text(doc["strategies"]):

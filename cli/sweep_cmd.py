@@ -39,8 +39,9 @@ def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tupl
 
 
 def _bracket_text(c: dict) -> str:
-    lo, hi = c["lo_req_s"], c["hi_req_s"]
-    return f"[{'?' if lo is None else f'{lo:.3g}'}, {'?' if hi is None else f'{hi:.3g}'}]"
+    lo, hi, sat = c["lo_req_s"], c["hi_req_s"], c.get("saturated")
+    mu = f" (μ {sat['req_s']:.3g})" if sat else ""
+    return f"[{'?' if lo is None else f'{lo:.3g}'}, {'?' if hi is None else f'{hi:.3g}'}]{mu}"
 
 
 def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None) -> dict:

@@ -20,18 +20,21 @@ class _Strict(BaseModel):
 
 
 class AutoRates(_Strict):
-    """grid.rates.auto: every strategy's capacity searched (cli.capacity_search), then `points` rates
-    log-spaced from `low` × the lowest capacity to `high` × the highest; or, when `fractions` are given,
-    those fractions of the `probe` entry's capacity."""
+    """grid.rates.auto: every strategy's saturated rate μ measured and its capacity searched
+    (cli.capacity_search), then `points` rates log-spaced from `low` × the lowest capacity to `high` × the
+    highest; or, when `fractions` are given, those fractions of the `probe` entry's burst."""
 
     fractions: list[PositiveFloat] | None = None
     points: int = Field(5, ge=2)
     low: PositiveFloat = 0.3
     high: PositiveFloat = 1.3
     probe: str | None = None  # the entry whose burst the fractions scale (default: dynamic, else the first)
-    probe_requests: PositiveInt = 24  # each search's burst: this many requests within probe_duration_s
+    probe_requests: PositiveInt = 24  # with fractions: the burst, this many requests within probe_duration_s
     probe_duration_s: PositiveFloat = 1.0
+    saturated_duration_s: PositiveFloat = 20.0  # each saturated run's traffic (μ), per strategy and repeat
+    saturated_clients: int = Field(0, ge=0)  # its closed-loop clients; 0: 2 × the batch cap × the workers
     search_duration_s: PositiveFloat = 10.0  # traffic per capacity probe; its queue drains after
+    search_requests: PositiveInt = 60  # ... or longer: enough traffic for this many arrivals at its rate
     width: PositiveFloat = WIDTH  # a search stops when hi / lo ≤ 1 + width
     max_probes: PositiveInt = MAX_PROBES
 

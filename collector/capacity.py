@@ -2,14 +2,20 @@
 search over rates that finds the highest rate sustained. Pure: tables in, numbers out; the search calls
 a `measure(rate)` it is given (a live point, or a simulated one) and opens nothing itself.
 
-Sustained means: served ≥ SERVED_MIN of the requests planned, the waiting queue not growing over the
-second half of the traffic (the least-squares slope of the queue length read just after each launch, so
-a static batch's fill-and-empty sawtooth does not count, times that half's length: at most
-max(QUEUE_SLACK, QUEUE_GROWTH_SHARE × the half's arrivals)), and, with SLOs, goodput ≥ GOODPUT_MIN. The search grows geometrically from a start rate until it has a sustained and an
-unsustained rate, then bisects in log space until hi / lo ≤ 1 + width or max_probes runs were made.
-Capacity is the bracket [highest sustained, lowest unsustained], in the arrival rates those runs offered (a
-seeded Poisson schedule of a few seconds is some percent off its nominal rate, the same for every strategy),
-its point estimate the geometric mean.
+Sustained means: served ≥ SERVED_MIN of the requests planned; the waiting queue not growing: the trend
+(least-squares slope) of the queue length read just after each launch (so a static batch's fill-and-empty
+sawtooth does not count) over the traffic after its first WARMUP_SHARE, with a 95% interval from
+Newey-West (HAC) standard errors, since the queue length is autocorrelated: not sustained when that
+interval lies above GROWTH_SHARE of the offered rate, a tolerance that shrinks as the probe grows longer; with the saturated rate μ
+known (collector.saturation), an offered rate above μ's interval (no queue keeps up with arrivals faster
+than the worker serves when saturated: a short probe only has not seen it grow yet); and with SLOs,
+goodput ≥ GOODPUT_MIN. The search starts just below μ and treats μ's upper bound as a rate known not to
+be sustained; it steps down geometrically while nothing is sustained, then bisects in log space until
+hi / lo ≤ 1 + width or max_probes runs were made. Capacity is given in the arrival rates those runs
+offered (a seeded Poisson schedule of a few seconds is some percent off its nominal rate, the same for
+every strategy): the point estimate is the bracket's geometric mean (never above μ), its interval from the
+highest sustained rate less what the queue may still have been gaining there (the trend's upper bound)
+to the lowest rate not sustained (or μ's upper bound).
 """
 import math
 from collections.abc import Callable
@@ -19,15 +25,18 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted_mask
+from batchlab.collector.saturation import t_975
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90
-QUEUE_SLACK = 4.0  # requests: a stable queue read after each launch wanders about this much in a short run
-QUEUE_GROWTH_SHARE = 0.03  # of the second half's arrivals: growth below this is noise, not a trend
+# of the offered rate: a queue gaining less than this is not told apart from one still filling towards its
+# steady level (near capacity that takes longer than a probe); overload closer than that is μ's to catch
+GROWTH_SHARE = 0.05
+WARMUP_SHARE = 0.25  # of the traffic, before the queue's trend is read: it fills to its steady level first
 QUEUE_SAMPLES = 256  # points of the queue-length curve the slope is fitted to (too few launches to read after)
 MIN_LAUNCHES = 4
 GROW_FACTOR = 1.5  # rate step while the bracket is open on one side
-WIDTH = 0.15  # stop when hi / lo ≤ 1 + WIDTH
+WIDTH = 0.08  # stop when hi / lo ≤ 1 + WIDTH: the estimate, their geometric mean, within 4% of either
 MAX_PROBES = 6
 
 
@@ -38,9 +47,11 @@ class Verdict:
     sustained: bool
     reasons: list[str]
     served_share: float
-    queue_growth: float  # requests gained by the waiting queue over the traffic's second half
+    queue_growth: float  # requests/s: the waiting queue's trend after the warm-up
     goodput: float | None = None
     offered_req_s: float | None = None  # arrivals ÷ duration: a seeded Poisson schedule is off its nominal rate
+    queue_growth_lo: float = 0.0  # the trend's 95% interval (HAC); 0 when not read (a failed run)
+    queue_growth_hi: float = 0.0
 
 
 def _leave_times(sub: pd.DataFrame) -> np.ndarray:
@@ -71,33 +82,52 @@ def _sample_times(requests: pd.DataFrame, start_s: float, end_s: float) -> np.nd
     return launches if launches.size >= MIN_LAUNCHES else np.linspace(start_s, end_s, QUEUE_SAMPLES)
 
 
-def queue_growth(requests: pd.DataFrame, duration_s: float) -> tuple[float, int]:
-    """(requests the queue gained over [duration_s / 2, duration_s] by the least-squares slope of its length
-    after each launch, arrivals there)."""
-    half_s = duration_s / 2
-    times = _sample_times(requests, half_s, duration_s)
-    slope = np.polyfit(times, waiting(requests, times).astype("float64"), 1)[0] if half_s > 0 else 0.0
-    arrivals = requests["arrival_time"].to_numpy(dtype="float64")
-    return float(slope * half_s), int(((arrivals >= half_s) & (arrivals <= duration_s)).sum())
+def trend(times_s: np.ndarray, values: np.ndarray) -> tuple[float, float, float]:
+    """(slope, lo, hi): the least-squares slope of values over times_s with a 95% interval from Newey-West
+    standard errors (Bartlett weights, √n lags: a queue's length is strongly autocorrelated, and more
+    lags widen the interval rather than fake a trend); (0, -inf, inf) with fewer than 4 points."""
+    x = np.asarray(times_s, dtype="float64") - np.mean(times_s)
+    y = np.asarray(values, dtype="float64")
+    sxx = float((x * x).sum())
+    if x.size < 4 or sxx <= 0:
+        return 0.0, -math.inf, math.inf
+    slope = float((x * (y - y.mean())).sum() / sxx)
+    u = x * (y - y.mean() - slope * x)  # score of each point
+    lags = int(math.ceil(math.sqrt(x.size)))
+    s = float((u * u).sum()) + 2 * sum((1 - lag / (lags + 1)) * float((u[lag:] * u[:-lag]).sum())
+                                       for lag in range(1, min(lags, x.size - 1) + 1))
+    half = t_975(x.size - 2) * math.sqrt(max(s, 0.0)) / sxx
+    return slope, slope - half, slope + half
 
 
-def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None) -> Verdict:
-    """The verdict on one run's requests table (every planned request a row; times in s since t0)."""
+def queue_trend(requests: pd.DataFrame, duration_s: float) -> tuple[float, float, float]:
+    """The waiting queue's trend over [WARMUP_SHARE × duration_s, duration_s] (requests/s, with its 95%
+    interval), read just after each launch."""
+    times = _sample_times(requests, WARMUP_SHARE * duration_s, duration_s)
+    return trend(times, waiting(requests, times)) if duration_s > 0 else (0.0, -math.inf, math.inf)
+
+
+def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None,
+            ceiling_req_s: float | None = None) -> Verdict:
+    """The verdict on one run's requests table (every planned request a row; times in s since t0);
+    `ceiling_req_s`: the saturated rate's upper bound, above which no offered rate is sustained."""
     n = len(requests)
     served = float((requests["status"] == "finished").sum() / n) if n else 0.0
-    growth, arrived = queue_growth(requests, duration_s) if n else (0.0, 0)
+    slope, lo, hi = queue_trend(requests, duration_s) if n else (0.0, -math.inf, math.inf)
+    arrivals = requests["arrival_time"].to_numpy(dtype="float64")
+    offered = float(((arrivals >= 0) & (arrivals <= duration_s)).sum() / duration_s) if duration_s > 0 else None
     reasons = []
     if served < SERVED_MIN:
         reasons.append(f"served {served:.1%} < {SERVED_MIN:.0%}")
-    limit = max(QUEUE_SLACK, QUEUE_GROWTH_SHARE * arrived)
-    if growth > limit:
-        reasons.append(f"queue grew by {growth:.1f} requests over the second half (limit {limit:.1f})")
+    if offered is not None and lo > GROWTH_SHARE * offered:
+        reasons.append(f"queue grew by {slope:.2f} [{lo:.2f}, {hi:.2f}] requests/s (limit {GROWTH_SHARE:.0%} of "
+                       f"the {offered:.3g} req/s offered)")
+    if ceiling_req_s is not None and offered is not None and offered > ceiling_req_s:
+        reasons.append(f"offered {offered:.3g} req/s > the saturated rate's upper bound {ceiling_req_s:.3g}")
     share = goodput(requests, slos)["fraction"] if slos and n else None
     if share is not None and share < GOODPUT_MIN:
         reasons.append(f"goodput {share:.1%} < {GOODPUT_MIN:.0%}")
-    arrivals = requests["arrival_time"].to_numpy(dtype="float64")
-    offered = float(((arrivals >= 0) & (arrivals <= duration_s)).sum() / duration_s) if duration_s > 0 else None
-    return Verdict(not reasons, reasons, served, growth, share, offered)
+    return Verdict(not reasons, reasons, served, slope, share, offered, lo, hi)
 
 
 @dataclass(slots=True)
@@ -117,19 +147,31 @@ class Probe:
 
 @dataclass(slots=True)
 class Capacity:
-    """A strategy's capacity bracket [lo, hi] (offered req/s; None: open on that side) and the probes behind it."""
+    """A strategy's capacity bracket [lo, hi] (offered req/s; None: open on that side), the probes behind it
+    and the saturated rate μ that bounds it."""
 
     label: str
     lo_req_s: float | None
-    hi_req_s: float | None
+    hi_req_s: float | None  # the lowest rate not sustained, or μ's upper bound when that is lower
     probes: list[Probe] = field(default_factory=list)
     start_req_s: float | None = None
-    note: str = ""  # why there is no bracket (the burst that places the first probe failed)
+    note: str = ""  # why there is no bracket (the saturated run that places the first probe failed)
+    saturated: dict | None = None  # collector.saturation.pooled: μ with its interval, and its runs
 
     @property
     def estimate_req_s(self) -> float | None:
-        """The bracket's geometric mean (None while it is open)."""
-        return math.sqrt(self.lo_req_s * self.hi_req_s) if self.lo_req_s and self.hi_req_s else None
+        """The bracket's geometric mean, never above μ (None while the bracket is open)."""
+        if not (self.lo_req_s and self.hi_req_s):
+            return None
+        return min(math.sqrt(self.lo_req_s * self.hi_req_s), self.saturated["req_s"] if self.saturated else math.inf)
+
+    @property
+    def interval_req_s(self) -> tuple[float | None, float | None]:
+        """(low, high): the bracket widened below by what the queue may still have been gaining at the highest
+        rate judged sustained (its trend's upper bound: the verdict's own uncertainty)."""
+        lo_probe = next((p for p in self.probes if p.offered_req_s == self.lo_req_s and p.verdict.sustained), None)
+        margin = max(lo_probe.verdict.queue_growth_hi, 0.0) if lo_probe else 0.0
+        return (None if self.lo_req_s is None else max(self.lo_req_s - margin, 0.0)), self.hi_req_s
 
     def tokens_per_request(self) -> float | None:
         """Mean output tokens per finished request over the probes (the same trace for every strategy)."""
@@ -137,32 +179,49 @@ class Capacity:
         return float(np.mean(values)) if values else None
 
     def as_dict(self) -> dict:
-        """capacity.json's entry: the bracket and estimate in req/s and tok/s, and every probe."""
+        """capacity.json's entry: the estimate and its interval (lo, hi) in req/s and tok/s, the search's
+        bracket, μ, and every probe."""
         tpr = self.tokens_per_request()
+        lo, hi = self.interval_req_s
         tok = {f"{k}_tok_s": (v * tpr if v is not None and tpr else None)
-               for k, v in (("lo", self.lo_req_s), ("hi", self.hi_req_s), ("estimate", self.estimate_req_s))}
+               for k, v in (("lo", lo), ("hi", hi), ("estimate", self.estimate_req_s))}
         probes = [{"rate_req_s": p.rate_req_s, "folder": p.folder, "tokens_per_request": p.tokens_per_request,
                    **asdict(p.verdict)} for p in self.probes]
-        return {"label": self.label, "lo_req_s": self.lo_req_s, "hi_req_s": self.hi_req_s,
-                "estimate_req_s": self.estimate_req_s, **tok, "tokens_per_request": tpr,
-                "start_req_s": self.start_req_s, "probes": probes, **({"note": self.note} if self.note else {})}
+        return {"label": self.label, "lo_req_s": lo, "hi_req_s": hi, "estimate_req_s": self.estimate_req_s, **tok,
+                "bracket_req_s": [self.lo_req_s, self.hi_req_s], "tokens_per_request": tpr,
+                "start_req_s": self.start_req_s, "saturated": self.saturated, "probes": probes,
+                **({"note": self.note} if self.note else {})}
 
 
-def bracket(probes: list[Probe]) -> tuple[float | None, float | None]:
-    """(highest sustained nominal rate below the lowest unsustained one, lowest unsustained nominal rate)."""
-    failing = [p.rate_req_s for p in probes if not p.verdict.sustained]
+def bracket(probes: list[Probe], ceiling: float | None = None) -> tuple[float | None, float | None]:
+    """(highest sustained nominal rate below the lowest unsustained one, lowest unsustained nominal rate);
+    `ceiling`: an offered rate known not to be sustained without measuring it (μ's upper bound), taken to
+    nominal by the probes' nominal ÷ offered (every probe replays the same schedule, scaled)."""
+    failing = [p.rate_req_s for p in probes if not p.verdict.sustained] + ([ceiling_nominal(probes, ceiling)]
+                                                                         if ceiling else [])
     hi = min(failing, default=None)
     lo = max((p.rate_req_s for p in probes if p.verdict.sustained and (hi is None or p.rate_req_s < hi)),
              default=None)
     return lo, hi
 
 
-def capacity_of(label: str, probes: list[Probe], start_req_s: float | None = None) -> Capacity:
+def ceiling_nominal(probes: list[Probe], ceiling: float) -> float:
+    """The nominal rate whose schedule offers `ceiling` (as the probes' schedules did; 1:1 before any)."""
+    return ceiling * float(np.mean([p.rate_req_s / p.offered_req_s for p in probes])) if probes else ceiling
+
+
+def capacity_of(label: str, probes: list[Probe], start_req_s: float | None = None,
+                saturated: dict | None = None) -> Capacity:
     """The bracket of these probes in the rates they offered (every strategy replays the same schedule, so
-    its arrivals are the same multiple of the nominal rate for all)."""
+    its arrivals are the same multiple of the nominal rate for all), closed above by μ's upper bound."""
     offered = {p.rate_req_s: p.offered_req_s for p in probes}
     lo, hi = bracket(probes)
-    return Capacity(label, offered.get(lo), offered.get(hi), probes, start_req_s)
+    ceiling = saturated["req_s_hi"] if saturated else None
+    hi_offered = min((v for v in (offered.get(hi), ceiling) if v is not None), default=None)
+    lo_offered = offered.get(lo)
+    if lo_offered is not None and hi_offered is not None and lo_offered >= hi_offered:
+        lo_offered = None  # sustained only above μ's bound: the verdict had no ceiling (grid rates, no μ)
+    return Capacity(label, lo_offered, hi_offered, probes, start_req_s, saturated=saturated)
 
 
 def _rounded(rate: float) -> float:
@@ -170,15 +229,17 @@ def _rounded(rate: float) -> float:
 
 
 def next_rate(probes: list[Probe], start_req_s: float, *, width: float = WIDTH, max_probes: int = MAX_PROBES,
-              factor: float = GROW_FACTOR) -> float | None:
+              factor: float = GROW_FACTOR, ceiling: float | None = None) -> float | None:
     """The next rate to measure, or None when the bracket is narrow enough or the probes are spent."""
     if len(probes) >= max_probes:
         return None
     if not probes:
         return _rounded(start_req_s)
-    lo, hi = bracket(probes)
+    lo, hi = bracket(probes, ceiling)
     if hi is None:
         return _rounded(lo * factor)
+    if lo is None and ceiling and hi < min(p.rate_req_s for p in probes):
+        return _rounded(hi / math.sqrt(1 + width))  # only above μ failed: start again just below it
     if lo is None:
         return _rounded(hi / factor)
     if hi / lo <= 1 + width:
@@ -191,14 +252,22 @@ Measure = Callable[[float], Probe]
 
 
 def search(label: str, start_req_s: float, measure: Measure, *, width: float = WIDTH,
-           max_probes: int = MAX_PROBES, factor: float = GROW_FACTOR) -> Capacity:
-    """Measure rates from start_req_s on until next_rate says stop; the bracket they give."""
+           max_probes: int = MAX_PROBES, factor: float = GROW_FACTOR, saturated: dict | None = None) -> Capacity:
+    """Measure rates from start_req_s on until next_rate says stop; the bracket they give (closed above by
+    μ's upper bound when `saturated` gives it: measure's verdicts should use the same ceiling)."""
     if not start_req_s > 0:
         raise ValueError(f"a capacity search needs a positive start rate, got {start_req_s}")
+    ceiling = saturated["req_s_hi"] if saturated else None
     probes: list[Probe] = []
-    while (rate := next_rate(probes, start_req_s, width=width, max_probes=max_probes, factor=factor)) is not None:
+    while (rate := next_rate(probes, start_req_s, width=width, max_probes=max_probes, factor=factor,
+                             ceiling=ceiling)) is not None:
         probes.append(measure(rate))
-    return capacity_of(label, probes, start_req_s)
+    return capacity_of(label, probes, start_req_s, saturated)
+
+
+def start_below(saturated: dict, width: float = WIDTH) -> float:
+    """The first probe's rate: μ ÷ √(1 + width), so that, sustained, it closes the bracket with μ's bound."""
+    return saturated["req_s"] / math.sqrt(1 + width)
 
 
 def tokens_per_request(requests: pd.DataFrame) -> float | None:

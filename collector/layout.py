@@ -16,6 +16,7 @@ FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
 PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
 WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, between points)
 CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<point_dir> (bursts: _probe/<probe_dir>)
+SATURATED_DIR = "_saturated"  # each strategy's saturated runs (μ): _saturated/<saturated_dir>
 CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes
 
 STRATEGY_KEY, RATE_KEY, REPEAT_KEY = "strategy", "rate", "repeat"  # a point folder's partition keys, outermost first
@@ -35,6 +36,11 @@ def point_dir(label: str, rate: float, repeat: int, concurrency: int = 0) -> Pat
 def probe_dir(label: str) -> str:
     """A capacity burst's folder under PROBE_DIR: strategy=<label>."""
     return _part(STRATEGY_KEY, label)
+
+
+def saturated_dir(label: str, repeat: int) -> Path:
+    """A saturated run's folder under SATURATED_DIR: strategy=<label>/repeat=<k>."""
+    return Path(_part(STRATEGY_KEY, label), _part(REPEAT_KEY, str(repeat)))
 
 
 def _part(key: str, value: str) -> str:

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.layout import CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, point_of, rate_of
+from batchlab.collector.layout import (CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of,
+                                       rate_of)
 from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table
 from batchlab.collector.report.inputs import check_capacity, inside, read_index, table_problem
@@ -212,9 +213,9 @@ def _guarded(refused: list[str], load, *args):
 
 
 def _scanned(root: Path, summary: Path) -> RunData | FailedPoint | None:
-    """One folder found by the scan: a run, a failed point, or None (the capacity probe's)."""
+    """One folder found by the scan: a run, a failed point, or None (a burst's or a saturated run's)."""
     folder = summary.parent
-    if PROBE_DIR in folder.relative_to(root).parts:
+    if {PROBE_DIR, SATURATED_DIR} & set(folder.relative_to(root).parts):
         return None
     why = (folder / FAILED_FILE).read_text().strip() if (folder / FAILED_FILE).exists() else unusable(folder)
     if why:
@@ -227,7 +228,7 @@ def _scanned(root: Path, summary: Path) -> RunData | FailedPoint | None:
 
 
 def _from_scan(root: Path, refused: list[str]) -> Collection:
-    """No index: every folder below root with a summary.json (the probe excluded) is a run."""
+    """No index: every folder below root with a summary.json (bursts and saturated runs excluded) is a run."""
     coll = Collection(root)
     for summary in sorted(root.rglob(SUMMARY_FILE)):
         if not inside(root, summary):

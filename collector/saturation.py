@@ -1,0 +1,125 @@
+"""A strategy's maximum throughput μ, measured directly: the completion rate of a run that keeps the worker
+saturated (the closed loop with more clients than the worker has rows, so every batch can be full), over a
+steady window (warm-up and drain excluded), with a 95% interval from batch means; and μ pooled over repeats.
+Pure: tables in, numbers out.
+
+The completion series of a batching worker is autocorrelated (a batch ends many requests at once, a slow
+minute slows many batches), so requests are not independent samples: the interval is a t-interval over
+the rates of BATCHES blocks of about equal completions (batch means), whose correlation is small when
+each block spans several batches. Between repeats, each run's rate is one sample (what moves a whole run, the
+machine's speed that minute, shows only there).
+"""
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+WARMUP_SHARE = 0.25  # of the traffic, excluded: the first batches form, caches and allocators warm up
+BATCHES = 10  # blocks of the steady window (batch means)
+EVENT_GAP_S = 1e-3  # completions closer than this are one event (one batch's rows, reported row by row)
+# two-sided 95% Student t quantiles by degrees of freedom (no scipy); above 30: the normal's 1.96 + 2.5 / df
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_975(df: int) -> float:
+    """The 97.5% quantile of Student's t with df degrees of freedom (df ≥ 1)."""
+    return T_975[df - 1] if df <= len(T_975) else 1.96 + 2.5 / df
+
+
+def mean_interval(values: np.ndarray) -> tuple[float, float]:
+    """(mean, half-width of its 95% t-interval) of independent values (half-width inf with fewer than 2)."""
+    values = np.asarray(values, dtype="float64")
+    if values.size < 2:
+        return (float(values.mean()) if values.size else math.nan), math.inf
+    return float(values.mean()), t_975(values.size - 1) * float(values.std(ddof=1)) / math.sqrt(values.size)
+
+
+def batch_means(series: np.ndarray, batches: int = BATCHES, weights: np.ndarray | None = None
+                ) -> tuple[float, float, float]:
+    """(mean, lo, hi): the series' (weighted) mean with a 95% t-interval over the (weighted) means of
+    `batches` contiguous blocks, valid for an autocorrelated stationary series when a block is long against
+    its correlation time."""
+    series = np.asarray(series, dtype="float64")
+    weights = np.ones_like(series) if weights is None else np.asarray(weights, dtype="float64")
+    blocks = [float((series[i] * weights[i]).sum() / weights[i].sum())
+              for i in np.array_split(np.arange(series.size), min(batches, series.size)) if i.size]
+    mean = float((series * weights).sum() / weights.sum())
+    half = mean_interval(np.array(blocks))[1]
+    return mean, mean - half, mean + half
+
+
+def _events(times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(event times, index of each event's first completion, completions per event) of sorted times."""
+    first = np.flatnonzero(np.concatenate([[True], np.diff(times) > EVENT_GAP_S]))
+    return times[first], first, np.diff(np.append(first, times.size))
+
+
+@dataclass(slots=True)
+class SaturatedRun:
+    """One saturated run's completion rate over its steady window, with its batch-means interval."""
+
+    repeat: int
+    req_s: float
+    req_s_lo: float
+    req_s_hi: float
+    tok_s: float
+    tok_s_lo: float
+    tok_s_hi: float
+    window_s: list[float]  # [start, end] s since t0: the first and last completion of the steady window
+    completions: int
+    folder: str = ""
+
+
+def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0, folder: str = "",
+                  warmup_share: float = WARMUP_SHARE, batches: int = BATCHES) -> SaturatedRun | None:
+    """μ from a saturated run's requests table (times in s since t0; traffic sent until duration_s, then
+    drained): the completions in [warmup_share × duration_s, duration_s], counted from the first of them to
+    the last (so a static batch's completions, B at a time every T s, read exactly B / T); None with fewer
+    than 2 distinct completion times there."""
+    done = requests[requests["status"] == "finished"]
+    times = done["completion_time"].to_numpy(dtype="float64")
+    keep = (times >= warmup_share * duration_s) & (times <= duration_s)
+    times, tokens = times[keep], done["n_tokens"].to_numpy(dtype="float64")[keep]
+    order = np.argsort(times, kind="stable")
+    times, tokens = times[order], tokens[order]
+    if times.size < 2 or times[-1] <= times[0]:
+        return None
+    # completion events: rows ending within EVENT_GAP_S of each other are one (a batch's rows end together),
+    # then up to `batches` blocks of about equal completions, each ending on an event: a block's rate is its
+    # completions ÷ its span, so a worker that ends B requests every T s reads exactly B / T in every block
+    event_times, first, counts = _events(times)
+    event_tokens = np.add.reduceat(tokens, first)
+    done_by = np.cumsum(counts) - counts[0]  # completions after the first event (the window's origin), by each
+    tokens_by = np.cumsum(event_tokens) - event_tokens[0]
+    # a block holds at least two of the largest events (two full batches), or its rate is one batch's luck
+    blocks = max(min(batches, int(done_by[-1] // (2 * counts[1:].max()))), 2) if counts.size > 1 else 1
+    targets = np.linspace(0, done_by[-1], blocks + 1)
+    edges = np.unique(np.searchsorted(done_by, targets, side="left"))
+    spans = np.diff(event_times[edges])
+    req = batch_means(np.diff(done_by[edges]) / spans, spans.size, spans)
+    tok = batch_means(np.diff(tokens_by[edges]) / spans, spans.size, spans)
+    start, end = float(event_times[0]), float(event_times[-1])
+    req, tok = (req[0], max(req[1], 0.0), req[2]), (tok[0], max(tok[1], 0.0), tok[2])  # a rate is never < 0
+    completions = int(done_by[-1])
+    return SaturatedRun(repeat, *req, *tok, [start, end], completions, folder)
+
+
+def pooled(runs: list[SaturatedRun]) -> dict | None:
+    """capacity.json's `saturated` entry: every run, and μ with its interval: a t-interval over the runs'
+    rates with 2 or more repeats (the spread between runs), else the one run's batch-means interval."""
+    if not runs:
+        return None
+    entry: dict = {"runs": [asdict(r) for r in runs]}
+    for unit in ("req_s", "tok_s"):
+        values = np.array([getattr(r, unit) for r in runs])
+        if len(runs) >= 2:
+            mean, half = mean_interval(values)
+            entry |= {unit: mean, f"{unit}_lo": mean - half, f"{unit}_hi": mean + half}
+        else:
+            entry |= {k: getattr(runs[0], k) for k in (unit, f"{unit}_lo", f"{unit}_hi")}
+    entry["method"] = (f"95% t-interval over {len(runs)} repeats' saturated rates" if len(runs) >= 2 else
+                       f"one run: 95% batch-means interval over up to {BATCHES} blocks of its steady window "
+                       "(run-to-run variation not measured)")
+    return entry

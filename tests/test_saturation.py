@@ -1,0 +1,153 @@
+"""The saturated rate μ and the capacity bounded by it: the batch-means interval's coverage on series whose
+mean is known, μ read exactly from a worker that ends B requests every T s, the verdict on an overloaded
+probe, and the search in the simulator against a constant-step model whose μ = B / T is known exactly."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from batchlab.cli.capacity_search import SimulatedSearch, search_all
+from batchlab.cli.sweep_plan import load_plan
+from batchlab.collector.capacity import sustain
+from batchlab.collector.saturation import SaturatedRun, batch_means, pooled, saturated_run
+
+OUT = 6  # output tokens of every request
+
+
+def ar1(rng: np.random.Generator, n: int, phi: float) -> np.ndarray:
+    """A stationary AR(1) series with mean 0."""
+    noise = rng.normal(size=n)
+    x = np.empty(n)
+    x[0] = noise[0] / math.sqrt(1 - phi * phi)
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + noise[i]
+    return x
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.7])
+def test_the_batch_means_interval_covers_the_true_mean_about_95_percent_of_the_time(phi):
+    rng = np.random.default_rng(7)
+    covered = [lo <= 0 <= hi for _, lo, hi in (batch_means(ar1(rng, 2000, phi)) for _ in range(400))]
+    assert 0.90 <= np.mean(covered) <= 0.99
+
+
+def test_the_naive_interval_of_an_autocorrelated_series_would_be_far_too_narrow():
+    # what batch means protects against: 2000 points of AR(1) at 0.9 hold far less than 2000 points' evidence
+    rng = np.random.default_rng(3)
+    x = ar1(rng, 2000, 0.9)
+    _, lo, hi = batch_means(x)
+    assert (hi - lo) / 2 > 3 * 1.96 * x.std(ddof=1) / math.sqrt(x.size)
+
+
+def static_batches(batch: int, step_s: float, until_s: float, jitter_s: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    """A saturated worker's requests table: `batch` requests end together every step_s s."""
+    rng = np.random.default_rng(seed)
+    ends = np.cumsum(step_s + rng.uniform(-jitter_s, jitter_s, int(until_s / step_s)))
+    times = np.repeat(ends[ends <= until_s], batch)
+    return pd.DataFrame({"status": "finished", "completion_time": times, "n_tokens": OUT})
+
+
+@pytest.mark.parametrize("batch, step_s", [(1, 1.0), (4, 0.8), (8, 0.16)])
+def test_a_worker_that_ends_b_requests_every_t_seconds_reads_b_over_t(batch, step_s):
+    run = saturated_run(static_batches(batch, step_s, 40.0), 30.0, repeat=2, folder="f")
+    assert run.req_s == pytest.approx(batch / step_s) and run.tok_s == pytest.approx(OUT * batch / step_s)
+    assert run.req_s_lo == pytest.approx(run.req_s) and run.req_s_hi == pytest.approx(run.req_s)
+    assert 7.5 <= run.window_s[0] < 7.5 + step_s and 30.0 - step_s < run.window_s[1] <= 30.0  # warm-up, drain out
+    assert (run.repeat, run.folder) == (2, "f")
+
+
+def test_a_jittery_worker_gets_an_interval_around_its_rate():
+    run = saturated_run(static_batches(8, 0.2, 60.0, jitter_s=0.1, seed=1), 60.0)
+    assert run.req_s_lo < run.req_s < run.req_s_hi and run.req_s == pytest.approx(40.0, rel=0.05)
+    assert run.req_s_hi - run.req_s_lo < 0.2 * run.req_s
+
+
+def test_mu_pools_repeats_by_their_spread_and_one_run_by_its_own_interval():
+    runs = [SaturatedRun(r, v, v - 0.1, v + 0.1, 10 * v, 10 * v - 1, 10 * v + 1, [1.0, 9.0], 40) for r, v in
+            enumerate([4.0, 5.0, 6.0])]
+    three = pooled(runs)
+    assert three["req_s"] == pytest.approx(5.0) and three["req_s_hi"] - 5.0 == pytest.approx(4.303 * 1 / math.sqrt(3))
+    assert three["tok_s_lo"] == pytest.approx(50 - 43.03 / math.sqrt(3)) and "3 repeats" in three["method"]
+    one = pooled(runs[:1])
+    assert (one["req_s"], one["req_s_lo"], one["req_s_hi"]) == (4.0, 3.9, 4.1) and "not measured" in one["method"]
+    assert [r["repeat"] for r in three["runs"]] == [0, 1, 2] and pooled([]) is None
+
+
+def queue_table(arrived: int, served_req_s: float, duration_s: float, seed: int = 0) -> pd.DataFrame:
+    """`arrived` Poisson arrivals within duration_s (uniform given their count); a worker that launches the
+    oldest waiting request every 1 / served_req_s s while one waits (FIFO; the queue drains after)."""
+    arrivals = np.sort(np.random.default_rng(seed).uniform(0, duration_s, arrived))
+    launches = np.maximum.accumulate(np.maximum(arrivals, arrivals[0] + np.arange(arrived) / served_req_s))
+    return pd.DataFrame({"arrival_time": arrivals, "scheduled_time": launches, "completion_time": launches + 0.2,
+                         "status": "finished", "error": "", "submitted": True, "n_tokens": 4})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_overloaded_probe_whose_queue_grows_by_a_dozen_in_12_s_is_not_sustained(seed):
+    # offered 5.25 req/s (63 in 12 s), launched 4.0/s: the queue gains about 14; the fixed tolerance of
+    # 4 requests over the second half let this pass
+    verdict = sustain(queue_table(63, 4.0, 12.0, seed), 12.0)
+    assert verdict.offered_req_s == pytest.approx(5.25) and verdict.served_share == 1.0
+    assert not verdict.sustained and "queue grew" in verdict.reasons[0]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_rate_above_the_saturated_rates_interval_is_not_sustained_however_short_the_probe(seed):
+    # served 4.6/s: 12 s cannot show its queue's growth of 0.65/s for sure; μ measured at 4.6 [4.3, 4.9] can
+    verdict = sustain(queue_table(63, 4.6, 12.0, seed), 12.0, ceiling_req_s=4.9)
+    assert not verdict.sustained and any("saturated rate" in r for r in verdict.reasons)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_queue_that_keeps_up_near_its_limit_is_sustained(seed):
+    verdict = sustain(queue_table(48, 4.6, 12.0, seed), 12.0, ceiling_req_s=4.9)  # offered 4.0 req/s
+    assert verdict.sustained and verdict.queue_growth_lo < 0.05 * 4.0
+
+
+def constant_step_config(tmp_path, batch: int, step_s: float, probe_s: float) -> str:
+    """A sweep YAML on the sim backend: a static batch of `batch` takes step_s whatever its shape (half
+    prefill, the rest OUT − 1 decode steps), so μ = batch / step_s."""
+    preset = tmp_path / f"const-{batch}.yaml"
+    preset.write_text(yaml.safe_dump({"name": "const", "weights_bytes": 0, "kv_bytes_per_token": 0,
+                                      "bandwidth_Bps": 0, "prefill_s_per_token": 0, "memory_bytes": 1e12,
+                                      "prefill_overhead_s": step_s / 2, "overhead_s": step_s / 2 / (OUT - 1)}))
+    config = tmp_path / f"const-{batch}-{probe_s}.yaml"
+    config.write_text(
+        f"base: {{backend: sim, preset: {preset}, dataset: synthetic, prompt_lengths: 16, output_lengths: {OUT}, "
+        f"max_new_tokens: {OUT}, batch_size: {batch}, max_batch_size: {batch}, warmup_requests: 0}}\n"
+        f"grid: {{strategies: [naive, dynamic], rates: {{auto: {{search_duration_s: {probe_s}}}}}}}\n")
+    return str(config)
+
+
+@pytest.mark.parametrize("probe_s", [12, 60])
+@pytest.mark.parametrize("batch, step_s", [(1, 1.0), (4, 0.8), (8, 0.16)])  # μ = 1, 5 and 50 req/s
+def test_mu_and_capacity_meet_a_constant_step_models_known_maximum(tmp_path, batch, step_s, probe_s):
+    mu = batch / step_s
+    plan = load_plan(constant_step_config(tmp_path, batch, step_s, probe_s))
+    for label, cap in search_all(plan, SimulatedSearch(plan, plan.auto), plan.auto).items():
+        doc = cap.as_dict()
+        assert doc["saturated"]["req_s"] == pytest.approx(mu, rel=0.02), label
+        assert doc["saturated"]["tok_s"] == pytest.approx(OUT * mu, rel=0.02), label
+        assert 0.95 * mu <= doc["estimate_req_s"] <= mu * (1 + 1e-9), (label, doc["probes"])
+        assert doc["lo_req_s"] <= doc["estimate_req_s"] <= doc["hi_req_s"] <= mu * (1 + 1e-9)
+
+
+def test_the_report_warns_when_capacity_exceeds_what_the_same_sweep_completed():
+    from batchlab.collector.report.capacities import capacity_text, checks
+
+    # the grid's points: at λ 8.57 the worker completed about 4.6/s at steady state (63 would be 5.25 in 12 s)
+    runs = [(8.57, queue_table(103, 4.6, 12.0), 12.0), (2.0, queue_table(24, 4.6, 12.0), 12.0)]
+    searched = {"label": "dynamic", "estimate_req_s": 5.57, "lo_req_s": 5.25, "hi_req_s": 5.92}
+    [overloaded] = checks(searched, runs)
+    assert "above what it completed at steady state when overloaded (λ = 8.57" in overloaded
+    sat = {"req_s": 4.6, "req_s_lo": 4.5, "req_s_hi": 4.7, "tok_s": 18.4, "tok_s_lo": 18.0, "tok_s_hi": 18.8}
+    assert checks({**searched, "estimate_req_s": 4.5, "saturated": sat}, runs) == []
+    slow_mu = {**sat, "req_s": 3.0, "req_s_lo": 2.9, "req_s_hi": 3.1}
+    notes = checks({**searched, "estimate_req_s": 2.9, "saturated": slow_mu}, runs)
+    assert len(notes) == 1 and "above its saturated rate μ = 3 [2.9, 3.1]" in notes[0]
+    above = {**searched, "saturated": sat, "checks": checks({**searched, "saturated": sat}, runs)}
+    text = capacity_text({"dynamic": above})
+    assert text[1].split()[:3] == ["dynamic", "5.57", "[5.25,"] and "4.6 [4.5, 4.7]" in text[1]
+    assert any(line.startswith("⚠ dynamic: capacity 5.57 req/s is above its saturated rate") for line in text)
