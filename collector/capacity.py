@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted_mask
-from batchlab.collector.saturation import t_975
+from batchlab.collector.report.intervals import LEVEL, t_quantile
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90
@@ -96,15 +96,25 @@ def trend(times_s: np.ndarray, values: np.ndarray) -> tuple[float, float, float]
     lags = int(math.ceil(math.sqrt(x.size)))
     s = float((u * u).sum()) + 2 * sum((1 - lag / (lags + 1)) * float((u[lag:] * u[:-lag]).sum())
                                        for lag in range(1, min(lags, x.size - 1) + 1))
-    half = t_975(x.size - 2) * math.sqrt(max(s, 0.0)) / sxx
+    half = t_quantile(LEVEL, x.size - 2) * math.sqrt(max(s, 0.0)) / sxx
     return slope, slope - half, slope + half
 
 
+def largest_launch(requests: pd.DataFrame) -> int:
+    """The most requests launched at one moment (a static batch's size; 0 when none launched)."""
+    launched = requests["scheduled_time"].dropna()
+    return int(launched.value_counts().max()) if len(launched) else 0
+
+
 def queue_trend(requests: pd.DataFrame, duration_s: float) -> tuple[float, float, float]:
-    """The waiting queue's trend over [WARMUP_SHARE × duration_s, duration_s] (requests/s, with its 95%
-    interval), read just after each launch."""
+    """The trend of the waiting queue beyond what one launch takes, over [WARMUP_SHARE × duration_s,
+    duration_s] (requests/s, with its 95% interval), read just after each launch. A static batcher that keeps
+    up holds up to a batch while it fills: at a low rate, few launches and a rising fill read as a trend of the
+    queue itself, never of what exceeds a batch."""
     times = _sample_times(requests, WARMUP_SHARE * duration_s, duration_s)
-    return trend(times, waiting(requests, times)) if duration_s > 0 else (0.0, -math.inf, math.inf)
+    if duration_s <= 0:
+        return 0.0, -math.inf, math.inf
+    return trend(times, np.maximum(waiting(requests, times) - largest_launch(requests), 0))
 
 
 def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None,

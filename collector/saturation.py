@@ -15,17 +15,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from batchlab.collector.report.intervals import LEVEL, t_quantile
+
 WARMUP_SHARE = 0.25  # of the traffic, excluded: the first batches form, caches and allocators warm up
 BATCHES = 10  # blocks of the steady window (batch means)
 EVENT_GAP_S = 1e-3  # completions closer than this are one event (one batch's rows, reported row by row)
-# two-sided 95% Student t quantiles by degrees of freedom (no scipy); above 30: the normal's 1.96 + 2.5 / df
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t_975(df: int) -> float:
-    """The 97.5% quantile of Student's t with df degrees of freedom (df ≥ 1)."""
-    return T_975[df - 1] if df <= len(T_975) else 1.96 + 2.5 / df
 
 
 def mean_interval(values: np.ndarray) -> tuple[float, float]:
@@ -33,7 +27,8 @@ def mean_interval(values: np.ndarray) -> tuple[float, float]:
     values = np.asarray(values, dtype="float64")
     if values.size < 2:
         return (float(values.mean()) if values.size else math.nan), math.inf
-    return float(values.mean()), t_975(values.size - 1) * float(values.std(ddof=1)) / math.sqrt(values.size)
+    half = t_quantile(LEVEL, values.size - 1) * float(values.std(ddof=1)) / math.sqrt(values.size)
+    return float(values.mean()), half
 
 
 def batch_means(series: np.ndarray, batches: int = BATCHES, weights: np.ndarray | None = None
