@@ -22,8 +22,8 @@ from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR
 from batchlab.collector.saturation import SaturatedRun, pooled, saturated_run
 from batchlab.protocol.files import write_json_atomic
 
-SEARCH_KEYS = {"saturated_duration_s", "saturated_clients", "search_duration_s", "search_requests", "width",
-               "max_probes"}
+SEARCH_KEYS = {"saturated_duration_s", "saturated_repeats", "saturated_clients", "search_duration_s",
+               "search_requests", "width", "max_probes"}
 OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them
 
 
@@ -138,10 +138,12 @@ class SimulatedSearch:
         return measure
 
 
-def saturate_all(plan: Plan, runner, entries: list[Entry]) -> dict[str, list[SaturatedRun] | str]:
-    """label → its saturated runs, one per repeat (strategies interleaved within a repeat), or why none."""
+def saturate_all(plan: Plan, runner, entries: list[Entry],
+                 settings: AutoRates) -> dict[str, list[SaturatedRun] | str]:
+    """label → its saturated runs, one per repeat (the grid's repeats, at least saturated_repeats; strategies
+    interleaved within a repeat), or why none."""
     runs: dict[str, list[SaturatedRun] | str] = {e.label: [] for e in entries}
-    for repeat in range(plan.repeats):
+    for repeat in range(max(plan.repeats, settings.saturated_repeats)):
         for entry in entries:
             if isinstance(runs[entry.label], str):
                 continue
@@ -165,7 +167,7 @@ def search_one(entry: Entry, runner, settings: AutoRates, runs: list[SaturatedRu
 def search_all(plan: Plan, runner, settings: AutoRates, labels: list[str] | None = None) -> dict[str, Capacity]:
     """Each entry's (or each labelled one's) μ and capacity, in grid order."""
     entries = [e for e in plan.entries if labels is None or e.label in labels]
-    runs = saturate_all(plan, runner, entries)
+    runs = saturate_all(plan, runner, entries, settings)
     return {e.label: search_one(e, runner, settings, runs[e.label]) for e in entries}
 
 

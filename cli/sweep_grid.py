@@ -32,6 +32,9 @@ class AutoRates(_Strict):
     probe_requests: PositiveInt = 24  # with fractions: the burst, this many requests within probe_duration_s
     probe_duration_s: PositiveFloat = 1.0
     saturated_duration_s: PositiveFloat = 20.0  # each saturated run's traffic (μ), per strategy and repeat
+    # saturated runs per strategy (at least; the grid's repeats when more): the headline's throughput claim is
+    # paired by repeat, and fewer than 3 repeats cannot show the spread between runs (docs/statistics.md)
+    saturated_repeats: PositiveInt = 3
     saturated_clients: int = Field(0, ge=0)  # its closed-loop clients; 0: 2 × the batch cap × the workers
     search_duration_s: PositiveFloat = 10.0  # traffic per capacity probe; its queue drains after
     search_requests: PositiveInt = 60  # ... or longer: enough traffic for this many arrivals at its rate

@@ -192,8 +192,9 @@ def test_a_strategy_whose_saturated_run_failed_is_left_unmeasured_without_stoppi
             return threshold_measure(7.3, [])
 
     entries = [Entry(lb, {}) for lb in ("slow", "fine")]
-    runs = saturate_all(SimpleNamespace(repeats=2), Runner(), entries)
-    slow, fine = (search_one(e, Runner(), AutoRates(width=0.05, max_probes=20), runs[e.label]) for e in entries)
+    settings = AutoRates(width=0.05, max_probes=20, saturated_repeats=2)
+    runs = saturate_all(SimpleNamespace(repeats=1), Runner(), entries, settings)  # saturated_repeats wins
+    slow, fine = (search_one(e, Runner(), settings, runs[e.label]) for e in entries)
     assert (slow.lo_req_s, slow.hi_req_s, slow.probes) == (None, None, []) and "no worker" in slow.note
     assert slow.as_dict()["note"] == slow.note and fine.lo_req_s <= 7.3 < fine.hi_req_s
     assert [r["repeat"] for r in fine.saturated["runs"]] == [0, 1] and fine.saturated["req_s"] == pytest.approx(8.0)
