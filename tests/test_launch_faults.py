@@ -100,11 +100,26 @@ RACE = """
 import os, sys, time
 from pathlib import Path
 import batchlab.cli.main as main
-import batchlab.cli.launcher, batchlab.cli.live, batchlab.cli.preflight, batchlab.cli.result_table  # noqa: F401
+import batchlab.cli.run_folder as run_folder
 go = Path(sys.argv[1])
-(go.parent / f"ready-{os.getpid()}").touch()
-while not go.exists():  # both runs claim their folder within a few ms of each other
-    time.sleep(0.001)
+
+def barrier():  # both runs wait here, then go on within a millisecond of each other
+    (go.parent / f"ready-{os.getpid()}").touch()
+    while not go.exists():
+        time.sleep(0.0005)
+
+def claim_together(*args, **kwargs):  # both find the one --out empty, then claim it
+    barrier()
+    return claim(*args, **kwargs)
+
+def named_together(*args, **kwargs):  # both picked a default name in the same second, then claim it
+    name = new_folder(*args, **kwargs)
+    barrier()
+    return name
+
+claim, new_folder = run_folder.claim, run_folder.new_folder
+run_folder.claim, run_folder.new_folder = (claim_together, new_folder) if "--out" in sys.argv else \
+    (claim, named_together)
 main.app(sys.argv[2:])
 """
 
@@ -118,7 +133,7 @@ def test_two_runs_started_at_once_never_share_a_folder(tmp_path, given_out):
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
             for _ in range(2)]
     try:
-        wait_until(lambda: len(list(tmp_path.glob("ready-*"))) == 2, "both runs imported")
+        wait_until(lambda: len(list(tmp_path.glob("ready-*"))) == 2, "both runs at their folder's claim")
         go.touch()
         results = [(r.wait(timeout=WAIT_S), r.stderr.read()) for r in runs]
     finally:
