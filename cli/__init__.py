@@ -4,10 +4,10 @@ A Ctrl-C while it is still importing (a second or so, before any process or file
 with exit code 130; main.py hands SIGINT back to Python once imported. A child that `batchlab run`
 spawned (multiprocessing imports this package first thing, before the role's code) is linked to its
 launcher at once: it gets SIGTERM when the launcher ends. Until it leads its own process group
-(procs.become_group_leader) it ignores SIGINT and holds SIGTERM and SIGHUP (procs.start): a signal sent to
-the launcher's whole group then is the launcher's, which stops the roles in order. From then until its
-role takes over the signal, a SIGTERM ends it at once (removing the temp folders of a launcher that is
-gone).
+(procs.become_group_leader) it ignores SIGINT and holds SIGTERM and SIGHUP (procs.start): the collector
+outlives a signal sent to the launcher's whole group then (the launcher stops the roles in order and the
+collector writes every row). From then until its role takes over the signal, a SIGTERM ends it at once
+(removing the temp folders of a launcher that is gone).
 """
 import contextlib
 import ctypes

@@ -52,8 +52,8 @@ def _entry(stop_asked, target, args: tuple, out_dir: str | None = None) -> None:
     """Child main: its own process group, its terminal output into its log folder, then the role; its
     return value is the exit code; a crash goes into its log too (exit code: outcome.exit_code_for).
     A child that outlived its launcher removes the launcher's temp folder on its way out."""
-    procs.become_group_leader(stop_asked)
     name = mp.current_process().name
+    procs.become_group_leader(stop_asked, outlives_group_signals=name == "collector")
     try:
         if out_dir:
             procs.redirect_output(RunDir(out_dir).logs / f"{name}.out")

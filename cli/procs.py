@@ -25,6 +25,7 @@ log = logging.getLogger("batchlab.procs")
 REAP_WAIT_S = 5.0  # after SIGKILL to a group, how long to wait for its members to be gone
 TEMP_PREFIX = "batchlab-"  # a run's temp folder: batchlab-<owner pid>-<random>
 MKDTEMP_RANDOM_CHARS = 8  # the random part tempfile.mkdtemp adds to a name
+SPAWN_STOP_GRACE_S = 60.0  # a child stopped as it spawns ends once it has imported (seconds on a busy host)
 
 
 @dataclass
@@ -40,21 +41,25 @@ class Child:
 HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP})
 
 
-def become_group_leader(stop_asked) -> None:
+def become_group_leader(stop_asked, *, outlives_group_signals: bool = False) -> None:
     """In a child, first thing: die with the launcher (SIGTERM), then lead a new process group; SIGINT,
     ignored since the spawn (`start`), is Python's own again once the terminal's Ctrl-C cannot reach us.
     A SIGTERM or SIGHUP that came while the child was still in its launcher's group waited (held since
-    the spawn) and is dropped: sent to the whole group (a terminal's hangup, `kill -TERM -PGID`), it was
-    the launcher's to handle, and the launcher stops the roles in order (a child killed by it at spawn
-    would leave its requests without rows). The launcher's own stop is `stop_asked` (an event), looked
-    at once the signals go through again: set, the child ends here."""
+    the spawn) and ends it now, as it would have then; but a child that `outlives_group_signals` (the
+    collector: killed at spawn by a signal to the whole group, a terminal's hangup or `kill -TERM -PGID`,
+    it would leave every request without a row) drops it: the launcher got it too and stops the roles
+    in order. The launcher's own stop is `stop_asked` (an event), looked at once signals go through."""
     die_with_parent()  # already done when this package was imported (cli/__init__.py); idempotent
     if orphaned():  # the launcher died before the prctl took effect
         remove_temp_of(launcher_pid())
         os._exit(128 + signal.SIGTERM)
     os.setpgid(0, 0)
     while held := HELD_SIGNALS & signal.sigpending():
-        signal.sigtimedwait(held, 0)
+        info = signal.sigtimedwait(held, 0)
+        if info is not None and not outlives_group_signals:
+            if orphaned():  # the held signal was its death's (PR_SET_PDEATHSIG): nobody else cleans up
+                remove_temp_of(launcher_pid())
+            os._exit(128 + info.si_signo)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
     if orphaned() or stop_asked.is_set():  # the launcher died or stopped us meanwhile: its signal was held
         remove_temp_of(launcher_pid()) if orphaned() else None
@@ -118,9 +123,15 @@ def start(ctx, name: str, entry, *args) -> Child:
     mask survives fork and exec): a signal to the launcher's whole group at spawn is the launcher's."""
     stop_asked = ctx.Event()
     proc = ctx.Process(target=entry, args=(stop_asked, *args), name=name, daemon=False)
-    with sigint_ignored(), signals_held():  # a Ctrl-C before the child leads its own group misses it
-        proc.start()
-    return Child(name, proc, stop_asked)
+    child = Child(name, proc, stop_asked)
+    try:
+        with sigint_ignored(), signals_held():  # a Ctrl-C before the child leads its own group misses it
+            proc.start()
+    except KeyboardInterrupt:  # a SIGTERM held during the spawn came as it ended: the caller never gets
+        if proc.pid is not None:  # this child, so it is stopped here (it sees stop_asked at once)
+            stop([child], signal.SIGTERM, SPAWN_STOP_GRACE_S)
+        raise
+    return child
 
 
 def start_resource_tracker() -> None:
