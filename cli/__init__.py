@@ -3,9 +3,11 @@
 A Ctrl-C while it is still importing (a second or so, before any process or file exists) ends it quietly
 with exit code 130; main.py hands SIGINT back to Python once imported. A child that `batchlab run`
 spawned (multiprocessing imports this package first thing, before the role's code) is linked to its
-launcher at once: it gets SIGTERM when the launcher ends, and until its role takes over the signal, a
-SIGTERM ends it at once (removing the temp folders of a launcher that is gone); it inherits SIGINT
-ignored (procs.start) and keeps it so until it leads its own process group (procs.become_group_leader).
+launcher at once: it gets SIGTERM when the launcher ends. Until it leads its own process group
+(procs.become_group_leader) it ignores SIGINT and holds SIGTERM and SIGHUP (procs.start): the collector
+outlives a signal sent to the launcher's whole group then (the launcher stops the roles in order and the
+collector writes every row). From then until its role takes over the signal, a SIGTERM ends it at once
+(removing the temp folders of a launcher that is gone).
 """
 import contextlib
 import ctypes
@@ -48,39 +50,57 @@ def _interrupted_while_importing(_signum, _frame) -> None:
     os._exit(130)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # the command stops on these as on a Ctrl-C (HUP: terminal closed)
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM to the command itself: it stops like a Ctrl-C (children stopped, what they hold written,
-    temp folders removed) and exits 143 instead of 130."""
+    """SIGTERM (or SIGHUP) to the command itself: it stops like a Ctrl-C (children stopped, what they hold
+    written, temp folders removed) and exits 128 + the signal (143, 129) instead of 130."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = signum
 
 
-_TERMINATED: list[bool] = []  # set once a SIGTERM came: a library (Ray) may re-raise it as a plain Ctrl-C
+_TERMINATED: list[int] = []  # the signal once one came: a library (Ray) may re-raise it as a plain Ctrl-C
 
 
-def _terminate(_signum, _frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up that follows is not cut short
-    _TERMINATED.append(True)
-    raise Terminated()
+def _terminate(signum, _frame) -> None:
+    for sig in STOP_SIGNALS:  # once: the clean-up that follows is not cut short
+        signal.signal(sig, signal.SIG_IGN)
+    _TERMINATED.append(signum)
+    raise Terminated(signum)
 
 
 def was_terminated(exc: BaseException) -> bool:
-    """Whether the command stops for a SIGTERM (`exc` its Terminated, or one that came before it)."""
+    """Whether the command stops for a SIGTERM or SIGHUP (`exc` its Terminated, or one that came before it)."""
     return isinstance(exc, Terminated) or bool(_TERMINATED)
+
+
+def stop_signal(exc: BaseException) -> signal.Signals:
+    """The signal that stops the command: SIGTERM or SIGHUP (was_terminated), else SIGINT (a Ctrl-C)."""
+    if isinstance(exc, Terminated):
+        return signal.Signals(exc.signum)
+    return signal.Signals(_TERMINATED[0]) if _TERMINATED else signal.SIGINT
 
 
 @contextlib.contextmanager
 def terminated_as_interrupt():
-    """While a command runs (not in a spawned child), a SIGTERM is a Ctrl-C too (Terminated); the old
-    handler comes back after, so a process that only imported the CLI (a test) keeps its own."""
-    if SPAWNED or threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    """While a command runs (not in a spawned child), a SIGTERM or SIGHUP is a Ctrl-C too (Terminated);
+    the old handlers come back after, so a process that only imported the CLI (a test) keeps its own. A
+    signal whose handler is not the default is left alone (a caller's own; nohup's ignored SIGHUP)."""
+    if SPAWNED or threading.current_thread() is not threading.main_thread():
         yield
         return
     _TERMINATED.clear()  # a command starts unterminated (a test may run several in one process)
-    signal.signal(signal.SIGTERM, _terminate)
+    ours = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL]
+    for sig in ours:
+        signal.signal(sig, _terminate)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in ours:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def restore_sigint() -> None:

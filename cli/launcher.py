@@ -1,4 +1,5 @@
 """`batchlab run`: start collector, scheduler, worker(s) and traffic as processes and watch them."""
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -47,12 +48,12 @@ class Limits:
     run_s: float = 0.0
 
 
-def _entry(target, args: tuple, out_dir: str | None = None) -> None:
+def _entry(stop_asked, target, args: tuple, out_dir: str | None = None) -> None:
     """Child main: its own process group, its terminal output into its log folder, then the role; its
     return value is the exit code; a crash goes into its log too (exit code: outcome.exit_code_for).
     A child that outlived its launcher removes the launcher's temp folder on its way out."""
-    procs.become_group_leader()
     name = mp.current_process().name
+    procs.become_group_leader(stop_asked, outlives_group_signals=name == "collector")
     try:
         if out_dir:
             procs.redirect_output(RunDir(out_dir).logs / f"{name}.out")
@@ -60,6 +61,9 @@ def _entry(target, args: tuple, out_dir: str | None = None) -> None:
     except Exception as exc:
         logging.getLogger("batchlab").exception("%s crashed", name)
         code = outcome.exit_code_for(exc)
+        if out_dir:  # the launcher's verdict names it (its type and message), not just an exit code
+            with contextlib.suppress(OSError):
+                RunDir(out_dir).crash(name).write_text(outcome.exception_line(exc))
     finally:
         if procs.orphaned():
             remove_temp_of(procs.launcher_pid())
@@ -83,9 +87,10 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     try:
         summary = _launch(_with_schedule(cfg, out), out, slos, on_tick, pool, limits)
     except KeyboardInterrupt as exc:
-        from batchlab.cli import was_terminated
+        from batchlab.cli import stop_signal
 
-        record.end("interrupted", "SIGTERM" if was_terminated(exc) else "Ctrl-C")
+        how = stop_signal(exc)
+        record.end("interrupted", "Ctrl-C" if how == signal.SIGINT else how.name)
         raise
     except RunTimeout as exc:
         record.end("stopped" if exc.phase == "run" else "failed", str(exc))
@@ -101,26 +106,29 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
     """launch_run's processes, from start to the summary (post-processed: a sim/echo run's timing
     fidelity is computed here, once, so that no reader ever rewrites a run's files)."""
     procs.clean_stale_temp()
+    procs.start_resource_tracker()
     tmp = procs.run_temp_folder()
     addrs = Addresses.ipc(tmp)
     ctx = mp.get_context("spawn")  # fork is unsafe with torch/vLLM threads
     stream_ended = ctx.Event()  # set when traffic dies: the scheduler then ends the stream
     traffic_started = ctx.Event()  # set when the traffic got Start: the run's clock starts
-    watch = _Faults(ctx.Event())  # the collector sets its event when a signal stops it mid-run
+    watch = _Faults(ctx.Event(), ctx.Value("i", 0))  # the collector's stop; the workers that ended
     own = [start_role(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos, watch.stop_run,
                       out_dir=cfg.out),
            start_role(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector,
-                  stream_ended, out_dir=cfg.out)]
-    if pool is None:
-        own += [start_role(ctx, f"worker-{i}", roles.worker_role, cfg, addrs.scheduler, addrs.collector,
-                       f"worker-{i}", out_dir=cfg.out) for i in range(cfg.workers)]
-        workers = []
-    else:
-        workers = pool.join(addrs, cfg.out)
-    own.append(start_role(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler, traffic_started, out_dir=cfg.out))
-    RunDir(out).pids.write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
+                      stream_ended, watch.workers_ended, out_dir=cfg.out)]
     try:
-        _watch(own, workers, on_tick, stream_ended, _Clock(limits or Limits(), traffic_started, out), watch)
+        if pool is None:
+            own += [start_role(ctx, f"worker-{i}", roles.worker_role, cfg, addrs.scheduler, addrs.collector,
+                               f"worker-{i}", out_dir=cfg.out) for i in range(cfg.workers)]
+            workers = []
+        else:
+            workers = pool.join(addrs, cfg.out)
+        own.append(start_role(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler, traffic_started,
+                              out_dir=cfg.out))
+        RunDir(out).pids.write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
+        _watch(own, workers, on_tick, stream_ended, _Clock(limits or Limits(cfg.startup_limit_s), traffic_started,
+                                                            out), watch)
     finally:
         watch.stop_run.set()  # the collector's signal from here on is the launcher's: no run to stop
         _stop(own)  # producers first, then the collector; every group reaped
@@ -173,19 +181,22 @@ def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
 
 @dataclass(slots=True)
 class _Faults:
-    """What the watch saw go wrong: each role that ended mid-run (outcome.death_line), and the
-    collector's request to stop the run (a signal reached it before the run's end)."""
+    """What the watch saw go wrong: each role that ended before the run's end (outcome.death_line), the
+    collector's request to stop the run (a signal reached it before the run's end), and how many
+    workers ended (the scheduler stops waiting for those at start-up)."""
 
     stop_run: object  # a multiprocessing Event
+    workers_ended: object  # a multiprocessing Value("i")
     deaths: list[str] = field(default_factory=list)
 
 
 def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock, faults: _Faults) -> None:
     """Wait for the run's end. A dead collector or scheduler, or the last worker, stops the run; a dead
     traffic process or one of several workers does not: the scheduler notices and the run goes on.
-    Every one is noted in `faults`. A role ends with 0 only when the run is over (roles.py); any
-    other code is a death. Warm workers (`workers`, from a pool) outlive the run: its end is the
-    scheduler's and collector's."""
+    Every one is noted in `faults`, with its exception when it crashed. A role ends with 0 only when
+    the run is over (roles.py); any other code is a death, during start-up (before the traffic's
+    Start) as later. Warm workers (`workers`, from a pool) outlive the run: its end is the scheduler's
+    and collector's."""
     children, reported = own + workers, set()
     while any(c.proc.is_alive() for c in own if c.name in ("scheduler", "collector")):
         if faults.stop_run.is_set() and "collector" not in reported:
@@ -198,8 +209,12 @@ def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock:
             if code in (None, 0) or c.name in reported:
                 continue
             reported.add(c.name)
-            message = outcome.death_line(c.name, code)
+            message = outcome.death_line(c.name, code, started=clock.started_event.is_set(),
+                                         cause=_crash_cause(clock.out, c.name))
             faults.deaths.append(message)
+            if c.name.startswith("worker-"):
+                with faults.workers_ended.get_lock():
+                    faults.workers_ended.value += 1
             if _fatal(c, children):
                 raise RunFailed(message)
             log.warning("%s; the run goes on", message)
@@ -209,6 +224,14 @@ def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock:
         if on_tick is not None:
             on_tick(clock.elapsed_s(), {c.name: c.proc.is_alive() for c in children})
         time.sleep(POLL_S)
+
+
+def _crash_cause(out: Path, name: str) -> str:
+    """The exception a role's process ended with, as it wrote it ("" when it wrote none)."""
+    try:
+        return RunDir(out).crash(name).read_text().strip()
+    except OSError:
+        return ""
 
 
 def _fatal(dead: Child, children: list[Child]) -> bool:

@@ -51,16 +51,19 @@ class _OneLineErrors(TyperGroup):
         return super().parse_args(ctx, with_ray_value(args))
 
     def invoke(self, ctx: click.Context) -> object:
-        """Run the command; a user error is printed as one line."""
+        """Run the command; a user error is printed as one line; a reader that left (`| head`) or a
+        closed terminal is no error (cli.streams)."""
         from batchlab.cli import Terminated, terminated_as_interrupt
+        from batchlab.cli.streams import readers_may_leave
 
-        try:
-            with terminated_as_interrupt():
-                return super().invoke(ctx)
-        except _user_errors() as exc:
-            _fail(exc)
-        except Terminated:  # a SIGTERM that no command turned into its own line
-            _fail("terminated", code=128 + signal.SIGTERM)
+        with readers_may_leave():
+            try:
+                with terminated_as_interrupt():
+                    return super().invoke(ctx)
+            except _user_errors() as exc:
+                _fail(exc)
+            except Terminated as exc:  # a SIGTERM or SIGHUP that no command turned into its own line
+                _fail("terminated", code=128 + exc.signum)
 
 
 app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,
@@ -96,23 +99,26 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
         save_result: SaveResult = None, save_detailed: SaveDetailed = False) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     cfg = _config(config, overrides, replay=True)
-    from batchlab.cli.launcher import RunFailed
+    from batchlab.cli.launcher import RunFailed, RunTimeout
     from batchlab.cli.live import run_with_status
     from batchlab.cli.outcome import FAULT_EXIT, interrupted_exit, verdict
-    from batchlab.cli.preflight import check_before_start
+    from batchlab.cli.preflight import check_before_start, check_launch
     from batchlab.cli.result_table import show
-    from batchlab.cli.run_folder import claim, new_folder
+    from batchlab.cli.run_folder import claim, new_folder, release
 
+    check_before_start(cfg)
+    check_launch(cfg, save_result)
+    if overrides["out"] is None and "out" not in (load_yaml(config) if config else {}):
+        cfg.out = new_folder(cfg)  # without --out, every run gets a folder of its own, made here
     try:
-        if overrides["out"] is None and "out" not in (load_yaml(config) if config else {}):
-            cfg.out = new_folder(cfg)  # without --out, every run gets a folder of its own
-        check_before_start(cfg)
-        claim(cfg.out, overwrite=overwrite)
+        claim(cfg.out, overwrite=overwrite)  # this process's until it ends: a second run is refused
         summary = run_with_status(cfg)
     except KeyboardInterrupt as exc:
         _fail(f"interrupted; partial results in {cfg.out}", code=interrupted_exit(exc))
-    except RunFailed as exc:
+    except (RunFailed, RunTimeout) as exc:
         _fail(exc, code=FAULT_EXIT)
+    finally:
+        release(cfg.out)
     show(summary, cfg.out)
     if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
         from batchlab.collector.vllm_result import save_result as write_result

@@ -5,7 +5,7 @@ deaths in, a verdict out), shared by `batchlab run` and `batchlab sweep`.
          limits: "queue full", "deadline", a strategy's rejection, "out of memory: does not fit alone")
     2    a fault: a role died or ended mid-run, the collector could not write, the policy stalled, or a
          request was lost to one (worker lost, no terminal record, not sent, scheduler stopped, ...)
-    130  interrupted (Ctrl-C); 143 for a SIGTERM to the command itself
+    130  interrupted (Ctrl-C); 143 for a SIGTERM to the command itself, 129 for a SIGHUP (terminal closed)
 """
 import contextlib
 import os
@@ -18,6 +18,7 @@ FAULT_EXIT = 2
 INTERRUPTED_EXIT = 130
 ERRNO_EXIT_MAX = 63  # a role that crashed on an OSError exits with its errno when 2 ≤ errno ≤ this (1: any crash)
 SIGNAL_EXIT_BASE = 128  # a role stopped by a signal exits 128 + the signal's number
+MAX_CAUSE_CHARS = 300  # a crashed role's exception, as its verdict line quotes it
 
 # Failure reasons that are faults, by prefix: a request lost to a role's end, a stall or a stop. Every
 # other reason is a result the run's own rules produced.
@@ -26,10 +27,11 @@ FAULT_PREFIXES = ("worker lost", "worker rejoined", "worker stopped", "worker er
 
 
 def interrupted_exit(exc: BaseException) -> int:
-    """The exit code of a command stopped by `exc` (a KeyboardInterrupt): 143 for a SIGTERM, else 130."""
-    from batchlab.cli import was_terminated
+    """The exit code of a command stopped by `exc` (a KeyboardInterrupt): 143 for a SIGTERM, 129 for a
+    SIGHUP (its terminal closed), else 130."""
+    from batchlab.cli import stop_signal, was_terminated
 
-    return SIGNAL_EXIT_BASE + signal.SIGTERM if was_terminated(exc) else INTERRUPTED_EXIT
+    return SIGNAL_EXIT_BASE + stop_signal(exc) if was_terminated(exc) else INTERRUPTED_EXIT
 
 
 @contextlib.contextmanager
@@ -55,16 +57,28 @@ def exit_code_for(exc: BaseException) -> int:
     return errno if isinstance(errno, int) and 2 <= errno <= ERRNO_EXIT_MAX else 1
 
 
-def death_line(name: str, exitcode: int) -> str:
-    """One line for a role that ended mid-run with `exitcode` (multiprocessing's: −N for signal N)."""
+def exception_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and message ("RuntimeError: this policy always fails")."""
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line if len(line) <= MAX_CAUSE_CHARS else line[:MAX_CAUSE_CHARS - 1] + "…"
+
+
+def death_line(name: str, exitcode: int, *, started: bool = True, cause: str = "") -> str:
+    """One line for a role that ended before the run's end with `exitcode` (multiprocessing's: −N for
+    signal N): `started` False while the traffic had no Start yet (start-up); `cause`: the exception it
+    crashed with (exception_line), when it wrote one."""
+    when = "mid-run" if started else "during start-up"
+    if exitcode == 1 and cause:  # a crash on an exception other than an OSError's errno (exit_code_for)
+        return f"{name} crashed {when}: {cause}; see its log in the out folder's logs/"
     if 2 <= exitcode <= ERRNO_EXIT_MAX:
         cause = os.strerror(exitcode)
         return f"collector could not write: {cause}" if name == "collector" else f"{name} died: {cause}"
     if exitcode < 0 or exitcode > SIGNAL_EXIT_BASE:
         number = -exitcode if exitcode < 0 else exitcode - SIGNAL_EXIT_BASE
         how = "killed by" if exitcode < 0 else "stopped by"
-        return f"{name} {how} {_signal_name(number)} mid-run; see its log in the out folder's logs/"
-    return f"{name} died (exit code {exitcode}); see its log in the out folder's logs/"
+        return f"{name} {how} {_signal_name(number)} {when}; see its log in the out folder's logs/"
+    return f"{name} died (exit code {exitcode}) {when}; see its log in the out folder's logs/"
 
 
 def _signal_name(number: int) -> str:

@@ -1,6 +1,8 @@
 """Settings checked before any process starts: the sim preset, a plugin backend, the model (a local
-folder, a built-in name, or in the local Hugging Face cache; else the Hub must answer at once). One line each."""
+folder, a built-in name, or in the local Hugging Face cache; else the Hub must answer at once), the key
+folder, the run's socket paths (TMPDIR), a --save-result file. One line each."""
 import os
+import tempfile
 from pathlib import Path
 
 from batchlab.protocol.setting_groups import BACKENDS
@@ -8,10 +10,16 @@ from batchlab.protocol.settings import ConfigError, RunConfig
 
 HUB_TIMEOUT_S = 1.5  # one metadata request, never the 50 s of retries a from_pretrained would spend
 PATH_PREFIXES = ("/", "./", "../", "~")
+# An ipc:// socket's path must fit sockaddr_un.sun_path (108 bytes on Linux) with its closing NUL.
+IPC_PATH_MAX_BYTES = 107
+KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")  # keys generate's
 
 
 def check_before_start(cfg: RunConfig) -> None:
-    """ConfigError (one line) for a preset, plugin backend or model that cannot work; nothing starts first."""
+    """ConfigError (one line) for a preset, plugin backend, model, key folder or socket folder that cannot
+    work; nothing starts first."""
+    if cfg.keys:
+        check_keys(cfg.keys)
     if cfg.backend == "sim":
         check_preset(cfg.preset)
     if cfg.backend not in BACKENDS:  # a plugin: importable, a Backend, running the strategy's mode
@@ -21,6 +29,59 @@ def check_before_start(cfg: RunConfig) -> None:
         backend_class(cfg.backend, resolve(cfg).mode)
     if _uses_model_files(cfg):
         check_model(cfg.model)
+
+
+def check_launch(cfg: RunConfig, save_result: str | None = None) -> None:
+    """What `batchlab run` needs beyond the settings: its sockets' folder, and where --save-result goes."""
+    check_ipc_folder()
+    if save_result:
+        check_result_file(save_result)
+
+
+def check_keys(folder: str) -> None:
+    """The key folder holds what `batchlab keys generate` writes, readable as CurveZMQ certificates."""
+    import zmq.auth
+
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"--keys {folder}: no such folder (make one with `batchlab keys generate {folder}`)")
+    missing = [name for name in (*KEY_FILES, "authorized") if not (path / name).exists()]
+    if missing:
+        raise ConfigError(f"--keys {folder} lacks {', '.join(missing)} (make the folder with `batchlab keys "
+                          "generate DIR`)")
+    for name in KEY_FILES:
+        try:
+            zmq.auth.load_certificate(path / name)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--keys {folder}: {name} is not a readable key ({exc})") from None
+
+
+def check_ipc_folder() -> None:
+    """The run's ipc:// sockets (in a temp folder: cli.procs.run_temp_folder) fit the OS's path limit."""
+    from batchlab.cli.procs import TEMP_PREFIX, run_socket_paths
+
+    longest = max(len(os.fsencode(p)) for p in run_socket_paths())
+    if longest > IPC_PATH_MAX_BYTES:
+        raise ConfigError(f"the temp folder {tempfile.gettempdir()} is too long for the run's sockets: their paths "
+                          f"({TEMP_PREFIX}…/…sock inside it) would be {longest} bytes, over the OS's limit of "
+                          f"{IPC_PATH_MAX_BYTES}; set TMPDIR to a shorter folder (e.g. /tmp)")
+
+
+def check_result_file(path: str) -> None:
+    """--save-result names a file that can be written: not a folder, in a folder that exists or can be
+    made, where a file can be created (tried with a nameless temporary file)."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ConfigError(f"--save-result {path} is a folder; name a file (e.g. {Path(path) / 'result.json'})")
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"--save-result {path}: {folder} is not a folder")
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise ConfigError(f"--save-result {path}: no file can be created in {folder} ({exc.strerror or exc})") from None
 
 
 def check_preset(name: str) -> None:

@@ -24,6 +24,8 @@ from batchlab.cli import die_with_parent, remove_temp_of
 log = logging.getLogger("batchlab.procs")
 REAP_WAIT_S = 5.0  # after SIGKILL to a group, how long to wait for its members to be gone
 TEMP_PREFIX = "batchlab-"  # a run's temp folder: batchlab-<owner pid>-<random>
+MKDTEMP_RANDOM_CHARS = 8  # the random part tempfile.mkdtemp adds to a name
+SPAWN_STOP_GRACE_S = 60.0  # a child stopped as it spawns ends once it has imported (seconds on a busy host)
 
 
 @dataclass
@@ -32,16 +34,36 @@ class Child:
 
     name: str
     proc: mp.process.BaseProcess
+    stop_asked: object = None  # a multiprocessing Event: the launcher's stop, for a child not yet leading its group
 
 
-def become_group_leader() -> None:
+# Held (blocked) from the spawn until the child leads its own group (`start`, `become_group_leader`).
+HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP})
+
+
+def become_group_leader(stop_asked, *, outlives_group_signals: bool = False) -> None:
     """In a child, first thing: die with the launcher (SIGTERM), then lead a new process group; SIGINT,
-    ignored since the spawn (`start`), is Python's own again once the terminal's Ctrl-C cannot reach us."""
+    ignored since the spawn (`start`), is Python's own again once the terminal's Ctrl-C cannot reach us.
+    A SIGTERM or SIGHUP that came while the child was still in its launcher's group waited (held since
+    the spawn) and ends it now, as it would have then; but a child that `outlives_group_signals` (the
+    collector: killed at spawn by a signal to the whole group, a terminal's hangup or `kill -TERM -PGID`,
+    it would leave every request without a row) drops it: the launcher got it too and stops the roles
+    in order. The launcher's own stop is `stop_asked` (an event), looked at once signals go through."""
     die_with_parent()  # already done when this package was imported (cli/__init__.py); idempotent
     if orphaned():  # the launcher died before the prctl took effect
         remove_temp_of(launcher_pid())
         os._exit(128 + signal.SIGTERM)
     os.setpgid(0, 0)
+    while held := HELD_SIGNALS & signal.sigpending():
+        info = signal.sigtimedwait(held, 0)
+        if info is not None and not outlives_group_signals:
+            if orphaned():  # the held signal was its death's (PR_SET_PDEATHSIG): nobody else cleans up
+                remove_temp_of(launcher_pid())
+            os._exit(128 + info.si_signo)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+    if orphaned() or stop_asked.is_set():  # the launcher died or stopped us meanwhile: its signal was held
+        remove_temp_of(launcher_pid()) if orphaned() else None
+        os._exit(128 + signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
@@ -61,6 +83,16 @@ def run_temp_folder() -> str:
     """A private folder for a run's ipc sockets, named by its owner's pid so that whoever finds it
     with the owner dead (a SIGKILLed launcher) may remove it: see cli.remove_temp_of, clean_stale_temp."""
     return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+
+
+def run_socket_paths() -> list[str]:
+    """The paths this process's run would give its ipc:// sockets (run_temp_folder, Addresses.ipc), with
+    the longest random part mkdtemp adds, so their length can be checked before anything starts."""
+    from batchlab.protocol.sockets import Addresses
+
+    folder = os.path.join(tempfile.gettempdir(), f"{TEMP_PREFIX}{os.getpid()}-{'x' * MKDTEMP_RANDOM_CHARS}")
+    addrs = Addresses.ipc(folder)
+    return [a.removeprefix("ipc://") for a in (addrs.scheduler, addrs.collector)]
 
 
 def clean_stale_temp() -> None:
@@ -86,11 +118,40 @@ def redirect_output(log_file: Path) -> None:
 
 
 def start(ctx, name: str, entry, *args) -> Child:
-    """Start `entry(*args)` as a process (which must call become_group_leader first)."""
-    proc = ctx.Process(target=entry, args=args, name=name, daemon=False)
-    with sigint_ignored():  # the child inherits SIG_IGN: a Ctrl-C before it leads its own group misses it
-        proc.start()
-    return Child(name, proc)
+    """Start `entry(stop_asked, *args)` as a process (which must call become_group_leader(stop_asked)
+    first). Until it leads its own group the child ignores SIGINT and holds SIGTERM and SIGHUP (a signal
+    mask survives fork and exec): a signal to the launcher's whole group at spawn is the launcher's."""
+    stop_asked = ctx.Event()
+    proc = ctx.Process(target=entry, args=(stop_asked, *args), name=name, daemon=False)
+    child = Child(name, proc, stop_asked)
+    try:
+        with sigint_ignored(), signals_held():  # a Ctrl-C before the child leads its own group misses it
+            proc.start()
+    except KeyboardInterrupt:  # a SIGTERM held during the spawn came as it ended: the caller never gets
+        if proc.pid is not None:  # this child, so it is stopped here (it sees stop_asked at once)
+            stop([child], signal.SIGTERM, SPAWN_STOP_GRACE_S)
+        raise
+    return child
+
+
+def start_resource_tracker() -> None:
+    """multiprocessing's resource tracker (one process in the launcher's group; every Event of a run is
+    registered with it), started holding SIGHUP for good: it ignores SIGINT and SIGTERM itself, and a
+    terminal's hangup to the group must not kill it under a launcher that is still writing the run."""
+    from multiprocessing import resource_tracker
+
+    with signals_held():
+        resource_tracker.ensure_running()
+
+
+@contextmanager
+def signals_held():
+    """SIGTERM and SIGHUP wait inside (blocked); a process started inside inherits them held."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 @contextmanager
@@ -152,6 +213,8 @@ def stop(children: list[Child], sig: int, grace_s: float) -> None:
     meanwhile (an impatient second one) ends the grace at once; nothing cuts the reaping short."""
     with _Hurry() as hurry:
         for c in children:
+            if c.stop_asked is not None:  # first: a child still holding signals (at spawn) looks at it after
+                c.stop_asked.set()
             if c.proc.is_alive():
                 signal_group(c, sig)
         deadline = time.monotonic() + grace_s

@@ -33,15 +33,17 @@ def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None
     return 128 + summary.stop_signal if summary.stop_signal else 0
 
 
-def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, stream_ended=None) -> int:
-    """Form batches with the configured strategy."""
+def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, stream_ended=None,
+                   workers_ended=None) -> int:
+    """Form batches with the configured strategy; `workers_ended` (a shared count the launcher keeps) says
+    how many of the run's workers ended, so that it is not waited for at start-up."""
     from batchlab.scheduler.process import run_scheduler
 
     setup_logging(cfg.out, "scheduler")
     return run_scheduler(resolve(cfg).policy(), scheduler_addr, collector_addr, min_workers=cfg.workers,
                          max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
                          settings=run_settings(cfg), keys=cfg.keys or None, stream_ended=stream_ended,
-                         liveness_s=cfg.liveness_s, stall_limit_s=cfg.stall_limit_s)
+                         liveness_s=cfg.liveness_s, stall_limit_s=cfg.stall_limit_s, workers_ended=workers_ended)
 
 
 def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:

@@ -1,6 +1,10 @@
 """A run's folder has one identity: a new folder per run by default, a used one refused unless
---overwrite, and run.json saying which configuration (its hash), when, where and how it ended."""
+--overwrite, one run in it at a time, and run.json saying which configuration (its hash), when, where and
+how it ended."""
+import errno
+import fcntl
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -15,14 +19,19 @@ RUNS_DIR = "runs"
 
 
 def new_folder(cfg: RunConfig, root: str = RUNS_DIR) -> str:
-    """runs/<UTC date-time>-<strategy>-<backend>, never one that exists."""
+    """runs/<UTC date-time>-<strategy>-<backend>, made here (empty): never one that exists, even when
+    another run started in the same second picks its name at the same moment (the make is exclusive)."""
     stem = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{cfg.strategy}-{cfg.backend}"
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
+    Path(root).mkdir(parents=True, exist_ok=True)
     path, k = Path(root) / stem, 1
-    while path.exists():
-        k += 1
-        path = Path(root) / f"{stem}-{k}"
-    return str(path)
+    while True:
+        try:
+            path.mkdir()
+            return str(path)
+        except FileExistsError:
+            k += 1
+            path = Path(root) / f"{stem}-{k}"
 
 
 def describe(folder: Path) -> str:
@@ -42,39 +51,82 @@ ROLE_FILES = frozenset({LOGS_DIR, SCHEDULE_FILE})
 
 
 def claim(out: str, *, overwrite: bool, tolerate: frozenset = frozenset()) -> Path:
-    """The run's folder, empty: a new one is made; a used one is refused (one line) unless `overwrite`,
-    which empties it first. Checked before any process starts. Entries named in `tolerate` do not make
-    a folder used (and are kept)."""
+    """The run's folder, empty and locked for this process: a new one is made; one another live process
+    holds is refused, and so is a used one (one line each) unless `overwrite`, which empties it first.
+    Checked before any process starts. Entries named in `tolerate` do not make a folder used (and are
+    kept). The lock lasts until `release` or this process's end, so of two runs started at once into
+    one folder exactly one gets it."""
     if not str(out).strip():
         raise ConfigError("--out must name a folder")
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    used = [c for c in folder.iterdir() if c.name not in tolerate] if folder.is_dir() else []
+    folder.mkdir(parents=True, exist_ok=True)
+    _lock(folder, out)
+    used = [c for c in folder.iterdir() if c.name not in tolerate]
     if used and not overwrite:
+        release(folder)
         raise ConfigError(f"--out {out} already holds {describe(folder)}; pass --overwrite to replace "
                           "it, or choose another folder (without --out each run gets a new one)")
     for child in used:
         shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+_HELD: dict[Path, int] = {}  # the folders this process claimed: their locked descriptors
+
+
+def _lock(folder: Path, out: str) -> None:
+    """An exclusive lock on the folder itself (flock: the kernel drops it when this process ends, even
+    killed, so no stale lock outlives a run). A file system without flock is left unlocked."""
+    key = folder.resolve()
+    if key in _HELD:  # this process's own claim (a command run twice in one process, a test)
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise ConfigError(f"--out {out} is in use by another run that is still going; choose another "
+                              "folder (without --out each run gets a new one)") from None
+        return
+    _HELD[key] = fd
+
+
+def release(out: str | Path) -> None:
+    """Let go of a folder `claim` locked (nothing if this process holds none)."""
+    fd = _HELD.pop(Path(out).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+RESERVE_BYTES = 16 * 1024  # kept free for run.json's last write (about 2 KB): several times its size
 
 
 class RunRecord:
     """OUT/run.json: the configuration's identity and hash, batchlab's version and commit, the
-    launcher's environment, the UTC start and end, and the status ('running' until the run returns)."""
+    launcher's environment, the UTC start and end, and the status ('running' until the run returns).
+    Room for the last write is set aside at the start (OUT/.run.json.reserve, given back just before
+    it), so a disk the run filled still gets the final status."""
 
     def __init__(self, out: Path, cfg: RunConfig) -> None:
         settings = cfg.as_settings()
         self.path = Path(out) / RUN_FILE
+        self.reserve = self.path.with_name(f".{RUN_FILE}.reserve")
         self.data = {"config_hash": config_hash(settings), "identity": identity(settings),
                      "batchlab": batchlab_version(), "started_utc": utc_now(), "status": "running",
                      "launcher_environment": environment()}
         self._write()
+        try:
+            self.reserve.write_bytes(bytes(RESERVE_BYTES))
+        except OSError:  # no room even now: the collector's failure names the cause
+            self.reserve.unlink(missing_ok=True)
 
     def end(self, status: str, reason: str = "", **facts) -> None:
         """The run returned: 'done', 'failed', 'stopped' (a limit) or 'interrupted'."""
         self.data.update(status=status, ended_utc=utc_now(), **({"reason": reason} if reason else {}), **facts)
+        self.reserve.unlink(missing_ok=True)
         self._write()
 
     def _write(self) -> None:
@@ -82,4 +134,3 @@ class RunRecord:
             write_json_atomic(self.path, self.data, default=str)
         except OSError:  # a full disk is reported by the collector's own failure, with its cause
             pass
-

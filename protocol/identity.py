@@ -15,10 +15,11 @@ from batchlab.protocol.environment import environment
 from batchlab.protocol.settings import RunConfig
 
 # Not part of what was measured: where the files went, the key folder, the path of the replayed
-# schedule (its content is: `schedule_hash`), the run's clock origin, the host facts (environment), and
-# the names a sweep gives a run (its label and repeat number: the seed is what a repeat changes).
+# schedule (its content is: `schedule_hash`), the run's clock origin, the host facts (environment), the
+# launcher's start-up limit, and the names a sweep gives a run (its label and repeat number: the seed is
+# what a repeat changes).
 NOT_IDENTITY = frozenset({"out", "keys", "schedule", "t0", "host", "cpu", "cpu_count", "python",
-                          "environment", "config_hash", "label", "repeat"})
+                          "environment", "config_hash", "label", "repeat", "startup_limit_s"})
 HASH_CHARS = 16
 
 

@@ -39,6 +39,10 @@ class RunDir:
         """A table's `seq`-th part file."""
         return self.path / PARTS_DIR / f"{name}-{seq:06d}.parquet"
 
+    def crash(self, role: str) -> Path:
+        """One line: the exception that ended a role's process (the launcher names it in its verdict)."""
+        return self.path / LOGS_DIR / f"{role}.crash"
+
     def parts(self, name: str) -> list[Path]:
         """A table's part files, in the order they were written."""
         return sorted((self.path / PARTS_DIR).glob(f"{name}-*.parquet"))

@@ -236,9 +236,13 @@ class CollectorSettings(Group, title="Collector"):
 
 
 class RunSettings(Group, title="Run"):
-    """Every role's: the key folder; a sweep's names for a run (not identity); settings kept as given."""
+    """Every role's: the key folder; the launcher's start-up limit; a sweep's names for a run (not identity);
+    settings kept as given."""
 
     keys: str = setting("", "CurveZMQ key folder (needed to bind a non-loopback address)")
+    startup_limit_s: float = setting(900.0, "run: start-up (process start until the first request is due: model "
+                                     "loads, compilation, warm-up) may take this long, else the run ends",
+                                     unit="s", note="(0: no limit)", ge=0)
     label: str = setting("", "the run's name in a sweep (its strategy entry's label; '': the strategy's)", cli=False)
     repeat: Int = setting(0, "which repeat of its sweep point the run is (its seed is the grid's seed + repeat)",
                           ge=0, cli=False)

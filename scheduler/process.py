@@ -35,13 +35,14 @@ class Scheduler:
     def __init__(self, policy: Policy, scheduler_addr: str, collector_addr: str, *, min_workers: int = 1,
                  max_queue: int = 0, max_queue_tokens: int = 0, settings: dict | None = None,
                  keys: str | None = None, stream_ended=None, liveness_s: float = LIVENESS_S,
-                 stall_limit_s: float = 0.0) -> None:
+                 stall_limit_s: float = 0.0, workers_ended=None) -> None:
         self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens,
                                   stall_limit_s=stall_limit_s)
         self.liveness_s = liveness_s  # a worker or the traffic silent this long is lost
         self.stop_signal = 0  # the signal that stopped the run early (0: none)
         self.silent: dict[str, WorkerHello] = {}  # workers lost for their silence, by id: they may come back
         self.min_workers = min_workers
+        self.workers_ended = workers_ended  # a multiprocessing Value: the launcher's count of workers that ended
         self.settings = dict(settings or {})
         self.stream_ended = stream_ended  # a multiprocessing.Event, or None
         self.ctx = zmq.Context()
@@ -141,7 +142,10 @@ class Scheduler:
         self._maybe_start()
 
     def _maybe_start(self) -> None:
-        if self.t0 is not None or self.traffic is None or len(self.core.workers) < self.min_workers:
+        """Start the traffic once it and the workers are there: the workers the run has, less those that
+        ended before they were ready (a worker killed at start-up is not waited for)."""
+        ended = self.workers_ended.value if self.workers_ended is not None else 0
+        if self.t0 is not None or self.traffic is None or len(self.core.workers) < max(1, self.min_workers - ended):
             return
         self.t0 = now() + START_LEAD_S
         self.cpu_at_start = time.process_time()  # the run's CPU counts from here (not imports, not waiting)
@@ -200,6 +204,7 @@ class Scheduler:
         if self.stream_ended is not None and self.stream_ended.is_set():
             self.core.end_of_stream()
         self.core.tick(t)
+        self._maybe_start()  # a worker may have ended before its hello: the others need not wait for it
 
     def _send_worker(self, wid: str, msg: object) -> None:
         """A worker whose connection is gone (it ended) is lost at once; a full pipe (a stalled worker)

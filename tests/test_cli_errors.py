@@ -114,3 +114,77 @@ def test_importing_or_running_the_cli_leaves_the_callers_sigterm_handler_as_it_w
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert CliRunner().invoke(cli_main.app, ["--version"]).exit_code == 0
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+@pytest.fixture
+def nothing_launched(monkeypatch):
+    """`run` must refuse before any process starts: launching fails the test."""
+    def launched(*_args, **_kwargs):
+        raise AssertionError("a run was launched before its checks")
+
+    monkeypatch.setattr("batchlab.cli.live.launch_run", launched)
+
+
+def long_temp_folder(tmp_path) -> str:
+    """A temp folder whose run sockets' paths exceed the OS's 107 bytes (135 characters, as TMPDIR)."""
+    folder = tmp_path / ("t" * (135 - len(str(tmp_path)) - 1))
+    folder.mkdir()
+    return str(folder)
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("keys", ["--keys /nonexistent: no such folder"]),
+    ("tmpdir", ["is too long for the run's sockets", "over the OS's limit of 107", "TMPDIR"]),
+    ("result-folder", ["--save-result", "is a folder; name a file"]),
+    ("result-unwritable", ["--save-result /proc/batchlab-test/r.json: no file can be created in /proc"]),
+])
+def test_what_a_run_needs_beyond_its_settings_is_checked_before_any_role_starts(tmp_path, monkeypatch,
+                                                                              nothing_launched, case, needles):
+    import tempfile
+
+    args = ["run", "--backend", "sim", "--dataset", "synthetic", "--duration", "1", "--out", str(tmp_path / "out")]
+    if case == "keys":
+        args += ["--keys", "/nonexistent"]
+    elif case == "tmpdir":
+        monkeypatch.setattr(tempfile, "tempdir", long_temp_folder(tmp_path))
+    elif case == "result-folder":
+        args += ["--save-result", str(tmp_path)]
+    else:
+        args += ["--save-result", "/proc/batchlab-test/r.json"]
+    result = runner.invoke(app, args)
+    assert_one_error_line(result.exit_code, result.stderr, *needles)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_key_folder_without_its_keys_is_refused_naming_what_it_lacks(tmp_path, nothing_launched):
+    from batchlab.protocol.security import generate_keys
+
+    keys = generate_keys(tmp_path / "keys")
+    (keys / "client.key_secret").unlink()
+    result = runner.invoke(app, ["run", "--backend", "sim", "--keys", str(keys), "--out", str(tmp_path / "out")])
+    assert_one_error_line(result.exit_code, result.stderr, "lacks client.key_secret", "batchlab keys generate")
+
+
+def test_a_stream_whose_reader_left_drops_what_follows_and_points_at_dev_null():
+    from batchlab.cli.streams import ReaderSafe
+
+    read, write = os.pipe()
+    stream = os.fdopen(write, "w")
+    os.close(read)  # the reader left (head -c 1)
+    safe = ReaderSafe(stream)
+    assert safe.write("a table") == 7
+    safe.flush()  # EPIPE: from here on the stream is /dev/null's
+    assert safe.gone and safe.write("more") == 4
+    assert os.path.samefile(f"/proc/self/fd/{stream.fileno()}", os.devnull)
+    stream.close()  # its buffered rest goes to /dev/null: no BrokenPipeError at exit
+
+
+def test_another_error_of_a_stream_is_not_taken_for_a_reader_that_left():
+    from batchlab.cli.streams import ReaderSafe
+
+    class Full:
+        def write(self, _text):
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        ReaderSafe(Full()).write("x")

@@ -250,6 +250,8 @@ def test_a_full_disk_is_named_and_the_run_exits_non_zero(tiny_disk):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: collector could not write: No space left on device"
+    record = json.loads((tiny_disk / "run" / "run.json").read_text())  # room for it was kept at the start
+    assert record["status"] == "failed" and "No space left on device" in record["reason"]
 
 
 @pytest.mark.parametrize("delay_s", [0.3, 0.9, 1.5])

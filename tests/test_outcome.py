@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from batchlab.cli.outcome import FAULT_EXIT, death_line, exit_code_for, is_fault, verdict
+from batchlab.cli.outcome import FAULT_EXIT, death_line, exception_line, exit_code_for, is_fault, verdict
 from tests.summaries import make_summary
 
 
@@ -59,3 +59,20 @@ def test_a_death_line_says_how_the_role_ended():
     assert death_line("scheduler", 128 + signal.SIGTERM).startswith("scheduler stopped by SIGTERM mid-run")
     assert death_line("worker-0", 1).startswith("worker-0 died (exit code 1)")
     assert death_line("worker-0", 5) == "worker-0 died: Input/output error"
+
+
+def test_a_role_lost_before_the_traffic_started_is_said_to_be_lost_during_start_up():
+    assert death_line("worker-0", -signal.SIGKILL, started=False).startswith("worker-0 killed by SIGKILL during "
+                                                                             "start-up")
+    assert death_line("worker-1", 128 + signal.SIGTERM, started=False).startswith("worker-1 stopped by SIGTERM "
+                                                                                  "during start-up")
+
+
+def test_a_crashed_role_is_named_with_its_exception():
+    cause = exception_line(RuntimeError("this policy\n always fails"))
+    assert cause == "RuntimeError: this policy always fails"
+    assert death_line("scheduler", 1, cause=cause).startswith("scheduler crashed mid-run: RuntimeError: this "
+                                                              "policy always fails")
+    assert death_line("scheduler", 1).startswith("scheduler died (exit code 1)")  # it wrote none
+    assert death_line("collector", errno.ENOSPC, cause=cause) == "collector could not write: No space left on device"
+    assert len(exception_line(ValueError("x" * 10_000))) <= 300 and exception_line(KeyError()) == "KeyError"

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.slow  # a spawned process group
 SLEEPER = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 
 
-def stubborn(ready) -> None:
+def stubborn(stop_asked, ready) -> None:
     """A role that ignores SIGTERM and has a grandchild that ignores it too."""
-    procs.become_group_leader()
+    procs.become_group_leader(stop_asked)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     subprocess.Popen([sys.executable, "-c", SLEEPER])
     ready.set()

@@ -1,5 +1,8 @@
 """A run folder, a resumed point and a pooled report each know which configuration made them."""
+import errno
 import json
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -8,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.cli.run_folder import ROLE_FILES, RunRecord, claim, new_folder
+from batchlab.cli import run_folder
+from batchlab.cli.run_folder import ROLE_FILES, RunRecord, claim, new_folder, release
 from batchlab.cli.sim_run import simulate_run
 from batchlab.cli.sweep_plan import Entry, Point
 from batchlab.cli.sweep_point import stale_point
@@ -56,7 +60,7 @@ def test_the_hash_ignores_where_a_run_went_and_nothing_it_measured():
 def test_the_default_settings_and_their_hash_stay_those_earlier_runs_recorded():
     settings = RunConfig().as_settings()  # a changed default or key would make resumed sweeps refuse every point
     assert config_hash(settings) == "fa5075bda93a7a06"
-    assert len(settings) == 47 and (settings["rate"], settings["slo"], settings["strategy_args"]) == (10.0, [], {})
+    assert len(settings) == 48 and (settings["rate"], settings["slo"], settings["strategy_args"]) == (10.0, [], {})
 
 
 def test_a_setting_added_later_keeps_older_records_equal_at_its_default():
@@ -80,7 +84,7 @@ def test_a_used_folder_is_refused_in_one_line_before_anything_starts(tmp_path):
     assert result.exit_code == 1 and cpu_s() < 2.0
     line, = result.stderr.strip().splitlines()
     assert line.startswith(f"error: --out {tmp_path} already holds a run (continuous on sim") and "--overwrite" in line
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.json.reserve", "run.json"]  # untouched
 
 
 def test_overwrite_empties_the_folder_first(tmp_path):
@@ -110,12 +114,52 @@ def test_the_collector_alone_tolerates_its_sibling_roles_logs_but_not_an_old_run
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "schedule.parquet"]
 
 
-def test_without_out_each_run_gets_a_new_folder(tmp_path):
+def test_without_out_each_run_gets_a_new_folder_even_two_in_the_same_second(tmp_path):
     cfg = RunConfig(strategy="dynamic", backend="sim")
-    first = Path(new_folder(cfg, str(tmp_path)))
-    first.mkdir()
+    first = Path(new_folder(cfg, str(tmp_path)))  # made at once: a second run of the same second sees it
     second = Path(new_folder(cfg, str(tmp_path)))
     assert first != second and first.parent == second.parent == tmp_path and "dynamic-sim" in first.name
+    assert first.is_dir() and second.is_dir() and not any(first.iterdir())
+
+
+HOLD_CLAIM = """
+import sys, time
+from batchlab.cli.run_folder import claim
+claim(sys.argv[1], overwrite=False)
+print("claimed", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_folder_another_live_process_claimed_is_refused_until_that_process_ends(tmp_path):
+    """Two runs into one --out started together: both find it empty; the claim's lock lets one in."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, str(tmp_path / "out")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        with pytest.raises(ConfigError, match="is in use by another run that is still going"):
+            claim(str(tmp_path / "out"), overwrite=True)  # not even --overwrite takes a live run's folder
+    finally:
+        holder.kill()
+        holder.wait()
+    assert claim(str(tmp_path / "out"), overwrite=False) == tmp_path / "out"  # the holder's end freed it
+    release(tmp_path / "out")
+
+
+def test_run_json_gets_its_final_status_when_the_run_filled_the_disk(tmp_path, monkeypatch):
+    record = RunRecord(tmp_path, RunConfig(**FAST))
+    assert (tmp_path / ".run.json.reserve").stat().st_size >= 4 * (tmp_path / "run.json").stat().st_size
+    real_write = run_folder.write_json_atomic
+
+    def full_disk_but_for_the_reserve(path, data, **kwargs):  # room only once the reserve is given back
+        if (tmp_path / ".run.json.reserve").exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, data, **kwargs)
+
+    monkeypatch.setattr(run_folder, "write_json_atomic", full_disk_but_for_the_reserve)
+    record.end("failed", "collector could not write: No space left on device")
+    assert json.loads((tmp_path / "run.json").read_text())["status"] == "failed"
+    assert not (tmp_path / ".run.json.reserve").exists()
 
 
 @pytest.mark.parametrize("args, message", [
