@@ -46,12 +46,13 @@ def pytest_collectreport(report):
         _missing_vllm.append(report.nodeid)
 
 
-# Modules whose `slow` tests are CPU-bound (a real model, calibration on it, torch.compile); with the
-# `vllm` and `ray` markers they form the one xdist group "cpu-heavy".
+# Modules that load a real model (HF tiny-mistral or TinyLlama, calibration on it, torch.compile,
+# transformers in a CLI process): whole, so a module fixture holding the model is loaded once; with the
+# tests marked `vllm` or `ray` they form the one xdist group "cpu-heavy". The other tests of a module
+# with a vllm test (process clean-up's sim runs, say) stay in the module's own group.
 CPU_HEAVY_MODULES = {
     "test_archs_e2e.py", "test_calibrate.py", "test_cli_errors.py", "test_gpu_check.py", "test_hf_backend.py",
-    "test_hf_continuous.py", "test_hf_continuous_e2e.py", "test_hf_e2e.py", "test_openai_client.py",
-    "test_process_cleanup.py", "test_tiny_model.py", "test_vllm_e2e.py", "test_vllm_engine.py",
+    "test_hf_continuous.py", "test_hf_continuous_e2e.py", "test_hf_e2e.py", "test_tiny_model.py",
     "test_worker_robustness.py",
 }
 CPU_HEAVY_GROUP = "cpu-heavy"
@@ -59,8 +60,7 @@ CPU_HEAVY_GROUP = "cpu-heavy"
 
 def xdist_group_of(item: pytest.Item) -> str:
     """The xdist group a test runs in: cpu-heavy, else its own module."""
-    if item.get_closest_marker("vllm") or item.get_closest_marker("ray") or (
-            item.get_closest_marker("slow") and item.path.name in CPU_HEAVY_MODULES):
+    if item.get_closest_marker("vllm") or item.get_closest_marker("ray") or item.path.name in CPU_HEAVY_MODULES:
         return CPU_HEAVY_GROUP
     return item.path.name
 
