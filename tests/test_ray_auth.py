@@ -28,11 +28,14 @@ class EnvRecordingRay:
 
 @pytest.fixture
 def fake_ray(monkeypatch):
-    fake = EnvRecordingRay()
+    fake, at_exit = EnvRecordingRay(), []
     monkeypatch.setattr(ray_cluster, "import_ray", lambda: fake)
     monkeypatch.setattr(ray_cluster, "keep_on_loopback", lambda: None)  # it would patch the real Ray
+    monkeypatch.setattr(ray_cluster.atexit, "register", lambda fn, *args: at_exit.append((fn, args)))
     monkeypatch.delenv(ray_cluster.AUTH_MODE_ENV, raising=False)
-    return fake
+    yield fake
+    for fn, args in at_exit:  # now: an xdist worker ends without running atexit (the local Ray's temp folder)
+        fn(*args)
 
 
 def test_a_local_ray_starts_with_token_auth_off(fake_ray):
