@@ -30,8 +30,11 @@ run: $(STAMP)  # the sweep ends with its report (REPORT.md, the capacity table a
 	$(VENV)/bin/batchlab sweep configs/cpu.yaml --out $(OUT)
 
 # Everything; a missing vllm fails it (tests/conftest.py) instead of skipping its tests silently.
+# Four xdist workers: most runs sleep on the sim backend's clock; tests/conftest.py keeps each module in
+# one worker and the CPU-bound tests (real model, vLLM, Ray) in one group, so two never share the cores.
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	BATCHLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q --durations=30
+	BATCHLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
 # Unit tests and short single-process runs (under 2 minutes on 2 cores); multi-process and real-model
 # tests are marked `slow`. A missing vllm only skips its tests here.

@@ -5,6 +5,7 @@ warmed by a first search before the timed one (a worker's start-up is not the fa
     .venv/bin/python benchmarks/ray_tune.py [--duration-s 20] [--repeats 1]
 """
 import argparse
+import os
 import time
 
 from batchlab.cli.config import checked_config
@@ -35,6 +36,7 @@ def on_cluster(n_nodes: int, cfg, schedule, repeats: int) -> float:
         cluster.start_head(num_cpus=1)
         for _ in range(n_nodes - 1):
             cluster.add_node(num_cpus=1)
+        os.environ.update(cluster.env)  # the driver says the cluster's auth setting
         ray = connect(cluster.address)
         fanout = Fanout(ray_address=cluster.address)
         search(cfg, schedule, {"max_batch_size": SIZES[:2 * n_nodes], "max_wait_ms": [0.0]}, fanout)  # warm

@@ -21,6 +21,11 @@ from batchlab.cli.sweep_plan import SweepError
 
 LOOPBACK = "127.0.0.1"
 NODE_IP_ENV = "BATCHLAB_RAY_NODE_IP"  # the driver's node address on a cluster (else Ray's own choice)
+# Ray turns token authentication on for a new local cluster (writing ~/.ray/auth_token) and for any
+# `ray start` or driver that finds that file: a cluster of this machine's loopback would then depend on
+# the user's home. The clusters started here say their own setting, unless the user chose one.
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+LOOPBACK_AUTH = {AUTH_MODE_ENV: "disabled"}
 START_TIMEOUT_S = 120.0
 STOP_WAIT_S = 10.0
 
@@ -71,6 +76,7 @@ def connect(address: str | None):
         keep_on_loopback()
     kwargs = {"_node_ip_address": node_ip} if node_ip else {}
     if address in (None, "", "local"):  # its own temp folder, removed at exit once Ray has stopped
+        os.environ.setdefault(AUTH_MODE_ENV, LOOPBACK_AUTH[AUTH_MODE_ENV])  # its nodes inherit it
         temp_dir = tempfile.mkdtemp(prefix="blray-", dir="/tmp")
         atexit.register(_end_local, ray, temp_dir)
         kwargs.update(include_dashboard=False, num_cpus=os.cpu_count(), _temp_dir=temp_dir)
@@ -122,6 +128,12 @@ class LocalCluster:
         """The head's GCS address, host:port."""
         return f"{LOOPBACK}:{self.port}"
 
+    @property
+    def env(self) -> dict[str, str]:
+        """What a driver of this cluster adds to its environment: the cluster's auth setting (a driver that
+        found ~/.ray/auth_token would otherwise send a token the cluster does not expect)."""
+        return dict(LOOPBACK_AUTH)
+
     def start_head(self, num_cpus: int = 1, resources: dict | None = None) -> LocalNode:
         """The head node (GCS and a raylet), no dashboard."""
         return self._start(["--head", "--port", str(self.port), "--include-dashboard=false",
@@ -141,7 +153,8 @@ class LocalCluster:
         if resources:
             cmd += ["--resources", json.dumps(resources)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=START_TIMEOUT_S,
-                              env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(node.temp_dir)})
+                              env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(node.temp_dir),
+                                   **self.env})
         node.pids = _node_pids(node.temp_dir)
         self.nodes.append(node)
         if done.returncode != 0:

@@ -1,5 +1,9 @@
 """Shared fixtures: a private BATCHLAB_HOME cache for the session, and a helper to run the CLI; with
-BATCHLAB_REQUIRE_VLLM=1 (`make test`) a test skipped because vllm cannot be imported fails instead."""
+BATCHLAB_REQUIRE_VLLM=1 (`make test`) a test skipped because vllm cannot be imported fails instead.
+
+Under pytest-xdist (`make test`: -n 4 --dist loadgroup) each module runs in one worker (its module
+fixtures are paid once), and the CPU-bound tests (a real model, vLLM, Ray, torch.compile) share one
+group, so two of them never fight for the cores while the sleep-bound sim runs fill the other workers."""
 import os
 import signal
 import subprocess
@@ -33,25 +37,48 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"{reason} ({REQUIRE_VLLM_ENV}=1: install the vllm extra)"
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector):
+def pytest_collectreport(report):
     """A module-level importorskip("vllm") skips a whole file: the file is noted, the session fails at
-    its end (a failed collection would stop every other test)."""
-    report = (yield).get_result()
-    if _skipped_for_vllm(report):
+    its end (a failed collection would stop every other test). Under xdist the workers collect and send
+    their skipped reports to the controller, which calls this hook again: the controller's list is the
+    one its summary and exit status read."""
+    if _skipped_for_vllm(report) and report.nodeid not in _missing_vllm:
         _missing_vllm.append(report.nodeid)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Name the files that could not run for a missing vllm."""
-    for nodeid in _missing_vllm:
-        terminalreporter.write_line(f"FAILED {nodeid}: vllm cannot be imported and {REQUIRE_VLLM_ENV}=1", red=True)
+# Modules that load a real model (HF tiny-mistral or TinyLlama, calibration on it, torch.compile,
+# transformers in a CLI process): whole, so a module fixture holding the model is loaded once; with the
+# tests marked `vllm` or `ray` they form the one xdist group "cpu-heavy". The other tests of a module
+# with a vllm test (process clean-up's sim runs, say) stay in the module's own group.
+CPU_HEAVY_MODULES = {
+    "test_archs_e2e.py", "test_calibrate.py", "test_cli_errors.py", "test_gpu_check.py", "test_hf_backend.py",
+    "test_hf_continuous.py", "test_hf_continuous_e2e.py", "test_hf_e2e.py", "test_tiny_model.py",
+    "test_worker_robustness.py",
+}
+CPU_HEAVY_GROUP = "cpu-heavy"
 
 
-def pytest_sessionfinish(session, exitstatus):
-    """A missing vllm fails the run under BATCHLAB_REQUIRE_VLLM=1, even when every collected test passed."""
-    if _missing_vllm and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+def xdist_group_of(item: pytest.Item) -> str:
+    """The xdist group a test runs in: cpu-heavy, else its own module."""
+    if item.get_closest_marker("vllm") or item.get_closest_marker("ray") or item.path.name in CPU_HEAVY_MODULES:
+        return CPU_HEAVY_GROUP
+    return item.path.name
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Every test without its own xdist_group gets one (harmless without xdist). In an xdist worker under
+    --dist loadgroup the group is also put in the node id, which is what the scheduler groups by: xdist 3.8
+    writes it to `item._nodeid`, which pytest 9.2 no longer reads (its node ids are structured), so
+    without this every test would be scheduled alone."""
+    loadgroup = getattr(config.option, "loadgroup", False)
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+        if loadgroup and "@" not in item.nodeid and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(f"{item.nodeid}@{item.get_closest_marker('xdist_group').args[0]}")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -68,10 +95,11 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_cli(*args: str, timeout_s: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    """`python -m cli.main ARGS` from the repository root; output captured."""
+def run_cli(*args: str, timeout_s: float = 300, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m cli.main ARGS` from the repository root (`env` added to this process's); output captured."""
     proc = subprocess.run([sys.executable, "-m", "batchlab.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout_s)
+                          text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
     if check and proc.returncode != 0:
         raise AssertionError(f"batchlab {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return proc

@@ -2,6 +2,7 @@
 GPUs): points split over both nodes and report as a local sweep's; a node killed mid-sweep loses no
 point; Ctrl-C leaves no actor or batchlab process on any node."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -25,15 +26,22 @@ DEADLINE_S = 240.0
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A head and a second node, one CPU each (so two groups run at once, one per node)."""
+def cluster(tmp_path_factory):
+    """A head and a second node, one CPU each (so two groups run at once, one per node). HOME is a folder
+    holding a stray ~/.ray/auth_token (what a local `sweep --ray` of Ray's default leaves): the cluster
+    and its drivers carry their own auth setting, so it cannot break them."""
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text("a-token-no-cluster-here-expects")
     c = LocalCluster()  # its own short folder under /tmp: Ray's socket paths must stay under 108 bytes
-    try:
-        c.start_head(num_cpus=1)
-        c.add_node(num_cpus=1, resources={"fakegpu": 1})
-        yield c
-    finally:
-        c.stop()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home))
+        try:
+            c.start_head(num_cpus=1)
+            c.add_node(num_cpus=1, resources={"fakegpu": 1})
+            yield c
+        finally:
+            c.stop()
 
 
 def sweep_config(tmp_path: Path, duration_s: float, rates: list[float], strategies: list[str]) -> Path:
@@ -103,17 +111,18 @@ def wait_for(condition, what: str, deadline_s: float = DEADLINE_S):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def sweep_proc(config: Path, out: Path, address: str) -> subprocess.Popen:
+def sweep_proc(config: Path, out: Path, cluster: LocalCluster) -> subprocess.Popen:
     """The sweep's driver, with SIGINT at its default even when this test runs as a background job."""
     return subprocess.Popen([sys.executable, "-m", "batchlab.cli.main", "sweep", str(config), "--out", str(out),
-                             "--ray", address], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=default_sigint)
+                             "--ray", cluster.address], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint, env={**os.environ, **cluster.env})
 
 
 def test_a_sweep_splits_over_both_nodes_and_reports_as_a_local_sweep(cluster, tmp_path):
     config = sweep_config(tmp_path, 2.0, [6.0], ["naive", "dynamic"])
     on_ray, local = tmp_path / "ray", tmp_path / "local"
-    run_cli("sweep", str(config), "--out", str(on_ray), "--ray", cluster.address, timeout_s=DEADLINE_S)
+    run_cli("sweep", str(config), "--out", str(on_ray), "--ray", cluster.address, timeout_s=DEADLINE_S,
+            env=cluster.env)
     run_cli("sweep", str(config), "--out", str(local), timeout_s=DEADLINE_S)
     remote = points(on_ray)
     assert {p["status"] for p in remote} == {"done"}
@@ -129,14 +138,15 @@ def test_a_sweep_splits_over_both_nodes_and_reports_as_a_local_sweep(cluster, tm
     assert batches[0] == batches[1]  # naive launches exactly 4 in arrival order: the same batches
     for root in (on_ray, local):
         run_cli("report", str(root))
-    assert run_cli("sweep", str(config), "--out", str(on_ray), "--ray", cluster.address).returncode == 0
+    assert run_cli("sweep", str(config), "--out", str(on_ray), "--ray", cluster.address,
+                   env=cluster.env).returncode == 0
     assert {p["status"] for p in points(on_ray)} == {"skipped"}  # resume reads the landed folders
 
 
 def test_ctrl_c_leaves_no_actor_or_batchlab_process_on_any_node(cluster, tmp_path):
     config = sweep_config(tmp_path, 60.0, [4.0], ["naive", "dynamic"])
     out = tmp_path / "out"
-    proc = sweep_proc(config, out, cluster.address)
+    proc = sweep_proc(config, out, cluster)
     try:
         wait_for(lambda: len(list(out.glob("strategy=*/rate=*/repeat=*/pids.json"))) == 2,
                  "a point running on each node")
@@ -157,7 +167,7 @@ def test_ctrl_c_leaves_no_actor_or_batchlab_process_on_any_node(cluster, tmp_pat
 def test_a_node_killed_mid_sweep_loses_no_point(cluster, tmp_path):
     config = sweep_config(tmp_path, 4.0, [4.0, 8.0], ["naive", "dynamic"])
     out = tmp_path / "out"
-    proc = sweep_proc(config, out, cluster.address)
+    proc = sweep_proc(config, out, cluster)
     try:
         second = cluster.nodes[1]
         wait_for(lambda: running_point(second), "a point running on the second node")

@@ -1,0 +1,31 @@
+"""How `make test` spreads the suite over xdist workers (tests/conftest.py): a module stays in one
+worker, and the tests that load a real model, vLLM or Ray share the one cpu-heavy group."""
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CPU_HEAVY_GROUP, CPU_HEAVY_MODULES, xdist_group_of
+
+
+class FakeItem:
+    def __init__(self, module: str, *markers: str) -> None:
+        self.path, self.markers = Path("tests") / module, set(markers)
+
+    def get_closest_marker(self, name: str):
+        return name if name in self.markers else None
+
+
+def test_model_vllm_and_ray_tests_share_one_group_and_the_rest_run_by_module():
+    assert xdist_group_of(FakeItem("test_hf_e2e.py")) == CPU_HEAVY_GROUP
+    assert xdist_group_of(FakeItem("test_process_cleanup.py", "slow", "vllm")) == CPU_HEAVY_GROUP
+    assert xdist_group_of(FakeItem("test_ray.py", "slow", "ray")) == CPU_HEAVY_GROUP
+    assert xdist_group_of(FakeItem("test_process_cleanup.py", "slow")) == "test_process_cleanup.py"
+    assert all((Path(__file__).parent / m).is_file() for m in CPU_HEAVY_MODULES)  # a renamed file is noticed
+
+
+def test_under_loadgroup_a_tests_node_id_names_its_group(request):
+    """The scheduler groups by the node id's @suffix; without it every test would be scheduled alone."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("runs under pytest-xdist --dist loadgroup (make test)")
+    assert request.node.nodeid.endswith("@test_suite_groups.py")
