@@ -46,6 +46,18 @@ def pytest_collectreport(report):
         _missing_vllm.append(report.nodeid)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Name the files that could not run for a missing vllm."""
+    for nodeid in _missing_vllm:
+        terminalreporter.write_line(f"FAILED {nodeid}: vllm cannot be imported and {REQUIRE_VLLM_ENV}=1", red=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A missing vllm fails the run under BATCHLAB_REQUIRE_VLLM=1, even when every collected test passed."""
+    if _missing_vllm and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 # Modules that load a real model (HF tiny-mistral or TinyLlama, calibration on it, torch.compile,
 # transformers in a CLI process): whole, so a module fixture holding the model is loaded once; with the
 # tests marked `vllm` or `ray` they form the one xdist group "cpu-heavy". The other tests of a module
