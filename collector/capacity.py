@@ -178,10 +178,13 @@ class Capacity:
     @property
     def interval_req_s(self) -> tuple[float | None, float | None]:
         """(low, high): the bracket widened below by what the queue may still have been gaining at the highest
-        rate judged sustained (its trend's upper bound: the verdict's own uncertainty)."""
+        rate judged sustained (its trend's upper bound: the verdict's own uncertainty), and down to the
+        estimate when μ holds it below the bracket (a short probe judged a rate above μ's estimate sustained)."""
         lo_probe = next((p for p in self.probes if p.offered_req_s == self.lo_req_s and p.verdict.sustained), None)
         margin = max(lo_probe.verdict.queue_growth_hi, 0.0) if lo_probe else 0.0
-        return (None if self.lo_req_s is None else max(self.lo_req_s - margin, 0.0)), self.hi_req_s
+        if self.lo_req_s is None:
+            return None, self.hi_req_s
+        return min(max(self.lo_req_s - margin, 0.0), self.estimate_req_s or math.inf), self.hi_req_s
 
     def tokens_per_request(self) -> float | None:
         """Mean output tokens per finished request over the probes (the same trace for every strategy)."""

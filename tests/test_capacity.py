@@ -205,3 +205,12 @@ def test_the_search_never_places_capacity_above_the_saturated_rate():
     seen: list[float] = []
     cap = search("x", 4.8, threshold_measure(100.0, seen), width=0.08, saturated=saturated)  # every rate "passes"
     assert cap.hi_req_s == 5.2 and cap.estimate_req_s <= 5.0 and max(seen) < 5.2 and len(seen) <= 2
+
+
+def test_a_capacity_held_below_its_bracket_by_mu_keeps_its_estimate_inside_its_interval():
+    from batchlab.collector.capacity import Capacity, Probe, Verdict
+
+    sustained = Probe(3.56, Verdict(True, [], 1.0, 0.1, None, 3.08, -0.2, 0.3))
+    cap = Capacity("naive", 3.08, 3.67, [sustained], saturated={"req_s": 2.47, "req_s_lo": 1.27, "req_s_hi": 3.67})
+    lo, hi = cap.interval_req_s
+    assert cap.estimate_req_s == pytest.approx(2.47) and lo <= cap.estimate_req_s <= hi == 3.67
