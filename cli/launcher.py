@@ -107,17 +107,18 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
     fidelity is computed here, once, so that no reader ever rewrites a run's files)."""
     procs.clean_stale_temp()
     procs.start_resource_tracker()
-    tmp = procs.run_temp_folder()
-    addrs = Addresses.ipc(tmp)
     ctx = mp.get_context("spawn")  # fork is unsafe with torch/vLLM threads
     stream_ended = ctx.Event()  # set when traffic dies: the scheduler then ends the stream
     traffic_started = ctx.Event()  # set when the traffic got Start: the run's clock starts
     watch = _Faults(ctx.Event(), ctx.Value("i", 0))  # the collector's stop; the workers that ended
-    own = [start_role(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos, watch.stop_run,
-                      out_dir=cfg.out),
-           start_role(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector,
-                      stream_ended, watch.workers_ended, out_dir=cfg.out)]
-    try:
+    own: list[procs.Child] = []
+    tmp = procs.run_temp_folder()
+    try:  # from the temp folder on: a Ctrl-C while the first roles spawn still removes it and stops them
+        addrs = Addresses.ipc(tmp)
+        own.append(start_role(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos, watch.stop_run,
+                              out_dir=cfg.out))
+        own.append(start_role(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector,
+                              stream_ended, watch.workers_ended, out_dir=cfg.out))
         if pool is None:
             own += [start_role(ctx, f"worker-{i}", roles.worker_role, cfg, addrs.scheduler, addrs.collector,
                                f"worker-{i}", out_dir=cfg.out) for i in range(cfg.workers)]

@@ -55,8 +55,8 @@ def become_group_leader(stop_asked, *, outlives_group_signals: bool = False) -> 
         os._exit(128 + signal.SIGTERM)
     os.setpgid(0, 0)
     while held := HELD_SIGNALS & signal.sigpending():
-        info = signal.sigtimedwait(held, 0)
-        if info is not None and not outlives_group_signals:
+        info = signal.sigtimedwait(held, 0)  # a signal ignored here (nohup's SIGHUP) is held all the same
+        if info is not None and not outlives_group_signals and signal.getsignal(info.si_signo) != signal.SIG_IGN:
             if orphaned():  # the held signal was its death's (PR_SET_PDEATHSIG): nobody else cleans up
                 remove_temp_of(launcher_pid())
             os._exit(128 + info.si_signo)

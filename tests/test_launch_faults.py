@@ -24,12 +24,20 @@ SHORT = ["run", "--backend", "sim", "--strategy", "dynamic", "--dataset", "synth
 WAIT_S = 300  # for a run to end on a loaded machine
 
 
-def start(args: list[str], *, cwd: Path = ROOT, marker: str = "") -> subprocess.Popen:
+def as_a_terminal_job(hup: signal.Handlers = signal.SIG_DFL) -> None:
+    """preexec_fn: SIGINT and SIGHUP as a terminal's job gets them (whatever the suite itself inherited, a
+    nohup's ignored SIGHUP say), or SIGHUP ignored as under nohup."""
+    default_sigint()
+    signal.signal(signal.SIGHUP, hup)
+
+
+def start(args: list[str], *, cwd: Path = ROOT, marker: str = "", hup: signal.Handlers = signal.SIG_DFL
+          ) -> subprocess.Popen:
     """`batchlab ARGS` in a session of its own (as a terminal starts a job); stderr kept in a file."""
     err = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "batchlab.cli.main", *args], cwd=cwd,
-                            env={**os.environ, MARKER: marker or uuid.uuid4().hex},
-                            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, preexec_fn=default_sigint)
+                            env={**os.environ, MARKER: marker or uuid.uuid4().hex}, stdout=subprocess.DEVNULL,
+                            stderr=err, start_new_session=True, preexec_fn=lambda: as_a_terminal_job(hup))
     proc.err_file = err
     return proc
 
@@ -167,6 +175,20 @@ def test_a_signal_to_the_launchers_group_at_spawn_keeps_every_row(tmp_path, sig,
     every_request_has_its_row(tmp_path)
     record = json.loads((tmp_path / "run.json").read_text())
     assert (record["status"], record["reason"]) == ("interrupted", signal.Signals(sig).name)
+    wait_until(lambda: not marked(marker), "the run's processes to end", 30)
+
+
+def test_a_hangup_at_spawn_under_nohup_stops_nothing(tmp_path):
+    """SIGHUP ignored by whoever started the run (nohup): a hangup as the roles spawn (held in the children
+    until they lead their own groups) is ignored there too, and the run ends as if nothing came."""
+    marker = uuid.uuid4().hex
+    run = start([*SHORT, "--rate", "20", "--duration", "3", "--out", str(tmp_path)], marker=marker,
+                hup=signal.SIG_IGN)
+    wait_until(lambda: (tmp_path / "pids.json").exists(), "pids.json")
+    os.killpg(run.pid, signal.SIGHUP)
+    got, stderr = ended(run)
+    assert got == 0, stderr[-2000:]
+    assert set(every_request_has_its_row(tmp_path).status) == {"finished"}
     wait_until(lambda: not marked(marker), "the run's processes to end", 30)
 
 
