@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.test_fault_matrix import alive, wait_until
+from tests.test_launch_faults import ended
 
 pytestmark = pytest.mark.slow
 ECHO = ["run", "--backend", "echo", "--dataset", "synthetic", "--seed", "7"]
@@ -26,17 +27,6 @@ def start_run(out, *args: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     proc.err_file = err
     return proc
-
-
-def ended(proc: subprocess.Popen, timeout_s: float = 300) -> tuple[int, str]:
-    try:
-        proc.wait(timeout=timeout_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    proc.err_file.seek(0)
-    return proc.returncode, proc.err_file.read().decode(errors="replace")
 
 
 def assert_every_request_finished(out) -> pd.DataFrame:
