@@ -19,6 +19,7 @@ from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interl
 from batchlab.cli.sweep_point import execute, preflight, refuse_old_layout, reused
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.study_settings import GRID_KEYS
 
 
 def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
@@ -111,7 +112,8 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
           resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
           set_: Annotated[Optional[list[str]], typer.Option(
               "--set", help="override a base setting, KEY=VALUE (a RunConfig name, e.g. duration_s=5), or a "
-                            "grid key, grid.KEY=VALUE (e.g. grid.repeats=2); repeatable")] = None,
+                            f"grid key, grid.KEY=VALUE ({', '.join(GRID_KEYS)}; e.g. grid.repeats=2); "
+                            "repeatable")] = None,
           ray: Annotated[Optional[str], ray_option(
               help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
                    "alone: a local Ray); see docs/ray.md")] = None,
