@@ -5,8 +5,7 @@ import difflib
 
 from pydantic import ValidationError
 
-from batchlab.protocol.study_settings import (DEFAULT_STARTUP_TIMEOUT_S, GRID_KEYS, AutoRates,  # noqa: F401
-                                              AutoRepeats, Grid, underscored)
+from batchlab.protocol.study_settings import GRID_KEYS, AutoRates, AutoRepeats, Grid, underscored  # noqa: F401
 
 
 class SweepError(ValueError):

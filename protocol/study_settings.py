@@ -7,11 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, model_validator
 
-from batchlab.protocol.setting_groups import Group, RunSettings, WorkerSettings, setting
+from batchlab.protocol.setting_groups import Group, WorkerSettings, setting
 
 WIDTH = 0.08  # stop when hi / lo ≤ 1 + WIDTH: the estimate, their geometric mean, within 4% of either
 MAX_PROBES = 6
-DEFAULT_STARTUP_TIMEOUT_S = RunSettings.model_fields["startup_limit_s"].default  # a sweep's points start as runs
 
 
 class Section(BaseModel):
@@ -95,8 +94,6 @@ class Grid(Section):
     seed: int = setting(0, "a point's seed is this + its repeat, shared by every strategy")
     point_timeout_s: float = setting(0.0, "from a point's first request (0: a point runs until it drains)",
                                      unit="s", ge=0)
-    startup_timeout_s: float = setting(DEFAULT_STARTUP_TIMEOUT_S, "launch until a point's first request (0: no "
-                                       "limit)", unit="s", ge=0)
     order: Literal["auto", "interleaved", "grouped"] = setting(
         "auto", "auto: interleaved unless a point runs on a GPU (two idle engines would hold two models)")
 

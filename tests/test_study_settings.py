@@ -82,8 +82,21 @@ def test_every_study_setting_says_what_it_is(group):
     assert not [n for n, f in group.model_fields.items() if not f.description]
 
 
-def test_a_sweeps_startup_limit_is_a_runs():
-    assert Grid().startup_timeout_s == RunConfig().startup_limit_s
+@pytest.mark.parametrize("base, grid, entry, limits_s", [
+    ("{}", "", "naive", [RunConfig().startup_limit_s]),
+    ("{startup_limit_s: 300}", "", "naive", [300]),
+    ("{startup_limit_s: 300}", "startup_timeout_s: 120, ", "naive", [120]),  # the former grid key still works
+    ("{}", "", "naive, {strategy: dynamic, startup_limit_s: 50}", [RunConfig().startup_limit_s, 50])])
+def test_a_sweep_points_startup_limit_is_the_runs_own_setting(tmp_path, base, grid, entry, limits_s):
+    from batchlab.cli.launcher import _limits
+    from batchlab.cli.sweep_plan import load_plan, plan_points
+
+    config = tmp_path / "s.yaml"
+    config.write_text(f"base: {base}\ngrid: {{{grid}strategies: [{entry}], rates: [1], point_timeout_s: 9}}\n")
+    plan = load_plan(config)
+    points = plan_points(plan, plan.rates, tmp_path)
+    limits = [_limits(plan.limits(), p.config(plan.base)) for p in points]
+    assert [lim.startup_s for lim in limits] == limits_s and {lim.run_s for lim in limits} == {9}
 
 
 def test_the_backends_settings_records_default_as_the_groups_do():
