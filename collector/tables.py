@@ -11,26 +11,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, request_metrics, summarize, useful_fraction
-from batchlab.collector.run_columns import SETTINGS_COLUMNS
+from batchlab.collector import request
+from batchlab.collector.metrics import summarize, useful_fraction
 from batchlab.collector.summary import Summary
 
 if TYPE_CHECKING:
-    from batchlab.collector.state import RequestState
     from batchlab.collector.store import RunStore
 
 NAN = float("nan")
 ENGINE_METRICS = "request_metrics"  # WorkerBye.stats key: {request_id (str): {name: value}}
-REQUEST_DTYPES = {
-    "request_id": "int64", "status": "str", "error": "str", "prompt_len": "int64",
-    "output_len": "int64", "arrival_time": "float64", "send_time": "float64", "recv_time": "float64",
-    "scheduled_time": "float64", "first_token_time": "float64", "completion_time": "float64",
-    "n_tokens": "int64", "batch_id": "int64", "worker": "str", "attempts": "int64", "submitted": "bool",
-}
-REQUEST_COLUMNS = [  # final order: derived metrics sit after the times they come from
-    *list(REQUEST_DTYPES)[:11], "queue_wait", "ttft", "tpot", "e2e", *list(REQUEST_DTYPES)[11:],
-    *SETTINGS_COLUMNS,
-]
 TOKEN_DTYPES = {"request_id": "int64", "token_index": "int64", "token_id": "int64", "time": "float64",
                 "batch_id": "int64"}
 BATCH_DTYPES = {
@@ -41,7 +30,6 @@ BATCH_DTYPES = {
 }
 STEP_DTYPES = {"worker": "str", "step": "int64", "start_time": "float64", "end_time": "float64",
                "running": "int64", "joined": "int64", "finished": "int64", "prefill_tokens": "int64"}
-SCHEDULE_OFFSET_COLUMN = "arrival_offset_s"  # traffic.schedule's planned arrival, s since t0
 CPU_STAT = "cpu_s"  # RunEnd.stats / WorkerBye.stats key: that process's own CPU time (user + system), s
 
 
@@ -62,64 +50,14 @@ def frame(rows: list[list], dtypes: dict[str, str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
 
 
-def _worker_of(store: "RunStore", batch_id: int) -> str:
-    launch, done = store.launches.get(batch_id), store.dones.get(batch_id)
-    return launch.worker_id if launch else (done.worker_id if done else "")
-
-
-def _request_row(store: "RunStore", state: "RequestState", t0: float) -> list:
-    arrival, bid = state.arrival, store.counting_batch(state)
-    a = arrival.request if arrival else None
-    n_tokens, first, last = store.token_stats(state, bid)
-    launch = store.launches.get(bid)
-    status = state.status or "failed"
-    first_s = first - t0 if n_tokens else NAN
-    done_s = last - t0 if n_tokens and status == "finished" else NAN
-    return [
-        state.request_id, status, state.error if state.status else NO_TERMINAL,
-        a.prompt_len if a else 0, a.output_len if a else 0,
-        a.arrival_time - t0 if a else NAN, a.send_time - t0 if a else NAN,
-        arrival.recv_time - t0 if arrival else NAN,
-        launch.scheduled_time - t0 if launch else NAN, first_s, done_s,
-        n_tokens, bid, _worker_of(store, bid), len(state.batches), True,
-    ]
-
-
-def unsent_frame(schedule: pd.DataFrame, seen: object) -> pd.DataFrame:
-    """The schedule's rows whose request id is not in `seen` (never sent), as failed request rows."""
-    rows = schedule[~schedule["request_id"].isin(np.fromiter(seen, dtype=np.int64))]
-    n = len(rows)
-    cols = {"request_id": rows["request_id"].to_numpy(dtype=np.int64), "status": ["failed"] * n,
-            "error": [NOT_SENT] * n, "prompt_len": _column(rows, "prompt_len", 0, np.int64),
-            "output_len": _column(rows, "output_len", 0, np.int64),
-            # an offset from t0 is a table time
-            "arrival_time": _column(rows, SCHEDULE_OFFSET_COLUMN, NAN, np.float64)}
-    cols |= {name: np.full(n, NAN) for name in list(REQUEST_DTYPES)[6:11]}
-    cols |= {"n_tokens": np.zeros(n, np.int64), "batch_id": np.full(n, -1, np.int64), "worker": [""] * n,
-             "attempts": np.zeros(n, np.int64), "submitted": np.zeros(n, bool)}
-    return pd.DataFrame(cols).astype(REQUEST_DTYPES)
-
-
-def _column(df: pd.DataFrame, name: str, default: float, dtype: type) -> np.ndarray:
-    return df[name].to_numpy(dtype=dtype) if name in df else np.full(len(df), default, dtype=dtype)
-
-
-def with_metrics(df: pd.DataFrame, settings: dict) -> pd.DataFrame:
-    """A requests frame (REQUEST_DTYPES) with its metric and settings columns, in final order."""
-    df = request_metrics(df)
-    for name in SETTINGS_COLUMNS:
-        df[name] = settings.get(name)
-    return df[REQUEST_COLUMNS]
-
-
 def requests_frame(store: "RunStore", rids: list[int], t0: float,
                    schedule: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per request in `rids` (plus unsent schedule rows), with metrics and settings."""
-    df = frame([_request_row(store, store.requests[rid], t0) for rid in rids], REQUEST_DTYPES)
-    unsent = unsent_frame(schedule, store.requests) if schedule is not None else df.iloc[:0]
+    df = request.table([store.request_row(store.requests[rid], t0) for rid in rids])
+    unsent = request.unsent_table(schedule, store.requests) if schedule is not None else df.iloc[:0]
     if len(unsent):
         df = pd.concat([df, unsent], ignore_index=True).sort_values("request_id", kind="stable", ignore_index=True)
-    return with_metrics(df, store.settings)
+    return request.with_metrics(df, store.settings)
 
 
 def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:
@@ -152,7 +90,7 @@ def _batch_row(store: "RunStore", bid: int, t0: float) -> list:
     arrivals = [a.request for a in arrivals if a is not None]
     outs = [a.output_len for a in arrivals]
     return [
-        bid, _worker_of(store, bid), len(rids), launch.reason if launch else "",
+        bid, store.worker_of(bid), len(rids), launch.reason if launch else "",
         launch.scheduled_time - t0 if launch else NAN,
         done.start_time - t0 if done else NAN, done.end_time - t0 if done else NAN,
         launch.queue_len if launch else 0, max((a.prompt_len for a in arrivals), default=0),
