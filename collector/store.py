@@ -12,8 +12,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from batchlab.collector import tables
-from batchlab.collector.metrics import NO_TERMINAL
-from batchlab.collector.request import NAN, EndedIds, RequestRow, RequestState, TokenBuffer
+from batchlab.collector.request import NAN, EndedIds, RequestState, TokenBuffer
 from batchlab.collector.run_columns import SETTINGS_COLUMNS
 from batchlab.collector.tables import Tables
 from batchlab.collector.taking import PartTaking
@@ -221,28 +220,6 @@ class RunStore:
             first = first if n else float(times[0])
             n, last = n + len(times), float(times[-1])
         return n, first, last
-
-    def worker_of(self, batch_id: int) -> str:
-        """The worker batch `batch_id` ran on ("" when neither its launch nor its completion is known)."""
-        launch, done = self.launches.get(batch_id), self.dones.get(batch_id)
-        return launch.worker_id if launch else (done.worker_id if done else "")
-
-    def request_row(self, state: RequestState, t0: float) -> RequestRow:
-        """A request's row as known now, its counting attempt's (times in s since `t0`); one without a
-        terminal record is failed."""
-        arrival, bid = state.arrival, self.counting_batch(state)
-        n_tokens, first, last = self.token_stats(state, bid)
-        launch, status = self.launches.get(bid), state.status or "failed"
-        row = RequestRow(request_id=state.request_id, status=status, error=state.error if state.status else NO_TERMINAL,
-                         first_token_time=first - t0 if n_tokens else NAN,
-                         completion_time=last - t0 if n_tokens and status == "finished" else NAN,
-                         scheduled_time=launch.scheduled_time - t0 if launch else NAN, n_tokens=n_tokens,
-                         batch_id=bid, worker=self.worker_of(bid), attempts=len(state.batches), submitted=True)
-        if arrival is not None:
-            a = arrival.request
-            row.prompt_len, row.output_len, row.recv_time = a.prompt_len, a.output_len, arrival.recv_time - t0
-            row.arrival_time, row.send_time = a.arrival_time - t0, a.send_time - t0
-        return row
 
     def token_offset(self, state: RequestState, bid: int) -> int:
         """The index of attempt `bid`'s first held token (tokens already taken come before it)."""

@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector import request
-from batchlab.collector.metrics import summarize, useful_fraction
+from batchlab.collector.metrics import NO_TERMINAL, summarize, useful_fraction
+from batchlab.collector.request import NAN, RequestRow, RequestState
 from batchlab.collector.summary import Summary
 
 if TYPE_CHECKING:
     from batchlab.collector.store import RunStore
 
-NAN = float("nan")
 ENGINE_METRICS = "request_metrics"  # WorkerBye.stats key: {request_id (str): {name: value}}
 TOKEN_DTYPES = {"request_id": "int64", "token_index": "int64", "token_id": "int64", "time": "float64",
                 "batch_id": "int64"}
@@ -50,10 +50,34 @@ def frame(rows: list[list], dtypes: dict[str, str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
 
 
+def _worker_of(store: "RunStore", batch_id: int) -> str:
+    launch, done = store.launches.get(batch_id), store.dones.get(batch_id)
+    return launch.worker_id if launch else (done.worker_id if done else "")
+
+
+def _request_row(store: "RunStore", state: RequestState, t0: float) -> RequestRow:
+    """A request's row as known now, its counting attempt's; one without a terminal record is failed."""
+    bid = store.counting_batch(state)
+    n_tokens, first, last = store.token_stats(state, bid)
+    launch, status = store.launches.get(bid), state.status or "failed"
+    row = RequestRow(
+        request_id=state.request_id, status=status, error=state.error if state.status else NO_TERMINAL,
+        scheduled_time=launch.scheduled_time - t0 if launch else NAN,
+        first_token_time=first - t0 if n_tokens else NAN,
+        completion_time=last - t0 if n_tokens and status == "finished" else NAN,
+        n_tokens=n_tokens, batch_id=bid, worker=_worker_of(store, bid), attempts=len(state.batches), submitted=True)
+    if state.arrival is not None:  # else its Arrival is still on its way: the fields' defaults
+        a = state.arrival.request
+        row.prompt_len, row.output_len = a.prompt_len, a.output_len
+        row.arrival_time, row.send_time = a.arrival_time - t0, a.send_time - t0
+        row.recv_time = state.arrival.recv_time - t0  # at the scheduler
+    return row
+
+
 def requests_frame(store: "RunStore", rids: list[int], t0: float,
                    schedule: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per request in `rids` (plus unsent schedule rows), with metrics and settings."""
-    df = request.table([store.request_row(store.requests[rid], t0) for rid in rids])
+    df = request.table([_request_row(store, store.requests[rid], t0) for rid in rids])
     unsent = request.unsent_table(schedule, store.requests) if schedule is not None else df.iloc[:0]
     if len(unsent):
         df = pd.concat([df, unsent], ignore_index=True).sort_values("request_id", kind="stable", ignore_index=True)
@@ -90,7 +114,7 @@ def _batch_row(store: "RunStore", bid: int, t0: float) -> list:
     arrivals = [a.request for a in arrivals if a is not None]
     outs = [a.output_len for a in arrivals]
     return [
-        bid, store.worker_of(bid), len(rids), launch.reason if launch else "",
+        bid, _worker_of(store, bid), len(rids), launch.reason if launch else "",
         launch.scheduled_time - t0 if launch else NAN,
         done.start_time - t0 if done else NAN, done.end_time - t0 if done else NAN,
         launch.queue_len if launch else 0, max((a.prompt_len for a in arrivals), default=0),

@@ -64,7 +64,8 @@ def in_memory(folder, messages: list, schedule: pd.DataFrame | None):
 @pytest.mark.parametrize("write", [streamed, in_memory])
 @pytest.mark.parametrize("case", ["run with unsent rows", "run", "no request at all", "only unsent rows"])
 def test_requests_parquet_keeps_the_schema_written_before_the_record(tmp_path, write, case):
-    messages = [RunInfo(RUN)] + (interleaved_run(20, seed=5, first=10)[1:] + script()[1:] if case.startswith("run") else [])
+    run = interleaved_run(20, seed=5, first=10)[1:] + script()[1:] if case.startswith("run") else []
+    messages = [RunInfo(RUN)] + run
     schedule = unsent_schedule(25) if "unsent" in case else None
     write(tmp_path, messages, schedule)
     written = schema_of(tmp_path / "requests.parquet")
