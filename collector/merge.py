@@ -160,7 +160,7 @@ def merge_requests(store: "RunStore", out_dir: Path, schedule: pd.DataFrame | No
         if schedule is not None:
             rows = schedule[schedule["request_id"].between(lo, hi)]
             seen = df["request_id"] if df is not None else []
-            new = request.with_metrics(request.unsent_table(rows, seen), store.settings)
+            new = request.with_settings(request.unsent_table(rows, seen), store.settings)
             df = new if df is None else pd.concat([df, new], ignore_index=True).sort_values(
                 "request_id", kind="stable", ignore_index=True)
         df = df.reindex(columns=columns)

@@ -84,8 +84,8 @@ class RequestRow:
     scheduled_time: float = NAN  # its counting batch's launch
     first_token_time: float = NAN
     completion_time: float = NAN  # its last token, when finished
-    # derived from the times above when records become a table (metrics.request_metrics, the formulas
-    # the report uses too): NaN on a record
+    # derived from the times above whenever records become a table (metrics.request_metrics, the
+    # formulas the report uses too): NaN on a record
     queue_wait: float = NAN
     ttft: float = NAN
     tpot: float = NAN
@@ -104,20 +104,21 @@ _values = attrgetter(*DTYPES)
 
 
 def table(rows: list[RequestRow]) -> pd.DataFrame:
-    """Records → a frame with the record's columns and dtypes (so every part has the same schema)."""
-    return pd.DataFrame([_values(r) for r in rows], columns=list(DTYPES)).astype(DTYPES)
+    """Records → a frame with the record's columns and dtypes (so every part has the same schema), its
+    derived columns computed."""
+    return request_metrics(pd.DataFrame([_values(r) for r in rows], columns=list(DTYPES)).astype(DTYPES))
 
 
 def columns_table(n: int, **given: object) -> pd.DataFrame:
     """`n` rows from whole columns (an array or one value each); every column not given takes its
-    field's default (a field without one must be given)."""
+    field's default (a field without one must be given); its derived columns computed."""
     cols = {}
     for f in fields(RequestRow):
         if f.name not in given and f.default is MISSING:
             raise TypeError(f"columns_table: column {f.name} has no default")
         value = given.get(f.name, f.default)
         cols[f.name] = value if isinstance(value, np.ndarray) else np.full(n, value)
-    return pd.DataFrame(cols).astype(DTYPES)
+    return request_metrics(pd.DataFrame(cols).astype(DTYPES))
 
 
 def unsent_table(schedule: pd.DataFrame, seen: object) -> pd.DataFrame:
@@ -134,9 +135,8 @@ def _column(df: pd.DataFrame, name: str, default: float, dtype: type) -> np.ndar
     return df[name].to_numpy(dtype=dtype) if name in df else np.full(len(df), default, dtype=dtype)
 
 
-def with_metrics(df: pd.DataFrame, settings: dict) -> pd.DataFrame:
-    """A frame of records with its derived columns computed and the run's settings columns added."""
-    df = request_metrics(df)  # a copy, the derived columns in their places
+def with_settings(df: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """A requests frame with the run's settings columns added (in place)."""
     for name in SETTINGS_COLUMNS:
         df[name] = settings.get(name)
     return df

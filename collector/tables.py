@@ -76,12 +76,12 @@ def _request_row(store: "RunStore", state: RequestState, t0: float) -> RequestRo
 
 def requests_frame(store: "RunStore", rids: list[int], t0: float,
                    schedule: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per request in `rids` (plus unsent schedule rows), with metrics and settings."""
+    """One row per request in `rids` (plus unsent schedule rows), with the run's settings."""
     df = request.table([_request_row(store, store.requests[rid], t0) for rid in rids])
     unsent = request.unsent_table(schedule, store.requests) if schedule is not None else df.iloc[:0]
     if len(unsent):
         df = pd.concat([df, unsent], ignore_index=True).sort_values("request_id", kind="stable", ignore_index=True)
-    return request.with_metrics(df, store.settings)
+    return request.with_settings(df, store.settings)
 
 
 def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:

@@ -83,11 +83,13 @@ def test_part_files_have_the_final_schema_before_the_identity_columns(tmp_path):
     assert schema_of(part) == WRITTEN[:-4]
 
 
-def test_the_records_fields_are_the_tables_first_columns_and_dtypes():
-    record = request.RequestRow(request_id=3, status="finished", error="", n_tokens=2)
-    df = request.table([record])
-    assert list(df.columns) == [c for c, _, _ in WRITTEN[:len(request.DTYPES)]]
-    assert df.iloc[0]["n_tokens"] == 2 and df.iloc[0]["batch_id"] == -1  # a field not given: its default
+def test_records_become_the_tables_first_columns_with_their_derived_latencies():
+    record = request.RequestRow(request_id=3, status="finished", error="", arrival_time=1.0,
+                                first_token_time=1.5, completion_time=2.5, output_len=3, n_tokens=3)
+    row = request.table([record]).iloc[0]
+    assert list(row.index) == [c for c, _, _ in WRITTEN[:len(request.DTYPES)]]
+    assert (row["ttft"], row["e2e"], row["tpot"]) == (0.5, 1.5, 0.5)
+    assert row["batch_id"] == -1 and row["worker"] == ""  # a field not given: its default
 
 
 def test_a_column_without_a_default_must_be_given():
