@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchlab.collector import tables
+from batchlab.collector import request, tables
 from batchlab.collector.metrics import LATENCY_STATS, RequestFigures
 from batchlab.collector.parts import read_schedule, write_parquet
 from batchlab.collector.quantiles import chunked_percentiles
@@ -151,7 +151,7 @@ def merge_requests(store: "RunStore", out_dir: Path, schedule: pd.DataFrame | No
     unsent = _memory_source(ids, "request_id") if ids is not None else None
     bye = tables.bye_engine_metrics(store)
     keys = sorted(store.engine_keys | {k for m in bye.values() for k in m})
-    columns = tables.REQUEST_COLUMNS + [tables.engine_column(k) for k in keys]
+    columns = request.COLUMNS + [tables.engine_column(k) for k in keys]
     t0 = store.t0()
 
     def build(lo: int, hi: int, parts: list[pa.Table]) -> pa.Table:
@@ -160,7 +160,7 @@ def merge_requests(store: "RunStore", out_dir: Path, schedule: pd.DataFrame | No
         if schedule is not None:
             rows = schedule[schedule["request_id"].between(lo, hi)]
             seen = df["request_id"] if df is not None else []
-            new = tables.with_metrics(tables.unsent_frame(rows, seen), store.settings)
+            new = request.with_settings(request.unsent_table(rows, seen), store.settings)
             df = new if df is None else pd.concat([df, new], ignore_index=True).sort_values(
                 "request_id", kind="stable", ignore_index=True)
         df = df.reindex(columns=columns)

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import pandas as pd
 
 from batchlab.collector import tables
-from batchlab.collector.buffers import TokenBuffer
-from batchlab.collector.state import NAN, EndedIds, RequestState
+from batchlab.collector.request import NAN, EndedIds, RequestState, TokenBuffer
+from batchlab.collector.run_columns import SETTINGS_COLUMNS
 from batchlab.collector.tables import Tables
 from batchlab.collector.taking import PartTaking
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye
@@ -70,7 +70,7 @@ class RunStore:
     def _on_run_info(self, msg: RunInfo) -> None:
         if not msg.is_valid():  # the codec refuses it too; a store fed in-process checks again
             raise ValueError(f"RunInfo: t0 {msg.settings.get('t0')!r} is not a finite number")
-        wrong = [k for k in tables.SETTINGS_COLUMNS if not isinstance(msg.settings.get(k), SCALARS)]
+        wrong = [k for k in SETTINGS_COLUMNS if not isinstance(msg.settings.get(k), SCALARS)]
         if wrong:  # each is a column of every table row
             raise ValueError(f"RunInfo: setting {wrong[0]} {msg.settings[wrong[0]]!r:.40} is not a single value")
         self.settings = dict(msg.settings)

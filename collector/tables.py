@@ -11,26 +11,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, request_metrics, summarize, useful_fraction
-from batchlab.collector.run_columns import SETTINGS_COLUMNS
+from batchlab.collector import request
+from batchlab.collector.metrics import NO_TERMINAL, summarize, useful_fraction
+from batchlab.collector.request import NAN, RequestRow, RequestState
 from batchlab.collector.summary import Summary
 
 if TYPE_CHECKING:
-    from batchlab.collector.state import RequestState
     from batchlab.collector.store import RunStore
 
-NAN = float("nan")
 ENGINE_METRICS = "request_metrics"  # WorkerBye.stats key: {request_id (str): {name: value}}
-REQUEST_DTYPES = {
-    "request_id": "int64", "status": "str", "error": "str", "prompt_len": "int64",
-    "output_len": "int64", "arrival_time": "float64", "send_time": "float64", "recv_time": "float64",
-    "scheduled_time": "float64", "first_token_time": "float64", "completion_time": "float64",
-    "n_tokens": "int64", "batch_id": "int64", "worker": "str", "attempts": "int64", "submitted": "bool",
-}
-REQUEST_COLUMNS = [  # final order: derived metrics sit after the times they come from
-    *list(REQUEST_DTYPES)[:11], "queue_wait", "ttft", "tpot", "e2e", *list(REQUEST_DTYPES)[11:],
-    *SETTINGS_COLUMNS,
-]
 TOKEN_DTYPES = {"request_id": "int64", "token_index": "int64", "token_id": "int64", "time": "float64",
                 "batch_id": "int64"}
 BATCH_DTYPES = {
@@ -41,7 +30,6 @@ BATCH_DTYPES = {
 }
 STEP_DTYPES = {"worker": "str", "step": "int64", "start_time": "float64", "end_time": "float64",
                "running": "int64", "joined": "int64", "finished": "int64", "prefill_tokens": "int64"}
-SCHEDULE_OFFSET_COLUMN = "arrival_offset_s"  # traffic.schedule's planned arrival, s since t0
 CPU_STAT = "cpu_s"  # RunEnd.stats / WorkerBye.stats key: that process's own CPU time (user + system), s
 
 
@@ -67,59 +55,33 @@ def _worker_of(store: "RunStore", batch_id: int) -> str:
     return launch.worker_id if launch else (done.worker_id if done else "")
 
 
-def _request_row(store: "RunStore", state: "RequestState", t0: float) -> list:
-    arrival, bid = state.arrival, store.counting_batch(state)
-    a = arrival.request if arrival else None
+def _request_row(store: "RunStore", state: RequestState, t0: float) -> RequestRow:
+    """A request's row as known now, its counting attempt's; one without a terminal record is failed."""
+    bid = store.counting_batch(state)
     n_tokens, first, last = store.token_stats(state, bid)
-    launch = store.launches.get(bid)
-    status = state.status or "failed"
-    first_s = first - t0 if n_tokens else NAN
-    done_s = last - t0 if n_tokens and status == "finished" else NAN
-    return [
-        state.request_id, status, state.error if state.status else NO_TERMINAL,
-        a.prompt_len if a else 0, a.output_len if a else 0,
-        a.arrival_time - t0 if a else NAN, a.send_time - t0 if a else NAN,
-        arrival.recv_time - t0 if arrival else NAN,
-        launch.scheduled_time - t0 if launch else NAN, first_s, done_s,
-        n_tokens, bid, _worker_of(store, bid), len(state.batches), True,
-    ]
-
-
-def unsent_frame(schedule: pd.DataFrame, seen: object) -> pd.DataFrame:
-    """The schedule's rows whose request id is not in `seen` (never sent), as failed request rows."""
-    rows = schedule[~schedule["request_id"].isin(np.fromiter(seen, dtype=np.int64))]
-    n = len(rows)
-    cols = {"request_id": rows["request_id"].to_numpy(dtype=np.int64), "status": ["failed"] * n,
-            "error": [NOT_SENT] * n, "prompt_len": _column(rows, "prompt_len", 0, np.int64),
-            "output_len": _column(rows, "output_len", 0, np.int64),
-            # an offset from t0 is a table time
-            "arrival_time": _column(rows, SCHEDULE_OFFSET_COLUMN, NAN, np.float64)}
-    cols |= {name: np.full(n, NAN) for name in list(REQUEST_DTYPES)[6:11]}
-    cols |= {"n_tokens": np.zeros(n, np.int64), "batch_id": np.full(n, -1, np.int64), "worker": [""] * n,
-             "attempts": np.zeros(n, np.int64), "submitted": np.zeros(n, bool)}
-    return pd.DataFrame(cols).astype(REQUEST_DTYPES)
-
-
-def _column(df: pd.DataFrame, name: str, default: float, dtype: type) -> np.ndarray:
-    return df[name].to_numpy(dtype=dtype) if name in df else np.full(len(df), default, dtype=dtype)
-
-
-def with_metrics(df: pd.DataFrame, settings: dict) -> pd.DataFrame:
-    """A requests frame (REQUEST_DTYPES) with its metric and settings columns, in final order."""
-    df = request_metrics(df)
-    for name in SETTINGS_COLUMNS:
-        df[name] = settings.get(name)
-    return df[REQUEST_COLUMNS]
+    launch, status = store.launches.get(bid), state.status or "failed"
+    row = RequestRow(
+        request_id=state.request_id, status=status, error=state.error if state.status else NO_TERMINAL,
+        scheduled_time=launch.scheduled_time - t0 if launch else NAN,
+        first_token_time=first - t0 if n_tokens else NAN,
+        completion_time=last - t0 if n_tokens and status == "finished" else NAN,
+        n_tokens=n_tokens, batch_id=bid, worker=_worker_of(store, bid), attempts=len(state.batches), submitted=True)
+    if state.arrival is not None:  # else its Arrival is still on its way: the fields' defaults
+        a = state.arrival.request
+        row.prompt_len, row.output_len = a.prompt_len, a.output_len
+        row.arrival_time, row.send_time = a.arrival_time - t0, a.send_time - t0
+        row.recv_time = state.arrival.recv_time - t0  # at the scheduler
+    return row
 
 
 def requests_frame(store: "RunStore", rids: list[int], t0: float,
                    schedule: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per request in `rids` (plus unsent schedule rows), with metrics and settings."""
-    df = frame([_request_row(store, store.requests[rid], t0) for rid in rids], REQUEST_DTYPES)
-    unsent = unsent_frame(schedule, store.requests) if schedule is not None else df.iloc[:0]
+    """One row per request in `rids` (plus unsent schedule rows), with the run's settings."""
+    df = request.table([_request_row(store, store.requests[rid], t0) for rid in rids])
+    unsent = request.unsent_table(schedule, store.requests) if schedule is not None else df.iloc[:0]
     if len(unsent):
         df = pd.concat([df, unsent], ignore_index=True).sort_values("request_id", kind="stable", ignore_index=True)
-    return with_metrics(df, store.settings)
+    return request.with_settings(df, store.settings)
 
 
 def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from batchlab.collector import tables
-from batchlab.collector.state import RequestState
+from batchlab.collector.request import RequestState
 
 if TYPE_CHECKING:
     from batchlab.collector.store import RunStore

@@ -302,7 +302,7 @@ def test_percentiles_give_the_statistics_asked_for_in_order():
 
 
 def test_unsent_rows_read_the_schedules_own_offset_column():
-    from batchlab.collector.tables import SCHEDULE_OFFSET_COLUMN
+    from batchlab.collector.request import SCHEDULE_OFFSET_COLUMN
     from batchlab.traffic.schedule import COLUMNS
 
     assert SCHEDULE_OFFSET_COLUMN in COLUMNS

@@ -5,8 +5,7 @@ benchmarks/long_run.py, not asserted here.)"""
 import numpy as np
 
 from batchlab.collector.parts import PartWriter, load_table
-from batchlab.collector.state import EndedIds
-from batchlab.collector.buffers import TokenBuffer
+from batchlab.collector.request import EndedIds, TokenBuffer
 from batchlab.collector.store import RunStore
 from batchlab.collector.taking import KEEP_TAKES
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestMsg, RunInfo, Tokens

@@ -1,0 +1,142 @@
+"""One request on the collector side: what the RunStore holds while it is in memory (RequestState, its
+tokens in TokenBuffers), what is left once it is gone (its id in EndedIds: a bit for the usual ids
+0..n-1, so that a late event is recognised and counted instead of starting a new request), and the row
+it becomes in requests.parquet (RequestRow, whose fields are that table's columns, names and dtypes).
+"""
+from array import array
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from operator import attrgetter
+
+import numpy as np
+import pandas as pd
+
+from batchlab.collector.metrics import NOT_SENT, request_metrics
+from batchlab.collector.run_columns import SETTINGS_COLUMNS
+from batchlab.protocol import Arrival
+from batchlab.protocol.ids import IdSet as EndedIds  # noqa: F401  (the ids of requests that left memory)
+
+NAN = float("nan")
+SCHEDULE_OFFSET_COLUMN = "arrival_offset_s"  # traffic.schedule's planned arrival, s since t0
+
+
+@dataclass(slots=True)
+class RequestState:
+    """What is known about one request so far."""
+
+    request_id: int
+    arrival: Arrival | None = None
+    batches: list[int] = field(default_factory=list)  # batch ids it was launched in, in order
+    status: str = ""  # "" until terminal, then "finished" | "failed"
+    error: str = ""
+    terminal_batch: int | None = None  # the batch whose BatchDone made it terminal
+    # once its token rows went to a part: the counting batch and its tokens' count, first and last
+    # time (scheduler clock); the rows themselves are no longer in memory
+    taken_batch: int | None = None
+    taken: tuple[int, float, float] = (0, NAN, NAN)
+    taken_at: int = 0  # the take (RunStore.take_parts call) that last wrote its request row
+
+
+class TokenBuffer(Sequence):
+    """One attempt's tokens in arrival order, as [(time, token_id), ...] over two typed arrays (16 bytes
+    a token, no Python object per token), held until the request's rows go to a part file."""
+
+    __slots__ = ("times", "ids")
+
+    def __init__(self) -> None:
+        self.times = array("d")  # scheduler-clock s
+        self.ids = array("q")
+
+    def append(self, time: float, token_id: int) -> None:
+        self.times.append(time)
+        self.ids.append(token_id)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(zip(self.times[index], self.ids[index]))
+        return self.times[index], self.ids[index]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (Sequence)) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # mutable
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestRow:
+    """One row of requests.parquet, its fields the table's columns in order (times in s since the run's
+    t0). A default is what a row says when nothing is known (a request traffic never sent). After these
+    columns come the run's settings (run_columns.SETTINGS_COLUMNS), then any engine_* figures."""
+
+    request_id: int
+    status: str  # "finished" | "failed"
+    error: str  # why it failed ("" when finished)
+    prompt_len: int = 0
+    output_len: int = 0  # planned
+    arrival_time: float = NAN  # planned: latencies are measured from it
+    send_time: float = NAN
+    recv_time: float = NAN  # at the scheduler
+    scheduled_time: float = NAN  # its counting batch's launch
+    first_token_time: float = NAN
+    completion_time: float = NAN  # its last token, when finished
+    # derived from the times above whenever records become a table (metrics.request_metrics, the
+    # formulas the report uses too): NaN on a record
+    queue_wait: float = NAN
+    ttft: float = NAN
+    tpot: float = NAN
+    e2e: float = NAN
+    n_tokens: int = 0  # its counting attempt's
+    batch_id: int = -1  # its counting attempt (-1: never launched)
+    worker: str = ""
+    attempts: int = 0  # batches it was launched in
+    submitted: bool = False  # the scheduler received it
+
+
+_DTYPE_OF = {int: "int64", float: "float64", str: "str", bool: "bool"}  # a field's type → its column's dtype
+DTYPES = {f.name: _DTYPE_OF[f.type] for f in fields(RequestRow)}  # the record's columns, in order
+COLUMNS = [*DTYPES, *SETTINGS_COLUMNS]  # requests.parquet's columns before any engine_* ones
+_values = attrgetter(*DTYPES)
+
+
+def table(rows: list[RequestRow]) -> pd.DataFrame:
+    """Records → a frame with the record's columns and dtypes (so every part has the same schema), its
+    derived columns computed."""
+    return request_metrics(pd.DataFrame([_values(r) for r in rows], columns=list(DTYPES)).astype(DTYPES))
+
+
+def columns_table(n: int, **given: object) -> pd.DataFrame:
+    """`n` rows from whole columns (an array or one value each); every column not given takes its
+    field's default (a field without one must be given); its derived columns computed."""
+    cols = {}
+    for f in fields(RequestRow):
+        if f.name not in given and f.default is MISSING:
+            raise TypeError(f"columns_table: column {f.name} has no default")
+        value = given.get(f.name, f.default)
+        cols[f.name] = value if isinstance(value, np.ndarray) else np.full(n, value)
+    return request_metrics(pd.DataFrame(cols).astype(DTYPES))
+
+
+def unsent_table(schedule: pd.DataFrame, seen: object) -> pd.DataFrame:
+    """The schedule's rows whose request id is not in `seen` (never sent), as failed request rows."""
+    rows = schedule[~schedule["request_id"].isin(np.fromiter(seen, dtype=np.int64))]
+    return columns_table(len(rows), request_id=rows["request_id"].to_numpy(dtype=np.int64), status="failed",
+                         error=NOT_SENT, prompt_len=_column(rows, "prompt_len", 0, np.int64),
+                         output_len=_column(rows, "output_len", 0, np.int64),
+                         # an offset from t0 is a table time
+                         arrival_time=_column(rows, SCHEDULE_OFFSET_COLUMN, NAN, np.float64))
+
+
+def _column(df: pd.DataFrame, name: str, default: float, dtype: type) -> np.ndarray:
+    return df[name].to_numpy(dtype=dtype) if name in df else np.full(len(df), default, dtype=dtype)
+
+
+def with_settings(df: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """A requests frame with the run's settings columns added (in place)."""
+    for name in SETTINGS_COLUMNS:
+        df[name] = settings.get(name)
+    return df
