@@ -108,8 +108,8 @@ def calibrate(model: str, mode: str, args, out: Path) -> dict:
 
 def simulate_plan(plan_file: Path, presets: dict, out: Path) -> list[dict]:
     """The plan in virtual time with the sweep model's presets: a row per point."""
-    from batchlab.cli.sim_plan import plan_simulation
-    from batchlab.cli.sim_run import run_simulation
+    from batchlab.lab.sim_plan import plan_simulation
+    from batchlab.lab.sim_run import run_simulation
 
     preset = ",".join(f"{KIND[mode]}={path}" for mode, path in presets.items())
     results = run_simulation(plan_simulation(str(plan_file), {"preset": preset, "out": str(out)}))
@@ -150,7 +150,7 @@ def split(sweep: Path, presets: dict, out: Path) -> dict:
 
 def calibrate_from_sweep(sweep: Path, out_dir: Path) -> dict:
     """`calibrate --from` the sweep's runs, one preset per kind: the fit with the live run's contention."""
-    from batchlab.cli.calibrate_from import calibrate_from
+    from batchlab.lab.calibrate_from import calibrate_from
 
     return {kind: calibrate_from([str(sweep)], kind=kind, form="auto", out=str(out_dir / f"from-runs-{kind}.yaml"),
                                  name=f"from-runs-{kind}") for kind in ("hf", "hf-loop")}
@@ -158,7 +158,7 @@ def calibrate_from_sweep(sweep: Path, out_dir: Path) -> dict:
 
 def report(folder: Path) -> str:
     """`batchlab report` of the sweep: REPORT.md and its plots in the sweep's folder."""
-    from batchlab.collector.report.build import run_report
+    from batchlab.report.build import run_report
 
     return str(run_report(str(folder)).path)
 

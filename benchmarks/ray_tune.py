@@ -8,9 +8,9 @@ import argparse
 import os
 import time
 
-from batchlab.cli.config import checked_config
-from batchlab.cli.fanout import Fanout
-from batchlab.cli.ray_cluster import LocalCluster, connect
+from batchlab.runner.config import checked_config
+from batchlab.lab.fanout import Fanout
+from batchlab.lab.ray_cluster import LocalCluster, connect
 from batchlab.cli.tune_cmd import search
 from batchlab.traffic.run_schedule import make_schedule
 

@@ -4,7 +4,7 @@
     batchlab calibrate --from results/cpu --kind hf-loop --out presets/hf-loop.yaml   # from live runs
 
 The first measures a warm backend in this process over a grid (a clean machine's step times); the second
-fits the steps live workers executed in runs (cli.calibrate_from), contention and every real cost included.
+fits the steps live workers executed in runs (lab.calibrate_from), contention and every real cost included.
 
 The preset file is accepted wherever a preset name is (`--preset PATH`: simulate, tune, the sim worker).
 """
@@ -53,7 +53,7 @@ def calibrate(more_runs: MoreOpt = None, *, backend: BackendOpt = "hf", model: M
     preset file."""
     from_runs = [*(from_runs or []), *(more_runs or [])]
     if from_runs:
-        from batchlab.cli.calibrate_from import calibrate_from
+        from batchlab.lab.calibrate_from import calibrate_from
 
         calibrate_from(from_runs, kind=kind, form=form, out=out, name=name or Path(out).stem, weigh=weigh)
         return

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from batchlab.cli.launcher import launch_run
+from batchlab.runner.launcher import launch_run
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
 

@@ -1,7 +1,7 @@
 """`batchlab sweep CONFIG`: strategies × backends × rates × repeats, one real run per point, resumable.
 
 Layout: OUT/sweep.json (the index), with automatic rates OUT/capacity.json, OUT/_probe/ and OUT/_capacity/
-(each strategy's capacity search: cli.capacity_search), and
+(each strategy's capacity search: lab.capacity_search), and
 OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each: collector.layout). A point is done when its point.json
 exists, written only after its run returned: summary.json alone proves nothing, since the collector also writes
 one for a run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
@@ -12,18 +12,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchlab.cli.fanout import ray_option
-from batchlab.cli.pool import PoolKeeper, worker_key
-from batchlab.cli.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, parse_sets,
+from batchlab.lab.fanout import ray_option
+from batchlab.runner.pool import PoolKeeper, worker_key
+from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, parse_sets,
                                      plan_points, span_rates, warm_order)
-from batchlab.cli.sweep_point import execute, preflight, refuse_old_layout, reused
+from batchlab.lab.sweep_point import execute, preflight, refuse_old_layout, reused
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
 from batchlab.protocol.files import write_json_atomic
 
 
 def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
     """Every strategy's capacity searched live (OUT/capacity.json), and the rates placed from it."""
-    from batchlab.cli.capacity_search import run_capacity
+    from batchlab.lab.capacity_search import run_capacity
 
     doc = run_capacity(plan, out, plan.auto, pools, view)
     estimates = {lb: c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for lb, c in doc["strategies"].items()}
@@ -46,9 +46,9 @@ def _bracket_text(c: dict) -> str:
 
 def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None) -> dict:
     """Every point of the grid, skipping finished ones; returns the sweep.json index. Points that share
-    their workers' settings run on the same warm workers (cli.pool): in the plan's order with every
+    their workers' settings run on the same warm workers (runner.pool): in the plan's order with every
     group's workers kept warm (interleaved), or group after group (grouped). `sets`: --set overrides."""
-    from batchlab.collector.report.live import SweepView
+    from batchlab.cli.sweep_view import SweepView
 
     plan, out_dir = load_plan(config, sets), Path(out)
     preflight(plan)
@@ -76,8 +76,8 @@ def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None =
         for i, point in enumerate(points):
             index["points"][i] = _run_point(point, plan, pools, view, resume)
             write_json_atomic(out_dir / INDEX_FILE, index, default=str)
-        if plan.repeats_auto:  # extra repeats of the headline's comparisons (cli.sweep_repeats)
-            from batchlab.cli.sweep_repeats import run_more_repeats
+        if plan.repeats_auto:  # extra repeats of the headline's comparisons (lab.sweep_repeats)
+            from batchlab.lab.sweep_repeats import run_more_repeats
 
             index = run_more_repeats(plan, out_dir, index, lambda p: _run_point(p, plan, pools, view, resume, "repeat"),
                                      lambda doc: write_json_atomic(out_dir / INDEX_FILE, doc, default=str))
@@ -121,15 +121,18 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
           ray_shared: Annotated[bool, typer.Option(
               help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
     """Run a grid of strategies × backends × rates × repeats, one real run per point."""
-    from batchlab.cli.outcome import resumable
+    from batchlab.cli import resumable
 
     out = out or str(Path("results") / Path(config).stem)
     with resumable(out):
         if ray is not None:
-            from batchlab.cli.ray_sweep import RayOptions, run_ray_sweep
+            from batchlab.lab.ray_sweep import RayOptions, run_ray_sweep
 
             opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
-            index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_))
+            from batchlab.cli.sweep_view import SweepView
+
+            with SweepView() as view:
+                index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_), view=view)
         else:
             index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
     statuses = [p["status"] for p in index["points"]]
@@ -145,7 +148,7 @@ def _end_report(out: str) -> None:
     """The capacity table and headline, as `batchlab report` prints them (its REPORT.md written too); a report
     that cannot be made is one line and exit 1, the sweep's runs kept."""
     from batchlab.cli.report_cmd import echo_report
-    from batchlab.collector.report.points import ReportError
+    from batchlab.report.points import ReportError
 
     try:
         echo_report(out)

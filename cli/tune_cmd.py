@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchlab.cli.fanout import Fanout, Processes, RayAddress
+from batchlab.lab.fanout import Fanout, Processes, RayAddress
 from batchlab.cli.options import ConfigOpt, Opt, with_settings
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.protocol.run_dir import RunDir
@@ -42,7 +42,7 @@ def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confir
     """Search a strategy's knobs in the simulator for the highest goodput under --slo (comma list or
     repeated); --confirm K runs the best K live and prints predicted vs measured."""
     overrides["slo"] = [s for item in overrides["slo"] or [] for s in item.split(",") if s.strip()] or None
-    from batchlab.cli.config import checked_config
+    from batchlab.runner.config import checked_config
     from batchlab.protocol.settings import load_yaml
 
     cfg = checked_config(load_yaml(config) if config else {}, overrides)
@@ -142,7 +142,7 @@ def candidates(space: dict[str, list]) -> list[dict]:
 
 
 def search(cfg: RunConfig, schedule, space: dict[str, list], fanout: Fanout | None = None) -> list[tuple[dict, dict]]:
-    """(knobs, figures) of every candidate simulated on `schedule` (fanned out: cli.fanout), best first."""
+    """(knobs, figures) of every candidate simulated on `schedule` (fanned out: lab.fanout), best first."""
     tried = candidates(space)
     scored = (fanout or Fanout()).map(_score, [(cfg, knobs) for knobs in tried], schedule)
     return sorted(zip(tried, scored), key=lambda r: rank_key(r[1]))
@@ -186,7 +186,7 @@ def confirm_live(cfg: RunConfig, best: list[tuple[dict, dict]], out: Path) -> li
 
 def _write_predicted(cfg: RunConfig, schedule, best: list[tuple[dict, dict]], out: Path) -> None:
     """The best candidates' simulated runs as run folders (OUT/predicted-<k>/), beside OUT/confirm-<k>/."""
-    from batchlab.cli.sim_run import simulate_run
+    from batchlab.lab.sim_run import simulate_run
 
     for k, (knobs, _) in enumerate(best, start=1):
         run = _with_knobs(cfg, knobs).model_copy(update={"out": str(out / f"predicted-{k}")})

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted_mask
-from batchlab.collector.report.intervals import LEVEL, t_quantile
+from batchlab.collector.intervals import LEVEL, t_quantile
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90

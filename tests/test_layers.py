@@ -17,8 +17,12 @@ LAYERS: dict[str, set[str]] = {
     "scheduler": {"protocol"},
     "worker": {"protocol", "models"},
     "collector": {"protocol"},
+    "report": {"protocol", "collector"},
     "simulator": {"protocol", "models", "traffic", "scheduler", "worker", "collector"},
-    "cli": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "simulator"},
+    "runner": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "simulator"},
+    "lab": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "report", "simulator", "runner"},
+    "cli": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "report", "simulator", "runner",
+            "lab"},
 }
 PACKAGES = tuple(LAYERS)
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from batchlab.cli.config import checked_config
+from batchlab.runner.config import checked_config
 from batchlab.cli.main import app
 from batchlab.cli.tune_cmd import (MAX_CANDIDATES, SIZES, WAITS_MS, candidates, default_space, parse_grid, run_tune,
                                    search_space)
