@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     [float(r) for r in args.rates.split(",")], args.duration, args.dry_run, dataset_settings())
     plan_file = out / "plan.yaml"
     plan_file.write_text(yaml.safe_dump(plan, sort_keys=False))
-    from batchlab.cli.sweep_cmd import run_sweep
+    from batchlab.lab.sweep import run_sweep
 
     # 2. the live sweep of the GPU plan
     phases.run("sweep", run_sweep, str(plan_file), str(sweep))

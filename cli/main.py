@@ -46,7 +46,7 @@ class _OneLineErrors(TyperGroup):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """A bare `--ray` (no address) means a local Ray (Typer has no option with an optional value)."""
-        from batchlab.lab.fanout import with_ray_value
+        from batchlab.cli.grammar import with_ray_value
 
         return super().parse_args(ctx, with_ray_value(args))
 

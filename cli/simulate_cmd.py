@@ -3,7 +3,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchlab.lab.fanout import Fanout, Processes, RayAddress
+from batchlab.cli.grammar import Processes, RayAddress
+from batchlab.lab.fanout import Fanout
 from batchlab.cli.options import fields_of, option, with_settings
 from batchlab.protocol.setting_groups import CollectorSettings, SchedulerSettings, TrafficSettings
 

@@ -8,32 +8,8 @@ function (it is pickled by name).
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Optional
-
-import typer
 
 import batchlab.runner  # noqa: F401  a pool process imports it first: linked to its parent (runner.SPAWNED)
-
-
-def ray_option(*names: str, help: str):
-    """`--ray [ADDRESS]`: left without a value, it reads "local" (cli.main fills it in: with_ray_value)."""
-    return typer.Option(*names, metavar="[ADDRESS]", help=help)
-
-
-def with_ray_value(args: list[str]) -> list[str]:
-    """Command-line words with "local" after a `--ray` that has no value (last, or before an option)."""
-    out = []
-    for k, word in enumerate(args):
-        out.append(word)
-        if word == "--ray" and (k + 1 == len(args) or args[k + 1].startswith("-")):
-            out.append("local")
-    return out
-
-
-Processes = Annotated[int, typer.Option("--processes", help="local processes to evaluate in (0: one per core; "
-                                                           "1: in this process)")]
-RayAddress = Annotated[Optional[str], ray_option(
-    "--ray", help="evaluate on a Ray cluster (ADDRESS as RAY_ADDRESS; alone: a local Ray); see docs/ray.md")]
 
 _SHARED: dict = {}  # in a pool process: the shared argument, set once by the initializer
 

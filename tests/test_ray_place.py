@@ -123,6 +123,6 @@ def test_a_group_no_live_node_can_hold_any_more_fails_its_points_instead_of_wait
     (["sweep", "c.yaml", "--ray", "127.0.0.1:6379"], ["sweep", "c.yaml", "--ray", "127.0.0.1:6379"]),
     (["sweep", "c.yaml", "--ray-cpus", "2"], ["sweep", "c.yaml", "--ray-cpus", "2"])])
 def test_a_bare_ray_option_means_a_local_ray(args, expected):
-    from batchlab.lab.fanout import with_ray_value
+    from batchlab.cli.grammar import with_ray_value
 
     assert with_ray_value(args) == expected
