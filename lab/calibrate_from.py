@@ -8,9 +8,9 @@ fusion, the per-step token budget) come from what the worker reported in the run
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import typer
 
 from batchlab.lab.sim_presets import CALIBRATED_KIND
 from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
@@ -84,8 +84,10 @@ def chosen_runs(dirs: list[str], kind: str) -> tuple[list[Path], dict]:
     return runs, facts[runs[0]]
 
 
-def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str, weigh: str = "steps") -> dict:
-    """Read the runs' executed steps, fit, print the per-shape table, write the preset; the record."""
+def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str, weigh: str = "steps",
+                   say: Callable[[str], None] | None = None, show: Callable | None = None) -> dict:
+    """Read the runs' executed steps, fit, write the preset; the record. `say`: a line before fitting and one after writing;
+    `show(table, record)`: the per-shape table (a DataFrame) and the record, before the preset is written."""
     import pandas as pd
 
     from batchlab.worker.calibrate_runs import fit_runs, total_time_error
@@ -96,12 +98,14 @@ def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str
     runs, facts = chosen_runs(dirs, kind)
     form = form if form != "auto" else ("memory" if "cuda" in facts["device"] else "compute")
     steps = pd.concat([read_run_steps(r, facts["constants"].padded).steps for r in runs], ignore_index=True)
-    typer.echo(f"calibrating {facts['kind']} from {len(runs)} run(s): {len(steps)} executed steps, form {form}")
+    say = say or (lambda line: None)
+    say(f"calibrating {facts['kind']} from {len(runs)} run(s): {len(steps)} executed steps, form {form}")
     model, table = fit_runs(steps, name, form, facts["constants"], weigh)
     record = {**_record(facts, runs, table, total_time_error(model, steps), started), "weigh": weigh}
-    _print(table, record)
+    if show is not None:
+        show(table, record)
     save_preset(model, out, record)
-    typer.echo(f"wrote {out} (use --preset {facts['kind']}={out})")
+    say(f"wrote {out} (use --preset {facts['kind']}={out})")
     return record
 
 
@@ -124,18 +128,3 @@ def _record(facts: dict, runs: list[Path], table, total_error: float, started: f
             "steps": int(table["steps"].sum()), "total_time_error": round(total_error, 4),
             "fit_error": _summary(table, "fit_error"), "held_out_error": _summary(table, "held_out_error"),
             "shapes": shapes}
-
-
-def _print(table, record: dict) -> None:
-    typer.echo(f"{'kind':<8}{'decode B':>9}{'ctx/row':>8}{'prefill B':>10}{'tok/row':>8}{'steps':>7}"
-               f"{'measured ms':>13}{'model ms':>10}{'fit err':>9}{'held-out':>10}")
-    for r in table.itertuples(index=False):
-        ctx = r.decode_context / r.decode_rows if r.decode_rows else 0
-        tok = r.prefill_tokens / r.prefill_rows if r.prefill_rows else 0
-        held = "-" if math.isnan(r.held_out_error) else f"{r.held_out_error:+.1%}"
-        typer.echo(f"{r.kind:<8}{r.decode_rows:>9}{ctx:>8.0f}{r.prefill_rows:>10}{tok:>8.0f}{r.steps:>7}"
-                   f"{1e3 * r.seconds:>13.2f}{1e3 * r.model_s:>10.2f}{r.fit_error:>+9.1%}{held:>10}")
-    for key in ("fit_error", "held_out_error"):
-        typer.echo(f"{key.replace('_', ' ')}: " + ", ".join(
-            f"{k} mean {v['mean_abs']:.1%} worst {v['worst_abs']:.1%}" for k, v in record[key].items()))
-    typer.echo(f"total step time: model {record['total_time_error']:+.1%} of measured ({record['steps']} steps)")

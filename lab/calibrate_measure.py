@@ -7,8 +7,11 @@ step ends. Continuous backends (the HF loop, vLLM) get every row admitted at onc
 prefill is the steps until every row has its first token. Decode steps skip the first one after the
 prefill (its cache still grows) and report their median.
 """
+import math
+import os
 import random
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -95,3 +98,88 @@ def measure_grid(backend, grid: Grid, stepping: bool, on_shape: Callable[[list[S
         if on_shape is not None:
             on_shape(shape)
     return samples
+
+
+def run_calibrate(backend: str, model: str, device: str, dtype: str, mode: str, form: str, out: str, grid,
+                  name: str, *, say: Callable[[str], None] | None = None, on_shape: Callable | None = None) -> dict:
+    """Measure, fit, write the preset to `out`; the calibration record (its per-shape table in "shapes").
+    `say`: a line before measuring; `on_shape`: each shape's samples as they are measured."""
+    from batchlab.worker.calibrate import errors, fit_model, held_out_errors
+    from batchlab.worker.stepmodel import save_preset
+
+    started = time.monotonic()
+    engine, stepping, padded = _open_backend(backend, model, device, dtype, mode, max(grid.rows))
+    info = engine.info
+    form = form if form != "auto" else ("compute" if "cuda" not in str(info.device) else "memory")
+    (say or (lambda line: None))(
+        f"calibrating {backend} ({'continuous' if stepping else 'static'}) {model} on {info.device}, "
+        f"form {form}: {len(grid.shapes())} shapes, load {os.getloadavg()[0]:.1f}")
+    samples = measure_grid(engine, grid, stepping, on_shape=on_shape)
+    engine.close()
+    n_params = info.facts.get("n_params") or 0
+    weights = float(n_params * (4 if info.facts.get("dtype", "float32") == "float32" else 2))
+    options = dict(form=form, weights_bytes=weights, kv_bytes_per_token=info.kv_bytes_per_token,
+                   memory_bytes=(info.kv_budget_bytes + weights) / 0.9, padded=padded,
+                   fused=bool(getattr(engine, "fuse", False)), step_tokens=_step_tokens(engine, stepping))
+    fitted = fit_model(samples, name, **options)
+    fit_err, held_err = errors(fitted, samples), held_out_errors(samples, name, **options)
+    record = _record(backend, model, info, stepping, grid, _table(samples, fitted, fit_err, held_err), started)
+    save_preset(fitted, out, record)
+    return record
+
+
+def _open_backend(backend: str, model: str, device: str, dtype: str, mode: str, rows: int):
+    """(a warm backend, whether it steps continuously, whether it pads rows to the widest); whether it fuses a
+    step's decodes and prefill into one forward is the backend's `fuse`."""
+    if backend == "vllm":
+        from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
+
+        engine = VLLMBackend(VLLMSettings(model=model, dtype=dtype, max_num_seqs=rows, kv_cache_bytes=2**30))
+        engine.warmup()
+        return engine, True, False
+    from batchlab.worker.hf.static import HFBackend, HFSettings
+
+    settings = HFSettings(model=model, dtype=dtype, device=device, max_batch_size=rows)
+    if mode == "continuous":
+        from batchlab.worker.hf.continuous import HFContinuousBackend
+
+        loop = HFContinuousBackend(settings)
+        loop.warmup()
+        return loop, True, True
+    static = HFBackend(settings)
+    static.warmup()
+    return static, False, True
+
+
+def _step_tokens(engine, stepping: bool) -> int:
+    """The measured worker's per-step token budget, which the simulator's continuous steps keep to: the HF
+    loop's (its facts say it); 0 for static batches and vLLM (whose default leaves these prompts whole)."""
+    return int(engine.info.facts.get("max_num_batched_tokens") or 0) if stepping else 0
+
+
+def _table(samples: list, model, fit_err: list[float], held_err: list[float]) -> list[dict]:
+    from batchlab.worker.calibrate import predict
+
+    return [{"kind": s.kind, "rows": s.rows, "prompt_len": s.prompt_len, "measured_ms": round(1e3 * s.seconds, 3),
+             "model_ms": round(1e3 * predict(model, s), 3), "fit_error": round(e, 4),
+             "held_out_error": None if math.isnan(h) else round(h, 4), "spread": round(s.spread, 4),
+             "rounds": s.rounds, "settled": s.settled} for s, e, h in zip(samples, fit_err, held_err)]
+
+
+def _summary(table: list[dict], key: str) -> dict:
+    out = {}
+    for kind in ("prefill", "decode"):
+        values = [abs(r[key]) for r in table if r["kind"] == kind and r[key] is not None]
+        if values:
+            out[kind] = {"mean_abs": round(statistics.fmean(values), 4), "worst_abs": round(max(values), 4)}
+    return out
+
+
+def _record(backend: str, model: str, info, stepping: bool, grid, table: list[dict], started: float) -> dict:
+    noisy = sum(not r["settled"] for r in table)
+    return {"backend": backend, "model": model, "device": str(info.device),
+            "mode": "continuous" if stepping else "static", "measured": time.strftime("%Y-%m-%d %H:%M"),
+            "load_average_1m": round(os.getloadavg()[0], 2), "wall_s": round(time.monotonic() - started, 1),
+            "grid": {"rows": grid.rows, "prompt_lens": grid.prompt_lens, "steps": grid.steps},
+            "fit_error": _summary(table, "fit_error"), "held_out_error": _summary(table, "held_out_error"),
+            "unsettled_samples": noisy, "shapes": table}
