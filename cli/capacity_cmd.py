@@ -35,13 +35,13 @@ def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dic
     settings = checked_auto({**(plan.auto.model_dump() if plan.auto else {}),
                              **{k: v for k, v in given.items() if v is not None}}, "capacity options")
     if simulated:
-        from batchlab.lab.sim_presets import assign_presets
+        from batchlab.lab.sim_plan import assign_presets
 
         plan.base.update({"preset": preset} if preset else {})
         assign_presets(plan)  # each entry plays its own backend's step model, as in `simulate`
         doc = capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, labels), settings)
         return doc | {"simulated": True}  # no plan_hash: a live search never takes it for its own on resume
-    from batchlab.cli.sweep_view import SweepView
+    from batchlab.cli.live import SweepView
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from batchlab.lab.sweep_plan import Point, parse_sets
 
 def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None) -> dict:
     """lab.sweep.run_sweep with the terminal's progress view; the sweep.json index."""
-    from batchlab.cli.sweep_view import SweepView
+    from batchlab.cli.live import SweepView
     from batchlab.lab.sweep import run_sweep as sweep_points
 
     with SweepView() as view:
@@ -69,7 +69,7 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
             from batchlab.lab.ray_sweep import RayOptions, run_ray_sweep
 
             opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
-            from batchlab.cli.sweep_view import SweepView
+            from batchlab.cli.live import SweepView
 
             with SweepView() as view:
                 index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_), view=view)

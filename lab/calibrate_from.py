@@ -1,7 +1,7 @@
 """`batchlab calibrate --from RUN_DIR...`: the step model fitted to what live workers executed in runs.
 
 A RUN_DIR is a run folder (summary.json) or a folder holding some (a sweep: every point under it).
-The runs must share one backend kind (hf static, hf-loop, vllm or sim: lab.sim_presets' kinds), chosen
+The runs must share one backend kind (hf static, hf-loop, vllm or sim: lab.sim_plan' kinds), chosen
 with --kind when the folders hold several; their constants (weights, KV bytes per token, padding,
 fusion, the per-step token budget) come from what the worker reported in the run's settings.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-from batchlab.lab.sim_presets import CALIBRATED_KIND
+from batchlab.lab.sim_plan import CALIBRATED_KIND
 from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
 from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, SATURATED_DIR, WORKERS_DIR
 from batchlab.collector.summary import read_summary

@@ -29,7 +29,7 @@ def _failure_reason(exc: Exception, folder: Path) -> str:
 
 
 class QuietView:
-    """A sweep's progress, shown nowhere: the methods a view has (the terminal's: cli.sweep_view.SweepView)."""
+    """A sweep's progress, shown nowhere: the methods a view has (the terminal's: cli.live.SweepView)."""
 
     def start(self, n_points: int) -> None:
         """The grid is known: n_points to go."""

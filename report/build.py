@@ -64,7 +64,7 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     external = load_external(collection.root, extra)
     made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png", external)]
     if collection.closed_loop:
-        from batchlab.report.closed_plots import latency_vs_concurrency
+        from batchlab.report.plots import latency_vs_concurrency
 
         made.append(latency_vs_concurrency(stats, collection.labels(), root / "latency_vs_concurrency.png"))
     if at is not None:

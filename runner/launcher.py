@@ -13,7 +13,7 @@ import yaml
 
 from batchlab.runner import outcome, procs, remove_temp_of, roles
 from batchlab.runner.procs import Child
-from batchlab.runner.run_end import post_process
+from batchlab.runner.outcome import post_process
 from batchlab.runner.run_folder import RunRecord
 from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.run_dir import RunDir

@@ -6,11 +6,16 @@ deaths in, a verdict out), shared by `batchlab run` and `batchlab sweep`.
     2    a fault: a role died or ended mid-run, the collector could not write, the policy stalled, or a
          request was lost to one (worker lost, no terminal record, not sent, scheduler stopped, ...)
     130  interrupted (Ctrl-C); 143 for a SIGTERM to the command itself, 129 for a SIGHUP (terminal closed)
+
+And what a run's summary gets when the run ends, beyond the collector's figures (post_process): computed
+once, by the run, so that no reader (report, tune, benchmarks) ever rewrites a run's files.
 """
 import os
 import signal
+from pathlib import Path
 
 from batchlab.collector.summary import Summary
+from batchlab.protocol.run_dir import RunDir
 
 OK_EXIT = 0
 FAULT_EXIT = 2
@@ -98,3 +103,35 @@ def _lost(summary: Summary | None) -> tuple[int, int]:
     if summary is None:
         return 0, 0
     return sum(n for r, n in summary.failure_reasons.items() if is_fault(r)), summary.scheduled
+
+
+def post_process(out: Path, deaths: list) -> None:
+    """What the summary needs beyond the collector's figures, added when the run ends: the roles that
+    died (for outcome.verdict), the traffic's send lag, and the simulator's replay of a live sim/echo
+    run (`timing_fidelity`)."""
+    from batchlab.collector.summary import read_summary, write_summary
+    from batchlab.simulator.fidelity import add_run_fidelity
+
+    add_run_fidelity(out)
+    summary = read_summary(out)
+    summary.harness_lag, summary.role_deaths = send_lag(out), deaths
+    write_summary(out, summary)
+
+
+def send_lag(out: Path) -> dict:
+    """How late the traffic sent each request after its planned arrival, s (p50, p99, max)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(RunDir(out).table("requests"), columns=["arrival_time", "send_time"])
+    except (OSError, KeyError, ValueError):
+        return {}
+    lag = table["send_time"].to_numpy(zero_copy_only=False) - table["arrival_time"].to_numpy(zero_copy_only=False)
+    lag = lag[np.isfinite(lag)]
+    if not lag.size:
+        return {}
+    p50, p99 = np.percentile(lag, [50, 99])
+    arrivals = table["arrival_time"].to_numpy(zero_copy_only=False)
+    return {"p50": float(p50), "p99": float(p99), "max": float(lag.max()),
+            "last_arrival_s": float(np.nanmax(arrivals))}  # planned: what the schedule offered
