@@ -54,7 +54,7 @@ class AutoRates(_Strict):
 
 
 class AutoRepeats(_Strict):
-    """grid.repeats.auto (lab.sweep_repeats): `start` repeats, then more until every headline latency
+    """grid.repeats.auto (lab.sweep): `start` repeats, then more until every headline latency
     interval is at most width_pct percentage points wide, or `max` repeats ran."""
 
     start: PositiveInt = 1
