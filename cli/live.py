@@ -128,12 +128,13 @@ class PartsPeek:
 
 
 class SweepView:
-    """A rich progress bar and status line on a terminal; one plain line per point otherwise."""
+    """A rich progress bar and status line on a terminal; one plain line per point otherwise. `figures`: a
+    done point's measured figures under its line, as `run` shows them at its end."""
 
-    def __init__(self) -> None:
-        self.console = Console(stderr=True)
-        self.progress = Bars(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=self.console)
+    def __init__(self, figures: bool = False) -> None:
+        self.console, self.figures = Console(stderr=True), figures
+        self.progress = Bars(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                             console=self.console)
         self.status = Text("")
         self.live = Live(Group(self.progress, self.status), console=self.console, refresh_per_second=4,
                          transient=True) if self.console.is_terminal else None
@@ -190,6 +191,18 @@ class SweepView:
         self.note(f"{point.entry.label} {_load(point, '')} rep {point.repeat}: {status}{took}{reason}")
         if self.task is not None:
             self.progress.advance(self.task)
+        if self.figures and status == "done":
+            self._show_figures(point)
+
+    def _show_figures(self, point) -> None:
+        """Nothing when the point's summary cannot be read: the report names that point's fault."""
+        from batchlab.cli.result_table import point_line
+        from batchlab.collector.summary import SummaryError, read_summary
+
+        try:
+            self.note(f"  {point_line(read_summary(point.folder))}")
+        except (OSError, ValueError, SummaryError):
+            pass
 
 
 def _load(point, unit: str = " req/s") -> str:

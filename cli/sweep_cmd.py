@@ -7,43 +7,16 @@ import typer
 
 from batchlab.cli.grammar import ray_option
 from batchlab.collector.layout import INDEX_FILE
-from batchlab.lab.sweep_plan import Point, parse_sets
+from batchlab.lab.sweep_plan import parse_sets
 
 
 def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None) -> dict:
-    """lab.sweep.run_sweep with the terminal's progress view; the sweep.json index."""
+    """lab.sweep.run_sweep on the terminal: its progress, each done point's figures; the sweep.json index."""
     from batchlab.cli.live import SweepView
     from batchlab.lab.sweep import run_sweep as sweep_points
 
-    with SweepView() as view:
-        return sweep_points(config, out, resume=resume, sets=sets, view=_WithFigures(view))
-
-
-class _WithFigures:
-    """A view that also shows a done point's figures under its line."""
-
-    def __init__(self, view) -> None:
-        self._view = view
-
-    def finished(self, point, record: dict) -> None:
-        self._view.finished(point, record)
-        if record["status"] == "done":
-            _show_figures(point, self._view)
-
-    def __getattr__(self, name: str):
-        return getattr(self._view, name)
-
-
-def _show_figures(point: Point, view) -> None:
-    """The point's measured figures under its line, as `run` shows them at its end (nothing when its summary
-    cannot be read: the report names that point's fault)."""
-    from batchlab.cli.result_table import point_line
-    from batchlab.collector.summary import SummaryError, read_summary
-
-    try:
-        view.note(f"  {point_line(read_summary(point.folder))}")
-    except (OSError, ValueError, SummaryError):
-        pass
+    with SweepView(figures=True) as view:
+        return sweep_points(config, out, resume=resume, sets=sets, view=view)
 
 
 def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,

@@ -86,8 +86,9 @@ def chosen_runs(dirs: list[str], kind: str) -> tuple[list[Path], dict]:
 
 def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str, weigh: str = "steps",
                    say: Callable[[str], None] | None = None, show: Callable | None = None) -> dict:
-    """Read the runs' executed steps, fit, write the preset; the record. `say`: a line before fitting and one after writing;
-    `show(table, record)`: the per-shape table (a DataFrame) and the record, before the preset is written."""
+    """Read the runs' executed steps, fit, write the preset; the record. `say`: a line before fitting and one
+    after writing; `show(table, record)`: the per-shape table (a DataFrame) and the record, before the preset
+    is written."""
     import pandas as pd
 
     from batchlab.worker.calibrate_runs import fit_runs, total_time_error
