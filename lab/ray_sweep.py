@@ -1,7 +1,7 @@
 """`batchlab sweep CONFIG --ray [ADDRESS]`: a sweep's worker groups as Ray actors across a cluster.
 
 Each group of points that share their workers (runner.pool.worker_key) gets one actor (lab.ray_actor),
-placed by Ray on a node with the resources its points ask for (lab.ray_place); groups run at once on
+placed by Ray on a node with the resources its points ask for (lab.ray_actor); groups run at once on
 different nodes, a group's points one after another on its warm workers. Each point's run folder comes
 back into --out as a local sweep writes it, so report, resume and the run identity work unchanged. A
 point whose node (or actor) was lost runs again on another node; its lost try is recorded in the point's
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from batchlab.runner.pool import worker_key
 from batchlab.lab.ray_cluster import connect
-from batchlab.lab.ray_place import Ask, ask, declares_gpu_memory, refusals
+from batchlab.lab.ray_actor import Ask, ask, declares_gpu_memory, refusals
 from batchlab.lab.sweep_plan import Point, SweepError, load_plan, plan_points
 from batchlab.lab.sweep_point import QuietView, preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE

@@ -4,9 +4,8 @@ import pytest
 
 from batchlab.runner.config import checked_config
 from batchlab.lab.fanout import Fanout
-from batchlab.lab.ray_actor import pack, unpack
+from batchlab.lab.ray_actor import GPU_MEMORY, Ask, ask, declares_gpu_memory, pack, refusals, unpack
 from batchlab.lab.ray_cluster import is_loopback
-from batchlab.lab.ray_place import GPU_MEMORY, Ask, ask, declares_gpu_memory, refusals
 
 
 def cfg(**values):

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from batchlab.lab.ray_cluster import _kill_trees, _node_pids
-from batchlab.lab.ray_place import Ask
+from batchlab.lab.ray_actor import Ask
 from batchlab.lab.ray_sweep import Group, stop_all
 
 
