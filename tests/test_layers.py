@@ -135,3 +135,15 @@ def test_only_the_namespaced_packages_are_importable(tmp_path):
                           env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "batchlab.protocol"]
+
+
+def test_importing_the_library_installs_no_signal_handler():
+    library = sorted(m for m in _modules() if _package(m) in ("runner", "lab", "report"))
+    code = ("import importlib, signal, sys\n"
+            "sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)\n"
+            "before = [signal.getsignal(s) for s in sigs]\n"
+            "for name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+            "print([signal.getsignal(s) for s in sigs] == before, 'batchlab.cli' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, *library], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "False"]
