@@ -49,7 +49,7 @@ def become_group_leader(stop_asked, *, outlives_group_signals: bool = False) -> 
     collector: killed at spawn by a signal to the whole group, a terminal's hangup or `kill -TERM -PGID`,
     it would leave every request without a row) drops it: the launcher got it too and stops the roles
     in order. The launcher's own stop is `stop_asked` (an event), looked at once signals go through."""
-    die_with_parent()  # already done when this package was imported (cli/__init__.py); idempotent
+    die_with_parent()  # already done when this package was imported (runner/__init__.py); idempotent
     if orphaned():  # the launcher died before the prctl took effect
         remove_temp_of(launcher_pid())
         os._exit(128 + signal.SIGTERM)
@@ -81,7 +81,7 @@ def orphaned() -> bool:
 
 def run_temp_folder() -> str:
     """A private folder for a run's ipc sockets, named by its owner's pid so that whoever finds it
-    with the owner dead (a SIGKILLed launcher) may remove it: see cli.remove_temp_of, clean_stale_temp."""
+    with the owner dead (a SIGKILLed launcher) may remove it: see runner.remove_temp_of, clean_stale_temp."""
     return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
 
 
