@@ -39,7 +39,7 @@ def slug(model: str) -> str:
 
 def calibration_grid(dry_run: bool):
     """The shapes to measure: a GPU grid up to full.yaml's batch and prompt caps, or a tiny one."""
-    from batchlab.worker.calibrate_measure import Grid
+    from batchlab.lab.calibrate_measure import Grid
 
     if dry_run:
         return Grid([1, 2], [8, 16], steps=4, max_tokens=64, min_rounds=2, max_rounds=2)
@@ -100,7 +100,7 @@ class Phases:
 
 def calibrate(model: str, mode: str, args, out: Path) -> dict:
     """One in-process calibration of the HF worker; its record (the preset is written to `out`)."""
-    from batchlab.cli.calibrate_cmd import run_calibrate
+    from batchlab.lab.calibrate_measure import run_calibrate
 
     return run_calibrate("hf", model, args.device, "auto", mode, "auto", str(out),
                          calibration_grid(args.dry_run), out.stem)
@@ -108,8 +108,8 @@ def calibrate(model: str, mode: str, args, out: Path) -> dict:
 
 def simulate_plan(plan_file: Path, presets: dict, out: Path) -> list[dict]:
     """The plan in virtual time with the sweep model's presets: a row per point."""
-    from batchlab.cli.sim_plan import plan_simulation
-    from batchlab.cli.sim_run import run_simulation
+    from batchlab.lab.sim_plan import plan_simulation
+    from batchlab.lab.sim_run import run_simulation
 
     preset = ",".join(f"{KIND[mode]}={path}" for mode, path in presets.items())
     results = run_simulation(plan_simulation(str(plan_file), {"preset": preset, "out": str(out)}))
@@ -150,7 +150,7 @@ def split(sweep: Path, presets: dict, out: Path) -> dict:
 
 def calibrate_from_sweep(sweep: Path, out_dir: Path) -> dict:
     """`calibrate --from` the sweep's runs, one preset per kind: the fit with the live run's contention."""
-    from batchlab.cli.calibrate_from import calibrate_from
+    from batchlab.lab.calibrate_from import calibrate_from
 
     return {kind: calibrate_from([str(sweep)], kind=kind, form="auto", out=str(out_dir / f"from-runs-{kind}.yaml"),
                                  name=f"from-runs-{kind}") for kind in ("hf", "hf-loop")}
@@ -158,7 +158,7 @@ def calibrate_from_sweep(sweep: Path, out_dir: Path) -> dict:
 
 def report(folder: Path) -> str:
     """`batchlab report` of the sweep: REPORT.md and its plots in the sweep's folder."""
-    from batchlab.collector.report.build import run_report
+    from batchlab.report.build import run_report
 
     return str(run_report(str(folder)).path)
 
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     [float(r) for r in args.rates.split(",")], args.duration, args.dry_run, dataset_settings())
     plan_file = out / "plan.yaml"
     plan_file.write_text(yaml.safe_dump(plan, sort_keys=False))
-    from batchlab.cli.sweep_cmd import run_sweep
+    from batchlab.lab.sweep import run_sweep
 
     # 2. the live sweep of the GPU plan
     phases.run("sweep", run_sweep, str(plan_file), str(sweep))

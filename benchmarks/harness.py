@@ -26,7 +26,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.protocol.settings import RunConfig  # noqa: E402
-from batchlab.cli.launcher import launch_run  # noqa: E402
+from batchlab.runner.launcher import launch_run  # noqa: E402
 from batchlab.collector.summary import Summary  # noqa: E402
 from batchlab.protocol.run_dir import RunDir  # noqa: E402
 

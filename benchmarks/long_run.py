@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batchlab.cli.launcher import launch_run  # noqa: E402
+from batchlab.runner.launcher import launch_run  # noqa: E402
 from batchlab.protocol.run_dir import RunDir  # noqa: E402
 from batchlab.protocol.settings import RunConfig  # noqa: E402
 

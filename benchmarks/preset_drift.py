@@ -12,7 +12,7 @@ import statistics
 import sys
 
 from batchlab.worker.calibrate import errors
-from batchlab.worker.calibrate_measure import Grid, measure_shape
+from batchlab.lab.calibrate_measure import Grid, measure_shape
 import yaml
 
 from batchlab.worker.stepmodel import PRESET_DIR, get_preset

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from batchlab.collector.summary import read_summary
 from batchlab.protocol.run_dir import RUN_FILE, RunDir
-from batchlab.collector.report.setup import cpu_model, gpu_name, recorded_environment
+from batchlab.report.setup import cpu_model, gpu_name, recorded_environment
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"
 

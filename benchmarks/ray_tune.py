@@ -8,10 +8,10 @@ import argparse
 import os
 import time
 
-from batchlab.cli.config import checked_config
-from batchlab.cli.fanout import Fanout
-from batchlab.cli.ray_cluster import LocalCluster, connect
-from batchlab.cli.tune_cmd import search
+from batchlab.runner.config import checked_config
+from batchlab.lab.fanout import Fanout
+from batchlab.lab.ray_cluster import LocalCluster, connect
+from batchlab.lab.tune import search
 from batchlab.traffic.run_schedule import make_schedule
 
 SIZES = [1, 2, 4, 8, 12, 16, 24, 32]

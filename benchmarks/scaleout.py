@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.protocol.settings import RunConfig  # noqa: E402
-from batchlab.cli.launcher import launch_run  # noqa: E402
+from batchlab.runner.launcher import launch_run  # noqa: E402
 from batchlab.traffic.run_schedule import make_schedule  # noqa: E402
 from batchlab.traffic.schedule import save_schedule  # noqa: E402
 

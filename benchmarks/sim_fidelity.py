@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batchlab.cli.launcher import launch_run  # noqa: E402
+from batchlab.runner.launcher import launch_run  # noqa: E402
 from batchlab.collector.layout import point_of  # noqa: E402
 from batchlab.collector.parts import read_schedule  # noqa: E402
 from batchlab.collector.summary import Summary, read_summary  # noqa: E402

@@ -1,106 +1,20 @@
-"""The `batchlab` command line.
+"""The `batchlab` command line: the typer commands (parse, call the library, print) and the terminal views.
 
 A Ctrl-C while it is still importing (a second or so, before any process or file exists) ends it quietly
-with exit code 130; main.py hands SIGINT back to Python once imported. A child that `batchlab run`
-spawned (multiprocessing imports this package first thing, before the role's code) is linked to its
-launcher at once: it gets SIGTERM when the launcher ends. Until it leads its own process group
-(procs.become_group_leader) it ignores SIGINT and holds SIGTERM and SIGHUP (procs.start): the collector
-outlives a signal sent to the launcher's whole group then (the launcher stops the roles in order and the
-collector writes every row). From then until its role takes over the signal, a SIGTERM ends it at once
-(removing the temp folders of a launcher that is gone).
+with exit code 130; main.py hands SIGINT back to Python once imported. A child that `batchlab run` spawned
+is left to batchlab.runner, imported first here, which links it to its launcher.
 """
 import contextlib
-import ctypes
 import os
-import shutil
 import signal
 import sys
-import tempfile
-import threading
-from pathlib import Path
 
-PR_SET_PDEATHSIG = 1  # Linux prctl: a signal this process gets when its parent dies
-SPAWNED = "--multiprocessing-fork" in sys.argv  # a multiprocessing child (spawn start method)
-PARENT_PID = os.getppid()  # the launcher, unless it died before this line (procs.orphaned checks again)
-
-
-def die_with_parent() -> None:
-    """Linux: SIGTERM to this process when its parent ends (idempotent)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-
-
-def remove_temp_of(owner_pid: int) -> None:
-    """Remove the run temp folders (procs.run_temp_folder) of `owner_pid`."""
-    for folder in Path(tempfile.gettempdir()).glob(f"batchlab-{owner_pid}-*"):
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _terminated_while_importing(signum, _frame) -> None:
-    if os.getppid() != PARENT_PID:  # the launcher is gone: nobody else will clean up
-        remove_temp_of(PARENT_PID)
-    os._exit(128 + signum)
+from batchlab.runner import SPAWNED
 
 
 def _interrupted_while_importing(_signum, _frame) -> None:
     sys.stderr.write("error: interrupted\n")
     os._exit(130)
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # the command stops on these as on a Ctrl-C (HUP: terminal closed)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (or SIGHUP) to the command itself: it stops like a Ctrl-C (children stopped, what they hold
-    written, temp folders removed) and exits 128 + the signal (143, 129) instead of 130."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__()
-        self.signum = signum
-
-
-_TERMINATED: list[int] = []  # the signal once one came: a library (Ray) may re-raise it as a plain Ctrl-C
-
-
-def _terminate(signum, _frame) -> None:
-    for sig in STOP_SIGNALS:  # once: the clean-up that follows is not cut short
-        signal.signal(sig, signal.SIG_IGN)
-    _TERMINATED.append(signum)
-    raise Terminated(signum)
-
-
-def was_terminated(exc: BaseException) -> bool:
-    """Whether the command stops for a SIGTERM or SIGHUP (`exc` its Terminated, or one that came before it)."""
-    return isinstance(exc, Terminated) or bool(_TERMINATED)
-
-
-def stop_signal(exc: BaseException) -> signal.Signals:
-    """The signal that stops the command: SIGTERM or SIGHUP (was_terminated), else SIGINT (a Ctrl-C)."""
-    if isinstance(exc, Terminated):
-        return signal.Signals(exc.signum)
-    return signal.Signals(_TERMINATED[0]) if _TERMINATED else signal.SIGINT
-
-
-@contextlib.contextmanager
-def terminated_as_interrupt():
-    """While a command runs (not in a spawned child), a SIGTERM or SIGHUP is a Ctrl-C too (Terminated);
-    the old handlers come back after, so a process that only imported the CLI (a test) keeps its own. A
-    signal whose handler is not the default is left alone (a caller's own; nohup's ignored SIGHUP)."""
-    if SPAWNED or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _TERMINATED.clear()  # a command starts unterminated (a test may run several in one process)
-    ours = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL]
-    for sig in ours:
-        signal.signal(sig, _terminate)
-    try:
-        yield
-    finally:
-        for sig in ours:
-            signal.signal(sig, signal.SIG_DFL)
 
 
 def restore_sigint() -> None:
@@ -109,10 +23,19 @@ def restore_sigint() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-if SPAWNED:
-    die_with_parent()
-    signal.signal(signal.SIGTERM, _terminated_while_importing)
-    if os.getppid() != PARENT_PID:  # died between the two lines
-        _terminated_while_importing(signal.SIGTERM, None)
-elif signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+@contextlib.contextmanager
+def resumable(out: str):
+    """A Ctrl-C (or a SIGTERM) inside ends the command with a line saying how to resume in `out`."""
+    import typer
+
+    from batchlab.runner.outcome import interrupted_exit
+
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        typer.secho(f"interrupted; run the same command again to resume in {out}", err=True)
+        raise typer.Exit(code=interrupted_exit(exc)) from None
+
+
+if not SPAWNED and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _interrupted_while_importing)

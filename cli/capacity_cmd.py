@@ -20,10 +20,10 @@ Simulated = Annotated[bool, typer.Option("--simulate", help="search in virtual t
 def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dict, simulated: bool,
                      preset: str | None = None) -> dict:
     """Load the plan, search every (or each listed) strategy; capacity.json's content."""
-    from batchlab.cli.capacity_search import SimulatedSearch, capacity_document, run_capacity
-    from batchlab.cli.capacity_search import search_all
-    from batchlab.cli.pool import PoolKeeper
-    from batchlab.cli.sweep_plan import SweepError, checked_auto, interleaved, load_plan
+    from batchlab.lab.capacity_search import SimulatedSearch, capacity_document, run_capacity
+    from batchlab.lab.capacity_search import search_all
+    from batchlab.runner.pool import PoolKeeper
+    from batchlab.lab.sweep_plan import SweepError, checked_auto, interleaved, load_plan
     from batchlab.collector.layout import WORKERS_DIR
 
     plan = load_plan(config)
@@ -33,13 +33,13 @@ def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dic
     settings = checked_auto({**(plan.auto.model_dump() if plan.auto else {}),
                              **{k: v for k, v in given.items() if v is not None}}, "capacity options")
     if simulated:
-        from batchlab.cli.sim_presets import assign_presets
+        from batchlab.lab.sim_plan import assign_presets
 
         plan.base.update({"preset": preset} if preset else {})
         assign_presets(plan)  # each entry plays its own backend's step model, as in `simulate`
         doc = capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, labels), settings)
         return doc | {"simulated": True}  # no plan_hash: a live search never takes it for its own on resume
-    from batchlab.collector.report.live import SweepView
+    from batchlab.cli.live import SweepView
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -53,8 +53,8 @@ def capacity(config: Config, *, overrides: dict, search: dict, out: Out = None, 
              simulate: Simulated = False) -> None:
     """Each strategy's saturated rate μ and capacity (served ≥ 99%, queue not growing, below μ, SLOs met
     by ≥ 90% with SLOs); a search option given here replaces the YAML's grid.rates.auto key."""
-    from batchlab.cli.outcome import resumable
-    from batchlab.collector.report.capacities import capacity_text
+    from batchlab.cli import resumable
+    from batchlab.report.capacities import capacity_text
 
     out_given, out = out is not None, out or str(Path("results") / f"{Path(config).stem}-capacity")
     labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None

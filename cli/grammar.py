@@ -1,10 +1,12 @@
-"""One settings grammar on every command: a flag shown as <bool> takes true/false too, and --version.
+"""One settings grammar on every command: a flag shown as <bool> takes true/false too, --version, and the
+fan-out options (--processes; --ray, whose ADDRESS may be left out).
 
 Typer makes a bool option a bare flag; `--strict-memory true` (as a user writes it after seeing <bool>)
 would be an unexpected argument. Before parsing, `--flag WORD` and `--flag=WORD` become the flag or its
 `--no-` form; any other use of the flag is left as it is.
 """
 from importlib import metadata
+from typing import Annotated, Optional
 
 import typer
 
@@ -62,3 +64,24 @@ def show_version(value: bool) -> None:
     if value:
         typer.echo(f"batchlab {version()}")
         raise typer.Exit()
+
+
+def ray_option(*names: str, help: str):
+    """`--ray [ADDRESS]`: left without a value, it reads "local" (main fills it in: with_ray_value)."""
+    return typer.Option(*names, metavar="[ADDRESS]", help=help)
+
+
+def with_ray_value(args: list[str]) -> list[str]:
+    """Command-line words with "local" after a `--ray` that has no value (last, or before an option)."""
+    out = []
+    for k, word in enumerate(args):
+        out.append(word)
+        if word == "--ray" and (k + 1 == len(args) or args[k + 1].startswith("-")):
+            out.append("local")
+    return out
+
+
+Processes = Annotated[int, typer.Option("--processes", help="local processes to evaluate in (0: one per core; "
+                                                           "1: in this process)")]
+RayAddress = Annotated[Optional[str], ray_option(
+    "--ray", help="evaluate on a Ray cluster (ADDRESS as RAY_ADDRESS; alone: a local Ray); see docs/ray.md")]

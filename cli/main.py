@@ -7,7 +7,7 @@ import typer
 from typer.core import TyperGroup
 
 from batchlab.cli import report_cmd, restore_sigint, simulate_cmd, sweep_cmd
-from batchlab.cli.config import checked_config, replay_config
+from batchlab.runner.config import checked_config, replay_config
 from batchlab.cli.grammar import show_version
 from batchlab.protocol.settings import RunConfig, load_yaml
 from batchlab.cli.model_cmd import model_app
@@ -21,7 +21,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """What a user can cause (a bad setting, path, model or busy port): one line, never a traceback."""
     import zmq
 
-    from batchlab.cli.launcher import RunFailed
+    from batchlab.runner.launcher import RunFailed
     from batchlab.traffic.datasets import DatasetError
     from batchlab.traffic.process import TrafficStartTimeout
     from batchlab.worker.backend import BackendError
@@ -46,14 +46,14 @@ class _OneLineErrors(TyperGroup):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """A bare `--ray` (no address) means a local Ray (Typer has no option with an optional value)."""
-        from batchlab.cli.fanout import with_ray_value
+        from batchlab.cli.grammar import with_ray_value
 
         return super().parse_args(ctx, with_ray_value(args))
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line; a reader that left (`| head`) or a
         closed terminal is no error (cli.streams)."""
-        from batchlab.cli import Terminated, terminated_as_interrupt
+        from batchlab.runner import Terminated, terminated_as_interrupt
         from batchlab.cli.streams import readers_may_leave
 
         with readers_may_leave():
@@ -99,12 +99,12 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
         save_result: SaveResult = None, save_detailed: SaveDetailed = False) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     cfg = _config(config, overrides, replay=True)
-    from batchlab.cli.launcher import RunFailed, RunTimeout
+    from batchlab.runner.launcher import RunFailed, RunTimeout
     from batchlab.cli.live import run_with_status
-    from batchlab.cli.outcome import FAULT_EXIT, interrupted_exit, verdict
-    from batchlab.cli.preflight import check_before_start, check_launch
+    from batchlab.runner.outcome import FAULT_EXIT, interrupted_exit, verdict
+    from batchlab.runner.preflight import check_before_start, check_launch
     from batchlab.cli.result_table import show
-    from batchlab.cli.run_folder import claim, new_folder, release
+    from batchlab.runner.run_folder import claim, new_folder, release
 
     check_before_start(cfg)
     check_launch(cfg, save_result)
@@ -124,7 +124,7 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
         from batchlab.collector.vllm_result import save_result as write_result
 
         typer.echo(f"vllm-style result: {write_result(cfg.out, save_result, save_detailed)}")
-    code, line = verdict(summary, summary.role_deaths)  # a run that lost requests to a fault (cli/outcome.py)
+    code, line = verdict(summary, summary.role_deaths)  # a run that lost requests to a fault (runner/outcome.py)
     if code:
         _fail(line, code=code)
 
@@ -134,8 +134,8 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
 def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp://127.0.0.1:5558",
               overwrite: Overwrite = False) -> None:
     """Run the collector alone."""
-    from batchlab.cli.roles import collector_role
-    from batchlab.cli.run_folder import ROLE_FILES, claim
+    from batchlab.runner.roles import collector_role
+    from batchlab.runner.run_folder import ROLE_FILES, claim
 
     cfg = _config(None, overrides)
     # one run's tables per folder, never two runs' mixed; the sibling roles' logs may be there first
@@ -170,7 +170,7 @@ def scheduler(*, overrides: dict, config: ConfigOpt = None,
               address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5557",
               collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558") -> None:
     """Run the scheduler alone (a new strategy in place of the old)."""
-    from batchlab.cli.roles import scheduler_role
+    from batchlab.runner.roles import scheduler_role
 
     _role(scheduler_role, _config(config, overrides), address, collector)
 
@@ -183,8 +183,8 @@ def worker(*, overrides: dict, config: ConfigOpt = None,
            collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558",
            worker_id: Annotated[str, Opt(help="this worker's name")] = "worker-0") -> None:
     """Run one worker alone (e.g. on a remote GPU box)."""
-    from batchlab.cli.preflight import check_before_start
-    from batchlab.cli.roles import worker_role
+    from batchlab.runner.preflight import check_before_start
+    from batchlab.runner.roles import worker_role
 
     cfg = _config(config, overrides)
     check_before_start(cfg)  # a bad preset or model: one line, before the model loads
@@ -196,7 +196,7 @@ def worker(*, overrides: dict, config: ConfigOpt = None,
 def traffic(*, overrides: dict, config: ConfigOpt = None,
             scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
     """Run the traffic generator alone."""
-    from batchlab.cli.roles import traffic_role
+    from batchlab.runner.roles import traffic_role
 
     _role(traffic_role, _config(config, overrides, replay=True), scheduler)
 

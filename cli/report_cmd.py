@@ -21,8 +21,8 @@ def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, out: Out = Non
     """Plots (PNG), REPORT.md and REPORT.html (interactive, self-contained): latency vs throughput, CDFs,
     batch timeline, tables per rate, other tools' results (--extra). Reads the runs and writes nothing
     into their files (a run's figures are computed when it ends)."""
-    from batchlab.collector.report.build import parse_slos
-    from batchlab.collector.report.points import ReportError
+    from batchlab.report.build import parse_slos
+    from batchlab.report.points import ReportError
 
     try:
         echo_report(folder, rate=rate, slos=parse_slos(slo or []), out=out, extra=extra)
@@ -35,7 +35,7 @@ def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, out: Out = Non
 def echo_report(folder: str, **options) -> None:
     """Write the report of `folder` and print its capacity table, headline and where it went (the end of
     `batchlab report`, and of `batchlab sweep`); ReportError when a file it reads is refused."""
-    from batchlab.collector.report.build import run_report
+    from batchlab.report.build import run_report
 
     result = run_report(folder, **options)
     if result.capacity_lines:  # none for closed-loop runs (no offered rate) or runs that measured nothing

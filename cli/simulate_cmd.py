@@ -3,7 +3,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchlab.cli.fanout import Fanout, Processes, RayAddress
+from batchlab.cli.grammar import Processes, RayAddress
+from batchlab.lab.fanout import Fanout
 from batchlab.cli.options import PRESET_PER_KIND, fields_of, option, with_settings
 from batchlab.protocol.setting_groups import CollectorSettings, SchedulerSettings, TrafficSettings
 
@@ -27,8 +28,8 @@ SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields
 def simulate(config: ConfigArg = None, *, overrides: dict, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
     fanout = Fanout(processes, ray)
-    from batchlab.cli.sim_plan import plan_simulation
-    from batchlab.cli.sim_run import run_simulation
+    from batchlab.lab.sim_plan import plan_simulation
+    from batchlab.lab.sim_run import run_simulation
 
     results = run_simulation(plan_simulation(config, overrides), fanout=fanout)
     _print_table(results)
@@ -37,7 +38,7 @@ def simulate(config: ConfigArg = None, *, overrides: dict, processes: Processes 
 
 def _exit_by_verdict(results: list) -> None:
     """A simulated point whose requests a fault ended (a stalled policy): its line, and exit 2."""
-    from batchlab.cli.outcome import verdict
+    from batchlab.runner.outcome import verdict
 
     for point, summary in results:
         code, line = verdict(summary, [])

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted_mask
-from batchlab.collector.report.intervals import LEVEL, t_quantile
+from batchlab.collector.intervals import LEVEL, t_quantile
 from batchlab.protocol.study_settings import MAX_PROBES, WIDTH  # the search's defaults, declared with its knobs
 
 SERVED_MIN = 0.99

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.report.intervals import LEVEL, t_quantile
+from batchlab.collector.intervals import LEVEL, t_quantile
 
 WARMUP_SHARE = 0.25  # of the traffic, excluded: the first batches form, caches and allocators warm up
 BATCHES = 10  # blocks of the steady window (batch means)

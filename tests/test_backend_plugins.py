@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.cli.preflight import check_before_start
+from batchlab.runner.preflight import check_before_start
 from batchlab.protocol.plugins import BACKEND_GROUP
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.cli.capacity_search import SimulatedSearch, search_all
-from batchlab.cli.sweep_plan import AutoRates, SweepError, load_plan, span_rates
+from batchlab.lab.capacity_search import SimulatedSearch, search_all
+from batchlab.lab.sweep_plan import AutoRates, SweepError, load_plan, span_rates
 from batchlab.collector.capacity import Probe, Verdict, bracket, from_runs, next_rate, search, sustain, waiting
 from batchlab.collector.metrics import NO_TERMINAL
 
@@ -178,8 +178,8 @@ def test_the_simulated_capacity_search_writes_capacity_json_into_out(tmp_path):
 def test_a_strategy_whose_saturated_run_failed_is_left_unmeasured_without_stopping_the_others():
     from types import SimpleNamespace
 
-    from batchlab.cli.capacity_search import saturate_all, search_one
-    from batchlab.cli.sweep_plan import Entry
+    from batchlab.lab.capacity_search import saturate_all, search_one
+    from batchlab.lab.sweep_plan import Entry
     from batchlab.collector.saturation import SaturatedRun
 
     class Runner:

@@ -88,7 +88,7 @@ def test_an_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path):
     def crash(*_args):
         raise KeyError("a bug")
 
-    monkeypatch.setattr("batchlab.cli.roles.collector_role", crash)
+    monkeypatch.setattr("batchlab.runner.roles.collector_role", crash)
     result = runner.invoke(app, ["collector", "--out", str(tmp_path)])
     assert isinstance(result.exception, KeyError)
 
@@ -97,7 +97,7 @@ def test_keyboard_interrupt_is_not_turned_into_an_error_line(monkeypatch, tmp_pa
     def interrupted(*_args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("batchlab.cli.roles.collector_role", interrupted)
+    monkeypatch.setattr("batchlab.runner.roles.collector_role", interrupted)
     result = runner.invoke(app, ["collector", "--out", str(tmp_path)])
     assert result.exit_code == 130 and "error:" not in result.output  # typer's own handling of Ctrl-C
 

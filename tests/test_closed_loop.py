@@ -4,7 +4,7 @@ import math
 import pytest
 import yaml
 
-from batchlab.cli.config import checked_config
+from batchlab.runner.config import checked_config
 from batchlab.cli.result_table import table, warnings
 from tests.summaries import make_summary
 from batchlab.protocol.identity import config_hash
@@ -130,7 +130,7 @@ def test_a_negative_closed_loop_setting_is_refused(given, option):
 
 
 def test_closed_loop_over_a_saved_schedule_keeps_its_own_load_settings(tmp_path):
-    from batchlab.cli.config import replay_config
+    from batchlab.runner.config import replay_config
     from batchlab.traffic.schedule import save_schedule
 
     path = tmp_path / "schedule.parquet"
@@ -208,7 +208,7 @@ def test_the_result_table_shows_the_clients_instead_of_an_offered_rate():
 
 
 def _sweep(tmp_path, grid: dict, base: dict | None = None):
-    from batchlab.cli.sweep_plan import load_plan
+    from batchlab.lab.sweep_plan import load_plan
 
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"base": {"backend": "sim", "num_requests": 20, **(base or {})},
@@ -217,7 +217,7 @@ def _sweep(tmp_path, grid: dict, base: dict | None = None):
 
 
 def test_a_concurrency_grid_plans_one_closed_loop_point_per_client_count(tmp_path):
-    from batchlab.cli.sweep_plan import plan_points
+    from batchlab.lab.sweep_plan import plan_points
 
     plan = _sweep(tmp_path, {"concurrency": [4, 1, 2, 8, 2]})
     points = plan_points(plan, plan.rates, tmp_path / "out")
@@ -235,7 +235,7 @@ def test_a_concurrency_grid_plans_one_closed_loop_point_per_client_count(tmp_pat
 @pytest.mark.parametrize("grid, base", [({"concurrency": [2], "rates": [5]}, {}), ({"concurrency": [2]}, {"rate": 5}),
                                         ({"concurrency": [0]}, {}), ({"concurrency": 4}, {})])
 def test_a_concurrency_grid_beside_rates_or_with_a_bad_count_is_refused(tmp_path, grid, base):
-    from batchlab.cli.sweep_plan import SweepError
+    from batchlab.lab.sweep_plan import SweepError
 
     with pytest.raises((SweepError, ConfigError), match="concurrency"):
         _sweep(tmp_path, grid, base)

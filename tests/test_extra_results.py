@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.collector.report.external import load_external, points_of
-from batchlab.collector.report.points import ReportError
+from batchlab.report.external import load_external, points_of
+from batchlab.report.points import ReportError
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data"

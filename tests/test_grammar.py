@@ -6,10 +6,10 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli import sweep_cmd
-from batchlab.cli.config import checked_config
+from batchlab.runner.config import checked_config
 from batchlab.cli.grammar import bool_words
 from batchlab.cli.main import app
-from batchlab.cli.sweep_plan import SweepError, load_plan, parse_sets
+from batchlab.lab.sweep_plan import SweepError, load_plan, parse_sets
 from batchlab.protocol.settings import parse_slos
 from typer.main import get_command
 from tests.summaries import make_summary

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from batchlab.collector.report.intervals import (
+from batchlab.collector.intervals import (
     PairedResult, _resample_counts, _weighted_stat, describe, design_effect, min_requests, order_ranks,
     between_repeats, paired_ratio, quantile_ci, t_quantile, unpaired_ratio)
-from batchlab.collector.report.markdown import ci_table
-from batchlab.collector.report.points import RunData
-from batchlab.collector.report.stats import GroupStats, paired_latency, percentile_ci
+from batchlab.report.markdown import ci_table
+from batchlab.report.points import RunData
+from batchlab.report.stats import GroupStats, paired_latency, percentile_ci
 from tests.summaries import make_summary
 
 

@@ -108,7 +108,7 @@ RACE = """
 import os, sys, time
 from pathlib import Path
 import batchlab.cli.main as main
-import batchlab.cli.run_folder as run_folder
+import batchlab.runner.run_folder as run_folder
 go = Path(sys.argv[1])
 
 def barrier():  # both runs wait here, then go on within a millisecond of each other

@@ -17,8 +17,12 @@ LAYERS: dict[str, set[str]] = {
     "scheduler": {"protocol"},
     "worker": {"protocol", "models"},
     "collector": {"protocol"},
+    "report": {"protocol", "collector"},
     "simulator": {"protocol", "models", "traffic", "scheduler", "worker", "collector"},
-    "cli": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "simulator"},
+    "runner": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "simulator"},
+    "lab": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "report", "simulator", "runner"},
+    "cli": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "report", "simulator", "runner",
+            "lab"},
 }
 PACKAGES = tuple(LAYERS)
 
@@ -87,8 +91,8 @@ def test_the_import_walk_sees_every_kind_of_import_but_annotations(tmp_path):
                       "def lazy():\n    from batchlab.models import folders\n")
     assert _imported(module, _modules()) == {"batchlab.protocol", "batchlab.cli", "batchlab.worker.sim",
                                              "batchlab.models.folders"}
-    cli_imports = set().union(*(used for module, used in _graph(_modules()).items() if _package(module) == "cli"))
-    assert {_package(m) for m in cli_imports} == set(PACKAGES)
+    imported = set().union(*_graph(_modules()).values())  # every package is some module's import
+    assert {_package(m) for m in imported} == set(PACKAGES)
 
 
 def test_each_package_imports_only_what_its_layer_allows():
@@ -131,3 +135,15 @@ def test_only_the_namespaced_packages_are_importable(tmp_path):
                           env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "batchlab.protocol"]
+
+
+def test_importing_the_library_installs_no_signal_handler():
+    library = sorted(m for m in _modules() if _package(m) in ("runner", "lab", "report"))
+    code = ("import importlib, signal, sys\n"
+            "sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)\n"
+            "before = [signal.getsignal(s) for s in sigs]\n"
+            "for name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+            "print([signal.getsignal(s) for s in sigs] == before, 'batchlab.cli' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, *library], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "False"]

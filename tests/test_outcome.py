@@ -1,11 +1,11 @@
-"""cli.outcome: a run's exit code and its one line, from the summary's failure reasons and the roles'
+"""runner.outcome: a run's exit code and its one line, from the summary's failure reasons and the roles'
 deaths (faults are non-zero; the run's own rules, such as a full queue or a deadline, are results)."""
 import errno
 import signal
 
 import pytest
 
-from batchlab.cli.outcome import FAULT_EXIT, death_line, exception_line, exit_code_for, is_fault, verdict
+from batchlab.runner.outcome import FAULT_EXIT, death_line, exception_line, exit_code_for, is_fault, verdict
 from tests.summaries import make_summary
 
 

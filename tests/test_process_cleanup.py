@@ -157,7 +157,7 @@ def test_points_sharing_worker_settings_run_on_one_warm_worker(tmp_path, order):
 
 def test_the_run_limit_counts_from_the_first_request_and_startup_has_its_own(tmp_path):
     from batchlab.protocol.settings import build_config
-    from batchlab.cli.launcher import Limits, RunTimeout, launch_run
+    from batchlab.runner.launcher import Limits, RunTimeout, launch_run
 
     cfg = build_config({"backend": "sim", "preset": "cpu-tiny-mistral", "dataset": "synthetic", "rate": 20,
                         "duration_s": 20, "max_new_tokens": 16, "max_prompt_len": 64,

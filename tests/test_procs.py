@@ -1,4 +1,4 @@
-"""cli.procs: a child's whole process group is reaped when stopped, even when a second Ctrl-C comes while
+"""runner.procs: a child's whole process group is reaped when stopped, even when a second Ctrl-C comes while
 it waits for the children to exit."""
 import multiprocessing as mp
 import os
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from batchlab.cli import procs
+from batchlab.runner import procs
 
 pytestmark = pytest.mark.slow  # a spawned process group
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 pytest.importorskip("ray")
-from batchlab.cli.ray_cluster import LocalCluster  # noqa: E402
+from batchlab.lab.ray_cluster import LocalCluster  # noqa: E402
 from batchlab.collector.layout import point_dir  # noqa: E402
 from tests.conftest import ROOT, default_sigint, run_cli  # noqa: E402
 

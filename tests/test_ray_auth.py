@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from batchlab.cli import ray_cluster
+from batchlab.lab import ray_cluster
 
 
 class EnvRecordingRay:

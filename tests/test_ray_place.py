@@ -2,11 +2,10 @@
 gives them), tarballs of run folders, and the fan-out's map in order (in process and in processes)."""
 import pytest
 
-from batchlab.cli.config import checked_config
-from batchlab.cli.fanout import Fanout
-from batchlab.cli.ray_actor import pack, unpack
-from batchlab.cli.ray_cluster import is_loopback
-from batchlab.cli.ray_place import GPU_MEMORY, Ask, ask, declares_gpu_memory, refusals
+from batchlab.runner.config import checked_config
+from batchlab.lab.fanout import Fanout
+from batchlab.lab.ray_actor import GPU_MEMORY, Ask, ask, declares_gpu_memory, pack, refusals, unpack
+from batchlab.lab.ray_cluster import is_loopback
 
 
 def cfg(**values):
@@ -101,8 +100,8 @@ class _View:
 def test_a_group_no_live_node_can_hold_any_more_fails_its_points_instead_of_waiting(tmp_path):
     from types import SimpleNamespace
 
-    from batchlab.cli.ray_sweep import Group, _give_up_unplaceable
-    from batchlab.cli.sweep_plan import Entry, Point
+    from batchlab.lab.ray_sweep import Group, _give_up_unplaceable
+    from batchlab.lab.sweep_plan import Entry, Point
 
     entry = Entry("big", {"strategy": "naive", "backend": "vllm"})
     points = [Point(entry, r, 0, 0, tmp_path / f"rate-{r:g}") for r in (1.0, 2.0)]
@@ -123,6 +122,6 @@ def test_a_group_no_live_node_can_hold_any_more_fails_its_points_instead_of_wait
     (["sweep", "c.yaml", "--ray", "127.0.0.1:6379"], ["sweep", "c.yaml", "--ray", "127.0.0.1:6379"]),
     (["sweep", "c.yaml", "--ray-cpus", "2"], ["sweep", "c.yaml", "--ray-cpus", "2"])])
 def test_a_bare_ray_option_means_a_local_ray(args, expected):
-    from batchlab.cli.fanout import with_ray_value
+    from batchlab.cli.grammar import with_ray_value
 
     assert with_ray_value(args) == expected

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from batchlab.cli.ray_cluster import _kill_trees, _node_pids
-from batchlab.cli.ray_place import Ask
-from batchlab.cli.ray_sweep import Group, stop_all
+from batchlab.lab.ray_cluster import _kill_trees, _node_pids
+from batchlab.lab.ray_actor import Ask
+from batchlab.lab.ray_sweep import Group, stop_all
 
 
 class Method:
@@ -92,7 +92,8 @@ class SigtermTakingRay:
 
 
 def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch):
-    from batchlab.cli import ray_cluster, terminated_as_interrupt
+    from batchlab.lab import ray_cluster
+    from batchlab.runner import terminated_as_interrupt
 
     fake = SigtermTakingRay()
     monkeypatch.setattr(ray_cluster, "import_ray", lambda: fake)
@@ -103,8 +104,8 @@ def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch):
 
 
 def test_a_sigterm_re_raised_as_a_plain_ctrl_c_still_exits_143(monkeypatch):
-    from batchlab import cli
-    from batchlab.cli.outcome import interrupted_exit
+    from batchlab import runner as cli  # the stop signals live with the runs they stop
+    from batchlab.runner.outcome import interrupted_exit
 
     monkeypatch.setattr(cli, "_TERMINATED", [])
     assert interrupted_exit(KeyboardInterrupt()) == 130

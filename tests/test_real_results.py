@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from batchlab.collector.report.external import points_of, section
+from batchlab.report.external import points_of, section
 
 REAL = Path(__file__).parent / "data" / "real"
 AIPERF = REAL / "aiperf-0.13.0_profile_export_aiperf.json"

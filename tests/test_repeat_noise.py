@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from batchlab.cli.config import checked_config
-from batchlab.collector.report.headline import headlines
-from batchlab.collector.report.points import Collection, RunData
+from batchlab.runner.config import checked_config
+from batchlab.report.headline import headlines
+from batchlab.report.points import Collection, RunData
 from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule
 from batchlab.worker.stepmodel import get_preset, save_preset

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from batchlab.cli.config import replay_config
+from batchlab.runner.config import replay_config
 from batchlab.protocol.settings import ConfigError, build_config
 from batchlab.cli.main import app
 from tests.conftest import ROOT

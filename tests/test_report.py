@@ -4,11 +4,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from batchlab.collector.report.build import parse_slos
-from batchlab.collector.report.points import ReportError, load_collection
-from batchlab.collector.report.stats import GroupStats, tool_formulas
+from batchlab.report.build import parse_slos
+from batchlab.report.points import ReportError, load_collection
+from batchlab.report.stats import GroupStats, tool_formulas
 from tests.summaries import make_summary
-from batchlab.collector.report.timeline import queue_length
+from batchlab.report.timeline import queue_length
 
 
 def group(label: str, rate: float, throughput: float, ttft: float, e2e: float = 1.0,
@@ -54,8 +54,8 @@ def test_a_folder_without_runs_is_a_report_error(tmp_path):
 def test_the_setup_says_what_an_engines_prefix_cache_did():
     import pandas as pd
 
-    from batchlab.collector.report.points import RunData
-    from batchlab.collector.report.setup import prefix_cache_line
+    from batchlab.report.points import RunData
+    from batchlab.report.setup import prefix_cache_line
 
     def run(facts: dict, summary: dict) -> RunData:
         empty = pd.DataFrame()
@@ -73,8 +73,8 @@ def test_the_setup_says_what_an_engines_prefix_cache_did():
 
 
 def test_a_trace_replayed_at_its_own_timing_is_reported_at_the_traces_rate(tmp_path):
-    from batchlab.collector.report.build import run_report
-    from batchlab.collector.report.points import own_trace_rate
+    from batchlab.report.build import run_report
+    from batchlab.report.points import own_trace_rate
     from tests.conftest import run_cli
 
     trace = tmp_path / "trace.csv"

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.collector.report.output import REPORT_FILES, write_text
+from batchlab.report.output import REPORT_FILES, write_text
 from tests.conftest import run_cli
 from tests.summaries import ZERO
 

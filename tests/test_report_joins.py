@@ -1,9 +1,9 @@
-"""collector.report.joins: a continuous request's inter-token gaps split by whether the step that produced
+"""report.stats: a continuous request's inter-token gaps split by whether the step that produced
 the later token carried prompt tokens (other requests' prefill)."""
 import pandas as pd
 import pytest
 
-from batchlab.collector.report.joins import split
+from batchlab.report.stats import split
 
 
 def steps(*rows) -> pd.DataFrame:

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from batchlab.collector.metrics import request_metrics
-from batchlab.collector.report import oracle
-from batchlab.collector.report.points import Collection, FailedPoint, RunData
-from batchlab.collector.report.stats import GroupStats
+from batchlab.report import oracle
+from batchlab.report.points import Collection, FailedPoint, RunData
+from batchlab.report.stats import GroupStats
 from batchlab.collector.layout import point_dir
 from tests.conftest import run_cli
 from tests.summaries import make_summary
@@ -187,7 +187,7 @@ def test_summary_and_setup_say_where_prompts_came_from_and_what_was_capped(tmp_p
 
 def test_the_collector_reads_the_schedule_notes_from_the_footer_traffic_writes(tmp_path):
     from batchlab.collector.process import schedule_notes
-    from batchlab.collector.report.setup import PROMPT_SOURCES
+    from batchlab.report.setup import PROMPT_SOURCES
     from batchlab.traffic import prompts, schedule
 
     assert PROMPT_SOURCES == prompts.PROMPT_SOURCES
@@ -203,7 +203,7 @@ def test_the_collector_reads_the_schedule_notes_from_the_footer_traffic_writes(t
 
 
 def test_the_setup_names_a_traces_window():
-    from batchlab.collector.report.setup import schedule_lines
+    from batchlab.report.setup import schedule_lines
 
     notes = {"prompt_source": "synthetic-ids", "capped_prompts": 2, "capped_outputs": 5, "trace_requests": 330,
              "trace_skipped_rows": 3, "trace_window_s": [600.0, 660.0], "trace_speedup": 1.0,

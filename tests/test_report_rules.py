@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 
 from batchlab.collector.metrics import NOT_SENT
-from batchlab.collector.report import plots
-from batchlab.collector.report.build import run_report
-from batchlab.collector.report.markdown import render
-from batchlab.collector.report.points import load_collection
-from batchlab.collector.report.stats import all_stats
+from batchlab.report import plots
+from batchlab.report.build import run_report
+from batchlab.report.markdown import render
+from batchlab.report.points import load_collection
+from batchlab.report.stats import all_stats
 from batchlab.collector.layout import point_dir
 from batchlab.collector.metrics import summarize
 from batchlab.collector.summary import Summary, write_summary

@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.report.markdown import memory_facts, rate_table
-from batchlab.collector.report.points import RunData
-from batchlab.collector.report.setup import knob_table
-from batchlab.collector.report.stats import GroupStats
+from batchlab.report.markdown import memory_facts, rate_table
+from batchlab.report.points import RunData
+from batchlab.report.setup import knob_table
+from batchlab.report.stats import GroupStats
 from tests.summaries import make_summary
 
 GIB = 2**30

@@ -11,12 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.cli import run_folder
-from batchlab.cli.run_folder import ROLE_FILES, RunRecord, claim, new_folder, release
-from batchlab.cli.sim_run import simulate_run
-from batchlab.cli.sweep_plan import Entry, Point
-from batchlab.cli.sweep_point import stale_point
-from batchlab.collector.report.points import ReportError, load_collection
+from batchlab.runner import run_folder
+from batchlab.runner.run_folder import ROLE_FILES, RunRecord, claim, new_folder, release
+from batchlab.lab.sim_run import simulate_run
+from batchlab.lab.sweep_plan import Entry, Point
+from batchlab.lab.sweep_point import stale_point
+from batchlab.report.points import ReportError, load_collection
 from batchlab.protocol.identity import config_hash, differences, identity
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.collector.layout import point_dir
@@ -124,7 +124,7 @@ def test_without_out_each_run_gets_a_new_folder_even_two_in_the_same_second(tmp_
 
 HOLD_CLAIM = """
 import sys, time
-from batchlab.cli.run_folder import claim
+from batchlab.runner.run_folder import claim
 claim(sys.argv[1], overwrite=False)
 print("claimed", flush=True)
 time.sleep(600)

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from batchlab.cli.capacity_search import SimulatedSearch, search_all
-from batchlab.cli.sweep_plan import load_plan
+from batchlab.lab.capacity_search import SimulatedSearch, search_all
+from batchlab.lab.sweep_plan import load_plan
 from batchlab.collector.capacity import sustain
 from batchlab.collector.saturation import SaturatedRun, batch_means, pooled, saturated_run
 
@@ -135,7 +135,7 @@ def test_mu_and_capacity_meet_a_constant_step_models_known_maximum(tmp_path, bat
 
 
 def test_the_report_warns_when_capacity_exceeds_what_the_same_sweep_completed():
-    from batchlab.collector.report.capacities import capacity_text, checks
+    from batchlab.report.capacities import capacity_text, checks
 
     # the grid's points: at λ 8.57 the worker completed about 4.6/s at steady state (63 would be 5.25 in 12 s)
     runs = [(8.57, queue_table(103, 4.6, 12.0), 12.0), (2.0, queue_table(24, 4.6, 12.0), 12.0)]

@@ -5,7 +5,7 @@ import json
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.collector.report.points import load_collection
+from batchlab.report.points import load_collection
 from batchlab.collector.layout import point_dir
 
 runner = CliRunner()

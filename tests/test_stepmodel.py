@@ -78,8 +78,8 @@ def test_the_run_speed_factor_is_seeded_by_the_run_and_differs_between_labels():
 
 
 def test_speed_noise_reaches_the_live_sim_worker_and_the_simulator_alike():
-    from batchlab.cli.config import checked_config
-    from batchlab.cli.pool import worker_key
+    from batchlab.runner.config import checked_config
+    from batchlab.runner.pool import worker_key
     from batchlab.simulator.run import step_model
     from batchlab.worker.sim import SimBackend, run_speed
 

@@ -12,7 +12,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from batchlab.cli.config import checked_config
+from batchlab.runner.config import checked_config
 from batchlab.cli.main import app
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.scheduler.policies import Decision
@@ -115,7 +115,7 @@ def test_an_entry_point_names_a_strategy(monkeypatch):
 
 
 def test_simulate_checks_strategy_args_against_the_strategy_given_on_the_command_line(examples_on_path):
-    from batchlab.cli.sim_plan import plan_simulation
+    from batchlab.lab.sim_plan import plan_simulation
     sim = plan_simulation(None, {"strategy": PLUGIN, "strategy_args": ["max_batch_tokens=600"], "rate": "20"})
     assert [e.overrides["strategy"] for e in sim.plan.entries] == [PLUGIN]
     assert sim.plan.base["strategy_args"] == ["max_batch_tokens=600"]

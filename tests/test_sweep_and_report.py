@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from batchlab.collector.metrics import goodput, summarize
-from batchlab.collector.report.stats import share_text
+from batchlab.report.stats import share_text
 from batchlab.collector.layout import point_dir
 
 pytestmark = pytest.mark.slow  # real sweeps: four processes per point
@@ -72,9 +72,9 @@ def test_plots_exist_as_non_empty_pngs(smoke):
 
 
 def test_report_headline_matches_the_parquet(smoke):
-    from batchlab.collector.report.capacities import load_capacities
-    from batchlab.collector.report.headline import load_point
-    from batchlab.collector.report.points import load_collection
+    from batchlab.report.capacities import load_capacities
+    from batchlab.report.headline import load_point
+    from batchlab.report.points import load_collection
 
     out, stdout = smoke
     text = (out / "REPORT.md").read_text()

@@ -6,9 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.cli.sim_run import simulate_run
-from batchlab.cli.sweep_plan import SweepError, load_plan
-from batchlab.cli.sweep_repeats import MIN_REPEATS, run_more_repeats
+from batchlab.lab.sim_run import simulate_run
+from batchlab.lab.sweep_plan import SweepError, load_plan
+from batchlab.lab.sweep import MIN_REPEATS, run_more_repeats
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE
 
 BASE = "{backend: sim, preset: a100-llama2-7b, dataset: synthetic, duration_s: 10, max_new_tokens: 32, batch_size: 8}"

@@ -12,10 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.cli.sweep_plan import SweepError
-from batchlab.cli.sweep_point import refuse_old_layout
+from batchlab.lab.sweep_plan import SweepError
+from batchlab.lab.sweep_point import refuse_old_layout
 from batchlab.collector.layout import point_dir, point_of
-from batchlab.collector.report.points import load_collection
+from batchlab.report.points import load_collection
 from batchlab.collector.run_columns import RUN_COLUMNS, SETTINGS_COLUMNS
 from batchlab.protocol.identity import config_hash
 

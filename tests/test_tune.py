@@ -8,10 +8,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from batchlab.cli.config import checked_config
+from batchlab.runner.config import checked_config
 from batchlab.cli.main import app
-from batchlab.cli.tune_cmd import (MAX_CANDIDATES, SIZES, WAITS_MS, candidates, default_space, parse_grid, run_tune,
-                                   search_space)
+from batchlab.cli.tune_cmd import run_tune
+from batchlab.lab.tune import MAX_CANDIDATES, SIZES, WAITS_MS, candidates, default_space, parse_grid, search_space
 from batchlab.protocol.settings import ConfigError
 from batchlab.scheduler.policies import Continuous, Dynamic, Naive
 from batchlab.simulator.run import simulate

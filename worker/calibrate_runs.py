@@ -1,7 +1,7 @@
 """Calibration from real runs: the step model fitted to the steps a live worker executed (worker.run_steps).
 
 Every cost the worker paid while serving (other processes on its cores, the LM head's plan, dispatch)
-is in those steps' durations, so it is in the fit; the in-process grid (worker.calibrate_measure) stays
+is in those steps' durations, so it is in the fit; the in-process grid (lab.calibrate_measure) stays
 for a clean machine. Steps are grouped into shapes (decode rows, context per row, prefill rows, tokens
 per row, each per half octave); a shape's time and terms are its steps' means, so the fit keeps the
 steps' total time. One non-negative least squares on relative error fits every term at once (a mixed

@@ -1,12 +1,15 @@
 """What a worker sends, kept and sent in bundles: the scheduler's BatchDones after each step (its credit),
 the collector's records every few milliseconds (an echo worker steps thousands of times a second; a frame
-per step cost more CPU in the I/O threads and the collector than the step itself)."""
+per step cost more CPU in the I/O threads and the collector than the step itself); and its heartbeat, on
+its own thread and socket, so a long model step never looks like death."""
+import threading
 from collections.abc import Callable, Mapping
 
 import zmq
 
-from batchlab.protocol import BatchDone, Tokens
+from batchlab.protocol import BatchDone, Heartbeat, Tokens, encode, now
 from batchlab.protocol.bundling import Bundler, send_split
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
 from batchlab.worker.backend import StepOutput
 
 RECORD_FLUSH_INTERVAL_S = 0.005  # collector records wait at most this long (their times travel inside them)
@@ -52,3 +55,35 @@ class Outbox:
             send_split(self.sched, self.dones)
             self.dones = []
         self.records.flush(force=all_records)
+
+
+class HeartbeatThread:
+    """Sends Heartbeat(worker_id) to the scheduler every HEARTBEAT_INTERVAL_S while the process lives."""
+
+    def __init__(self, ctx: zmq.Context, scheduler_addr: str, worker_id: str, keys: str | None = None) -> None:
+        self.ctx, self.addr, self.worker_id, self.keys = ctx, scheduler_addr, worker_id, keys
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> None:
+        """Begin beating."""
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop and wait for the thread (its socket closes inside it)."""
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        sock = make_socket(self.ctx, zmq.DEALER, self.addr, bind=False, identity=f"{self.worker_id}.hb",
+                           keys=self.keys)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            while not self.done.is_set():
+                sock.send(encode(Heartbeat(self.worker_id, now())), zmq.NOBLOCK)
+                self.done.wait(HEARTBEAT_INTERVAL_S)
+        except zmq.ZMQError:
+            pass
+        finally:
+            sock.close()

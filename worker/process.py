@@ -13,8 +13,7 @@ from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket
 from batchlab.worker.admission import OpenBatch, admit
 from batchlab.worker.backend import Backend, OutOfMemory, Row, StepOutput, worker_hello
-from batchlab.worker.heartbeat import HeartbeatThread
-from batchlab.worker.outbox import Outbox
+from batchlab.worker.outbox import HeartbeatThread, Outbox
 
 log = logging.getLogger("batchlab.worker")
 WAITING_LOG_INTERVAL_S = 30.0  # before the scheduler first answers, say so this often

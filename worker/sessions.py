@@ -1,5 +1,5 @@
 """A warm worker: one backend, built and warmed once, serving run after run (a sweep's points that share
-its settings; see cli/pool.py). Each run is a `Session`; worker.process.Worker serves it."""
+its settings; see runner/pool.py). Each run is a `Session`; worker.process.Worker serves it."""
 from dataclasses import dataclass
 
 from batchlab.protocol import now

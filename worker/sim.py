@@ -191,7 +191,7 @@ class SimBackend(Backend):
     @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "SimBackend":
         """The run's preset, per-step token budget and speed factor (--speed-noise; a warm worker serves one
-        run only when it is set: cli.pool.worker_key); --memory-budget, when set, replaces the preset's KV budget."""
+        run only when it is set: runner.pool.worker_key); --memory-budget, when set, replaces the preset's KV budget."""
         backend = cls(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens, speed=run_speed(cfg))
         backend.info.kv_budget_bytes = parse_bytes(cfg.memory_budget) or backend.info.kv_budget_bytes
         return backend

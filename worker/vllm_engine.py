@@ -115,7 +115,7 @@ class VLLMBackend(Backend):
 
     @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "VLLMBackend":
-        """Build from a cli.config.RunConfig."""
+        """Build from a runner.config.RunConfig."""
         return cls(settings_from_config(cfg, mode, rows), mode)
 
     def _info(self, mode: str, engine_start_s: float) -> BackendInfo:

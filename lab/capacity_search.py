@@ -1,0 +1,202 @@
+"""Every strategy's saturated rate μ and capacity search for a sweep's plan: live (each run an ordinary point
+folder, run by lab.sweep_point.execute on the sweep's warm workers) or in virtual time (the simulator, no
+files).
+
+First, in each of the grid's repeats, every strategy in turn (interleaved, as the grid's points are) runs
+saturated: the closed loop with saturated_clients clients (default 2 × the batch cap × the workers, so a
+batch is full whenever the worker is free) for saturated_duration_s; μ is the completion rate over its
+steady window (collector.saturation). Then collector.capacity.search probes rates of search_duration_s
+traffic each, from just below μ, with μ's upper bound as a rate known not to be sustained. Layout:
+OUT/_saturated/strategy=<label>/repeat=<r>/ (the saturated runs), OUT/_capacity/strategy=<label>/rate=<r>/
+repeat=0/ (the probes), OUT/capacity.json (every strategy's μ, capacity and probes with their verdicts).
+"""
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
+from batchlab.lab.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
+from batchlab.collector.capacity import Capacity, Probe, Verdict, search, start_below, sustain, tokens_per_request
+from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR, point_dir, saturated_dir
+from batchlab.collector.saturation import SaturatedRun, pooled, saturated_run
+from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.study_settings import CapacitySettings
+
+SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
+OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them
+
+
+def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict | None, folder: str = "",
+             ceiling_req_s: float | None = None) -> Probe:
+    """One probe's verdict from its requests table."""
+    return Probe(rate, sustain(requests, duration_s, slos, ceiling_req_s), folder, tokens_per_request(requests))
+
+
+def clients(plan: Plan, entry: Entry, s: AutoRates) -> int:
+    """The saturated run's clients: saturated_clients, else 2 × the entry's batch cap × its workers."""
+    if s.saturated_clients:
+        return s.saturated_clients
+    cfg = Point(entry, 1.0, 0, plan.seed, Path(".")).config(plan.base)
+    return 2 * max(cfg.batch_size, cfg.max_batch_size, cfg.max_num_seqs) * cfg.workers
+
+
+def _saturated_point(plan: Plan, entry: Entry, out: Path, repeat: int, s: AutoRates) -> tuple[Point, dict]:
+    point = Point(entry, float("inf"), repeat, plan.seed, out / SATURATED_DIR / saturated_dir(entry.label, repeat),
+                  clients(plan, entry, s))
+    base = {k: v for k, v in plan.base.items() if k not in OPEN_LOOP_KEYS}
+    return point, {**base, "duration_s": s.saturated_duration_s, "max_queue": 0, "max_queue_tokens": 0}
+
+
+def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates) -> tuple[Point, dict]:
+    point = Point(entry, rate, 0, plan.seed, out / CAPACITY_DIR / point_dir(entry.label, rate, 0))
+    return point, {**plan.base, "duration_s": probe_duration_s(rate, s)}
+
+
+def probe_duration_s(rate: float, s: AutoRates) -> float:
+    """A probe's traffic: search_duration_s, or long enough for search_requests arrivals at `rate` (a queue's
+    trend read from a dozen arrivals says nothing)."""
+    return max(s.search_duration_s, s.search_requests / rate)
+
+
+class LiveSearch:
+    """Capacity searches on real points, on the sweep's warm workers (runner.pool.PoolKeeper)."""
+
+    def __init__(self, plan: Plan, out: Path, settings: AutoRates, pools=None, view=None) -> None:
+        self.plan, self.out, self.s, self.pools, self.view = plan, out, settings, pools, view
+
+    def _run(self, point: Point, base: dict, what: str) -> dict:
+        tick = self.view.ticker(point, what) if self.view else None  # resume: a probe that measured what
+        return reused(point, base, True, self.view) or execute(point, base, tick, self.plan.limits(), self.pools)
+
+    def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
+        """One saturated run's μ; SweepError when it failed or finished too little."""
+        from batchlab.collector.parts import load_table
+
+        point, base = _saturated_point(self.plan, entry, self.out, repeat, self.s)
+        record = self._run(point, base, "saturated")
+        if record["status"] not in ("done", "skipped"):
+            raise SweepError(f"the saturated run of {entry.label} failed: {record['reason'].splitlines()[0]}")
+        run = saturated_run(load_table(point.folder, "requests"), self.s.saturated_duration_s, repeat=repeat,
+                            folder=str(point.folder.relative_to(self.out)))
+        if run is None:
+            raise SweepError(f"the saturated run of {entry.label} finished too few requests in its steady window")
+        if self.view:
+            self.view.note(f"saturated {entry.label} repeat {repeat}: μ = {run.req_s:.3g} "
+                           f"[{run.req_s_lo:.3g}, {run.req_s_hi:.3g}] req/s")
+        return run
+
+    def measure(self, entry: Entry, ceiling_req_s: float | None = None):
+        """collector.capacity.Measure for this entry: one point of duration_s at the rate."""
+        from batchlab.collector.parts import load_table
+
+        def measure(rate: float) -> Probe:
+            point, base = _probe_point(self.plan, entry, self.out, rate, self.s)
+            record = self._run(point, base, "capacity")
+            where = str(point.folder.relative_to(self.out))
+            if record["status"] not in ("done", "skipped"):
+                return Probe(rate, Verdict(False, [f"run failed: {record['reason'].splitlines()[0]}"], 0.0, 0.0), where)
+            probe = probe_of(rate, load_table(point.folder, "requests"), base["duration_s"],
+                             point.config(base).slos() or None, where, ceiling_req_s)
+            if self.view:
+                self.view.note(f"capacity {entry.label} λ={rate:g}: "
+                               + ("sustained" if probe.verdict.sustained else "; ".join(probe.verdict.reasons)))
+            return probe
+
+        return measure
+
+
+class SimulatedSearch:
+    """The same searches in virtual time (simulator): nothing is written."""
+
+    def __init__(self, plan: Plan, settings: AutoRates) -> None:
+        self.plan, self.s = plan, settings
+
+    def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, dict | None]:
+        from batchlab.simulator.run import simulate
+        from batchlab.traffic.run_schedule import make_schedule
+
+        cfg = point.config(base)
+        return simulate(cfg, make_schedule(cfg)).requests, cfg.slos() or None
+
+    def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
+        """One saturated run's μ in virtual time."""
+        requests, _ = self._requests(*_saturated_point(self.plan, entry, Path("."), repeat, self.s))
+        run = saturated_run(requests, self.s.saturated_duration_s, repeat=repeat)
+        if run is None:
+            raise SweepError(f"the simulated saturated run of {entry.label} finished too few requests")
+        return run
+
+    def measure(self, entry: Entry, ceiling_req_s: float | None = None):
+        """collector.capacity.Measure for this entry, in virtual time."""
+
+        def measure(rate: float) -> Probe:
+            point, base = _probe_point(self.plan, entry, Path("."), rate, self.s)
+            requests, slos = self._requests(point, base)
+            return probe_of(rate, requests, base["duration_s"], slos, ceiling_req_s=ceiling_req_s)
+
+        return measure
+
+
+def saturate_all(plan: Plan, runner, entries: list[Entry],
+                 settings: AutoRates) -> dict[str, list[SaturatedRun] | str]:
+    """label → its saturated runs, one per repeat (the grid's repeats, at least saturated_repeats; strategies
+    interleaved within a repeat), or why none."""
+    runs: dict[str, list[SaturatedRun] | str] = {e.label: [] for e in entries}
+    for repeat in range(max(plan.repeats, settings.saturated_repeats)):
+        for entry in entries:
+            if isinstance(runs[entry.label], str):
+                continue
+            try:
+                runs[entry.label].append(runner.saturated(entry, repeat))
+            except SweepError as exc:
+                runs[entry.label] = str(exc)  # this strategy stays unmeasured, not the others
+    return runs
+
+
+def search_one(entry: Entry, runner, settings: AutoRates, runs: list[SaturatedRun] | str) -> Capacity:
+    """One entry's search from its saturated runs; a saturated run that failed leaves that entry unmeasured
+    (with the reason), not the others."""
+    if isinstance(runs, str) or not runs:
+        return Capacity(entry.label, None, None, note=runs if isinstance(runs, str) else "no saturated run")
+    saturated = pooled(runs)
+    return search(entry.label, start_below(saturated, settings.width), runner.measure(entry, saturated["req_s_hi"]),
+                  width=settings.width, max_probes=settings.max_probes, saturated=saturated)
+
+
+def search_all(plan: Plan, runner, settings: AutoRates, labels: list[str] | None = None) -> dict[str, Capacity]:
+    """Each entry's (or each labelled one's) μ and capacity, in grid order."""
+    entries = [e for e in plan.entries if labels is None or e.label in labels]
+    runs = saturate_all(plan, runner, entries, settings)
+    return {e.label: search_one(e, runner, settings, runs[e.label]) for e in entries}
+
+
+def capacity_document(capacities: dict[str, Capacity], settings: AutoRates) -> dict:
+    """capacity.json's content."""
+    return {"search": settings.model_dump(include=SEARCH_KEYS), "strategies": {lb: c.as_dict() for lb, c in capacities.items()}}
+
+
+def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
+                 labels: list[str] | None = None) -> dict:
+    """Live searches into `out`; writes and returns OUT/capacity.json (kept on resume when its search
+    settings are the same and it holds every strategy asked for)."""
+    path = out / CAPACITY_FILE
+    wanted = labels or [e.label for e in plan.entries]
+    if path.exists():
+        doc = json.loads(path.read_text())
+        if (doc.get("search") == settings.model_dump(include=SEARCH_KEYS) and doc.get("plan_hash") == plan_hash(plan)
+                and set(wanted) <= set(doc.get("strategies", {}))):
+            return doc
+    doc = capacity_document(search_all(plan, LiveSearch(plan, out, settings, pools, view), settings, labels),
+                            settings) | {"plan_hash": plan_hash(plan)}
+    write_json_atomic(path, doc, default=str)
+    return doc
+
+
+def plan_hash(plan: Plan) -> str:
+    """What the searches measured: the base settings, every entry's and the repeats (a change searches again)."""
+    import hashlib
+
+    text = json.dumps({"base": plan.base, "entries": [[e.label, e.overrides] for e in plan.entries],
+                       "repeats": plan.repeats}, sort_keys=True, default=str)  # a saturated run per repeat
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,159 @@
+"""A sweep: strategies × backends × rates × repeats, one real run per point, resumable.
+
+Layout: OUT/sweep.json (the index), with automatic rates OUT/capacity.json, OUT/_probe/ and OUT/_capacity/
+(each strategy's capacity search: lab.capacity_search), and
+OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each: collector.layout). A point is done when its point.json
+exists, written only after its run returned: summary.json alone proves nothing, since the collector also writes
+one for a run that failed or was interrupted. A failed point leaves FAILED.txt and is tried again on resume.
+
+`repeats: {auto: {start, max, width_pct}}` (run_more_repeats): after the grid's first `start` repeats, one
+more repeat at a time of the headline's comparisons (each strategy and naive at the headline's common load,
+interleaved within a repeat) until every headline latency interval (TTFT p50 and E2E p50, percentage points
+wide, from the spread between repeats) is at most width_pct and rests on at least MIN_REPEATS repeats, or
+`max` repeats ran. Only the comparisons still too wide get another repeat; the rest of the grid keeps its
+own. The headline's throughput comes from the capacity search's saturated runs, which have their own repeats.
+"""
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR, point_dir
+from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, plan_points,
+                                     span_rates, warm_order)
+from batchlab.lab.sweep_point import QuietView, execute, preflight, refuse_old_layout, reused
+from batchlab.protocol.files import write_json_atomic
+from batchlab.report.headline import BASELINE, Headline
+from batchlab.runner.pool import PoolKeeper, worker_key
+
+
+def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
+    """Every strategy's capacity searched live (OUT/capacity.json), and the rates placed from it."""
+    from batchlab.lab.capacity_search import run_capacity
+
+    doc = run_capacity(plan, out, plan.auto, pools, view)
+    estimates = {lb: c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for lb, c in doc["strategies"].items()}
+    known = [v for v in estimates.values() if v]
+    if not known:
+        raise SweepError("no strategy's capacity could be bracketed: every probe failed")
+    if plan.auto.spanned:
+        return doc, span_rates(known, plan.auto)
+    wanted = plan.auto.probe or ("dynamic" if "dynamic" in estimates else plan.entries[0].label)
+    if not estimates.get(wanted):
+        raise SweepError(f"grid.rates.auto.probe: no capacity measured for a strategy labelled {wanted!r}")
+    return doc, auto_rates(estimates[wanted], plan.auto.fractions)
+
+
+def _bracket_text(c: dict) -> str:
+    lo, hi, sat = c["lo_req_s"], c["hi_req_s"], c.get("saturated")
+    mu = f" (μ {sat['req_s']:.3g})" if sat else ""
+    return f"[{'?' if lo is None else f'{lo:.3g}'}, {'?' if hi is None else f'{hi:.3g}'}]{mu}"
+
+
+def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None, view=None) -> dict:
+    """Every point of the grid, skipping finished ones; returns the sweep.json index. Points that share
+    their workers' settings run on the same warm workers (runner.pool): in the plan's order with every
+    group's workers kept warm (interleaved), or group after group (grouped). `sets`: --set overrides; `view`:
+    its progress (sweep_point.QuietView's methods; none shown without one)."""
+    view = view or QuietView()
+    plan, out_dir = load_plan(config, sets), Path(out)
+    preflight(plan)
+    refuse_old_layout(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        for stale in (PROBE_DIR, CAPACITY_DIR):
+            shutil.rmtree(out_dir / stale, ignore_errors=True)
+        (out_dir / CAPACITY_FILE).unlink(missing_ok=True)
+    mixed = interleaved(plan)
+    with PoolKeeper(out_dir / WORKERS_DIR, keep_all=mixed) as pools:
+        capacity, rates = auto_capacity(plan, out_dir, pools, view) if plan.auto else (None, plan.rates)
+        if capacity:
+            view.note("capacity (req/s): " + ", ".join(f"{lb} {_bracket_text(c)}" for lb, c in
+                                                      capacity["strategies"].items()) + f" → rates {rates}")
+        points = plan_points(plan, rates, out_dir)
+        if not mixed:
+            points = warm_order(points, plan.base, worker_key, first=plan.entries[-1].label if capacity else None)
+        index = {"config": str(config), "base": plan.base, "rates": rates, "repeats": plan.repeats,
+                 **({"concurrency": plan.concurrency} if plan.concurrency else {}),
+                 "order": "interleaved" if mixed else "grouped",
+                 "seed": plan.seed, "capacity": capacity, "points": [p.record("pending") for p in points],
+                 "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
+        view.start(len(points))
+        for i, point in enumerate(points):
+            index["points"][i] = _run_point(point, plan, pools, view, resume)
+            write_json_atomic(out_dir / INDEX_FILE, index, default=str)
+        if plan.repeats_auto:  # extra repeats of the headline's comparisons (run_more_repeats)
+            index = run_more_repeats(plan, out_dir, index, lambda p: _run_point(p, plan, pools, view, resume, "repeat"),
+                                     lambda doc: write_json_atomic(out_dir / INDEX_FILE, doc, default=str))
+    return index
+
+
+def _run_point(point: Point, plan: Plan, pools: PoolKeeper, view, resume: bool, phase: str = "run") -> dict:
+    """The point run (or, on resume, its earlier record reused), shown as finished; its record."""
+    record = (reused(point, plan.base, resume, view)
+              or execute(point, plan.base, view.ticker(point, phase), plan.limits(), pools))
+    view.finished(point, record)
+    return record
+
+
+MIN_REPEATS = 3  # two repeats give the spread one degree of freedom: too rough an estimate to stop on
+
+
+def width_pct(h: Headline) -> float | None:
+    """The wider of the headline's TTFT p50 and E2E p50 intervals (percentage points); inf while fewer than
+    MIN_REPEATS repeats back it (one repeat: no interval at all); None: not compared."""
+    results = [r for r in (h.ttft, h.e2e) if r is not None]
+    if not results:
+        return None
+    if any(r.clusters < MIN_REPEATS or not r.measured for r in results):
+        return math.inf
+    return max(r.hi - r.lo for r in results)
+
+
+def _finite(width: float | None) -> float | None:
+    """A width for sweep.json: None when there is none yet (too few repeats) or no comparison."""
+    return width if width is not None and math.isfinite(width) else None
+
+
+def current_headlines(out_dir: Path) -> list[Headline]:
+    """The headline the report would state now, from the sweep folder as it stands."""
+    from batchlab.report.capacities import load_capacities
+    from batchlab.report.headline import headlines
+    from batchlab.report.points import load_collection
+
+    collection = load_collection(out_dir)
+    return headlines(collection, load_capacities(collection)[0], {})
+
+
+def wide(found: list[Headline], limit_pct: float) -> list[Headline]:
+    """The comparisons measured at a common load whose interval is still wider than limit_pct."""
+    return [h for h in found if h.rate is not None and (w := width_pct(h)) is not None and w > limit_pct]
+
+
+def repeat_points(plan: Plan, found: list[Headline], repeat: int, out_dir: Path) -> list[Point]:
+    """This repeat's points: each wide comparison's strategy and the baseline at its rate (no duplicates)."""
+    by_label = {e.label: e for e in plan.entries}
+    points: dict[Path, Point] = {}
+    for h in found:
+        for label in (BASELINE, h.label):
+            folder = out_dir / point_dir(label, h.rate, repeat)
+            points.setdefault(folder, Point(by_label[label], h.rate, repeat, plan.seed, folder))
+    return list(points.values())
+
+
+def run_more_repeats(plan: Plan, out_dir: Path, index: dict, run_point: Callable[[Point], dict],
+                     save: Callable[[dict], None]) -> dict:
+    """Repeats beyond plan.repeats while a headline interval is too wide; the index gains their points and
+    a `repeats_auto` entry (the settings, the repeats run, each comparison's final width)."""
+    settings = plan.repeats_auto
+    repeat, found = plan.repeats, current_headlines(out_dir)
+    while repeat < settings.max and (todo := wide(found, settings.width_pct)):
+        for point in repeat_points(plan, todo, repeat, out_dir):
+            index["points"].append(run_point(point))
+            save(index)
+        repeat, found = repeat + 1, current_headlines(out_dir)
+    index["repeats"] = repeat
+    index["repeats_auto"] = {**settings.model_dump(), "ran": repeat,
+                             "width_pct_now": {h.label: _finite(width_pct(h)) for h in found}}
+    save(index)
+    return index

@@ -1,0 +1,216 @@
+"""A sweep's plan: the YAML grid (base: and grid:) parsed into points. Pure: no runs, no I/O but the file.
+
+Layout of a sweep folder: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic
+rates) and OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each); the names live in collector.layout.
+"""
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batchlab.runner.config import checked_config
+from batchlab.lab.sweep_grid import (AutoRates, AutoRepeats, SweepError, checked_auto, parse_grid,  # noqa: F401
+                                     underscored)
+from batchlab.collector.layout import POINT_DEPTH, point_dir
+from batchlab.protocol.settings import DEFAULT_RATE, VLLM, ConfigError, RunConfig, load_yaml, vllm_rule
+from batchlab.scheduler.strategies import label as strategy_label
+
+@dataclass(slots=True)
+class Entry:
+    """One line of the grid: a label and the RunConfig settings it lays over `base`."""
+
+    label: str
+    overrides: dict
+
+
+@dataclass(slots=True)
+class Plan:
+    """A parsed sweep config."""
+
+    base: dict
+    entries: list[Entry]
+    rates: list[float]  # empty when placed automatically (or closed loop)
+    auto: AutoRates | None  # None when rates are given
+    repeats: int
+    seed: int
+    point_timeout_s: float = 0.0  # Grid's fields of the same names
+    order: str = "auto"
+    repeats_auto: AutoRepeats | None = None
+    concurrency: list[int] = field(default_factory=list)  # closed loop: clients per point, in place of rates
+
+    def limits(self):
+        """Each point's time limits (runner.launcher.Limits): the grid's point_timeout_s; its start-up limit is the
+        point's own startup_limit_s (base or entry)."""
+        from batchlab.runner.launcher import Limits
+
+        return Limits(run_s=self.point_timeout_s)
+
+
+@dataclass(slots=True)
+class Point:
+    """One run of the grid; its traffic seed is seed + repeat, shared by every strategy."""
+
+    entry: Entry
+    rate: float  # closed loop: inf (no planned times)
+    repeat: int
+    seed: int
+    folder: Path
+    concurrency: int = 0  # closed loop's clients; 0: open loop at `rate`
+
+    def config(self, base: dict) -> RunConfig:
+        """The run's settings: base ← entry ← this point's rate (or clients), seed and folder."""
+        load = {"concurrency": self.concurrency} if self.concurrency else {"rate": self.rate}
+        values = {**base, **self.entry.overrides, **load, "seed": self.seed + self.repeat, "out": str(self.folder),
+                  "label": self.entry.label, "repeat": self.repeat}
+        return checked_config(values, {})
+
+    def record(self, status: str, reason: str = "", elapsed_s: float | None = None) -> dict:
+        """This point's row in sweep.json."""
+        cfg = {**self.entry.overrides}
+        return {"label": self.entry.label, "strategy": cfg.get("strategy"), "backend": cfg.get("backend"),
+                "rate": None if self.concurrency else self.rate,
+                **({"concurrency": self.concurrency} if self.concurrency else {}),
+                "repeat": self.repeat, "seed": self.seed + self.repeat,
+                "dir": "/".join(self.folder.parts[-POINT_DEPTH:]), "status": status, "reason": reason,
+                "elapsed_s": elapsed_s}
+
+
+def _entry(item: object, base: dict) -> Entry:
+    """'dynamic' or {strategy: continuous, backend: hf, label: ..., <RunConfig fields>}."""
+    if isinstance(item, str):
+        item = {"strategy": item}
+    if not isinstance(item, dict) or "strategy" not in item:
+        raise SweepError(f"grid.strategies: {item!r} needs a strategy name")
+    overrides = underscored(item)
+    label = str(overrides.pop("label", ""))
+    backend = overrides.get("backend", base.get("backend"))
+    if not label:
+        strategy = strategy_label(str(overrides["strategy"]))
+        label = strategy if strategy == VLLM or "backend" not in overrides else f"{strategy}-{backend}"
+    overrides.setdefault("backend", vllm_rule(str(overrides["strategy"]), backend or RunConfig().backend)[1])
+    return Entry(label, overrides)
+
+
+def parse_sets(items: list[str] | None) -> dict:
+    """--set items ['duration_s=5', 'grid.repeats=2'] → {'duration_s': 5, 'grid.repeats': 2}; each value is
+    read as YAML (5 → int, true → bool, [1, 2] → list); SweepError on an item that is no KEY=VALUE."""
+    import yaml
+
+    sets = {}
+    for item in items or []:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise SweepError(f"--set {item!r}: expected KEY=VALUE (e.g. duration_s=5 or grid.repeats=2)")
+        try:
+            sets[key.strip().replace("-", "_")] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            raise SweepError(f"--set {item!r}: cannot read {value!r}") from None
+    return sets
+
+
+def _with_sets(raw: dict, sets: dict) -> dict:
+    """The YAML's mapping with --set laid over it: `grid.KEY` into grid:, `base.KEY` or a bare KEY into base:."""
+    base, grid = dict(raw.get("base") or {}), dict(raw.get("grid") or {})
+    for key, value in sets.items():
+        section, dot, name = key.partition(".")
+        target = grid if dot and section == "grid" else base
+        if dot and section not in ("grid", "base"):
+            raise SweepError(f"--set {key}: a dotted key starts with grid. or base.")
+        target[name if dot else key] = value
+    return {**raw, "base": base, "grid": grid}
+
+
+def load_plan(path: str | Path, sets: dict | None = None) -> Plan:
+    """Parse and check a sweep YAML (top-level `base:` and `grid:`), with --set overrides (parse_sets)."""
+    raw = _with_sets(load_yaml(path), sets) if sets else load_yaml(path)
+    extra = sorted(set(raw) - {"base", "grid"})
+    if extra:
+        raise SweepError(f"{path}: unknown top-level key(s) {', '.join(extra)} (expected base, grid)")
+    base, grid = underscored(raw.get("base") or {}), underscored(raw.get("grid") or {})
+    if "startup_timeout_s" in grid:  # the former spelling of the run's own start-up limit
+        base["startup_limit_s"] = grid.pop("startup_timeout_s")
+    grid = parse_grid(grid, path)
+    checked_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
+    entries = [_entry(item, base) for item in grid.strategies]
+    labels = [e.label for e in entries]
+    if not entries or len(set(labels)) != len(labels):
+        raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
+    if grid.concurrency and ("rate" in base or "arrival" in base):
+        raise SweepError("grid.concurrency sweeps closed-loop load: it does not go with base.rate or "
+                         "base.arrival (open loop)")
+    rates = [] if grid.concurrency or grid.rates_auto else sorted(set(grid.rates or [base.get("rate", DEFAULT_RATE)]))
+    return Plan(base, entries, [float(r) for r in rates], grid.rates_auto, grid.repeats, grid.seed,
+                grid.point_timeout_s, grid.order, grid.repeats_auto,
+                sorted(set(grid.concurrency or [])))
+
+
+def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
+    """Repeat → rate → strategy, so an interrupted sweep already holds whole comparisons; the strategies'
+    order turns by one each repeat, so that none always runs first (or right after another) at a rate."""
+    n = len(plan.entries)
+    if plan.concurrency:  # closed loop: one point per client count, in its concurrency=<n> folder
+        return [Point(e, math.inf, k, plan.seed, out / point_dir(e.label, math.inf, k, concurrency=c), c)
+                for k in range(plan.repeats) for c in plan.concurrency
+                for e in plan.entries[k % n:] + plan.entries[:k % n]]
+    return [Point(e, r, k, plan.seed, out / point_dir(e.label, r, k))
+            for k in range(plan.repeats) for r in rates
+            for e in plan.entries[k % n:] + plan.entries[:k % n]]
+
+
+def interleaved(plan: Plan) -> bool:
+    """Whether the sweep runs its points in the plan's order, every worker group's pool kept warm (the
+    strategies at a rate run minutes apart, not a whole group apart: a machine whose speed drifts shifts
+    them alike), or group by group with one pool at a time (`grouped`; `auto` picks it when a point
+    runs on a GPU, where two idle engines would hold two models' memory)."""
+    if plan.order != "auto":
+        return plan.order == "interleaved"
+    settings = [{**plan.base, **e.overrides} for e in plan.entries]
+    devices = {str(s.get("device") or RunConfig().device) for s in settings
+               if s.get("backend", RunConfig().backend) in ("hf", "vllm")}  # sim and openai hold no model
+    if "auto" in devices:
+        import torch  # what the workers' `auto` will pick
+
+        devices = (devices - {"auto"}) | {"cuda" if torch.cuda.is_available() else "cpu"}
+    return devices <= {"cpu"}
+
+
+def warm_order(points: list[Point], base: dict, key_of, first: str | None = None) -> list[Point]:
+    """Points regrouped so that those whose workers share a key (`key_of(RunConfig)`) run one after
+    another on the same warm workers; within a group the plan's order (repeat → rate → strategy) is
+    kept, groups come in the order of their first point (the group of the entry labelled `first`, the
+    probe's, leads: its workers are already warm)."""
+    groups: dict = {}
+    for p in points:
+        try:
+            key = key_of(p.config(base))
+        except ConfigError:  # a point with a bad setting fails on its own when it runs
+            key = ("invalid", p.entry.label)
+        groups.setdefault(key, []).append(p)
+    ordered = list(groups.values())
+    ordered.sort(key=lambda g: not any(p.entry.label == first for p in g))
+    return [p for g in ordered for p in g]
+
+
+def probe_point(plan: Plan, folder: Path) -> tuple[Point, float]:
+    """The capacity probe's run (a burst of probe_requests within probe_duration_s on the entry labelled
+    grid.rates.auto.probe, else `dynamic`, else the first) and its duration, s."""
+    auto, entries = plan.auto, plan.entries
+    wanted = auto.probe or next((e.label for e in entries if e.label == "dynamic"), entries[0].label)
+    entry = next((e for e in entries if e.label == wanted), None)
+    if entry is None:
+        raise SweepError(f"grid.rates.auto.probe: no strategy labelled {wanted!r}")
+    return Point(entry, auto.probe_requests / auto.probe_duration_s, 0, plan.seed, folder), auto.probe_duration_s
+
+
+def span_rates(capacities_req_s: list[float], auto: AutoRates) -> list[float]:
+    """Rates that show every knee: `points` log-spaced from low × the lowest capacity to high × the highest
+    (3 significant digits, distinct)."""
+    lowest, highest, n = auto.low * min(capacities_req_s), auto.high * max(capacities_req_s), auto.points
+    return sorted({float(f"{lowest * (highest / lowest) ** (i / (n - 1)):.3g}") for i in range(n)})
+
+
+def auto_rates(capacity_req_s: float, fractions: list[float]) -> list[float]:
+    """Fractions of the measured capacity, 3 significant digits, distinct and positive."""
+    rates = {float(f"{capacity_req_s * f:.3g}") for f in fractions}
+    return sorted(r for r in rates if r > 0)
+
+

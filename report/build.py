@@ -1,0 +1,90 @@
+"""`batchlab report DIR`: load every run, compute the numbers, draw the plots, write REPORT.md."""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batchlab.report.output import link_problems, write_text
+from batchlab.report.points import Collection, ReportError, load_collection
+from batchlab.protocol.slos import parse_slos as parse_slo_items
+
+REPORT_FILE = "REPORT.md"
+
+
+@dataclass(slots=True)
+class ReportResult:
+    """Where the report went and its one-line results."""
+
+    path: Path
+    plots: list[Path]
+    headlines: list[str]
+    capacity_lines: list[str] = field(default_factory=list)  # the capacity table as plain text
+
+
+def parse_slos(items: list[str]) -> dict[str, float]:
+    """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds); ReportError on a bad item."""
+    try:
+        return parse_slo_items(items)
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: float | None) -> float | None:
+    """--rate if given (the nearest completed rate), else the headline's common load, else the middle rate."""
+    rates = collection.rates()
+    if not rates:
+        return None
+    if wanted is not None:
+        return min(rates, key=lambda r: abs(r - wanted))
+    return comparison_rate if comparison_rate is not None else rates[len(rates) // 2]
+
+
+def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None,
+               out: str | None = None, extra: list[str] | None = None) -> ReportResult:
+    """Write the plots, REPORT.md and REPORT.html into `out` (default: `folder`); the runs' files are only
+    read. `extra`: other tools' result files to place beside the strategies (with those found in the
+    folder, report.external)."""
+    from batchlab.report.external import load_external, section
+    from batchlab.report import plots, timeline
+    from batchlab.report.capacities import capacity_text, load_capacities
+    from batchlab.report.headline import headlines
+    from batchlab.report.markdown import render
+    from batchlab.report.setup import hardware
+    from batchlab.report.stats import all_stats
+
+    collection = load_collection(folder)
+    root = Path(out) if out else collection.root
+    root.mkdir(parents=True, exist_ok=True)
+    if links := link_problems(root):  # before anything is drawn: a refused report writes nothing
+        raise ReportError(*links)
+    stats = all_stats(collection, slos)
+    hardware_of = {r.label: hardware(r.settings) for r in reversed(collection.runs)}
+    capacities, source = ({}, "") if collection.closed_loop else load_capacities(collection, slos)  # by rate
+    found = [] if collection.closed_loop else headlines(collection, capacities, hardware_of)  # capacity: by rate
+    lines = [h.text for h in found]
+    at = chosen_rate(collection, next((h.rate for h in found if h.rate is not None), None), rate)
+    external = load_external(collection.root, extra)
+    made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png", external)]
+    if collection.closed_loop:
+        from batchlab.report.plots import latency_vs_concurrency
+
+        made.append(latency_vs_concurrency(stats, collection.labels(), root / "latency_vs_concurrency.png"))
+    if at is not None:
+        made += [plots.latency_cdfs(collection, stats, at, root / "latency_cdf.png"),
+                 plots.itl_distribution(collection, stats, at, root / "itl_distribution.png"),
+                 timeline.batch_timeline(collection, at, root / "batch_timeline.png"),
+                 timeline.load_over_time(collection, at, root / "batch_size_queue.png")]
+    text = render(collection, stats, lines, [p.name for p in made], at, slos, capacities, source)
+    text += "\n".join(section(external)) + ("\n" if external else "")
+    write_text(root / REPORT_FILE, text)
+    _html(collection, stats, lines, external, root)
+    return ReportResult(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [])
+
+
+def _html(collection: Collection, stats: dict, lines: list[str], external: list, root: Path) -> Path:
+    """REPORT.html beside REPORT.md in `root` (report.html)."""
+    from batchlab.report.html import HTML_FILE, write_html
+    from batchlab.report.setup import setup_lines
+
+    setup = setup_lines(collection.runs[0]) if collection.runs else []
+    return write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines,
+                      stats=stats, labels=collection.labels(), rates=collection.rates(), setup=setup,
+                      external=external)

@@ -1,0 +1,212 @@
+"""Numbers per (strategy, rate) over its repeats: collector.metrics formulas, order-statistic intervals,
+goodput, the TPOT / ITL formulas other benchmarking tools use, and paired comparisons with repeats as units.
+
+How much of a continuous batch's TPOT is other requests' prefill (split, at the end): a static batch
+prefills once, before its first token, so its requests' TPOT holds decode steps only. In a continuous batch
+a request that joins is prefilled inside the running rows' steps (whole, or in chunks within the step's token
+budget), so the running rows' TPOT also holds the joiners' prefill: on a device where a step costs what its
+tokens cost (a CPU), that is the price of the joiner's early first token, not slowness per token. split
+divides each finished request's inter-token gaps by the step that produced the later token: one that
+carried prompt tokens (`steps.parquet` prefill_tokens > 0) or one that decoded only. Measured, not
+modelled: no step time is estimated. Runs whose steps record no prompt tokens (static batches; the vLLM
+backend, whose steps do not report them) give None.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from batchlab.collector.intervals import PairedResult, between_repeats, quantile_ci
+from batchlab.collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics
+from batchlab.report.points import RunData
+
+CI_LEVEL = 0.95
+CI_METRICS = ("ttft", "e2e")  # request-level latencies that get percentile intervals
+CI_QUANTILES = (50, 99)
+FAILED_MARK_SHARE = 0.01  # above this failed share a latency figure flags the point: it flatters
+
+
+@dataclass(slots=True)
+class GroupStats:
+    """One strategy at one rate, its repeats pooled (latencies in s)."""
+
+    label: str
+    rate: float
+    repeats: int
+    throughput_tok_s: float  # mean over repeats
+    requests_per_s: float
+    scheduled: int
+    failed: int
+    latency: dict  # metric -> {mean, p50, p90, p99}
+    ci: dict  # "ttft_p50" -> (lo, hi), None when too few requests for that percentile (intervals.quantile_ci)
+    peak_memory_bytes: int
+    useful_fraction: float
+    goodput: float | None
+    tools: dict = field(default_factory=dict)  # tool formula -> {mean, p50, p99} (s)
+    joins: dict | None = None  # split: joiners' prefill in TPOT (None: no step had any)
+
+    @property
+    def failed_share(self) -> float:
+        """Failed ÷ scheduled over the repeats (0 when nothing was scheduled)."""
+        return self.failed / self.scheduled if self.scheduled else 0.0
+
+    def failed_text(self) -> str:
+        """'50 / 234 (21%)': latencies cover finished requests only, so this goes beside every one."""
+        return f"{self.failed} / {self.scheduled} ({share_text(self.failed_share)})"
+
+
+def share_text(share: float) -> str:
+    """A share as a percent, with a decimal near 0% and 100% so a few failures never read as none (or all)."""
+    return f"{share:.1%}" if 0 < share < 0.01 or 0.99 < share < 1 else f"{share:.0%}"
+
+
+def finished_requests(run: RunData) -> pd.DataFrame:
+    """The run's finished requests, with their latency columns."""
+    df = request_metrics(run.requests)
+    return df[df["status"] == "finished"]
+
+
+def percentile_ci(samples: list[np.ndarray], q: float, level: float = CI_LEVEL) -> tuple[float, float] | None:
+    """Order-statistic interval of the q-th percentile over the repeats' values, each repeat a cluster."""
+    samples = [s for s in samples if s.size]
+    if not samples:
+        return None
+    clusters = np.repeat(np.arange(len(samples)), [s.size for s in samples])
+    return quantile_ci(np.concatenate(samples), q, level, clusters=clusters)
+
+
+def tool_formulas(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
+    """TPOT / ITL as vLLM, GuideLLM and AIPerf compute them, over these finished requests."""
+    multi = finished[finished["output_len"] > 1]
+    tok = tokens[tokens["request_id"].isin(multi["request_id"])].sort_values(["request_id", "token_index"])
+    by_request = tok.groupby("request_id")["time"]
+    gaps = inter_token_latencies(tok)
+    per_request_gap = tok.assign(gap=by_request.diff()).groupby("request_id")["gap"].mean()
+    span = (by_request.max() - by_request.min()) / (multi.set_index("request_id")["output_len"] - 1)
+    return {
+        "vLLM TPOT: (e2e−ttft)/(out−1) per request": percentiles((multi["e2e"] - multi["ttft"])
+                                                               / (multi["output_len"] - 1)),
+        "vLLM ITL: every gap pooled": percentiles(gaps),
+        "GuideLLM ITL: mean gap per request": percentiles(per_request_gap),
+        "AIPerf ITL: (last−first)/(out−1) per request": percentiles(span.dropna()),
+    }
+
+
+def _peak_memory(runs: list[RunData]) -> int:
+    peaks = [r.summary.peak_memory_bytes for r in runs]
+    peaks += [int(r.batches["peak_memory_bytes"].max()) for r in runs
+              if not r.batches.empty and "peak_memory_bytes" in r.batches]
+    return max(peaks, default=0)
+
+
+def _useful_fraction(runs: list[RunData]) -> float:
+    values = [r.batches["useful_fraction"] for r in runs if "useful_fraction" in r.batches]
+    pooled = pd.concat(values).dropna() if values else pd.Series(dtype="float64")
+    return float(pooled.mean()) if not pooled.empty else float("nan")
+
+
+def _goodput(runs: list[RunData], slos: dict | None) -> float | None:
+    if not slos:
+        return None
+    parts = [goodput(r.requests, slos) for r in runs]
+    submitted = sum(p["submitted"] for p in parts)
+    return sum(p["met"] for p in parts) / submitted if submitted else None
+
+
+def _keyed(df: pd.DataFrame, repeat: int) -> pd.DataFrame:
+    """Request ids and worker names made distinct per repeat (pooling repeats keeps them apart)."""
+    out = df.assign(request_id=df["request_id"] + (repeat << 32)) if "request_id" in df else df
+    return out.assign(worker=out["worker"].astype(str) + f"#{repeat}") if "worker" in out else out
+
+
+def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
+    """Pool the repeats of one strategy at one rate."""
+    summaries = [r.summary for r in runs]
+    finished = [finished_requests(r) for r in runs]
+    pooled = pd.concat(finished, ignore_index=True)
+    itl = pd.concat([inter_token_latencies(r.tokens, f["request_id"]) for r, f in zip(runs, finished)])
+    latency = {m: percentiles(itl if m == "itl" else pooled[m]) for m in ("ttft", "tpot", "itl", "e2e")}
+    ci = {f"{m}_p{q}": percentile_ci([f[m].dropna().to_numpy() for f in finished], q)
+          for m in CI_METRICS for q in CI_QUANTILES}
+    tokens = pd.concat([_keyed(r.tokens, k) for k, r in enumerate(runs)], ignore_index=True)
+    keyed = pd.concat([_keyed(f, k) for k, f in enumerate(finished)])
+    steps = [_keyed(r.steps, k) for k, r in enumerate(runs) if not r.steps.empty]
+    return GroupStats(
+        runs[0].label, runs[0].rate, len(runs),
+        float(np.mean([s.throughput_tok_s for s in summaries])), float(np.mean([s.requests_per_s for s in summaries])),
+        sum(s.scheduled for s in summaries), sum(s.failed for s in summaries),
+        latency, ci, _peak_memory(runs), _useful_fraction(runs), _goodput(runs, slos),
+        tool_formulas(keyed, tokens),
+        split(keyed, tokens, pd.concat(steps, ignore_index=True)) if steps else None)
+
+
+def all_stats(collection, slos: dict | None = None) -> dict[tuple[str, float], GroupStats]:
+    """GroupStats for every (label, rate) with at least one completed repeat."""
+    return {(label, rate): group_stats(runs, slos) for label in collection.labels() for rate in collection.rates()
+            if (runs := collection.group(label, rate))}
+
+
+def _pair_key(run: RunData) -> tuple:
+    """Runs whose request ids name the same requests: same planned rate, repeat and traffic seed."""
+    return run.rate, run.repeat, run.settings.get("seed")
+
+
+def paired_latency(runs_a: list[RunData], runs_b: list[RunData], metric: str = "ttft", q: float | None = 50,
+                   level: float = CI_LEVEL) -> PairedResult | None:
+    """a's q-th percentile (q None: mean) of a request latency against b's, in percent. Each repeat is one unit:
+    its ratio is taken over the requests both finished in it, paired by (rate, repeat, seed, request id), and
+    the interval comes from the spread of those ratios between repeats (intervals.between_repeats; one repeat:
+    no interval). None if no repeat pairs."""
+    others = {_pair_key(r): r for r in runs_b}
+    ratios, n_pairs = [], 0
+    for run in runs_a:
+        other = others.get(_pair_key(run))
+        if other is None:
+            continue
+        both = finished_requests(run)[["request_id", metric]].merge(
+            finished_requests(other)[["request_id", metric]], on="request_id", suffixes=("_a", "_b")).dropna()
+        if both.empty or not _stat(both[f"{metric}_b"], q) > 0:
+            continue
+        ratios.append(_stat(both[f"{metric}_a"], q) / _stat(both[f"{metric}_b"], q))
+        n_pairs += len(both)
+    return between_repeats(ratios, level, n_pairs) if ratios else None
+
+
+def _stat(values: pd.Series, q: float | None) -> float:
+    return float(values.mean()) if q is None else float(np.percentile(values.to_numpy(), q))
+
+
+def _carried(tokens: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
+    """Whether the step that produced each token (its worker's step whose span holds the token's time)
+    carried prompt tokens; NA where no step holds it."""
+    carried = pd.Series(pd.NA, index=tokens.index, dtype="boolean")
+    for worker, own in steps.groupby("worker"):
+        own = own.sort_values("start_time")
+        mine = (tokens["worker"] == worker).to_numpy()
+        times = tokens["time"].to_numpy()[mine]
+        i = np.searchsorted(own["start_time"].to_numpy(), times, side="right") - 1
+        j = np.clip(i, 0, None)
+        flags = pd.array(own["prefill_tokens"].to_numpy()[j] > 0, dtype="boolean")
+        flags[~((i >= 0) & (times <= own["end_time"].to_numpy()[j]))] = pd.NA
+        carried.loc[mine] = flags
+    return carried
+
+
+def split(finished: pd.DataFrame, tokens: pd.DataFrame, steps: pd.DataFrame) -> dict | None:
+    """For finished requests of more than one token: TPOT over decode-only gaps (per request, then
+    percentiles), the share of gaps that ended in a step carrying prompt tokens and both kinds' mean gap (s)."""
+    if ("worker" not in finished or steps.empty or "prefill_tokens" not in steps
+            or not (steps["prefill_tokens"] > 0).any()):
+        return None
+    multi = finished.loc[finished["output_len"] > 1, ["request_id", "worker"]]
+    tok = tokens.merge(multi, on="request_id").sort_values(["request_id", "token_index"], ignore_index=True)
+    tok["carried"] = _carried(tok, steps)
+    tok["gap"] = tok.groupby("request_id")["time"].diff()
+    gaps = tok[tok["gap"].notna() & tok["carried"].notna()]
+    if gaps.empty:
+        return None
+    chunk, plain = gaps[gaps["carried"].astype(bool)], gaps[~gaps["carried"].astype(bool)]
+    return {"decode_only_tpot": percentiles(plain.groupby("request_id")["gap"].mean()),
+            "chunk_share": len(chunk) / len(gaps),
+            "chunk_gap_mean": float(chunk["gap"].mean()) if len(chunk) else None,
+            "plain_gap_mean": float(plain["gap"].mean()) if len(plain) else None}

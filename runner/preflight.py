@@ -1,0 +1,146 @@
+"""Settings checked before any process starts: the sim preset, a plugin backend, the model (a local
+folder, a built-in name, or in the local Hugging Face cache; else the Hub must answer at once), the key
+folder, the run's socket paths (TMPDIR), a --save-result file. One line each."""
+import os
+import tempfile
+from pathlib import Path
+
+from batchlab.protocol.setting_groups import BACKENDS
+from batchlab.protocol.settings import ConfigError, RunConfig
+
+HUB_TIMEOUT_S = 1.5  # one metadata request, never the 50 s of retries a from_pretrained would spend
+PATH_PREFIXES = ("/", "./", "../", "~")
+# An ipc:// socket's path must fit sockaddr_un.sun_path (108 bytes on Linux) with its closing NUL.
+IPC_PATH_MAX_BYTES = 107
+KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")  # keys generate's
+
+
+def check_before_start(cfg: RunConfig) -> None:
+    """ConfigError (one line) for a preset, plugin backend, model, key folder or socket folder that cannot
+    work; nothing starts first."""
+    if cfg.keys:
+        check_keys(cfg.keys)
+    if cfg.backend == "sim":
+        check_preset(cfg.preset)
+    if cfg.backend not in BACKENDS:  # a plugin: importable, a Backend, running the strategy's mode
+        from batchlab.scheduler.strategies import resolve
+        from batchlab.worker.factory import backend_class
+
+        backend_class(cfg.backend, resolve(cfg).mode)
+    if _uses_model_files(cfg):
+        check_model(cfg.model)
+
+
+def check_launch(cfg: RunConfig, save_result: str | None = None) -> None:
+    """What `batchlab run` needs beyond the settings: its sockets' folder, and where --save-result goes."""
+    check_ipc_folder()
+    if save_result:
+        check_result_file(save_result)
+
+
+def check_keys(folder: str) -> None:
+    """The key folder holds what `batchlab keys generate` writes, readable as CurveZMQ certificates."""
+    import zmq.auth
+
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"--keys {folder}: no such folder (make one with `batchlab keys generate {folder}`)")
+    missing = [name for name in (*KEY_FILES, "authorized") if not (path / name).exists()]
+    if missing:
+        raise ConfigError(f"--keys {folder} lacks {', '.join(missing)} (make the folder with `batchlab keys "
+                          "generate DIR`)")
+    for name in KEY_FILES:
+        try:
+            zmq.auth.load_certificate(path / name)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--keys {folder}: {name} is not a readable key ({exc})") from None
+
+
+def check_ipc_folder() -> None:
+    """The run's ipc:// sockets (in a temp folder: runner.procs.run_temp_folder) fit the OS's path limit."""
+    from batchlab.runner.procs import TEMP_PREFIX, run_socket_paths
+
+    longest = max(len(os.fsencode(p)) for p in run_socket_paths())
+    if longest > IPC_PATH_MAX_BYTES:
+        raise ConfigError(f"the temp folder {tempfile.gettempdir()} is too long for the run's sockets: their paths "
+                          f"({TEMP_PREFIX}…/…sock inside it) would be {longest} bytes, over the OS's limit of "
+                          f"{IPC_PATH_MAX_BYTES}; set TMPDIR to a shorter folder (e.g. /tmp)")
+
+
+def check_result_file(path: str) -> None:
+    """--save-result names a file that can be written: not a folder, in a folder that exists or can be
+    made, where a file can be created (tried with a nameless temporary file)."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ConfigError(f"--save-result {path} is a folder; name a file (e.g. {Path(path) / 'result.json'})")
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"--save-result {path}: {folder} is not a folder")
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise ConfigError(f"--save-result {path}: no file can be created in {folder} ({exc.strerror or exc})") from None
+
+
+def check_preset(name: str) -> None:
+    """The sim preset exists and reads as a step model."""
+    from batchlab.worker.stepmodel import get_preset
+
+    try:
+        get_preset(name)
+    except ValueError as exc:
+        raise ConfigError(f"--preset: {exc}") from None
+
+
+def _uses_model_files(cfg: RunConfig) -> bool:
+    """A model backend loads the model; traffic tokenizes real prompts with its tokenizer. An openai
+    server's model name is the server's business."""
+    if cfg.backend == "openai":
+        return False
+    return cfg.backend in ("hf", "vllm") or cfg.dataset != "synthetic"
+
+
+def check_model(name: str) -> None:
+    """tiny-mistral and NAME:random are built locally; a path must exist; a Hub id must be in the local
+    cache, or the Hub must say it exists within HUB_TIMEOUT_S."""
+    from batchlab.models.archs import TINY_MISTRAL, random_arch
+
+    if name == TINY_MISTRAL:
+        return
+    try:
+        if random_arch(name) is not None:
+            return
+    except ValueError as exc:
+        raise ConfigError(f"--model: {exc}") from None
+    if Path(name).expanduser().exists():
+        return
+    if name.startswith(PATH_PREFIXES):
+        raise ConfigError(f"--model {name}: no such folder")
+    _check_hub_model(name)
+
+
+def _check_hub_model(name: str) -> None:
+    try:
+        from huggingface_hub import constants, model_info, try_to_load_from_cache
+        from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+    except ImportError:  # no Hub client: the backend's own loader reports what is wrong
+        return
+    try:
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+    except HFValidationError:
+        raise ConfigError(f"--model {name!r} is neither a folder nor a valid Hugging Face model id") from None
+    where = f"neither a local folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    if constants.HF_HUB_OFFLINE or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
+        raise ConfigError(f"--model {name} is {where}, and the Hub is off (HF_HUB_OFFLINE)")
+    try:
+        model_info(name, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        return  # it exists; the download needs a token, which the loader reports
+    except RepositoryNotFoundError:
+        raise ConfigError(f"--model {name} is {where}, and the Hub has no such model") from None
+    except Exception as exc:  # no network, DNS, a timeout: all mean the weights cannot come
+        raise ConfigError(f"--model {name} is {where}, and the Hub cannot be reached "
+                          f"({type(exc).__name__}); download it first or give a local folder") from None

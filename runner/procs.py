@@ -1,0 +1,245 @@
+"""Process trees a launcher owns: each child leads its own process group, and the whole group is
+reaped on every exit path, so nothing a run started (vLLM's engine processes included) outlives it.
+
+Why a group per child: a role may start processes of its own (a vLLM engine core, tokenizer pools,
+compiler workers); they inherit the group, so one `killpg` reaches them even after their parent died
+and they were re-parented to init. A group of its own also keeps the terminal's Ctrl-C away from the
+children: it reaches only the launcher, which then stops the roles in order (producers first).
+"""
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchlab.runner import die_with_parent, remove_temp_of
+
+log = logging.getLogger("batchlab.procs")
+REAP_WAIT_S = 5.0  # after SIGKILL to a group, how long to wait for its members to be gone
+TEMP_PREFIX = "batchlab-"  # a run's temp folder: batchlab-<owner pid>-<random>
+MKDTEMP_RANDOM_CHARS = 8  # the random part tempfile.mkdtemp adds to a name
+SPAWN_STOP_GRACE_S = 60.0  # a child stopped as it spawns ends once it has imported (seconds on a busy host)
+
+
+@dataclass
+class Child:
+    """One launched role: its process leads a process group of the same id."""
+
+    name: str
+    proc: mp.process.BaseProcess
+    stop_asked: object = None  # a multiprocessing Event: the launcher's stop, for a child not yet leading its group
+
+
+# Held (blocked) from the spawn until the child leads its own group (`start`, `become_group_leader`).
+HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP})
+
+
+def become_group_leader(stop_asked, *, outlives_group_signals: bool = False) -> None:
+    """In a child, first thing: die with the launcher (SIGTERM), then lead a new process group; SIGINT,
+    ignored since the spawn (`start`), is Python's own again once the terminal's Ctrl-C cannot reach us.
+    A SIGTERM or SIGHUP that came while the child was still in its launcher's group waited (held since
+    the spawn) and ends it now, as it would have then; but a child that `outlives_group_signals` (the
+    collector: killed at spawn by a signal to the whole group, a terminal's hangup or `kill -TERM -PGID`,
+    it would leave every request without a row) drops it: the launcher got it too and stops the roles
+    in order. The launcher's own stop is `stop_asked` (an event), looked at once signals go through."""
+    die_with_parent()  # already done when this package was imported (runner/__init__.py); idempotent
+    if orphaned():  # the launcher died before the prctl took effect
+        remove_temp_of(launcher_pid())
+        os._exit(128 + signal.SIGTERM)
+    os.setpgid(0, 0)
+    while held := HELD_SIGNALS & signal.sigpending():
+        info = signal.sigtimedwait(held, 0)  # a signal ignored here (nohup's SIGHUP) is held all the same
+        if info is not None and not outlives_group_signals and signal.getsignal(info.si_signo) != signal.SIG_IGN:
+            if orphaned():  # the held signal was its death's (PR_SET_PDEATHSIG): nobody else cleans up
+                remove_temp_of(launcher_pid())
+            os._exit(128 + info.si_signo)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+    if orphaned() or stop_asked.is_set():  # the launcher died or stopped us meanwhile: its signal was held
+        remove_temp_of(launcher_pid()) if orphaned() else None
+        os._exit(128 + signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def launcher_pid() -> int | None:
+    """The pid of the process that spawned this one (None outside a multiprocessing child)."""
+    parent = mp.parent_process()
+    return None if parent is None else parent.pid
+
+
+def orphaned() -> bool:
+    """True in a spawned child whose launcher is gone (this process was re-parented)."""
+    pid = launcher_pid()
+    return pid is not None and os.getppid() != pid
+
+
+def run_temp_folder() -> str:
+    """A private folder for a run's ipc sockets, named by its owner's pid so that whoever finds it
+    with the owner dead (a SIGKILLed launcher) may remove it: see runner.remove_temp_of, clean_stale_temp."""
+    return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+
+
+def run_socket_paths() -> list[str]:
+    """The paths this process's run would give its ipc:// sockets (run_temp_folder, Addresses.ipc), with
+    the longest random part mkdtemp adds, so their length can be checked before anything starts."""
+    from batchlab.protocol.sockets import Addresses
+
+    folder = os.path.join(tempfile.gettempdir(), f"{TEMP_PREFIX}{os.getpid()}-{'x' * MKDTEMP_RANDOM_CHARS}")
+    addrs = Addresses.ipc(folder)
+    return [a.removeprefix("ipc://") for a in (addrs.scheduler, addrs.collector)]
+
+
+def clean_stale_temp() -> None:
+    """Remove run folders whose owner process is gone (a launcher killed before it could clean up)."""
+    import psutil
+
+    for folder in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
+        owner = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def redirect_output(log_file: Path) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so C libraries' prints and
+    Python warnings too) to `log_file`: the terminal keeps batchlab's own progress only."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def start(ctx, name: str, entry, *args) -> Child:
+    """Start `entry(stop_asked, *args)` as a process (which must call become_group_leader(stop_asked)
+    first). Until it leads its own group the child ignores SIGINT and holds SIGTERM and SIGHUP (a signal
+    mask survives fork and exec): a signal to the launcher's whole group at spawn is the launcher's."""
+    stop_asked = ctx.Event()
+    proc = ctx.Process(target=entry, args=(stop_asked, *args), name=name, daemon=False)
+    child = Child(name, proc, stop_asked)
+    try:
+        with sigint_ignored(), signals_held():  # a Ctrl-C before the child leads its own group misses it
+            proc.start()
+    except KeyboardInterrupt:  # a SIGTERM held during the spawn came as it ended: the caller never gets
+        if proc.pid is not None:  # this child, so it is stopped here (it sees stop_asked at once)
+            stop([child], signal.SIGTERM, SPAWN_STOP_GRACE_S)
+        raise
+    return child
+
+
+def start_resource_tracker() -> None:
+    """multiprocessing's resource tracker (one process in the launcher's group; every Event of a run is
+    registered with it), started holding SIGHUP for good: it ignores SIGINT and SIGTERM itself, and a
+    terminal's hangup to the group must not kill it under a launcher that is still writing the run."""
+    from multiprocessing import resource_tracker
+
+    with signals_held():
+        resource_tracker.ensure_running()
+
+
+@contextmanager
+def signals_held():
+    """SIGTERM and SIGHUP wait inside (blocked); a process started inside inherits them held."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextmanager
+def sigint_ignored():
+    """SIGINT is ignored inside (main thread only; elsewhere Python allows no handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def signal_group(child: Child, sig: int) -> None:
+    """Send `sig` to the child's whole group (to the child alone before it has made its group)."""
+    pid = child.proc.pid
+    if pid is None:
+        return
+    for send in (lambda: os.killpg(pid, sig), lambda: os.kill(pid, sig)):
+        try:
+            send()
+            return
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group `pgid` exists (zombies of our own children excepted)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def reap(children: list[Child]) -> None:
+    """Kill whatever is left of each child's group (grandchildren included) and wait until it is gone."""
+    for c in children:
+        if c.proc.pid is None:
+            continue
+        if c.proc.is_alive():
+            c.proc.kill()
+        c.proc.join(timeout=REAP_WAIT_S)
+        try:
+            os.killpg(c.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+        deadline = time.monotonic() + REAP_WAIT_S
+        while group_alive(c.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if group_alive(c.proc.pid):
+            log.error("processes of %s's group %d survived SIGKILL", c.name, c.proc.pid)
+
+
+def stop(children: list[Child], sig: int, grace_s: float) -> None:
+    """Signal each live child, wait up to grace_s for all, then SIGKILL the rest and reap every group. A Ctrl-C
+    meanwhile (an impatient second one) ends the grace at once; nothing cuts the reaping short."""
+    with _Hurry() as hurry:
+        for c in children:
+            if c.stop_asked is not None:  # first: a child still holding signals (at spawn) looks at it after
+                c.stop_asked.set()
+            if c.proc.is_alive():
+                signal_group(c, sig)
+        deadline = time.monotonic() + grace_s
+        for c in children:
+            while c.proc.is_alive() and not hurry.pressed and time.monotonic() < deadline:
+                c.proc.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+        reap(children)
+
+
+class _Hurry:
+    """While stopping: SIGINT (in the main thread) sets `pressed` instead of raising KeyboardInterrupt, so a
+    second Ctrl-C cannot leave a child group unreaped; the handler before is restored on exit."""
+
+    def __init__(self) -> None:
+        self.pressed, self.before = False, None
+
+    def __enter__(self) -> "_Hurry":
+        if threading.current_thread() is threading.main_thread():
+            self.before = signal.signal(signal.SIGINT, self._press)
+        return self
+
+    def _press(self, signum, frame) -> None:
+        self.pressed = True
+        log.warning("interrupted again: stopping without waiting")
+
+    def __exit__(self, *exc) -> None:
+        if self.before is not None:
+            signal.signal(signal.SIGINT, self.before)
