@@ -7,11 +7,12 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFl
                       model_validator)
 
 from batchlab.collector.capacity import MAX_PROBES, WIDTH
+from batchlab.protocol.setting_groups import BatchlabError
 
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # model loads, engine compilation and warm-up: minutes on a slow host
 
 
-class SweepError(ValueError):
+class SweepError(BatchlabError, ValueError):
     """A sweep that cannot run; the CLI prints it as one line and exits 1."""
 
 

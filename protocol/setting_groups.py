@@ -26,7 +26,12 @@ def setting(default=PydanticUndefined, help: str = "", *, unit: str = "", note: 
     return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **bounds)
 
 
-class ConfigError(ValueError):
+class BatchlabError(Exception):
+    """The root of every error batchlab raises for a user's input or a run's fault (batchlab.api's one
+    hierarchy; each subclass also keeps its built-in base, e.g. ConfigError is a ValueError)."""
+
+
+class ConfigError(BatchlabError, ValueError):
     """A setting that cannot work; the CLI prints it as one line and exits 1."""
 
 
