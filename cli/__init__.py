@@ -1,7 +1,8 @@
 """The `batchlab` command line.
 
-A Ctrl-C while it is still importing (a second or so, before any process or file exists) ends it quietly
-with exit code 130; main.py hands SIGINT back to Python once imported. A child that `batchlab run`
+A Ctrl-C while the command is still importing (a second or so, before any process or file exists) ends it
+quietly with exit code 130; main.py hands SIGINT back to Python once imported. Imported by another program
+(batchlab.api), this package changes no signal handler of that program's process. A child that `batchlab run`
 spawned (multiprocessing imports this package first thing, before the role's code) is linked to its
 launcher at once: it gets SIGTERM when the launcher ends. Until it leads its own process group
 (procs.become_group_leader) it ignores SIGINT and holds SIGTERM and SIGHUP (procs.start): the collector
@@ -21,6 +22,9 @@ from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # Linux prctl: a signal this process gets when its parent dies
 SPAWNED = "--multiprocessing-fork" in sys.argv  # a multiprocessing child (spawn start method)
+# The batchlab command itself: its console script, or `python -m batchlab.cli.main` (argv[0] reads "-m" while
+# the packages of the -m module import). A program that imports batchlab as a library keeps its handlers.
+COMMAND = sys.argv[:1] == ["-m"] or Path(sys.argv[0] if sys.argv else "").name == "batchlab"
 PARENT_PID = os.getppid()  # the launcher, unless it died before this line (procs.orphaned checks again)
 
 
@@ -114,5 +118,5 @@ if SPAWNED:
     signal.signal(signal.SIGTERM, _terminated_while_importing)
     if os.getppid() != PARENT_PID:  # died between the two lines
         _terminated_while_importing(signal.SIGTERM, None)
-elif signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+elif COMMAND and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _interrupted_while_importing)
