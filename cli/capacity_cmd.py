@@ -19,34 +19,17 @@ Preset = Annotated[Optional[str], typer.Option(help="with --simulate: the step-t
                                                    "one per backend kind: hf=P,hf-loop=P,vllm=P")]
 
 
-def run_capacity_cmd(config: str, out: str, labels: list[str] | None, given: dict, simulated: bool,
+def run_capacity_cmd(config: str, out: str | None, labels: list[str] | None, given: dict, simulated: bool,
                      preset: str | None = None) -> dict:
-    """Load the plan, search every (or each listed) strategy; capacity.json's content."""
-    from batchlab.cli.capacity_search import SimulatedSearch, capacity_document, run_capacity
-    from batchlab.cli.capacity_search import search_all
-    from batchlab.cli.pool import PoolKeeper
-    from batchlab.cli.sweep_plan import SweepError, checked_auto, interleaved, load_plan
-    from batchlab.collector.layout import WORKERS_DIR
-
-    plan = load_plan(config)
-    unknown = sorted(set(labels or []) - {e.label for e in plan.entries})
-    if unknown:
-        raise SweepError(f"--strategy: no grid entry labelled {', '.join(unknown)}")
-    settings = checked_auto({**(plan.auto.model_dump() if plan.auto else {}),
-                             **{k: v for k, v in given.items() if v is not None}}, "capacity options")
-    if simulated:
-        from batchlab.cli.sim_presets import assign_presets
-
-        plan.base.update({"preset": preset} if preset else {})
-        assign_presets(plan)  # each entry plays its own backend's step model, as in `simulate`
-        doc = capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, labels), settings)
-        return doc | {"simulated": True}  # no plan_hash: a live search never takes it for its own on resume
+    """batchlab.api.capacity with the terminal's live view (a live search); capacity.json's content.
+    Simulated, capacity.json goes to `out` only when it is not None."""
+    from batchlab import api
     from batchlab.collector.report.live import SweepView
 
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with SweepView() as view, PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(plan)) as pools:
-        return run_capacity(plan, out_dir, settings, pools, view, labels)
+    if simulated:
+        return api.capacity(config, out, strategies=labels, simulated=True, preset=preset, **given).doc
+    with SweepView() as view:
+        return api.capacity(config, out, strategies=labels, on_progress=view, **given).doc
 
 
 def capacity(config: Config, *, out: Out = None, strategy: Labels = None, duration_s: Duration = None,
@@ -62,15 +45,10 @@ def capacity(config: Config, *, out: Out = None, strategy: Labels = None, durati
     given = {"search_duration_s": duration_s, "saturated_duration_s": saturated_s, "width": width,
              "max_probes": max_probes}
     with resumable(out):
-        doc = run_capacity_cmd(config, out, labels, given, simulate, preset)
+        doc = run_capacity_cmd(config, out if out_given or not simulate else None, labels, given, simulate, preset)
     for line in capacity_text(doc["strategies"]):
         typer.echo(line)
     if not simulate:
         typer.echo(f"capacity.json and every probe's folder in {out}; batchlab report {out} plots the probes")
     elif out_given:  # what the live search writes there, less the probes' folders (its probes ran in virtual time)
-        from batchlab.collector.layout import CAPACITY_FILE
-        from batchlab.protocol.files import write_json_atomic
-
-        Path(out).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(Path(out) / CAPACITY_FILE, doc, default=str)
         typer.echo(f"capacity.json in {out} (searched in virtual time: no probe folders)")

@@ -61,18 +61,43 @@ class Progress:
                 + (f"  (ended: {', '.join(dead)})" if dead else ""))
 
 
+class RunStatus:
+    """A run's progress on stderr, as a progress callback (batchlab.api.Event ticks): a live line on a
+    terminal (while this is entered as a context), else a plain line every LOG_INTERVAL_S."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.console, self.progress = Console(stderr=True), Progress(cfg)
+        self.live: Live | None = None
+        self.logged_at = float("-inf")
+
+    def __enter__(self) -> "RunStatus":
+        if self.console.is_terminal:
+            self.live = Live(Text(""), console=self.console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+            self.live = None
+
+    def __call__(self, event) -> None:
+        """Show a tick (other events are not a lone run's)."""
+        if event.kind == "tick":
+            self.tick(event.elapsed_s, event.alive)
+
+    def tick(self, elapsed_s: float, alive: dict[str, bool]) -> None:
+        """launch_run's on_tick: refresh the live line, or log one now and then."""
+        if self.live is not None:
+            self.live.update(Text(self.progress.text(elapsed_s, alive)))
+            return
+        self.progress.tick(elapsed_s)
+        if elapsed_s - self.logged_at >= LOG_INTERVAL_S:
+            self.logged_at = elapsed_s
+            self.console.print(f"{time.strftime('%H:%M:%S')} {self.progress.text(elapsed_s, alive)}", soft_wrap=True)
+
+
 def run_with_status(cfg: RunConfig) -> dict:
     """launch_run with its progress: a live line on a terminal, else a logged line every few seconds."""
-    console, progress = Console(stderr=True), Progress(cfg)
-    if not console.is_terminal:
-        last = [float("-inf")]
-
-        def log_tick(elapsed_s: float, alive: dict[str, bool]) -> None:
-            progress.tick(elapsed_s)
-            if elapsed_s - last[0] >= LOG_INTERVAL_S:
-                last[0] = elapsed_s
-                console.print(f"{time.strftime('%H:%M:%S')} {progress.text(elapsed_s, alive)}", soft_wrap=True)
-
-        return launch_run(cfg, on_tick=log_tick)
-    with Live(Text(""), console=console, refresh_per_second=4, transient=True) as live:
-        return launch_run(cfg, on_tick=lambda e, alive: live.update(Text(progress.text(e, alive))))
+    with RunStatus(cfg) as status:
+        return launch_run(cfg, on_tick=status.tick)

@@ -3,7 +3,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchlab.cli.fanout import Fanout, Processes, RayAddress
+from batchlab.cli.fanout import Processes, RayAddress
 from batchlab.cli.options import fields_of, option, with_settings
 from batchlab.protocol.setting_groups import CollectorSettings, SchedulerSettings, TrafficSettings
 
@@ -29,11 +29,9 @@ SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields
 @with_settings(*SIMULATED, custom=CUSTOM)
 def simulate(config: ConfigArg = None, *, overrides: dict, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
-    fanout = Fanout(processes, ray)
-    from batchlab.cli.sim_plan import plan_simulation
-    from batchlab.cli.sim_run import run_simulation
+    from batchlab import api
 
-    results = run_simulation(plan_simulation(config, overrides), fanout=fanout)
+    results = api.simulate(config, processes=processes, ray=ray, **overrides).points
     _print_table(results)
     _exit_by_verdict(results)
 

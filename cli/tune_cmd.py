@@ -54,8 +54,8 @@ def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confir
 
 
 def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: int = 20,
-             fanout: Fanout | None = None) -> dict:
-    """Search, print the ranked table, confirm the best `confirm_k` live; OUT/tune.json's record."""
+             fanout: Fanout | None = None, show: bool = True) -> dict:
+    """Search, print the ranked table (`show`), confirm the best `confirm_k` live; OUT/tune.json's record."""
     from batchlab.protocol.files import write_json_atomic
     from batchlab.scheduler.strategies import load_class
     from batchlab.traffic.run_schedule import make_schedule
@@ -74,12 +74,14 @@ def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: in
               "candidates": [{"rank": i + 1, "knobs": knobs, **figs} for i, (knobs, figs) in enumerate(ranked)]}
     _write_csv(out / "tune.csv", record["candidates"])
     write_json_atomic(out / "tune.json", record, default=str)
-    _print_ranked(record, top, out)
+    if show:
+        _print_ranked(record, top, out)
     _write_predicted(cfg, schedule, ranked[:max(confirm_k, 1)], out)
     if confirm_k:
         record["confirm"] = confirm_live(cfg, ranked[:confirm_k], out)
         write_json_atomic(out / "tune.json", record, default=str)
-        _print_confirm(record["confirm"])
+        if show:
+            _print_confirm(record["confirm"])
     return record
 
 

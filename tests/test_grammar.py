@@ -49,7 +49,7 @@ def test_a_bool_flag_takes_a_true_or_false_word(words, expected):
 
 def test_a_bool_word_reaches_the_run_config(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr("batchlab.cli.live.run_with_status", lambda cfg: seen.setdefault("cfg", cfg) and make_summary())
+    monkeypatch.setattr("batchlab.api.run", lambda cfg, **_kw: seen.setdefault("cfg", cfg) and make_summary())
     monkeypatch.setattr("batchlab.cli.result_table.show", lambda summary, out: None)
     result = runner.invoke(app, ["run", "--strict-memory", "true", "--enforce-eager", "false",
                                  "--out", str(tmp_path / "run")])

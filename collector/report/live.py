@@ -65,6 +65,7 @@ class SweepView:
                          transient=True) if self.console.is_terminal else None
         self.task = None
         self.counts = {"done": 0, "skipped": 0, "failed": 0}
+        self._ticking: tuple = (None, None, None)  # (point, phase, its ticker) of the run now ticking
 
     def __enter__(self) -> "SweepView":
         if self.live is not None:
@@ -111,11 +112,31 @@ class SweepView:
         """One point ended (done, skipped or failed): a log line and the bar moves."""
         status = record["status"]
         self.counts[status] = self.counts.get(status, 0) + 1
-        took = f" in {record['elapsed_s']:.1f}s" if status != "skipped" and record.get("elapsed_s") else ""
-        reason = f": {record['reason'].splitlines()[0]}" if status == "failed" and record["reason"] else ""
-        self.note(f"{point.entry.label} {_load(point, '')} rep {point.repeat}: {status}{took}{reason}")
+        self.note(finished_line(point, record))
         if self.task is not None:
             self.progress.advance(self.task)
+
+    def __call__(self, event) -> None:
+        """The view as a progress callback of batchlab.api (an api.progress.Event): the command line's
+        display of the same jobs a library caller runs."""
+        if event.kind == "start":
+            self.start(event.total)
+        elif event.kind == "note":
+            self.note(event.text)
+        elif event.kind == "finished":
+            self.finished(event.point, event.record)
+        elif event.kind == "tick":
+            if self._ticking[:2] != (event.point, event.phase):  # a new run: its own part files to peek at
+                self._ticking = (event.point, event.phase, self.ticker(event.point, event.phase))
+            self._ticking[2](event.elapsed_s, event.alive)
+
+
+def finished_line(point, record: dict) -> str:
+    """'dynamic λ=5 rep 0: done in 12.3s' (a failed point: its reason's first line)."""
+    status = record["status"]
+    took = f" in {record['elapsed_s']:.1f}s" if status != "skipped" and record.get("elapsed_s") else ""
+    reason = f": {record['reason'].splitlines()[0]}" if status == "failed" and record.get("reason") else ""
+    return f"{point.entry.label} {_load(point, '')} rep {point.repeat}: {status}{took}{reason}"
 
 
 def _load(point, unit: str = " req/s") -> str:

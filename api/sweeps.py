@@ -1,0 +1,179 @@
+"""The API's grid jobs: sweep (strategies × backends × rates × repeats, one live run per point,
+resumable) and capacity (each strategy's μ and the highest rate it sustains). Both take a sweep plan:
+its YAML's path, the same mapping (base: and grid:), or a parsed Plan.
+
+A sweep's layout: OUT/sweep.json (the index), with automatic rates OUT/capacity.json, OUT/_probe/ and
+OUT/_capacity/ (each strategy's capacity search), and OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run
+each: collector.layout). A point is done when its point.json exists, written only after its run
+returned: summary.json alone proves nothing, since the collector also writes one for a run that failed
+or was interrupted. A failed point leaves FAILED.txt and is tried again on resume."""
+import copy
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from batchlab.api.progress import CallbackView, OnProgress
+from batchlab.api.results import CapacityResult, SweepResult
+
+if TYPE_CHECKING:
+    from batchlab.cli.sweep_plan import Plan, Point
+
+
+def plan_of(plan: "Plan | Mapping | str | Path", sets: dict | None = None) -> tuple["Plan", str]:
+    """The parsed, checked plan and the YAML it came from ("" for a mapping or a Plan); `sets`: overrides
+    as `--set` gives them ({"duration_s": 5, "grid.repeats": 2}). SweepError or ConfigError naming the key."""
+    from batchlab.cli.sweep_plan import Plan, SweepError, load_plan, parse_plan
+
+    if isinstance(plan, Plan):
+        if sets:
+            raise SweepError("sets apply to a plan's YAML or mapping, not to a parsed Plan")
+        return copy.deepcopy(plan), ""
+    if isinstance(plan, Mapping):
+        return parse_plan(copy.deepcopy(dict(plan)), "the plan", sets), ""
+    return load_plan(plan, sets), str(plan)
+
+
+def _out_dir(out: str | Path | None, source: str, suffix: str = "") -> Path:
+    """`out`, else results/<the YAML's name><suffix>; a plan given as a mapping must name its folder."""
+    from batchlab.cli.sweep_grid import SweepError
+
+    if out is not None:
+        return Path(out)
+    if not source:
+        raise SweepError("out: a plan given as a mapping or Plan needs an output folder")
+    return Path("results") / f"{Path(source).stem}{suffix}"
+
+
+def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *, resume: bool = True,
+          sets: dict | None = None, on_progress: OnProgress | None = None) -> SweepResult:
+    """Every point of the grid, one live run each (skipping those done before when `resume`); the folder
+    and its index. Points that share their workers' settings run on the same warm workers: in the plan's
+    order with every group's workers kept warm (interleaved), or group after group (grouped). A failed
+    point is recorded, never raised; SweepError when no strategy's capacity could be bracketed."""
+    from batchlab.cli.pool import PoolKeeper, worker_key
+    from batchlab.cli.sweep_plan import interleaved, plan_points, warm_order
+    from batchlab.cli.sweep_point import preflight, refuse_old_layout
+    from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR
+    from batchlab.protocol.files import write_json_atomic
+
+    plan, source = plan_of(plan, sets)
+    out_dir, view = _out_dir(out, source), CallbackView(on_progress)
+    preflight(plan)
+    refuse_old_layout(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        for stale in (PROBE_DIR, CAPACITY_DIR):
+            shutil.rmtree(out_dir / stale, ignore_errors=True)
+        (out_dir / CAPACITY_FILE).unlink(missing_ok=True)
+    mixed = interleaved(plan)
+    with PoolKeeper(out_dir / WORKERS_DIR, keep_all=mixed) as pools:
+        capacity, rates = _auto_capacity(plan, out_dir, pools, view) if plan.auto else (None, plan.rates)
+        if capacity:
+            view.note("capacity (req/s): " + ", ".join(f"{lb} {_bracket_text(c)}" for lb, c in
+                                                      capacity["strategies"].items()) + f" → rates {rates}")
+        points = plan_points(plan, rates, out_dir)
+        if not mixed:
+            points = warm_order(points, plan.base, worker_key, first=plan.entries[-1].label if capacity else None)
+        index = {"config": source, "base": plan.base, "rates": rates, "repeats": plan.repeats,
+                 **({"concurrency": plan.concurrency} if plan.concurrency else {}),
+                 "order": "interleaved" if mixed else "grouped",
+                 "seed": plan.seed, "capacity": capacity, "points": [p.record("pending") for p in points],
+                 "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
+        view.start(len(points))
+        for i, point in enumerate(points):
+            index["points"][i] = _run_point(point, plan, pools, view, resume)
+            write_json_atomic(out_dir / INDEX_FILE, index, default=str)
+        if plan.repeats_auto:  # extra repeats of the headline's comparisons (cli.sweep_repeats)
+            from batchlab.cli.sweep_repeats import run_more_repeats
+
+            index = run_more_repeats(plan, out_dir, index, lambda p: _run_point(p, plan, pools, view, resume, "repeat"),
+                                     lambda doc: write_json_atomic(out_dir / INDEX_FILE, doc, default=str))
+    return SweepResult(out_dir, index)
+
+
+def _auto_capacity(plan: "Plan", out: Path, pools, view) -> tuple[dict, list[float]]:
+    """Every strategy's capacity searched live (OUT/capacity.json), and the rates placed from it."""
+    from batchlab.cli.capacity_search import run_capacity
+    from batchlab.cli.sweep_plan import SweepError, auto_rates, span_rates
+
+    doc = run_capacity(plan, out, plan.auto, pools, view)
+    estimates = {lb: c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for lb, c in doc["strategies"].items()}
+    known = [v for v in estimates.values() if v]
+    if not known:
+        raise SweepError("no strategy's capacity could be bracketed: every probe failed")
+    if plan.auto.spanned:
+        return doc, span_rates(known, plan.auto)
+    wanted = plan.auto.probe or ("dynamic" if "dynamic" in estimates else plan.entries[0].label)
+    if not estimates.get(wanted):
+        raise SweepError(f"grid.rates.auto.probe: no capacity measured for a strategy labelled {wanted!r}")
+    return doc, auto_rates(estimates[wanted], plan.auto.fractions)
+
+
+def _bracket_text(c: dict) -> str:
+    lo, hi, sat = c["lo_req_s"], c["hi_req_s"], c.get("saturated")
+    mu = f" (μ {sat['req_s']:.3g})" if sat else ""
+    return f"[{'?' if lo is None else f'{lo:.3g}'}, {'?' if hi is None else f'{hi:.3g}'}]{mu}"
+
+
+def _run_point(point: "Point", plan: "Plan", pools, view, resume: bool, phase: str = "run") -> dict:
+    """The point run (or, on resume, its earlier record reused), shown as finished; its record."""
+    from batchlab.cli.sweep_point import execute, reused
+
+    record = (reused(point, plan.base, resume, view)
+              or execute(point, plan.base, view.ticker(point, phase), plan.limits(), pools))
+    view.finished(point, record)
+    if record["status"] == "done":
+        _note_figures(point, view)
+    return record
+
+
+def _note_figures(point: "Point", view) -> None:
+    """The point's measured figures under its line, as `run` shows them at its end (nothing when its summary
+    cannot be read: the report names that point's fault)."""
+    from batchlab.cli.result_table import point_line
+    from batchlab.collector.summary import SummaryError, read_summary
+
+    try:
+        view.note(f"  {point_line(read_summary(point.folder))}")
+    except (OSError, ValueError, SummaryError):
+        pass
+
+
+def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
+             strategies: list[str] | None = None, simulated: bool = False, preset: str | None = None,
+             on_progress: OnProgress | None = None, **search) -> CapacityResult:
+    """Each strategy's saturated rate μ and capacity (served ≥ 99%, queue not growing, below μ, SLOs met
+    by ≥ 90% with SLOs): live (each probe an ordinary point folder in `out`, on warm workers; default
+    results/<YAML name>-capacity) or, `simulated`, in virtual time with the sim backend's step model
+    (`preset`: one name or file, or "hf=P,hf-loop=P,vllm=P"; capacity.json goes to `out` only if given).
+    `strategies`: only these grid labels. `search`: the grid's rates.auto settings to change
+    (search_duration_s, saturated_duration_s, width, max_probes). SweepError for an unknown label or key."""
+    from batchlab.cli.capacity_search import SimulatedSearch, capacity_document, run_capacity, search_all
+    from batchlab.cli.pool import PoolKeeper
+    from batchlab.cli.sweep_plan import SweepError, checked_auto, interleaved
+    from batchlab.collector.layout import CAPACITY_FILE, WORKERS_DIR
+    from batchlab.protocol.files import write_json_atomic
+
+    plan, source = plan_of(plan)
+    unknown = sorted(set(strategies or []) - {e.label for e in plan.entries})
+    if unknown:
+        raise SweepError(f"strategy: no grid entry labelled {', '.join(unknown)}")
+    settings = checked_auto({**(plan.auto.model_dump() if plan.auto else {}),
+                             **{k: v for k, v in search.items() if v is not None}}, "capacity options")
+    if simulated:
+        from batchlab.cli.sim_presets import assign_presets
+
+        plan.base.update({"preset": preset} if preset else {})
+        assign_presets(plan)  # each entry plays its own backend's step model, as in `simulate`
+        doc = capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, strategies), settings)
+        doc |= {"simulated": True}  # no plan_hash: a live search never takes it for its own on resume
+        if out is not None:  # what the live search writes there, less the probes' folders
+            Path(out).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(Path(out) / CAPACITY_FILE, doc, default=str)
+        return CapacityResult(doc, None if out is None else Path(out))
+    out_dir = _out_dir(out, source, "-capacity")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(plan)) as pools:
+        doc = run_capacity(plan, out_dir, settings, pools, CallbackView(on_progress), strategies)
+    return CapacityResult(doc, out_dir)
