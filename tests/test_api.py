@@ -174,5 +174,5 @@ def test_a_run_returns_its_summary_ticks_through_the_callback_and_leaves_sigint_
     assert ticks and {e.kind for e in ticks} == {"tick"} and {e.folder for e in ticks} == {tmp_path / "run"}
     assert "collector" in ticks[-1].alive
     assert signal.getsignal(signal.SIGINT) is before
-    with pytest.raises(api.BatchlabError, match="used"):  # a used folder is refused without overwrite
+    with pytest.raises(api.ConfigError, match="already holds a run"):  # a used folder, refused without overwrite
         api.run(config, out=tmp_path / "run")
