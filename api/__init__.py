@@ -9,15 +9,15 @@ return typed results.
 run(settings) -> Summary · sweep(plan, out) -> SweepResult · capacity(plan) -> CapacityResult ·
 simulate(config, **settings) -> SimulationResult · tune(settings) -> dict · report(folder) -> Report.
 
-Progress goes to the `on_progress` callback (an Event at a time; None: nothing is shown, log_progress:
-the `batchlab` logger); the command line passes its terminal view. Every error a user's input or a
-run's fault causes is a BatchlabError (ConfigError, SweepError, RunFailed, RunTimeout, ReportError, ...).
-Importing this package starts nothing, changes no signal handler and loads no model; a run starts its
+Progress goes to the `on_progress` callback, an Event at a time (None: nothing is shown; log_progress:
+the `batchlab` logger; print_progress: stderr); the command line passes its terminal view. Every error a
+user's input or a run's fault causes is a BatchlabError (ConfigError, SweepError, RunFailed, RunTimeout,
+ReportError, ...). Importing this package starts nothing, changes no signal handler and loads no model; a run starts its
 processes with multiprocessing's spawn, so a script that calls run or sweep needs the usual
 `if __name__ == "__main__":` guard."""
 from importlib import import_module
 
-from batchlab.api.progress import Event, OnProgress, log_progress
+from batchlab.api.progress import Event, OnProgress, log_progress, print_progress
 from batchlab.api.results import CapacityResult, SimulationResult, SweepResult
 from batchlab.api.runs import report, run, run_config, simulate, tune
 from batchlab.api.sweeps import capacity, plan_of, sweep
@@ -34,8 +34,8 @@ _LAZY = {  # name → its module, imported on first use (keeps `import batchlab.
 _ORIGINAL = {"Report": "ReportResult"}
 
 __all__ = ["run", "sweep", "capacity", "simulate", "tune", "report", "run_config", "plan_of", "Event", "OnProgress",
-           "log_progress", "SweepResult", "CapacityResult", "SimulationResult", "BatchlabError", "ConfigError",
-           *_LAZY]
+           "log_progress", "print_progress", "SweepResult", "CapacityResult", "SimulationResult", "BatchlabError",
+           "ConfigError", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -42,6 +42,16 @@ def log_progress(event: Event) -> None:
         log.info("%s", event.text)
 
 
+def print_progress(event: Event) -> None:
+    """A ready callback: the same lines as log_progress, printed on stderr (a script's or CI job's log)."""
+    import sys
+
+    if event.kind == "start":
+        print(f"{event.total} points to run", file=sys.stderr, flush=True)
+    elif event.kind in ("note", "finished"):
+        print(event.text, file=sys.stderr, flush=True)
+
+
 class CallbackView:
     """The view the library's jobs call (note, start, ticker, finished), as Events to `on_progress`."""
 

@@ -110,6 +110,23 @@ def test_the_terminal_sweep_view_is_a_progress_callback(capsys):
     assert view.counts["done"] == 1
 
 
+def test_the_ready_callbacks_show_notes_and_finished_points_but_not_ticks(capsys, caplog):
+    from batchlab.cli.sweep_plan import Entry, Point
+
+    point = Point(Entry("naive", {"strategy": "naive"}), 4.0, 1, 0, Path("nowhere"))
+    view = api.progress.CallbackView(api.print_progress)
+    view.start(2)
+    view.ticker(point, "run")(0.5, {"collector": True})
+    view.note("capacity searched")
+    view.finished(point, {"status": "failed", "elapsed_s": 1.0, "reason": "RunFailed: worker-0 died\nmore"})
+    assert capsys.readouterr().err.splitlines() == ["2 points to run", "capacity searched",
+                                                    "naive λ=4 rep 1: failed in 1.0s: RunFailed: worker-0 died"]
+    with caplog.at_level("INFO", logger="batchlab"):
+        api.log_progress(api.Event("note", text="a line"))
+        api.log_progress(api.Event("tick", elapsed_s=1.0))
+    assert [r.getMessage() for r in caplog.records] == ["a line"]
+
+
 def test_the_sweep_command_calls_the_api_with_its_terminal_view(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
