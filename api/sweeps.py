@@ -46,11 +46,12 @@ def _out_dir(out: str | Path | None, source: str, suffix: str = "") -> Path:
 
 
 def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *, resume: bool = True,
-          sets: dict | None = None, on_progress: OnProgress | None = None) -> SweepResult:
+          sets: dict | None = None, on_progress: OnProgress | None = None, ray=None) -> SweepResult:
     """Every point of the grid, one live run each (skipping those done before when `resume`); the folder
     and its index. Points that share their workers' settings run on the same warm workers: in the plan's
     order with every group's workers kept warm (interleaved), or group after group (grouped). A failed
-    point is recorded, never raised; SweepError when no strategy's capacity could be bracketed."""
+    point is recorded, never raised; SweepError when no strategy's capacity could be bracketed. `ray`: a
+    cli.ray_sweep.RayOptions to run the points on a Ray cluster instead (docs/ray.md)."""
     from batchlab.cli.pool import PoolKeeper, worker_key
     from batchlab.cli.sweep_plan import interleaved, plan_points, warm_order
     from batchlab.cli.sweep_point import preflight, refuse_old_layout
@@ -59,6 +60,10 @@ def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
 
     plan, source = plan_of(plan, sets)
     out_dir, view = _out_dir(out, source), CallbackView(on_progress)
+    if ray is not None:
+        from batchlab.cli.ray_sweep import run_ray_sweep
+
+        return SweepResult(out_dir, run_ray_sweep(source, str(out_dir), ray, resume=resume, plan=plan, view=view))
     preflight(plan)
     refuse_old_layout(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

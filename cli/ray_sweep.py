@@ -16,7 +16,7 @@ from pathlib import Path
 from batchlab.cli.pool import worker_key
 from batchlab.cli.ray_cluster import connect
 from batchlab.cli.ray_place import Ask, ask, declares_gpu_memory, refusals
-from batchlab.cli.sweep_plan import Point, SweepError, load_plan, plan_points
+from batchlab.cli.sweep_plan import Plan, Point, SweepError, load_plan, plan_points
 from batchlab.cli.sweep_point import preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.files import write_json_atomic
@@ -49,12 +49,16 @@ class Group:
     tries: dict[int, list[dict]] = field(default_factory=dict)
 
 
-def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = True, sets: dict | None = None) -> dict:
+def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = True, sets: dict | None = None,
+                  plan: Plan | None = None, view=None) -> dict:
     """Every point of the grid on the cluster, skipping finished ones; returns the sweep.json index.
-    `sets`: the sweep's --set overrides, as cli.sweep_plan.load_plan takes them."""
+    `sets`: the sweep's --set overrides, as cli.sweep_plan.load_plan takes them; `plan`: the plan already
+    parsed (`config` then only names it); `view`: the progress view (default: the terminal's SweepView)."""
+    import contextlib
+
     from batchlab.collector.report.live import SweepView
 
-    plan, out_dir = load_plan(config, sets), Path(out)
+    plan, out_dir = plan or load_plan(config, sets), Path(out)
     if plan.auto:
         raise SweepError("--ray needs grid.rates as a list (a capacity probe for automatic rates runs "
                          "without --ray: run one, then set the rates it found)")
@@ -67,7 +71,7 @@ def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = Tru
     ray = connect(opts.address)
     groups = _groups(points, plan.base, opts, ray.nodes())
     out_dir.mkdir(parents=True, exist_ok=True)
-    with SweepView() as view:
+    with (SweepView() if view is None else contextlib.nullcontext(view)) as view:
         view.start(len(points))
         for i, p in enumerate(points):  # done points whose recorded configuration is the one planned now
             if (record := reused(p, plan.base, resume, view)) is not None:

@@ -28,14 +28,13 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
     from batchlab.cli.outcome import resumable
 
     out = out or str(Path("results") / Path(config).stem)
-    with resumable(out):
-        if ray is not None:
-            from batchlab.cli.ray_sweep import RayOptions, run_ray_sweep
+    opts = None
+    if ray is not None:
+        from batchlab.cli.ray_sweep import RayOptions
 
-            opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
-            index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_))
-        else:
-            index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
+        opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
+    with resumable(out):
+        index = run_sweep(config, out, resume=resume, sets=parse_sets(set_), ray=opts)
     statuses = [p["status"] for p in index["points"]]
     ok = len(statuses) - statuses.count("failed")
     typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
@@ -58,10 +57,10 @@ def _end_report(out: str) -> None:
         raise typer.Exit(code=1) from None
 
 
-def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None) -> dict:
-    """batchlab.api.sweep with the terminal's live view; the sweep.json index."""
+def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None, ray=None) -> dict:
+    """batchlab.api.sweep with the terminal's live view (`ray`: its RayOptions); the sweep.json index."""
     from batchlab import api
     from batchlab.collector.report.live import SweepView
 
     with SweepView() as view:
-        return api.sweep(config, out, resume=resume, sets=sets, on_progress=view).index
+        return api.sweep(config, out, resume=resume, sets=sets, on_progress=view, ray=ray).index

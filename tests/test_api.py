@@ -143,6 +143,19 @@ def test_the_sweep_command_calls_the_api_with_its_terminal_view(monkeypatch, tmp
     assert isinstance(kw["on_progress"], SweepView)
 
 
+def test_a_sweep_on_ray_takes_the_parsed_plan_and_refuses_before_anything_starts(monkeypatch, tmp_path):
+    from batchlab.cli.ray_sweep import RayOptions
+
+    class NoNodes:  # a cluster none of whose nodes can hold a group
+        def nodes(self):
+            return []
+
+    monkeypatch.setattr("batchlab.cli.ray_sweep.connect", lambda address: NoNodes())
+    with pytest.raises(api.SweepError, match="refused before anything started"):
+        api.sweep(PLAN, tmp_path / "ray", ray=RayOptions("local"))
+    assert not (tmp_path / "ray").exists()
+
+
 @pytest.fixture(scope="module")
 def example_sweep(tmp_path_factory):
     """examples/api_sweep.py run once as a user runs it: its output and folder."""

@@ -93,4 +93,4 @@ def test_sweep_passes_its_sets_to_the_sweep(monkeypatch, tmp_path):
     monkeypatch.setattr(sweep_cmd, "run_sweep", lambda config, out, **kw: calls.append(kw) or {"points": []})
     runner.invoke(app, ["sweep", "x.yaml", "--set", "duration_s=2", "--set", "grid.repeats=3",
                         "--out", str(tmp_path)])
-    assert calls == [{"resume": True, "sets": {"duration_s": 2, "grid.repeats": 3}}]
+    assert calls == [{"resume": True, "sets": {"duration_s": 2, "grid.repeats": 3}, "ray": None}]

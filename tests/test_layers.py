@@ -25,7 +25,8 @@ LAYERS: dict[str, set[str]] = {
 # commands): the API may import these, and no other cli module (none of the commands).
 CLI_LIBRARY = {f"batchlab.cli.{m}" for m in (
     "config", "launcher", "preflight", "run_folder", "fanout", "sim_plan", "sim_run", "tune_cmd", "pool",
-    "sweep_plan", "sweep_grid", "sweep_point", "sweep_repeats", "capacity_search", "sim_presets", "result_table")}
+    "sweep_plan", "sweep_grid", "sweep_point", "sweep_repeats", "capacity_search", "sim_presets", "result_table",
+    "ray_sweep")}
 PACKAGES = tuple(LAYERS)
 
 
