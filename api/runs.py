@@ -15,13 +15,15 @@ if TYPE_CHECKING:
 
 
 def run_config(settings: "RunConfig | Mapping | str | Path") -> tuple["RunConfig", bool]:
-    """The run's settings, and whether they name their folder (`out`). A RunConfig is taken as given; a
-    mapping or a YAML file (a run's settings, as `batchlab run --config` reads) is checked as the command
-    checks it: ConfigError naming the setting."""
+    """The run's settings, and whether they name their folder (`out`). A RunConfig is taken as given (pydantic
+    checked its values; its strategy is resolved here); a mapping or a YAML file (a run's settings, as
+    `batchlab run --config` reads) is checked as the command checks it: ConfigError naming the setting."""
     from batchlab.cli.config import checked_config, replay_config
     from batchlab.protocol.settings import RunConfig, load_yaml
+    from batchlab.scheduler.strategies import resolve
 
     if isinstance(settings, RunConfig):
+        resolve(settings)  # an unknown strategy or a bad parameter: ConfigError now, not a dead scheduler later
         return settings.model_copy(), "out" in settings.model_fields_set
     values = load_yaml(settings) if isinstance(settings, (str, Path)) else {k.replace("-", "_"): v for k, v in
                                                                              dict(settings).items()}

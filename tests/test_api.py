@@ -55,6 +55,12 @@ def test_a_bad_setting_is_a_config_error_before_any_folder_or_process(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_typed_settings_with_an_unknown_strategy_are_refused_before_any_folder(tmp_path):
+    with pytest.raises(api.ConfigError, match="unknown strategy 'nope'"):
+        api.run(api.RunConfig(backend="sim", strategy="nope"), out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_plan_given_as_a_mapping_must_name_its_folder():
     with pytest.raises(api.SweepError, match="out"):
         api.sweep(PLAN)
