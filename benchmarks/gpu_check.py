@@ -63,12 +63,12 @@ def gpu_plan(full: dict, model: str, device: str, rates: list[float], duration_s
     (vLLM's wheel cannot travel), the given rates, one repeat, short points (outputs ≤ 128 tokens, a queue
     of 64, a point stopped 15 s after its traffic); tiny with `dry_run`."""
     base = {**full["base"], "model": model, "device": device, "duration_s": duration_s, **dataset,
-            "max_new_tokens": SHORT_OUTPUT_TOKENS, "max_queue": SHORT_MAX_QUEUE}
+            "max_new_tokens": SHORT_OUTPUT_TOKENS, "max_queue": SHORT_MAX_QUEUE, "startup_limit_s": 300}
     if dry_run:
         base.update(max_new_tokens=8, max_prompt_len=64, batch_size=4, max_batch_size=4, warmup_requests=1,
                     prompt_lengths="8-48", output_lengths="2-8", dataset="synthetic")
     grid = {"strategies": STRATEGIES, "rates": rates, "repeats": 1, "seed": full["grid"].get("seed", 0),
-            "point_timeout_s": duration_s + (120 if dry_run else 15), "startup_timeout_s": 300}
+            "point_timeout_s": duration_s + (120 if dry_run else 15)}
     return {"base": base, "grid": grid}
 
 

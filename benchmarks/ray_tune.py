@@ -2,7 +2,7 @@
 loopback), and in one local process vs two: wall seconds and the speed-up. Each cluster's workers are
 warmed by a first search before the timed one (a worker's start-up is not the fan-out's cost).
 
-    .venv/bin/python benchmarks/ray_tune.py [--duration-s 20] [--repeats 1]
+    .venv/bin/python benchmarks/ray_tune.py [--duration 20] [--repeats 1]
 """
 import argparse
 import os
@@ -49,7 +49,8 @@ def on_cluster(n_nodes: int, cfg, schedule, repeats: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration-s", type=float, default=20.0, help="seconds of traffic each candidate plays")
+    parser.add_argument("--duration", "--duration-s", dest="duration_s", type=float, default=20.0,
+                        help="seconds of traffic each candidate plays (--duration-s: the former spelling)")
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()

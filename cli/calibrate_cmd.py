@@ -18,19 +18,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchlab.cli.options import Opt
+from batchlab.cli.options import Opt, with_settings
+from batchlab.protocol.settings import checked_group
+from batchlab.protocol.study_settings import CalibrateSettings
 
-BackendOpt = Annotated[str, Opt(help="hf (static generate() or, with --mode continuous, the HF loop) | vllm")]
-ModelOpt = Annotated[str, Opt(help="a hub id, a local path or tiny-mistral")]
-DeviceOpt = Annotated[str, Opt(help="auto | cpu | cuda | cuda:N (hf)")]
-DtypeOpt = Annotated[str, Opt(help="auto | float32 | float16 | bfloat16")]
-ModeOpt = Annotated[str, Opt(help="static | continuous (hf; vllm is always continuous)")]
-FormOpt = Annotated[str, Opt(help="compute (a CPU) | memory (a GPU: the bandwidth form) | auto (by device)")]
-OutOpt = Annotated[str, Opt(help="the preset file to write (.yaml)")]
-QuickOpt = Annotated[bool, Opt(help="a small grid (B 1-8 × P 16-192) that runs in minutes on 2 cores")]
-NameOpt = Annotated[str, Opt(help="the preset's name (default: the file's stem)")]
-RowsOpt = Annotated[str, Opt(help="batch sizes, a comma list (default: the grid's)")]
-LensOpt = Annotated[str, Opt(help="prompt lengths, a comma list (default: the grid's)")]
 FromOpt = Annotated[Optional[list[str]], Opt("--from", help="fit the steps live workers executed in these run "
                                                             "folders (or folders of runs: a sweep) instead of "
                                                             "measuring; several: --from A B C (or --from A --from B)")]
@@ -38,35 +29,28 @@ FromOpt = Annotated[Optional[list[str]], Opt("--from", help="fit the steps live 
 # over as an argument, and it joins --from's list
 MoreOpt = Annotated[Optional[list[str]], typer.Argument(metavar="RUN_DIR...", help="more run folders for --from",
                                                          show_default=False)]
-WeighOpt = Annotated[str, Opt(help="with --from: a step shape weighs by its steps (√n) or by its share of the "
-                                    "runs' time (time)")]
-KindOpt = Annotated[str, Opt(help="with --from: the runs' backend kind to fit, hf | hf-loop | vllm | sim "
-                                  "(needed when the folders hold several)")]
 
 
-def calibrate(more_runs: MoreOpt = None, *, backend: BackendOpt = "hf", model: ModelOpt = "tiny-mistral",
-              device: DeviceOpt = "auto", dtype: DtypeOpt = "auto", mode: ModeOpt = "static", form: FormOpt = "auto",
-              out: OutOpt = "presets/calibrated.yaml", quick: QuickOpt = False, name: NameOpt = "",
-              batch_sizes: RowsOpt = "", prompt_lens: LensOpt = "", from_runs: FromOpt = None,
-              kind: KindOpt = "", weigh: WeighOpt = "steps") -> None:
+@with_settings(*CalibrateSettings.model_fields, schema=CalibrateSettings, into="given")
+def calibrate(more_runs: MoreOpt = None, *, given: dict, from_runs: FromOpt = None) -> None:
     """Measure prefill and decode step times over a grid (or read them from runs), fit the step model, write a
     preset file."""
+    s = checked_group(CalibrateSettings, given)
+    name = s.name or Path(s.out).stem
     from_runs = [*(from_runs or []), *(more_runs or [])]
     if from_runs:
         from batchlab.cli.calibrate_from import calibrate_from
 
-        calibrate_from(from_runs, kind=kind, form=form, out=out, name=name or Path(out).stem, weigh=weigh)
+        calibrate_from(from_runs, kind=s.kind, form=s.form, out=s.out, name=name, weigh=s.weigh)
         return
     from batchlab.worker.calibrate_measure import FULL, QUICK
 
-    grid = replace(QUICK if quick else FULL)  # a copy: the options below must not change the module's grid
-    if batch_sizes:
-        grid.rows = [int(v) for v in batch_sizes.split(",")]
-    if prompt_lens:
-        grid.prompt_lens = [int(v) for v in prompt_lens.split(",")]
-    if backend not in ("hf", "vllm"):
-        raise ValueError(f"--backend must be hf or vllm, not {backend!r}")
-    run_calibrate(backend, model, device, dtype, mode, form, out, grid, name or Path(out).stem)
+    grid = replace(QUICK if s.quick else FULL)  # a copy: the options below must not change the module's grid
+    if s.batch_sizes:
+        grid.rows = [int(v) for v in s.batch_sizes.split(",")]
+    if s.prompt_lens:
+        grid.prompt_lens = [int(v) for v in s.prompt_lens.split(",")]
+    run_calibrate(s.backend, s.model, s.device, s.dtype, s.mode, s.form, s.out, grid, name)
 
 
 def _open_backend(backend: str, model: str, device: str, dtype: str, mode: str, rows: int):

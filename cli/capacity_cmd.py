@@ -6,17 +6,15 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchlab.cli.options import PRESET_PER_KIND, with_settings
+from batchlab.protocol.settings import checked_group
+from batchlab.protocol.study_settings import CapacitySettings
+
 Config = Annotated[str, typer.Argument(help="sweep YAML (base: and grid:); its grid.rates are not used")]
 Out = Annotated[Optional[str], typer.Option(help="output folder (default results/<config>-capacity); with "
                                                 "--simulate: where capacity.json goes (nothing written without it)")]
 Labels = Annotated[Optional[str], typer.Option("--strategy", help="only these grid labels (comma list)")]
-Duration = Annotated[Optional[float], typer.Option("--duration-s", help="traffic per probe, s")]
-Saturated = Annotated[Optional[float], typer.Option("--saturated-s", help="traffic per saturated run (μ), s")]
-Width = Annotated[Optional[float], typer.Option(help="stop when hi / lo ≤ 1 + width")]
-Probes = Annotated[Optional[int], typer.Option(help="at most this many probes per strategy")]
 Simulated = Annotated[bool, typer.Option("--simulate", help="search in virtual time (sim backend's model)")]
-Preset = Annotated[Optional[str], typer.Option(help="with --simulate: the step-time preset (name or file), or "
-                                                   "one per backend kind: hf=P,hf-loop=P,vllm=P")]
 
 
 def run_capacity_cmd(config: str, out: str | None, labels: list[str] | None, given: dict, simulated: bool,
@@ -32,20 +30,21 @@ def run_capacity_cmd(config: str, out: str | None, labels: list[str] | None, giv
         return api.capacity(config, out, strategies=labels, on_progress=view, **given).doc
 
 
-def capacity(config: Config, *, out: Out = None, strategy: Labels = None, duration_s: Duration = None,
-             saturated_s: Saturated = None, width: Width = None, max_probes: Probes = None,
-             simulate: Simulated = False, preset: Preset = None) -> None:
+@with_settings(*CapacitySettings.model_fields, schema=CapacitySettings, into="search")
+@with_settings("preset", custom={"preset": PRESET_PER_KIND})
+def capacity(config: Config, *, overrides: dict, search: dict, out: Out = None, strategy: Labels = None,
+             simulate: Simulated = False) -> None:
     """Each strategy's saturated rate μ and capacity (served ≥ 99%, queue not growing, below μ, SLOs met
-    by ≥ 90% with SLOs)."""
+    by ≥ 90% with SLOs); a search option given here replaces the YAML's grid.rates.auto key."""
     from batchlab.cli.outcome import resumable
     from batchlab.collector.report.capacities import capacity_text
 
     out_given, out = out is not None, out or str(Path("results") / f"{Path(config).stem}-capacity")
     labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
-    given = {"search_duration_s": duration_s, "saturated_duration_s": saturated_s, "width": width,
-             "max_probes": max_probes}
+    checked_group(CapacitySettings, search)  # a bad option is named as given, before the YAML is read
     with resumable(out):
-        doc = run_capacity_cmd(config, out if out_given or not simulate else None, labels, given, simulate, preset)
+        doc = run_capacity_cmd(config, out if out_given or not simulate else None, labels, search, simulate,
+                               overrides["preset"])
     for line in capacity_text(doc["strategies"]):
         typer.echo(line)
     if not simulate:

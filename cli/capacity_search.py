@@ -21,9 +21,9 @@ from batchlab.collector.capacity import Capacity, Probe, Verdict, search, start_
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR, point_dir, saturated_dir
 from batchlab.collector.saturation import SaturatedRun, pooled, saturated_run
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.study_settings import CapacitySettings
 
-SEARCH_KEYS = {"saturated_duration_s", "saturated_repeats", "saturated_clients", "search_duration_s",
-               "search_requests", "width", "max_probes"}
+SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
 OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them
 
 

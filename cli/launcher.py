@@ -45,9 +45,15 @@ class Limits:
     """How long a run may take: start-up (process start until the traffic's Start: model loads, engine
     compilation, warm-up) and the run itself (from its first request). 0: no limit."""
 
-    startup_s: float = 0.0
+    startup_s: float | None = None  # None: the run's own startup_limit_s
     run_s: float = 0.0
 
+
+
+def _limits(limits: Limits | None, cfg: RunConfig) -> Limits:
+    """The limits given, the start-up limit the run's own where none is given."""
+    limits = limits or Limits()
+    return Limits(cfg.startup_limit_s if limits.startup_s is None else limits.startup_s, limits.run_s)
 
 def _entry(stop_asked, target, args: tuple, out_dir: str | None = None) -> None:
     """Child main: its own process group, its terminal output into its log folder, then the role; its
@@ -129,7 +135,7 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
         own.append(start_role(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler, traffic_started,
                               out_dir=cfg.out))
         RunDir(out).pids.write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
-        _watch(own, workers, on_tick, stream_ended, _Clock(limits or Limits(cfg.startup_limit_s), traffic_started,
+        _watch(own, workers, on_tick, stream_ended, _Clock(_limits(limits, cfg), traffic_started,
                                                             out), watch)
     finally:
         watch.stop_run.set()  # the collector's signal from here on is the launcher's: no run to stop

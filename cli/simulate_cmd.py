@@ -4,7 +4,7 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli.fanout import Processes, RayAddress
-from batchlab.cli.options import fields_of, option, with_settings
+from batchlab.cli.options import PRESET_PER_KIND, fields_of, option, with_settings
 from batchlab.protocol.setting_groups import CollectorSettings, SchedulerSettings, TrafficSettings
 
 ConfigArg = Annotated[Optional[str], typer.Argument(
@@ -12,10 +12,7 @@ ConfigArg = Annotated[Optional[str], typer.Argument(
 CUSTOM = {  # the options whose meaning here differs from a run's: comma lists, a simulated worker
     "strategy": option("strategy", help="naive | dynamic | continuous | sjf | edf, a plugin's name or "
                                         "package.module:Class, or a comma list"),
-    "preset": option("preset", help="step-time preset: a100-llama2-7b, 3090-mistral-7b, cpu-tiny-mistral, or a "
-                                    "file batchlab calibrate wrote; a grid on several backends takes one per "
-                                    "backend: hf=PRESET,hf-loop=PRESET,vllm=PRESET (hf-loop: hf with a continuous "
-                                    "strategy)"),
+    "preset": PRESET_PER_KIND,
     "rate": option("rate", str, help="arrival rate, requests/s, or a comma list (5,10,20); inf: every request at "
                                      "t = 0 (needs --num-requests)"),
     "out": option("out", help="output folder (default runs/simulated)"),

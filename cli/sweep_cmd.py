@@ -8,6 +8,7 @@ import typer
 from batchlab.cli.fanout import ray_option
 from batchlab.cli.sweep_plan import parse_sets
 from batchlab.collector.layout import INDEX_FILE
+from batchlab.protocol.study_settings import GRID_KEYS
 
 
 def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
@@ -15,7 +16,8 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
           resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
           set_: Annotated[Optional[list[str]], typer.Option(
               "--set", help="override a base setting, KEY=VALUE (a RunConfig name, e.g. duration_s=5), or a "
-                            "grid key, grid.KEY=VALUE (e.g. grid.repeats=2); repeatable")] = None,
+                            f"grid key, grid.KEY=VALUE ({', '.join(GRID_KEYS)}; e.g. grid.repeats=2); "
+                            "repeatable")] = None,
           ray: Annotated[Optional[str], ray_option(
               help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
                    "alone: a local Ray); see docs/ray.md")] = None,

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlab.cli.config import checked_config
-from batchlab.cli.sweep_grid import (DEFAULT_STARTUP_TIMEOUT_S, AutoRates, AutoRepeats, SweepError,  # noqa: F401
-                                     checked_auto, parse_grid, underscored)
+from batchlab.cli.sweep_grid import (AutoRates, AutoRepeats, SweepError, checked_auto, parse_grid,  # noqa: F401
+                                     underscored)
 from batchlab.collector.layout import POINT_DEPTH, point_dir
 from batchlab.protocol.settings import DEFAULT_RATE, VLLM, ConfigError, RunConfig, load_yaml, vllm_rule
 from batchlab.scheduler.strategies import label as strategy_label
@@ -33,16 +33,16 @@ class Plan:
     repeats: int
     seed: int
     point_timeout_s: float = 0.0  # Grid's fields of the same names
-    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     order: str = "auto"
     repeats_auto: AutoRepeats | None = None
     concurrency: list[int] = field(default_factory=list)  # closed loop: clients per point, in place of rates
 
     def limits(self):
-        """Each point's time limits (cli.launcher.Limits)."""
+        """Each point's time limits (cli.launcher.Limits): the grid's point_timeout_s; its start-up limit is the
+        point's own startup_limit_s (base or entry)."""
         from batchlab.cli.launcher import Limits
 
-        return Limits(startup_s=self.startup_timeout_s, run_s=self.point_timeout_s)
+        return Limits(run_s=self.point_timeout_s)
 
 
 @dataclass(slots=True)
@@ -130,7 +130,10 @@ def parse_plan(raw: dict, path: str | Path = "the plan", sets: dict | None = Non
     extra = sorted(set(raw) - {"base", "grid"})
     if extra:
         raise SweepError(f"{path}: unknown top-level key(s) {', '.join(extra)} (expected base, grid)")
-    base, grid = underscored(raw.get("base") or {}), parse_grid(underscored(raw.get("grid") or {}), path)
+    base, grid = underscored(raw.get("base") or {}), underscored(raw.get("grid") or {})
+    if "startup_timeout_s" in grid:  # the former spelling of the run's own start-up limit
+        base["startup_limit_s"] = grid.pop("startup_timeout_s")
+    grid = parse_grid(grid, path)
     checked_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
     entries = [_entry(item, base) for item in grid.strategies]
     labels = [e.label for e in entries]
@@ -141,7 +144,7 @@ def parse_plan(raw: dict, path: str | Path = "the plan", sets: dict | None = Non
                          "base.arrival (open loop)")
     rates = [] if grid.concurrency or grid.rates_auto else sorted(set(grid.rates or [base.get("rate", DEFAULT_RATE)]))
     return Plan(base, entries, [float(r) for r in rates], grid.rates_auto, grid.repeats, grid.seed,
-                grid.point_timeout_s, grid.startup_timeout_s, grid.order, grid.repeats_auto,
+                grid.point_timeout_s, grid.order, grid.repeats_auto,
                 sorted(set(grid.concurrency or [])))
 
 

@@ -26,6 +26,7 @@ import pandas as pd
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted_mask
 from batchlab.collector.report.intervals import LEVEL, t_quantile
+from batchlab.protocol.study_settings import MAX_PROBES, WIDTH  # the search's defaults, declared with its knobs
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90
@@ -36,8 +37,6 @@ WARMUP_SHARE = 0.25  # of the traffic, before the queue's trend is read: it fill
 QUEUE_SAMPLES = 256  # points of the queue-length curve the slope is fitted to (too few launches to read after)
 MIN_LAUNCHES = 4
 GROW_FACTOR = 1.5  # rate step while the bracket is open on one side
-WIDTH = 0.08  # stop when hi / lo ≤ 1 + WIDTH: the estimate, their geometric mean, within 4% of either
-MAX_PROBES = 6
 
 
 @dataclass(slots=True)

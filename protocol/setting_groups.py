@@ -19,11 +19,17 @@ Lengths = str | int | list | dict  # 128, "32-512", "64,128,256", [64, 128], "lo
 
 
 def setting(default=PydanticUndefined, help: str = "", *, unit: str = "", note: str = "", flag: str = "",
-            cli: bool = True, hide_default: bool = False, **bounds) -> object:
-    """A field with its help text and unit (`flag`: an option spelling other than --field-name; `cli`:
-    False for a field no command takes; `hide_default`: --help shows no default)."""
-    extra = dict(unit=unit, note=note, flag=flag, hide_default=hide_default, no_option=not cli)
+            old_flag: str = "", cli: bool = True, hide_default: bool = False, **bounds) -> object:
+    """A field with its help text and unit (`flag`: an option spelling other than --field-name; `old_flag`: a
+    former spelling still taken, hidden and warned about; `cli`: False for a field no command takes;
+    `hide_default`: --help shows no default)."""
+    extra = dict(unit=unit, note=note, flag=flag, old_flag=old_flag, hide_default=hide_default, no_option=not cli)
     return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **bounds)
+
+
+def default_of(group: type[BaseModel], name: str) -> object:
+    """A field's declared default (for a backend's own settings record, which repeats no default)."""
+    return group.model_fields[name].get_default(call_default_factory=True)
 
 
 class BatchlabError(Exception):
@@ -161,7 +167,7 @@ class WorkerSettings(Group, title="Worker"):
     memory_budget: str = setting("", "KV memory budget, e.g. 2GiB (default: the backend's)", unit="bytes")
     strict_memory: bool = setting(False, "treat a batch over budget as OOM (CPU)")
     dtype: str = setting("auto", "auto | float32 | float16 | bfloat16")
-    device: str = setting("auto", "auto | cpu | cuda")
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N")
     max_num_batched_tokens: Int = setting(0, "per engine step, decodes and prompt chunks together (0: vLLM's "
                                           "default; hf continuous: 256 on CPU, 2048 on CUDA); not below "
                                           "--max-batch-size", unit="tokens", ge=0, note="(0: the engine's default)")

@@ -10,7 +10,7 @@ import difflib
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from batchlab.protocol.load_stops import CLOSED_LOOP_CONFLICT, closed_loop_terms, count_duration_s
 from batchlab.protocol.setting_groups import (DEFAULT_RATE, GROUPS, ConfigError, ScheduleSettings,  # noqa: F401
@@ -66,22 +66,32 @@ class RunConfig(*GROUPS, title="RunConfig"):
         return d
 
 
-def config_error(exc: ValidationError) -> ConfigError:
-    """pydantic's errors as the one line a user reads: the option, its bound and unit, what was given."""
+def config_error(exc: ValidationError, schema: type[BaseModel] | None = None) -> ConfigError:
+    """pydantic's errors as the one line a user reads: the option, its bound and unit, what was given
+    (`schema`: the settings that were checked, default RunConfig)."""
+    schema = schema or RunConfig
     errors = exc.errors(include_url=False)
     unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
     if unknown:
-        close = sorted({m for n in unknown for m in difflib.get_close_matches(n, RunConfig.model_fields, n=2)})
+        close = sorted({m for n in unknown for m in difflib.get_close_matches(n, schema.model_fields, n=2)})
         return ConfigError(f"unknown setting(s): {', '.join(unknown)}" + (f" (did you mean {', '.join(close)}?)"
                                                                           if close else ""))
-    return ConfigError(_said(errors[0]))
+    return ConfigError(_said(errors[0], schema))
 
 
-def _said(error: dict) -> str:
+def checked_group(schema: type[BaseModel], values: dict) -> BaseModel:
+    """A settings group from the values given (None: not given, its default stands), or ConfigError's line."""
+    try:
+        return schema(**{k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        raise config_error(exc, schema) from None
+
+
+def _said(error: dict, schema: type[BaseModel]) -> str:
     """One pydantic error in words."""
     name, kind, value, ctx = str((*error["loc"], "")[0]), error["type"], error.get("input"), error.get("ctx") or {}
-    field = RunConfig.model_fields.get(name)
-    extra, option = (field.json_schema_extra or {}) if field else {}, option_name(name)
+    field = schema.model_fields.get(name)
+    extra, option = (field.json_schema_extra or {}) if field else {}, option_name(name, schema)
     bound = next((b for b in ("gt", "ge", "lt", "le") if b in ctx), None)
     if kind in ("config", "value_error"):  # a rule's own line; a parser's (sizes, SLOs)
         return str(ctx.get("error", error["msg"]))
@@ -106,9 +116,10 @@ _KIND_NAMES = {"bool_type": "true or false", "int_type": "an integer", "float_ty
                "string_type": "a string", "dict_type": "a mapping", "list_type": "a list"}
 
 
-def option_name(name: str) -> str:
-    """The command-line option of RunConfig.<name> (its declared flag, else --name-with-dashes)."""
-    field = RunConfig.model_fields.get(name)
+def option_name(name: str, schema: type[BaseModel] | None = None) -> str:
+    """The command-line option of <schema, default RunConfig>.<name> (its declared flag, else
+    --name-with-dashes)."""
+    field = (schema or RunConfig).model_fields.get(name)
     flag = ((field.json_schema_extra or {}).get("flag") if field else None) or "--" + name.replace("_", "-")
     return flag.split("/")[0]
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from batchlab.models import folders
 from batchlab.models.archs import facts, random_arch
 from batchlab.protocol.clock import now
+from batchlab.protocol.setting_groups import SchedulerSettings, VLLMBackendSettings, WorkerSettings, default_of
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
 from batchlab.worker.vllm_stats import KVUsage, engine_metrics, kv_geometry, stats_tap
 
@@ -28,15 +29,15 @@ class VLLMSettings:
     """Engine options taken from the run config."""
 
     model: str
-    dtype: str = "auto"
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 0  # 0: vLLM's default
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    dtype: str = default_of(WorkerSettings, "dtype")
+    max_num_seqs: int = default_of(SchedulerSettings, "max_batch_size")  # the group's 0 means this: the row cap
+    max_num_batched_tokens: int = default_of(WorkerSettings, "max_num_batched_tokens")  # 0: vLLM's default
+    gpu_memory_utilization: float = default_of(VLLMBackendSettings, "gpu_memory_utilization")
+    enforce_eager: bool = default_of(VLLMBackendSettings, "enforce_eager")
+    tensor_parallel_size: int = default_of(VLLMBackendSettings, "tensor_parallel_size")
+    pipeline_parallel_size: int = default_of(VLLMBackendSettings, "pipeline_parallel_size")
     kv_cache_bytes: int = 0  # 0: vLLM decides (gpu_memory_utilization), DEFAULT_CPU_KV_BYTES on CPU
-    warmup_requests: int = 2
+    warmup_requests: int = default_of(VLLMBackendSettings, "warmup_requests")
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from batchlab.models.archs import RANDOM_SEED, build_random_model, facts, random_arch
 from batchlab.models.folders import resolve_model
 from batchlab.protocol.clock import now
+from batchlab.protocol.setting_groups import HFBackendSettings, SchedulerSettings, WorkerSettings, default_of
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, OutOfMemory, Row, StepOutput
 from batchlab.worker.hf.generate import StepStreamer, compile_kwargs
 from batchlab.worker.hf.head import FORMS, MAX_TIMED_ROWS, HeadPlan, head_times, plan_table
@@ -32,13 +33,14 @@ WARMUP_OUTPUT_LENS = (4, 2)  # a 2-row batch of different lengths: padding and m
 class HFSettings:
     """What the hf backend needs from a run's config."""
 
-    model: str = "tiny-mistral"  # hub id, local path, or tiny-mistral
-    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    max_batch_size: int = 16
+    model: str = default_of(WorkerSettings, "model")
+    dtype: str = default_of(WorkerSettings, "dtype")
+    device: str = default_of(WorkerSettings, "device")
+    max_batch_size: int = default_of(SchedulerSettings, "max_batch_size")  # the worker's row cap
     memory_budget_bytes: int = 0  # 0: measured (CUDA) or a share of available RAM (CPU)
-    strict_memory: bool = False
-    torch_compile: bool = False  # static batches: one fixed-shape decode step, compiled (see hf.generate.compile_kwargs)
+    strict_memory: bool = default_of(WorkerSettings, "strict_memory")
+    # static batches: one fixed-shape decode step, compiled (see hf.generate.compile_kwargs)
+    torch_compile: bool = default_of(HFBackendSettings, "torch_compile")
     pad_head: bool = True  # the LM head computes the row count and form it runs fastest at (worker.hf.head)
 
 
