@@ -224,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
                     [float(r) for r in args.rates.split(",")], args.duration, args.dry_run, dataset_settings())
     plan_file = out / "plan.yaml"
     plan_file.write_text(yaml.safe_dump(plan, sort_keys=False))
-    from batchlab.lab.sweep import run_sweep
+    from batchlab import api
 
-    # 2. the live sweep of the GPU plan
-    phases.run("sweep", run_sweep, str(plan_file), str(sweep))
+    # 2. the live sweep of the GPU plan (its points' lines on the log)
+    phases.run("sweep", lambda: api.sweep(plan_file, sweep, on_progress=api.print_progress))
     facts["live"] = live_rows(sweep)
     # 3.-4. simulate the plan, split the error, calibrate from the sweep's runs
     if len(presets) == len(MODES):

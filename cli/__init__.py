@@ -1,15 +1,21 @@
 """The `batchlab` command line: the typer commands (parse, call the library, print) and the terminal views.
 
 A Ctrl-C while it is still importing (a second or so, before any process or file exists) ends it quietly
-with exit code 130; main.py hands SIGINT back to Python once imported. A child that `batchlab run` spawned
-is left to batchlab.runner, imported first here, which links it to its launcher.
+with exit code 130; main.py hands SIGINT back to Python once imported. Imported by another program (a
+notebook, a test), this package changes no signal handler of that program's process. A child that `batchlab
+run` spawned is left to batchlab.runner, imported first here, which links it to its launcher.
 """
 import contextlib
 import os
 import signal
 import sys
+from pathlib import Path
 
 from batchlab.runner import SPAWNED
+
+# The batchlab command itself: its console script, or `python -m batchlab.cli.main` (argv[0] reads "-m" while
+# the packages of the -m module import). A program that imports batchlab as a library keeps its handlers.
+COMMAND = sys.argv[:1] == ["-m"] or Path(sys.argv[0] if sys.argv else "").name == "batchlab"
 
 
 def _interrupted_while_importing(_signum, _frame) -> None:
@@ -37,5 +43,5 @@ def resumable(out: str):
         raise typer.Exit(code=interrupted_exit(exc)) from None
 
 
-if not SPAWNED and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+if not SPAWNED and COMMAND and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _interrupted_while_importing)

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
+from batchlab.lab.sweep_point import finished_line, load_text
 from batchlab.runner.launcher import launch_run
 
 LOG_INTERVAL_S = 5.0  # output not a terminal: one progress line this often
@@ -69,21 +70,46 @@ class Progress:
                 + (f"  (ended: {', '.join(dead)})" if dead else ""))
 
 
+class RunStatus:
+    """A run's progress on stderr, as a progress callback (batchlab.api.Event ticks): a live line on a
+    terminal (while this is entered as a context), else a plain line every LOG_INTERVAL_S."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.console, self.progress = Console(stderr=True), Progress(cfg)
+        self.live: Live | None = None
+        self.logged_at = float("-inf")
+
+    def __enter__(self) -> "RunStatus":
+        if self.console.is_terminal:
+            self.live = Live(Text(""), console=self.console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+            self.live = None
+
+    def __call__(self, event) -> None:
+        """Show a tick (other events are not a lone run's)."""
+        if event.kind == "tick":
+            self.tick(event.elapsed_s, event.alive)
+
+    def tick(self, elapsed_s: float, alive: dict[str, bool]) -> None:
+        """launch_run's on_tick: refresh the live line, or log one now and then."""
+        if self.live is not None:
+            self.live.update(Text(self.progress.text(elapsed_s, alive)))
+            return
+        self.progress.tick(elapsed_s)
+        if elapsed_s - self.logged_at >= LOG_INTERVAL_S:
+            self.logged_at = elapsed_s
+            self.console.print(f"{time.strftime('%H:%M:%S')} {self.progress.text(elapsed_s, alive)}", soft_wrap=True)
+
+
 def run_with_status(cfg: RunConfig) -> dict:
     """launch_run with its progress: a live line on a terminal, else a logged line every few seconds."""
-    console, progress = Console(stderr=True), Progress(cfg)
-    if not console.is_terminal:
-        last = [float("-inf")]
-
-        def log_tick(elapsed_s: float, alive: dict[str, bool]) -> None:
-            progress.tick(elapsed_s)
-            if elapsed_s - last[0] >= LOG_INTERVAL_S:
-                last[0] = elapsed_s
-                console.print(f"{time.strftime('%H:%M:%S')} {progress.text(elapsed_s, alive)}", soft_wrap=True)
-
-        return launch_run(cfg, on_tick=log_tick)
-    with Live(Text(""), console=console, refresh_per_second=4, transient=True) as live:
-        return launch_run(cfg, on_tick=lambda e, alive: live.update(Text(progress.text(e, alive))))
+    with RunStatus(cfg) as status:
+        return launch_run(cfg, on_tick=status.tick)
 
 
 PEEK_INTERVAL_S = 1.0  # the collector flushes parts once a second; reading faster gains nothing
@@ -140,6 +166,7 @@ class SweepView:
                          transient=True) if self.console.is_terminal else None
         self.task = None
         self.counts = {"done": 0, "skipped": 0, "failed": 0}
+        self._ticking: tuple = (None, None, None)  # (point, phase, its ticker) of the run ticking now
 
     def __enter__(self) -> "SweepView":
         if self.live is not None:
@@ -168,7 +195,7 @@ class SweepView:
         return tick
 
     def _line(self, point, what: str, elapsed_s: float, peek: PartsPeek | None) -> str:
-        head = f"{what} {point.entry.label} {_load(point)} rep {point.repeat}" if point else what
+        head = f"{what} {point.entry.label} {load_text(point)} rep {point.repeat}" if point else what
         counts = " ".join(f"{k} {v}" for k, v in self.counts.items())
         if peek is None:
             return f"{head}  {elapsed_s:5.1f}s"
@@ -186,13 +213,25 @@ class SweepView:
         """One point ended (done, skipped or failed): a log line and the bar moves."""
         status = record["status"]
         self.counts[status] = self.counts.get(status, 0) + 1
-        took = f" in {record['elapsed_s']:.1f}s" if status != "skipped" and record.get("elapsed_s") else ""
-        reason = f": {record['reason'].splitlines()[0]}" if status == "failed" and record["reason"] else ""
-        self.note(f"{point.entry.label} {_load(point, '')} rep {point.repeat}: {status}{took}{reason}")
+        self.note(finished_line(point, record))
         if self.task is not None:
             self.progress.advance(self.task)
         if self.figures and status == "done":
             self._show_figures(point)
+
+    def __call__(self, event) -> None:
+        """The view as a progress callback of batchlab.api (an api.progress.Event): the command line's
+        display of the same jobs a library caller runs."""
+        if event.kind == "start":
+            self.start(event.total)
+        elif event.kind == "note":
+            self.note(event.text)
+        elif event.kind == "finished":
+            self.finished(event.point, event.record)
+        elif event.kind == "tick":
+            if self._ticking[:2] != (event.point, event.phase):  # a new run: its own part files to peek at
+                self._ticking = (event.point, event.phase, self.ticker(event.point, event.phase))
+            self._ticking[2](event.elapsed_s, event.alive)
 
     def _show_figures(self, point) -> None:
         """Nothing when the point's summary cannot be read: the report names that point's fault."""
@@ -204,8 +243,3 @@ class SweepView:
         except (OSError, ValueError, SummaryError):
             pass
 
-
-def _load(point, unit: str = " req/s") -> str:
-    """A sweep point's load: 'λ=5 req/s', or closed loop '4 clients'."""
-    concurrency = getattr(point, "concurrency", 0)
-    return f"{concurrency} clients" if concurrency else f"λ={point.rate:g}{unit}"

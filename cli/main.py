@@ -99,26 +99,25 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
         save_result: SaveResult = None, save_detailed: SaveDetailed = False) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
     cfg = _config(config, overrides, replay=True)
+    from batchlab import api
+    from batchlab.cli.live import RunStatus
+    from batchlab.cli.result_table import show
     from batchlab.runner.launcher import RunFailed, RunTimeout
-    from batchlab.cli.live import run_with_status
     from batchlab.runner.outcome import FAULT_EXIT, interrupted_exit, verdict
     from batchlab.runner.preflight import check_before_start, check_launch
-    from batchlab.cli.result_table import show
-    from batchlab.runner.run_folder import claim, new_folder, release
+    from batchlab.runner.run_folder import new_folder
 
     check_before_start(cfg)
     check_launch(cfg, save_result)
     if overrides["out"] is None and "out" not in (load_yaml(config) if config else {}):
         cfg.out = new_folder(cfg)  # without --out, every run gets a folder of its own, made here
     try:
-        claim(cfg.out, overwrite=overwrite)  # this process's until it ends: a second run is refused
-        summary = run_with_status(cfg)
+        with RunStatus(cfg) as status:
+            summary = api.run(cfg, out=cfg.out, overwrite=overwrite, on_progress=status)
     except KeyboardInterrupt as exc:
         _fail(f"interrupted; partial results in {cfg.out}", code=interrupted_exit(exc))
     except (RunFailed, RunTimeout) as exc:
         _fail(exc, code=FAULT_EXIT)
-    finally:
-        release(cfg.out)
     show(summary, cfg.out)
     if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
         from batchlab.collector.vllm_result import save_result as write_result

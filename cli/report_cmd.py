@@ -35,9 +35,9 @@ def report(folder: Folder, *, rate: Rate = None, slo: Slo = None, out: Out = Non
 def echo_report(folder: str, **options) -> None:
     """Write the report of `folder` and print its capacity table, headline and where it went (the end of
     `batchlab report`, and of `batchlab sweep`); ReportError when a file it reads is refused."""
-    from batchlab.report.build import run_report
+    from batchlab import api
 
-    result = run_report(folder, **options)
+    result = api.report(folder, **options)
     if result.capacity_lines:  # none for closed-loop runs (no offered rate) or runs that measured nothing
         typer.echo("capacity (estimate [highest sustained, lowest not sustained]):")
     for line in result.capacity_lines:

@@ -4,7 +4,6 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli.grammar import Processes, RayAddress
-from batchlab.lab.fanout import Fanout
 from batchlab.cli.options import PRESET_PER_KIND, fields_of, option, with_settings
 from batchlab.protocol.setting_groups import CollectorSettings, SchedulerSettings, TrafficSettings
 
@@ -27,11 +26,9 @@ SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields
 @with_settings(*SIMULATED, custom=CUSTOM)
 def simulate(config: ConfigArg = None, *, overrides: dict, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
-    fanout = Fanout(processes, ray)
-    from batchlab.lab.sim_plan import plan_simulation
-    from batchlab.lab.sim_run import run_simulation
+    from batchlab import api
 
-    results = run_simulation(plan_simulation(config, overrides), fanout=fanout)
+    results = api.simulate(config, processes=processes, ray=ray, **overrides).points
     _print_table(results)
     _exit_by_verdict(results)
 

@@ -1,23 +1,14 @@
-"""`batchlab sweep CONFIG`: the sweep (lab.sweep) on the terminal, its progress and each point's figures
-shown, and the report at its end."""
+"""`batchlab sweep CONFIG`: strategies × backends × rates × repeats, one real run per point, resumable
+(batchlab.api.sweep, whose docstring gives the folder's layout; with --ray, lab.ray_sweep)."""
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from batchlab.cli.grammar import ray_option
-from batchlab.collector.layout import INDEX_FILE
 from batchlab.lab.sweep_plan import parse_sets
+from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.study_settings import GRID_KEYS
-
-
-def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None) -> dict:
-    """lab.sweep.run_sweep on the terminal: its progress, each done point's figures; the sweep.json index."""
-    from batchlab.cli.live import SweepView
-    from batchlab.lab.sweep import run_sweep as sweep_points
-
-    with SweepView(figures=True) as view:
-        return sweep_points(config, out, resume=resume, sets=sets, view=view)
 
 
 def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
@@ -39,17 +30,13 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
     from batchlab.cli import resumable
 
     out = out or str(Path("results") / Path(config).stem)
+    opts = None
+    if ray is not None:
+        from batchlab.lab.ray_sweep import RayOptions
+
+        opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
     with resumable(out):
-        if ray is not None:
-            from batchlab.lab.ray_sweep import RayOptions, run_ray_sweep
-
-            opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
-            from batchlab.cli.live import SweepView
-
-            with SweepView() as view:
-                index = run_ray_sweep(config, out, opts, resume=resume, sets=parse_sets(set_), view=view)
-        else:
-            index = run_sweep(config, out, resume=resume, sets=parse_sets(set_))
+        index = run_sweep(config, out, resume=resume, sets=parse_sets(set_), ray=opts)
     statuses = [p["status"] for p in index["points"]]
     ok = len(statuses) - statuses.count("failed")
     typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
@@ -70,3 +57,12 @@ def _end_report(out: str) -> None:
     except ReportError as exc:
         typer.echo(f"no report: {exc}; the runs are in {out} (batchlab report {out} tries again)", err=True)
         raise typer.Exit(code=1) from None
+
+
+def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None, ray=None) -> dict:
+    """batchlab.api.sweep with the terminal's live view (`ray`: its RayOptions); the sweep.json index."""
+    from batchlab import api
+    from batchlab.cli.live import SweepView
+
+    with SweepView(figures=True) as view:
+        return api.sweep(config, out, resume=resume, sets=sets, on_progress=view, ray=ray).index

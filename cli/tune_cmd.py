@@ -11,8 +11,7 @@ import typer
 from batchlab.cli.grammar import Processes, RayAddress
 from batchlab.cli.options import ConfigOpt, Opt, with_settings
 from batchlab.lab.fanout import Fanout
-from batchlab.lab.tune import COMPARED, figures, rel_error, search_record, with_knobs, write_predicted
-from batchlab.protocol.run_dir import RunDir
+from batchlab.lab.tune import COMPARED, knobs_text as _knobs_text, value_text as _value
 from batchlab.protocol.settings import ConfigError, RunConfig
 
 DEFAULT_OUT = "results/tune"
@@ -44,41 +43,16 @@ def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confir
 
 def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: int = 20,
              fanout: Fanout | None = None) -> dict:
-    """Search (lab.tune), print the ranked table, confirm the best `confirm_k` live; OUT/tune.json's record."""
-    from batchlab.protocol.files import write_json_atomic
+    """lab.tune.run_tune with the ranked table printed, each live confirmation's progress shown and the
+    predicted-vs-measured table at its end; OUT/tune.json's record."""
+    from batchlab.cli.live import run_with_status
+    from batchlab.lab.tune import run_tune as tune_run
 
-    record, schedule, ranked = search_record(cfg, grid, out, fanout)
-    _print_ranked(record, top, out)
-    write_predicted(cfg, schedule, ranked[:max(confirm_k, 1)], out)
+    record = tune_run(cfg, grid, out, confirm_k, fanout, on_ranked=lambda r: _print_ranked(r, top, out),
+                      say=typer.echo, run=run_with_status)
     if confirm_k:
-        record["confirm"] = confirm_live(cfg, ranked[:confirm_k], out)
-        write_json_atomic(out / "tune.json", record, default=str)
         _print_confirm(record["confirm"])
     return record
-
-
-def confirm_live(cfg: RunConfig, best: list[tuple[dict, dict]], out: Path) -> list[dict]:
-    """Run each of `best` live on the saved schedule (OUT/confirm-<k>/); predicted and measured figures."""
-    from batchlab.cli.live import run_with_status
-
-    rows = []
-    for k, (knobs, predicted) in enumerate(best, start=1):
-        typer.echo(f"confirming #{k} live on {cfg.backend}: {_knobs_text(knobs)}")
-        live = with_knobs(cfg, knobs).model_copy(update={"schedule": str(RunDir(out).schedule),
-                                                           "out": str(out / f"confirm-{k}")})
-        measured = figures(run_with_status(live))
-        errors = {m: rel_error(predicted[m], measured[m]) for m, _ in COMPARED}
-        rows.append({"rank": k, "knobs": knobs, "out": live.out, "predicted": predicted, "measured": measured,
-                     "rel_error": errors})
-    return rows
-
-
-def _value(value: object) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _knobs_text(knobs: dict) -> str:
-    return " ".join(f"{k}={_value(v)}" for k, v in knobs.items()) or "(none)"
 
 
 def _num(value: float | None, fmt: str = ".3f") -> str:

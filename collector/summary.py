@@ -8,9 +8,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, NonNegativeInt, Vali
 
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
+from batchlab.protocol.setting_groups import BatchlabError
 
 
-class SummaryError(ValueError):
+class SummaryError(BatchlabError, ValueError):
     """A summary.json that is missing or not a batchlab summary; the CLI prints it as one line."""
 
 

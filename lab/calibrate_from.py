@@ -16,12 +16,13 @@ from batchlab.lab.sim_plan import CALIBRATED_KIND
 from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
 from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, SATURATED_DIR, WORKERS_DIR
 from batchlab.collector.summary import read_summary
+from batchlab.protocol.setting_groups import BatchlabError
 
 NOT_POINTS = {PROBE_DIR, SATURATED_DIR, CAPACITY_DIR, WORKERS_DIR}  # bursts, saturated runs, probes, workers' own
 KIND_ORIGIN = {kind: key for key, kind in CALIBRATED_KIND.items()}  # hf-loop -> (hf, continuous)
 
 
-class CalibrateError(ValueError):
+class CalibrateError(BatchlabError, ValueError):
     """Runs that cannot be calibrated from; the CLI prints it as one line."""
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from batchlab.runner.pool import worker_key
 from batchlab.lab.ray_cluster import connect
 from batchlab.lab.ray_actor import Ask, ask, declares_gpu_memory, refusals
-from batchlab.lab.sweep_plan import Point, SweepError, load_plan, plan_points
+from batchlab.lab.sweep_plan import Plan, Point, SweepError, load_plan, plan_points
 from batchlab.lab.sweep_point import QuietView, preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.files import write_json_atomic
@@ -51,11 +51,12 @@ class Group:
 
 
 def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = True, sets: dict | None = None,
-                  view=None) -> dict:
+                  plan: Plan | None = None, view=None) -> dict:
     """Every point of the grid on the cluster, skipping finished ones; returns the sweep.json index.
-    `sets`: the sweep's --set overrides, as lab.sweep_plan.load_plan takes them; `view`: its progress
-    (sweep_point.QuietView's methods; none shown without one)."""
-    plan, out_dir = load_plan(config, sets), Path(out)
+    `sets`: the sweep's --set overrides, as lab.sweep_plan.load_plan takes them; `plan`: the plan already
+    parsed (`config` then only names it); `view`: its progress (sweep_point.QuietView's methods; none shown
+    without one)."""
+    plan, out_dir = plan or load_plan(config, sets), Path(out)
     if plan.auto:
         raise SweepError("--ray needs grid.rates as a list (a capacity probe for automatic rates runs "
                          "without --ray: run one, then set the rates it found)")

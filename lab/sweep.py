@@ -50,13 +50,17 @@ def _bracket_text(c: dict) -> str:
     return f"[{'?' if lo is None else f'{lo:.3g}'}, {'?' if hi is None else f'{hi:.3g}'}]{mu}"
 
 
-def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None, view=None) -> dict:
-    """Every point of the grid, skipping finished ones; returns the sweep.json index. Points that share
-    their workers' settings run on the same warm workers (runner.pool): in the plan's order with every
-    group's workers kept warm (interleaved), or group after group (grouped). `sets`: --set overrides; `view`:
-    its progress (sweep_point.QuietView's methods; none shown without one)."""
+def run_sweep(config: "str | Path | Plan", out: str | Path, *, resume: bool = True, sets: dict | None = None,
+              view=None, source: str | None = None) -> dict:
+    """Every point of the grid (`config`: its YAML or the parsed Plan), skipping finished ones; returns the
+    sweep.json index. Points that share their workers' settings run on the same warm workers (runner.pool):
+    in the plan's order with every group's workers kept warm (interleaved), or group after group (grouped).
+    `sets`: --set overrides of a YAML; `view`: its progress (sweep_point.QuietView's methods; none shown
+    without one); `source`: the YAML a parsed Plan came from, for the index."""
     view = view or QuietView()
-    plan, out_dir = load_plan(config, sets), Path(out)
+    plan = config if isinstance(config, Plan) else load_plan(config, sets)
+    source = source if source is not None else "" if isinstance(config, Plan) else str(config)
+    out_dir = Path(out)
     preflight(plan)
     refuse_old_layout(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -73,7 +77,7 @@ def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None =
         points = plan_points(plan, rates, out_dir)
         if not mixed:
             points = warm_order(points, plan.base, worker_key, first=plan.entries[-1].label if capacity else None)
-        index = {"config": str(config), "base": plan.base, "rates": rates, "repeats": plan.repeats,
+        index = {"config": source, "base": plan.base, "rates": rates, "repeats": plan.repeats,
                  **({"concurrency": plan.concurrency} if plan.concurrency else {}),
                  "order": "interleaved" if mixed else "grouped",
                  "seed": plan.seed, "capacity": capacity, "points": [p.record("pending") for p in points],

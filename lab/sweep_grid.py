@@ -5,10 +5,11 @@ import difflib
 
 from pydantic import ValidationError
 
+from batchlab.protocol.setting_groups import BatchlabError
 from batchlab.protocol.study_settings import GRID_KEYS, AutoRates, AutoRepeats, Grid, underscored  # noqa: F401
 
 
-class SweepError(ValueError):
+class SweepError(BatchlabError, ValueError):
     """A sweep that cannot run; the CLI prints it as one line and exits 1."""
 
 

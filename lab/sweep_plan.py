@@ -121,7 +121,12 @@ def _with_sets(raw: dict, sets: dict) -> dict:
 
 def load_plan(path: str | Path, sets: dict | None = None) -> Plan:
     """Parse and check a sweep YAML (top-level `base:` and `grid:`), with --set overrides (parse_sets)."""
-    raw = _with_sets(load_yaml(path), sets) if sets else load_yaml(path)
+    return parse_plan(load_yaml(path), path, sets)
+
+
+def parse_plan(raw: dict, path: str | Path = "the plan", sets: dict | None = None) -> Plan:
+    """Parse and check a sweep's mapping (`base:` and `grid:`, as its YAML holds them; `path` names it in errors)."""
+    raw = _with_sets(raw, sets) if sets else raw
     extra = sorted(set(raw) - {"base", "grid"})
     if extra:
         raise SweepError(f"{path}: unknown top-level key(s) {', '.join(extra)} (expected base, grid)")

@@ -133,3 +133,17 @@ def _timing(folder: Path) -> dict:
     """Start-up seconds (launch until the traffic's Start: loads, compilation, warm-up) from the launcher."""
     path = RunDir(folder).timing
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def finished_line(point, record: dict) -> str:
+    """'dynamic λ=5 rep 0: done in 12.3s' (a failed point: its reason's first line)."""
+    status = record["status"]
+    took = f" in {record['elapsed_s']:.1f}s" if status != "skipped" and record.get("elapsed_s") else ""
+    reason = f": {record['reason'].splitlines()[0]}" if status == "failed" and record.get("reason") else ""
+    return f"{point.entry.label} {load_text(point, '')} rep {point.repeat}: {status}{took}{reason}"
+
+
+def load_text(point, unit: str = " req/s") -> str:
+    """A sweep point's load: 'λ=5 req/s', or closed loop '4 clients'."""
+    concurrency = getattr(point, "concurrency", 0)
+    return f"{concurrency} clients" if concurrency else f"λ={point.rate:g}{unit}"

@@ -171,3 +171,46 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
     pd.DataFrame([{"rank": r["rank"], **r["knobs"], **{k: v for k, v in r.items() if k not in ("rank", "knobs")}}
                   for r in rows]).to_csv(path, index=False)
+
+
+def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, fanout: Fanout | None = None, *,
+             on_ranked=None, say=None, run=None) -> dict:
+    """Search, write the best predictions, run the best `confirm_k` live on the same schedule; OUT/tune.json's
+    record. `on_ranked(record)`: the ranked record once searched; `say`: a line per live run started;
+    `run(cfg) -> Summary`: how a confirmation runs (default runner.launcher.launch_run, silent)."""
+    from batchlab.protocol.files import write_json_atomic
+
+    record, schedule, ranked = search_record(cfg, grid, out, fanout)
+    if on_ranked is not None:
+        on_ranked(record)
+    write_predicted(cfg, schedule, ranked[:max(confirm_k, 1)], out)
+    if confirm_k:
+        record["confirm"] = confirm_live(cfg, ranked[:confirm_k], out, say, run)
+        write_json_atomic(out / "tune.json", record, default=str)
+    return record
+
+
+def confirm_live(cfg: RunConfig, best: list[tuple[dict, dict]], out: Path, say=None, run=None) -> list[dict]:
+    """Run each of `best` live on the saved schedule (OUT/confirm-<k>/); predicted and measured figures."""
+    if run is None:
+        from batchlab.runner.launcher import launch_run as run
+    rows = []
+    for k, (knobs, predicted) in enumerate(best, start=1):
+        if say is not None:
+            say(f"confirming #{k} live on {cfg.backend}: {knobs_text(knobs)}")
+        live = with_knobs(cfg, knobs).model_copy(update={"schedule": str(RunDir(out).schedule),
+                                                           "out": str(out / f"confirm-{k}")})
+        measured = figures(run(live))
+        errors = {m: rel_error(predicted[m], measured[m]) for m, _ in COMPARED}
+        rows.append({"rank": k, "knobs": knobs, "out": live.out, "predicted": predicted, "measured": measured,
+                     "rel_error": errors})
+    return rows
+
+
+def value_text(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def knobs_text(knobs: dict) -> str:
+    """'batch_size=8 max_wait_ms=20', or '(none)'."""
+    return " ".join(f"{k}={value_text(v)}" for k, v in knobs.items()) or "(none)"

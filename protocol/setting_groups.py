@@ -32,7 +32,12 @@ def default_of(group: type[BaseModel], name: str) -> object:
     return group.model_fields[name].get_default(call_default_factory=True)
 
 
-class ConfigError(ValueError):
+class BatchlabError(Exception):
+    """The root of every error batchlab raises for a user's input or a run's fault (batchlab.api's one
+    hierarchy; each subclass also keeps its built-in base, e.g. ConfigError is a ValueError)."""
+
+
+class ConfigError(BatchlabError, ValueError):
     """A setting that cannot work; the CLI prints it as one line and exits 1."""
 
 

@@ -13,9 +13,10 @@ from batchlab.report.pooling import PoolingError, refuse_mixed, split_mixed, unu
 from batchlab.collector.run_columns import run_label
 from batchlab.collector.summary import Summary, SummaryError, read_summary
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
+from batchlab.protocol.setting_groups import BatchlabError
 
 
-class ReportError(ValueError):
+class ReportError(BatchlabError, ValueError):
     """A folder the report refuses: `lines` says why, one line per bad file (the CLI prints each and
     exits 1)."""
 

@@ -122,7 +122,7 @@ def nothing_launched(monkeypatch):
     def launched(*_args, **_kwargs):
         raise AssertionError("a run was launched before its checks")
 
-    monkeypatch.setattr("batchlab.cli.live.launch_run", launched)
+    monkeypatch.setattr("batchlab.runner.launcher.launch_run", launched)  # what batchlab.api.run calls
 
 
 def long_temp_folder(tmp_path) -> str:

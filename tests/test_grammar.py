@@ -49,7 +49,7 @@ def test_a_bool_flag_takes_a_true_or_false_word(words, expected):
 
 def test_a_bool_word_reaches_the_run_config(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr("batchlab.cli.live.run_with_status", lambda cfg: seen.setdefault("cfg", cfg) and make_summary())
+    monkeypatch.setattr("batchlab.api.run", lambda cfg, **_kw: seen.setdefault("cfg", cfg) and make_summary())
     monkeypatch.setattr("batchlab.cli.result_table.show", lambda summary, out: None)
     result = runner.invoke(app, ["run", "--strict-memory", "true", "--enforce-eager", "false",
                                  "--out", str(tmp_path / "run")])
@@ -93,4 +93,4 @@ def test_sweep_passes_its_sets_to_the_sweep(monkeypatch, tmp_path):
     monkeypatch.setattr(sweep_cmd, "run_sweep", lambda config, out, **kw: calls.append(kw) or {"points": []})
     runner.invoke(app, ["sweep", "x.yaml", "--set", "duration_s=2", "--set", "grid.repeats=3",
                         "--out", str(tmp_path)])
-    assert calls == [{"resume": True, "sets": {"duration_s": 2, "grid.repeats": 3}}]
+    assert calls == [{"resume": True, "sets": {"duration_s": 2, "grid.repeats": 3}, "ray": None}]

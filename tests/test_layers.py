@@ -21,8 +21,10 @@ LAYERS: dict[str, set[str]] = {
     "simulator": {"protocol", "models", "traffic", "scheduler", "worker", "collector"},
     "runner": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "simulator"},
     "lab": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "report", "simulator", "runner"},
-    "cli": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "report", "simulator", "runner",
+    "api": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "report", "simulator", "runner",
             "lab"},
+    "cli": {"protocol", "models", "traffic", "scheduler", "worker", "collector", "report", "simulator", "runner",
+            "lab", "api"},
 }
 PACKAGES = tuple(LAYERS)
 

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 from batchlab.protocol.files import write_atomic
 from batchlab.traffic.lengths import LengthSpec, sample_lengths  # noqa: F401  (re-exported)
 from batchlab.traffic.sharegpt import ParseResult, parse_file
+from batchlab.protocol.setting_groups import BatchlabError
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ CACHE_VERSION = "1"  # bump when the parsing or filtering rules change
 MIN_TOKEN_ID = 100  # synthetic token ids are drawn from [MIN_TOKEN_ID, vocab_size)
 
 
-class DatasetError(Exception):
+class DatasetError(BatchlabError):
     """A prompt source that cannot be used (missing, empty, unreadable or tampered)."""
 
 

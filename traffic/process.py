@@ -24,6 +24,7 @@ from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, make_socket
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule, save_schedule, with_send_times
+from batchlab.protocol.setting_groups import BatchlabError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ PR_SET_TIMERSLACK = 29
 SENDER_NICE = -10  # the open-loop clock runs before the roles it measures (where the OS allows it)
 
 
-class TrafficStartTimeout(RuntimeError):
+class TrafficStartTimeout(BatchlabError, RuntimeError):
     """The scheduler did not send Start in time."""
 
 

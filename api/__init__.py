@@ -1,0 +1,50 @@
+"""batchlab from Python: what the commands do, as functions that take typed settings (or their YAML) and
+return typed results.
+
+    from batchlab import api
+
+    result = api.sweep("configs/smoke.yaml", "results/smoke", on_progress=api.log_progress)
+    print(result.measured, "points;", api.report(result.out).headlines)
+
+run(settings) -> Summary · sweep(plan, out) -> SweepResult · capacity(plan) -> CapacityResult ·
+simulate(config, **settings) -> SimulationResult · tune(settings) -> dict · report(folder) -> Report.
+
+Progress goes to the `on_progress` callback, an Event at a time (None: nothing is shown; log_progress:
+the `batchlab` logger; print_progress: stderr); the command line passes its terminal view. Every error a
+user's input or a run's fault causes is a BatchlabError (ConfigError, SweepError, RunFailed, RunTimeout,
+ReportError, ...). Importing this package starts nothing, changes no signal handler and loads no model; a run starts its
+processes with multiprocessing's spawn, so a script that calls run or sweep needs the usual
+`if __name__ == "__main__":` guard."""
+from importlib import import_module
+
+from batchlab.api.progress import Event, OnProgress, log_progress, print_progress
+from batchlab.api.results import CapacityResult, SimulationResult, SweepResult
+from batchlab.api.runs import report, run, run_config, simulate, tune
+from batchlab.api.sweeps import capacity, plan_of, sweep
+from batchlab.protocol.setting_groups import BatchlabError, ConfigError
+
+_LAZY = {  # name → its module, imported on first use (keeps `import batchlab.api` light)
+    "RunConfig": "batchlab.protocol.settings", "Summary": "batchlab.collector.summary",
+    "SummaryError": "batchlab.collector.summary", "Plan": "batchlab.lab.sweep_plan",
+    "SweepError": "batchlab.lab.sweep_grid", "RunFailed": "batchlab.runner.launcher",
+    "RunTimeout": "batchlab.runner.launcher", "ReportError": "batchlab.report.points",
+    "Report": "batchlab.report.build", "DatasetError": "batchlab.traffic.datasets",
+    "BackendError": "batchlab.worker.backend",
+}
+_ORIGINAL = {"Report": "ReportResult"}
+
+__all__ = ["run", "sweep", "capacity", "simulate", "tune", "report", "run_config", "plan_of", "Event", "OnProgress",
+           "log_progress", "print_progress", "SweepResult", "CapacityResult", "SimulationResult", "BatchlabError",
+           "ConfigError", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'batchlab.api' has no attribute {name!r}")
+    value = getattr(import_module(_LAZY[name]), _ORIGINAL.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,214 @@
+"""batchlab.api: each function on the sim backend with tiny settings, progress through a callback, one
+error hierarchy, no signal handler or prctl set by importing it, and the example script that sweeps
+from Python. The live jobs (run, sweep, the example) share one module fixture: the sweep runs once."""
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from batchlab import api
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM = {"backend": "sim", "preset": "cpu-tiny-mistral", "dataset": "synthetic", "max_new_tokens": 16,
+       "max_prompt_len": 128, "batch_size": 4, "max_batch_size": 8, "max_wait_ms": 50, "warmup_requests": 0}
+PLAN = {"base": {**SIM, "duration_s": 2}, "grid": {"strategies": ["naive", "dynamic"], "rates": [4, 8], "seed": 0}}
+IMPORT_CHECK = """
+import ctypes, signal, sys
+import batchlab.api, batchlab.runner.launcher, batchlab.lab.sweep_point  # what the API's functions import
+libc = ctypes.CDLL(None, use_errno=True)
+death = ctypes.c_int(-1)
+libc.prctl(2, ctypes.byref(death), 0, 0, 0)  # PR_GET_PDEATHSIG
+print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, death.value)
+"""
+
+
+def test_importing_the_api_and_the_cli_changes_no_signal_handler_and_sets_no_parent_death_signal():
+    proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True", "0"]
+
+
+def test_importing_the_api_imports_no_command_and_no_heavy_library():
+    code = "import sys, batchlab.api; print(sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'rich', " \
+           "'pandas', 'torch', 'zmq') or m.startswith('batchlab.cli')))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name, builtin", [("ConfigError", ValueError), ("SweepError", ValueError),
+                                           ("RunFailed", RuntimeError), ("RunTimeout", RuntimeError),
+                                           ("ReportError", ValueError), ("SummaryError", ValueError),
+                                           ("DatasetError", Exception), ("BackendError", Exception)])
+def test_every_error_is_a_batchlab_error_and_keeps_its_builtin_base(name, builtin):
+    error = getattr(api, name)
+    assert issubclass(error, api.BatchlabError) and issubclass(error, builtin)
+
+
+def test_a_bad_setting_is_a_config_error_before_any_folder_or_process(tmp_path):
+    with pytest.raises(api.ConfigError, match="rate"):
+        api.run({**SIM, "rate": -1}, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_typed_settings_with_an_unknown_strategy_are_refused_before_any_folder(tmp_path):
+    with pytest.raises(api.ConfigError, match="unknown strategy 'nope'"):
+        api.run(api.RunConfig(backend="sim", strategy="nope"), out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_plan_given_as_a_mapping_must_name_its_folder():
+    with pytest.raises(api.SweepError, match="out"):
+        api.sweep(PLAN)
+
+
+def test_simulate_writes_every_point_and_reports_each_through_the_callback(tmp_path):
+    events: list[api.Event] = []
+    result = api.simulate(strategy=["naive", "dynamic"], rate=[4, 8], duration_s=5, out=str(tmp_path / "sim"),
+                          on_progress=events.append, **{k: v for k, v in SIM.items() if k != "backend"})
+    summaries = result.summaries()
+    assert sorted(summaries) == [("dynamic", 4.0), ("dynamic", 8.0), ("naive", 4.0), ("naive", 8.0)]
+    assert all(s.finished > 0 for s in summaries.values())
+    assert [(e.kind, e.point.entry.label, e.point.rate) for e in events] == \
+        [("finished", p.entry.label, p.rate) for p, _ in result.points]
+    assert json.loads((tmp_path / "sim" / "sweep.json").read_text())["simulated"] is True
+
+
+def test_a_simulated_capacity_search_brackets_every_strategy_below_its_mu(tmp_path):
+    result = api.capacity(PLAN, tmp_path, simulated=True, search_duration_s=5, saturated_duration_s=5, max_probes=4)
+    assert result.simulated and set(result.estimates) == {"naive", "dynamic"}
+    for label, c in result.strategies.items():
+        assert 0 < result.estimates[label] <= c["saturated"]["req_s"] * 1.000001
+    assert json.loads((tmp_path / "capacity.json").read_text())["strategies"].keys() == {"naive", "dynamic"}
+    assert any("naive" in line for line in result.lines())
+
+
+def test_tune_ranks_the_grid_it_was_given_by_goodput(tmp_path):
+    settings = {**SIM, "strategy": "dynamic", "rate": 6, "duration_s": 5, "slo": ["ttft=1s"]}
+    record = api.tune(settings, grid=["max_batch_size=2,8", "max_wait_ms=10"], out=tmp_path)
+    knobs = [c["knobs"] for c in record["candidates"]]
+    assert sorted(k["max_batch_size"] for k in knobs) == [2, 8] and all(k["max_wait_ms"] == 10 for k in knobs)
+    goodputs = [c["goodput"] for c in record["candidates"]]
+    assert goodputs == sorted(goodputs, reverse=True)
+    assert json.loads((tmp_path / "tune.json").read_text())["candidates"] == record["candidates"]
+
+
+def test_tune_without_an_slo_is_a_config_error(tmp_path):
+    with pytest.raises(api.ConfigError, match="SLO"):
+        api.tune({**SIM, "strategy": "dynamic"}, out=tmp_path)
+
+
+def test_the_terminal_sweep_view_is_a_progress_callback(capsys):
+    from batchlab.lab.sweep_plan import Entry, Point
+    from batchlab.cli.live import SweepView
+
+    point = Point(Entry("dynamic", {"strategy": "dynamic"}), 5.0, 0, 0, Path("nowhere"))
+    with SweepView() as view:  # not a terminal here: plain lines on stderr
+        view(api.Event("start", total=1))
+        view(api.Event("note", text="capacity searched"))
+        view(api.Event("tick", point=point, phase="run", elapsed_s=1.0, alive={"collector": True}))
+        view(api.Event("finished", point=point, record={"status": "done", "elapsed_s": 2.5, "reason": ""}))
+    assert capsys.readouterr().err.splitlines() == ["capacity searched", "dynamic λ=5 rep 0: done in 2.5s"]
+    assert view.counts["done"] == 1
+
+
+def test_the_ready_callbacks_show_notes_and_finished_points_but_not_ticks(capsys, caplog):
+    from batchlab.lab.sweep_plan import Entry, Point
+
+    point = Point(Entry("naive", {"strategy": "naive"}), 4.0, 1, 0, Path("nowhere"))
+    view = api.progress.CallbackView(api.print_progress)
+    view.start(2)
+    view.ticker(point, "run")(0.5, {"collector": True})
+    view.note("capacity searched")
+    view.finished(point, {"status": "failed", "elapsed_s": 1.0, "reason": "RunFailed: worker-0 died\nmore"})
+    assert capsys.readouterr().err.splitlines() == ["2 points to run", "capacity searched",
+                                                    "naive λ=4 rep 1: failed in 1.0s: RunFailed: worker-0 died"]
+    with caplog.at_level("INFO", logger="batchlab"):
+        api.log_progress(api.Event("note", text="a line"))
+        api.log_progress(api.Event("tick", elapsed_s=1.0))
+    assert [r.getMessage() for r in caplog.records] == ["a line"]
+
+
+def test_the_sweep_command_calls_the_api_with_its_terminal_view(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+    from batchlab.cli.live import SweepView
+
+    calls = []
+    monkeypatch.setattr("batchlab.api.sweep", lambda plan, out, **kw: calls.append((plan, out, kw)) or
+                        api.SweepResult(Path(out), {"points": []}))
+    result = CliRunner().invoke(app, ["sweep", "plan.yaml", "--out", str(tmp_path), "--set", "grid.repeats=2"])
+    assert result.exit_code == 1 and "0 of 0 points" in result.output  # nothing measured: exit 1
+    [(plan, out, kw)] = calls
+    assert (plan, out, kw["sets"]) == ("plan.yaml", str(tmp_path), {"grid.repeats": 2})
+    assert isinstance(kw["on_progress"], SweepView)
+
+
+def test_a_sweep_on_ray_takes_the_parsed_plan_and_refuses_before_anything_starts(monkeypatch, tmp_path):
+    from batchlab.lab.ray_sweep import RayOptions
+
+    class NoNodes:  # a cluster none of whose nodes can hold a group
+        def nodes(self):
+            return []
+
+    monkeypatch.setattr("batchlab.lab.ray_sweep.connect", lambda address: NoNodes())
+    with pytest.raises(api.SweepError, match="refused before anything started"):
+        api.sweep(PLAN, tmp_path / "ray", ray=RayOptions("local"))
+    assert not (tmp_path / "ray").exists()
+
+
+@pytest.fixture(scope="module")
+def example_sweep(tmp_path_factory):
+    """examples/api_sweep.py run once as a user runs it: its output and folder."""
+    out = tmp_path_factory.mktemp("api") / "sweep"
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "api_sweep.py"), str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, out
+
+
+@pytest.mark.slow
+def test_the_example_sweeps_two_strategies_at_two_rates_and_prints_their_figures(example_sweep):
+    stdout, out = example_sweep
+    lines = stdout.splitlines()
+    assert lines[0] == f"4 of 4 points measured in {out}"
+    rows = [line.split() for line in lines[2:6]]
+    assert sorted((r[0], float(r[1])) for r in rows) == [("dynamic", 4.0), ("dynamic", 8.0), ("naive", 4.0),
+                                                         ("naive", 8.0)]
+    assert all(int(r[2]) > 0 and float(r[3]) > 0 for r in rows)  # finished requests, tokens per second
+    assert lines[6].startswith("- Dynamic batching")  # the report's headline
+    assert (out / "REPORT.md").exists()
+
+
+@pytest.mark.slow
+def test_a_resumed_sweep_reuses_every_point_and_says_so_through_the_callback(example_sweep):
+    _, out = example_sweep
+    before = json.loads((out / "sweep.json").read_text())["points"]
+    events: list[api.Event] = []
+    result = api.sweep(PLAN, out, on_progress=events.append)  # the example's plan: nothing to measure again
+    assert [p["status"] for p in result.points] == ["skipped"] * 4
+    assert {(p["label"], p["rate"]) for p in result.points} == {(p["label"], p["rate"]) for p in before}
+    assert [e.kind for e in events] == ["start"] + ["finished"] * 4 and events[0].total == 4
+    assert result.measured == 4 and result.failed == 0 and len(result.summaries()) == 4
+    report = api.report(out)
+    assert report.path == out / "REPORT.md" and report.headlines
+
+
+@pytest.mark.slow
+def test_a_run_returns_its_summary_ticks_through_the_callback_and_leaves_sigint_alone(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**SIM, "strategy": "dynamic", "rate": 8, "duration_s": 1}))
+    ticks: list[api.Event] = []
+    summary = api.run(config, out=tmp_path / "run", on_progress=ticks.append)
+    assert summary.finished > 0 and summary.failed == 0 and summary.role_deaths == []
+    assert ticks and {e.kind for e in ticks} == {"tick"} and {e.folder for e in ticks} == {tmp_path / "run"}
+    assert "collector" in ticks[-1].alive
+    assert signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(api.ConfigError, match="already holds a run"):  # a used folder, refused without overwrite
+        api.run(config, out=tmp_path / "run")
