@@ -115,3 +115,44 @@ def run_cli(*args: str, timeout_s: float = 300, check: bool = True,
     if check and proc.returncode != 0:
         raise AssertionError(f"batchlab {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return proc
+
+
+# ---- Expensive runs paid once per session (the sim-backend runs many modules only read) ----
+# Under xdist a session fixture is built once per worker that asks for it, so each shared run is built
+# by the first worker to ask, under a file lock, into a folder every worker of this session sees (the
+# workers' base temp folders share a parent: pytest-xdist's recipe for session data); the others wait
+# for it and read it. Readers never write into a shared run: a test that changes files copies it first.
+
+def shared_folder(tmp_path_factory, name: str, build) -> Path:
+    """The folder `build(folder)` fills, made once for the whole session (every xdist worker)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            if folder.exists():  # a build that failed in another worker: start again
+                import shutil
+
+                shutil.rmtree(folder)
+            build(folder)
+            done.touch()
+    return folder
+
+
+def sim_run(out: Path, **settings) -> Path:
+    """`batchlab run` through the library call (its processes, not a CLI process): sim backend, synthetic prompts."""
+    from batchlab.cli.launcher import launch_run
+    from batchlab.protocol.settings import build_config
+
+    launch_run(build_config({"backend": "sim", "dataset": "synthetic", **settings, "out": str(out)}, {}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def dynamic_sim_run(tmp_path_factory) -> Path:
+    """A live sim run (real processes and clocks): dynamic at 20 req/s for 3 s, 32 new tokens, seed 7."""
+    return shared_folder(tmp_path_factory, "dynamic-sim-run", lambda out: sim_run(
+        out, strategy="dynamic", rate=20, duration_s=3, max_new_tokens=32, seed=7))
