@@ -156,3 +156,22 @@ def dynamic_sim_run(tmp_path_factory) -> Path:
     """A live sim run (real processes and clocks): dynamic at 20 req/s for 3 s, 32 new tokens, seed 7."""
     return shared_folder(tmp_path_factory, "dynamic-sim-run", lambda out: sim_run(
         out, strategy="dynamic", rate=20, duration_s=3, max_new_tokens=32, seed=7))
+
+
+LIVE_MODEL_TERMS = ("live", 2e8, 16384, 0.0, 4e-5, 0.02, 8e9, 0.002, 5e-6, 0.002, 6e-8, 0.02)
+
+
+@pytest.fixture(scope="session")
+def continuous_preset_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A live sim run (real processes and clocks) played by a known step model with every term non-zero:
+    continuous at 4 req/s for 6 s, 24 new tokens. (run folder named rate-4, as a sweep's, and its preset)."""
+    from batchlab.worker.stepmodel import StepModel, save_preset
+
+    def build(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        save_preset(StepModel(*LIVE_MODEL_TERMS), folder / "played.yaml")
+        sim_run(folder / "continuous" / "rate-4", strategy="continuous", preset=str(folder / "played.yaml"), rate=4,
+                duration_s=6, max_new_tokens=24)
+
+    folder = shared_folder(tmp_path_factory, "continuous-preset-run", build)
+    return folder / "continuous" / "rate-4", folder / "played.yaml"
