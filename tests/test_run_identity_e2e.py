@@ -61,21 +61,30 @@ def test_a_run_without_out_gets_its_own_folder_and_a_reused_one_is_refused(two_r
     assert again.returncode == 1 and "already holds a run" in again.stderr
 
 
+def in_process(*args: str) -> str:
+    """A command in this process (a sweep still starts its roles): its output; it must exit 0."""
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
 def test_a_resumed_sweep_measures_again_the_points_whose_config_changed(tmp_path):
-    sweep = tmp_path / "sweep.yaml"
+    sweep, out = tmp_path / "sweep.yaml", str(tmp_path / "s")
     text = ("base: {backend: sim, dataset: synthetic, duration_s: 1, max_new_tokens: 16}\n"
             "grid: {strategies: [naive, dynamic], rates: [20]}\n")
     sweep.write_text(text)
-    assert batchlab("sweep", str(sweep), "--out", "s", cwd=tmp_path).returncode == 0
+    in_process("sweep", str(sweep), "--out", out)
     sweep.write_text(text.replace("max_new_tokens: 16", "max_new_tokens: 8"))
-    result = batchlab("sweep", str(sweep), "--out", "s", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "max_new_tokens 16 → 8" in result.stdout + result.stderr
+    assert "max_new_tokens 16 → 8" in in_process("sweep", str(sweep), "--out", out)
     index = json.loads((tmp_path / "s" / "sweep.json").read_text())
     assert [p["status"] for p in index["points"]] == ["done", "done"]  # measured again, not skipped
     for point in index["points"]:
         settings = json.loads((tmp_path / "s" / point["dir"] / "summary.json").read_text())["settings"]
         assert settings["max_new_tokens"] == index["base"]["max_new_tokens"] == 8  # the index describes its data
-    unchanged = batchlab("sweep", str(sweep), "--out", "s", cwd=tmp_path)
+    unchanged = in_process("sweep", str(sweep), "--out", out)
     assert [p["status"] for p in json.loads((tmp_path / "s" / "sweep.json").read_text())["points"]] == \
-        ["skipped", "skipped"], unchanged.stderr
+        ["skipped", "skipped"], unchanged
