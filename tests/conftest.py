@@ -115,3 +115,80 @@ def run_cli(*args: str, timeout_s: float = 300, check: bool = True,
     if check and proc.returncode != 0:
         raise AssertionError(f"batchlab {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return proc
+
+
+# ---- Expensive runs paid once per session (the sim-backend runs many modules only read) ----
+# Under xdist a session fixture is built once per worker that asks for it, so each shared run is built
+# by the first worker to ask, under a file lock, into a folder every worker of this session sees (the
+# workers' base temp folders share a parent: pytest-xdist's recipe for session data); the others wait
+# for it and read it. Readers never write into a shared run: a test that changes files copies it first.
+
+def shared_folder(tmp_path_factory, name: str, build) -> Path:
+    """The folder `build(folder)` fills, made once for the whole session (every xdist worker)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            if folder.exists():  # a build that failed in another worker: start again
+                import shutil
+
+                shutil.rmtree(folder)
+            build(folder)
+            done.touch()
+    return folder
+
+
+def sim_run(out: Path, **settings) -> Path:
+    """`batchlab run` through the library call (its processes, not a CLI process): sim backend, synthetic prompts."""
+    from batchlab.runner.launcher import launch_run
+    from batchlab.protocol.settings import build_config
+
+    launch_run(build_config({"backend": "sim", "dataset": "synthetic", **settings, "out": str(out)}, {}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def dynamic_sim_run(tmp_path_factory) -> Path:
+    """A live sim run (real processes and clocks): dynamic at 20 req/s for 3 s, 32 new tokens, seed 7."""
+    return shared_folder(tmp_path_factory, "dynamic-sim-run", lambda out: sim_run(
+        out, strategy="dynamic", rate=20, duration_s=3, max_new_tokens=32, seed=7))
+
+
+LIVE_MODEL_TERMS = ("live", 2e8, 16384, 0.0, 4e-5, 0.02, 8e9, 0.002, 5e-6, 0.002, 6e-8, 0.02)
+
+
+@pytest.fixture(scope="session")
+def continuous_preset_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A live sim run (real processes and clocks) played by a known step model with every term non-zero:
+    continuous at 4 req/s for 6 s, 24 new tokens. (run folder named rate-4, as a sweep's, and its preset)."""
+    from batchlab.worker.stepmodel import StepModel, save_preset
+
+    def build(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        save_preset(StepModel(*LIVE_MODEL_TERMS), folder / "played.yaml")
+        sim_run(folder / "continuous" / "rate-4", strategy="continuous", preset=str(folder / "played.yaml"), rate=4,
+                duration_s=6, max_new_tokens=24)
+
+    folder = shared_folder(tmp_path_factory, "continuous-preset-run", build)
+    return folder / "continuous" / "rate-4", folder / "played.yaml"
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(tmp_path_factory) -> tuple[Path, str, str, str]:
+    """configs/smoke.yaml swept live (3 strategies × 2 rates, 3 s each) by `batchlab sweep`, then reported
+    with SLOs (ttft 500 ms, tpot 50 ms): the sweep folder, the report's stdout, the sweep's stdout and stderr.
+    CLI processes: what the sweep prints is read as a user sees it."""
+    def build(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        swept = run_cli("sweep", "configs/smoke.yaml", "--out", str(folder / "out"), timeout_s=900)
+        (folder / "sweep.txt").write_text(swept.stdout)
+        (folder / "sweep-stderr.txt").write_text(swept.stderr)
+        reported = run_cli("report", str(folder / "out"), "--slo", "ttft=500ms", "--slo", "tpot=50ms")
+        (folder / "report.txt").write_text(reported.stdout)
+
+    folder = shared_folder(tmp_path_factory, "smoke-sweep", build)
+    return (folder / "out", *((folder / f"{name}.txt").read_text() for name in ("report", "sweep", "sweep-stderr")))

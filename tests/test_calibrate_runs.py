@@ -9,7 +9,6 @@ from batchlab.cli.main import app
 from batchlab.lab.sim_run import simulate_run
 from batchlab.protocol.settings import RunConfig
 from batchlab.worker.stepmodel import StepModel, get_preset, save_preset
-from tests.conftest import run_cli
 
 runner = CliRunner()
 TERMS = ("overhead_s", "decode_s_per_row", "decode_s_per_context_token", "prefill_overhead_s",
@@ -71,23 +70,21 @@ def test_a_folder_without_runs_is_one_line_and_exit_1(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_live_sim_workers_steps_give_back_its_model(tmp_path):
+def test_a_live_sim_workers_steps_give_back_its_model(tmp_path, continuous_preset_run):
     """Real processes and clocks: the fitted model prices the run's own steps like the model that played them,
-    within the worker's dispatch and sleep slack (a few ms a step, always late)."""
+    within the worker's dispatch and sleep slack (a few ms a step, always late). The session's shared run:
+    continuous at 4 req/s for 6 s, 24 new tokens, every term of its model non-zero."""
     from batchlab.worker.calibrate_runs import predict_steps
     from batchlab.worker.run_steps import read_run_steps
 
-    model = StepModel("live", 2e8, 16384, 0.0, 4e-5, 0.02, 8e9, 0.002, 5e-6, 0.002, 6e-8, 0.02)
-    preset = tmp_path / "live.yaml"
-    save_preset(model, preset)
-    run_cli("run", "--backend", "sim", "--strategy", "continuous", "--preset", str(preset), "--rate", "4",
-            "--duration", "6", "--dataset", "synthetic", "--max-new-tokens", "24", "--out", str(tmp_path / "run"))
+    run, preset = continuous_preset_run
+    model = get_preset(str(preset))
     out = tmp_path / "fit.yaml"
-    result = _calibrate("--from", str(tmp_path / "run"), "--out", str(out))
+    result = _calibrate("--from", str(run), "--out", str(out))
     assert result.exit_code == 0, result.output
     record = yaml.safe_load(out.read_text())["calibration"]
     assert abs(record["total_time_error"]) < 0.03  # the fit keeps the steps' measured total
-    steps = read_run_steps(tmp_path / "run", padded=False).steps
+    steps = read_run_steps(run, padded=False).steps
     ratio = predict_steps(get_preset(str(out)), steps).sum() / predict_steps(model, steps).sum()
     print(f"fitted ÷ playing model over {len(steps)} steps: {ratio:.3f}")
     assert 0.97 < ratio < 1.10

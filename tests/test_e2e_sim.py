@@ -1,31 +1,37 @@
-"""End to end with real processes on the `sim` backend: conservation, metrics, strategies, Ctrl-C."""
+"""End to end with real processes on the `sim` backend: conservation, metrics, strategies, goodput. The
+runs go through the library call (the CLI's own process is only the subject of the bad-option tests);
+the conservation tests read the session's shared run, and a run's Ctrl-C is tests/test_fault_matrix.py's."""
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
+from batchlab.cli.main import app
 from batchlab.collector.layout import point_dir
 
-from tests.conftest import ROOT, default_sigint, run_cli
+from tests.conftest import run_cli, sim_run
 
-COMMON = ["--backend", "sim", "--dataset", "synthetic", "--max-new-tokens", "32", "--seed", "7"]
+COMMON = {"max_new_tokens": 32, "seed": 7}
 
-pytestmark = pytest.mark.slow  # real processes through the CLI
+pytestmark = pytest.mark.slow  # real processes
 
 
 def read(out, name: str) -> pd.DataFrame:
     return pd.read_parquet(out / f"{name}.parquet")
 
 
+@pytest.fixture
+def dynamic_run(dynamic_sim_run):
+    return dynamic_sim_run  # dynamic at 20 req/s for 3 s, seed 7: the session's shared run
+
+
 @pytest.fixture(scope="module")
-def dynamic_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dyn")
-    run_cli("run", *COMMON, "--strategy", "dynamic", "--rate", "20", "--duration", "3", "--out", str(out))
-    return out
+def low_load(tmp_path_factory) -> dict:
+    """naive and dynamic at 2 req/s for 5 s with the same seed: strategy → its run folder."""
+    root = tmp_path_factory.mktemp("low")
+    return {s: sim_run(root / s, **COMMON, strategy=s, rate=2, duration_s=5, batch_size=8, max_wait_ms=20)
+            for s in ("naive", "dynamic")}
 
 
 def test_every_scheduled_request_has_exactly_one_terminal_row(dynamic_run):
@@ -68,50 +74,21 @@ def test_batches_record_reason_and_their_requests(dynamic_run):
     assert ((b.useful_fraction > 0) & (b.useful_fraction <= 1)).all()
 
 
-def test_at_low_load_dynamic_median_ttft_is_far_below_naive(tmp_path):
-    ttft = {}
-    for strategy in ("naive", "dynamic"):
-        out = tmp_path / strategy
-        run_cli("run", *COMMON, "--strategy", strategy, "--rate", "2", "--duration", "5", "--batch-size", "8",
-                "--max-wait-ms", "20", "--out", str(out))
-        ttft[strategy] = read(out, "requests").ttft.median()
+def test_at_low_load_dynamic_median_ttft_is_far_below_naive(low_load):
+    ttft = {strategy: read(out, "requests").ttft.median() for strategy, out in low_load.items()}
     assert ttft["dynamic"] * 4 < ttft["naive"]
 
 
 def test_continuous_strategy_streams_steps_and_finishes_everything(tmp_path):
-    run_cli("run", *COMMON, "--strategy", "continuous", "--rate", "10", "--duration", "2", "--out", str(tmp_path))
+    sim_run(tmp_path, **COMMON, strategy="continuous", rate=10, duration_s=2)
     r, steps = read(tmp_path, "requests"), read(tmp_path, "steps")
     assert set(r.status) == {"finished"}
     assert steps.joined.sum() == len(r) and steps.finished.sum() == len(r)
 
 
-def test_same_seed_gives_the_same_trace_for_every_strategy(tmp_path):
-    hashes = set()
-    for strategy in ("naive", "continuous"):
-        out = tmp_path / strategy
-        run_cli("run", *COMMON, "--strategy", strategy, "--rate", "10", "--duration", "1", "--out", str(out))
-        hashes.add(pd.read_parquet(out / "schedule.parquet").to_json())
-    assert len(hashes) == 1
-
-
-def test_sigint_stops_every_process_and_leaves_readable_files(tmp_path):
-    cmd = [sys.executable, "-m", "batchlab.cli.main", "run", *COMMON, "--strategy", "naive", "--batch-size", "4",
-           "--rate", "10", "--duration", "30", "--out", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=default_sigint)
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".parts/requests-*")) and time.monotonic() < deadline:
-        time.sleep(0.1)  # wait until requests are finishing
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=90)
-    assert proc.returncode != 0
-    requests = pd.read_parquet(tmp_path / "requests.parquet")
-    schedule = pd.read_parquet(tmp_path / "schedule.parquet")
-    assert sorted(requests.request_id) == sorted(schedule.request_id)
-    assert (requests.status == "finished").any() and (requests.status == "failed").any()
-    assert requests[requests.status == "failed"].error.str.len().min() > 0
-    json.loads((tmp_path / "summary.json").read_text())
+def test_same_seed_gives_the_same_trace_for_every_strategy(low_load):
+    frames = [pd.read_parquet(out / "schedule.parquet") for out in low_load.values()]  # two separate runs
+    assert len(frames[0]) > 0 and frames[0].to_json() == frames[1].to_json()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -128,8 +105,7 @@ def test_bad_options_print_one_line_and_exit_1(args, message):
 
 
 def test_slos_given_to_run_and_to_a_sweep_put_goodput_in_the_summary(tmp_path):
-    run_cli("run", *COMMON, "--strategy", "dynamic", "--rate", "10", "--duration", "1", "--slo", "ttft=2s",
-            "--slo", "e2e=60s", "--out", str(tmp_path / "run"))
+    sim_run(tmp_path / "run", **COMMON, strategy="dynamic", rate=10, duration_s=1, slo=["ttft=2s", "e2e=60s"])
     requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     met = int(((requests.status == "finished") & (requests.ttft <= 2.0) & (requests.e2e <= 60.0)).sum())
     goodput = json.loads((tmp_path / "run" / "summary.json").read_text())["goodput"]
@@ -137,6 +113,7 @@ def test_slos_given_to_run_and_to_a_sweep_put_goodput_in_the_summary(tmp_path):
     config = tmp_path / "sweep.yaml"
     config.write_text("base: {backend: sim, dataset: synthetic, duration_s: 1, max_new_tokens: 8,\n"
                       "       slo: [ttft=500ms]}\ngrid: {strategies: [dynamic], rates: [5]}\n")
-    run_cli("sweep", str(config), "--out", str(tmp_path / "sweep"))
+    result = CliRunner().invoke(app, ["sweep", str(config), "--out", str(tmp_path / "sweep")])
+    assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "sweep" / point_dir("dynamic", 5, 0) / "summary.json").read_text())
     assert summary["goodput"]["slos"] == {"ttft": 0.5}

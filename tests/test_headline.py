@@ -2,6 +2,8 @@
 batching beats naive where queueing theory says it must, dynamic batching serves what naive serves at
 saturation, one repeat claims no significance, and every number carries an interval or the words."""
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -20,12 +22,18 @@ runner = CliRunner()
 BASE = "{backend: sim, preset: a100-llama2-7b, dataset: synthetic, duration_s: 20, max_new_tokens: 32, batch_size: 8}"
 
 
+_simulated: dict[tuple, Path] = {}  # a grid simulated once for the module: later tests copy its untouched folder
+
+
 def simulated_sweep(tmp_path, strategies: str, rates: str = "[2, 4, 100]", repeats: int = 3):
-    config = tmp_path / "grid.yaml"
-    config.write_text(f"base: {BASE}\ngrid: {{strategies: {strategies}, rates: {rates}, repeats: {repeats}}}\n")
     out = tmp_path / "out"
-    result = runner.invoke(app, ["simulate", str(config), "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    if (key := (strategies, rates, repeats)) not in _simulated:
+        config = tmp_path / "grid.yaml"
+        config.write_text(f"base: {BASE}\ngrid: {{strategies: {strategies}, rates: {rates}, repeats: {repeats}}}\n")
+        result = runner.invoke(app, ["simulate", str(config), "--out", str(tmp_path / "simulated")])
+        assert result.exit_code == 0, result.output
+        _simulated[key] = tmp_path / "simulated"
+    shutil.copytree(_simulated[key], out)  # the test's own copy: it may write into it
     collection = load_collection(out)
     capacities, source = load_capacities(collection)
     hardware_of = {r.label: hardware(r.settings) for r in collection.runs}

@@ -12,7 +12,7 @@ from batchlab.scheduler.policies import Capacity, Decision
 from batchlab.scheduler.strategies import resolve
 from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule
-from tests.conftest import run_cli
+from tests.conftest import sim_run
 
 BIG_KV = 10**12
 ROOMY = Capacity(free_slots=8, kv_free_bytes=BIG_KV, kv_bytes_per_token=1, idle=True)
@@ -172,11 +172,9 @@ def test_sjf_with_the_oracle_gives_a_lower_mean_e2e_than_fcfs_at_the_same_load(f
 # --- live, through the ZeroMQ scheduler -------------------------------------------------------------
 @pytest.mark.slow
 def test_sjf_and_edf_run_live_and_every_request_ends_once(tmp_path):
-    common = ["run", "--backend", "sim", "--preset", "a100-llama2-7b", "--dataset", "synthetic", "--rate", "40",
-              "--duration", "2", "--max-batch-size", "4"]
-    run_cli(*common, "--strategy", "sjf", "--strategy-arg", "mode=continuous", "--out", str(tmp_path / "sjf"))
-    run_cli(*common, "--strategy", "edf", "--slo", "ttft=100ms", "--strategy-arg", "reject_late=true",
-            "--out", str(tmp_path / "edf"))
+    common = {"preset": "a100-llama2-7b", "rate": 40, "duration_s": 2, "max_batch_size": 4}  # through the library
+    sim_run(tmp_path / "sjf", **common, strategy="sjf", strategy_args=["mode=continuous"])
+    sim_run(tmp_path / "edf", **common, strategy="edf", slo=["ttft=100ms"], strategy_args=["reject_late=true"])
     import pandas as pd
 
     for name in ("sjf", "edf"):

@@ -1,4 +1,5 @@
 """Protocol: every message round-trips; anything else is rejected with ProtocolError, never a crash."""
+import os
 import tracemalloc
 
 import msgpack
@@ -9,6 +10,10 @@ from hypothesis import strategies as st
 from batchlab.protocol import PROTOCOL_VERSION, ProtocolError, decode, decode_all, encode, encode_many
 from batchlab.protocol import messages as m
 from batchlab.protocol.codec import MAX_ARRAY_LEN
+
+# a few hundred examples find the decoder's crashes in seconds; 2,000 took minutes on a shared 2-core machine
+EXAMPLES = int(os.environ.get("BATCHLAB_FUZZ_EXAMPLES", 300))  # more for a deeper search by hand
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 REQ = m.RequestMsg(1, 2.0, 2.001, 4, 5, m.pack_tokens([1, 2, 3, 4]))
 REQ2 = m.RequestMsg(2, 2.0, 2.001, 3, 2, m.pack_tokens([5, 6, 7]))
@@ -167,7 +172,7 @@ def test_bool_is_not_an_int():
         decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.END_OF_STREAM), True]))
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@FUZZ
 @given(st.binary(max_size=200))
 def test_random_bytes_only_ever_raise_protocol_error(frame):
     try:
@@ -183,7 +188,7 @@ _values = st.recursive(
     max_leaves=12)
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@FUZZ
 @given(st.sampled_from([int(k) for k in m.Kind]), st.lists(_values, max_size=9))
 def test_well_formed_msgpack_with_random_fields_decodes_or_raises_protocol_error(kind, fields):
     try:

@@ -13,18 +13,15 @@ from typer.testing import CliRunner
 
 from batchlab.cli.main import app
 from batchlab.report.output import REPORT_FILES, write_text
-from tests.conftest import run_cli
 from tests.summaries import ZERO
 
 SECRET = "not the report's to write\n"
 
 
-@pytest.fixture(scope="module")
-def real_run(tmp_path_factory) -> Path:
-    """One short sim run, copied by every case (its own folder is never reported into)."""
-    out = tmp_path_factory.mktemp("real") / "run"
-    run_cli("run", "--backend", "sim", "--rate", "20", "--duration", "2", "--out", str(out), timeout_s=300)
-    return out
+@pytest.fixture
+def real_run(dynamic_sim_run) -> Path:
+    """One short sim run (the session's shared one), copied by every case (its own folder is never reported into)."""
+    return dynamic_sim_run
 
 
 def listing(folder: Path) -> dict[str, bytes | str]:

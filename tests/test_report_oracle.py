@@ -1,7 +1,9 @@
 """REPORT.md's "vs oracle" section (sjf with the oracle predictor, found by its settings) and the schedule's
-notes in summary.json and the setup section; sweeps are simulated (deterministic)."""
+notes in summary.json and the setup section; sweeps are simulated (deterministic), in this process, two
+for the module (each test reports into its own copy)."""
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +14,9 @@ from batchlab.report import oracle
 from batchlab.report.points import Collection, FailedPoint, RunData
 from batchlab.report.stats import GroupStats
 from batchlab.collector.layout import point_dir
-from tests.conftest import run_cli
+from typer.testing import CliRunner
+
+from batchlab.cli.main import app
 from tests.summaries import make_summary
 
 EMPTY = pd.DataFrame()
@@ -112,10 +116,33 @@ def test_without_an_oracle_the_section_is_absent():
     assert oracle.section(coll, {("dynamic", 4.0): group("dynamic", 4.0, 1.0, 2.0)}, None) == []
 
 
+def batchlab(*args: str) -> None:
+    """A command in this process; it must exit 0."""
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+
+
 def simulated_sweep(out: Path, strategies: str, *extra: str) -> Path:
-    run_cli("simulate", "--strategy", strategies, "--rate", "4,8", "--duration", "5", "--dataset", "synthetic",
-            "--seed", "3", "--out", str(out), *extra, timeout_s=120)
+    batchlab("simulate", "--strategy", strategies, "--rate", "4,8", "--duration", "5", "--dataset", "synthetic",
+             "--seed", "3", "--out", str(out), *extra)
     return out
+
+
+@pytest.fixture(scope="module")
+def three_strategies(tmp_path_factory) -> Path:
+    """naive, dynamic and continuous at 4 and 8 req/s, simulated."""
+    return simulated_sweep(tmp_path_factory.mktemp("three") / "sweep", "naive,dynamic,continuous")
+
+
+@pytest.fixture(scope="module")
+def dynamic_and_sjf(tmp_path_factory) -> Path:
+    """dynamic and sjf at 4 and 8 req/s with outputs capped at 32 tokens, simulated."""
+    return simulated_sweep(tmp_path_factory.mktemp("sjf") / "sweep", "dynamic,sjf", "--max-new-tokens", "32")
+
+
+def copy(sweep: Path, tmp_path: Path) -> Path:
+    shutil.copytree(sweep, tmp_path / "sweep")
+    return tmp_path / "sweep"
 
 
 def mean_e2e_s(point: Path) -> float:
@@ -131,13 +158,13 @@ def as_oracle(root: Path, label: str, strategy_args: dict) -> None:
         path.write_text(json.dumps(summary))
 
 
-def test_a_simulated_sweep_with_an_oracle_by_settings_gets_ratios_and_keeps_its_headline(tmp_path):
-    root = simulated_sweep(tmp_path / "sweep", "naive,dynamic,continuous")
-    run_cli("report", str(root))
+def test_a_simulated_sweep_with_an_oracle_by_settings_gets_ratios_and_keeps_its_headline(tmp_path, three_strategies):
+    root = copy(three_strategies, tmp_path)
+    batchlab("report", str(root))
     before = (root / "REPORT.md").read_text()
     assert "oracle" not in before.lower()  # no oracle entry: nothing said about it
     as_oracle(root, "continuous", {})  # missing predictor = oracle
-    run_cli("report", str(root))
+    batchlab("report", str(root))
     text = (root / "REPORT.md").read_text()
     assert text.split("## Plots")[0] == before.split("## Plots")[0]  # the headline rule is unchanged
     section = text.split("## Against the oracle")[1].split("\n## ")[0]
@@ -150,16 +177,16 @@ def test_a_simulated_sweep_with_an_oracle_by_settings_gets_ratios_and_keeps_its_
         assert re.search(r"\| continuous \| [^|]+ \| [0-9.]+ \(oracle\) \|", table)
 
 
-def test_an_sjf_entry_with_another_predictor_adds_no_section(tmp_path):
-    root = simulated_sweep(tmp_path / "sweep", "naive,continuous")
+def test_an_sjf_entry_with_another_predictor_adds_no_section(tmp_path, three_strategies):
+    root = copy(three_strategies, tmp_path)
     as_oracle(root, "continuous", {"predictor": "prompt"})
-    run_cli("report", str(root))
+    batchlab("report", str(root))
     assert "oracle" not in (root / "REPORT.md").read_text().lower()
 
 
-def test_a_simulated_sweep_of_dynamic_and_sjf_reports_dynamic_against_the_oracle(tmp_path):
-    root = simulated_sweep(tmp_path / "sweep", "dynamic,sjf")
-    run_cli("report", str(root), "--slo", "e2e=5s")
+def test_a_simulated_sweep_of_dynamic_and_sjf_reports_dynamic_against_the_oracle(tmp_path, dynamic_and_sjf):
+    root = copy(dynamic_and_sjf, tmp_path)
+    batchlab("report", str(root), "--slo", "e2e=5s")
     section = (root / "REPORT.md").read_text().split("## Against the oracle")[1].split("\n## ")[0]
     for rate in ("4", "8"):
         table = section.split(f"### λ = {rate} req/s")[1].split("###")[0]
@@ -169,15 +196,15 @@ def test_a_simulated_sweep_of_dynamic_and_sjf_reports_dynamic_against_the_oracle
                          table)
 
 
-def test_summary_and_setup_say_where_prompts_came_from_and_what_was_capped(tmp_path):
-    root = simulated_sweep(tmp_path / "sweep", "dynamic", "--max-new-tokens", "32")
+def test_summary_and_setup_say_where_prompts_came_from_and_what_was_capped(tmp_path, dynamic_and_sjf):
+    root = copy(dynamic_and_sjf, tmp_path)
     from batchlab.traffic.schedule import saved_notes
 
     point = root / point_dir("dynamic", 4, 0)
     notes = json.loads((point / "summary.json").read_text())["schedule"]
     assert notes == saved_notes(point / "schedule.parquet")
     assert notes["prompt_source"] == "synthetic" and notes["capped_outputs"] > 0
-    run_cli("report", str(root))
+    batchlab("report", str(root))
     setup = (root / "REPORT.md").read_text().split("## Setup")[1]
     assert "- prompts: synthetic (uniform random token ids" in setup
     assert (f"- schedule at λ = 4 req/s: {json.loads((point / 'summary.json').read_text())['scheduled']} "
@@ -218,11 +245,9 @@ def test_the_setup_names_a_traces_window():
     assert schedule_lines([run("dynamic", 4.0, DYNAMIC)]) == []
 
 
-@pytest.mark.slow  # real processes through the CLI
-def test_a_live_runs_summary_holds_its_schedules_notes(tmp_path):
+@pytest.mark.slow  # real processes: the session's shared live sim run (synthetic prompts, 32 new tokens)
+def test_a_live_runs_summary_holds_its_schedules_notes(dynamic_sim_run):
     from batchlab.traffic.schedule import saved_notes
 
-    run_cli("run", "--backend", "sim", "--dataset", "synthetic", "--max-new-tokens", "32", "--strategy", "dynamic",
-            "--rate", "10", "--duration", "2", "--out", str(tmp_path))
-    notes = json.loads((tmp_path / "summary.json").read_text())["schedule"]
-    assert notes == saved_notes(tmp_path / "schedule.parquet") and notes["prompt_source"] == "synthetic"
+    notes = json.loads((dynamic_sim_run / "summary.json").read_text())["schedule"]
+    assert notes == saved_notes(dynamic_sim_run / "schedule.parquet") and notes["prompt_source"] == "synthetic"

@@ -17,11 +17,22 @@ def batchlab(*args: str, cwd: Path, timeout_s: float = 240) -> subprocess.Comple
     return subprocess.run([*BATCHLAB, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=env)
 
 
-def test_an_overloaded_run_ends_with_its_figures_and_a_warning(tmp_path):
-    # a100 preset, dynamic capped at 2 rows: about 3 req/s of capacity against 40 offered
-    result = batchlab("run", "--backend", "sim", "--strategy", "dynamic", "--max-batch-size", "2",
-                      "--dataset", "synthetic", "--rate", "40", "--duration", "1.5", "--out", "r", cwd=tmp_path)
+# a100 preset, dynamic capped at 2 rows: about 3 req/s of capacity against 40 offered
+OVERLOADED = ("run", "--backend", "sim", "--strategy", "dynamic", "--max-batch-size", "2", "--dataset", "synthetic",
+              "--rate", "40", "--duration", "1.5")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[Path, list]:
+    """The overloaded run twice without --out, from one folder: that folder and both runs' results."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    return cwd, [batchlab(*OVERLOADED, cwd=cwd), batchlab(*OVERLOADED, cwd=cwd)]
+
+
+def test_an_overloaded_run_ends_with_its_figures_and_a_warning(two_runs):
+    cwd, (result, _) = two_runs
     assert result.returncode == 0, result.stderr
+    run = cwd / "runs" / sorted(p.name for p in (cwd / "runs").iterdir())[0]  # the first: names sort by time
     out = result.stdout
     for figure in ("requests finished / scheduled", "offered rate (req/s)", "served rate (req/s)",
                    "output throughput (tok/s)", "TTFT p50 / p90 / p99 (ms)", "TPOT p50", "ITL p50", "E2E p50"):
@@ -31,8 +42,8 @@ def test_an_overloaded_run_ends_with_its_figures_and_a_warning(tmp_path):
     progress = [ln for ln in result.stderr.splitlines() if "dynamic/sim λ=40 req/s" in ln]
     assert progress and all(" · in flight " in ln for ln in progress)
     assert any(p in ln for ln in progress for p in ("starting", "sending", "draining"))
-    record = json.loads((tmp_path / "r" / "run.json").read_text())
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    record = json.loads((run / "run.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
     assert record["status"] == "done" and record["config_hash"] == summary["settings"]["config_hash"]
     assert record["started_utc"].endswith("Z") and record["batchlab"]["version"]
     worker_env = summary["settings"]["workers"]["worker-0"]["environment"]  # each role reports its own
@@ -41,31 +52,39 @@ def test_an_overloaded_run_ends_with_its_figures_and_a_warning(tmp_path):
     assert "timing_fidelity" in summary and "p99" in summary["harness_lag"]  # computed when the run ended
 
 
-def test_a_run_without_out_gets_its_own_folder_and_a_reused_one_is_refused(tmp_path):
-    args = ("run", "--backend", "sim", "--dataset", "synthetic", "--rate", "20", "--duration", "0.5")
-    first, second = batchlab(*args, cwd=tmp_path), batchlab(*args, cwd=tmp_path)
+def test_a_run_without_out_gets_its_own_folder_and_a_reused_one_is_refused(two_runs):
+    cwd, (first, second) = two_runs
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
-    folders = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    folders = sorted(p.name for p in (cwd / "runs").iterdir())
     assert len(folders) == 2 and all("dynamic-sim" in f for f in folders)
-    again = batchlab(*args, "--out", f"runs/{folders[0]}", cwd=tmp_path)
+    again = batchlab(*OVERLOADED, "--out", f"runs/{folders[0]}", cwd=cwd)
     assert again.returncode == 1 and "already holds a run" in again.stderr
 
 
+def in_process(*args: str) -> str:
+    """A command in this process (a sweep still starts its roles): its output; it must exit 0."""
+    from typer.testing import CliRunner
+
+    from batchlab.cli.main import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
 def test_a_resumed_sweep_measures_again_the_points_whose_config_changed(tmp_path):
-    sweep = tmp_path / "sweep.yaml"
+    sweep, out = tmp_path / "sweep.yaml", str(tmp_path / "s")
     text = ("base: {backend: sim, dataset: synthetic, duration_s: 1, max_new_tokens: 16}\n"
             "grid: {strategies: [naive, dynamic], rates: [20]}\n")
     sweep.write_text(text)
-    assert batchlab("sweep", str(sweep), "--out", "s", cwd=tmp_path).returncode == 0
+    in_process("sweep", str(sweep), "--out", out)
     sweep.write_text(text.replace("max_new_tokens: 16", "max_new_tokens: 8"))
-    result = batchlab("sweep", str(sweep), "--out", "s", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "max_new_tokens 16 → 8" in result.stdout + result.stderr
+    assert "max_new_tokens 16 → 8" in in_process("sweep", str(sweep), "--out", out)
     index = json.loads((tmp_path / "s" / "sweep.json").read_text())
     assert [p["status"] for p in index["points"]] == ["done", "done"]  # measured again, not skipped
     for point in index["points"]:
         settings = json.loads((tmp_path / "s" / point["dir"] / "summary.json").read_text())["settings"]
         assert settings["max_new_tokens"] == index["base"]["max_new_tokens"] == 8  # the index describes its data
-    unchanged = batchlab("sweep", str(sweep), "--out", "s", cwd=tmp_path)
+    unchanged = in_process("sweep", str(sweep), "--out", out)
     assert [p["status"] for p in json.loads((tmp_path / "s" / "sweep.json").read_text())["points"]] == \
-        ["skipped", "skipped"], unchanged.stderr
+        ["skipped", "skipped"], unchanged

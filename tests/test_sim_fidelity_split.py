@@ -10,7 +10,6 @@ from batchlab.collector.summary import read_summary
 from batchlab.protocol.settings import RunConfig
 from batchlab.worker.stepmodel import StepModel, save_preset
 from benchmarks import sim_fidelity
-from tests.conftest import run_cli
 
 MODEL = StepModel("played", 2e8, 16384, 0.0, 2e-5, 0.004, 8e9, 0.0006, 2e-6, 0.0008, 3e-8, 0.006, padded=True,
                   fused=True)
@@ -62,18 +61,16 @@ def test_saved_runs_are_rescored_into_the_split_table(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_live_run_replayed_through_its_own_calibration_has_little_step_model_error(tmp_path):
+def test_a_live_run_replayed_through_its_own_calibration_has_little_step_model_error(tmp_path, continuous_preset_run):
     """Real processes: the sim worker's steps run a few ms over its model (its loop, messages, a shared CPU);
-    `calibrate --from` the run puts that in the model, and the replay then matches the run."""
+    `calibrate --from` the run puts that in the model, and the replay then matches the run. The session's
+    shared run: continuous at 4 req/s for 6 s, 24 new tokens, 20 ms step overheads in its model."""
     from typer.testing import CliRunner
 
     from batchlab.cli.main import app
 
-    preset, fitted = tmp_path / "played.yaml", tmp_path / "fitted.yaml"
-    save_preset(replace(MODEL, overhead_s=0.02, prefill_overhead_s=0.02), preset)
-    run = tmp_path / "runs" / "continuous" / "rate-4"
-    run_cli("run", "--backend", "sim", "--strategy", "continuous", "--preset", str(preset), "--rate", "4",
-            "--duration", "5", "--dataset", "synthetic", "--max-new-tokens", "24", "--out", str(run))
+    run, preset = continuous_preset_run
+    fitted = tmp_path / "fitted.yaml"
     result = CliRunner().invoke(app, ["calibrate", "--from", str(run), "--out", str(fitted)])
     assert result.exit_code == 0, result.output
     played, calibrated = _point(run, "continuous", preset), _point(run, "continuous", fitted)

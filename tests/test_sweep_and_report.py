@@ -13,6 +13,9 @@ from batchlab.report.stats import share_text
 from batchlab.collector.layout import point_dir
 
 pytestmark = pytest.mark.slow  # real sweeps: four processes per point
+from typer.testing import CliRunner
+
+from batchlab.cli.main import app
 from tests.conftest import run_cli
 
 PLOTS = ("latency_vs_throughput.png", "latency_cdf.png", "itl_distribution.png", "batch_timeline.png",
@@ -21,12 +24,17 @@ HEADLINE_RATE = re.compile(r"[Aa]t λ = ([\d.]+) req/s")
 HEADLINE_TTFT = re.compile(r"TTFT p50 (?:by )?\(?([+−])([\d.]+)% [\[(]")  # "(": one repeat, no interval
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
-    run_cli("sweep", "configs/smoke.yaml", "--out", str(out), timeout_s=600)
-    proc = run_cli("report", str(out), "--slo", "ttft=500ms", "--slo", "tpot=50ms")
-    return out, proc.stdout
+@pytest.fixture
+def smoke(smoke_sweep):
+    """The session's smoke sweep (tests/conftest.py), reported with SLOs: its folder, the report's stdout."""
+    return smoke_sweep[:2]
+
+
+def batchlab(*args: str) -> str:
+    """A command in this process (sweeps still start their roles): its output; it must exit 0."""
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 def index(out) -> dict:
@@ -149,18 +157,18 @@ def test_resume_skips_finished_points_and_reruns_unfinished_ones(smoke, tmp_path
     shutil.copytree(out, copy)
     (copy / point_dir("naive", 4, 0) / "point.json").unlink()  # as if interrupted mid-point
     before = (copy / point_dir("dynamic", 12, 0) / "requests.parquet").stat().st_mtime_ns
-    proc = run_cli("sweep", "configs/smoke.yaml", "--out", str(copy))
+    output = batchlab("sweep", "configs/smoke.yaml", "--out", str(copy))
     statuses = {(p["label"], p["rate"]): p["status"] for p in index(copy)["points"]}
     assert statuses.pop(("naive", 4.0)) == "done"
     assert set(statuses.values()) == {"skipped"}
     assert (copy / point_dir("dynamic", 12, 0) / "requests.parquet").stat().st_mtime_ns == before
-    assert "6 of 6 points done" in proc.stdout
+    assert "6 of 6 points done" in output
 
 
 def test_report_works_on_a_single_run_folder(smoke, tmp_path):
     run = tmp_path / "one"
     shutil.copytree(smoke[0] / point_dir("dynamic", 4, 0), run)
-    run_cli("report", str(run))
+    batchlab("report", str(run))
     text = (run / "REPORT.md").read_text()
     assert "| dynamic | 1 |" in text and (run / "batch_timeline.png").stat().st_size > 10_000
 
@@ -171,14 +179,14 @@ def test_failed_points_are_recorded_and_the_sweep_goes_on(tmp_path):
         "base": {"backend": "sim", "dataset": "synthetic", "duration_s": 1, "max_new_tokens": 8},
         "grid": {"rates": [5], "strategies": [
             {"strategy": "tests.fault_plugins:Crash", "label": "crash"}, "dynamic"]}}))
-    proc = run_cli("sweep", str(config), "--out", str(tmp_path / "out"), timeout_s=300)
+    output = batchlab("sweep", str(config), "--out", str(tmp_path / "out"))
     points = {p["label"]: p for p in index(tmp_path / "out")["points"]}
     assert points["dynamic"]["status"] == "done"
     assert points["crash"]["status"] == "failed" and "scheduler" in points["crash"]["reason"], points["crash"]
     assert "scheduler" in (tmp_path / "out" / point_dir("crash", 5, 0) / "FAILED.txt").read_text()
-    assert "1 of 2 points done, 1 failed" in proc.stdout
-    report = run_cli("report", str(tmp_path / "out"))
-    assert "## Failed and stopped points" in (tmp_path / "out" / "REPORT.md").read_text() and report.returncode == 0
+    assert "1 of 2 points done, 1 failed" in output
+    batchlab("report", str(tmp_path / "out"))  # exits 0
+    assert "## Failed and stopped points" in (tmp_path / "out" / "REPORT.md").read_text()
 
 
 @pytest.mark.parametrize("entry, needle", [
@@ -203,7 +211,7 @@ def test_a_point_past_its_timeout_is_stopped_and_keeps_what_finished(tmp_path):
         "base": {"backend": "sim", "preset": "cpu-tiny-mistral", "dataset": "synthetic", "duration_s": 15,
                  "max_new_tokens": 32},
         "grid": {"rates": [3], "strategies": ["dynamic"], "point_timeout_s": 7}}))
-    run_cli("sweep", str(config), "--out", str(tmp_path / "out"), timeout_s=120)
+    batchlab("sweep", str(config), "--out", str(tmp_path / "out"))
     point = index(tmp_path / "out")["points"][0]
     assert point["status"] == "done" and "stopped 7 s after the first request" in point["reason"]
     requests = pd.read_parquet(tmp_path / "out" / point["dir"] / "requests.parquet")
