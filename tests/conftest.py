@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,54 @@ def smoke_sweep(tmp_path_factory) -> tuple[Path, str, str, str]:
 
     folder = shared_folder(tmp_path_factory, "smoke-sweep", build)
     return (folder / "out", *((folder / f"{name}.txt").read_text() for name in ("report", "sweep", "sweep-stderr")))
+
+
+# --- Expensive things paid once: a scaled-down real architecture, one vLLM engine ----------------------
+# (real-model fixtures; the sim-run fixtures live in their own section)
+SCALED_NAME = "tinyllama-1.1b-scaled"
+SCALED_MODEL = f"{SCALED_NAME}:random"
+
+
+def scaled_tinyllama_arch():
+    """TinyLlama's architecture (LlamaForCausalLM, 8 query heads per KV head, head dim 64, its vocabulary and
+    tokenizer) at 2 layers and a quarter of its width: the same code paths as `tinyllama-1.1b:random` at a
+    fraction of its 1.1e9 random weights."""
+    from dataclasses import replace
+
+    from batchlab.models.archs import ARCHS
+
+    full = ARCHS["tinyllama-1.1b"]
+    return replace(full, name=SCALED_NAME, published_params=0.0, config={
+        **full.config, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 1,
+        "intermediate_size": 1408, "num_hidden_layers": 2})
+
+
+@contextmanager
+def scaled_tinyllama():
+    """`SCALED_MODEL` resolvable in this process (models.archs.ARCHS) while the block runs; its name."""
+    from batchlab.models.archs import ARCHS
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(ARCHS, SCALED_NAME, scaled_tinyllama_arch())
+        yield SCALED_MODEL
+
+
+VLLM_KV_POOL_BYTES = 2**30
+
+
+@pytest.fixture(scope="session")
+def vllm_backend():
+    """One in-process vLLM engine for the session (eager, float32 on CPU, a 1 GiB KV pool) on the scaled
+    TinyLlama through vLLM's dummy loader: the engine tests and the `NAME:random` test read it, so the
+    engine start (tens of seconds on 2 cores) is paid once."""
+    pytest.importorskip("vllm")
+    from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
+
+    with scaled_tinyllama() as model:
+        backend = VLLMBackend(VLLMSettings(model=model, max_num_seqs=8, enforce_eager=True,
+                                           kv_cache_bytes=VLLM_KV_POOL_BYTES))
+        backend.warmup()
+        try:
+            yield backend
+        finally:
+            backend.close()

@@ -1,15 +1,17 @@
-"""The `vllm` backend on the real CPU engine (tiny-mistral); one engine is shared by the module."""
+"""The `vllm` backend on the real CPU engine: the session's one engine (tests/conftest.py: TinyLlama's
+architecture scaled down, vLLM's dummy loader), so its start is paid once."""
 import pandas as pd
 import psutil
 import pytest
 
+from batchlab.models.archs import kv_bytes_per_token
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, Row
+from tests.conftest import VLLM_KV_POOL_BYTES, scaled_tinyllama_arch
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm")
 
-KV_POOL_BYTES = 2**30
 # (prompt_len, output_len) per row: different lengths so rows join and leave at different steps
 SHAPES = [(5, 3), (17, 8), (40, 16), (90, 24)]
 
@@ -30,15 +32,12 @@ def drain(backend) -> list:
     return outs
 
 
-@pytest.fixture(scope="module")
-def backend():
-    from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
-
-    be = VLLMBackend(VLLMSettings(model="tiny-mistral", max_num_seqs=8, enforce_eager=True,
-                                  kv_cache_bytes=KV_POOL_BYTES))
-    be.warmup()
-    yield be
-    be.close()
+@pytest.fixture
+def backend(vllm_backend):
+    """The session's engine, idle and with an empty prefix cache for each test."""
+    vllm_backend.reset()
+    yield vllm_backend
+    assert not vllm_backend.has_work()
 
 
 def test_vllm_rows_get_exactly_their_tokens_with_ordered_times(backend):
@@ -69,11 +68,11 @@ def test_vllm_reports_its_kv_pool_and_usage(backend):
     info = backend.info
     assert info.memory_kind == "vllm_kv_pool"
     assert info.kv_budget_bytes == info.facts["kv_pool_bytes"]
-    # tiny-mistral: 2 (K, V) × 8 layers × 4 KV heads × 64 head dim × bytes of the engine's dtype
+    # 2 (K, V) × layers × KV heads × head dim × bytes of the engine's dtype
     dtype_bytes = backend.engine.vllm_config.model_config.dtype.itemsize
-    assert info.kv_bytes_per_token == 2 * 8 * 4 * 64 * dtype_bytes
+    assert info.kv_bytes_per_token == kv_bytes_per_token(scaled_tinyllama_arch(), dtype_bytes) == 2 * 2 * 1 * 64 * dtype_bytes
     assert info.facts["kv_pool_tokens"] * info.kv_bytes_per_token == info.kv_budget_bytes
-    assert abs(info.kv_budget_bytes - KV_POOL_BYTES) <= info.facts["kv_block_size_tokens"] * info.kv_bytes_per_token
+    assert abs(info.kv_budget_bytes - VLLM_KV_POOL_BYTES) <= info.facts["kv_block_size_tokens"] * info.kv_bytes_per_token
     assert 0 < backend.peak_memory_bytes() < info.kv_budget_bytes
     assert backend.run_facts()["kv_cache_usage_peak"] > 0
 
