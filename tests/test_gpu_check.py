@@ -1,4 +1,5 @@
-"""benchmarks/gpu_check: the GPU plan it runs, its phases under a deadline, and a dry run of every phase on the CPU."""
+"""benchmarks/gpu_check: the GPU plan it runs, its phases under a deadline, its shell wrapper, and a dry run
+of every phase on the CPU (in-process; the calibrations, tested on their own, stood in for by presets)."""
 import json
 import os
 import subprocess
@@ -44,18 +45,61 @@ def test_the_report_names_missing_modules_and_every_phase():
     assert "missing modules: zmq" in text and "| sweep | failed | 1.0 | RunFailed: worker died |" in text
 
 
-@pytest.mark.slow
-def test_a_dry_run_on_the_cpu_plays_every_phase(tmp_path):
+def test_the_check_calibrates_each_mode_through_the_calibrate_command(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr("batchlab.cli.calibrate_cmd.run_calibrate", lambda *a: calls.append(a) or {"wall_s": 1.0})
+    args, out = gpu_check.parse_args(["--device", "cpu", "--dry-run"]), tmp_path / "tiny-mistral-hf-loop.yaml"
+    assert gpu_check.calibrate("tiny-mistral", "continuous", args, out) == {"wall_s": 1.0}
+    assert calls == [("hf", "tiny-mistral", "cpu", "auto", "continuous", "auto", str(out),
+                      gpu_check.calibration_grid(True), "tiny-mistral-hf-loop")]
+
+
+def test_the_shell_wrapper_runs_the_check_from_this_checkout(tmp_path):
+    """gpu_check.sh without carried wheels: this checkout linked as the batchlab package, the check run under
+    its time limit; a deadline already past skips every phase, so only the wrapper and the report are paid."""
     env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(tmp_path / "no-wheels"),
-           "GPU_CHECK_SRC": str(tmp_path / "src"), "GPU_CHECK_TIMEOUT_S": "900"}
+           "GPU_CHECK_SRC": str(tmp_path / "src"), "GPU_CHECK_TIMEOUT_S": "300"}
     out = tmp_path / "out"
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--device", "cpu", "--dry-run",
-                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=1000)
+                           "--deadline-s", "-1", "--out", str(out)], env=env, capture_output=True, text=True,
+                          timeout=360)
+    assert "no .whl/ folder: using the packages installed here" in done.stdout, done.stderr[-3000:]
+    assert (tmp_path / "src" / "batchlab").resolve() == ROOT
+    facts = json.loads((out / "gpu_check.json").read_text())
+    assert [(p["phase"], p["status"]) for p in facts["phases"]] == [
+        (name, "skipped") for name in ("calibrate tiny-mistral hf", "calibrate tiny-mistral hf-loop", "sweep",
+                                       "calibrate --from the sweep", "report")]
+    assert done.returncode == 1  # a skipped phase is not a passed check
+    assert facts["environment"]["modules"]["zmq"] and (out / "GPU_CHECK.md").is_file()
+
+
+def preset_of(name: str):
+    """A stand-in for a calibration (tested on tiny-mistral in tests/test_calibrate.py): the project's fitted
+    preset of that kind written to the path, and the record's figures the check reads."""
+    from batchlab.worker.stepmodel import get_preset, save_preset
+
+    def fake(_model: str, _mode: str, _args, out: Path) -> dict:
+        record = {"device": "cpu", "wall_s": 0.1, "fit_error": 0.0, "held_out_error": 0.0, "unsettled_samples": 0}
+        save_preset(get_preset(name), out, {"backend": "hf", **record})
+        return record
+
+    return fake
+
+
+@pytest.mark.slow
+def test_a_dry_run_on_the_cpu_plays_every_phase(tmp_path, monkeypatch):
+    """In-process, the calibrations stood in for by fitted presets: the live HF sweep of the plan, its
+    simulation, the error split, `calibrate --from` the sweep and the report, each a phase that passes."""
+    fakes = {"static": preset_of("cpu-tiny-mistral"), "continuous": preset_of("cpu-tiny-mistral-loop")}
+    monkeypatch.setattr(gpu_check, "calibrate", lambda model, mode, args, out: fakes[mode](model, mode, args, out))
+    out = tmp_path / "out"
+    code = gpu_check.main(["--device", "cpu", "--dry-run", "--out", str(out)])
     facts = json.loads((out / "gpu_check.json").read_text())
     phases = {p["phase"]: p["status"] for p in facts["phases"]}
     assert phases == dict.fromkeys(["calibrate tiny-mistral hf", "calibrate tiny-mistral hf-loop", "sweep", "simulate",
-                                    "split", "calibrate --from the sweep", "report"], "ok"), done.stdout[-3000:]
-    assert done.returncode == 0
+                                    "split", "calibrate --from the sweep", "report"], "ok"), facts["phases"]
+    assert code == 0
     assert {p["label"] for p in facts["live"]} == {"naive", "dynamic", "continuous"}
     assert "## Error split by cause" in (out / "GPU_CHECK.md").read_text()
     assert (out / "presets" / "tiny-mistral-hf-loop.yaml").is_file() and (out / "sweep" / "REPORT.md").is_file()
+    assert {p["label"] for p in facts["simulated"]} == {"naive", "dynamic", "continuous"}

@@ -3,6 +3,7 @@ import pytest
 
 from batchlab.worker.backend import BackendError, OutOfMemory, Row, StepOutput
 from batchlab.worker.hf.static import HFBackend, HFSettings, left_pad, special_prefix
+from tests.conftest import scaled_tinyllama
 
 
 def rows_of_mixed_lengths(batch_id: int = 0) -> list[Row]:
@@ -141,12 +142,14 @@ def test_left_pad_and_bos_prefix():
     assert special_prefix(NoSpecials()) == []
 
 
-@pytest.mark.slow  # compiles tiny-mistral's decode step with inductor (about 20 s on 2 cores)
-def test_torch_compile_gives_the_same_tokens_from_one_shape_compiled_in_the_warmup(backend):
+@pytest.mark.slow  # compiles a decode step with inductor: of TinyLlama's architecture at 2 layers (the fewest)
+def test_torch_compile_gives_the_same_tokens_from_one_shape_compiled_in_the_warmup():
     from torch._dynamo.utils import counters
 
-    before = counters["stats"]["unique_graphs"]
-    compiled = HFBackend(HFSettings(model="tiny-mistral", device="cpu", max_batch_size=4, torch_compile=True))
+    with scaled_tinyllama() as model:
+        backend = HFBackend(HFSettings(model=model, device="cpu", max_batch_size=4))  # the same seeded weights
+        before = counters["stats"]["unique_graphs"]
+        compiled = HFBackend(HFSettings(model=model, device="cpu", max_batch_size=4, torch_compile=True))
     try:
         compiled.warmup()
         warm = counters["stats"]["unique_graphs"]
@@ -157,6 +160,7 @@ def test_torch_compile_gives_the_same_tokens_from_one_shape_compiled_in_the_warm
         assert compiled.info.facts["decode"].endswith("torch.compile")
     finally:
         compiled.close()
+        backend.close()
 
 
 def test_torch_compile_is_refused_for_the_continuous_loop():

@@ -16,12 +16,13 @@ def read(out, table: str) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The same trace under naive and dynamic batching."""
-    outs = {}
+    """The same trace under naive and dynamic batching; dynamic with a KV budget of a few prompts (4 MiB:
+    16 KiB a token), so its memory trigger fires."""
+    outs, budget = {}, {"dynamic": ("--memory-budget", "4MiB"), "naive": ()}
     for strategy in ("dynamic", "naive"):
         outs[strategy] = tmp_path_factory.mktemp(strategy)
         run_cli("run", *COMMON, "--strategy", strategy, "--batch-size", "3", "--rate", "4", "--duration", "2",
-                "--out", str(outs[strategy]), timeout_s=600)
+                *budget[strategy], "--out", str(outs[strategy]), timeout_s=600)
     return outs
 
 
@@ -48,10 +49,8 @@ def test_naive_and_dynamic_complete_the_same_trace(runs):
     assert done["naive"] == done["dynamic"] and len(done["naive"]) == len(read(runs["naive"], "schedule"))
 
 
-def test_small_memory_budget_fires_the_memory_trigger(tmp_path):
-    run_cli("run", *COMMON, "--strategy", "dynamic", "--rate", "6", "--duration", "2", "--memory-budget", "4MiB",
-            "--out", str(tmp_path), timeout_s=600)
-    b, r = read(tmp_path, "batches"), read(tmp_path, "requests")
+def test_small_memory_budget_fires_the_memory_trigger(runs):
+    b, r = read(runs["dynamic"], "batches"), read(runs["dynamic"], "requests")
     assert "memory" in set(b.launch_reason)
     assert (r.status == "finished").all() and b["size"].sum() == len(r)
 

@@ -136,8 +136,10 @@ def test_a_sweep_splits_over_both_nodes_and_reports_as_a_local_sweep(cluster, tm
     naive = [pd.read_parquet(root / point_dir("naive", 6, 0) / "requests.parquet") for root in (on_ray, local)]
     batches = [df.groupby("batch_id")["request_id"].apply(tuple).tolist() for df in naive]
     assert batches[0] == batches[1]  # naive launches exactly 4 in arrival order: the same batches
-    for root in (on_ray, local):
-        run_cli("report", str(root))
+    from batchlab.collector.report.build import run_report
+
+    for root in (on_ray, local):  # in-process: the report's CLI exits are tested on local sweeps
+        assert run_report(str(root)).path.is_file()
     assert run_cli("sweep", str(config), "--out", str(on_ray), "--ray", cluster.address,
                    env=cluster.env).returncode == 0
     assert {p["status"] for p in points(on_ray)} == {"skipped"}  # resume reads the landed folders
@@ -165,7 +167,7 @@ def test_ctrl_c_leaves_no_actor_or_batchlab_process_on_any_node(cluster, tmp_pat
 
 
 def test_a_node_killed_mid_sweep_loses_no_point(cluster, tmp_path):
-    config = sweep_config(tmp_path, 4.0, [4.0, 8.0], ["naive", "dynamic"])
+    config = sweep_config(tmp_path, 4.0, [4.0], ["naive", "dynamic"])  # one point a node
     out = tmp_path / "out"
     proc = sweep_proc(config, out, cluster)
     try:
@@ -180,7 +182,7 @@ def test_a_node_killed_mid_sweep_loses_no_point(cluster, tmp_path):
     assert proc.returncode == 0, output[-3000:]
     assert "running it again on another node" in output
     done = points(out)
-    assert len(done) == 4 and {p["status"] for p in done} == {"done"}
+    assert len(done) == 2 and {p["status"] for p in done} == {"done"}
     retried = [p for p in done if p.get("attempts")]
     assert retried and all(a["status"] == "failed" and a["data"] is False for p in retried for a in p["attempts"])
     for p in done:

@@ -14,7 +14,7 @@ def test_vllm_run_gives_every_request_its_exact_tokens(tmp_path):
     out, config = tmp_path / "run", tmp_path / "eager.yaml"
     config.write_text("enforce_eager: true\n")  # skips torch.compile on CPU (tens of seconds)
     run_cli("run", "--config", str(config), "--backend", "vllm", "--strategy", "continuous", "--model",
-            "tiny-mistral", "--rate", "4", "--duration", "10", "--out", str(out), timeout_s=600)
+            "tiny-mistral", "--rate", "4", "--duration", "3", "--out", str(out), timeout_s=600)
     requests = pd.read_parquet(out / "requests.parquet")
     tokens = pd.read_parquet(out / "tokens.parquet")
     assert len(requests) > 0 and (requests.status == "finished").all()
