@@ -69,11 +69,15 @@ CPU_HEAVY_MODULES = {
     "test_worker_robustness.py",
 }
 CPU_HEAVY_GROUP = "cpu-heavy"
+# The session fixtures holding a real model's engine or runs (below): every test reading one is in the
+# cpu-heavy group, so they all run in one xdist worker and the fixture is paid once.
+SHARED_HEAVY_FIXTURES = {"vllm_backend", "hf_static_runs", "hf_continuous_run"}
 
 
 def xdist_group_of(item: pytest.Item) -> str:
     """The xdist group a test runs in: cpu-heavy, else its own module."""
-    if item.get_closest_marker("vllm") or item.get_closest_marker("ray") or item.path.name in CPU_HEAVY_MODULES:
+    if item.get_closest_marker("vllm") or item.get_closest_marker("ray") or item.path.name in CPU_HEAVY_MODULES \
+            or SHARED_HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
         return CPU_HEAVY_GROUP
     return item.path.name
 
@@ -244,3 +248,33 @@ def vllm_backend():
             yield backend
         finally:
             backend.close()
+
+
+HF_RUN = ("--backend", "hf", "--model", "tiny-mistral", "--device", "cpu", "--max-new-tokens", "8", "--seed", "3")
+
+
+@pytest.fixture(scope="session")
+def hf_static_runs(tmp_path_factory) -> dict[str, Path]:
+    """`batchlab run` on tiny-mistral's static HF batches, the same trace under naive and dynamic batching;
+    dynamic with a KV budget of a few prompts (4 MiB: 16 KiB a token), so its memory trigger fires. Read by
+    the HF end-to-end tests and the GPU check's dry run."""
+    outs, budget = {}, {"dynamic": ("--memory-budget", "4MiB"), "naive": ()}
+    for strategy in ("dynamic", "naive"):
+        outs[strategy] = tmp_path_factory.mktemp(strategy)
+        run_cli("run", *HF_RUN, "--strategy", strategy, "--batch-size", "3", "--rate", "4", "--duration", "2",
+                *budget[strategy], "--out", str(outs[strategy]), timeout_s=600)
+    return outs
+
+
+@pytest.fixture(scope="session")
+def hf_continuous_run(tmp_path_factory) -> Path:
+    """`batchlab run --strategy continuous` on tiny-mistral's HF loop, replaying one long request then short
+    ones arriving while it runs. Read by the HF continuous end-to-end tests and the GPU check's dry run."""
+    from tests.test_hf_continuous_e2e import write_schedule
+
+    out = tmp_path_factory.mktemp("hf-continuous")
+    schedule = write_schedule(out / "in.parquet", [0.0, 0.3, 0.35, 0.6, 1.0, 1.05],
+                              [40, 12, 30, 5, 60, 20], [120, 4, 9, 1, 6, 12])
+    run_cli("run", "--backend", "hf", "--model", "tiny-mistral", "--device", "cpu", "--strategy", "continuous",
+            "--max-batch-size", "8", "--schedule", schedule, "--out", str(out / "run"), timeout_s=600)
+    return out / "run"

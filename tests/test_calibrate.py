@@ -108,17 +108,17 @@ def test_calibrate_quick_on_tiny_mistral_writes_a_loadable_preset(tmp_path):
 
     out = tmp_path / "tiny.yaml"
     result = CliRunner().invoke(app, ["calibrate", "--backend", "hf", "--model", "tiny-mistral", "--device", "cpu",
-                                      "--quick", "--batch-sizes", "1,4", "--prompt-lens", "16,64", "--out", str(out)])
+                                      "--quick", "--batch-sizes", "1,2", "--prompt-lens", "8,16", "--out", str(out)])  # the fewest
     assert result.exit_code == 0, result.output
     model = get_preset(str(out))
     assert model.name == "tiny" and model.padded and model.bandwidth_Bps == 0.0
-    assert model.decode_step_s(64, 4) > 0 and model.prefill_s(64, 4) > 0
+    assert model.decode_step_s(32, 2) > 0 and model.prefill_s(32, 2) > 0
     assert "held out error" in result.output
     import yaml
 
     shapes = yaml.safe_load(out.read_text())["calibration"]["shapes"]
     assert {(r["kind"], r["rows"], r["prompt_len"]) for r in shapes} == {
-        (k, b, p) for k in ("prefill", "decode") for b in (1, 4) for p in (16, 64)}
+        (k, b, p) for k in ("prefill", "decode") for b in (1, 2) for p in (8, 16)}
     for row in shapes:  # each measured shape predicted by a fit that never saw it, and by the written model
         assert row["held_out_error"] is not None and row["measured_ms"] > 0
         assert row["model_ms"] / row["measured_ms"] - 1 == pytest.approx(row["fit_error"], abs=2e-3)

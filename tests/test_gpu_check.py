@@ -2,6 +2,7 @@
 of every phase on the CPU (in-process; the calibrations, tested on their own, stood in for by presets)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,14 +87,30 @@ def preset_of(name: str):
     return fake
 
 
+def landed(runs: dict[str, Path]):
+    """A stand-in for a point's live run (launch_run): the session's HF run of that strategy (tests/conftest.py)
+    copied into the point's folder; its summary."""
+    from batchlab.collector.summary import read_summary
+
+    def launch(cfg, **_kwargs):
+        shutil.copytree(runs[cfg.strategy], cfg.out, dirs_exist_ok=True)
+        return read_summary(Path(cfg.out))
+
+    return launch
+
+
 @pytest.mark.slow
-def test_a_dry_run_on_the_cpu_plays_every_phase(tmp_path, monkeypatch):
-    """In-process, the calibrations stood in for by fitted presets: the live HF sweep of the plan, its
-    simulation, the error split, `calibrate --from` the sweep and the report, each a phase that passes."""
+def test_a_dry_run_on_the_cpu_plays_every_phase(tmp_path, monkeypatch, hf_static_runs, hf_continuous_run):
+    """In-process, each expensive step stood in for by what is tested on its own: the calibrations by fitted
+    presets, each point's live run by the session's HF run of its strategy. The plan, the sweep's
+    bookkeeping, its simulation, the error split, `calibrate --from` the sweep and the report are real."""
     fakes = {"static": preset_of("cpu-tiny-mistral"), "continuous": preset_of("cpu-tiny-mistral-loop")}
     monkeypatch.setattr(gpu_check, "calibrate", lambda model, mode, args, out: fakes[mode](model, mode, args, out))
+    monkeypatch.setattr("batchlab.cli.sweep_point.launch_run",
+                        landed({**hf_static_runs, "continuous": hf_continuous_run}))
+    monkeypatch.setattr("batchlab.cli.pool.PoolKeeper.for_config", lambda _self, _cfg: None)  # no warm workers
     out = tmp_path / "out"
-    code = gpu_check.main(["--device", "cpu", "--dry-run", "--out", str(out)])
+    code = gpu_check.main(["--device", "cpu", "--dry-run", "--deadline-s", "3600", "--out", str(out)])
     facts = json.loads((out / "gpu_check.json").read_text())
     phases = {p["phase"]: p["status"] for p in facts["phases"]}
     assert phases == dict.fromkeys(["calibrate tiny-mistral hf", "calibrate tiny-mistral hf-loop", "sweep", "simulate",

@@ -4,26 +4,19 @@ import json
 import pandas as pd
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import HF_RUN as COMMON, run_cli
 
 pytestmark = pytest.mark.slow
-COMMON = ("--backend", "hf", "--model", "tiny-mistral", "--device", "cpu", "--max-new-tokens", "8", "--seed", "3")
 
 
 def read(out, table: str) -> pd.DataFrame:
     return pd.read_parquet(out / f"{table}.parquet")
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The same trace under naive and dynamic batching; dynamic with a KV budget of a few prompts (4 MiB:
-    16 KiB a token), so its memory trigger fires."""
-    outs, budget = {}, {"dynamic": ("--memory-budget", "4MiB"), "naive": ()}
-    for strategy in ("dynamic", "naive"):
-        outs[strategy] = tmp_path_factory.mktemp(strategy)
-        run_cli("run", *COMMON, "--strategy", strategy, "--batch-size", "3", "--rate", "4", "--duration", "2",
-                *budget[strategy], "--out", str(outs[strategy]), timeout_s=600)
-    return outs
+@pytest.fixture
+def runs(hf_static_runs):
+    """The same trace under naive and dynamic batching (tests/conftest.py: shared with the GPU check)."""
+    return hf_static_runs
 
 
 def test_every_request_gets_exactly_its_target_tokens(runs):
