@@ -3,7 +3,8 @@ BATCHLAB_REQUIRE_VLLM=1 (`make test`) a test skipped because vllm cannot be impo
 
 Under pytest-xdist (`make test`: -n 4 --dist loadgroup) each module runs in one worker (its module
 fixtures are paid once), and the CPU-bound tests (a real model, vLLM, Ray, torch.compile) share one
-group, so two of them never fight for the cores while the sleep-bound sim runs fill the other workers."""
+group, so two of them never fight for the cores while the sleep-bound sim runs fill the other workers.
+That group's expensive things are session fixtures below (one vLLM engine, the HF runs), paid once."""
 import os
 import signal
 import subprocess
