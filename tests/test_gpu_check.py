@@ -48,7 +48,7 @@ def test_the_report_names_missing_modules_and_every_phase():
 
 def test_the_check_calibrates_each_mode_through_the_calibrate_command(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr("batchlab.cli.calibrate_cmd.run_calibrate", lambda *a: calls.append(a) or {"wall_s": 1.0})
+    monkeypatch.setattr("batchlab.lab.calibrate_measure.run_calibrate", lambda *a: calls.append(a) or {"wall_s": 1.0})
     args, out = gpu_check.parse_args(["--device", "cpu", "--dry-run"]), tmp_path / "tiny-mistral-hf-loop.yaml"
     assert gpu_check.calibrate("tiny-mistral", "continuous", args, out) == {"wall_s": 1.0}
     assert calls == [("hf", "tiny-mistral", "cpu", "auto", "continuous", "auto", str(out),
@@ -106,9 +106,9 @@ def test_a_dry_run_on_the_cpu_plays_every_phase(tmp_path, monkeypatch, hf_static
     bookkeeping, its simulation, the error split, `calibrate --from` the sweep and the report are real."""
     fakes = {"static": preset_of("cpu-tiny-mistral"), "continuous": preset_of("cpu-tiny-mistral-loop")}
     monkeypatch.setattr(gpu_check, "calibrate", lambda model, mode, args, out: fakes[mode](model, mode, args, out))
-    monkeypatch.setattr("batchlab.cli.sweep_point.launch_run",
+    monkeypatch.setattr("batchlab.lab.sweep_point.launch_run",
                         landed({**hf_static_runs, "continuous": hf_continuous_run}))
-    monkeypatch.setattr("batchlab.cli.pool.PoolKeeper.for_config", lambda _self, _cfg: None)  # no warm workers
+    monkeypatch.setattr("batchlab.runner.pool.PoolKeeper.for_config", lambda _self, _cfg: None)  # no warm workers
     out = tmp_path / "out"
     code = gpu_check.main(["--device", "cpu", "--dry-run", "--deadline-s", "3600", "--out", str(out)])
     facts = json.loads((out / "gpu_check.json").read_text())

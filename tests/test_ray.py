@@ -136,7 +136,7 @@ def test_a_sweep_splits_over_both_nodes_and_reports_as_a_local_sweep(cluster, tm
     naive = [pd.read_parquet(root / point_dir("naive", 6, 0) / "requests.parquet") for root in (on_ray, local)]
     batches = [df.groupby("batch_id")["request_id"].apply(tuple).tolist() for df in naive]
     assert batches[0] == batches[1]  # naive launches exactly 4 in arrival order: the same batches
-    from batchlab.collector.report.build import run_report
+    from batchlab.report.build import run_report
 
     for root in (on_ray, local):  # in-process: the report's CLI exits are tested on local sweeps
         assert run_report(str(root)).path.is_file()
