@@ -2,9 +2,10 @@
 BATCHLAB_REQUIRE_VLLM=1 (`make test`) a test skipped because vllm cannot be imported fails instead.
 
 Under pytest-xdist (`make test`: -n 4 --dist loadgroup) each module runs in one worker (its module
-fixtures are paid once), and the CPU-bound tests (a real model, vLLM, Ray, torch.compile) share one
-group, so two of them never fight for the cores while the sleep-bound sim runs fill the other workers.
-That group's expensive things are session fixtures below (one vLLM engine, the HF runs), paid once."""
+fixtures are paid once), and the CPU-bound tests (a real model, vLLM, torch.compile) share one group,
+so two of them never fight for the cores while the sleep-bound sim runs fill the other workers (the Ray
+cluster's tests, which mostly wait, have their own group). That group's expensive things are session
+fixtures below (one vLLM engine, the HF runs), paid once."""
 import os
 import signal
 import subprocess
@@ -62,7 +63,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 # Modules that load a real model (HF tiny-mistral or TinyLlama, calibration on it, torch.compile,
 # transformers in a CLI process): whole, so a module fixture holding the model is loaded once; with the
-# tests marked `vllm` or `ray` they form the one xdist group "cpu-heavy". The other tests of a module
+# tests marked `vllm` they form the one xdist group "cpu-heavy" (those marked `ray` form "ray"). The other tests of a module
 # with a vllm test (process clean-up's sim runs, say) stay in the module's own group.
 CPU_HEAVY_MODULES = {
     "test_archs_e2e.py", "test_calibrate.py", "test_cli_errors.py", "test_gpu_check.py", "test_hf_backend.py",
@@ -75,9 +76,14 @@ CPU_HEAVY_GROUP = "cpu-heavy"
 SHARED_HEAVY_FIXTURES = {"vllm_backend", "hf_static_runs", "hf_continuous_run"}
 
 
+RAY_GROUP = "ray"  # the Ray cluster's tests: one worker, beside cpu-heavy (measured: about 0.2 of a core, waiting)
+
+
 def xdist_group_of(item: pytest.Item) -> str:
-    """The xdist group a test runs in: cpu-heavy, else its own module."""
-    if item.get_closest_marker("vllm") or item.get_closest_marker("ray") or item.path.name in CPU_HEAVY_MODULES \
+    """The xdist group a test runs in: ray, cpu-heavy, else its own module."""
+    if item.get_closest_marker("ray"):
+        return RAY_GROUP
+    if item.get_closest_marker("vllm") or item.path.name in CPU_HEAVY_MODULES \
             or SHARED_HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
         return CPU_HEAVY_GROUP
     return item.path.name

@@ -1,11 +1,11 @@
 """How `make test` spreads the suite over xdist workers (tests/conftest.py): a module stays in one
-worker, and the tests that load a real model, vLLM or Ray share the one cpu-heavy group."""
+worker, the tests that load a real model or vLLM share the one cpu-heavy group, the Ray tests the ray group."""
 import os
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CPU_HEAVY_GROUP, CPU_HEAVY_MODULES, SHARED_HEAVY_FIXTURES, xdist_group_of
+from tests.conftest import CPU_HEAVY_GROUP, CPU_HEAVY_MODULES, RAY_GROUP, SHARED_HEAVY_FIXTURES, xdist_group_of
 
 
 class FakeItem:
@@ -19,7 +19,7 @@ class FakeItem:
 def test_model_vllm_and_ray_tests_share_one_group_and_the_rest_run_by_module():
     assert xdist_group_of(FakeItem("test_hf_e2e.py")) == CPU_HEAVY_GROUP
     assert xdist_group_of(FakeItem("test_process_cleanup.py", "slow", "vllm")) == CPU_HEAVY_GROUP
-    assert xdist_group_of(FakeItem("test_ray.py", "slow", "ray")) == CPU_HEAVY_GROUP
+    assert xdist_group_of(FakeItem("test_ray.py", "slow", "ray")) == RAY_GROUP  # mostly waits: beside cpu-heavy
     assert xdist_group_of(FakeItem("test_process_cleanup.py", "slow")) == "test_process_cleanup.py"
     assert all((Path(__file__).parent / m).is_file() for m in CPU_HEAVY_MODULES)  # a renamed file is noticed
 
