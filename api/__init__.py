@@ -1,20 +1,9 @@
 """batchlab from Python: what the commands do, as functions that take typed settings (or their YAML) and
-return typed results.
-
-    from batchlab import api
-
-    result = api.sweep("configs/smoke.yaml", "results/smoke", on_progress=api.log_progress)
-    print(result.measured, "points;", api.report(result.out).headlines)
-
-run(settings) -> Summary · sweep(plan, out) -> SweepResult · capacity(plan) -> CapacityResult ·
-simulate(config, **settings) -> SimulationResult · tune(settings) -> dict · report(folder) -> Report.
-
-Progress goes to the `on_progress` callback, an Event at a time (None: nothing is shown; log_progress:
-the `batchlab` logger; print_progress: stderr); the command line passes its terminal view. Every error a
-user's input or a run's fault causes is a BatchlabError (ConfigError, SweepError, RunFailed, RunTimeout,
-ReportError, ...). Importing this package starts nothing, changes no signal handler and loads no model; a run starts its
-processes with multiprocessing's spawn, so a script that calls run or sweep needs the usual
-`if __name__ == "__main__":` guard."""
+return typed results: run, sweep, capacity, simulate, tune, report (README's "From Python" shows them
+with an example). Progress goes to the `on_progress` callback, an Event at a time; every error a user's
+input or a run's fault causes is a BatchlabError. Importing this package starts nothing, changes no signal
+handler and loads no model; a script that calls run or sweep needs the `if __name__ == "__main__":` guard
+(runs start their processes with multiprocessing's spawn)."""
 from importlib import import_module
 
 from batchlab.api.progress import Event, OnProgress, log_progress, print_progress

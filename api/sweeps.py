@@ -1,12 +1,7 @@
 """The API's grid jobs: sweep (strategies × backends × rates × repeats, one live run per point,
 resumable) and capacity (each strategy's μ and the highest rate it sustains). Both take a sweep plan:
-its YAML's path, the same mapping (base: and grid:), or a parsed Plan.
-
-A sweep's layout: OUT/sweep.json (the index), with automatic rates OUT/capacity.json, OUT/_probe/ and
-OUT/_capacity/ (each strategy's capacity search), and OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run
-each: collector.layout). A point is done when its point.json exists, written only after its run
-returned: summary.json alone proves nothing, since the collector also writes one for a run that failed
-or was interrupted. A failed point leaves FAILED.txt and is tried again on resume."""
+its YAML's path, the same mapping (base: and grid:), or a parsed Plan. lab.sweep's docstring gives a
+sweep folder's layout and when a point counts as done."""
 import copy
 from collections.abc import Mapping
 from pathlib import Path

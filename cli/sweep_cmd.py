@@ -1,5 +1,5 @@
 """`batchlab sweep CONFIG`: strategies × backends × rates × repeats, one real run per point, resumable
-(batchlab.api.sweep, whose docstring gives the folder's layout; with --ray, lab.ray_sweep)."""
+(batchlab.api.sweep; lab.sweep's docstring gives the folder's layout; with --ray, lab.ray_sweep)."""
 from pathlib import Path
 from typing import Annotated, Optional
 

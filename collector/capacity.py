@@ -2,21 +2,12 @@
 search over rates that finds the highest rate sustained. Pure: tables in, numbers out; the search calls
 a `measure(rate)` it is given (a live point, or a simulated one) and opens nothing itself.
 
-Sustained means: served ≥ SERVED_MIN of the requests planned; the waiting queue not growing: the trend
-(least-squares slope) of the queue length read just after each launch (so a static batch's fill-and-empty
-sawtooth does not count) over the traffic after its first WARMUP_SHARE, with a 95% interval from
-Newey-West (HAC) standard errors, since the queue length is autocorrelated: not sustained when that
-interval lies above GROWTH_SHARE of the offered rate, a tolerance that shrinks as the probe grows longer; with the saturated rate μ
-known (collector.saturation), an offered rate above μ's interval (no queue keeps up with arrivals faster
-than the worker serves when saturated: a short probe only has not seen it grow yet); and with SLOs,
-goodput ≥ GOODPUT_MIN. The search starts just below μ and treats μ's upper bound as a rate known not to
-be sustained; it steps down geometrically while nothing is sustained, then bisects in log space until
-hi / lo ≤ 1 + width or max_probes runs were made. Capacity is given in the arrival rates those runs
-offered (a seeded Poisson schedule of a few seconds is some percent off its nominal rate, the same for
-every strategy): the point estimate is the bracket's geometric mean (never above μ), its interval from the
-highest sustained rate less what the queue may still have been gaining there (the trend's upper bound)
-to the lowest rate not sustained (or μ's upper bound).
-"""
+docs/capacity.md ("The sustain verdict", "The search") gives the rules: served ≥ SERVED_MIN; the waiting
+queue's trend after WARMUP_SHARE, read just after each launch, with a Newey-West (HAC) interval since
+the queue length is autocorrelated, not wholly above GROWTH_SHARE of the offered rate; the offered rate
+not above μ's interval; goodput ≥ GOODPUT_MIN with SLOs. Then the search's steps (down geometrically,
+then bisect in log space until hi / lo ≤ 1 + width or max_probes) and the estimate's interval, in the
+arrival rates the runs offered."""
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field

@@ -15,7 +15,7 @@ DONE_FILE = "point.json"  # a point whose run returned (summary.json alone is al
 FAILED_FILE = "FAILED.txt"  # a point that failed, with the reason
 PROBE_DIR = "_probe"  # the capacity probe of a sweep with automatic rates
 WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, between points)
-CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<point_dir> (bursts: _probe/<probe_dir>)
+CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<point_dir> (bursts: _probe/strategy=<label>)
 SATURATED_DIR = "_saturated"  # each strategy's saturated runs (μ): _saturated/<saturated_dir>
 CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes
 
@@ -31,11 +31,6 @@ def point_dir(label: str, rate: float, repeat: int, concurrency: int = 0) -> Pat
     `concurrency` (a closed-loop point) strategy=<label>/concurrency=<n>/repeat=<k>."""
     load = _part(CONCURRENCY_KEY, str(concurrency)) if concurrency else _part(RATE_KEY, f"{rate:g}")
     return Path(_part(STRATEGY_KEY, label), load, _part(REPEAT_KEY, str(repeat)))
-
-
-def probe_dir(label: str) -> str:
-    """A capacity burst's folder under PROBE_DIR: strategy=<label>."""
-    return _part(STRATEGY_KEY, label)
 
 
 def saturated_dir(label: str, repeat: int) -> Path:

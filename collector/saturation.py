@@ -3,11 +3,9 @@ saturated (the closed loop with more clients than the worker has rows, so every 
 steady window (warm-up and drain excluded), with a 95% interval from batch means; and μ pooled over repeats.
 Pure: tables in, numbers out.
 
-The completion series of a batching worker is autocorrelated (a batch ends many requests at once, a slow
-minute slows many batches), so requests are not independent samples: the interval is a t-interval over
-the rates of BATCHES blocks of about equal completions (batch means), whose correlation is small when
-each block spans several batches. Between repeats, each run's rate is one sample (what moves a whole run, the
-machine's speed that minute, shows only there).
+The interval is a t-interval over the rates of BATCHES blocks of about equal completions (batch means),
+since a batching worker's completions are autocorrelated; between repeats each run's rate is one sample.
+docs/capacity.md ("μ: the saturated run") says why and how the blocks are cut.
 """
 import math
 from dataclasses import asdict, dataclass

@@ -2,13 +2,9 @@
 folder, run by lab.sweep_point.execute on the sweep's warm workers) or in virtual time (the simulator, no
 files).
 
-First, in each of the grid's repeats, every strategy in turn (interleaved, as the grid's points are) runs
-saturated: the closed loop with saturated_clients clients (default 2 × the batch cap × the workers, so a
-batch is full whenever the worker is free) for saturated_duration_s; μ is the completion rate over its
-steady window (collector.saturation). Then collector.capacity.search probes rates of search_duration_s
-traffic each, from just below μ, with μ's upper bound as a rate known not to be sustained. Layout:
-OUT/_saturated/strategy=<label>/repeat=<r>/ (the saturated runs), OUT/_capacity/strategy=<label>/rate=<r>/
-repeat=0/ (the probes), OUT/capacity.json (every strategy's μ, capacity and probes with their verdicts).
+First the saturated runs (μ: collector.saturation), then collector.capacity.search's probes from just
+below μ; docs/capacity.md gives both, the folders they write (OUT/_saturated/, OUT/_capacity/) and
+capacity.json.
 """
 import json
 from pathlib import Path

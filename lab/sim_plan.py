@@ -7,14 +7,9 @@ live sweep: OUT/strategy=<label>/rate=<r>/repeat=<k>/ with point.json, and OUT/s
 `batchlab report OUT` reads them unchanged. A single point goes to OUT itself. Each entry gets the preset
 of the backend it runs on (`--preset hf=A,hf-loop=B,vllm=C`).
 
-Which step model each grid entry plays: one preset per backend kind. A live grid may run its strategies on
-different engines (HF generate(), the HF continuous loop, vLLM), each with its own step times, so one
-preset cannot stand for all of them. `--preset` (or the YAML's `preset:`) is either one preset, allowed
-when every entry runs on one kind, or a comma list of KIND=PRESET pairs, e.g.
-`hf=presets/hf.yaml,hf-loop=presets/hf-loop.yaml,vllm=presets/vllm.yaml`. A grid entry's own `preset:`
-wins over both. An entry whose kind has no preset is refused, naming it. Kinds: `hf` (static generate()),
-`hf-loop` (hf with a continuous strategy), `vllm`, and the other backends by name (`sim`, `echo`,
-`openai`). A `sim` grid needs no preset (the run's own default).
+Which step model each grid entry plays: the preset of the backend kind it runs on (`hf`, `hf-loop`,
+`vllm`, or the other backends by name), as docs/simulator.md ("One preset per backend") says; an entry
+whose kind has no preset is refused, naming it.
 """
 from collections.abc import Callable
 from dataclasses import dataclass

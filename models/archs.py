@@ -1,11 +1,8 @@
 """Real architectures with seeded random weights: `--model mistral-7b-v0.1:random` and friends.
 
-Batching cost depends on a model's shapes, not its weights: outputs are greedy with EOS banned and exact
-lengths, so a model with the real architecture and random weights costs what the real one costs per
-step, and its KV cache is exactly as large. Nothing is downloaded: the configs below are the published
-config.json facts, the tokenizer is Mistral-7B v0.1's from `mistral_common` (all three have a
-32,000-token SentencePiece vocabulary), the weights come from `torch.manual_seed(RANDOM_SEED)` (hf) or
-vLLM's dummy loader.
+Why random weights suffice (greedy, EOS banned, exact lengths: the cost per step and the KV size are the
+real model's) and where the tokenizer and weights come from: docs/workers.md ("Real architectures with
+random weights"). Nothing is downloaded: the configs below are the published config.json facts.
 
 This module imports neither torch nor transformers at import time: the simulator's presets
 (worker.stepmodel) derive their weight and KV sizes from the same ARCHS, so they cannot disagree.

@@ -42,12 +42,12 @@ def unusable(folder) -> str | None:
     return f"the run {status}" + (f": {record['reason']}" if record.get("reason") else "")
 
 
-def _groups(runs: list) -> dict[str, dict[str, list]]:
-    """label → curve key → runs."""
-    out: dict[str, dict[str, list]] = {}
+def _mixed(runs: list) -> dict[str, list[list]]:
+    """label → its runs grouped by configuration (curve key), for the labels with more than one."""
+    by_label: dict[str, dict[str, list]] = {}
     for run in runs:
-        out.setdefault(run.label, {}).setdefault(curve_key(run.settings), []).append(run)
-    return out
+        by_label.setdefault(run.label, {}).setdefault(curve_key(run.settings), []).append(run)
+    return {label: list(by_key.values()) for label, by_key in by_label.items() if len(by_key) > 1}
 
 
 def _distinguishing(groups: list[list]) -> list[str]:
@@ -62,10 +62,7 @@ def _distinguishing(groups: list[list]) -> list[str]:
 def split_mixed(runs: list) -> None:
     """Loose runs: a label whose runs differ (beyond seed and rate) becomes one label per configuration,
     e.g. 'dynamic (preset=a100-llama2-7b)' and 'dynamic (preset=3090-mistral-7b)'."""
-    for label, by_key in _groups(runs).items():
-        if len(by_key) < 2:
-            continue
-        groups = list(by_key.values())
+    for label, groups in _mixed(runs).items():
         keys = _distinguishing(groups)[:LABEL_KEYS_SHOWN]
         for group in groups:
             ident = identity(group[0].settings)
@@ -76,10 +73,7 @@ def split_mixed(runs: list) -> None:
 
 def refuse_mixed(runs: list) -> None:
     """A sweep: every label's points must share one configuration but for seed and rate."""
-    for label, by_key in _groups(runs).items():
-        if len(by_key) < 2:
-            continue
-        groups = list(by_key.values())
+    for label, groups in _mixed(runs).items():
         first, other = groups[0][0], groups[1][0]
         diffs = differences(first.settings, other.settings, ignore=CURVE_FREE)
         raise PoolingError(f"the points labelled {label} were measured with different configurations "

@@ -1,11 +1,6 @@
 """What a run's end says: an exit code and one line naming the cause (pure: a summary and the roles'
-deaths in, a verdict out), shared by `batchlab run` and `batchlab sweep`.
-
-    0    every request ended by a rule of the run (finished, or failed by the queue's or the policy's own
-         limits: "queue full", "deadline", a strategy's rejection, "out of memory: does not fit alone")
-    2    a fault: a role died or ended mid-run, the collector could not write, the policy stalled, or a
-         request was lost to one (worker lost, no terminal record, not sent, scheduler stopped, ...)
-    130  interrupted (Ctrl-C); 143 for a SIGTERM to the command itself, 129 for a SIGHUP (terminal closed)
+deaths in, a verdict out), shared by `batchlab run` and `batchlab sweep`. The codes (0 the run's own
+rules, 2 a fault, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP) are docs/faults.md's table.
 
 And what a run's summary gets when the run ends, beyond the collector's figures (post_process): computed
 once, by the run, so that no reader (report, tune, benchmarks) ever rewrites a run's files.

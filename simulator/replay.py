@@ -1,14 +1,10 @@
 """A real run replayed through a step model: its own recorded batches and steps, each step re-timed.
 
 The run's decisions stay as recorded (which rows ran in which step, when each batch was launched and
-each row dispatched); only the steps' durations come from the model. A step starts when both its
-worker's previous step has (re)ended and its rows were dispatched, plus the latency the live worker
-took between those two moments and the step's start. A dispatch keeps its recorded time, unless it
-answered one of the worker's step ends (rows that were waiting, dispatched within REACTION_S of it):
-then it moves with that step's replayed end, so a saturated worker's next batch starts when the replayed
-one ends, not when the real one did. So replay ÷ real − 1 is the step
-model's error alone; a full simulation of the same schedule adds the scheduling model's (what the
-simulated scheduler decides differently). With the model that played a `sim` run, a replay gives the
+each row dispatched); only the steps' durations come from the model, with a dispatch that answered a
+step end (within REACTION_S of it) moving with that step's replayed end: docs/simulator.md gives the
+rules and why. So replay ÷ real − 1 is the step model's error alone; a full simulation of the same
+schedule adds the scheduling model's. With the model that played a `sim` run, a replay gives the
 run's own times back. Pure: frames in, frames and a summary out.
 """
 import bisect

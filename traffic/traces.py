@@ -2,14 +2,10 @@
 
 Built in (traffic/data/azure-llm-2023, CC-BY 4.0; see the README there): `azure-conv` and `azure-code`.
 A user's trace (`trace:PATH`, or any PATH ending .csv / .csv.gz, or a .jsonl whose first record has a
-timestamp and an input length) holds one request per row (CSV, with a header) or line (JSONL), with:
-  a timestamp: seconds (any origin), or an ISO date-time; `timestamp_ms` / `time_ms` are milliseconds,
-    and so is a Mooncake record's `timestamp` (a JSONL record with `hash_ids`, as Mooncake defines it)
-  an input length: ContextTokens, input_len, input_length, prompt_len, prompt_tokens, Request tokens, ...
-  an output length: GeneratedTokens, output_len, output_length, completion_tokens, Response tokens, ...
-Names match whatever their case, spaces or underscores (INPUT_KEYS, OUTPUT_KEYS). Rows are sorted by time;
-rows with a zero length (BurstGPT's failed requests) are skipped and counted; anything else unreadable is
-one DatasetError naming the file and line.
+timestamp and an input length): one request per CSV row or JSONL line, its columns and their accepted
+names as docs/traffic.md lists them (INPUT_KEYS, OUTPUT_KEYS; any case, spaces or underscores). Rows are
+sorted by time; rows with a zero length (BurstGPT's failed requests) are skipped and counted; anything
+else unreadable is one DatasetError naming the file and line.
 """
 import json
 import logging

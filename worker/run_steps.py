@@ -3,17 +3,8 @@
 Each executed step becomes one row of a steps frame (STEP_COLUMNS): its worker, start and end (s since
 t0), and the shape the step model prices (worker.stepmodel): decode rows and the context they attend
 over, prefill rows, tokens and Σ prompt_len². The shape is counted the way the simulator counts it
-(worker.sim), so a fit to these rows is a fit of the simulator's own formula:
-
-- a static batch (no steps.parquet rows for its worker) of B rows padded to the longest prompt P: step 0
-  is the prefill, from the batch's launch (scheduled_time) to its first tokens, of B × P tokens; step i
-  is a decode of B rows over B × (P + i) tokens, between the ends of steps i−1 and i.
-- a continuous step (steps.parquet): its tokens are those stamped in (start, end]; a row yielding its
-  token i ≥ 1 decodes over prompt_len + i tokens (packed) or, padded (HF), every decoded row is as wide
-  as the widest: its joining group's longest prompt + i. The step's joiners (token 0) are its prefill,
-  of Σ prompt_len tokens (padded: joiners × the longest), unless the worker prefilled in chunks (its
-  recorded prefill_tokens is not their prompts): then its recorded tokens. A step that records none
-  (vLLM's before it counted them) is taken as its joiners' whole prompts.
+(worker.sim), so a fit to these rows is a fit of the simulator's own formula; docs/simulator.md ("How
+the steps are read") gives the rules for a static batch and for a continuous step.
 
 The tokens frame comes back with a `step` column (the row of the steps frame that yielded it), for replays.
 """

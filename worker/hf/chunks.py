@@ -8,10 +8,8 @@ row gets its first token when its last chunk runs. A run's budget 0 means the de
 (DEFAULT_BATCHED_TOKENS); a budget above the longest prompt plus the rows prefills every prompt whole in the
 step it joins, as without chunking.
 
-Chunking is on by default because on this CPU it cut the longest gap a running row saw, while a 1,024-token
-prompt joined 4 rows, from 492 ms to 179 ms (256 tokens a step), for 3.4% more time for the running rows to
-finish and 45% more to the joiner's first token, half of it the running rows' decode steps in between
-(benchmarks/continuous_step.py; README).
+Chunking is on by default because it cuts the longest gap a running row sees while a long prompt joins,
+for a little more time to the joiner's first token (docs/workers.md gives the measured table).
 
 This module is the pure part: the row record and the plan of one step's chunks.
 """

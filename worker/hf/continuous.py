@@ -1,4 +1,6 @@
 """The `hf` backend in continuous mode: iteration-level batching by a hand-written greedy decode loop.
+docs/workers.md ("Continuous batching on the Hugging Face worker") says why not transformers'
+`ContinuousBatchingManager` and gives the slot cache's and chunked prefill's measured stalls.
 
 Every `step()` is one step boundary: (1) rows admitted since the last step start prefilling; (2) the prompt
 chunks that fit what the running rows' decodes leave of the step's token budget are planned
@@ -7,23 +9,13 @@ decode forward, then a prefill forward): each running row gets its next token, a
 ran gets its first; (4) finished rows leave, fully prefilled ones join the running set. A token is stamped
 (`StepOutput.times`) when it reached the host, i.e. when the argmax of the forward that made it is read back
 (on CUDA that copy is the sync); the budget bounds how long a chunk delays the running rows' next tokens.
-Fusing reads the weights once for both: on this CPU a 1,024-token prompt joining 4 running rows in 256-token
-chunks left them a longest gap of 125 ms fused against 160 ms in two forwards, and its first token came
-after 488 ms against 641 (benchmarks/continuous_step.py).
 Tokens are greedy with EOS banned (worker.hf.tokens), so every row gets exactly `output_len` tokens and they
 match the static path even where EOS is the model's top choice.
 
-KV layout (`worker.hf.layouts`): `slots`, the default (`worker.hf.slots.SlotKV`: one preallocated K and V
-tensor per layer, a row per slot written in place, decode attention over the grouped KV heads without
-copies, prompts prefilled in chunks), or `padded` (`worker.hf.kv.PaddedKV`: the earlier left-padded
-`DynamicCache`, whole prompts only; kept for comparison in benchmarks/continuous_step.py). Both mask what is
-not a row's own, so its greedy tokens match a solo run (tests/test_hf_continuous.py checks the token ids on
-tiny-mistral, chunked too). A sliding-window model runs rows that fit its window and refuses longer ones.
-
-Why not transformers' `ContinuousBatchingManager`: it generates on its own background thread, so step
-boundaries (rows running, joined, finished per step) are not visible and the worker's step-by-step
-loop would become a queue reader competing for the GIL on a 2-core CPU; its paged cache is sized by its
-own heuristic (its first request took ~20 s to allocate on this CPU) rather than our KV budget.
+KV layout (`worker.hf.layouts`): `slots`, the default (`worker.hf.slots.SlotKV`), or `padded`
+(`worker.hf.kv.PaddedKV`: the earlier left-padded `DynamicCache`, whole prompts only, kept for comparison).
+Both mask what is not a row's own, so its greedy tokens match a solo run (tests/test_hf_continuous.py).
+A sliding-window model runs rows that fit its window and refuses longer ones.
 
 Memory: a joiner waits (`run_facts()["row_steps_waiting"]`) while the cache it would need (running rows ×
 the widest row's final length) could outgrow `kv_budget_bytes` (the slot layout rounds its allocation up to

@@ -1,11 +1,9 @@
 """The LM head at the row count and in the form it runs fastest.
 
 A decode step's largest matrix product is the LM head: [rows, hidden] × [hidden, vocab]. How long it takes
-depends on the rows and on how the product is put to the BLAS, not monotonically. On this project's 2-core
-CPU (torch 2.13, float32, tiny-mistral's 512 × 32,000 head), `linear` (x · Wᵀ, what nn.Linear calls) took
-6.2 ms for 1 row, 12.5 for 2, 18.5 for 3 and 10.2 for 4 to 8 (the kernel picked for 2 or 3 rows reads the
-weights once per row); `transposed` ((W · xᵀ)ᵀ, the same numbers) took 5.8 ms for 1 row but 1.6 for 2, 2.4
-for 3 and 4.1 for 8. A decode step of tiny-mistral spent half its time in the head.
+depends on the rows and on how the product is put to the BLAS, not monotonically: `linear` (x · Wᵀ, what
+nn.Linear calls) against `transposed` ((W · xᵀ)ᵀ, the same numbers); docs/workers.md gives the timings
+that made this worth doing (on a CPU, `linear`'s kernel for 2 or 3 rows reads the weights once per row).
 
 So at warm-up the head is timed in both forms for every row count up to the worker's row cap (`head_times`,
 fastest of a few repeats), and a forward with m rows runs the form and the count m' ≥ m (zero rows appended,

@@ -1,11 +1,12 @@
 """A slot KV cache for continuous batching on the Hugging Face worker (see worker.hf.continuous).
 
-Per layer, K and V are one tensor each, [slots, kv_heads, columns, head_dim], allocated once and grown
-only when an admitted row's final length (known at admission: context + remaining tokens) or the row
-count outgrows it. Slots 0..R−1 hold the running rows, slots R..R+P−1 the rows still being prefilled
-(oldest first). A row's tokens sit in columns [0, fill), its rotary position is its column. A decode
-step writes each running row's new K/V in place at its column (one scatter per layer), attends over the
-first W = max(col) + 1 columns (a view, no copy) masked per row, and advances col in place.
+The layout and why (docs/workers.md, "Continuous batching on the Hugging Face worker"): per layer one K
+and one V tensor [slots, kv_heads, columns, head_dim], grown only when an admitted row's final length
+(context + remaining tokens) or the row count outgrows it. Slots 0..R−1 hold the running rows, slots
+R..R+P−1 the rows still being prefilled (oldest first). A row's tokens sit in columns [0, fill), its
+rotary position is its column. A decode step writes each running row's new K/V in place at its column
+(one scatter per layer), attends over the first W = max(col) + 1 columns (a view, no copy) masked per
+row, and advances col in place.
 
 A prefill forward runs a chunk of each of the oldest J prefilling rows (a whole prompt when prefill is
 not chunked), left-padded to [J, C]: each real token is scattered to its own column (after the row's
@@ -16,11 +17,8 @@ it already sits (slot R). A finished row frees its slot: the highest running row
 and the prefilling rows move down behind the running ones (their filled columns), so a decode forward
 needs no gather and a prefill forward reads its J rows as one view.
 
-A fused forward (the default when both are due in one step) runs the running rows' decodes and the chunks
-in one forward over the packed tokens [1, R + ΣC]: the linear layers read the weights once for both (on
-this CPU a forward's weight pass is about 18 ms, whatever its token count up to a few dozen), each token's
-K/V is written at (its slot, its column), and attention splits per kind: the decodes as a decode step,
-each chunk causally over its own row's columns.
+A fused forward (the default when both are due in one step) runs the decodes and the chunks over the
+packed tokens [1, R + ΣC], each token's K/V written at (its slot, its column); attention splits per kind.
 
 Per-step state (last tokens, col) lives on the device; the host keeps mirrors of the fills (they follow
 deterministically), so a decode step copies nothing host→device and reads back only its tokens.
