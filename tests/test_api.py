@@ -16,13 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SIM = {"backend": "sim", "preset": "cpu-tiny-mistral", "dataset": "synthetic", "max_new_tokens": 16,
        "max_prompt_len": 128, "batch_size": 4, "max_batch_size": 8, "max_wait_ms": 50, "warmup_requests": 0}
 PLAN = {"base": {**SIM, "duration_s": 2}, "grid": {"strategies": ["naive", "dynamic"], "rates": [4, 8], "seed": 0}}
+# the handlers compared with those the process had before the import: a CI job started in the background
+# inherits SIGINT ignored, and that must stay so too
 IMPORT_CHECK = """
 import ctypes, signal, sys
+before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
 import batchlab.api, batchlab.runner.launcher, batchlab.lab.sweep_point  # what the API's functions import
 libc = ctypes.CDLL(None, use_errno=True)
 death = ctypes.c_int(-1)
 libc.prctl(2, ctypes.byref(death), 0, 0, 0)  # PR_GET_PDEATHSIG
-print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, death.value)
+print(signal.getsignal(signal.SIGINT) is before[0], signal.getsignal(signal.SIGTERM) is before[1], death.value)
 """
 
 

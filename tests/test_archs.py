@@ -19,6 +19,7 @@ KV_BYTES_16BIT = {"mistral-7b-v0.1": 2 * 32 * 8 * 128 * 2, "tinyllama-1.1b": 2 *
 TEXTS = ["Hello world", "  two leading spaces", "Batching <s> tokens: 42 × 3 = 126!\n\tdone", "日本語のテキスト"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
 def test_architecture_builds_on_meta_with_the_published_parameter_count(name):
     model = build_random_model(hf_config(ARCHS[name]), "meta", torch.bfloat16)
@@ -82,6 +83,7 @@ def test_facts_say_random_weights_and_whose_tokenizer():
         assert "Mistral-7B v0.1" in facts(ARCHS[name])["tokenizer"] and "not the original's" in facts(ARCHS[name])["tokenizer"]
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_loads_a_random_model_with_its_dummy_format(tmp_path, monkeypatch):
     pytest.importorskip("vllm")

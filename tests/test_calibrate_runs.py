@@ -33,6 +33,7 @@ def _calibrate(*args: str):
 
 @pytest.mark.parametrize("layout", [dict(padded=True, fused=True), dict(padded=False, fused=False)],
                          ids=["hf-like padded and fused", "vllm-like packed"])
+@pytest.mark.slow
 def test_the_fit_recovers_every_term_of_the_model_that_made_the_runs(tmp_path, layout):
     from dataclasses import replace
 
@@ -90,6 +91,7 @@ def test_a_live_sim_workers_steps_give_back_its_model(tmp_path, continuous_prese
     assert 0.97 < ratio < 1.10
 
 
+@pytest.mark.slow
 def test_weighing_shapes_by_their_time_share_recovers_the_terms_too(tmp_path):
     runs = _runs(tmp_path, KNOWN, ("dynamic", "continuous"), duration_s=4.0)
     out = tmp_path / "fit.yaml"

@@ -108,6 +108,7 @@ def test_a_sustained_rate_above_a_failing_one_does_not_make_an_inverted_bracket(
     assert bracket(probes) == (4.0, 6.0) and next_rate(probes, 4.0, width=0.15) == pytest.approx(4.9)
 
 
+@pytest.mark.slow
 def test_the_search_in_the_simulator_finds_the_fixed_service_times_capacity(tmp_path):
     plan = load_plan(fixed_service_config(tmp_path, duration_s=120))
     settings = plan.auto

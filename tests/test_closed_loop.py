@@ -177,6 +177,7 @@ def test_a_simulated_closed_loop_stops_at_its_duration():
     assert requests["arrival_time"].max() < 0.5
 
 
+@pytest.mark.slow
 def test_a_simulated_concurrency_sweep_reports_against_clients(tmp_path):
     from typer.testing import CliRunner
 

@@ -344,6 +344,7 @@ def unsent_schedule(n: int) -> pd.DataFrame:
                          "prompt_len": [3] * (n + 5), "output_len": [2] * (n + 5)})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_takes, extra", [(1000, "late tokens and anomalies"), (0, ""), (3, "")])
 def test_tables_merged_from_parts_equal_the_tables_built_in_memory(tmp_path, monkeypatch, keep_takes, extra):
     monkeypatch.setattr(merge, "TOKEN_CHUNK_ROWS", 7)  # many request-id slices

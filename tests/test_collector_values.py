@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -71,6 +72,7 @@ collisions = st.sampled_from([
 ])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.lists(st.tuples(st.integers(0, 100), st.one_of(bad_frame, collisions)), max_size=12))
 def test_bad_frames_and_colliding_ids_are_counted_and_the_run_is_still_written_whole(inserts):
@@ -115,6 +117,7 @@ records = st.one_of(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.lists(records, max_size=10))
 def test_any_records_that_decode_leave_a_final_write_that_succeeds(msgs):

@@ -121,6 +121,7 @@ def run_folder(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_report_shows_guidellm_and_aiperf_points_and_their_definitions(run_folder):
     result = runner.invoke(app, ["report", str(run_folder), "--extra", str(GUIDELLM), "--extra", str(AIPERF)])
     assert result.exit_code == 0, result.output

@@ -126,6 +126,7 @@ def test_a_short_sim_run_reports_small_timing_errors(tmp_path):
     assert not math.isnan(fidelity["sim_wall_s"])
 
 
+@pytest.mark.slow
 def test_batchlab_report_leaves_every_run_file_byte_identical(tmp_path):
     from typer.testing import CliRunner
 
@@ -141,6 +142,7 @@ def test_batchlab_report_leaves_every_run_file_byte_identical(tmp_path):
     assert "timing_fidelity" not in json.loads((tmp_path / "summary.json").read_text())  # the run's to write
 
 
+@pytest.mark.slow
 def test_report_out_puts_the_report_elsewhere(tmp_path):
     from typer.testing import CliRunner
 

@@ -54,6 +54,7 @@ def bare_numbers(text: str, hardware_texts) -> list[str]:
             and not text[:m.start()].rstrip().endswith(("≥", "<"))]
 
 
+@pytest.mark.slow
 def test_two_identical_strategies_read_as_no_significant_difference(tmp_path):
     _, capacities, source, [line], hw = simulated_sweep(tmp_path, "[naive, {strategy: naive, label: naive-twin}]")
     assert source == FROM_GRID and capacities["naive"]["lo_req_s"] == capacities["naive-twin"]["lo_req_s"]
@@ -82,6 +83,7 @@ def test_one_repeat_states_the_estimate_and_that_run_to_run_variation_was_not_me
     assert "Throughput, TTFT p50, E2E p50 from one repeat" in line.text and "is called significant" in line.text
 
 
+@pytest.mark.slow
 def test_continuous_beats_naive_at_a_load_both_sustain_significantly_and_in_the_right_direction(tmp_path):
     _, _, _, [line], hw = simulated_sweep(tmp_path, "[naive, continuous]")
     assert line.label == "continuous" and line.rate == 4.0 and line.ttft.clusters == 3
@@ -112,6 +114,7 @@ def test_the_common_load_is_the_highest_grid_rate_within_80_percent_of_the_lower
     assert common_rate([1.0], {"lo_req_s": 2.0}, b) == 1.0  # an open bracket's floor vouches for its load
 
 
+@pytest.mark.slow
 def test_the_report_leads_with_the_capacity_table_then_the_headline(tmp_path):
     collection, *_ = simulated_sweep(tmp_path, "[naive, continuous]")
     result = run_report(str(collection.root))
@@ -146,6 +149,7 @@ def saturated(runs, duration_s: float) -> dict:
             "req_s_hi": max(row["req_s"] for row in rows), "method": "test: completions / window"}
 
 
+@pytest.mark.slow
 def test_dynamic_serves_what_naive_serves_at_saturation_and_is_far_faster_at_low_load(tmp_path):
     # both launch full batches of 8 when requests pile up, so their saturated μ agree (queueing theory: the same
     # service process); at 2 req/s naive waits for 7 more arrivals (about 1.75 s on average), dynamic 50 ms

@@ -41,6 +41,7 @@ def _browser() -> str | None:
     return next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
 
 
+@pytest.mark.slow
 def test_a_headless_browser_renders_the_page_without_errors(report):
     browser = _browser()
     if browser is None:

@@ -119,6 +119,7 @@ def test_guidellm_every_printed_latency_and_throughput_is_in_the_report():
     assert float(row_cells[7]) == pytest.approx(out_tok_s, abs=0.05)
 
 
+@pytest.mark.slow
 def test_the_real_files_render_in_report_md_beside_a_run(tmp_path):
     from typer.testing import CliRunner
 

@@ -72,6 +72,7 @@ def test_the_setup_says_what_an_engines_prefix_cache_did():
     assert prefix_cache_line(run({"dtype": "float32"}, {})) == ""  # an engine without one: no line
 
 
+@pytest.mark.slow
 def test_a_trace_replayed_at_its_own_timing_is_reported_at_the_traces_rate(tmp_path):
     from batchlab.report.build import run_report
     from batchlab.report.points import own_trace_rate

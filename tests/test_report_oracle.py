@@ -158,6 +158,7 @@ def as_oracle(root: Path, label: str, strategy_args: dict) -> None:
         path.write_text(json.dumps(summary))
 
 
+@pytest.mark.slow
 def test_a_simulated_sweep_with_an_oracle_by_settings_gets_ratios_and_keeps_its_headline(tmp_path, three_strategies):
     root = copy(three_strategies, tmp_path)
     batchlab("report", str(root))

@@ -109,6 +109,7 @@ def test_every_latency_table_shows_the_failed_share(sweep):
         assert "| 5 / 100 (5%) |" in row, section
 
 
+@pytest.mark.slow
 def test_report_states_the_headline_rule_and_compares_latency_at_a_load_both_sustain(sweep):
     result = run_report(str(sweep))
     text = result.path.read_text()

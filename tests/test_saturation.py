@@ -121,6 +121,7 @@ def constant_step_config(tmp_path, batch: int, step_s: float, probe_s: float) ->
     return str(config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("probe_s", [12, 60])
 @pytest.mark.parametrize("batch, step_s", [(1, 1.0), (4, 0.8), (8, 0.16)])  # μ = 1, 5 and 50 req/s
 def test_mu_and_capacity_meet_a_constant_step_models_known_maximum(tmp_path, batch, step_s, probe_s):

@@ -50,6 +50,7 @@ def test_a_wrong_model_shows_as_step_model_error_and_the_rest_as_scheduling(tmp_
         assert total == pytest.approx(point["error"][m], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_saved_runs_are_rescored_into_the_split_table(tmp_path, capsys):
     runs, preset = _runs(tmp_path)
     assert sim_fidelity.main(["--runs", str(runs), "--preset", str(preset), "--out", str(tmp_path / "out")]) == 0
