@@ -64,6 +64,21 @@ class _OneLineErrors(TyperGroup):
                 _fail(exc)
             except Terminated as exc:  # a SIGTERM or SIGHUP that no command turned into its own line
                 _fail("terminated", code=128 + exc.signum)
+            except SystemError as exc:  # a Ctrl-C inside a C extension's module init (a command's lazy
+                if not _interrupted(exc):  # pandas import): CPython wraps the KeyboardInterrupt in it
+                    raise
+                _fail("interrupted", code=130)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt caused `exc` (anywhere down its chain of causes)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True,

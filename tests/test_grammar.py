@@ -94,3 +94,24 @@ def test_sweep_passes_its_sets_to_the_sweep(monkeypatch, tmp_path):
     runner.invoke(app, ["sweep", "x.yaml", "--set", "duration_s=2", "--set", "grid.repeats=3",
                         "--out", str(tmp_path)])
     assert calls == [{"resume": True, "sets": {"duration_s": 2, "grid.repeats": 3}, "ray": None}]
+
+
+def test_a_ctrl_c_inside_a_c_extensions_import_is_interrupted_not_a_traceback(tmp_path, monkeypatch):
+    """CPython wraps a KeyboardInterrupt raised while a C extension initialises (a command's lazy pandas
+    import) in a SystemError: still a Ctrl-C, exit 130; any other SystemError stays a bug with its traceback."""
+    from typer.testing import CliRunner
+
+    from batchlab import api
+
+    def interrupted(*_a, **_k):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise SystemError("<class 'pandas.x'> returned a result with an exception set") from exc
+
+    monkeypatch.setattr(api, "report", interrupted)
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 130 and "error: interrupted" in result.output
+    monkeypatch.setattr(api, "report", lambda *_a, **_k: (_ for _ in ()).throw(SystemError("a bug")))
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemError)
