@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# package → the packages it may import (README's layout diagram)
+# package → the packages it may import (docs/architecture.md's layer table)
 LAYERS: dict[str, set[str]] = {
     "protocol": set(),
     "models": {"protocol"},
