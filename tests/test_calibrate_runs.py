@@ -86,9 +86,17 @@ def test_a_live_sim_workers_steps_give_back_its_model(tmp_path, continuous_prese
     record = yaml.safe_load(out.read_text())["calibration"]
     assert abs(record["total_time_error"]) < 0.03  # the fit keeps the steps' measured total
     steps = read_run_steps(run, padded=False).steps
-    ratio = predict_steps(get_preset(str(out)), steps).sum() / predict_steps(model, steps).sum()
-    print(f"fitted ÷ playing model over {len(steps)} steps: {ratio:.3f}")
-    assert 0.97 < ratio < 1.10
+    playing = predict_steps(model, steps).sum()
+    ratio = predict_steps(get_preset(str(out)), steps).sum() / playing
+    # The worker's slack is the run's own (a loaded machine makes every sleep later): the fitted model prices
+    # the steps as they were measured, which is the playing model plus that slack, never faster than it.
+    # (A shape read too small from the tables is caught in virtual time, where the terms come back exactly.)
+    measured = (steps["end_s"] - steps["start_s"]).to_numpy()
+    early = measured < predict_steps(model, steps) - 0.002
+    late = measured.sum() / playing
+    print(f"fitted ÷ playing model over {len(steps)} steps: {ratio:.3f}; measured ÷ playing: {late:.3f}")
+    assert early.mean() < 0.01  # a step's sleep never ends early: no shape is read too large
+    assert 0.97 < ratio and ratio == pytest.approx(late, rel=0.05)
 
 
 @pytest.mark.slow
