@@ -206,7 +206,10 @@ def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock:
     Start) as later. Warm workers (`workers`, from a pool) outlive the run: its end is the scheduler's
     and collector's."""
     children, reported = own + workers, set()
-    while any(c.proc.is_alive() for c in own if c.name in ("scheduler", "collector")):
+    while True:
+        # the end is seen before the exit codes are read: a scheduler stopped while the run drains can end
+        # within one poll of the collector (a loaded machine), and its death is still named
+        ended = not any(c.proc.is_alive() for c in own if c.name in ("scheduler", "collector"))
         if faults.stop_run.is_set() and "collector" not in reported:
             reported.add("collector")
             faults.deaths.append("collector stopped by a signal mid-run: the run was stopped, what it had "
@@ -228,6 +231,8 @@ def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock:
             log.warning("%s; the run goes on", message)
             if c.name == "traffic":  # it may have died before its hello: tell the scheduler directly
                 stream_ended.set()
+        if ended:
+            return
         clock.check()
         if on_tick is not None:
             on_tick(clock.elapsed_s(), {c.name: c.proc.is_alive() for c in children})

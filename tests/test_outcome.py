@@ -76,3 +76,34 @@ def test_a_crashed_role_is_named_with_its_exception():
     assert death_line("scheduler", 1).startswith("scheduler died (exit code 1)")  # it wrote none
     assert death_line("collector", errno.ENOSPC, cause=cause) == "collector could not write: No space left on device"
     assert len(exception_line(ValueError("x" * 10_000))) <= 300 and exception_line(KeyError()) == "KeyError"
+
+
+class _Ended:
+    """A role's process that has already ended with `exitcode` (what the launcher's watch polls)."""
+
+    def __init__(self, exitcode: int) -> None:
+        self.exitcode = exitcode
+
+    def is_alive(self) -> bool:
+        return False
+
+
+def test_a_scheduler_that_ended_within_one_poll_of_the_collector_is_still_named(tmp_path):
+    """A SIGTERM to the scheduler while the run drains: on a loaded machine the collector can end before the
+    launcher's next poll, so both are seen ended at once; the scheduler's exit code is still read (the
+    fault matrix's scheduler-TERM-draining cell printed 'scheduler stopped: interrupted' instead)."""
+    import multiprocessing as mp
+
+    from batchlab.runner.launcher import RunFailed, _Clock, _Faults, _watch
+    from batchlab.runner.procs import Child
+
+    started = mp.get_context("spawn").Event()
+    started.set()
+    own = [Child("traffic", _Ended(0)), Child("scheduler", _Ended(128 + signal.SIGTERM)),
+           Child("collector", _Ended(0))]
+    faults = _Faults(mp.get_context("spawn").Event(), mp.get_context("spawn").Value("i", 0))
+    with pytest.raises(RunFailed, match="scheduler stopped by SIGTERM mid-run"):
+        _watch(own, [], None, None, _Clock(None, started, tmp_path), faults)
+    assert faults.deaths == [death_line("scheduler", 128 + signal.SIGTERM)]
+    clean = [Child(c.name, _Ended(0)) for c in own]
+    _watch(clean, [], None, None, _Clock(None, started, tmp_path), _Faults(mp.Event(), mp.Value("i", 0)))
