@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from batchlab.collector.metrics import inter_token_latencies  # noqa: E402
-from batchlab.report.external_point import figure  # noqa: E402
+from batchlab.report.external import figure  # noqa: E402
 from batchlab.report.output import write_file  # noqa: E402
 from batchlab.report.points import Collection  # noqa: E402
 from batchlab.report.stats import FAILED_MARK_SHARE, GroupStats, finished_requests, share_text  # noqa: E402
