@@ -23,7 +23,7 @@ import pandas as pd
 
 from batchlab.collector import tables
 from batchlab.collector.request import NAN, EndedIds, RequestState, TokenBuffer
-from batchlab.collector.run_columns import SETTINGS_COLUMNS
+from batchlab.collector.parts import SETTINGS_COLUMNS
 from batchlab.collector.tables import Tables
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye
 

@@ -25,8 +25,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError
 from batchlab.collector.layout import (CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of,
                                        rate_of)
 from batchlab.collector.metrics import NOT_SENT
-from batchlab.collector.parts import load_table
-from batchlab.collector.run_columns import run_label
+from batchlab.collector.parts import load_table, run_label
 from batchlab.collector.summary import Summary, SummaryError, read_summary
 from batchlab.protocol.identity import differences, identity
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
