@@ -147,7 +147,8 @@ def _weighted_stat(x: np.ndarray, counts: np.ndarray, q: float | None) -> np.nda
     return xs[i_lo] + (h - floor) * (xs[i_hi] - xs[i_lo])
 
 
-def _stat(x: np.ndarray, q: float | None) -> float:
+def statistic(x: np.ndarray, q: float | None) -> float:
+    """The mean of the values (q None) or their q-th percentile (numpy's linear method)."""
     return float(np.mean(x)) if q is None else float(np.percentile(x, q))
 
 
@@ -177,14 +178,14 @@ def paired_ratio(a, b, q: float | None = 50, level: float = LEVEL, clusters=None
         raise ValueError(f"paired samples differ in length: {a.size} and {b.size}")
     keep = np.isfinite(a) & np.isfinite(b)
     a, b = a[keep], b[keep]
-    if a.size < 2 or not _stat(b, q) > 0:
+    if a.size < 2 or not statistic(b, q) > 0:
         return None
     members = _members(clusters, keep)
     rng = np.random.default_rng(seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         reps = [_weighted_stat(a, c, q) / _weighted_stat(b, c, q) - 1
                 for c in _resample_counts(members, a.size, n_boot, rng)]
-    return _result(_stat(a, q) / _stat(b, q) - 1, np.concatenate(reps), a.size, len(members), level)
+    return _result(statistic(a, q) / statistic(b, q) - 1, np.concatenate(reps), a.size, len(members), level)
 
 
 def unpaired_ratio(a, b, q: float | None = 50, level: float = LEVEL, *, n_boot: int = N_BOOT,
@@ -192,14 +193,14 @@ def unpaired_ratio(a, b, q: float | None = 50, level: float = LEVEL, *, n_boot: 
     """As paired_ratio for samples with no common ids: a and b resampled independently (n_pairs: the smaller)."""
     a, b = (np.asarray(s, dtype="float64") for s in (a, b))
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    if min(a.size, b.size) < 2 or not _stat(b, q) > 0:
+    if min(a.size, b.size) < 2 or not statistic(b, q) > 0:
         return None
     rng = np.random.default_rng(seed)
     draws = zip(_resample_counts([np.arange(a.size)], a.size, n_boot, rng),
                 _resample_counts([np.arange(b.size)], b.size, n_boot, rng))
     with np.errstate(divide="ignore", invalid="ignore"):
         reps = [_weighted_stat(a, ca, q) / _weighted_stat(b, cb, q) - 1 for ca, cb in draws]
-    return _result(_stat(a, q) / _stat(b, q) - 1, np.concatenate(reps), min(a.size, b.size), 1, level)
+    return _result(statistic(a, q) / statistic(b, q) - 1, np.concatenate(reps), min(a.size, b.size), 1, level)
 
 
 def _t_within(t: float, df: int) -> float:

@@ -20,9 +20,8 @@ import pyarrow.parquet as pq
 
 from batchlab.collector import request, tables
 from batchlab.collector.metrics import LATENCY_STATS, RequestFigures
-from batchlab.collector.parts import read_schedule, write_parquet
+from batchlab.collector.parts import read_schedule, run_values, stamped, write_parquet
 from batchlab.collector.quantiles import chunked_percentiles
-from batchlab.collector.run_columns import run_values, stamped
 from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_atomic
@@ -94,7 +93,7 @@ def _slices(sources: list[_Source], chunk_rows: int) -> list[tuple[int, int]]:
 def _merge(path: Path, sources: list[_Source], chunk_rows: int,
            build: Callable[[int, int, list[pa.Table]], pa.Table], run: dict) -> None:
     """`path` written slice by slice: build(lo, hi, each source's rows in [lo, hi], in source order), with
-    the `run`'s identity columns (run_columns.run_values)."""
+    the `run`'s identity columns (parts.run_values)."""
     sources = [s for s in sources if s is not None]
 
     def write(tmp: Path) -> None:

@@ -1,30 +1,80 @@
 """Crash-safe table files: small Parquet part files while running, final files at the end (merged
 from the parts by collector.merge). A request's or a batch's row may be written again in a later part
 (its row changed); a reader keeps the last one.
+
+A run's identity as constant columns of every table it writes, so that a sweep's tables, read as
+one, still say which run each row came from: its label, strategy and parameters, backend, model, rate,
+seed, repeat and config hash (protocol.identity). The collector adds them at its final write; text
+columns are dictionary-encoded (one value, and an index of zeros that Parquet stores run-length encoded).
 """
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchlab.collector.run_columns import RUN_COLUMNS, SETTINGS_COLUMNS, run_values, stamped
 from batchlab.collector.summary import write_summary
-from batchlab.protocol.files import write_atomic, write_json_atomic
+from batchlab.protocol.files import write_atomic
+from batchlab.protocol.identity import config_hash, identity
 from batchlab.protocol.run_dir import TABLE_NAMES, RunDir
+from batchlab.protocol.settings import vllm_rule
 
 if TYPE_CHECKING:
     from batchlab.collector.tables import Tables
 
 SCHEDULE_SKIPPED_COLUMNS = ("prompt", "prompt_tokens")  # bulky, and the collector needs neither
 ROW_KEYS = {"requests": "request_id", "batches": "batch_id"}  # tables whose rows may be rewritten
+# requests.parquet had these before the others (as plain columns); every table carries all of them
+SETTINGS_COLUMNS = ("strategy", "backend", "model", "rate", "concurrency", "arrival", "seed")
+RUN_COLUMNS = ("label", "strategy_args", "repeat", "config_hash")
+TYPES = {"rate": pa.float64(), "concurrency": pa.int64(), "seed": pa.int64(), "repeat": pa.int64()}  # the others: text
+TEXT = pa.dictionary(pa.int32(), pa.string())
+
+
+def run_label(settings: dict) -> str:
+    """The run's label: the sweep's for its strategy entry, else vllm or the strategy's name."""
+    given = settings.get("label")
+    if given:
+        return str(given)
+    return vllm_rule(str(settings.get("strategy", "run")), str(settings.get("backend", "")))[2]
+
+
+def run_values(settings: dict) -> dict[str, object]:
+    """Every identity column's value for a run of these settings (RunInfo's, or a summary's)."""
+    args = identity(settings).get("strategy_args") or {}
+    values = {name: settings.get(name) for name in SETTINGS_COLUMNS}
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"))
+    return values | {"label": run_label(settings), "strategy_args": text, "repeat": settings.get("repeat", 0),
+                     "config_hash": config_hash(settings)}
+
+
+def _constant(value: object, rows: int, kind: pa.DataType) -> pa.Array:
+    """`rows` copies of `value` (a number setting that is no number, as a peer may send: as text)."""
+    if value is None:
+        return pa.nulls(rows, type=kind)
+    if kind != TEXT and isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return pa.array(np.full(rows, value), type=kind)
+        except (OverflowError, ValueError, pa.ArrowException):  # beyond int64, or a fraction of a seed
+            pass
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array([str(value)]))
+
+
+def stamped(table: pa.Table, values: dict[str, object]) -> pa.Table:
+    """`table` with every identity column it lacks appended (a column it has is left as it is)."""
+    for name, value in values.items():
+        if name not in table.schema.names:
+            table = table.append_column(name, _constant(value, table.num_rows, TYPES.get(name, TEXT)))
+    return table
 
 
 def write_parquet(df: pd.DataFrame, path: Path, run: dict | None = None) -> None:
     """Write then rename, so a reader never sees a half-written file; `run`: the identity columns to add
-    (a final table: run_columns.run_values)."""
+    (a final table: run_values)."""
     table = pa.Table.from_pandas(df, preserve_index=False)
     table = stamped(table, run) if run is not None else table
     write_atomic(path, lambda tmp: pq.write_table(table, tmp))

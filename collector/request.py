@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.metrics import NOT_SENT, request_metrics
-from batchlab.collector.run_columns import SETTINGS_COLUMNS
+from batchlab.collector.parts import SETTINGS_COLUMNS
 from batchlab.protocol import Arrival
 from batchlab.protocol.ids import IdSet as EndedIds  # noqa: F401  (the ids of requests that left memory)
 
@@ -71,7 +71,7 @@ class TokenBuffer(Sequence):
 class RequestRow:
     """One row of requests.parquet, its fields the table's columns in order (times in s since the run's
     t0). A default is what a row says when nothing is known (a request traffic never sent). After these
-    columns come the run's settings (run_columns.SETTINGS_COLUMNS), then any engine_* figures."""
+    columns come the run's settings (parts.SETTINGS_COLUMNS), then any engine_* figures."""
 
     request_id: int
     status: str  # "finished" | "failed"

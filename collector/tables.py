@@ -45,8 +45,8 @@ class Tables:
     summary: Summary
 
 
-def frame(rows: list[list], dtypes: dict[str, str]) -> pd.DataFrame:
-    """Rows → a DataFrame with fixed columns and dtypes (so every part has the same schema)."""
+def frame(rows: list[dict], dtypes: dict[str, str]) -> pd.DataFrame:
+    """Rows (each by column name) → a DataFrame with fixed columns and dtypes (so every part has the same schema)."""
     return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
 
 
@@ -104,7 +104,7 @@ def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:
     return pd.DataFrame({name: np.concatenate(arrays) for name, arrays in cols.items()}).astype(TOKEN_DTYPES)
 
 
-def _batch_row(store: "RunStore", bid: int, t0: float) -> list:
+def _batch_row(store: "RunStore", bid: int, t0: float) -> dict:
     launch, done = store.launches.get(bid), store.dones.get(bid)
     if launch is not None:
         rids = launch.requests_in(bid)
@@ -113,14 +113,14 @@ def _batch_row(store: "RunStore", bid: int, t0: float) -> list:
     arrivals = [store.requests[r].arrival for r in rids if r in store.requests]
     arrivals = [a.request for a in arrivals if a is not None]
     outs = [a.output_len for a in arrivals]
-    return [
-        bid, _worker_of(store, bid), len(rids), launch.reason if launch else "",
-        launch.scheduled_time - t0 if launch else NAN,
-        done.start_time - t0 if done else NAN, done.end_time - t0 if done else NAN,
-        launch.queue_len if launch else 0, max((a.prompt_len for a in arrivals), default=0),
-        max(outs, default=0), useful_fraction(outs), bool(done and done.oom),
-        done.peak_memory_bytes if done else 0,
-    ]
+    return dict(
+        batch_id=bid, worker=_worker_of(store, bid), size=len(rids), launch_reason=launch.reason if launch else "",
+        scheduled_time=launch.scheduled_time - t0 if launch else NAN,
+        start_time=done.start_time - t0 if done else NAN, completion_time=done.end_time - t0 if done else NAN,
+        queue_len=launch.queue_len if launch else 0, max_prompt_len=max((a.prompt_len for a in arrivals), default=0),
+        max_output_len=max(outs, default=0), useful_fraction=useful_fraction(outs), oom=bool(done and done.oom),
+        peak_memory_bytes=done.peak_memory_bytes if done else 0,
+    )
 
 
 def batches_frame(store: "RunStore", bids: list[int], t0: float) -> pd.DataFrame:
@@ -130,9 +130,9 @@ def batches_frame(store: "RunStore", bids: list[int], t0: float) -> pd.DataFrame
 
 def steps_frame(steps: list, t0: float) -> pd.DataFrame:
     """One row per continuous-mode engine step."""
-    rows = [[s.worker_id, s.step, s.start_time - t0, s.end_time - t0, s.running, s.joined, s.finished,
-             s.prefill_tokens] for s in steps]
-    return frame(rows, STEP_DTYPES)
+    return frame([dict(worker=s.worker_id, step=s.step, start_time=s.start_time - t0, end_time=s.end_time - t0,
+                       running=s.running, joined=s.joined, finished=s.finished, prefill_tokens=s.prefill_tokens)
+                  for s in steps], STEP_DTYPES)
 
 
 def _memory(store: "RunStore") -> tuple[int, str]:

@@ -43,7 +43,7 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     read. `extra`: other tools' result files to place beside the strategies (with those found in the
     folder, report.external)."""
     from batchlab.report.external import load_external, section
-    from batchlab.report import plots, timeline
+    from batchlab.report import plots
     from batchlab.report.capacities import capacity_text, load_capacities
     from batchlab.report.headline import headlines
     from batchlab.report.markdown import render
@@ -64,14 +64,12 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     external = load_external(collection.root, extra)
     made = [plots.latency_vs_throughput(stats, collection.labels(), root / "latency_vs_throughput.png", external)]
     if collection.closed_loop:
-        from batchlab.report.plots import latency_vs_concurrency
-
-        made.append(latency_vs_concurrency(stats, collection.labels(), root / "latency_vs_concurrency.png"))
+        made.append(plots.latency_vs_concurrency(stats, collection.labels(), root / "latency_vs_concurrency.png"))
     if at is not None:
         made += [plots.latency_cdfs(collection, stats, at, root / "latency_cdf.png"),
                  plots.itl_distribution(collection, stats, at, root / "itl_distribution.png"),
-                 timeline.batch_timeline(collection, at, root / "batch_timeline.png"),
-                 timeline.load_over_time(collection, at, root / "batch_size_queue.png")]
+                 plots.batch_timeline(collection, at, root / "batch_timeline.png"),
+                 plots.load_over_time(collection, at, root / "batch_size_queue.png")]
     text = render(collection, stats, lines, [p.name for p in made], at, slos, capacities, source)
     text += "\n".join(section(external)) + ("\n" if external else "")
     write_text(root / REPORT_FILE, text)

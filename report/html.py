@@ -9,8 +9,7 @@ import math
 import re
 from pathlib import Path
 
-from batchlab.report.external import DEFINITIONS, table_rows
-from batchlab.report.external_point import figure
+from batchlab.report.external import DEFINITIONS, figure, table_rows
 from batchlab.report.output import write_text
 from batchlab.report.stats import GroupStats, share_text
 from batchlab.report.text import ms, p50_p99

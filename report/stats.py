@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.intervals import PairedResult, between_repeats, quantile_ci
+from batchlab.collector.intervals import PairedResult, between_repeats, quantile_ci, statistic
 from batchlab.collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics
 from batchlab.report.points import RunData
 
@@ -165,15 +165,12 @@ def paired_latency(runs_a: list[RunData], runs_b: list[RunData], metric: str = "
             continue
         both = finished_requests(run)[["request_id", metric]].merge(
             finished_requests(other)[["request_id", metric]], on="request_id", suffixes=("_a", "_b")).dropna()
-        if both.empty or not _stat(both[f"{metric}_b"], q) > 0:
+        a, b = both[f"{metric}_a"].to_numpy(), both[f"{metric}_b"].to_numpy()
+        if both.empty or not statistic(b, q) > 0:
             continue
-        ratios.append(_stat(both[f"{metric}_a"], q) / _stat(both[f"{metric}_b"], q))
+        ratios.append(statistic(a, q) / statistic(b, q))
         n_pairs += len(both)
     return between_repeats(ratios, level, n_pairs) if ratios else None
-
-
-def _stat(values: pd.Series, q: float | None) -> float:
-    return float(values.mean()) if q is None else float(np.percentile(values.to_numpy(), q))
 
 
 def _carried(tokens: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, percentiles, summarize
-from batchlab.collector import merge, taking
+from batchlab.collector import merge
 from batchlab.collector.parts import PartWriter, load_table, write_final
 from batchlab.collector.process import finish_run, run_collector
 from batchlab.collector.store import RunStore
@@ -349,7 +349,7 @@ def unsent_schedule(n: int) -> pd.DataFrame:
 def test_tables_merged_from_parts_equal_the_tables_built_in_memory(tmp_path, monkeypatch, keep_takes, extra):
     monkeypatch.setattr(merge, "TOKEN_CHUNK_ROWS", 7)  # many request-id slices
     monkeypatch.setattr(merge, "REQUEST_CHUNK_ROWS", 5)
-    monkeypatch.setattr(taking, "KEEP_TAKES", keep_takes)  # 0: a request leaves at once
+    monkeypatch.setattr("batchlab.collector.store.KEEP_TAKES", keep_takes)  # 0: a request leaves at once
     # with `extra`, the script's requests 1-5 too (OOM, queue full, several tokens in one message)
     messages = interleaved_run(60, seed=3, late=bool(extra), first=10) + (script()[1:] if extra else [])
     schedule, slos = unsent_schedule(70), {"ttft": 1.0}
@@ -376,7 +376,7 @@ def test_tables_merged_from_parts_equal_the_tables_built_in_memory(tmp_path, mon
 
 
 def test_ended_requests_leave_memory_and_their_late_events_are_counted(tmp_path, monkeypatch):
-    monkeypatch.setattr(taking, "KEEP_TAKES", 0)
+    monkeypatch.setattr("batchlab.collector.store.KEEP_TAKES", 0)
     store, writer = RunStore(), PartWriter(tmp_path)
     for msg in script():
         store.handle(msg)

@@ -7,7 +7,7 @@ import numpy as np
 from batchlab.collector.parts import PartWriter, load_table
 from batchlab.collector.request import EndedIds, TokenBuffer
 from batchlab.collector.store import RunStore
-from batchlab.collector.taking import KEEP_TAKES
+from batchlab.collector.store import KEEP_TAKES
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestMsg, RunInfo, Tokens
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.lengths import LengthSpec

@@ -8,7 +8,7 @@ from batchlab.report.build import parse_slos
 from batchlab.report.points import ReportError, load_collection
 from batchlab.report.stats import GroupStats, tool_formulas
 from tests.summaries import make_summary
-from batchlab.report.timeline import queue_length
+from batchlab.report.plots import queue_length
 
 
 def group(label: str, rate: float, throughput: float, ttft: float, e2e: float = 1.0,

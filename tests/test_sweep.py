@@ -28,7 +28,7 @@ def test_strategy_names_and_mappings_become_labelled_entries(tmp_path):
 
 
 def test_a_vllm_run_is_continuous_on_the_vllm_backend_and_labelled_vllm_wherever_it_is_read():
-    from batchlab.collector.run_columns import run_label
+    from batchlab.collector.parts import run_label
     from batchlab.protocol.settings import RunConfig, vllm_rule
 
     assert vllm_rule("vllm", "sim") == ("continuous", "vllm", "vllm")

@@ -16,7 +16,7 @@ from batchlab.lab.sweep_plan import SweepError
 from batchlab.lab.sweep_point import refuse_old_layout
 from batchlab.collector.layout import point_dir, point_of
 from batchlab.report.points import load_collection
-from batchlab.collector.run_columns import RUN_COLUMNS, SETTINGS_COLUMNS
+from batchlab.collector.parts import RUN_COLUMNS, SETTINGS_COLUMNS
 from batchlab.protocol.identity import config_hash
 
 runner = CliRunner()

@@ -1,7 +1,7 @@
 """The batch timeline draws every row on one batch-size scale: a size-4 batch is half a size-8 one."""
 import pandas as pd
 
-from batchlab.report.timeline import ROW_HEIGHT, bar_heights, shared_scale
+from batchlab.report.plots import ROW_HEIGHT, bar_heights, shared_scale
 
 
 def _act(*sizes: int) -> pd.DataFrame:

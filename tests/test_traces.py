@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.report.timeline import arrival_rate
+from batchlab.report.plots import arrival_rate
 from batchlab.traffic.arrivals import trace_window
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.datasets import DatasetError
