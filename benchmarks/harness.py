@@ -16,19 +16,16 @@ written as OUT/harness.json and OUT/harness.parquet. Timings are printed, never 
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.protocol.settings import RunConfig  # noqa: E402
-from batchlab.runner.launcher import launch_run  # noqa: E402
-from batchlab.collector.summary import Summary  # noqa: E402
-from batchlab.protocol.run_dir import RunDir  # noqa: E402
+from batchlab.protocol.settings import RunConfig
+from batchlab.runner.launcher import launch_run
+from batchlab.collector.summary import Summary
+from batchlab.protocol.run_dir import RunDir
 
 LAG_P99_LIMIT_S = 0.001
 MIN_ACHIEVED_FRACTION = 0.95

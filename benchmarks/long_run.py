@@ -13,7 +13,6 @@ Figures are printed, never asserted.
 """
 import argparse
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,11 +20,9 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.runner.launcher import launch_run  # noqa: E402
-from batchlab.protocol.run_dir import RunDir  # noqa: E402
-from batchlab.protocol.settings import RunConfig  # noqa: E402
+from batchlab.runner.launcher import launch_run
+from batchlab.protocol.run_dir import RunDir
+from batchlab.protocol.settings import RunConfig
 
 SAMPLE_S = 0.1
 MIB = 1 << 20

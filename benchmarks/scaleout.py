@@ -9,15 +9,12 @@ first row and the TTFT p50/p99; writes OUT/scaleout.json. Timings are printed, n
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.protocol.settings import RunConfig  # noqa: E402
-from batchlab.runner.launcher import launch_run  # noqa: E402
-from batchlab.traffic.run_schedule import make_schedule  # noqa: E402
-from batchlab.traffic.schedule import save_schedule  # noqa: E402
+from batchlab.protocol.settings import RunConfig
+from batchlab.runner.launcher import launch_run
+from batchlab.traffic.run_schedule import make_schedule
+from batchlab.traffic.schedule import save_schedule
 
 
 def base_config(args: argparse.Namespace) -> RunConfig:

@@ -22,22 +22,19 @@ scheduling model's (simulation ÷ replay − 1) and the total (simulation ÷ rea
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.runner.launcher import launch_run  # noqa: E402
-from batchlab.collector.layout import point_of  # noqa: E402
-from batchlab.collector.parts import read_schedule  # noqa: E402
-from batchlab.collector.summary import Summary, read_summary  # noqa: E402
-from batchlab.protocol.run_dir import RunDir  # noqa: E402
-from batchlab.protocol.settings import RunConfig, vllm_rule  # noqa: E402
-from batchlab.simulator.replay import replay  # noqa: E402
-from batchlab.simulator.run import simulate  # noqa: E402
-from batchlab.traffic.schedule import Schedule  # noqa: E402
-from batchlab.worker.run_steps import read_run_steps  # noqa: E402
-from batchlab.worker.stepmodel import get_preset  # noqa: E402
+from batchlab.runner.launcher import launch_run
+from batchlab.collector.layout import point_of
+from batchlab.collector.parts import read_schedule
+from batchlab.collector.summary import Summary, read_summary
+from batchlab.protocol.run_dir import RunDir
+from batchlab.protocol.settings import RunConfig, vllm_rule
+from batchlab.simulator.replay import replay
+from batchlab.simulator.run import simulate
+from batchlab.traffic.schedule import Schedule
+from batchlab.worker.run_steps import read_run_steps
+from batchlab.worker.stepmodel import get_preset
 
 METRICS = {"ttft_p50": ("ttft", "p50"), "ttft_p99": ("ttft", "p99"), "e2e_p50": ("e2e", "p50"),
            "tpot_p50": ("tpot", "p50"), "throughput": ("throughput_tok_s", None)}
