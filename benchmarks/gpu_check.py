@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batchlab import api  # noqa: E402  (light: importing it starts and loads nothing)
+from batchlab.report.text import md_table  # noqa: E402
 
 MODELS = "tinyllama-1.1b:random,mistral-7b-v0.1:random"
 MODES = ("static", "continuous")
@@ -220,12 +221,9 @@ def _errors(e: dict) -> str:
 
 
 def _points(rows: list[dict] | None) -> list[str]:
-    if not rows:
-        return ["(none)"]
-    lines = ["| strategy | rate | finished | tok/s | TTFT p50 s | E2E p50 s |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['label']} | {r['rate']:g} | {r['finished']}/{r['submitted']} | {_num(r['throughput_tok_s'])} | "
-              f"{_num(r['ttft_p50'])} | {_num(r['e2e_p50'])} |" for r in rows]
-    return lines
+    return md_table(["strategy", "rate", "finished", "tok/s", "TTFT p50 s", "E2E p50 s"], [
+        [r["label"], f"{r['rate']:g}", f"{r['finished']}/{r['submitted']}", _num(r["throughput_tok_s"]),
+         _num(r["ttft_p50"]), _num(r["e2e_p50"])] for r in rows]) if rows else ["(none)"]
 
 
 def render(facts: dict) -> str:
@@ -234,12 +232,12 @@ def render(facts: dict) -> str:
     lines = ["# GPU check", "", f"Python {env['python']}, torch {env.get('torch')}, GPU {env.get('gpu')}, "
              f"device {env['device']}; missing modules: "
              f"{', '.join(m for m, ok in env['modules'].items() if not ok) or 'none'}.", "", "## Phases", "",
-             "| phase | status | s | note |", "|---|---|---|---|"]
-    lines += [f"| {p['phase']} | {p['status']} | {p.get('seconds', '-')} | {p.get('why', '')} |" for p in facts["phases"]]
-    lines += ["", "## Calibration (in-process grid)", "", "| model kind | fit error | held-out error | unsettled |",
-              "|---|---|---|---|"]
-    lines += [f"| {name} | {_errors(c['fit_error'])} | {_errors(c['held_out_error'])} | {c['unsettled_samples']} |"
-              for name, c in facts["calibrations"].items()]
+             *md_table(["phase", "status", "s", "note"], [[p["phase"], p["status"], str(p.get("seconds", "-")),
+                                                          p.get("why", "")] for p in facts["phases"]])]
+    lines += ["", "## Calibration (in-process grid)", "", *md_table(
+        ["model kind", "fit error", "held-out error", "unsettled"],
+        [[name, _errors(c["fit_error"]), _errors(c["held_out_error"]), str(c["unsettled_samples"])]
+         for name, c in facts["calibrations"].items()])]
     lines += ["", "## Live sweep (short points)", "", *_points(facts.get("live")), "",
               "## Simulated (calibrated presets)", "", *_points(facts.get("simulated"))]
     split = facts.get("split")
