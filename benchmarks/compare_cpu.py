@@ -12,24 +12,21 @@ each column's knee (best tokens/s).
 """
 import argparse
 import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.collector.metrics import percentiles  # noqa: E402
-from batchlab.protocol import RequestMsg  # noqa: E402
-from batchlab.protocol.clock import now, sleep_until  # noqa: E402
-from batchlab.scheduler.core import SchedulerCore  # noqa: E402
-from batchlab.scheduler.launch import Launch  # noqa: E402
-from batchlab.scheduler.policies import Continuous, Dynamic, Naive  # noqa: E402
-from batchlab.traffic.config import TrafficConfig  # noqa: E402
-from batchlab.traffic.lengths import LengthSpec  # noqa: E402
-from batchlab.traffic.schedule import Schedule, build_schedule  # noqa: E402
-from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello  # noqa: E402
+from batchlab.collector.metrics import percentiles
+from batchlab.protocol import RequestMsg
+from batchlab.protocol.clock import now, sleep_until
+from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.launch import Launch
+from batchlab.scheduler.policies import Continuous, Dynamic, Naive
+from batchlab.traffic.config import TrafficConfig
+from batchlab.traffic.lengths import LengthSpec
+from batchlab.traffic.schedule import Schedule, build_schedule
+from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
 
 IDLE_SLEEP_S = 0.05  # longest nap while nothing is queued or running
 WORKER = "worker-0"

@@ -20,16 +20,12 @@ finish (what chunking costs them, if anything).
 import argparse
 import random
 import statistics
-import sys
 from dataclasses import astuple, dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.protocol.clock import now  # noqa: E402
-from batchlab.worker.backend import Row, StepOutput  # noqa: E402
-from batchlab.worker.hf.continuous import HFContinuousBackend  # noqa: E402
-from batchlab.worker.hf.static import HFBackend, HFSettings  # noqa: E402
+from batchlab.protocol.clock import now
+from batchlab.worker.backend import Row, StepOutput
+from batchlab.worker.hf.continuous import HFContinuousBackend
+from batchlab.worker.hf.static import HFBackend, HFSettings
 
 SKIP_DECODE_STEPS = 1  # the first decode step after a prefill is not measured (step_time.py does the same)
 

@@ -24,6 +24,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from batchlab import api  # noqa: E402  (light: importing it starts and loads nothing)
+from batchlab.report.text import md_table  # noqa: E402
+
 MODELS = "tinyllama-1.1b:random,mistral-7b-v0.1:random"
 MODES = ("static", "continuous")
 KIND = {"static": "hf", "continuous": "hf-loop"}
@@ -107,12 +110,9 @@ def calibrate(model: str, mode: str, args, out: Path) -> dict:
 
 
 def simulate_plan(plan_file: Path, presets: dict, out: Path) -> list[dict]:
-    """The plan in virtual time with the sweep model's presets: a row per point."""
-    from batchlab.lab.sim_plan import plan_simulation
-    from batchlab.lab.sim_run import run_simulation
-
+    """The plan in virtual time with the sweep model's presets (api.simulate): a row per point."""
     preset = ",".join(f"{KIND[mode]}={path}" for mode, path in presets.items())
-    results = run_simulation(plan_simulation(str(plan_file), {"preset": preset, "out": str(out)}))
+    results = api.simulate(plan_file, preset=preset, out=str(out)).points
     return [{"label": p.entry.label, "rate": p.rate, **_figures(s)} for p, s in results]
 
 
@@ -157,10 +157,8 @@ def calibrate_from_sweep(sweep: Path, out_dir: Path) -> dict:
 
 
 def report(folder: Path) -> str:
-    """`batchlab report` of the sweep: REPORT.md and its plots in the sweep's folder."""
-    from batchlab.report.build import run_report
-
-    return str(run_report(str(folder)).path)
+    """`batchlab report` of the sweep (api.report): REPORT.md and its plots in the sweep's folder."""
+    return str(api.report(folder).path)
 
 
 def environment(device: str) -> dict:
@@ -208,9 +206,59 @@ def _calibrated(phases: Phases, facts: dict, model: str, mode: str, args, out: P
     return {mode: str(path)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from benchmarks.gpu_check_report import write_report
+# The report: OUT/GPU_CHECK.md (what ran, the calibrations, the live and simulated points, the error split,
+# each phase's time) and OUT/gpu_check.json (the same facts, for tools).
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
 
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def _errors(e: dict) -> str:
+    return ", ".join(f"{k} mean {_pct(v['mean_abs'])} worst {_pct(v['worst_abs'])}" for k, v in (e or {}).items()) or "-"
+
+
+def _points(rows: list[dict] | None) -> list[str]:
+    return md_table(["strategy", "rate", "finished", "tok/s", "TTFT p50 s", "E2E p50 s"], [
+        [r["label"], f"{r['rate']:g}", f"{r['finished']}/{r['submitted']}", _num(r["throughput_tok_s"]),
+         _num(r["ttft_p50"]), _num(r["e2e_p50"])] for r in rows]) if rows else ["(none)"]
+
+
+def render(facts: dict) -> str:
+    """The report's markdown."""
+    env = facts["environment"]
+    lines = ["# GPU check", "", f"Python {env['python']}, torch {env.get('torch')}, GPU {env.get('gpu')}, "
+             f"device {env['device']}; missing modules: "
+             f"{', '.join(m for m, ok in env['modules'].items() if not ok) or 'none'}.", "", "## Phases", "",
+             *md_table(["phase", "status", "s", "note"], [[p["phase"], p["status"], str(p.get("seconds", "-")),
+                                                          p.get("why", "")] for p in facts["phases"]])]
+    lines += ["", "## Calibration (in-process grid)", "", *md_table(
+        ["model kind", "fit error", "held-out error", "unsettled"],
+        [[name, _errors(c["fit_error"]), _errors(c["held_out_error"]), str(c["unsettled_samples"])]
+         for name, c in facts["calibrations"].items()])]
+    lines += ["", "## Live sweep (short points)", "", *_points(facts.get("live")), "",
+              "## Simulated (calibrated presets)", "", *_points(facts.get("simulated"))]
+    split = facts.get("split")
+    if split:
+        lines += ["", "## Error split by cause", "", "```", split["table"], "```", ""]
+        lines += [f"- {k}: median {_pct(m)}, worst {_pct(w)}" for k, (m, w) in split["overall"].items()]
+    for kind, record in (facts.get("from_runs") or {}).items():
+        lines += ["", f"calibrate --from the sweep ({kind}): held-out {_errors(record['held_out_error'])}; "
+                      f"total step time {_pct(record['total_time_error'])}"]
+    if facts.get("report"):
+        lines += ["", f"Sweep report: {facts['report']}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, facts: dict) -> None:
+    """OUT/GPU_CHECK.md and OUT/gpu_check.json."""
+    (out / "gpu_check.json").write_text(json.dumps(facts, indent=2, default=str))
+    (out / "GPU_CHECK.md").write_text(render(facts))
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out, phases = Path(args.out), Phases(args.deadline_s)
     out.mkdir(parents=True, exist_ok=True)
@@ -224,8 +272,6 @@ def main(argv: list[str] | None = None) -> int:
                     [float(r) for r in args.rates.split(",")], args.duration, args.dry_run, dataset_settings())
     plan_file = out / "plan.yaml"
     plan_file.write_text(yaml.safe_dump(plan, sort_keys=False))
-    from batchlab import api
-
     # 2. the live sweep of the GPU plan (its points' lines on the log)
     phases.run("sweep", lambda: api.sweep(plan_file, sweep, on_progress=api.print_progress))
     facts["live"] = live_rows(sweep)

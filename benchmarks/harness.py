@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/harness.py [--rates 1000,2000,5000,10000,20000] [--duration 3]
         [--strategy continuous|dynamic|naive] [--out results/harness]
 
-For each target rate it runs `launch_run` (traffic, scheduler, echo worker, collector as spawn
+For each target rate it runs `api.run` (traffic, scheduler, echo worker, collector as spawn
 processes) and prints, from the run's summary and requests table: achieved vs target request rate, send lag
 (send_time − planned arrival) p50/p99/max, scheduler dispatch latency (scheduled_time − recv_time)
 p50/p99, harness TTFT (with an echo worker every ms of TTFT is harness overhead) p50/p99, lost
@@ -16,19 +16,16 @@ written as OUT/harness.json and OUT/harness.parquet. Timings are printed, never 
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.protocol.settings import RunConfig  # noqa: E402
-from batchlab.runner.launcher import launch_run  # noqa: E402
-from batchlab.collector.summary import Summary  # noqa: E402
-from batchlab.protocol.run_dir import RunDir  # noqa: E402
+from batchlab.protocol.settings import RunConfig
+from batchlab import api
+from batchlab.collector.summary import Summary
+from batchlab.protocol.run_dir import RunDir
 
 LAG_P99_LIMIT_S = 0.001
 MIN_ACHIEVED_FRACTION = 0.95
@@ -49,8 +46,8 @@ class CpuSampler:
         self.procs: dict[str, psutil.Process] = {}
         self.samples: dict[str, list[tuple[float, float]]] = {}  # role -> [(monotonic s, cpu s)]
 
-    def tick(self, _elapsed_s: float, _alive: dict) -> None:
-        """launch_run's on_tick."""
+    def tick(self, _event: api.Event) -> None:
+        """api.run's on_progress: a tick Event on every launcher tick."""
         if not self.procs and self.pids_file.exists():
             pids = json.loads(self.pids_file.read_text())
             self.procs = {role: psutil.Process(pid) for role, pid in pids.items()}
@@ -90,7 +87,7 @@ def run_rate(rate: float, args: argparse.Namespace) -> dict:
                     max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, seed=args.seed,
                     out=str(out)).validate()
     sampler = CpuSampler(out)
-    summary = launch_run(cfg, on_tick=sampler.tick)  # with timing_fidelity: the simulator on the same schedule
+    summary = api.run(cfg, overwrite=True, on_progress=sampler.tick)  # with timing_fidelity (simulator, same schedule)
     return table_row(cfg, summary, pd.read_parquet(RunDir(out).table("requests")), sampler)
 
 

@@ -4,7 +4,7 @@
         [--prompt-len 128] [--strategy continuous] [--out results/long_run]
 
 The run's duration is chosen so that rate × duration × output-len ≈ rows (an hour at 100 req/s with
-500-token outputs is --rows 18000000 --rate 100). It runs `launch_run` (traffic, scheduler, echo
+500-token outputs is --rows 18000000 --rate 100). It runs `api.run` (traffic, scheduler, echo
 worker, collector as spawn processes); a thread reads each role's resident set every SAMPLE_S (the
 kernel's high-water mark, VmHWM, where /proc has it, so a short peak between samples still counts).
 It prints each role's peak RSS, the collector's final write time (from the last other role's exit to
@@ -13,7 +13,6 @@ Figures are printed, never asserted.
 """
 import argparse
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,11 +20,9 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.runner.launcher import launch_run  # noqa: E402
-from batchlab.protocol.run_dir import RunDir  # noqa: E402
-from batchlab.protocol.settings import RunConfig  # noqa: E402
+from batchlab import api
+from batchlab.protocol.run_dir import RunDir
+from batchlab.protocol.settings import RunConfig
 
 SAMPLE_S = 0.1
 MIB = 1 << 20
@@ -90,7 +87,7 @@ def run(args: argparse.Namespace) -> dict:
     sampler = RssSampler(out)
     sampler.start()
     t_launch = time.monotonic()
-    summary = launch_run(cfg)
+    summary = api.run(cfg, overwrite=True)
     t_end = time.monotonic()
     sampler.done.set()
     sampler.join()

@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from batchlab.report.text import md_table
+
 PROMPT_FIELD = "prompt_token_ids"  # the timed_trace field that carries each prompt's token ids
 
 
@@ -114,9 +116,6 @@ COLUMNS = [("completed", "done", "{:.0f}"), ("ttft_p50_ms", "TTFT p50 ms", "{:.1
 
 def table(rows: list[tuple[str, dict]]) -> str:
     """A Markdown table of the compared figures."""
-    head = "| tool | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 1)]
-    for name, fig in rows:
-        cells = [fmt.format(fig[k]) if isinstance(fig.get(k), (int, float)) else "-" for k, _, fmt in COLUMNS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    cells = [[name, *(fmt.format(fig[k]) if isinstance(fig.get(k), (int, float)) else "-" for k, _, fmt in COLUMNS)]
+             for name, fig in rows]
+    return "\n".join(md_table(["tool", *(title for _, title, _ in COLUMNS)], cells))

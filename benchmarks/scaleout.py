@@ -3,21 +3,18 @@
     .venv/bin/python benchmarks/scaleout.py [--workers 1,2,4] [--rate 200] [--duration 2]
         [--strategy continuous] [--out results/scaleout]
 
-One schedule is built once and replayed by every run (`launch_run` with workers=N, same seed), so
+One schedule is built once and replayed by every run (`api.run` with workers=N, same seed), so
 the runs differ only in the worker count. Prints requests/s, output tokens/s, the speed-up over the
 first row and the TTFT p50/p99; writes OUT/scaleout.json. Timings are printed, never asserted.
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.protocol.settings import RunConfig  # noqa: E402
-from batchlab.runner.launcher import launch_run  # noqa: E402
-from batchlab.traffic.run_schedule import make_schedule  # noqa: E402
-from batchlab.traffic.schedule import save_schedule  # noqa: E402
+from batchlab.protocol.settings import RunConfig
+from batchlab import api
+from batchlab.traffic.run_schedule import make_schedule
+from batchlab.traffic.schedule import save_schedule
 
 
 def base_config(args: argparse.Namespace) -> RunConfig:
@@ -30,7 +27,7 @@ def base_config(args: argparse.Namespace) -> RunConfig:
 def run_workers(base: RunConfig, workers: int) -> dict:
     """One run with `workers` sim workers; its row."""
     cfg = base.model_copy(update=dict(workers=workers, out=str(Path(base.out) / f"workers-{workers}")))
-    s = launch_run(cfg)
+    s = api.run(cfg, overwrite=True)
     fidelity = s.timing_fidelity or {}  # post-processing: the simulator on the same schedule
     return {"workers": workers, "submitted": s.submitted, "finished": s.finished, "requests_per_s": s.requests_per_s,
             "throughput_tok_s": s.throughput_tok_s, "window_s": s.window_s, "ttft_p50_s": s.ttft.p50,

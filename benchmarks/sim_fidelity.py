@@ -22,22 +22,19 @@ scheduling model's (simulation ÷ replay − 1) and the total (simulation ÷ rea
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.runner.launcher import launch_run  # noqa: E402
-from batchlab.collector.layout import point_of  # noqa: E402
-from batchlab.collector.parts import read_schedule  # noqa: E402
-from batchlab.collector.summary import Summary, read_summary  # noqa: E402
-from batchlab.protocol.run_dir import RunDir  # noqa: E402
-from batchlab.protocol.settings import RunConfig, vllm_rule  # noqa: E402
-from batchlab.simulator.replay import replay  # noqa: E402
-from batchlab.simulator.run import simulate  # noqa: E402
-from batchlab.traffic.schedule import Schedule  # noqa: E402
-from batchlab.worker.run_steps import read_run_steps  # noqa: E402
-from batchlab.worker.stepmodel import get_preset  # noqa: E402
+from batchlab import api
+from batchlab.collector.layout import point_of
+from batchlab.collector.parts import read_schedule
+from batchlab.collector.summary import Summary, read_summary
+from batchlab.protocol.settings import RunConfig, vllm_rule
+from batchlab.simulator.fidelity import config_from_settings
+from batchlab.simulator.replay import replay
+from batchlab.simulator.run import simulate
+from batchlab.traffic.schedule import Schedule
+from batchlab.worker.run_steps import read_run_steps
+from batchlab.worker.stepmodel import get_preset
 
 METRICS = {"ttft_p50": ("ttft", "p50"), "ttft_p99": ("ttft", "p99"), "e2e_p50": ("e2e", "p50"),
            "tpot_p50": ("tpot", "p50"), "throughput": ("throughput_tok_s", None)}
@@ -66,7 +63,7 @@ def run_point(label: str, rate: float, preset: str, args: argparse.Namespace) ->
     extra = {"memory_budget": "1GiB", "max_num_seqs": 8} if backend == "vllm" else {}
     cfg = base_config(args).model_copy(update=dict(strategy=strategy, backend=backend, rate=rate, out=str(out),
                                                    **extra))
-    live = launch_run(cfg)
+    live = api.run(cfg, overwrite=True)
     return evaluate_run(out, label, cfg, live, preset)
 
 
@@ -155,9 +152,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
     """Every saved live run under `folder` (LABEL/rate-R/, or a sweep's points, with summary.json), re-scored
     with `args`' presets."""
-    import yaml
-
-    names = set(RunConfig.model_fields)
     points = []
     found = sorted([*folder.glob("*/rate-*/summary.json"), *folder.glob("*/rate-*/rep-*/summary.json"),
                     *folder.glob("strategy=*/rate=*/repeat=*/summary.json")])
@@ -169,9 +163,8 @@ def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
         if not preset:
             print(f"{label}: skipped (no calibrated preset)")
             continue
-        raw = yaml.safe_load(RunDir(run).config.read_text())
-        cfg = RunConfig(**{k: v for k, v in raw.items() if k in names and v is not None})
-        points.append(evaluate_run(run, label, cfg, read_summary(run), preset))
+        live = read_summary(run)  # the run's settings (as recorded) give its RunConfig
+        points.append(evaluate_run(run, label, config_from_settings(live.settings), live, preset))
         print_point(points[-1])
     return points
 

@@ -7,17 +7,13 @@ Prints each point's time and the totals (wall, and this process's CPU time, whic
 machine disturbs less). Timings are printed, never asserted.
 """
 import argparse
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.lab.sweep_plan import Point  # noqa: E402
-from batchlab.lab.sim_plan import plan_simulation  # noqa: E402
-from batchlab.lab.sim_run import run_simulation  # noqa: E402
-from batchlab.collector.summary import Summary  # noqa: E402
+from batchlab.lab.sweep_plan import Point
+from batchlab.lab.sim_plan import plan_simulation
+from batchlab.lab.sim_run import run_simulation
+from batchlab.collector.summary import Summary
 
 GOAL_WALL_S = 5.0
 

@@ -15,15 +15,12 @@ decode points (an affine fit in context), prefill_s_per_token from the prefill p
 import argparse
 import random
 import statistics
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from batchlab.worker.backend import Row, StepOutput  # noqa: E402
-from batchlab.worker.hf.static import HFBackend, HFSettings  # noqa: E402
-from batchlab.worker.stepmodel import StepModel  # noqa: E402
+from batchlab.worker.backend import Row, StepOutput
+from batchlab.worker.hf.static import HFBackend, HFSettings
+from batchlab.worker.stepmodel import StepModel
 
 SKIP_DECODE_STEPS = 1  # the first decode step after a prefill still pays for cache growth; not measured
 

@@ -16,14 +16,10 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
-import json, os, sys, time
+import json, time
 t0 = time.monotonic()
-sys.path.insert(0, {root!r})
 from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
 t1 = time.monotonic()
 be = VLLMBackend(VLLMSettings(model={model!r}, max_num_seqs=8, enforce_eager={eager!r}, kv_cache_bytes={kv!r}))
@@ -38,7 +34,7 @@ print(json.dumps({{"import_s": t1 - t0, "engine_s": t2 - t1, "engine_start_s": b
 
 def start_once(model: str, eager: bool, kv_bytes: int, cache_root: str) -> dict:
     """One backend start in a fresh interpreter with its own vLLM cache folder; its timings."""
-    code = CHILD.format(root=str(ROOT), model=model, eager=eager, kv=kv_bytes)
+    code = CHILD.format(model=model, eager=eager, kv=kv_bytes)
     env = {**os.environ, "VLLM_CACHE_ROOT": cache_root, "VLLM_LOGGING_LEVEL": "ERROR"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:

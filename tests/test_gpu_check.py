@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from benchmarks import gpu_check
-from benchmarks.gpu_check_report import render
+from benchmarks.gpu_check import render
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL = yaml.safe_load((ROOT / "configs" / "full.yaml").read_text())
