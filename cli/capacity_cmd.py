@@ -26,19 +26,18 @@ def capacity(config: Config, *, overrides: dict, search: dict, out: Out = None, 
     from batchlab import api
     from batchlab.cli import resumable
     from batchlab.cli.live import SweepView
-    from batchlab.report.capacities import capacity_text
 
     out_given, out = out is not None, out or str(Path("results") / f"{Path(config).stem}-capacity")
     labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
     checked_group(CapacitySettings, search)  # a bad option is named as given, before the YAML is read
     with resumable(out):
         if simulate:  # capacity.json goes to `out` only when it was given
-            doc = api.capacity(config, out if out_given else None, strategies=labels, simulated=True,
-                               preset=overrides["preset"], **search).doc
+            result = api.capacity(config, out if out_given else None, strategies=labels, simulated=True,
+                                  preset=overrides["preset"], **search)
         else:
             with SweepView() as view:
-                doc = api.capacity(config, out, strategies=labels, on_progress=view, **search).doc
-    for line in capacity_text(doc["strategies"]):
+                result = api.capacity(config, out, strategies=labels, on_progress=view, **search)
+    for line in result.lines():
         typer.echo(line)
     if not simulate:
         typer.echo(f"capacity.json and every probe's folder in {out}; batchlab report {out} plots the probes")

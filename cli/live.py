@@ -62,10 +62,9 @@ class Progress:
         c, phase = self.counts, self.phase(elapsed_s)
         since = elapsed_s - self.sending_since if self.sending_since is not None else 0.0
         dead = [n for n, a in alive.items() if not a]
-        load = f"{self.cfg.concurrency} clients" if self.cfg.concurrency else f"λ={self.cfg.rate:g} req/s"
         stop = (f"sent {c.get('arrived', 0)} of {self.cfg.num_requests}" if self.cfg.num_requests
                 else f"of {self.cfg.duration_s:g} s")  # a count stop: the duration is only its bound
-        return (f"{self.cfg.strategy}/{self.cfg.backend} {load}  {phase} "
+        return (f"{self.cfg.strategy}/{self.cfg.backend} {load_text(self.cfg)}  {phase} "
                 f"{since:5.1f} s {stop}  finished {c.get('finished', 0)} · in flight "
                 f"{c.get('in_flight', 0)} · queued {c.get('queued', 0)} · failed {c.get('failed', 0)}"
                 + (f"  (ended: {', '.join(dead)})" if dead else ""))

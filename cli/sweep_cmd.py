@@ -38,12 +38,10 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
 
         opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
     with resumable(out), SweepView(figures=True) as view:
-        index = api.sweep(config, out, resume=resume, sets=sets, on_progress=view, ray=opts).index
-    statuses = [p["status"] for p in index["points"]]
-    ok = len(statuses) - statuses.count("failed")
-    typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
+        result = api.sweep(config, out, resume=resume, sets=sets, on_progress=view, ray=opts)
+    typer.echo(f"sweep in {out}: {result.measured} of {len(result.points)} points done, {result.failed} failed "
                f"(see {Path(out) / INDEX_FILE})")
-    if ok == 0:
+    if result.measured == 0:
         raise typer.Exit(code=1)
     _end_report(out)
 
