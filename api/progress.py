@@ -1,35 +1,12 @@
-"""Progress as the API reports it: one Event at a time to a callback the caller chooses (None: silent).
-
-The library's jobs report through a view with four calls (note, start, ticker, finished: the shape of
-the terminal's SweepView); CallbackView is that view for any callback, so the same job code serves the
-command line's live display, a log, a notebook's widget, or nothing."""
+"""Progress as the API reports it: one Event at a time to a callback the caller chooses (None: silent);
+the Event and the view the library's jobs call are lab.progress's."""
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchlab.lab.progress import CallbackView, Event  # noqa: F401  (CallbackView: the API's jobs use it)
+
 log = logging.getLogger("batchlab")
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One step of a job's progress.
-
-    kind: "start" (a sweep's `total` points are known), "note" (a line of `text`), "tick" (a run is going:
-    `elapsed_s` since its launch, `alive` each role's process; about five a second) or "finished" (a sweep
-    point ended: `record` is its sweep.json entry, `text` one line about it)."""
-
-    kind: str
-    text: str = ""
-    total: int = 0
-    point: object = None  # the sweep point (batchlab's Point) a tick or finish is about; None for a lone run
-    phase: str = ""  # what a tick's run is for: "run", "repeat", or a capacity search's "saturated", "probe"
-    elapsed_s: float = 0.0
-    alive: dict = field(default_factory=dict)  # role name → its process is alive
-    record: dict = field(default_factory=dict)
-    folder: Path | None = None  # the ticking run's folder (its progress.json, its part files)
-
-
 OnProgress = Callable[[Event], None]
 
 
@@ -50,33 +27,6 @@ def print_progress(event: Event) -> None:
         print(f"{event.total} points to run", file=sys.stderr, flush=True)
     elif event.kind in ("note", "finished"):
         print(event.text, file=sys.stderr, flush=True)
-
-
-class CallbackView:
-    """The view the library's jobs call (note, start, ticker, finished), as Events to `on_progress`."""
-
-    def __init__(self, on_progress: OnProgress | None) -> None:
-        self.emit = on_progress or (lambda _event: None)
-
-    def note(self, line: str) -> None:
-        """A line about the job."""
-        self.emit(Event("note", text=line))
-
-    def start(self, n_points: int) -> None:
-        """The sweep's points are known."""
-        self.emit(Event("start", total=n_points))
-
-    def ticker(self, point, what: str):
-        """An on_tick callback (launch_run) for a run of sweep point `point`, doing `what`."""
-        folder = point.folder if point is not None else None
-        return lambda elapsed_s, alive: self.emit(Event("tick", point=point, phase=what, elapsed_s=elapsed_s,
-                                                        alive=dict(alive), folder=folder))
-
-    def finished(self, point, record: dict) -> None:
-        """A point ended (done, skipped or failed)."""
-        from batchlab.lab.sweep_point import finished_line
-
-        self.emit(Event("finished", text=finished_line(point, record), point=point, record=record))
 
 
 def run_ticker(on_progress: OnProgress | None, folder: Path):

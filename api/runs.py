@@ -1,7 +1,7 @@
 """The API's single-run jobs: run (live processes), simulate (virtual time), tune (a knob search) and
 report (REPORT.md from run folders). Heavy imports happen inside the functions: importing the API is cheap
 and starts nothing."""
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,21 +78,26 @@ def _listlike(value: object) -> bool:
 
 
 def tune(settings: "RunConfig | Mapping | str | Path", *, grid: list[str] | None = None, out: str | Path = "results/tune",
-         confirm: int = 0, processes: int = 1, ray: str | None = None) -> dict:
+         confirm: int = 0, processes: int = 1, ray: str | None = None, on_ranked: Callable[[dict], None] | None = None,
+         on_progress: OnProgress | None = None) -> dict:
     """A strategy's knobs searched in the simulator for the highest goodput under the settings' SLOs (one
     schedule for every candidate); with `confirm` K, the best K run live. OUT/tune.json's record: its
     ranked "candidates" (rank, knobs, goodput, latency), the untuned "baseline" and "space" searched.
-    `grid`: ["KEY=V1,V2", ...] replaces a knob's default range. ConfigError without an SLO."""
+    `grid`: ["KEY=V1,V2", ...] replaces a knob's default range. ConfigError without an SLO. `on_ranked`:
+    the record once searched (before any live run); `on_progress`: a note as each live run starts, its ticks."""
     from batchlab.lab.fanout import Fanout
     from batchlab.lab.tune import run_tune
     from batchlab.protocol.settings import ConfigError
+    from batchlab.runner.launcher import launch_run
 
     cfg, _ = run_config(settings)
     if not cfg.slo:
         raise ConfigError("tune needs an SLO to rank by, e.g. slo: [ttft=500ms, tpot=50ms]")
     if confirm < 0:
         raise ConfigError("confirm must be ≥ 0")
-    return run_tune(cfg, grid or [], Path(out), confirm, Fanout(processes, ray))
+    return run_tune(cfg, grid or [], Path(out), confirm, Fanout(processes, ray), on_ranked=on_ranked,
+                    say=CallbackView(on_progress).note,
+                    run=lambda live: launch_run(live, on_tick=run_ticker(on_progress, Path(live.out))))
 
 
 def report(folder: str | Path, *, rate: float | None = None, slos: dict[str, float] | list[str] | None = None,

@@ -41,26 +41,17 @@ def calibrate(more_runs: MoreOpt = None, *, given: dict, from_runs: FromOpt = No
         calibrate_from(from_runs, kind=s.kind, form=s.form, out=s.out, name=name, weigh=s.weigh,
                        say=typer.echo, show=_print_from_runs)
         return
-    from batchlab.lab.calibrate_measure import FULL, QUICK
+    from batchlab.lab.calibrate_measure import FULL, QUICK, run_calibrate
 
     grid = replace(QUICK if s.quick else FULL)  # a copy: the options below must not change the module's grid
     if s.batch_sizes:
         grid.rows = [int(v) for v in s.batch_sizes.split(",")]
     if s.prompt_lens:
         grid.prompt_lens = [int(v) for v in s.prompt_lens.split(",")]
-    _run_calibrate(s.backend, s.model, s.device, s.dtype, s.mode, s.form, s.out, grid, name)
-
-
-def _run_calibrate(backend: str, model: str, device: str, dtype: str, mode: str, form: str, out: str, grid,
-                   name: str) -> dict:
-    """lab.calibrate_measure.run_calibrate, its progress, per-shape table and preset file printed."""
-    from batchlab.lab.calibrate_measure import run_calibrate
-
-    record = run_calibrate(backend, model, device, dtype, mode, form, out, grid, name, say=typer.echo,
+    record = run_calibrate(s.backend, s.model, s.device, s.dtype, s.mode, s.form, s.out, grid, name, say=typer.echo,
                            on_shape=_print_progress)
     _print_table(record["shapes"], record)
-    typer.echo(f"wrote {out} (use --preset {out})")
-    return record
+    typer.echo(f"wrote {s.out} (use --preset {s.out})")
 
 
 def _print_progress(shape: list) -> None:

@@ -17,35 +17,27 @@ Labels = Annotated[Optional[str], typer.Option("--strategy", help="only these gr
 Simulated = Annotated[bool, typer.Option("--simulate", help="search in virtual time (sim backend's model)")]
 
 
-def run_capacity_cmd(config: str, out: str | None, labels: list[str] | None, given: dict, simulated: bool,
-                     preset: str | None = None) -> dict:
-    """batchlab.api.capacity with the terminal's live view (a live search); capacity.json's content.
-    Simulated, capacity.json goes to `out` only when it is not None."""
-    from batchlab import api
-    from batchlab.cli.live import SweepView
-
-    if simulated:
-        return api.capacity(config, out, strategies=labels, simulated=True, preset=preset, **given).doc
-    with SweepView() as view:
-        return api.capacity(config, out, strategies=labels, on_progress=view, **given).doc
-
-
 @with_settings(*CapacitySettings.model_fields, schema=CapacitySettings, into="search")
 @with_settings("preset", custom={"preset": PRESET_PER_KIND})
 def capacity(config: Config, *, overrides: dict, search: dict, out: Out = None, strategy: Labels = None,
              simulate: Simulated = False) -> None:
     """Each strategy's saturated rate μ and capacity (served ≥ 99%, queue not growing, below μ, SLOs met
     by ≥ 90% with SLOs); a search option given here replaces the YAML's grid.rates.auto key."""
+    from batchlab import api
     from batchlab.cli import resumable
-    from batchlab.report.capacities import capacity_text
+    from batchlab.cli.live import SweepView
 
     out_given, out = out is not None, out or str(Path("results") / f"{Path(config).stem}-capacity")
     labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
     checked_group(CapacitySettings, search)  # a bad option is named as given, before the YAML is read
     with resumable(out):
-        doc = run_capacity_cmd(config, out if out_given or not simulate else None, labels, search, simulate,
-                               overrides["preset"])
-    for line in capacity_text(doc["strategies"]):
+        if simulate:  # capacity.json goes to `out` only when it was given
+            result = api.capacity(config, out if out_given else None, strategies=labels, simulated=True,
+                                  preset=overrides["preset"], **search)
+        else:
+            with SweepView() as view:
+                result = api.capacity(config, out, strategies=labels, on_progress=view, **search)
+    for line in result.lines():
         typer.echo(line)
     if not simulate:
         typer.echo(f"capacity.json and every probe's folder in {out}; batchlab report {out} plots the probes")

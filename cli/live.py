@@ -4,12 +4,14 @@ live line (rich); otherwise a plain line every LOG_INTERVAL_S, so a log shows th
 
 And a sweep's (SweepView): points done / left, and the running point's rate, queue, batch and throughput,
 read from the part files its collector writes every second (OUT/.parts/*.parquet)."""
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+import typer
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -19,7 +21,6 @@ from rich.text import Text
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
 from batchlab.lab.sweep_point import finished_line, load_text
-from batchlab.runner.launcher import launch_run
 
 LOG_INTERVAL_S = 5.0  # output not a terminal: one progress line this often
 READ_INTERVAL_S = 1.0  # progress.json is read at most this often
@@ -61,10 +62,9 @@ class Progress:
         c, phase = self.counts, self.phase(elapsed_s)
         since = elapsed_s - self.sending_since if self.sending_since is not None else 0.0
         dead = [n for n, a in alive.items() if not a]
-        load = f"{self.cfg.concurrency} clients" if self.cfg.concurrency else f"λ={self.cfg.rate:g} req/s"
         stop = (f"sent {c.get('arrived', 0)} of {self.cfg.num_requests}" if self.cfg.num_requests
                 else f"of {self.cfg.duration_s:g} s")  # a count stop: the duration is only its bound
-        return (f"{self.cfg.strategy}/{self.cfg.backend} {load}  {phase} "
+        return (f"{self.cfg.strategy}/{self.cfg.backend} {load_text(self.cfg)}  {phase} "
                 f"{since:5.1f} s {stop}  finished {c.get('finished', 0)} · in flight "
                 f"{c.get('in_flight', 0)} · queued {c.get('queued', 0)} · failed {c.get('failed', 0)}"
                 + (f"  (ended: {', '.join(dead)})" if dead else ""))
@@ -106,10 +106,25 @@ class RunStatus:
             self.console.print(f"{time.strftime('%H:%M:%S')} {self.progress.text(elapsed_s, alive)}", soft_wrap=True)
 
 
-def run_with_status(cfg: RunConfig) -> dict:
-    """launch_run with its progress: a live line on a terminal, else a logged line every few seconds."""
-    with RunStatus(cfg) as status:
-        return launch_run(cfg, on_tick=status.tick)
+class RunsStatus(contextlib.ExitStack):
+    """Runs one after another (tune's live confirmations) as a progress callback: a note (the next run
+    starts) ends the last run's RunStatus and is printed on stdout, then ticks show the new run's.
+    `cfg`: the runs' settings, their folders aside (each tick names its run's)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__()
+        self.cfg, self.status = cfg, None
+
+    def __call__(self, event) -> None:
+        """Print a note; show a tick (in its run's RunStatus, started at the run's first tick)."""
+        if event.kind == "note":
+            self.close()
+            self.status = None
+            typer.echo(event.text)
+        elif event.kind == "tick":
+            if self.status is None:
+                self.status = self.enter_context(RunStatus(self.cfg.model_copy(update={"out": str(event.folder)})))
+            self.status(event)
 
 
 PEEK_INTERVAL_S = 1.0  # the collector flushes parts once a second; reading faster gains nothing

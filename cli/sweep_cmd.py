@@ -27,21 +27,21 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
           ray_shared: Annotated[bool, typer.Option(
               help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
     """Run a grid of strategies × backends × rates × repeats, one real run per point."""
+    from batchlab import api
     from batchlab.cli import resumable
+    from batchlab.cli.live import SweepView
 
     out = out or str(Path("results") / Path(config).stem)
-    opts = None
+    opts, sets = None, parse_sets(set_)  # a bad --set: one line before the live view starts
     if ray is not None:
         from batchlab.lab.ray_sweep import RayOptions
 
         opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
-    with resumable(out):
-        index = run_sweep(config, out, resume=resume, sets=parse_sets(set_), ray=opts)
-    statuses = [p["status"] for p in index["points"]]
-    ok = len(statuses) - statuses.count("failed")
-    typer.echo(f"sweep in {out}: {ok} of {len(statuses)} points done, {statuses.count('failed')} failed "
+    with resumable(out), SweepView(figures=True) as view:
+        result = api.sweep(config, out, resume=resume, sets=sets, on_progress=view, ray=opts)
+    typer.echo(f"sweep in {out}: {result.measured} of {len(result.points)} points done, {result.failed} failed "
                f"(see {Path(out) / INDEX_FILE})")
-    if ok == 0:
+    if result.measured == 0:
         raise typer.Exit(code=1)
     _end_report(out)
 
@@ -58,11 +58,3 @@ def _end_report(out: str) -> None:
         typer.echo(f"no report: {exc}; the runs are in {out} (batchlab report {out} tries again)", err=True)
         raise typer.Exit(code=1) from None
 
-
-def run_sweep(config: str, out: str, *, resume: bool = True, sets: dict | None = None, ray=None) -> dict:
-    """batchlab.api.sweep with the terminal's live view (`ray`: its RayOptions); the sweep.json index."""
-    from batchlab import api
-    from batchlab.cli.live import SweepView
-
-    with SweepView(figures=True) as view:
-        return api.sweep(config, out, resume=resume, sets=sets, on_progress=view, ray=ray).index

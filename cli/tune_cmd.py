@@ -1,7 +1,7 @@
 """`batchlab tune`: search a strategy's knobs in the simulator for the highest goodput under an SLO, then
 (with --confirm K) run the best K live on the same schedule and set predicted beside measured.
 
-The search is lab.tune's; this command parses, confirms live and prints.
+The search is lab.tune's (through batchlab.api.tune); this command parses and prints.
 """
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,9 +10,8 @@ import typer
 
 from batchlab.cli.grammar import Processes, RayAddress
 from batchlab.cli.options import ConfigOpt, Opt, with_settings
-from batchlab.lab.fanout import Fanout
 from batchlab.lab.tune import COMPARED, knobs_text as _knobs_text, value_text as _value
-from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.protocol.settings import ConfigError
 
 DEFAULT_OUT = "results/tune"
 
@@ -38,21 +37,14 @@ def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confir
         raise ConfigError("batchlab tune needs an SLO to rank by, e.g. --slo ttft=500ms,tpot=50ms")
     if confirm < 0:
         raise ConfigError("--confirm must be ≥ 0")
-    run_tune(cfg, grid or [], Path(out), confirm, top, Fanout(processes, ray))
+    from batchlab import api
+    from batchlab.cli.live import RunsStatus
 
-
-def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, top: int = 20,
-             fanout: Fanout | None = None) -> dict:
-    """lab.tune.run_tune with the ranked table printed, each live confirmation's progress shown and the
-    predicted-vs-measured table at its end; OUT/tune.json's record."""
-    from batchlab.cli.live import run_with_status
-    from batchlab.lab.tune import run_tune as tune_run
-
-    record = tune_run(cfg, grid, out, confirm_k, fanout, on_ranked=lambda r: _print_ranked(r, top, out),
-                      say=typer.echo, run=run_with_status)
-    if confirm_k:
+    with RunsStatus(cfg) as status:  # each live confirmation's progress
+        record = api.tune(cfg, grid=grid, out=out, confirm=confirm, processes=processes, ray=ray,
+                          on_ranked=lambda r: _print_ranked(r, top, Path(out)), on_progress=status)
+    if confirm:
         _print_confirm(record["confirm"])
-    return record
 
 
 def _num(value: float | None, fmt: str = ".3f") -> str:

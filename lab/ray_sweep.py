@@ -18,7 +18,8 @@ from batchlab.runner.pool import worker_key
 from batchlab.lab.ray_cluster import connect
 from batchlab.lab.ray_actor import Ask, ask, declares_gpu_memory, refusals
 from batchlab.lab.sweep_plan import Plan, Point, SweepError, load_plan, plan_points
-from batchlab.lab.sweep_point import QuietView, preflight, refuse_old_layout, reused
+from batchlab.lab.progress import CallbackView
+from batchlab.lab.sweep_point import preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.settings import ConfigError
@@ -54,7 +55,7 @@ def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = Tru
                   plan: Plan | None = None, view=None) -> dict:
     """Every point of the grid on the cluster, skipping finished ones; returns the sweep.json index.
     `sets`: the sweep's --set overrides, as lab.sweep_plan.load_plan takes them; `plan`: the plan already
-    parsed (`config` then only names it); `view`: its progress (sweep_point.QuietView's methods; none shown
+    parsed (`config` then only names it); `view`: its progress (lab.progress.CallbackView's methods; none shown
     without one)."""
     plan, out_dir = plan or load_plan(config, sets), Path(out)
     if plan.auto:
@@ -69,7 +70,7 @@ def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = Tru
     ray = connect(opts.address)
     groups = _groups(points, plan.base, opts, ray.nodes())
     out_dir.mkdir(parents=True, exist_ok=True)
-    with contextlib.nullcontext(view or QuietView()) as view:
+    with contextlib.nullcontext(view or CallbackView(None)) as view:
         view.start(len(points))
         for i, p in enumerate(points):  # done points whose recorded configuration is the one planned now
             if (record := reused(p, plan.base, resume, view)) is not None:

@@ -21,7 +21,8 @@ from pathlib import Path
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR, point_dir
 from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, plan_points,
                                      span_rates, warm_order)
-from batchlab.lab.sweep_point import QuietView, execute, preflight, refuse_old_layout, reused
+from batchlab.lab.progress import CallbackView
+from batchlab.lab.sweep_point import execute, preflight, refuse_old_layout, reused
 from batchlab.protocol.files import write_json_atomic
 from batchlab.report.headline import BASELINE, Headline
 from batchlab.runner.pool import PoolKeeper, worker_key
@@ -55,9 +56,9 @@ def run_sweep(config: "str | Path | Plan", out: str | Path, *, resume: bool = Tr
     """Every point of the grid (`config`: its YAML or the parsed Plan), skipping finished ones; returns the
     sweep.json index. Points that share their workers' settings run on the same warm workers (runner.pool):
     in the plan's order with every group's workers kept warm (interleaved), or group after group (grouped).
-    `sets`: --set overrides of a YAML; `view`: its progress (sweep_point.QuietView's methods; none shown
+    `sets`: --set overrides of a YAML; `view`: its progress (lab.progress.CallbackView's methods; none shown
     without one); `source`: the YAML a parsed Plan came from, for the index."""
-    view = view or QuietView()
+    view = view or CallbackView(None)
     plan = config if isinstance(config, Plan) else load_plan(config, sets)
     source = source if source is not None else "" if isinstance(config, Plan) else str(config)
     out_dir = Path(out)

@@ -28,23 +28,6 @@ def _failure_reason(exc: Exception, folder: Path) -> str:
     return "\n".join([f"{type(exc).__name__}: {exc}", *hints])
 
 
-class QuietView:
-    """A sweep's progress, shown nowhere: the methods a view has (the terminal's: cli.live.SweepView)."""
-
-    def start(self, n_points: int) -> None:
-        """The grid is known: n_points to go."""
-
-    def ticker(self, point, what: str):
-        """An on_tick callback for launch_run."""
-        return lambda elapsed_s, alive: None
-
-    def note(self, line: str) -> None:
-        """A line above the progress."""
-
-    def finished(self, point, record: dict) -> None:
-        """A point ended with `record`."""
-
-
 def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None,
             pools: PoolKeeper | None = None) -> dict:
     """Run one point into a clean folder; a failure becomes FAILED.txt, never an exception.

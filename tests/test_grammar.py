@@ -1,11 +1,12 @@
 """One settings grammar: SLO comma lists everywhere, <bool> flags take true/false, --version, sweep --set."""
 import json
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from batchlab.cli import sweep_cmd
+from batchlab import api
 from batchlab.runner.config import checked_config
 from batchlab.cli.grammar import bool_words
 from batchlab.cli.main import app
@@ -90,7 +91,8 @@ def test_a_bad_sweep_set_is_one_line_and_exit_1(tmp_path):
 
 def test_sweep_passes_its_sets_to_the_sweep(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr(sweep_cmd, "run_sweep", lambda config, out, **kw: calls.append(kw) or {"points": []})
+    monkeypatch.setattr(api, "sweep", lambda config, out, on_progress, **kw: calls.append(kw) or
+                        api.SweepResult(Path(out), {"points": []}))
     runner.invoke(app, ["sweep", "x.yaml", "--set", "duration_s=2", "--set", "grid.repeats=3",
                         "--out", str(tmp_path)])
     assert calls == [{"resume": True, "sets": {"duration_s": 2, "grid.repeats": 3}, "ray": None}]

@@ -29,7 +29,7 @@ FAST = {"backend": "sim", "dataset": "synthetic", "rate": 20.0, "duration_s": 1.
 def _nothing_launched():
     """No process may start inside (launch_run fails the test); yields the CPU seconds spent so far. CPU
     time, not wall time: the check's own work, whatever else shares the machine."""
-    import batchlab.cli.live as launcher  # where `run` calls launch_run
+    import batchlab.runner.launcher as launcher  # where `run` (batchlab.api.run) takes launch_run from
 
     def launched(*_args, **_kwargs):
         raise AssertionError("a run was launched before its settings were checked")

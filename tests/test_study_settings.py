@@ -8,6 +8,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from batchlab.api import CapacityResult
 from batchlab.cli.main import app
 from batchlab.protocol.settings import RunConfig, option_name
 from batchlab.protocol.study_settings import AutoRates, AutoRepeats, CalibrateSettings, CapacitySettings, Grid
@@ -34,11 +35,11 @@ def searched(monkeypatch):
     """The search options `batchlab capacity` hands on (the search itself not run)."""
     seen = {}
 
-    def fake(config, out, labels, given, simulated, preset=None):
+    def fake(config, out, *, strategies=None, simulated=False, preset=None, on_progress=None, **given):
         seen.update(given, preset=preset)
-        return {"strategies": {}}
+        return CapacityResult({"strategies": {}}, None)
 
-    monkeypatch.setattr("batchlab.cli.capacity_cmd.run_capacity_cmd", fake)
+    monkeypatch.setattr("batchlab.api.capacity", fake)
     return seen
 
 

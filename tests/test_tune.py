@@ -8,9 +8,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from batchlab import api
 from batchlab.runner.config import checked_config
 from batchlab.cli.main import app
-from batchlab.cli.tune_cmd import run_tune
 from batchlab.lab.tune import MAX_CANDIDATES, SIZES, WAITS_MS, candidates, default_space, parse_grid, search_space
 from batchlab.protocol.settings import ConfigError
 from batchlab.scheduler.policies import Continuous, Dynamic, Naive
@@ -85,7 +85,7 @@ def test_too_many_candidates_are_refused_before_any_simulation():
 
 def test_the_best_candidate_beats_every_other_and_the_untuned_knobs(tmp_path):
     cfg = checked_config({}, TRAFFIC)
-    record = run_tune(cfg, [], tmp_path, confirm_k=0)
+    record = api.tune(cfg, out=tmp_path)
     ranked = record["candidates"]
     assert len(ranked) == len(SIZES) * len(WAITS_MS)
     goodputs = [c["goodput"] for c in ranked]
