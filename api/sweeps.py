@@ -30,7 +30,7 @@ def plan_of(plan: "Plan | Mapping | str | Path", sets: dict | None = None) -> tu
 
 def _out_dir(out: str | Path | None, source: str, suffix: str = "") -> Path:
     """`out`, else results/<the YAML's name><suffix>; a plan given as a mapping must name its folder."""
-    from batchlab.lab.sweep_grid import SweepError
+    from batchlab.lab.sweep_plan import SweepError
 
     if out is not None:
         return Path(out)
