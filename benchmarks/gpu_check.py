@@ -108,8 +108,7 @@ def calibrate(model: str, mode: str, args, out: Path) -> dict:
 
 def simulate_plan(plan_file: Path, presets: dict, out: Path) -> list[dict]:
     """The plan in virtual time with the sweep model's presets: a row per point."""
-    from batchlab.lab.sim_plan import plan_simulation
-    from batchlab.lab.sim_run import run_simulation
+    from batchlab.lab.simulate import plan_simulation, run_simulation
 
     preset = ",".join(f"{KIND[mode]}={path}" for mode, path in presets.items())
     results = run_simulation(plan_simulation(str(plan_file), {"preset": preset, "out": str(out)}))

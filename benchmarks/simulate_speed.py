@@ -15,8 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchlab.lab.sweep_plan import Point  # noqa: E402
-from batchlab.lab.sim_plan import plan_simulation  # noqa: E402
-from batchlab.lab.sim_run import run_simulation  # noqa: E402
+from batchlab.lab.simulate import plan_simulation, run_simulation  # noqa: E402
 from batchlab.collector.summary import Summary  # noqa: E402
 
 GOAL_WALL_S = 5.0

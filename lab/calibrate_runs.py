@@ -2,7 +2,7 @@
 (worker.run_steps).
 
 A RUN_DIR is a run folder (summary.json) or a folder holding some (a sweep: every point under it).
-The runs must share one backend kind (hf static, hf-loop, vllm or sim: lab.sim_plan' kinds), chosen
+The runs must share one backend kind (hf static, hf-loop, vllm or sim: lab.simulate's kinds), chosen
 with --kind when the folders hold several; their constants (weights, KV bytes per token, padding,
 fusion, the per-step token budget) come from what the worker reported in the run's settings.
 
@@ -29,7 +29,7 @@ import pandas as pd
 from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, SATURATED_DIR, WORKERS_DIR
 from batchlab.collector.summary import read_summary
 from batchlab.lab.calibrate import Constants, model_from_terms, nnls
-from batchlab.lab.sim_plan import CALIBRATED_KIND
+from batchlab.lab.simulate import CALIBRATED_KIND
 from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
 from batchlab.protocol.setting_groups import BatchlabError
 from batchlab.simulator.replay import predict_steps

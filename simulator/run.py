@@ -1,5 +1,5 @@
 """One simulated run from a RunConfig: the live run's schedule, policy and step model in virtual time.
-Pure: it writes no file (lab.sim_run writes a run folder from its tables)."""
+Pure: it writes no file (lab.simulate writes a run folder from its tables)."""
 from batchlab.collector.tables import Tables
 from batchlab.protocol import WorkerHello
 from batchlab.protocol.identity import config_hash, run_settings

@@ -6,7 +6,7 @@ import yaml
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.lab.sim_run import simulate_run
+from batchlab.lab.simulate import simulate_run
 from batchlab.protocol.settings import RunConfig
 from batchlab.worker.stepmodel import StepModel, get_preset, save_preset
 
