@@ -1,6 +1,6 @@
 """Discrete-event simulator: the live run's schedule, policies and step model, played in virtual time.
 
-    simulator.engine.Simulation(policy, model, hellos, schedule_frame, settings=...).run() -> RunStore
+    simulator.run.Simulation(policy, model, hellos, schedule_frame, settings=...).run() -> RunStore
     simulator.run.simulate(cfg, schedule) -> collector.tables.Tables        (nothing written)
     simulator.fidelity.add_run_fidelity(run_dir) -> a live sim/echo run's timing fidelity (post-processing)
 
