@@ -15,7 +15,7 @@ from batchlab.protocol.setting_groups import BatchlabError, ConfigError
 _LAZY = {  # name → its module, imported on first use (keeps `import batchlab.api` light)
     "RunConfig": "batchlab.protocol.settings", "Summary": "batchlab.collector.summary",
     "SummaryError": "batchlab.collector.summary", "Plan": "batchlab.lab.sweep_plan",
-    "SweepError": "batchlab.lab.sweep_grid", "RunFailed": "batchlab.runner.launcher",
+    "SweepError": "batchlab.lab.sweep_plan", "RunFailed": "batchlab.runner.launcher",
     "RunTimeout": "batchlab.runner.launcher", "ReportError": "batchlab.report.points",
     "Report": "batchlab.report.build", "DatasetError": "batchlab.traffic.datasets",
     "BackendError": "batchlab.worker.backend",

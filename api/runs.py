@@ -61,8 +61,7 @@ def simulate(config: str | Path | None = None, *, on_progress: OnProgress | None
     YAML; `settings` lay RunConfig fields over it (`strategy` and `rate` may be lists, or comma text, and
     replace the grid's; `out` is where it goes, default runs/simulated). A "finished" Event per point."""
     from batchlab.lab.fanout import Fanout
-    from batchlab.lab.sim_plan import plan_simulation
-    from batchlab.lab.sim_run import run_simulation
+    from batchlab.lab.simulate import plan_simulation, run_simulation
 
     overrides = {k: ",".join(map(str, v)) if k in ("strategy", "rate") and _listlike(v) else v
                  for k, v in settings.items()}

@@ -30,7 +30,7 @@ def plan_of(plan: "Plan | Mapping | str | Path", sets: dict | None = None) -> tu
 
 def _out_dir(out: str | Path | None, source: str, suffix: str = "") -> Path:
     """`out`, else results/<the YAML's name><suffix>; a plan given as a mapping must name its folder."""
-    from batchlab.lab.sweep_grid import SweepError
+    from batchlab.lab.sweep_plan import SweepError
 
     if out is not None:
         return Path(out)
@@ -79,7 +79,7 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     settings = checked_auto({**(plan.auto.model_dump() if plan.auto else {}),
                              **{k: v for k, v in search.items() if v is not None}}, "capacity options")
     if simulated:
-        from batchlab.lab.sim_plan import assign_presets
+        from batchlab.lab.simulate import assign_presets
 
         plan.base.update({"preset": preset} if preset else {})
         assign_presets(plan)  # each entry plays its own backend's step model, as in `simulate`

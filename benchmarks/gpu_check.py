@@ -42,7 +42,7 @@ def slug(model: str) -> str:
 
 def calibration_grid(dry_run: bool):
     """The shapes to measure: a GPU grid up to full.yaml's batch and prompt caps, or a tiny one."""
-    from batchlab.lab.calibrate_measure import Grid
+    from batchlab.lab.calibrate import Grid
 
     if dry_run:
         return Grid([1, 2], [8, 16], steps=4, max_tokens=64, min_rounds=2, max_rounds=2)
@@ -103,7 +103,7 @@ class Phases:
 
 def calibrate(model: str, mode: str, args, out: Path) -> dict:
     """One in-process calibration of the HF worker; its record (the preset is written to `out`)."""
-    from batchlab.lab.calibrate_measure import run_calibrate
+    from batchlab.lab.calibrate import run_calibrate
 
     return run_calibrate("hf", model, args.device, "auto", mode, "auto", str(out),
                          calibration_grid(args.dry_run), out.stem)
@@ -150,7 +150,7 @@ def split(sweep: Path, presets: dict, out: Path) -> dict:
 
 def calibrate_from_sweep(sweep: Path, out_dir: Path) -> dict:
     """`calibrate --from` the sweep's runs, one preset per kind: the fit with the live run's contention."""
-    from batchlab.lab.calibrate_from import calibrate_from
+    from batchlab.lab.calibrate_runs import calibrate_from
 
     return {kind: calibrate_from([str(sweep)], kind=kind, form="auto", out=str(out_dir / f"from-runs-{kind}.yaml"),
                                  name=f"from-runs-{kind}") for kind in ("hf", "hf-loop")}

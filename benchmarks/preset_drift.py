@@ -11,8 +11,7 @@ import random
 import statistics
 import sys
 
-from batchlab.worker.calibrate import errors
-from batchlab.lab.calibrate_measure import Grid, measure_shape
+from batchlab.lab.calibrate import Grid, errors, measure_shape
 import yaml
 
 from batchlab.worker.stepmodel import PRESET_DIR, get_preset

@@ -11,8 +11,7 @@ import tempfile
 import time
 
 from batchlab.lab.sweep_plan import Point
-from batchlab.lab.sim_plan import plan_simulation
-from batchlab.lab.sim_run import run_simulation
+from batchlab.lab.simulate import plan_simulation, run_simulation
 from batchlab.collector.summary import Summary
 
 GOAL_WALL_S = 5.0

@@ -4,7 +4,7 @@
     batchlab calibrate --from results/cpu --kind hf-loop --out presets/hf-loop.yaml   # from live runs
 
 The first measures a warm backend in this process over a grid (a clean machine's step times); the second
-fits the steps live workers executed in runs (lab.calibrate_from), contention and every real cost included.
+fits the steps live workers executed in runs (lab.calibrate_runs), contention and every real cost included.
 
 The preset file is accepted wherever a preset name is (`--preset PATH`: simulate, tune, the sim worker).
 """
@@ -36,12 +36,12 @@ def calibrate(more_runs: MoreOpt = None, *, given: dict, from_runs: FromOpt = No
     name = s.name or Path(s.out).stem
     from_runs = [*(from_runs or []), *(more_runs or [])]
     if from_runs:
-        from batchlab.lab.calibrate_from import calibrate_from
+        from batchlab.lab.calibrate_runs import calibrate_from
 
         calibrate_from(from_runs, kind=s.kind, form=s.form, out=s.out, name=name, weigh=s.weigh,
                        say=typer.echo, show=_print_from_runs)
         return
-    from batchlab.lab.calibrate_measure import FULL, QUICK, run_calibrate
+    from batchlab.lab.calibrate import FULL, QUICK, run_calibrate
 
     grid = replace(QUICK if s.quick else FULL)  # a copy: the options below must not change the module's grid
     if s.batch_sizes:

@@ -1,18 +1,55 @@
 """A sweep's plan: the YAML grid (base: and grid:) parsed into points. Pure: no runs, no I/O but the file.
 
+The `grid:` section is read into its typed settings (protocol.study_settings), checked as a whole before
+anything runs: an unknown key, here or under `rates: {auto: ...}` / `repeats: {auto: ...}`, is refused with
+its close match.
+
 Layout of a sweep folder: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic
 rates) and OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each); the names live in collector.layout.
 """
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from batchlab.runner.config import checked_config
-from batchlab.lab.sweep_grid import (AutoRates, AutoRepeats, SweepError, checked_auto, parse_grid,  # noqa: F401
-                                     underscored)
 from batchlab.collector.layout import POINT_DEPTH, point_dir
+from batchlab.protocol.setting_groups import BatchlabError
 from batchlab.protocol.settings import DEFAULT_RATE, VLLM, ConfigError, RunConfig, load_yaml, vllm_rule
+from batchlab.protocol.study_settings import GRID_KEYS, AutoRates, AutoRepeats, Grid, underscored
 from batchlab.scheduler.strategies import label as strategy_label
+
+
+class SweepError(BatchlabError, ValueError):
+    """A sweep that cannot run; the CLI prints it as one line and exits 1."""
+
+
+def parse_grid(raw: dict, where: object) -> Grid:
+    """The grid, or SweepError naming the key: an unknown one with its close matches."""
+    try:
+        return Grid(**raw)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        loc = [str(k).replace("_auto", ".auto") for k in error["loc"] if isinstance(k, str)]
+        if error["type"] == "extra_forbidden":
+            *section, key = loc
+            model = {"rates.auto": AutoRates, "repeats.auto": AutoRepeats}.get(".".join(section))
+            known = sorted(model.model_fields) if model else GRID_KEYS
+            close = difflib.get_close_matches(key, known, n=2)
+            hint = f"did you mean {', '.join(close)}?" if close else f"expected {', '.join(known)}"
+            raise SweepError(f"{where}: unknown {'.'.join(['grid', *section])} key {key} ({hint})") from None
+        if error["type"] == "value_error":
+            raise SweepError(f"{where}: {error['ctx']['error']}") from None
+        said = ".".join(k for k in loc if k[0].islower() and "[" not in k)
+        raise SweepError(f"{where}: grid.{said}: {error['msg'].lower()}, got {error.get('input')!r}") from None
+
+
+def checked_auto(values: dict, where: str) -> AutoRates:
+    """grid.rates.auto's settings from `values`, or the one-line SweepError."""
+    return parse_grid({"rates": {"auto": values}}, where).rates_auto
+
 
 @dataclass(slots=True)
 class Entry:

@@ -136,7 +136,7 @@ def figures(summary: Summary) -> dict:
 
 def write_predicted(cfg: RunConfig, schedule, best: list[tuple[dict, dict]], out: Path) -> None:
     """The best candidates' simulated runs as run folders (OUT/predicted-<k>/), beside OUT/confirm-<k>/."""
-    from batchlab.lab.sim_run import simulate_run
+    from batchlab.lab.simulate import simulate_run
 
     for k, (knobs, _) in enumerate(best, start=1):
         run = with_knobs(cfg, knobs).model_copy(update={"out": str(out / f"predicted-{k}")})

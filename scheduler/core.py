@@ -6,7 +6,7 @@
     records    drain() -> the terminal RequestFailed records it decided, for the collector
 
 Every method is given the time (`now`, seconds): the ZeroMQ process (scheduler/process.py) passes its
-monotonic clock, the simulator (simulator/engine.py) virtual time, benchmarks/compare_cpu.py
+monotonic clock, the simulator (simulator/run.py) virtual time, benchmarks/compare_cpu.py
 its own. A request the core holds leaves it launched (the worker then decides how it ends) or failed:
 nothing vanishes.
 """

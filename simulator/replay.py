@@ -10,14 +10,24 @@ run's own times back. Pure: frames in, frames and a summary out.
 import bisect
 
 import numpy as np
+import pandas as pd
 
 from batchlab.collector.metrics import summarize
-from batchlab.worker.calibrate_runs import predict_steps
 from batchlab.worker.run_steps import RunSteps
 from batchlab.worker.stepmodel import StepModel
 
 
 REACTION_S = 0.02  # a dispatch this soon after one of its worker's step ends answered that step (measured ≤ 8 ms)
+
+
+def predict_steps(model: StepModel, steps: pd.DataFrame) -> np.ndarray:
+    """The model's duration of each executed step (or shape), as the simulator prices it."""
+    out = np.empty(len(steps))
+    for i, s in enumerate(steps.itertuples(index=False)):
+        decode = model.decode_step_s(s.decode_context, int(s.decode_rows)) if s.decode_rows else 0.0
+        prefill = model.prefill_s(s.prefill_tokens, int(s.prefill_rows), s.prefill_pairs) if s.prefill_tokens else 0.0
+        out[i] = model.fused_s(decode, prefill)
+    return out
 
 
 def ready_times(run: RunSteps) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from batchlab.worker.calibrate import Sample, fit_model, held_out_errors, predict, settle, spread
+from batchlab.lab.calibrate import Sample, fit_model, held_out_errors, predict, settle, spread
 from batchlab.worker.stepmodel import StepModel, get_preset, load_preset, save_preset
 
 # a CPU with known terms (seconds): what a synthetic "measurement" returns

@@ -6,7 +6,7 @@ import yaml
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.lab.sim_run import simulate_run
+from batchlab.lab.simulate import simulate_run
 from batchlab.protocol.settings import RunConfig
 from batchlab.worker.stepmodel import StepModel, get_preset, save_preset
 
@@ -75,7 +75,7 @@ def test_a_live_sim_workers_steps_give_back_its_model(tmp_path, continuous_prese
     """Real processes and clocks: the fitted model prices the run's own steps like the model that played them,
     within the worker's dispatch and sleep slack (a few ms a step, always late). The session's shared run:
     continuous at 4 req/s for 6 s, 24 new tokens, every term of its model non-zero."""
-    from batchlab.worker.calibrate_runs import predict_steps
+    from batchlab.simulator.replay import predict_steps
     from batchlab.worker.run_steps import read_run_steps
 
     run, preset = continuous_preset_run

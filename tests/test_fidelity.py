@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from batchlab.runner.launcher import launch_run
-from batchlab.lab.sim_run import simulate_run
+from batchlab.lab.simulate import simulate_run
 from batchlab.collector.store import RunStore
 from batchlab.collector.summary import write_summary
 from batchlab.protocol.settings import ConfigError, RunConfig

@@ -48,7 +48,7 @@ def test_the_report_names_missing_modules_and_every_phase():
 
 def test_the_check_calibrates_each_mode_through_the_calibrate_command(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr("batchlab.lab.calibrate_measure.run_calibrate", lambda *a: calls.append(a) or {"wall_s": 1.0})
+    monkeypatch.setattr("batchlab.lab.calibrate.run_calibrate", lambda *a: calls.append(a) or {"wall_s": 1.0})
     args, out = gpu_check.parse_args(["--device", "cpu", "--dry-run"]), tmp_path / "tiny-mistral-hf-loop.yaml"
     assert gpu_check.calibrate("tiny-mistral", "continuous", args, out) == {"wall_s": 1.0}
     assert calls == [("hf", "tiny-mistral", "cpu", "auto", "continuous", "auto", str(out),

@@ -83,7 +83,7 @@ def test_sender_lag_counts_from_the_most_punctual_request():
 
 def test_batchlab_throughput_is_the_summarys_definition(tmp_path):
     """Output tok/s over the window from the first arrival (collector.metrics), not from the run's t0."""
-    from batchlab.lab.sim_run import simulate_run
+    from batchlab.lab.simulate import simulate_run
     from batchlab.collector.metrics import summarize
     from batchlab.collector.summary import write_summary
     from batchlab.protocol.settings import RunConfig

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from batchlab.cli.main import app
 from batchlab.runner import run_folder
 from batchlab.runner.run_folder import ROLE_FILES, RunRecord, claim, new_folder, release
-from batchlab.lab.sim_run import simulate_run
+from batchlab.lab.simulate import simulate_run
 from batchlab.lab.sweep_plan import Entry, Point
 from batchlab.lab.sweep_point import stale_point
 from batchlab.report.points import ReportError, load_collection

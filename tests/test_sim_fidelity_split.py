@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from batchlab.lab.sim_run import simulate_run
+from batchlab.lab.simulate import simulate_run
 from batchlab.collector.summary import read_summary
 from batchlab.protocol.settings import RunConfig
 from batchlab.worker.stepmodel import StepModel, save_preset

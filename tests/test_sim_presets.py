@@ -3,7 +3,7 @@ import yaml
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.lab.sim_plan import parse_presets
+from batchlab.lab.simulate import parse_presets
 from batchlab.worker.stepmodel import get_preset, save_preset
 from batchlab.collector.layout import point_dir
 

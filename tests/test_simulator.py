@@ -14,7 +14,7 @@ import pytest
 from batchlab.collector.store import RunStore
 from batchlab.protocol import WorkerHello
 from batchlab.scheduler.policies import Continuous, Dynamic, Naive
-from batchlab.simulator.engine import Simulation
+from batchlab.simulator.run import Simulation
 from batchlab.simulator.record import build_tables
 from batchlab.worker.stepmodel import StepModel
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batchlab.lab.sim_plan import plan_simulation
-from batchlab.lab.sim_run import run_simulation
+from batchlab.lab.simulate import plan_simulation, run_simulation
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sim-shapes.yaml"
 SUSTAINED_FRACTION = 0.9

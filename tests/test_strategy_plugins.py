@@ -115,7 +115,7 @@ def test_an_entry_point_names_a_strategy(monkeypatch):
 
 
 def test_simulate_checks_strategy_args_against_the_strategy_given_on_the_command_line(examples_on_path):
-    from batchlab.lab.sim_plan import plan_simulation
+    from batchlab.lab.simulate import plan_simulation
     sim = plan_simulation(None, {"strategy": PLUGIN, "strategy_args": ["max_batch_tokens=600"], "rate": "20"})
     assert [e.overrides["strategy"] for e in sim.plan.entries] == [PLUGIN]
     assert sim.plan.base["strategy_args"] == ["max_batch_tokens=600"]

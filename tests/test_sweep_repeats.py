@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.lab.sim_run import simulate_run
+from batchlab.lab.simulate import simulate_run
 from batchlab.lab.sweep_plan import SweepError, load_plan
 from batchlab.lab.sweep import MIN_REPEATS, run_more_repeats
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE
