@@ -11,7 +11,7 @@ from batchlab.api.progress import CallbackView, OnProgress
 from batchlab.api.results import CapacityResult, SweepResult
 
 if TYPE_CHECKING:
-    from batchlab.lab.sweep_plan import Plan, Point
+    from batchlab.lab.sweep_plan import Plan
 
 
 def plan_of(plan: "Plan | Mapping | str | Path", sets: dict | None = None) -> tuple["Plan", str]:
