@@ -6,7 +6,6 @@ The search is lab.tune's (through batchlab.api.tune); this command parses and pr
 from pathlib import Path
 from typing import Annotated, Optional
 
-
 from batchlab.cli.grammar import Processes, RayAddress
 from batchlab.cli.options import ConfigOpt, Opt, with_settings
 from batchlab.lab.tune import COMPARED, knobs_text as _knobs_text, value_text as _value
