@@ -1,19 +1,27 @@
 """A run's settings by group, each field declared once: its default, type, bounds, help text and unit (a
 group's title is its --help panel). `protocol.settings.RunConfig` composes the groups, `cli.options` makes
-every option from them, and pydantic checks them (strictly: a string is no number, a bool no count)."""
+every option from them, and pydantic checks them (strictly: a string is no number, a bool no count).
+Beside them: the SLO grammar ('ttft=500ms', comma lists, to seconds: one for every command) and the defaults
+of how a run's load stops and is paced (protocol.settings merges them: a count-only stop, the closed loop)."""
 import math
 import numbers
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
-from batchlab.protocol.load_stops import CLOSED_LOOP_CONFLICT, DEFAULT_DURATION_S
 from batchlab.protocol.plugins import BACKEND_GROUP, entry_point_names
 
 BACKENDS = ("sim", "echo", "hf", "vllm", "openai")  # the built-in backends (worker.factory); plugins by name too
 MAX_ROWS = 1 << 20  # a message's longest list (protocol.codec.MAX_ARRAY_LEN): a batch of more cannot be sent
 DEFAULT_RATE = 10.0  # requests/s
+DEFAULT_DURATION_S = 10.0  # ScheduleSettings' duration_s
+CLOSED_LOOP_COUNT_DURATION_S = 3600.0  # closed loop, --num-requests without --duration: the count alone stops it
+CLOSED_LOOP_CONFLICT = ("--concurrency N (closed loop: each client sends when its last request ended) does not go "
+                        "with --rate or --arrival (open loop): give one or the other")
+SLO_NAMES = ("ttft", "tpot", "e2e", "queue_wait")
+UNITS_S = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
 Int = Annotated[int, Field(lt=2**63)]  # every count fits an int64 (a message's integers)
 Lengths = str | int | list | dict  # 128, "32-512", "64,128,256", [64, 128], "lognormal:mean=256", {dist: ...}
 
@@ -64,6 +72,27 @@ def parse_bytes(text: str) -> int:
 def refuse(message: str) -> PydanticCustomError:
     """A rule's failure: its message becomes the ConfigError's line as written."""
     return PydanticCustomError("config", message)
+
+
+def slo_items(items: object) -> list[str]:
+    """'ttft=1s,tpot=50ms' or ['ttft=1s,tpot=50ms', 'e2e=5s'] → one item per SLO (comma lists split)."""
+    items = [items] if isinstance(items, str) else list(items or [])
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+
+def parse_slos(items: list[str]) -> dict[str, float]:
+    """['ttft=500ms', 'tpot=50ms'] or ['ttft=500ms,tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds; no
+    unit: ms); ValueError on a bad item, naming it."""
+    slos = {}
+    for item in slo_items(items):
+        match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9.eE+-]+)\s*(ms|s|us)?\s*", str(item))
+        if not match or match.group(1) not in SLO_NAMES:
+            raise ValueError(f"--slo {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")
+        try:
+            slos[match.group(1)] = float(match.group(2)) * UNITS_S[match.group(3) or "ms"]
+        except ValueError:
+            raise ValueError(f"--slo {item!r}: {match.group(2)!r} is not a number") from None
+    return slos
 
 
 class Group(BaseModel):
@@ -240,8 +269,6 @@ class CollectorSettings(Group, title="Collector"):
     @field_validator("slo")
     @classmethod
     def _slos(cls, slo: list) -> list:
-        from batchlab.protocol.slos import parse_slos
-
         parse_slos(slo)
         return slo
 

@@ -4,18 +4,20 @@ The project's shared vocabulary, at the bottom of the layers: every package may 
 needs the front end (`cli`) for it. RunConfig composes the groups of protocol.setting_groups, where every
 field is declared once; pydantic checks them, and its errors become one ConfigError line. Which strategy
 names exist is the scheduler's business (`scheduler.strategies.resolve`), checked where the front end
-composes a run.
+composes a run. Merging the layers also settles how the load stops and is paced beside the rate: a
+count-only stop's duration (count_duration_s) and the closed loop's terms (closed_loop_terms).
 """
 import difflib
+import math
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ValidationError, model_validator
 
-from batchlab.protocol.load_stops import CLOSED_LOOP_CONFLICT, closed_loop_terms, count_duration_s
-from batchlab.protocol.setting_groups import (DEFAULT_RATE, GROUPS, ConfigError, ScheduleSettings,  # noqa: F401
-                                              parse_bytes, refuse)
-from batchlab.protocol.slos import SLO_NAMES, UNITS_S, parse_slos, slo_items  # noqa: F401 (re-exported)
+from batchlab.protocol.setting_groups import (CLOSED_LOOP_CONFLICT, CLOSED_LOOP_COUNT_DURATION_S,  # noqa: F401
+                                              DEFAULT_DURATION_S, DEFAULT_RATE, GROUPS, SLO_NAMES, UNITS_S,
+                                              ConfigError, ScheduleSettings, parse_bytes, parse_slos, refuse,
+                                              slo_items)
 
 # The settings a schedule is built from: a replayed schedule brings its own.
 TRAFFIC_FIELDS = tuple(ScheduleSettings.model_fields)
@@ -153,6 +155,33 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
         merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", DEFAULT_RATE),
                                                 merged.get("burstiness", 1.0))
     return RunConfig(**merged)
+
+
+def closed_loop_terms(merged: dict) -> bool:
+    """Closed loop decides send times online, so a rate or an arrival process beside it is refused (False);
+    else the merged settings get rate inf (no planned times: every request is ready at t = 0, the clients
+    take them in order) and, for --num-requests alone, a duration that leaves the count to stop the run."""
+    rate, arrival = merged.get("rate"), merged.get("arrival", "poisson")
+    rate_inf = rate is None or str(rate).strip().lower() in ("inf", "+inf", "infinity")
+    if not rate_inf or arrival != "poisson":
+        return False
+    merged["rate"] = math.inf
+    if merged.get("num_requests") and "duration_s" not in merged:
+        merged["duration_s"] = CLOSED_LOOP_COUNT_DURATION_S
+    return True
+
+
+def count_duration_s(num_requests: object, rate: object, burstiness: object) -> float:
+    """A duration that holds `num_requests` arrivals at `rate` all but surely (their mean time plus 8
+    standard deviations of a gamma process, s): --num-requests without --duration is a count-only stop.
+    rate inf (all at t = 0) or a rate that is no number: the default duration (DEFAULT_DURATION_S)."""
+    try:
+        n, rate_f, shape = float(num_requests), float(rate), min(float(burstiness), 1.0)
+        if not (rate_f > 0 and math.isfinite(rate_f) and n > 0 and shape > 0):
+            return DEFAULT_DURATION_S
+        return float(f"{(n + 8 * math.sqrt(n / shape) + 1) / rate_f:.4g}")
+    except (TypeError, ValueError):
+        return DEFAULT_DURATION_S
 
 
 def parse_strategy_args(given: object) -> dict:

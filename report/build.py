@@ -4,7 +4,7 @@ from pathlib import Path
 
 from batchlab.report.output import link_problems, write_text
 from batchlab.report.points import Collection, ReportError, load_collection
-from batchlab.protocol.slos import parse_slos as parse_slo_items
+from batchlab.protocol.setting_groups import parse_slos as parse_slo_items
 
 REPORT_FILE = "REPORT.md"
 

@@ -20,7 +20,7 @@ from batchlab.runner.procs import Child
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.sockets import Addresses
 from batchlab.scheduler.strategies import resolve
-from batchlab.worker.sessions import Session
+from batchlab.worker.process import Session
 
 log = logging.getLogger("batchlab.pool")
 

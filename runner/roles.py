@@ -61,7 +61,7 @@ def warm_worker_role(cfg: RunConfig, worker_id: str, sessions, on_run_log=None) 
     """A worker kept warm across runs (a sweep's points that share its settings): the backend is built
     once from `cfg`, then joins each run that `sessions` (a multiprocessing queue) hands it."""
     from batchlab.worker.factory import make_backend
-    from batchlab.worker.sessions import serve_sessions
+    from batchlab.worker.process import serve_sessions
 
     def on_session(session) -> None:
         setup_logging(session.out_dir, worker_id)

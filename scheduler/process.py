@@ -1,5 +1,12 @@
 """The scheduler process: the ZeroMQ edge around SchedulerCore (scheduler/core.py), which holds every
-rule about requests; this file moves messages, reads the clock and watches liveness."""
+rule about requests; this file moves messages, reads the clock and watches liveness.
+
+Its gate (TrafficGate) says who may submit requests, and which: the traffic that announced its schedule (the
+first TrafficHello), and of its requests only the ids its schedule holds (0 .. n_requests - 1). On loopback
+without keys any local process can connect to the scheduler's socket; its messages are refused there, so a
+forged request never becomes a row nor takes a real request's id. The gate is pure: senders are the ROUTER's
+identities, no socket and no clock.
+"""
 import contextlib
 import dataclasses
 import logging
@@ -17,7 +24,6 @@ from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket, send_routed
 from batchlab.scheduler.core import SchedulerCore
-from batchlab.scheduler.gate import TrafficGate
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy
 
@@ -27,6 +33,8 @@ MAX_MESSAGES_PER_POLL = 1_000  # then schedule and beat before reading on (a flo
 # The collector's records (Arrival, BatchLaunch, ...) go in one frame per interval, not one per request:
 # their times travel inside them, and a frame costs both processes' I/O threads more than its contents.
 RECORD_FLUSH_INTERVAL_S = 0.002  # below the workers' 5 ms: a launch mostly reaches the collector before its tokens
+REFUSED_REQUESTS = "refused_requests"  # RequestMsgs not taken (the scheduler's stats, summary.json)
+REFUSED_STREAM = "refused_stream_messages"  # a TrafficHello or EndOfStream from a second sender
 
 
 class Scheduler:
@@ -250,6 +258,46 @@ class Scheduler:
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
+
+
+@dataclasses.dataclass(slots=True)
+class TrafficGate:
+    """The announced traffic, and the checks of what claims to be it."""
+
+    traffic: bytes | None = None  # identity of the sender of the first TrafficHello
+    n_requests: int = 0  # its schedule's size
+    received: int = 0  # requests let through
+    stats: dict[str, int] = dataclasses.field(default_factory=lambda: {REFUSED_REQUESTS: 0, REFUSED_STREAM: 0})
+
+    def refusal(self, sender: bytes, msg: object) -> str:
+        """Why `msg` from `sender` is refused ("" when it is let through); a refusal is counted."""
+        why, counter = self._why(sender, msg)
+        if why:
+            self.stats[counter] += 1
+        elif isinstance(msg, TrafficHello):
+            self.traffic, self.n_requests = sender, msg.n_requests
+        elif isinstance(msg, RequestMsg):
+            self.received += 1
+        return why
+
+    def _why(self, sender: bytes, msg: object) -> tuple[str, str]:
+        if isinstance(msg, RequestMsg):
+            if self.traffic is None:
+                return f"request {msg.request_id} before any traffic announced a schedule", REFUSED_REQUESTS
+            if sender != self.traffic:
+                return f"request {msg.request_id} from {_name(sender)}, not the traffic", REFUSED_REQUESTS
+            if msg.request_id >= self.n_requests:
+                return (f"request {msg.request_id} outside the announced schedule of {self.n_requests}",
+                        REFUSED_REQUESTS)
+        elif isinstance(msg, (TrafficHello, EndOfStream)) and self.traffic not in (None, sender):
+            return f"{type(msg).__name__} from {_name(sender)}: a second traffic", REFUSED_STREAM
+        elif isinstance(msg, EndOfStream) and self.traffic is None:
+            return f"EndOfStream from {_name(sender)} before any TrafficHello", REFUSED_STREAM
+        return "", ""
+
+
+def _name(sender: bytes) -> str:
+    return repr(sender.decode(errors="replace"))[:40]
 
 
 def run_scheduler(policy: Policy, scheduler_addr: str, collector_addr: str, **kwargs) -> int:

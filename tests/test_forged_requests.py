@@ -10,9 +10,8 @@ import zmq
 
 from batchlab.protocol import EndOfStream, ProtocolError, RequestMsg, RunEnd, TrafficHello, decode, encode
 from batchlab.protocol.messages import Arrival, pack_tokens
-from batchlab.scheduler.gate import REFUSED_REQUESTS, REFUSED_STREAM, TrafficGate
 from batchlab.scheduler.policies import make_policy
-from batchlab.scheduler.process import Scheduler
+from batchlab.scheduler.process import REFUSED_REQUESTS, REFUSED_STREAM, Scheduler, TrafficGate
 from tests.test_faults import COMMON, assert_conserved, finish, free_port, roles, start
 from tests.test_wire_values import Capture, FakeRouter
 

@@ -9,7 +9,7 @@ from batchlab.protocol.clock import now
 from batchlab.worker.backend import BackendError, Row, StepOutput
 from batchlab.worker.hf.chunks import DEFAULT_BATCHED_TOKENS, plan_chunks, step_budget
 from batchlab.worker.hf.continuous import HFContinuousBackend
-from batchlab.worker.hf.kv import PaddedKV
+from batchlab.worker.hf.layouts import PaddedKV
 from batchlab.worker.hf.static import HFSettings
 
 

@@ -37,7 +37,7 @@ def test_a_warm_worker_leaves_a_run_whose_scheduler_never_came_up(tmp_path):
     import queue
     import threading
 
-    from batchlab.worker.sessions import Session, serve_sessions
+    from batchlab.worker.process import Session, serve_sessions
     from batchlab.worker.sim import SimBackend
 
     sessions: queue.Queue = queue.Queue()

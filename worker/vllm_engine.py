@@ -4,10 +4,14 @@ vLLM does its own iteration-level batching and paging. The engine core runs insi
 process (vLLM's in-process mode, VLLM_ENABLE_V1_MULTIPROCESSING=0): every `step()` is one engine
 iteration (schedule, forward, sample), its tokens are stamped when it returns, and the engine starts no
 process of its own that could outlive the worker.
+
+What vLLM reports about itself is read here too: KV pool usage from its scheduler stats (KVUsage, stats_tap),
+the pool's geometry (kv_geometry), and each request's own engine timestamps (engine_metrics).
 """
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 from batchlab.models import folders
@@ -15,7 +19,6 @@ from batchlab.models.archs import facts, random_arch
 from batchlab.protocol.clock import now
 from batchlab.protocol.setting_groups import SchedulerSettings, VLLMBackendSettings, WorkerSettings, default_of
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
-from batchlab.worker.vllm_stats import KVUsage, engine_metrics, kv_geometry, stats_tap
 
 log = logging.getLogger("batchlab.vllm")
 
@@ -109,7 +112,7 @@ class VLLMBackend(Backend):
                                                  stat_loggers=[stats_tap(self.usage)])
         self.live: dict[int, _Live] = {}
         self.failed: list[tuple[int, str]] = []
-        self.request_metrics: dict[int, dict] = {}  # request_id -> vLLM's own timestamps (vllm_stats.engine_metrics)
+        self.request_metrics: dict[int, dict] = {}  # request_id -> vLLM's own timestamps (engine_metrics)
         self.clock_offset_s = now() - time.monotonic()
         self.info = self._info(mode, engine_start_s=now() - started)
 
@@ -226,7 +229,7 @@ class VLLMBackend(Backend):
         self.request_metrics.clear()
 
     def take_metrics(self, request_ids: list[int]) -> dict[int, dict]:
-        """vLLM's own stamps of these ended requests (vllm_stats.engine_metrics), taken."""
+        """vLLM's own stamps of these ended requests (engine_metrics), taken."""
         return {rid: m for rid in request_ids if (m := self.request_metrics.pop(rid, None))}
 
     def peak_memory_bytes(self) -> int:
@@ -249,3 +252,70 @@ class VLLMBackend(Backend):
             log.exception("vLLM shutdown failed")
         self.engine = None
         self.live.clear()
+
+
+@dataclass(slots=True)
+class KVUsage:
+    """What the engine's scheduler stats said over the run (filled by `_StatsTap`)."""
+
+    kv_cache_usage: float = 0.0  # fraction of the KV pool in use at the last step
+    kv_cache_usage_peak: float = 0.0
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_preemptions: int = 0
+
+    def reset(self) -> None:
+        """Forget the warm-up."""
+        self.kv_cache_usage = self.kv_cache_usage_peak = 0.0
+        self.num_preemptions = 0
+
+
+def stats_tap(usage: KVUsage) -> Callable:
+    """A per-engine StatLogger factory that copies scheduler stats into `usage`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _StatsTap(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                usage.kv_cache_usage = scheduler_stats.kv_cache_usage
+                usage.kv_cache_usage_peak = max(usage.kv_cache_usage_peak, scheduler_stats.kv_cache_usage)
+                usage.num_running_reqs = scheduler_stats.num_running_reqs
+                usage.num_waiting_reqs = scheduler_stats.num_waiting_reqs
+            if iteration_stats is not None:
+                usage.num_preemptions += iteration_stats.num_preempted_reqs
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _StatsTap
+
+
+def kv_geometry(engine) -> dict:
+    """Pool facts from the started engine: blocks, block size, bytes per token, pool bytes."""
+    vc = engine.vllm_config
+    mc, cc, pc = vc.model_config, vc.cache_config, vc.parallel_config
+    import torch
+
+    dtype = mc.dtype if cc.cache_dtype == "auto" else getattr(torch, cc.cache_dtype, mc.dtype)
+    layers = mc.get_num_layers(pc) * pc.pipeline_parallel_size
+    per_token = 2 * layers * mc.get_total_num_kv_heads() * mc.get_head_size() * dtype.itemsize
+    blocks, block_size = int(cc.num_gpu_blocks or 0), int(cc.block_size)
+    return {"kv_pool_blocks": blocks, "kv_block_size_tokens": block_size, "kv_pool_tokens": blocks * block_size,
+            "kv_bytes_per_token": per_token, "kv_pool_bytes": blocks * block_size * per_token,
+            "kv_cache_memory_bytes_setting": cc.kv_cache_memory_bytes or 0,
+            "dtype": str(mc.dtype).removeprefix("torch.")}
+
+
+def engine_metrics(ro, offset_s: float) -> dict:
+    """vLLM's own per-request timestamps (EngineCore monotonic clock → protocol.clock) and how many
+    prompt tokens its prefix cache served."""
+    cached = {"cached_tokens": int(ro.num_cached_tokens)} if getattr(ro, "num_cached_tokens", None) is not None else {}
+    m = ro.metrics
+    if m is None:
+        return cached
+    return {**cached, "queued_ts": m.queued_ts + offset_s, "scheduled_ts": m.scheduled_ts + offset_s,
+            "first_token_ts": m.first_token_ts + offset_s, "last_token_ts": m.last_token_ts + offset_s,
+            "first_token_latency_s": m.first_token_latency, "num_preemptions": m.num_preemptions}

@@ -9,11 +9,11 @@ decode forward, then a prefill forward): each running row gets its next token, a
 ran gets its first; (4) finished rows leave, fully prefilled ones join the running set. A token is stamped
 (`StepOutput.times`) when it reached the host, i.e. when the argmax of the forward that made it is read back
 (on CUDA that copy is the sync); the budget bounds how long a chunk delays the running rows' next tokens.
-Tokens are greedy with EOS banned (worker.hf.tokens), so every row gets exactly `output_len` tokens and they
+Tokens are greedy with EOS banned (`pick`, below), so every row gets exactly `output_len` tokens and they
 match the static path even where EOS is the model's top choice.
 
 KV layout (`worker.hf.layouts`): `slots`, the default (`worker.hf.slots.SlotKV`), or `padded`
-(`worker.hf.kv.PaddedKV`: the earlier left-padded `DynamicCache`, whole prompts only, kept for comparison).
+(`worker.hf.layouts.PaddedKV`: the earlier left-padded `DynamicCache`, whole prompts only, kept for comparison).
 Both mask what is not a row's own, so its greedy tokens match a solo run (tests/test_hf_continuous.py).
 A sliding-window model runs rows that fit its window and refuses longer ones.
 
@@ -26,15 +26,13 @@ already over the cap wait here); a failed prefill sends the prefilling rows back
 chunks dropped); a failed decode drops the (half-updated) cache and requeues every row, which resumes by
 recompute (a row's context keeps its generated tokens); a row that cannot run alone fails with the reason.
 """
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from batchlab.protocol.clock import now
 from batchlab.worker.backend import Backend, BackendError, Row, StepOutput
 from batchlab.worker.hf.chunks import Live, chunks_of, plan_chunks, step_budget
 from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, sliding_window
-from batchlab.worker.hf.rowcap import RowCap
 from batchlab.worker.hf.static import HFBackend, HFSettings, settings_from_config
-from batchlab.worker.hf.tokens import emit, eos_ids, filled, pick
 
 CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by one: the static back-off's
 # 20 clean batches (scheduler.policies) × 32 steps, one batch's worth at the CPU config's 32-token outputs
@@ -298,3 +296,77 @@ class HFContinuousBackend(Backend):
 
     def _budget_fact(self) -> dict:
         return {"max_num_batched_tokens": self.budget or 0}  # 0: no limit (prompts prefilled whole)
+
+
+@dataclass(slots=True)
+class RowCap:
+    """Rows run at once: halved by an OOM (min 1), +1 after `probe_steps` clean steps, up to `limit`."""
+
+    limit: int  # the cap announced at hello
+    probe_steps: int  # clean steps before the cap rises by one (CLEAN_STEPS_TO_PROBE)
+    rows: int = 0
+    reason: str = "announced"
+    clean_steps: int = 0
+    oom_in_step: bool = False
+
+    def __post_init__(self) -> None:
+        self.rows = self.rows or self.limit
+
+    def halve(self, rows_at_oom: int) -> None:
+        """An OOM with `rows_at_oom` rows in the forward (rows over the cap never raise it)."""
+        self.rows = max(1, min(self.rows, rows_at_oom) // 2)
+        self.reason = f"out of memory with {rows_at_oom} rows"
+        self.clean_steps, self.oom_in_step = 0, True
+
+    def end_step(self) -> None:
+        """Count a finished step; enough in a row without an OOM probe the cap up by one."""
+        if self.oom_in_step:
+            self.oom_in_step = False
+            return
+        self.clean_steps += 1
+        if self.clean_steps >= self.probe_steps and self.rows < self.limit:
+            self.rows, self.clean_steps = self.rows + 1, 0
+            self.reason = f"probe: {self.probe_steps} steps without an out-of-memory"
+
+
+# What a step's logits become: greedy tokens with EOS banned (as generate()'s min_new_tokens does), appended to
+# their rows and written into the step's StepOutput, each stamped when it reached the host.
+def eos_ids(model, tokenizer) -> list[int]:
+    """The ids generate() bans under min_new_tokens (generation config's EOS), else the tokenizer's EOS."""
+    ids = model.generation_config.eos_token_id
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    if ids is None:
+        return []
+    return [int(i) for i in ids] if isinstance(ids, (list, tuple)) else [int(ids)]
+
+
+def pick(eos, logits):
+    """Greedy next tokens from logits [N, 1, V], EOS banned since output lengths are exact: (on the
+    device [N], on the host)."""
+    scores = logits[:, -1]  # [N, V]
+    if eos.numel():
+        scores = scores.index_fill(-1, eos, float("-inf"))
+    tokens = scores.argmax(-1)  # [N]
+    return tokens, tokens.tolist()  # the host read (a CUDA sync): the tokens exist from here
+
+
+def emit(lives: list[Live], tokens: list[int], t: float, out: StepOutput) -> None:
+    """Append each row's token, stamped `t` (when it reached the host), and note rows now done."""
+    for lv, token in zip(lives, tokens):
+        lv.context.append(token)
+        lv.generated += 1
+        out.request_ids.append(lv.row.request_id)
+        out.token_ids.append(token)
+        out.times.append(t)
+        if lv.remaining() <= 0:
+            out.finished.append(lv.row.request_id)
+
+
+def filled(lives: list[Live], counts: list[int], out: StepOutput) -> list[Live]:
+    """Count the chunks that ran; the rows now fully prefilled (the oldest: only the last chunk can be
+    partial)."""
+    for lv, n in zip(lives, counts):
+        lv.filled += n
+    out.prefill_tokens = sum(counts)
+    return [lv for lv in lives if not lv.unfilled()]

@@ -4,7 +4,8 @@ Decoding is greedy `model.generate(do_sample=False, max_new_tokens=O_max, min_ne
 never ends a batch early and every strategy does the same work; a row whose target is shorter keeps
 riding along as padding (that is what a static batch costs) but its tokens past `output_len` are not
 reported. Per-step timestamps come from a streamer: generate() hands it each step's new tokens
-[B] already copied to the host (a CUDA sync), and it syncs once more before reading the clock.
+[B] already copied to the host (a CUDA sync), and it syncs once more before reading the clock (StepStreamer).
+--torch-compile hands generate() a static cache over fixed shapes (compile_kwargs).
 
 BOS: the traffic process tokenizes prompts without special tokens; the worker puts back in front
 exactly what the model's tokenizer itself would (its BOS for Llama/Mistral, nothing for GPT-2), so the
@@ -19,14 +20,14 @@ from batchlab.models.archs import RANDOM_SEED, build_random_model, facts, random
 from batchlab.models.folders import resolve_model
 from batchlab.protocol.clock import now
 from batchlab.protocol.setting_groups import HFBackendSettings, SchedulerSettings, WorkerSettings, default_of
-from batchlab.worker.backend import Backend, BackendError, BackendInfo, OutOfMemory, Row, StepOutput
-from batchlab.worker.hf.generate import StepStreamer, compile_kwargs
+from batchlab.worker.backend import Backend, BackendError, BackendInfo, OutOfMemory, Row, StepOutput, lockstep_output
 from batchlab.worker.hf.head import FORMS, MAX_TIMED_ROWS, HeadPlan, head_times, plan_table
 from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
                                     cuda_free_bytes, cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
 
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun. " * 2
 WARMUP_OUTPUT_LENS = (4, 2)  # a 2-row batch of different lengths: padding and masks get exercised
+COMPILE_COLUMN_BLOCK = 512  # --torch-compile: the static cache's columns, in blocks (a new block recompiles)
 
 
 @dataclass(slots=True)
@@ -39,7 +40,7 @@ class HFSettings:
     max_batch_size: int = default_of(SchedulerSettings, "max_batch_size")  # the worker's row cap
     memory_budget_bytes: int = 0  # 0: measured (CUDA) or a share of available RAM (CPU)
     strict_memory: bool = default_of(WorkerSettings, "strict_memory")
-    # static batches: one fixed-shape decode step, compiled (see hf.generate.compile_kwargs)
+    # static batches: one fixed-shape decode step, compiled (see compile_kwargs)
     torch_compile: bool = default_of(HFBackendSettings, "torch_compile")
     pad_head: bool = True  # the LM head computes the row count and form it runs fastest at (worker.hf.head)
 
@@ -290,3 +291,40 @@ class HFBackend(Backend):
         self.model = None
         gc.collect()
         self.free()
+
+
+class StepStreamer:
+    """A generate() streamer that turns each decode step's tokens into one StepOutput."""
+
+    def __init__(self, rows: list[Row], on_step: Callable[[StepOutput], None], sync: Callable[[], None]) -> None:
+        self.rows, self.on_step, self.sync = rows, on_step, sync
+        self.step = -1  # -1: the next put() carries the prompt ids [B, S]
+        self.last_time = now()
+
+    def put(self, value) -> None:
+        """value: prompt ids [B, S] on the first call, then the step's new tokens [B] (on the host)."""
+        if self.step < 0:
+            self.step, self.last_time = 0, now()
+            return
+        self.sync()
+        t, tokens = now(), value.reshape(-1).tolist()
+        self.on_step(lockstep_output(self.rows, self.step, lambda i, _r: tokens[i], t, self.last_time))
+        self.step, self.last_time = self.step + 1, t
+
+    def end(self) -> None:
+        """Nothing buffered."""
+
+
+def compile_kwargs(columns: int, device) -> dict:
+    """--torch-compile: generate() with a static KV cache of COMPILE_COLUMN_BLOCK-rounded columns (it only
+    grows, so a longer batch recompiles at most once per block) over batches padded to the row cap, so every
+    decode step has one shape; transformers compiles that step (mode reduce-overhead, i.e. CUDA graphs, on
+    CUDA; inductor's default on CPU, where it is for checking the path: it does not pay there)."""
+    from transformers import CompileConfig
+
+    cuda = device.type == "cuda"
+    config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead" if cuda else "default")
+    config._compile_all_devices = not cuda  # transformers compiles on CUDA by itself; on CPU only when asked
+    block = COMPILE_COLUMN_BLOCK
+    return {"cache_implementation": "static", "compile_config": config,
+            "max_cache_len": -(-columns // block) * block}
