@@ -43,7 +43,8 @@ HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP})
 
 def become_group_leader(stop_asked, *, outlives_group_signals: bool = False) -> None:
     """In a child, first thing: die with the launcher (SIGTERM), then lead a new process group; SIGINT,
-    ignored since the spawn (`start`), is Python's own again once the terminal's Ctrl-C cannot reach us.
+    blocked since the spawn (`start`), drops a Ctrl-C that came meanwhile (the launcher got it too) and is
+    Python's own again once the terminal's Ctrl-C cannot reach us.
     A SIGTERM or SIGHUP that came while the child was still in its launcher's group waited (held since
     the spawn) and ends it now, as it would have then; but a child that `outlives_group_signals` (the
     collector: killed at spawn by a signal to the whole group, a terminal's hangup or `kill -TERM -PGID`,
@@ -54,13 +55,14 @@ def become_group_leader(stop_asked, *, outlives_group_signals: bool = False) -> 
         remove_temp_of(launcher_pid())
         os._exit(128 + signal.SIGTERM)
     os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C held since the spawn: the launcher got it too
     while held := HELD_SIGNALS & signal.sigpending():
         info = signal.sigtimedwait(held, 0)  # a signal ignored here (nohup's SIGHUP) is held all the same
         if info is not None and not outlives_group_signals and signal.getsignal(info.si_signo) != signal.SIG_IGN:
             if orphaned():  # the held signal was its death's (PR_SET_PDEATHSIG): nobody else cleans up
                 remove_temp_of(launcher_pid())
             os._exit(128 + info.si_signo)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS | {signal.SIGINT})
     if orphaned() or stop_asked.is_set():  # the launcher died or stopped us meanwhile: its signal was held
         remove_temp_of(launcher_pid()) if orphaned() else None
         os._exit(128 + signal.SIGTERM)
@@ -125,10 +127,10 @@ def start(ctx, name: str, entry, *args) -> Child:
     proc = ctx.Process(target=entry, args=(stop_asked, *args), name=name, daemon=False)
     child = Child(name, proc, stop_asked)
     try:
-        with sigint_ignored(), signals_held():  # a Ctrl-C before the child leads its own group misses it
+        with signals_held(), sigint_deferred():  # a Ctrl-C before the child leads its own group misses it
             proc.start()
-    except KeyboardInterrupt:  # a SIGTERM held during the spawn came as it ended: the caller never gets
-        if proc.pid is not None:  # this child, so it is stopped here (it sees stop_asked at once)
+    except KeyboardInterrupt:  # a Ctrl-C or a SIGTERM held during the spawn came as it ended: the caller
+        if proc.pid is not None:  # never gets this child, so it is stopped here (it sees stop_asked at once)
             stop([child], signal.SIGTERM, SPAWN_STOP_GRACE_S)
         raise
     return child
@@ -152,6 +154,27 @@ def signals_held():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextmanager
+def sigint_deferred():
+    """Inside, a process started inherits SIGINT blocked (become_group_leader drops a Ctrl-C it got before it
+    led its own group), while this one's Ctrl-C is noted and raised again once the block ends: a spawn takes
+    a while on a busy machine, and a Ctrl-C then is still the user's (main thread only; whichever thread the
+    kernel hands the signal to, Python runs the handler in the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+    old = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # what a child started inside inherits
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C that waited here is noted now
+        signal.signal(signal.SIGINT, old)
+    if pressed:
+        signal.raise_signal(signal.SIGINT)  # to the handler we had: KeyboardInterrupt, unless it is ignored
 
 
 @contextmanager
