@@ -3,7 +3,7 @@ folder (run_folder), the checks before it starts (preflight, config) and what it
 
 A child that a run spawned (multiprocessing imports this package first thing, before the role's code) is
 linked to its launcher at once: it gets SIGTERM when the launcher ends. Until it leads its own process group
-(procs.become_group_leader) it ignores SIGINT and holds SIGTERM and SIGHUP (procs.start): the collector
+(procs.become_group_leader) it holds SIGINT, SIGTERM and SIGHUP (procs.start): the collector
 outlives a signal sent to the launcher's whole group then (the launcher stops the roles in order and the
 collector writes every row). From then until its role takes over the signal, a SIGTERM ends it at once
 (removing the temp folders of a launcher that is gone). Importing this package in any other process

@@ -121,7 +121,7 @@ def redirect_output(log_file: Path) -> None:
 
 def start(ctx, name: str, entry, *args) -> Child:
     """Start `entry(stop_asked, *args)` as a process (which must call become_group_leader(stop_asked)
-    first). Until it leads its own group the child ignores SIGINT and holds SIGTERM and SIGHUP (a signal
+    first). Until it leads its own group the child holds SIGINT, SIGTERM and SIGHUP (a signal
     mask survives fork and exec): a signal to the launcher's whole group at spawn is the launcher's."""
     stop_asked = ctx.Event()
     proc = ctx.Process(target=entry, args=(stop_asked, *args), name=name, daemon=False)
