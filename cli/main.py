@@ -53,21 +53,27 @@ class _OneLineErrors(TyperGroup):
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a user error is printed as one line; a reader that left (`| head`) or a
         closed terminal is no error (cli.streams)."""
-        from batchlab.runner import Terminated, terminated_as_interrupt
+        from batchlab.runner import Terminated, stopped_by, terminated_as_interrupt
         from batchlab.cli.streams import readers_may_leave
 
         with readers_may_leave():
             try:
                 with terminated_as_interrupt():
                     return super().invoke(ctx)
-            except _user_errors() as exc:
-                _fail(exc)
             except Terminated as exc:  # a SIGTERM or SIGHUP that no command turned into its own line
                 _fail("terminated", code=128 + exc.signum)
-            except SystemError as exc:  # a Ctrl-C inside a C extension's module init (a command's lazy
-                if not _interrupted(exc):  # pandas import): CPython wraps the KeyboardInterrupt in it
-                    raise
-                _fail("interrupted", code=130)
+            except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+                raise
+            except Exception as exc:
+                # A stop that cut a lazy import short surfaces as another error (a C extension's SystemError, a
+                # half-imported module's NameError or AttributeError): it is the stop, not a bug. Looked at
+                # first: _user_errors imports modules such a stop may have left half-imported.
+                signum = stopped_by() or (signal.SIGINT if _interrupted(exc) else None)
+                if signum is not None:
+                    _fail("interrupted" if signum == signal.SIGINT else "terminated", code=128 + signum)
+                if isinstance(exc, _user_errors()):
+                    _fail(exc)
+                raise
 
 
 def _interrupted(exc: BaseException) -> bool:

@@ -58,6 +58,7 @@ class Terminated(KeyboardInterrupt):
 
 
 _TERMINATED: list[int] = []  # the signal once one came: a library (Ray) may re-raise it as a plain Ctrl-C
+_INTERRUPTED: list[int] = []  # SIGINT, once a Ctrl-C came while a command ran
 
 
 def _terminate(signum, _frame) -> None:
@@ -65,6 +66,19 @@ def _terminate(signum, _frame) -> None:
         signal.signal(sig, signal.SIG_IGN)
     _TERMINATED.append(signum)
     raise Terminated(signum)
+
+
+def _interrupt(signum, frame) -> None:
+    """Python's own Ctrl-C (KeyboardInterrupt), noted first."""
+    _INTERRUPTED.append(signum)
+    signal.default_int_handler(signum, frame)
+
+
+def stopped_by() -> int | None:
+    """The signal that came while the command ran (SIGTERM or SIGHUP before SIGINT), None when none did: one
+    that cut a lazy import short can surface as another error (a C extension's SystemError, a half-initialised
+    module's AttributeError), which is then the stop, not a bug."""
+    return (_TERMINATED or _INTERRUPTED or [None])[0]
 
 
 def was_terminated(exc: BaseException) -> bool:
@@ -81,21 +95,24 @@ def stop_signal(exc: BaseException) -> signal.Signals:
 
 @contextlib.contextmanager
 def terminated_as_interrupt():
-    """While a command runs (not in a spawned child), a SIGTERM or SIGHUP is a Ctrl-C too (Terminated);
-    the old handlers come back after, so a process that only imported the CLI (a test) keeps its own. A
-    signal whose handler is not the default is left alone (a caller's own; nohup's ignored SIGHUP)."""
+    """While a command runs (not in a spawned child), a SIGTERM or SIGHUP is a Ctrl-C too (Terminated), and
+    each of them and a Ctrl-C is noted (stopped_by); the old handlers come back after, so a process that only
+    imported the CLI (a test) keeps its own. A signal whose handler is not the default is left alone (a
+    caller's own; nohup's ignored SIGHUP)."""
     if SPAWNED or threading.current_thread() is not threading.main_thread():
         yield
         return
     _TERMINATED.clear()  # a command starts unterminated (a test may run several in one process)
-    ours = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL]
-    for sig in ours:
-        signal.signal(sig, _terminate)
+    _INTERRUPTED.clear()
+    ours = {sig: _terminate for sig in STOP_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        ours[signal.SIGINT] = _interrupt  # a Ctrl-C as Python's, noted (stopped_by)
+    before = {sig: signal.signal(sig, handler) for sig, handler in ours.items()}
     try:
         yield
     finally:
-        for sig in ours:
-            signal.signal(sig, signal.SIG_DFL)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 if SPAWNED:

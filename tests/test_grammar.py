@@ -1,5 +1,6 @@
 """One settings grammar: SLO comma lists everywhere, <bool> flags take true/false, --version, sweep --set."""
 import json
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -117,3 +118,42 @@ def test_a_ctrl_c_inside_a_c_extensions_import_is_interrupted_not_a_traceback(tm
     monkeypatch.setattr(api, "report", lambda *_a, **_k: (_ for _ in ()).throw(SystemError("a bug")))
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 1 and isinstance(result.exception, SystemError)
+
+
+def test_a_ctrl_c_that_surfaces_as_another_error_is_interrupted(tmp_path, monkeypatch):
+    """A Ctrl-C that cut a lazy import short can leave a half-initialised module whose next use raises
+    AttributeError (a fresh-clone fault matrix: 'partially initialized module pandas has no attribute
+    plotting', a traceback and exit 1). A signal that came while the command ran makes any such error the
+    stop: Ctrl-C 130, SIGTERM 143; without one, the same error stays a bug with its traceback."""
+    import os
+    import signal
+
+    from typer.testing import CliRunner
+
+    from batchlab import api
+
+    def cut_short(signum):
+        def report(*_a, **_k):
+            try:
+                os.kill(os.getpid(), signum)
+                time.sleep(1)  # the handler runs here
+            except KeyboardInterrupt:
+                pass  # what an import machinery or a library may do with it
+            raise AttributeError("partially initialized module 'pandas' has no attribute 'plotting'")
+        return report
+
+    before = {sig: signal.signal(sig, handler)  # Python's own, whatever the suite inherited
+              for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))}
+    try:
+        for signum, code, line in ((signal.SIGINT, 130, "error: interrupted"),
+                                   (signal.SIGTERM, 143, "error: terminated")):
+            monkeypatch.setattr(api, "report", cut_short(signum))
+            result = CliRunner().invoke(app, ["report", str(tmp_path)])
+            assert result.exit_code == code and line in result.output, result.output
+        monkeypatch.setattr(api, "report", lambda *_a, **_k: (_ for _ in ()).throw(AttributeError("a bug")))
+        result = CliRunner().invoke(app, ["report", str(tmp_path)])
+        assert result.exit_code == 1 and isinstance(result.exception, AttributeError)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
