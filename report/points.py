@@ -1,244 +1,18 @@
-"""Find and load the runs under a folder: a sweep (sweep.json + point folders) or one `batchlab run`.
-
-What the report accepts from a folder it is given: sweep.json's index as a typed model, each table's
-required columns and their kinds, and run folders only inside the folder. A file that fails is named
-with what is wrong in one line (never a traceback); load_collection gathers those lines.
-
-Kinds are loose on purpose: a "number" column may hold ints or floats (NaN is a missing value), a
-"text" column strings, a "flag" column booleans; whatever else a table holds is not read.
-
-Which runs belong together: repeats of one point only when their configurations are equal but for
-the seed, one curve only when they are equal but for seed and rate (protocol.identity).
-
-A folder of loose runs (no sweep index) that share a label but differ in anything else is split into
-separate curves, each labelled with the settings that tell them apart; a sweep whose points differ
-within one label (data measured under another configuration) is refused, naming the keys.
-"""
-import json
+"""Find and load the runs under a folder: a sweep (sweep.json + point folders) or one `batchlab run`."""
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError
 
 from batchlab.collector.layout import (CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of,
                                        rate_of)
 from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table, run_label
+from batchlab.report.inputs import check_capacity, inside, read_index, table_problem
+from batchlab.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 from batchlab.collector.summary import Summary, SummaryError, read_summary
-from batchlab.protocol.identity import differences, identity
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 from batchlab.protocol.setting_groups import BatchlabError
-
-Kind = Literal["number", "text", "flag"]
-REQUIRED: dict[str, dict[str, Kind]] = {  # a table present must have these columns, of these kinds
-    "requests": {"request_id": "number", "status": "text", "output_len": "number", "arrival_time": "number",
-                 "scheduled_time": "number", "first_token_time": "number", "completion_time": "number",
-                 "n_tokens": "number"},
-    "tokens": {"request_id": "number", "token_index": "number", "time": "number"},
-    "batches": {"start_time": "number", "completion_time": "number", "size": "number"},
-    "steps": {"start_time": "number", "end_time": "number", "running": "number"},
-}
-OPTIONAL: dict[str, dict[str, Kind]] = {  # read when present: then of these kinds
-    "requests": {"error": "text", "submitted": "flag", "prompt_len": "number", "worker": "text"},
-    "tokens": {"worker": "text"},
-    "batches": {"oom": "flag", "peak_memory_bytes": "number", "useful_fraction": "number", "queue_len": "number"},
-    "steps": {"worker": "text", "prefill_tokens": "number"},
-}
-
-
-class IndexPoint(BaseModel):
-    """One point of sweep.json: where its run folder is (relative to the sweep) and how it ended."""
-
-    model_config = ConfigDict(extra="allow")
-
-    label: str
-    rate: float | None = None  # null in a closed-loop sweep (its load is `concurrency`)
-    concurrency: NonNegativeInt | None = None
-    repeat: NonNegativeInt
-    dir: str
-    status: str
-    reason: str | None = ""
-
-
-class IndexEntry(BaseModel):
-    """One strategy of the sweep's grid (its label orders the report's strategies)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    label: str
-
-
-class CapacityProbe(BaseModel):
-    """One rate a capacity search measured, and whether it was sustained."""
-
-    model_config = ConfigDict(extra="allow")
-
-    rate_req_s: float
-    sustained: bool
-
-
-class CapacityEntry(BaseModel):
-    """One strategy's capacity bracket (req/s and output tok/s; None: that side not measured)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    lo_req_s: float | None = None
-    hi_req_s: float | None = None
-    estimate_req_s: float | None = None
-    lo_tok_s: float | None = None
-    hi_tok_s: float | None = None
-    estimate_tok_s: float | None = None
-    note: str | None = None
-    probes: list[CapacityProbe] = []
-
-
-class CapacityDoc(BaseModel):
-    """capacity.json (or sweep.json's `capacity`): every strategy's bracket, by label."""
-
-    model_config = ConfigDict(extra="allow")
-
-    strategies: dict[str, CapacityEntry] = {}
-
-
-class SweepIndex(BaseModel):
-    """sweep.json as the report reads it; keys it does not read are kept as they are."""
-
-    model_config = ConfigDict(extra="allow")
-
-    points: list[IndexPoint] = []
-    entries: list[IndexEntry] = []
-    rates: list[float] | None = None
-    concurrency: list[int] | int | None = None
-    capacity: CapacityDoc | None = None
-    probe: dict | None = None
-
-
-def _read(path: Path, model: type[BaseModel], what: str) -> BaseModel:
-    try:
-        return model.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except ValidationError as exc:
-        raise ValueError(f"{path}: not a batchlab {what} ({_first(exc)})") from None
-
-
-def check_capacity(path: Path) -> None:
-    """capacity.json checked against CapacityDoc; ValueError (one line) when it is not one."""
-    _read(path, CapacityDoc, "capacity file")
-
-
-def read_index(path: Path) -> dict:
-    """sweep.json checked against SweepIndex, as a plain dict; ValueError (one line) when it is not one."""
-    index = _read(path, SweepIndex, "sweep index")
-    for i, point in enumerate(index.points):
-        if point.rate is None and not point.concurrency:
-            raise ValueError(f"{path}: not a batchlab sweep index (points.{i}: neither a rate nor a concurrency)")
-    return index.model_dump(exclude_unset=True)
-
-
-def _first(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in first['loc']) or 'the file'}: {first['msg'].lower()}"
-
-
-def _kind_ok(series: pd.Series, kind: Kind) -> bool:
-    if kind == "flag":
-        return pd.api.types.is_bool_dtype(series)
-    if kind == "number":
-        return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
-    return pd.api.types.is_string_dtype(series) or isinstance(series.dtype, pd.CategoricalDtype) or (
-        series.dtype == object and series.dropna().map(lambda v: isinstance(v, str)).all())
-
-
-def table_problem(name: str, df: pd.DataFrame) -> str | None:
-    """What is wrong with a loaded table for the report, else None; a table with no columns is an absent
-    one (a run that wrote none), which the report takes as empty."""
-    if len(df.columns) == 0:
-        return None
-    missing = [c for c in REQUIRED[name] if c not in df.columns]
-    if missing:
-        return f"lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
-    wanted = REQUIRED[name] | {c: k for c, k in OPTIONAL[name].items() if c in df.columns}
-    wrong = [f"{c} ({df[c].dtype}, not {k})" for c, k in wanted.items() if not _kind_ok(df[c], k)]
-    return f"has columns of the wrong kind: {', '.join(wrong)}" if wrong else None
-
-
-def inside(root: Path, folder: Path) -> bool:
-    """Whether `folder` (links resolved) lies within `root`: the report pools no run from elsewhere."""
-    return folder.resolve().is_relative_to(root.resolve())
-
-
-CURVE_FREE = frozenset({"seed", "rate", "concurrency"})  # what may differ along one strategy's curve
-LABEL_KEYS_SHOWN = 3  # distinguishing settings put into a split label
-USABLE_STATUSES = ("done", "stopped")  # run.json statuses of a run that measured what it planned
-
-
-class PoolingError(ValueError):
-    """Runs that claim to be one point but are not."""
-
-
-def curve_key(settings: dict) -> str:
-    """The identity less seed and the load level (rate, or closed loop's clients), as one comparable
-    text; open and closed loop stay apart (a curve has one kind of load axis)."""
-    key = {k: v for k, v in identity(settings).items() if k not in CURVE_FREE}
-    key["closed_loop"] = bool(settings.get("concurrency"))
-    return json.dumps(key, sort_keys=True)
-
-
-def unusable(folder) -> str | None:
-    """Why a run folder's data is not a finished measurement (run.json's status), else None; a run
-    written before run.json existed is taken as it is."""
-    try:
-        record = json.loads(RunDir(folder).run.read_text())
-    except (OSError, ValueError):
-        return None
-    status = record.get("status") if isinstance(record, dict) else None
-    if status in USABLE_STATUSES or status is None:
-        return None
-    if status == "running":
-        return "incomplete: its run.json still says running (the launcher was killed, or it is still going)"
-    return f"the run {status}" + (f": {record['reason']}" if record.get("reason") else "")
-
-
-def _mixed(runs: list) -> dict[str, list[list]]:
-    """label → its runs grouped by configuration (curve key), for the labels with more than one."""
-    by_label: dict[str, dict[str, list]] = {}
-    for run in runs:
-        by_label.setdefault(run.label, {}).setdefault(curve_key(run.settings), []).append(run)
-    return {label: list(by_key.values()) for label, by_key in by_label.items() if len(by_key) > 1}
-
-
-def _distinguishing(groups: list[list]) -> list[str]:
-    """The identity keys whose values differ between the groups (first run of each)."""
-    keys: set[str] = set()
-    first = groups[0][0].settings
-    for other in groups[1:]:
-        keys |= {d.split(" ", 1)[0] for d in differences(first, other[0].settings, ignore=CURVE_FREE)}
-    return sorted(keys)
-
-
-def split_mixed(runs: list) -> None:
-    """Loose runs: a label whose runs differ (beyond seed and rate) becomes one label per configuration,
-    e.g. 'dynamic (preset=a100-llama2-7b)' and 'dynamic (preset=3090-mistral-7b)'."""
-    for label, groups in _mixed(runs).items():
-        keys = _distinguishing(groups)[:LABEL_KEYS_SHOWN]
-        for group in groups:
-            ident = identity(group[0].settings)
-            suffix = ", ".join(f"{k}={ident.get(k)}" for k in keys)
-            for run in group:
-                run.label = f"{label} ({suffix})"
-
-
-def refuse_mixed(runs: list) -> None:
-    """A sweep: every label's points must share one configuration but for seed and rate."""
-    for label, groups in _mixed(runs).items():
-        first, other = groups[0][0], groups[1][0]
-        diffs = differences(first.settings, other.settings, ignore=CURVE_FREE)
-        raise PoolingError(f"the points labelled {label} were measured with different configurations "
-                           f"({first.folder} vs {other.folder}: {'; '.join(diffs) or 'open against closed loop'}); rerun the sweep (it "
-                           "reruns points whose configuration changed) or report them separately")
 
 
 class ReportError(BatchlabError, ValueError):
@@ -251,7 +25,7 @@ class ReportError(BatchlabError, ValueError):
 
 
 class RunRefused(ValueError):
-    """One run folder whose files the report cannot read (table_problem): one line."""
+    """One run folder whose files the report cannot read (report.inputs): one line."""
 
 
 @dataclass(slots=True)
