@@ -18,7 +18,7 @@ _LAZY = {  # name → its module, imported on first use (keeps `import batchlab.
     "SweepError": "batchlab.lab.sweep_plan", "RunFailed": "batchlab.runner.launcher",
     "RunTimeout": "batchlab.runner.launcher", "ReportError": "batchlab.report.points",
     "Report": "batchlab.report.build", "DatasetError": "batchlab.traffic.datasets",
-    "BackendError": "batchlab.worker.backend",
+    "BackendError": "batchlab.worker.backend", "RaySettings": "batchlab.protocol.study_settings",
 }
 _ORIGINAL = {"Report": "ReportResult"}
 

@@ -12,6 +12,7 @@ from batchlab.api.results import CapacityResult, SweepResult
 
 if TYPE_CHECKING:
     from batchlab.lab.sweep_plan import Plan
+    from batchlab.protocol.study_settings import RaySettings
 
 
 def plan_of(plan: "Plan | Mapping | str | Path", sets: dict | None = None) -> tuple["Plan", str]:
@@ -40,20 +41,26 @@ def _out_dir(out: str | Path | None, source: str, suffix: str = "") -> Path:
 
 
 def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *, resume: bool = True,
-          sets: dict | None = None, on_progress: OnProgress | None = None, ray=None) -> SweepResult:
+          sets: dict | None = None, on_progress: OnProgress | None = None,
+          ray: "RaySettings | Mapping | str | None" = None) -> SweepResult:
     """Every point of the grid, one live run each (skipping those done before when `resume`); the folder
     and its index. Points that share their workers' settings run on the same warm workers: in the plan's
     order with every group's workers kept warm (interleaved), or group after group (grouped). A failed
-    point is recorded, never raised; SweepError when no strategy's capacity could be bracketed. `ray`: a
-    lab.ray_sweep.RayOptions to run the points on a Ray cluster instead (docs/ray.md)."""
+    point is recorded, never raised; SweepError when no strategy's capacity could be bracketed. `ray`: run the
+    points on a Ray cluster instead (docs/ray.md): its address ("local": a new local Ray) or its
+    protocol.study_settings.RaySettings (a mapping of them: ConfigError for a bad one)."""
     from batchlab.lab.sweep import run_sweep
 
     plan, source = plan_of(plan, sets)
     out_dir, view = _out_dir(out, source), CallbackView(on_progress)
     if ray is not None:
         from batchlab.lab.ray_sweep import run_ray_sweep
+        from batchlab.protocol.settings import checked_group
+        from batchlab.protocol.study_settings import RaySettings
 
-        return SweepResult(out_dir, run_ray_sweep(source, str(out_dir), ray, resume=resume, plan=plan, view=view))
+        opts = ray if isinstance(ray, RaySettings) else checked_group(
+            RaySettings, {"address": ray} if isinstance(ray, str) else dict(ray))
+        return SweepResult(out_dir, run_ray_sweep(source, str(out_dir), opts, resume=resume, plan=plan, view=view))
     return SweepResult(out_dir, run_sweep(plan, out_dir, resume=resume, view=view, source=source))
 
 

@@ -6,11 +6,14 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli.grammar import ray_option
+from batchlab.cli.options import with_settings
 from batchlab.lab.sweep_plan import parse_sets
 from batchlab.collector.layout import INDEX_FILE
-from batchlab.protocol.study_settings import GRID_KEYS
+from batchlab.protocol.settings import checked_group
+from batchlab.protocol.study_settings import GRID_KEYS, RaySettings
 
 
+@with_settings("cpus", "gpu_resource", "shared", schema=RaySettings, into="cluster")
 def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid:)")], *,
           out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
           resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
@@ -21,22 +24,15 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
           ray: Annotated[Optional[str], ray_option(
               help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
                    "alone: a local Ray); see docs/ray.md")] = None,
-          ray_cpus: Annotated[float, typer.Option(help="--ray: CPUs each point reserves")] = 1.0,
-          ray_gpu_resource: Annotated[str, typer.Option(
-              help="--ray: the resource GPUs are counted in")] = "GPU",
-          ray_shared: Annotated[bool, typer.Option(
-              help="--ray: --out is on storage every node sees at the same path")] = False) -> None:
+          cluster: dict) -> None:
     """Run a grid of strategies × backends × rates × repeats, one real run per point."""
     from batchlab import api
     from batchlab.cli import resumable
     from batchlab.cli.live import SweepView
 
     out = out or str(Path("results") / Path(config).stem)
-    opts, sets = None, parse_sets(set_)  # a bad --set: one line before the live view starts
-    if ray is not None:
-        from batchlab.lab.ray_sweep import RayOptions
-
-        opts = RayOptions(ray, ray_cpus, ray_gpu_resource, ray_shared)
+    sets = parse_sets(set_)  # a bad --set or --ray-* option: one line before the live view starts
+    opts = None if ray is None else checked_group(RaySettings, {**cluster, "address": ray})
     with resumable(out), SweepView(figures=True) as view:
         result = api.sweep(config, out, resume=resume, sets=sets, on_progress=view, ray=opts)
     typer.echo(f"sweep in {out}: {result.measured} of {len(result.points)} points done, {result.failed} failed "

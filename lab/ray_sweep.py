@@ -23,21 +23,12 @@ from batchlab.lab.sweep_point import preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.settings import ConfigError
+from batchlab.protocol.study_settings import RaySettings
 
 MAX_TRIES = 3  # tries of one point whose node was lost, before it is recorded failed
 STOP_TIMEOUT_S = 60.0  # an actor's own stop (its processes terminated, then killed)
 PLACEMENT_CHECK_S = 30.0  # with no point ending for this long, check that every group still fits a node
 SETTLE_S = 5.0  # for the reply of a point the sweep stopped (its actor is stopped or killed by then)
-
-
-@dataclass(slots=True)
-class RayOptions:
-    """How a sweep uses the cluster."""
-
-    address: str | None = None  # RAY_ADDRESS forms; None or "local": a new local Ray
-    cpus: float = 1.0  # CPUs each point reserves on its node
-    gpu_resource: str = "GPU"  # the resource a point's GPUs are counted in (a custom one stands in)
-    shared: bool = False  # --out is on storage every node sees at the same path
 
 
 @dataclass(slots=True)
@@ -51,7 +42,7 @@ class Group:
     tries: dict[int, list[dict]] = field(default_factory=dict)
 
 
-def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = True, sets: dict | None = None,
+def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool = True, sets: dict | None = None,
                   plan: Plan | None = None, view=None) -> dict:
     """Every point of the grid on the cluster, skipping finished ones; returns the sweep.json index.
     `sets`: the sweep's --set overrides, as lab.sweep_plan.load_plan takes them; `plan`: the plan already
@@ -88,7 +79,7 @@ def run_ray_sweep(config: str, out: str, opts: RayOptions, *, resume: bool = Tru
     return index
 
 
-def _groups(points: list[Point], base: dict, opts: RayOptions, nodes: list[dict]) -> list[Group]:
+def _groups(points: list[Point], base: dict, opts: RaySettings, nodes: list[dict]) -> list[Group]:
     """Points grouped by worker key (a bad point alone), each group's ask; SweepError when no node can
     hold a group (before any actor starts)."""
     known = declares_gpu_memory(nodes)
@@ -111,7 +102,7 @@ def _groups(points: list[Point], base: dict, opts: RayOptions, nodes: list[dict]
 
 
 def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out_dir: Path,
-           opts: RayOptions, view, flight: dict) -> None:
+           opts: RaySettings, view, flight: dict) -> None:
     """The loop: 1. each group with work and no point in flight sends its next one to its actor;
     2. wait for any point to end; 3. a finished point's folder lands in --out and the index is written;
     a lost node's point goes back to the front of its group, on a new actor."""

@@ -143,6 +143,16 @@ class CalibrateSettings(Group, title="Calibrate"):
                          "time (time)")
 
 
+class RaySettings(Section, title="Ray"):
+    """How a sweep uses a Ray cluster (`batchlab sweep --ray`, lab.ray_sweep; docs/ray.md)."""
+
+    address: str | None = setting(None, "RAY_ADDRESS forms (host:port, auto); None or \"local\": a new local Ray",
+                                  cli=False)
+    cpus: float = setting(1.0, "--ray: CPUs each point reserves", flag="--ray-cpus", ge=0)
+    gpu_resource: str = setting("GPU", "--ray: the resource GPUs are counted in", flag="--ray-gpu-resource")
+    shared: bool = setting(False, "--ray: --out is on storage every node sees at the same path", flag="--ray-shared")
+
+
 def underscored(mapping: dict) -> dict:
     """The mapping with dashes in its keys read as underscores."""
     return {str(k).replace("-", "_"): v for k, v in mapping.items()}

@@ -149,19 +149,27 @@ def test_the_sweep_command_calls_the_api_with_its_terminal_view(monkeypatch, tmp
     assert result.exit_code == 1 and "0 of 0 points" in result.output  # nothing measured: exit 1
     [(plan, out, kw)] = calls
     assert (plan, out, kw["sets"]) == ("plan.yaml", str(tmp_path), {"grid.repeats": 2})
-    assert isinstance(kw["on_progress"], SweepView)
+    assert isinstance(kw["on_progress"], SweepView) and kw["ray"] is None
+
+    # the --ray-* options are protocol.study_settings.RaySettings' fields, checked before anything runs
+    CliRunner().invoke(app, ["sweep", "plan.yaml", "--out", str(tmp_path), "--ray", "--ray-cpus", "2",
+                             "--ray-shared"])
+    assert calls[-1][2]["ray"] == api.RaySettings(address="local", cpus=2.0, shared=True)
+    result = CliRunner().invoke(app, ["sweep", "plan.yaml", "--out", str(tmp_path), "--ray", "--ray-cpus", "-1"])
+    assert result.exit_code == 1 and len(calls) == 2
+    assert result.output.strip().splitlines() == ["error: --ray-cpus must be ≥ 0, got -1.0"]
 
 
 def test_a_sweep_on_ray_takes_the_parsed_plan_and_refuses_before_anything_starts(monkeypatch, tmp_path):
-    from batchlab.lab.ray_sweep import RayOptions
-
     class NoNodes:  # a cluster none of whose nodes can hold a group
         def nodes(self):
             return []
 
     monkeypatch.setattr("batchlab.lab.ray_sweep.connect", lambda address: NoNodes())
     with pytest.raises(api.SweepError, match="refused before anything started"):
-        api.sweep(PLAN, tmp_path / "ray", ray=RayOptions("local"))
+        api.sweep(PLAN, tmp_path / "ray", ray="local")  # an address alone; RaySettings' defaults for the rest
+    with pytest.raises(api.ConfigError, match="cpu"):  # a mapping of the settings, checked as the command checks
+        api.sweep(PLAN, tmp_path / "ray", ray={"address": "local", "cpu": 2})
     assert not (tmp_path / "ray").exists()
 
 
