@@ -67,8 +67,8 @@ def simulate(config: str | Path | None = None, *, on_progress: OnProgress | None
                  for k, v in settings.items()}
     plan = plan_simulation(None if config is None else str(config), overrides)
     view = CallbackView(on_progress)
-    results = run_simulation(plan, on_point=lambda point, _summary: view.finished(point, point.record("done")),
-                             fanout=Fanout(processes, ray))
+    results = run_simulation(plan, fanout=Fanout(processes, ray), on_point=lambda point, _summary, elapsed_s:
+                             view.finished(point, point.record("done", "", round(elapsed_s, 3))))
     return SimulationResult(plan.out, results)
 
 

@@ -21,6 +21,8 @@ from batchlab.protocol.study_settings import CapacitySettings
 
 SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
 OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them
+EXTENSIONS = 2  # a saturated run with fewer than 2 completion events in its steady window runs again, twice
+# as long, at most this many times (a worker slower than planned, or a loaded machine: 15 s held 1 batch)
 
 
 def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict | None, folder: str = "",
@@ -37,11 +39,30 @@ def clients(plan: Plan, entry: Entry, s: AutoRates) -> int:
     return 2 * max(cfg.batch_size, cfg.max_batch_size, cfg.max_num_seqs) * cfg.workers
 
 
-def _saturated_point(plan: Plan, entry: Entry, out: Path, repeat: int, s: AutoRates) -> tuple[Point, dict]:
+def _saturated_point(plan: Plan, entry: Entry, out: Path, repeat: int, s: AutoRates,
+                     duration_s: float) -> tuple[Point, dict]:
     point = Point(entry, float("inf"), repeat, plan.seed, out / SATURATED_DIR / saturated_dir(entry.label, repeat),
                   clients(plan, entry, s))
     base = {k: v for k, v in plan.base.items() if k not in OPEN_LOOP_KEYS}
-    return point, {**base, "duration_s": s.saturated_duration_s, "max_queue": 0, "max_queue_tokens": 0}
+    return point, {**base, "duration_s": duration_s, "max_queue": 0, "max_queue_tokens": 0}
+
+
+def durations(s: AutoRates) -> list[float]:
+    """A saturated run's traffic, s: saturated_duration_s, then each extension's (twice the one before)."""
+    return [s.saturated_duration_s * 2**k for k in range(EXTENSIONS + 1)]
+
+
+def extended(label: str, tries: list[float], once, view=None) -> SaturatedRun:
+    """The first of `once(duration_s)` (a saturated run's μ, None with too few completions in its steady
+    window) over `tries` that measured μ; SweepError when even the longest did not."""
+    for k, duration_s in enumerate(tries):
+        if (run := once(duration_s)) is not None:
+            return run
+        if k + 1 < len(tries) and view is not None:
+            view.note(f"saturated {label}: fewer than 2 completion events in the steady window of {duration_s:g} s; "
+                      f"running it again for {tries[k + 1]:g} s")
+    raise SweepError(f"the saturated run of {label} finished too few requests in its steady window, even over "
+                     f"{tries[-1]:g} s (a longer --saturated-s may)")
 
 
 def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates) -> tuple[Point, dict]:
@@ -66,17 +87,22 @@ class LiveSearch:
         return reused(point, base, True, self.view) or execute(point, base, tick, self.plan.limits(), self.pools)
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
-        """One saturated run's μ; SweepError when it failed or finished too little."""
+        """One saturated run's μ, extended while it finished too little; SweepError when it failed or even the
+        longest finished too little. A resumed search starts from the extension the folder holds."""
         from batchlab.collector.parts import load_table
 
-        point, base = _saturated_point(self.plan, entry, self.out, repeat, self.s)
-        record = self._run(point, base, "saturated")
-        if record["status"] not in ("done", "skipped"):
-            raise SweepError(f"the saturated run of {entry.label} failed: {record['reason'].splitlines()[0]}")
-        run = saturated_run(load_table(point.folder, "requests"), self.s.saturated_duration_s, repeat=repeat,
-                            folder=str(point.folder.relative_to(self.out)))
-        if run is None:
-            raise SweepError(f"the saturated run of {entry.label} finished too few requests in its steady window")
+        def once(duration_s: float) -> SaturatedRun | None:
+            point, base = _saturated_point(self.plan, entry, self.out, repeat, self.s, duration_s)
+            record = self._run(point, base, "saturated")
+            if record["status"] not in ("done", "skipped"):
+                raise SweepError(f"the saturated run of {entry.label} failed: {record['reason'].splitlines()[0]}")
+            return saturated_run(load_table(point.folder, "requests"), duration_s, repeat=repeat,
+                                 folder=str(point.folder.relative_to(self.out)))
+
+        tries = durations(self.s)
+        done = [k for k, d in enumerate(tries)
+                if reused(*_saturated_point(self.plan, entry, self.out, repeat, self.s, d), True)]
+        run = extended(f"{entry.label} repeat {repeat}", tries[done[0] if done else 0:], once, self.view)
         if self.view:
             self.view.note(f"saturated {entry.label} repeat {repeat}: μ = {run.req_s:.3g} "
                            f"[{run.req_s_lo:.3g}, {run.req_s_hi:.3g}] req/s")
@@ -116,12 +142,13 @@ class SimulatedSearch:
         return simulate(cfg, make_schedule(cfg)).requests, cfg.slos() or None
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
-        """One saturated run's μ in virtual time."""
-        requests, _ = self._requests(*_saturated_point(self.plan, entry, Path("."), repeat, self.s))
-        run = saturated_run(requests, self.s.saturated_duration_s, repeat=repeat)
-        if run is None:
-            raise SweepError(f"the simulated saturated run of {entry.label} finished too few requests")
-        return run
+        """One saturated run's μ in virtual time, extended as a live one is."""
+
+        def once(duration_s: float) -> SaturatedRun | None:
+            point, base = _saturated_point(self.plan, entry, Path("."), repeat, self.s, duration_s)
+            return saturated_run(self._requests(point, base)[0], duration_s, repeat=repeat)
+
+        return extended(f"{entry.label} (simulated)", durations(self.s), once)
 
     def measure(self, entry: Entry, ceiling_req_s: float | None = None):
         """collector.capacity.Measure for this entry, in virtual time."""

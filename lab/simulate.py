@@ -229,10 +229,12 @@ def _points(sim: SimPlan, probe: dict | None, capacity: dict | None = None) -> l
     return [Point(sim.plan.entries[0], rates[0], 0, sim.plan.seed, sim.out)]
 
 
-def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None = None,
+def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict, float], None] | None = None,
                    fanout=None) -> list[tuple[Point, dict]]:
     """Simulate every point (the points of one schedule, rate and seed, together: one evaluation each,
-    fanned out by `fanout`, a lab.fanout.Fanout); (point, summary) in grid order."""
+    fanned out by `fanout`, a lab.fanout.Fanout); (point, summary) in grid order. `on_point(point, summary,
+    elapsed_s)`: each point's own simulation time (points are reported when their group is back, so the
+    time between two calls is not a point's)."""
     from batchlab.lab.fanout import Fanout
 
     auto = bool(sim.plan.auto) and not sim.plan.rates
@@ -257,7 +259,7 @@ def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict], None] | None 
             if sim.layout:
                 _record_point(points[i], results[i], elapsed_s)
             if on_point is not None:
-                on_point(points[i], results[i])
+                on_point(points[i], results[i], elapsed_s)
     if sim.layout:
         _write_index(sim, points, probe, capacity)
     return list(zip(points, results))

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from batchlab import api
+from batchlab.collector.layout import DONE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = {"backend": "sim", "preset": "cpu-tiny-mistral", "dataset": "synthetic", "max_new_tokens": 16,
@@ -78,6 +79,10 @@ def test_simulate_writes_every_point_and_reports_each_through_the_callback(tmp_p
     assert all(s.finished > 0 for s in summaries.values())
     assert [(e.kind, e.point.entry.label, e.point.rate) for e in events] == \
         [("finished", p.entry.label, p.rate) for p, _ in result.points]
+    # each point's own simulation time, the one its folder records (not the time since the last event)
+    recorded = {(p.entry.label, p.rate): json.loads((p.folder / DONE_FILE).read_text())["elapsed_s"]
+                for p, _ in result.points}
+    assert all(e.record["elapsed_s"] == recorded[e.point.entry.label, e.point.rate] > 0 for e in events)
     assert json.loads((tmp_path / "sim" / "sweep.json").read_text())["simulated"] is True
 
 

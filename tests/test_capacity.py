@@ -20,12 +20,12 @@ FIXED_PRESET = {"name": "fixed", "weights_bytes": 0, "kv_bytes_per_token": 0, "b
                 "memory_bytes": 1e12}
 
 
-def fixed_service_config(tmp_path, duration_s: float) -> str:
-    """A sweep YAML on the sim backend with a fixed per-request service time."""
+def fixed_service_config(tmp_path, duration_s: float, prefill_s: float = PREFILL_S) -> str:
+    """A sweep YAML on the sim backend with a fixed per-request service time (prefill_s + (OUT − 1) × DECODE_S)."""
     import yaml
 
     preset = tmp_path / "fixed.yaml"
-    preset.write_text(yaml.safe_dump(FIXED_PRESET))
+    preset.write_text(yaml.safe_dump(FIXED_PRESET | {"prefill_overhead_s": prefill_s}))
     config = tmp_path / "fixed-sweep.yaml"
     search = f"{{search_duration_s: {duration_s}, width: 0.04, max_probes: 12}}"
     config.write_text(
@@ -118,6 +118,60 @@ def test_the_search_in_the_simulator_finds_the_fixed_service_times_capacity(tmp_
     for cap in (far, from_burst):
         assert cap.estimate_req_s == pytest.approx(1 / SERVICE_S, rel=0.05)
         assert cap.as_dict()["estimate_tok_s"] == pytest.approx(OUT / SERVICE_S, rel=0.05)
+
+
+class Notes:
+    def __init__(self):
+        self.lines = []
+
+    def note(self, line):
+        self.lines.append(line)
+
+
+def test_a_saturated_run_too_short_for_two_completions_runs_again_twice_as_long(tmp_path):
+    """A worker slower than the run's length allows (one request a second; a 1.5 s run completes one request in
+    its steady window [0.375, 1.5] s) is measured again over 3 s, where μ is exactly 1 req/s; a run that
+    stays too short after two extensions (0.2, 0.4, 0.8 s) is refused with the longest tried."""
+    from batchlab.lab.capacity_search import EXTENSIONS, durations, extended
+
+    plan = load_plan(fixed_service_config(tmp_path, duration_s=10, prefill_s=1.0 - (OUT - 1) * DECODE_S))
+    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.5})
+    assert durations(slow) == [1.5, 3.0, 6.0] and EXTENSIONS == 2
+    run = SimulatedSearch(plan, slow).saturated(entry, 0)
+    assert run.req_s == pytest.approx(1.0) and 0.75 <= run.window_s[0] < run.window_s[1] <= 3.0
+    short = plan.auto.model_copy(update={"saturated_duration_s": 0.2})
+    with pytest.raises(SweepError, match=r"too few requests in its steady window, even over 0.8 s"):
+        SimulatedSearch(plan, short).saturated(entry, 0)
+    notes, tried = Notes(), []
+    assert extended("x", [1.0, 2.0, 4.0], lambda d: tried.append(d) or ("μ" if d == 4.0 else None), notes) == "μ"
+    assert tried == [1.0, 2.0, 4.0] and notes.lines == [
+        "saturated x: fewer than 2 completion events in the steady window of 1 s; running it again for 2 s",
+        "saturated x: fewer than 2 completion events in the steady window of 2 s; running it again for 4 s"]
+
+
+def test_a_live_saturated_run_is_extended_into_its_folder_and_a_resume_starts_from_the_extension(tmp_path,
+                                                                                                 monkeypatch):
+    """The live search runs the point again with the longer traffic (the simulator's tables stand in for the
+    runs); a resumed search whose folder holds the 3 s run reuses it without the 1.5 s try."""
+    from batchlab.lab import capacity_search
+    from batchlab.lab.capacity_search import LiveSearch
+
+    plan = load_plan(fixed_service_config(tmp_path, duration_s=10, prefill_s=1.0 - (OUT - 1) * DECODE_S))
+    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.5})
+    virtual, ran, done = SimulatedSearch(plan, slow), [], set()
+    monkeypatch.setattr(LiveSearch, "_run", lambda self, point, base, what: ran.append(
+        (point.folder, base["duration_s"])) or {"status": "done"})
+    monkeypatch.setattr("batchlab.collector.parts.load_table", lambda folder, name: virtual._requests(
+        *capacity_search._saturated_point(plan, entry, tmp_path, 0, slow, ran[-1][1]))[0])
+    monkeypatch.setattr(capacity_search, "reused", lambda point, base, resume: base["duration_s"] in done or None)
+    notes = Notes()
+    run = LiveSearch(plan, tmp_path, slow, view=notes).saturated(entry, 0)
+    folder = tmp_path / "_saturated" / "strategy=naive" / "repeat=0"
+    assert ran == [(folder, 1.5), (folder, 3.0)] and run.req_s == pytest.approx(1.0)
+    assert run.folder == "_saturated/strategy=naive/repeat=0" and "running it again for 3 s" in notes.lines[0]
+    ran.clear()
+    done.add(3.0)
+    assert LiveSearch(plan, tmp_path, slow).saturated(entry, 0).req_s == pytest.approx(1.0) and ran == [(folder, 3.0)]
 
 
 def test_brackets_from_fixed_grid_rates_use_the_same_criterion_in_offered_rates():
