@@ -82,9 +82,10 @@ class LiveSearch:
     def __init__(self, plan: Plan, out: Path, settings: AutoRates, pools=None, view=None) -> None:
         self.plan, self.out, self.s, self.pools, self.view = plan, out, settings, pools, view
 
-    def _run(self, point: Point, base: dict, what: str) -> dict:
+    def _run(self, point: Point, base: dict, what: str, extension: bool = False) -> dict:
         tick = self.view.ticker(point, what) if self.view else None  # resume: a probe that measured what
-        return reused(point, base, True, self.view) or execute(point, base, tick, self.plan.limits(), self.pools)
+        stale_note = None if extension else self.view  # an extension says why it runs the point again
+        return reused(point, base, True, stale_note) or execute(point, base, tick, self.plan.limits(), self.pools)
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
         """One saturated run's μ, extended while it finished too little; SweepError when it failed or even the
@@ -93,7 +94,7 @@ class LiveSearch:
 
         def once(duration_s: float) -> SaturatedRun | None:
             point, base = _saturated_point(self.plan, entry, self.out, repeat, self.s, duration_s)
-            record = self._run(point, base, "saturated")
+            record = self._run(point, base, "saturated", extension=duration_s > self.s.saturated_duration_s)
             if record["status"] not in ("done", "skipped"):
                 raise SweepError(f"the saturated run of {entry.label} failed: {record['reason'].splitlines()[0]}")
             return saturated_run(load_table(point.folder, "requests"), duration_s, repeat=repeat,

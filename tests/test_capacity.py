@@ -159,19 +159,20 @@ def test_a_live_saturated_run_is_extended_into_its_folder_and_a_resume_starts_fr
     plan = load_plan(fixed_service_config(tmp_path, duration_s=10, prefill_s=1.0 - (OUT - 1) * DECODE_S))
     entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.5})
     virtual, ran, done = SimulatedSearch(plan, slow), [], set()
-    monkeypatch.setattr(LiveSearch, "_run", lambda self, point, base, what: ran.append(
-        (point.folder, base["duration_s"])) or {"status": "done"})
+    monkeypatch.setattr(LiveSearch, "_run", lambda self, point, base, what, extension: ran.append(
+        (point.folder, base["duration_s"], extension)) or {"status": "done"})
     monkeypatch.setattr("batchlab.collector.parts.load_table", lambda folder, name: virtual._requests(
         *capacity_search._saturated_point(plan, entry, tmp_path, 0, slow, ran[-1][1]))[0])
     monkeypatch.setattr(capacity_search, "reused", lambda point, base, resume: base["duration_s"] in done or None)
     notes = Notes()
     run = LiveSearch(plan, tmp_path, slow, view=notes).saturated(entry, 0)
     folder = tmp_path / "_saturated" / "strategy=naive" / "repeat=0"
-    assert ran == [(folder, 1.5), (folder, 3.0)] and run.req_s == pytest.approx(1.0)
+    # the 3 s run is an extension: the stale 1.5 s folder is not announced as "measured again" besides
+    assert ran == [(folder, 1.5, False), (folder, 3.0, True)] and run.req_s == pytest.approx(1.0)
     assert run.folder == "_saturated/strategy=naive/repeat=0" and "running it again for 3 s" in notes.lines[0]
     ran.clear()
     done.add(3.0)
-    assert LiveSearch(plan, tmp_path, slow).saturated(entry, 0).req_s == pytest.approx(1.0) and ran == [(folder, 3.0)]
+    assert LiveSearch(plan, tmp_path, slow).saturated(entry, 0).req_s == pytest.approx(1.0) and ran == [(folder, 3.0, True)]
 
 
 def test_brackets_from_fixed_grid_rates_use_the_same_criterion_in_offered_rates():
