@@ -7,6 +7,7 @@ below μ; docs/capacity.md gives both, the folders they write (OUT/_saturated/, 
 capacity.json.
 """
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -21,8 +22,8 @@ from batchlab.protocol.study_settings import CapacitySettings
 
 SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
 OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them
-EXTENSIONS = 2  # a saturated run with fewer than 2 completion events in its steady window runs again, twice
-# as long, at most this many times (a worker slower than planned, or a loaded machine: 15 s held 1 batch)
+EXTENSIONS = 2  # a saturated run whose steady window cannot bound μ runs again, twice as long, at most this
+# many times (a worker slower than planned, or a loaded machine: 15 s held one batch, or two 0.19 s apart)
 
 
 def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict | None, folder: str = "",
@@ -53,16 +54,22 @@ def durations(s: AutoRates) -> list[float]:
 
 
 def extended(label: str, tries: list[float], once, view=None) -> SaturatedRun:
-    """The first of `once(duration_s)` (a saturated run's μ, None with too few completions in its steady
-    window) over `tries` that measured μ; SweepError when even the longest did not."""
+    """The first of `once(duration_s)` (a saturated run's μ) over `tries` that bounds μ: a run whose steady
+    window holds fewer than 2 completion events gives None, and one too short for two blocks an unbounded
+    interval (a point estimate from one gap between two batches). The last try's μ when none bounds it;
+    SweepError when the last gave none."""
     for k, duration_s in enumerate(tries):
-        if (run := once(duration_s)) is not None:
-            return run
-        if k + 1 < len(tries) and view is not None:
-            view.note(f"saturated {label}: fewer than 2 completion events in the steady window of {duration_s:g} s; "
-                      f"running it again for {tries[k + 1]:g} s")
-    raise SweepError(f"the saturated run of {label} finished too few requests in its steady window, even over "
-                     f"{tries[-1]:g} s (a longer --saturated-s may)")
+        run = once(duration_s)
+        if (run is not None and math.isfinite(run.req_s_hi)) or k + 1 == len(tries):
+            break
+        if view is not None:
+            why = "fewer than 2 completion events" if run is None else "too few completions for an interval of μ"
+            view.note(f"saturated {label}: {why} in the steady window of {duration_s:g} s; running it again for "
+                      f"{tries[k + 1]:g} s")
+    if run is None:
+        raise SweepError(f"the saturated run of {label} finished too few requests in its steady window, even over "
+                         f"{tries[-1]:g} s (a longer --saturated-s may)")
+    return run
 
 
 def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates) -> tuple[Point, dict]:

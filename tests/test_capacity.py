@@ -128,36 +128,42 @@ class Notes:
         self.lines.append(line)
 
 
-def test_a_saturated_run_too_short_for_two_completions_runs_again_twice_as_long(tmp_path):
-    """A worker slower than the run's length allows (one request a second; a 1.5 s run completes one request in
-    its steady window [0.375, 1.5] s) is measured again over 3 s, where μ is exactly 1 req/s; a run that
-    stays too short after two extensions (0.2, 0.4, 0.8 s) is refused with the longest tried."""
+def test_a_saturated_run_too_short_to_bound_mu_runs_again_twice_as_long(tmp_path):
+    """A worker slower than the run's length allows (one request a second): a 1.2 s run completes one request in
+    its steady window [0.3, 1.2] s (no μ); 2.4 s, two in [0.6, 2.4] s (μ from one gap, interval unbounded); 4.8 s,
+    three: μ exactly 1 req/s, its interval bounded. A run that stays too short after two extensions (0.2, 0.4,
+    0.8 s: no completion) is refused with the longest tried; one whose last try still cannot bound μ keeps it."""
+    from batchlab.collector.saturation import SaturatedRun
     from batchlab.lab.capacity_search import EXTENSIONS, durations, extended
 
     plan = load_plan(fixed_service_config(tmp_path, duration_s=10, prefill_s=1.0 - (OUT - 1) * DECODE_S))
-    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.5})
-    assert durations(slow) == [1.5, 3.0, 6.0] and EXTENSIONS == 2
+    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.2})
+    assert durations(slow) == [1.2, 2.4, 4.8] and EXTENSIONS == 2
     run = SimulatedSearch(plan, slow).saturated(entry, 0)
-    assert run.req_s == pytest.approx(1.0) and 0.75 <= run.window_s[0] < run.window_s[1] <= 3.0
+    assert run.req_s == pytest.approx(1.0) and math.isfinite(run.req_s_hi) and run.window_s[1] > 2.4
     short = plan.auto.model_copy(update={"saturated_duration_s": 0.2})
     with pytest.raises(SweepError, match=r"too few requests in its steady window, even over 0.8 s"):
         SimulatedSearch(plan, short).saturated(entry, 0)
+    unbounded = SaturatedRun(0, 3.0, 0.0, math.inf, 9.0, 0.0, math.inf, [1.0, 2.0], 3)
+    bounded = SaturatedRun(0, 3.0, 2.0, 4.0, 9.0, 6.0, 12.0, [1.0, 4.0], 9)
     notes, tried = Notes(), []
-    assert extended("x", [1.0, 2.0, 4.0], lambda d: tried.append(d) or ("μ" if d == 4.0 else None), notes) == "μ"
+    assert extended("x", [1.0, 2.0, 4.0], lambda d: tried.append(d) or {2.0: unbounded, 4.0: bounded}.get(d),
+                    notes) is bounded
     assert tried == [1.0, 2.0, 4.0] and notes.lines == [
         "saturated x: fewer than 2 completion events in the steady window of 1 s; running it again for 2 s",
-        "saturated x: fewer than 2 completion events in the steady window of 2 s; running it again for 4 s"]
+        "saturated x: too few completions for an interval of μ in the steady window of 2 s; running it again for 4 s"]
+    assert extended("x", [1.0, 2.0], lambda d: unbounded) is unbounded  # the last try's μ, its interval says so
 
 
 def test_a_live_saturated_run_is_extended_into_its_folder_and_a_resume_starts_from_the_extension(tmp_path,
                                                                                                  monkeypatch):
     """The live search runs the point again with the longer traffic (the simulator's tables stand in for the
-    runs); a resumed search whose folder holds the 3 s run reuses it without the 1.5 s try."""
+    runs); a resumed search whose folder holds the 4.8 s run reuses it without the shorter tries."""
     from batchlab.lab import capacity_search
     from batchlab.lab.capacity_search import LiveSearch
 
     plan = load_plan(fixed_service_config(tmp_path, duration_s=10, prefill_s=1.0 - (OUT - 1) * DECODE_S))
-    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.5})
+    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.2})
     virtual, ran, done = SimulatedSearch(plan, slow), [], set()
     monkeypatch.setattr(LiveSearch, "_run", lambda self, point, base, what, extension: ran.append(
         (point.folder, base["duration_s"], extension)) or {"status": "done"})
@@ -167,12 +173,12 @@ def test_a_live_saturated_run_is_extended_into_its_folder_and_a_resume_starts_fr
     notes = Notes()
     run = LiveSearch(plan, tmp_path, slow, view=notes).saturated(entry, 0)
     folder = tmp_path / "_saturated" / "strategy=naive" / "repeat=0"
-    # the 3 s run is an extension: the stale 1.5 s folder is not announced as "measured again" besides
-    assert ran == [(folder, 1.5, False), (folder, 3.0, True)] and run.req_s == pytest.approx(1.0)
-    assert run.folder == "_saturated/strategy=naive/repeat=0" and "running it again for 3 s" in notes.lines[0]
+    # the longer runs are extensions: the stale shorter folder is not announced as "measured again" besides
+    assert ran == [(folder, 1.2, False), (folder, 2.4, True), (folder, 4.8, True)] and run.req_s == pytest.approx(1.0)
+    assert run.folder == "_saturated/strategy=naive/repeat=0" and "running it again for 2.4 s" in notes.lines[0]
     ran.clear()
-    done.add(3.0)
-    assert LiveSearch(plan, tmp_path, slow).saturated(entry, 0).req_s == pytest.approx(1.0) and ran == [(folder, 3.0, True)]
+    done.add(4.8)
+    assert LiveSearch(plan, tmp_path, slow).saturated(entry, 0).req_s == pytest.approx(1.0) and ran == [(folder, 4.8, True)]
 
 
 def test_brackets_from_fixed_grid_rates_use_the_same_criterion_in_offered_rates():
