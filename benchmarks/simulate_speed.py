@@ -3,9 +3,9 @@ of traffic at up to 50 req/s. Goal: under 5 s of wall time on the 2-core CPU box
 
     .venv/bin/python benchmarks/simulate_speed.py [--config configs/sim-shapes.yaml] [--out DIR]
 
-Prints each point's own simulation time (the library's, its schedule's build counted in the first point of
-the rate) and the totals (wall, and this process's CPU time, which other load on the machine disturbs less;
-the wall includes planning, the schedules and the index). Timings are printed, never asserted.
+Prints each point's own simulation time as the library measures it (the schedule, built once per rate and
+seed, is not in it) and the totals (wall, and this process's CPU time, which other load on the machine
+disturbs less; both include planning, the schedules and the index). Timings are printed, never asserted.
 """
 import argparse
 import tempfile
