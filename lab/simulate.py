@@ -233,8 +233,7 @@ def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict, float], None] 
                    fanout=None) -> list[tuple[Point, dict]]:
     """Simulate every point (the points of one schedule, rate and seed, together: one evaluation each,
     fanned out by `fanout`, a lab.fanout.Fanout); (point, summary) in grid order. `on_point(point, summary,
-    elapsed_s)`: each point's own simulation time (points are reported when their group is back, so the
-    time between two calls is not a point's)."""
+    elapsed_s)` gets each point's own time (points come back a group at a time)."""
     from batchlab.lab.fanout import Fanout
 
     auto = bool(sim.plan.auto) and not sim.plan.rates

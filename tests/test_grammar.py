@@ -156,4 +156,3 @@ def test_a_ctrl_c_that_surfaces_as_another_error_is_interrupted(tmp_path, monkey
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
-
