@@ -108,7 +108,7 @@ class Driver:
             # 2. the core launches: a continuous backend admits, a static one runs the batch to its end
             launched = self._launch()
             # 3. a continuous backend advances one step; else nap until something is due
-            if self._busy():
+            if self.backend.info.mode == "continuous" and self.backend.has_work():
                 self._step()
             elif not launched:
                 self._nap()
@@ -119,9 +119,6 @@ class Driver:
 
     def _clock(self) -> float:
         return now() - self.t0
-
-    def _busy(self) -> bool:
-        return self.backend.info.mode == "continuous" and self.backend.has_work()
 
     def _arrivals(self) -> None:
         t = self._clock()

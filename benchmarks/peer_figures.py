@@ -11,22 +11,17 @@ from batchlab.report.text import md_table
 PROMPT_FIELD = "prompt_token_ids"  # the timed_trace field that carries each prompt's token ids
 
 
-def timed_trace_lines(frame: pd.DataFrame) -> list[str]:
-    """One JSON line per schedule row (arrival order): timestamp (s), input_length, output_length and
-    the prompt's token ids under PROMPT_FIELD."""
+def export_timed_trace(frame: pd.DataFrame, path: Path) -> int:
+    """Write the schedule as a timed_trace JSONL file, one JSON line per schedule row (arrival order):
+    timestamp (s), input_length, output_length and the prompt's token ids under PROMPT_FIELD; the number
+    of requests."""
     lines = []
     for offset, out_len, tokens in zip(frame["arrival_offset_s"].tolist(), frame["output_len"].tolist(),
                                        frame["prompt_tokens"].tolist()):
         ids = [int(t) for t in tokens]
         lines.append(json.dumps({"timestamp": float(offset), "input_length": len(ids),
-                                 "output_length": int(out_len), PROMPT_FIELD: ids}))
-    return lines
-
-
-def export_timed_trace(frame: pd.DataFrame, path: Path) -> int:
-    """Write the schedule as a timed_trace JSONL file; the number of requests."""
-    lines = timed_trace_lines(frame)
-    path.write_text("".join(line + "\n" for line in lines))
+                                 "output_length": int(out_len), PROMPT_FIELD: ids}) + "\n")
+    path.write_text("".join(lines))
     return len(lines)
 
 
@@ -85,7 +80,6 @@ def batchlab_requests(run_dir: Path) -> pd.DataFrame:
 
     df = request_metrics(pd.read_parquet(RunDir(run_dir).table("requests")))
     df["ttft_dispatch"] = df["first_token_time"] - df["scheduled_time"]
-    df["submitted"] = len(df)
     return df
 
 

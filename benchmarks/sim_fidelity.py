@@ -113,7 +113,7 @@ def _pct(e: float | None) -> str:
 
 
 def print_point(p: dict) -> None:
-    cells = "  ".join(f"{m} {'-' if e is None else f'{e:+.1%}'} ({_fmt(p['real'][m])}→{_fmt(p['sim'][m])})"
+    cells = "  ".join(f"{m} {_pct(e)} ({_fmt(p['real'][m])}→{_fmt(p['sim'][m])})"
                       for m, e in p["error"].items())
     print(f"{p['label']:<11} {p['rate']:>5g} req/s  {p['finished']}/{p['submitted']}  {cells}", flush=True)
 

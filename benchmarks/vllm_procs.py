@@ -4,11 +4,12 @@ vLLM processes left, and the launcher that runs the `vllm` CLI (whose console sc
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from batchlab.lab.ray_cluster import free_port  # noqa: F401  (re-exported: a port for the server)
 
 SERVER_START_TIMEOUT_S = 600.0
 KILL_GRACE_S = 20.0
@@ -48,12 +49,6 @@ from vllm.entrypoints.cli.main import main
 sys.argv = ["vllm", *sys.argv[1:]]
 sys.exit(main())
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_command(model: str, port: int, *extra: str) -> list[str]:
