@@ -90,17 +90,14 @@ def _slices(sources: list[_Source], chunk_rows: int) -> list[tuple[int, int]]:
     return out
 
 
-def _merge(path: Path, sources: list[_Source], chunk_rows: int,
-           build: Callable[[int, int, list[pa.Table]], pa.Table], run: dict) -> None:
-    """`path` written slice by slice: build(lo, hi, each source's rows in [lo, hi], in source order), with
-    the `run`'s identity columns (parts.run_values)."""
-    sources = [s for s in sources if s is not None]
-
+def _write_groups(path: Path, groups: Iterator[pa.Table], run: dict) -> None:
+    """`path` written a row group per table of `groups`, each with the `run`'s identity columns
+    (parts.run_values), cast to the first one's schema."""
     def write(tmp: Path) -> None:
         writer = None
         try:
-            for lo, hi in _slices(sources, chunk_rows):
-                table = stamped(build(lo, hi, [s.read(lo, hi) for s in sources if s.lo <= hi and s.hi >= lo]), run)
+            for table in groups:
+                table = stamped(table, run)
                 if writer is None:
                     writer = pq.ParquetWriter(tmp, table.schema)
                 writer.write_table(table.cast(writer.schema) if table.schema != writer.schema else table)
@@ -111,13 +108,18 @@ def _merge(path: Path, sources: list[_Source], chunk_rows: int,
     write_atomic(path, write)
 
 
-def _frame(parts: list[pa.Table]) -> pd.DataFrame:
-    return pd.concat([p.to_pandas() for p in parts], ignore_index=True)
+def _merge(path: Path, sources: list[_Source], chunk_rows: int,
+           build: Callable[[int, int, list[pa.Table]], pa.Table], run: dict) -> None:
+    """`path` written slice by slice: build(lo, hi, each source's rows in [lo, hi], in source order), with
+    the `run`'s identity columns."""
+    sources = [s for s in sources if s is not None]
+    _write_groups(path, (build(lo, hi, [s.read(lo, hi) for s in sources if s.lo <= hi and s.hi >= lo])
+                         for lo, hi in _slices(sources, chunk_rows)), run)
 
 
 def _last_rows(parts: list[pa.Table], key: str) -> pd.DataFrame:
     """The rows of `parts` (in writing order), the last one per key, sorted by key."""
-    df = _frame(parts).drop_duplicates(key, keep="last")
+    df = pd.concat([p.to_pandas() for p in parts], ignore_index=True).drop_duplicates(key, keep="last")
     return df.sort_values(key, kind="stable", ignore_index=True)
 
 
@@ -232,23 +234,17 @@ def merge_steps(out_dir: Path, run: dict) -> None:
     paths = RunDir(out_dir).parts("steps")
     if not paths:
         return
-    schema = pq.read_schema(paths[0])
+    metadata = pq.read_schema(paths[0]).metadata
 
-    def write(tmp: Path) -> None:
-        writer, held = None, []
-        try:
-            for i, path in enumerate(paths):
-                held.append(pq.read_table(path).replace_schema_metadata(schema.metadata))
-                if sum(t.num_rows for t in held) >= STEP_CHUNK_ROWS or i == len(paths) - 1:
-                    table = stamped(pa.concat_tables(held), run)  # a row group of many parts: fewer headers
-                    writer = writer or pq.ParquetWriter(tmp, table.schema)
-                    writer.write_table(table)
-                    held = []
-        finally:
-            if writer is not None:
-                writer.close()
+    def groups() -> Iterator[pa.Table]:  # a row group of many parts: fewer headers
+        held = []
+        for i, path in enumerate(paths):
+            held.append(pq.read_table(path).replace_schema_metadata(metadata))
+            if sum(t.num_rows for t in held) >= STEP_CHUNK_ROWS or i == len(paths) - 1:
+                yield pa.concat_tables(held)
+                held = []
 
-    write_atomic(RunDir(out_dir).table("steps"), write)
+    _write_groups(RunDir(out_dir).table("steps"), groups(), run)
 
 
 def summary_from_files(store: "RunStore", out_dir: Path, slos: dict | None, gaps: GapSpill) -> Summary:
