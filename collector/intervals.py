@@ -233,6 +233,15 @@ def t_quantile(level: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+def mean_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """(mean, half-width of its t-interval) of independent values (half-width inf with fewer than 2)."""
+    values = np.asarray(values, dtype="float64")
+    if values.size < 2:
+        return (float(values.mean()) if values.size else math.nan), math.inf
+    half = t_quantile(level, values.size - 1) * float(values.std(ddof=1)) / math.sqrt(values.size)
+    return float(values.mean()), half
+
+
 def between_repeats(ratios, level: float = LEVEL, n_pairs: int = 0) -> PairedResult | None:
     """Relative change from per-repeat ratios a_r ÷ b_r (each repeat's own paired effect, one unit each, so
     whatever moves a whole run, the machine's speed in that minute or a burst, is in the spread): estimate
@@ -244,10 +253,9 @@ def between_repeats(ratios, level: float = LEVEL, n_pairs: int = 0) -> PairedRes
     k = logs.size
     if k == 0:
         return None
-    mean = float(np.mean(logs))
+    mean, half = mean_interval(logs, level)
     if k == 1:
         return PairedResult(math.expm1(mean) * 100, math.nan, math.nan, n_pairs, False, 1, level)
-    half = t_quantile(level, k - 1) * float(np.std(logs, ddof=1)) / math.sqrt(k)
     lo, hi = math.expm1(mean - half) * 100, math.expm1(mean + half) * 100
     return PairedResult(math.expm1(mean) * 100, lo, hi, n_pairs, not lo <= 0 <= hi, k, level)
 

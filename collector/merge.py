@@ -185,21 +185,18 @@ def _fill_from_bye(df: pd.DataFrame, bye: dict[int, dict], keys: list[str], t0: 
             .reindex(columns=names).to_numpy()
 
 
-def finished_ids(out_dir: Path) -> np.ndarray:
-    """The finished requests' ids, ascending, from out_dir/requests.parquet."""
-    t = pq.read_table(RunDir(out_dir).table("requests"), columns=["request_id", "status"])
-    return np.sort(t["request_id"].filter(pc.equal(t["status"], "finished")).to_numpy())
-
-
-def merge_tokens(out_dir: Path, finished: np.ndarray, gaps: GapSpill, run: dict) -> None:
+def merge_tokens(out_dir: Path, gaps: GapSpill, run: dict) -> None:
     """out_dir/tokens.parquet from the tokens part files, sorted by request then token index; the
-    finished requests' inter-token gaps go to `gaps` in that order (metrics.inter_token_latencies')."""
+    finished requests' (those of out_dir/requests.parquet) inter-token gaps go to `gaps` in that order
+    (metrics.inter_token_latencies')."""
     folder = RunDir(out_dir)
     paths = folder.parts("tokens")
     if not paths:
         write_parquet(tables.frame([], tables.TOKEN_DTYPES), folder.table("tokens"), run)
         return
     metadata = pq.read_schema(paths[0]).metadata
+    done = pq.read_table(folder.table("requests"), columns=["request_id", "status"])
+    finished = np.sort(done["request_id"].filter(pc.equal(done["status"], "finished")).to_numpy())
 
     def build(lo: int, hi: int, parts: list[pa.Table]) -> pa.Table:
         chunk = pa.concat_tables([p.replace_schema_metadata(metadata) for p in parts]).sort_by(TOKEN_ORDER)
@@ -266,7 +263,7 @@ def merge_run(store: "RunStore", out_dir: Path, slos: dict | None) -> Tables:
     merge_requests(store, out_dir, read_schedule(out_dir))
     gaps, run = GapSpill(RunDir(out_dir).gaps), run_values(store.settings)
     try:
-        merge_tokens(out_dir, finished_ids(out_dir), gaps, run)
+        merge_tokens(out_dir, gaps, run)
         merge_batches(store, out_dir)
         merge_steps(out_dir, run)
         summary = summary_from_files(store, out_dir, slos, gaps)
