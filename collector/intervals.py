@@ -152,13 +152,6 @@ def statistic(x: np.ndarray, q: float | None) -> float:
     return float(np.mean(x)) if q is None else float(np.percentile(x, q))
 
 
-def _members(clusters, keep: np.ndarray) -> list[np.ndarray]:
-    if clusters is None:
-        return [np.arange(int(keep.sum()))]
-    _, member = np.unique(np.asarray(clusters)[keep], return_inverse=True)
-    return [np.flatnonzero(member == j) for j in range(int(member.max()) + 1)]
-
-
 def _result(estimate: float, replicates: np.ndarray, n: int, clusters: int, level: float) -> PairedResult:
     tail = (1 - level) / 2 * 100  # outward ranks, so a resample whose b statistic was 0 (ratio ±inf) stays one
     lo = np.nanpercentile(replicates, tail, method="lower") * 100
@@ -180,7 +173,10 @@ def paired_ratio(a, b, q: float | None = 50, level: float = LEVEL, clusters=None
     a, b = a[keep], b[keep]
     if a.size < 2 or not statistic(b, q) > 0:
         return None
-    members = _members(clusters, keep)
+    members = [np.arange(a.size)]  # each repeat's pairs (one repeat: all)
+    if clusters is not None:
+        _, member = np.unique(np.asarray(clusters)[keep], return_inverse=True)
+        members = [np.flatnonzero(member == j) for j in range(int(member.max()) + 1)]
     rng = np.random.default_rng(seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         reps = [_weighted_stat(a, c, q) / _weighted_stat(b, c, q) - 1

@@ -28,8 +28,7 @@ KEEP_TAKES = 10  # takes a written request stays for late events (the collector 
 
 
 class RunStore:
-    """Every event of one run, joined by request id and batch id (self.taking: their rows out to part
-    files, and what was written out of memory)."""
+    """Every event of one run, joined by request id and batch id (self.taking: their way out)."""
 
     def __init__(self) -> None:
         self.settings: dict = {}

@@ -156,11 +156,9 @@ def harness_cpu(store: "RunStore", collector_cpu_s: float) -> dict:
     worker's CPU is its engine's as well as the harness's)."""
     end = store.run_end
     roles = {"collector": float(collector_cpu_s)}
-    if end is not None and isinstance(end.stats.get(CPU_STAT), (int, float)):
-        roles["scheduler"] = float(end.stats[CPU_STAT])
-    for w, bye in sorted(store.byes.items()):
-        if isinstance(bye.stats.get(CPU_STAT), (int, float)):
-            roles[w] = float(bye.stats[CPU_STAT])
+    for role, msg in [("scheduler", end), *sorted(store.byes.items())]:
+        if msg is not None and isinstance(msg.stats.get(CPU_STAT), (int, float)):
+            roles[role] = float(msg.stats[CPU_STAT])
     n = end.submitted if end is not None and end.submitted else store.arrivals
     per_us = {role: 1e6 * cpu_s / n if n else None for role, cpu_s in roles.items()}
     return {"cpu_s": roles, "us_per_request": per_us, "requests": n,
