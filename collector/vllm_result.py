@@ -75,8 +75,8 @@ def _setup(folder: Path, summary: Summary) -> dict:
     rate = settings.get("rate")
     rate = "inf" if rate is None or (isinstance(rate, float) and math.isinf(rate)) else rate
     ended = datetime.fromtimestamp(RunDir(folder).summary.stat().st_mtime)  # the summary's time: when the run ended
-    return {"date": ended.strftime("%Y%m%d-%H%M%S"), "endpoint_type": settings.get("backend"), "backend": settings.get("backend"),
-            "label": settings.get("strategy"), "model_id": settings.get("model"),
+    return {"date": ended.strftime("%Y%m%d-%H%M%S"), "endpoint_type": settings.get("backend"),
+            "backend": settings.get("backend"), "label": settings.get("strategy"), "model_id": settings.get("model"),
             "tokenizer_id": settings.get("model"), "num_prompts": summary.scheduled, "request_rate": rate,
             "burstiness": _burstiness(settings), "max_concurrency": _max_concurrency(settings)}
 
