@@ -1,6 +1,7 @@
 """Progress as the API reports it: one Event at a time to a callback the caller chooses (None: silent);
 the Event and the view the library's jobs call are lab.progress's."""
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,8 +22,6 @@ def log_progress(event: Event) -> None:
 
 def print_progress(event: Event) -> None:
     """A ready callback: the same lines as log_progress, printed on stderr (a script's or CI job's log)."""
-    import sys
-
     if event.kind == "start":
         print(f"{event.total} points to run", file=sys.stderr, flush=True)
     elif event.kind in ("note", "finished"):

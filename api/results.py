@@ -39,7 +39,7 @@ class SweepResult:
         return self.index.get("capacity")
 
     def report(self, **options):
-        """REPORT.md of this sweep (collector.report.build.run_report's options: rate, slos, out, extra)."""
+        """REPORT.md of this sweep (report.build.run_report's options: rate, slos, out, extra)."""
         from batchlab.report.build import run_report
 
         return run_report(str(self.out), **options)

@@ -200,17 +200,14 @@ def bracket(probes: list[Probe], ceiling: float | None = None) -> tuple[float | 
     """(highest sustained nominal rate below the lowest unsustained one, lowest unsustained nominal rate);
     `ceiling`: an offered rate known not to be sustained without measuring it (μ's upper bound), taken to
     nominal by the probes' nominal ÷ offered (every probe replays the same schedule, scaled)."""
-    failing = [p.rate_req_s for p in probes if not p.verdict.sustained] + ([ceiling_nominal(probes, ceiling)]
-                                                                         if ceiling else [])
+    failing = [p.rate_req_s for p in probes if not p.verdict.sustained]
+    if ceiling:  # the nominal rate whose schedule offers it, as the probes' schedules did (1:1 before any)
+        nominal_share = [p.rate_req_s / p.offered_req_s for p in probes]
+        failing.append(ceiling * float(np.mean(nominal_share)) if probes else ceiling)
     hi = min(failing, default=None)
     lo = max((p.rate_req_s for p in probes if p.verdict.sustained and (hi is None or p.rate_req_s < hi)),
              default=None)
     return lo, hi
-
-
-def ceiling_nominal(probes: list[Probe], ceiling: float) -> float:
-    """The nominal rate whose schedule offers `ceiling` (as the probes' schedules did; 1:1 before any)."""
-    return ceiling * float(np.mean([p.rate_req_s / p.offered_req_s for p in probes])) if probes else ceiling
 
 
 def capacity_of(label: str, probes: list[Probe], start_req_s: float | None = None,

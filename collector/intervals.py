@@ -152,13 +152,6 @@ def statistic(x: np.ndarray, q: float | None) -> float:
     return float(np.mean(x)) if q is None else float(np.percentile(x, q))
 
 
-def _members(clusters, keep: np.ndarray) -> list[np.ndarray]:
-    if clusters is None:
-        return [np.arange(int(keep.sum()))]
-    _, member = np.unique(np.asarray(clusters)[keep], return_inverse=True)
-    return [np.flatnonzero(member == j) for j in range(int(member.max()) + 1)]
-
-
 def _result(estimate: float, replicates: np.ndarray, n: int, clusters: int, level: float) -> PairedResult:
     tail = (1 - level) / 2 * 100  # outward ranks, so a resample whose b statistic was 0 (ratio ±inf) stays one
     lo = np.nanpercentile(replicates, tail, method="lower") * 100
@@ -180,7 +173,10 @@ def paired_ratio(a, b, q: float | None = 50, level: float = LEVEL, clusters=None
     a, b = a[keep], b[keep]
     if a.size < 2 or not statistic(b, q) > 0:
         return None
-    members = _members(clusters, keep)
+    members = [np.arange(a.size)]  # each repeat's pairs (one repeat: all)
+    if clusters is not None:
+        _, member = np.unique(np.asarray(clusters)[keep], return_inverse=True)
+        members = [np.flatnonzero(member == j) for j in range(int(member.max()) + 1)]
     rng = np.random.default_rng(seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         reps = [_weighted_stat(a, c, q) / _weighted_stat(b, c, q) - 1
@@ -233,6 +229,15 @@ def t_quantile(level: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+def mean_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """(mean, half-width of its t-interval) of independent values (half-width inf with fewer than 2)."""
+    values = np.asarray(values, dtype="float64")
+    if values.size < 2:
+        return (float(values.mean()) if values.size else math.nan), math.inf
+    half = t_quantile(level, values.size - 1) * float(values.std(ddof=1)) / math.sqrt(values.size)
+    return float(values.mean()), half
+
+
 def between_repeats(ratios, level: float = LEVEL, n_pairs: int = 0) -> PairedResult | None:
     """Relative change from per-repeat ratios a_r ÷ b_r (each repeat's own paired effect, one unit each, so
     whatever moves a whole run, the machine's speed in that minute or a burst, is in the spread): estimate
@@ -244,10 +249,9 @@ def between_repeats(ratios, level: float = LEVEL, n_pairs: int = 0) -> PairedRes
     k = logs.size
     if k == 0:
         return None
-    mean = float(np.mean(logs))
+    mean, half = mean_interval(logs, level)
     if k == 1:
         return PairedResult(math.expm1(mean) * 100, math.nan, math.nan, n_pairs, False, 1, level)
-    half = t_quantile(level, k - 1) * float(np.std(logs, ddof=1)) / math.sqrt(k)
     lo, hi = math.expm1(mean - half) * 100, math.expm1(mean + half) * 100
     return PairedResult(math.expm1(mean) * 100, lo, hi, n_pairs, not lo <= 0 <= hi, k, level)
 

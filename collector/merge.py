@@ -90,17 +90,14 @@ def _slices(sources: list[_Source], chunk_rows: int) -> list[tuple[int, int]]:
     return out
 
 
-def _merge(path: Path, sources: list[_Source], chunk_rows: int,
-           build: Callable[[int, int, list[pa.Table]], pa.Table], run: dict) -> None:
-    """`path` written slice by slice: build(lo, hi, each source's rows in [lo, hi], in source order), with
-    the `run`'s identity columns (parts.run_values)."""
-    sources = [s for s in sources if s is not None]
-
+def _write_groups(path: Path, groups: Iterator[pa.Table], run: dict) -> None:
+    """`path` written a row group per table of `groups`, each with the `run`'s identity columns
+    (parts.run_values), cast to the first one's schema."""
     def write(tmp: Path) -> None:
         writer = None
         try:
-            for lo, hi in _slices(sources, chunk_rows):
-                table = stamped(build(lo, hi, [s.read(lo, hi) for s in sources if s.lo <= hi and s.hi >= lo]), run)
+            for table in groups:
+                table = stamped(table, run)
                 if writer is None:
                     writer = pq.ParquetWriter(tmp, table.schema)
                 writer.write_table(table.cast(writer.schema) if table.schema != writer.schema else table)
@@ -111,13 +108,18 @@ def _merge(path: Path, sources: list[_Source], chunk_rows: int,
     write_atomic(path, write)
 
 
-def _frame(parts: list[pa.Table]) -> pd.DataFrame:
-    return pd.concat([p.to_pandas() for p in parts], ignore_index=True)
+def _merge(path: Path, sources: list[_Source], chunk_rows: int,
+           build: Callable[[int, int, list[pa.Table]], pa.Table], run: dict) -> None:
+    """`path` written slice by slice: build(lo, hi, each source's rows in [lo, hi], in source order), with
+    the `run`'s identity columns."""
+    sources = [s for s in sources if s is not None]
+    _write_groups(path, (build(lo, hi, [s.read(lo, hi) for s in sources if s.lo <= hi and s.hi >= lo])
+                         for lo, hi in _slices(sources, chunk_rows)), run)
 
 
 def _last_rows(parts: list[pa.Table], key: str) -> pd.DataFrame:
     """The rows of `parts` (in writing order), the last one per key, sorted by key."""
-    df = _frame(parts).drop_duplicates(key, keep="last")
+    df = pd.concat([p.to_pandas() for p in parts], ignore_index=True).drop_duplicates(key, keep="last")
     return df.sort_values(key, kind="stable", ignore_index=True)
 
 
@@ -183,21 +185,18 @@ def _fill_from_bye(df: pd.DataFrame, bye: dict[int, dict], keys: list[str], t0: 
             .reindex(columns=names).to_numpy()
 
 
-def finished_ids(out_dir: Path) -> np.ndarray:
-    """The finished requests' ids, ascending, from out_dir/requests.parquet."""
-    t = pq.read_table(RunDir(out_dir).table("requests"), columns=["request_id", "status"])
-    return np.sort(t["request_id"].filter(pc.equal(t["status"], "finished")).to_numpy())
-
-
-def merge_tokens(out_dir: Path, finished: np.ndarray, gaps: GapSpill, run: dict) -> None:
+def merge_tokens(out_dir: Path, gaps: GapSpill, run: dict) -> None:
     """out_dir/tokens.parquet from the tokens part files, sorted by request then token index; the
-    finished requests' inter-token gaps go to `gaps` in that order (metrics.inter_token_latencies')."""
+    finished requests' (those of out_dir/requests.parquet) inter-token gaps go to `gaps` in that order
+    (metrics.inter_token_latencies')."""
     folder = RunDir(out_dir)
     paths = folder.parts("tokens")
     if not paths:
         write_parquet(tables.frame([], tables.TOKEN_DTYPES), folder.table("tokens"), run)
         return
     metadata = pq.read_schema(paths[0]).metadata
+    done = pq.read_table(folder.table("requests"), columns=["request_id", "status"])
+    finished = np.sort(done["request_id"].filter(pc.equal(done["status"], "finished")).to_numpy())
 
     def build(lo: int, hi: int, parts: list[pa.Table]) -> pa.Table:
         chunk = pa.concat_tables([p.replace_schema_metadata(metadata) for p in parts]).sort_by(TOKEN_ORDER)
@@ -232,23 +231,17 @@ def merge_steps(out_dir: Path, run: dict) -> None:
     paths = RunDir(out_dir).parts("steps")
     if not paths:
         return
-    schema = pq.read_schema(paths[0])
+    metadata = pq.read_schema(paths[0]).metadata
 
-    def write(tmp: Path) -> None:
-        writer, held = None, []
-        try:
-            for i, path in enumerate(paths):
-                held.append(pq.read_table(path).replace_schema_metadata(schema.metadata))
-                if sum(t.num_rows for t in held) >= STEP_CHUNK_ROWS or i == len(paths) - 1:
-                    table = stamped(pa.concat_tables(held), run)  # a row group of many parts: fewer headers
-                    writer = writer or pq.ParquetWriter(tmp, table.schema)
-                    writer.write_table(table)
-                    held = []
-        finally:
-            if writer is not None:
-                writer.close()
+    def groups() -> Iterator[pa.Table]:  # a row group of many parts: fewer headers
+        held = []
+        for i, path in enumerate(paths):
+            held.append(pq.read_table(path).replace_schema_metadata(metadata))
+            if sum(t.num_rows for t in held) >= STEP_CHUNK_ROWS or i == len(paths) - 1:
+                yield pa.concat_tables(held)
+                held = []
 
-    write_atomic(RunDir(out_dir).table("steps"), write)
+    _write_groups(RunDir(out_dir).table("steps"), groups(), run)
 
 
 def summary_from_files(store: "RunStore", out_dir: Path, slos: dict | None, gaps: GapSpill) -> Summary:
@@ -270,7 +263,7 @@ def merge_run(store: "RunStore", out_dir: Path, slos: dict | None) -> Tables:
     merge_requests(store, out_dir, read_schedule(out_dir))
     gaps, run = GapSpill(RunDir(out_dir).gaps), run_values(store.settings)
     try:
-        merge_tokens(out_dir, finished_ids(out_dir), gaps, run)
+        merge_tokens(out_dir, gaps, run)
         merge_batches(store, out_dir)
         merge_steps(out_dir, run)
         summary = summary_from_files(store, out_dir, slos, gaps)

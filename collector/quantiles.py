@@ -28,11 +28,6 @@ def exact_sum(values: Iterable[float]) -> float:
         return float("nan")
 
 
-def exact_mean(values: np.ndarray) -> float:
-    """The mean of a float64 array from its exact sum."""
-    return exact_sum(values.tolist()) / len(values)
-
-
 def sortable_keys(values: np.ndarray) -> np.ndarray:
     """uint64 keys ordered as the float64 values are (negative values: every bit flipped)."""
     bits = values.view(np.uint64)

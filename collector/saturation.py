@@ -1,32 +1,20 @@
 """A strategy's maximum throughput μ, measured directly: the completion rate of a run that keeps the worker
 saturated (the closed loop with more clients than the worker has rows, so every batch can be full), over a
-steady window (warm-up and drain excluded), with a 95% interval from batch means; and μ pooled over repeats.
-Pure: tables in, numbers out.
-
-The interval is a t-interval over the rates of BATCHES blocks of about equal completions (batch means),
-since a batching worker's completions are autocorrelated; between repeats each run's rate is one sample.
-docs/capacity.md ("μ: the saturated run") says why and how the blocks are cut.
+steady window (warm-up and drain excluded), with a 95% t-interval over the rates of BATCHES blocks of about
+equal completions (batch means, since a batching worker's completions are autocorrelated); and μ pooled over
+repeats, each run's rate one sample. Pure: tables in, numbers out. docs/capacity.md ("μ: the saturated run")
+says why and how the blocks are cut.
 """
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.intervals import LEVEL, t_quantile
+from batchlab.collector.intervals import mean_interval
 
 WARMUP_SHARE = 0.25  # of the traffic, excluded: the first batches form, caches and allocators warm up
 BATCHES = 10  # blocks of the steady window (batch means)
 EVENT_GAP_S = 1e-3  # completions closer than this are one event (one batch's rows, reported row by row)
-
-
-def mean_interval(values: np.ndarray) -> tuple[float, float]:
-    """(mean, half-width of its 95% t-interval) of independent values (half-width inf with fewer than 2)."""
-    values = np.asarray(values, dtype="float64")
-    if values.size < 2:
-        return (float(values.mean()) if values.size else math.nan), math.inf
-    half = t_quantile(LEVEL, values.size - 1) * float(values.std(ddof=1)) / math.sqrt(values.size)
-    return float(values.mean()), half
 
 
 def batch_means(series: np.ndarray, batches: int = BATCHES, weights: np.ndarray | None = None

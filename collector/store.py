@@ -1,19 +1,15 @@
 """RunStore: joins the collector's events by request id. Pure: no sockets, no clock, no pandas in
 the hot path (plain dicts and typed arrays; DataFrames are built only in take_parts and finish).
 
-Memory follows what is in flight, not how long the run is: a request's tokens are typed arrays until
-its rows go to a part file, and once written it leaves memory (PartTaking, which the store tells of each
-change); a late event of a request that left is recognised by its id in `ended` and counted.
-
-PartTaking, the RunStore's way out: rows new since the last take go to part files, and what was
-written leaves memory.
-
-A request's tokens are kept (two typed arrays, 16 bytes a token) until its rows are taken; its request
-row is written then too, once it is terminal. It stays in memory KEEP_TAKES more takes (a late token,
-arrival or launch writes its row again; the merge keeps a request's last row), then leaves: only its
-id stays, as a bit in `ended`. A batch's launch and completion leave with the last request in memory
-that refers to them, once the batch's row is written. The final tables are merged from the part files
-(collector.merge). The store tells PartTaking of each change; PartTaking owns only when rows are written.
+Memory follows what is in flight, not how long the run is. PartTaking is the RunStore's way out: rows
+new since the last take go to part files, and what was written leaves memory; the store tells it of
+each change, and it owns only when rows are written. A request's tokens are kept (two typed arrays,
+16 bytes a token) until its rows are taken; its request row is written then too, once it is terminal.
+It stays in memory KEEP_TAKES more takes (a late token, arrival or launch writes its row again; the
+merge keeps a request's last row), then leaves: only its id stays, as a bit in `ended`, so that a late
+event of a request that left is recognised and counted. A batch's launch and completion leave with the
+last request in memory that refers to them, once the batch's row is written. The final tables are
+merged from the part files (collector.merge).
 """
 import math
 from collections import deque
@@ -32,8 +28,7 @@ KEEP_TAKES = 10  # takes a written request stays for late events (the collector 
 
 
 class RunStore:
-    """Every event of one run, joined by request id and batch id (self.taking: their rows out to part
-    files, and what was written out of memory)."""
+    """Every event of one run, joined by request id and batch id (self.taking: their way out)."""
 
     def __init__(self) -> None:
         self.settings: dict = {}
@@ -230,10 +225,6 @@ class RunStore:
             first = first if n else float(times[0])
             n, last = n + len(times), float(times[-1])
         return n, first, last
-
-    def token_offset(self, state: RequestState, bid: int) -> int:
-        """The index of attempt `bid`'s first held token (tokens already taken come before it)."""
-        return state.taken[0] if bid == state.taken_batch else 0
 
     def finish(self, schedule: pd.DataFrame | None = None, *, slos: dict | None = None) -> Tables:
         """The final tables built from memory: unfinished requests failed, unsent schedule rows added,

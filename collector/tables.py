@@ -93,7 +93,7 @@ def tokens_frame(store: "RunStore", rids: list[int], t0: float) -> pd.DataFrame:
         buf = store.tokens.get((rid, bid))
         if not buf:
             continue
-        n, start = len(buf), store.token_offset(state, bid)
+        n, start = len(buf), state.taken[0] if bid == state.taken_batch else 0  # after the tokens already taken
         cols["request_id"].append(np.full(n, rid, dtype=np.int64))
         cols["token_index"].append(np.arange(start, start + n, dtype=np.int64))
         cols["token_id"].append(np.asarray(buf.ids, dtype=np.int64))
@@ -135,18 +135,13 @@ def steps_frame(steps: list, t0: float) -> pd.DataFrame:
                   for s in steps], STEP_DTYPES)
 
 
-def _memory(store: "RunStore") -> tuple[int, str]:
-    peaks = [b.peak_memory_bytes for b in store.byes.values()] + [store.peak_memory_bytes]
-    kinds = sorted({b.memory_kind for b in store.byes.values() if b.memory_kind})
-    return max(peaks, default=0), ",".join(kinds) or "unknown"
-
-
 def run_facts(store: "RunStore") -> dict:
     """Summary fields that come from the store, not the tables."""
-    peak_bytes, kind = _memory(store)
+    peaks = [b.peak_memory_bytes for b in store.byes.values()] + [store.peak_memory_bytes]
+    kinds = sorted({b.memory_kind for b in store.byes.values() if b.memory_kind})
     end = store.run_end
     return {
-        **store.counters, "peak_memory_bytes": peak_bytes, "memory_kind": kind,
+        **store.counters, "peak_memory_bytes": max(peaks), "memory_kind": ",".join(kinds) or "unknown",
         "submitted_by_scheduler": end.submitted if end else None,
         "scheduler_stats": dict(end.stats) if end else {},
         "worker_stats": {w: {k: v for k, v in b.stats.items() if k != ENGINE_METRICS}
@@ -161,11 +156,9 @@ def harness_cpu(store: "RunStore", collector_cpu_s: float) -> dict:
     worker's CPU is its engine's as well as the harness's)."""
     end = store.run_end
     roles = {"collector": float(collector_cpu_s)}
-    if end is not None and isinstance(end.stats.get(CPU_STAT), (int, float)):
-        roles["scheduler"] = float(end.stats[CPU_STAT])
-    for w, bye in sorted(store.byes.items()):
-        if isinstance(bye.stats.get(CPU_STAT), (int, float)):
-            roles[w] = float(bye.stats[CPU_STAT])
+    for role, msg in [("scheduler", end), *sorted(store.byes.items())]:
+        if msg is not None and isinstance(msg.stats.get(CPU_STAT), (int, float)):
+            roles[role] = float(msg.stats[CPU_STAT])
     n = end.submitted if end is not None and end.submitted else store.arrivals
     per_us = {role: 1e6 * cpu_s / n if n else None for role, cpu_s in roles.items()}
     return {"cpu_s": roles, "us_per_request": per_us, "requests": n,

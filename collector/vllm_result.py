@@ -53,11 +53,6 @@ def _stats(name: str, values_s: np.ndarray) -> dict:
     return out | {f"p{p}_{name}_ms": float(value) * 1e3 for p, value in zip(PERCENTILES, np.percentile(v, PERCENTILES))}
 
 
-def _date(folder: Path) -> str:
-    """When the run ended (its summary's time), in vLLM's format."""
-    return datetime.fromtimestamp(RunDir(folder).summary.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
-
-
 def _burstiness(settings: dict) -> float | None:
     """vLLM's burstiness: the gamma shape, which vLLM draws every arrival from (1.0: Poisson); None where the
     arrivals are no gamma process (constant, a trace's own times, the closed loop)."""
@@ -79,8 +74,9 @@ def _setup(folder: Path, summary: Summary) -> dict:
     settings = summary.settings
     rate = settings.get("rate")
     rate = "inf" if rate is None or (isinstance(rate, float) and math.isinf(rate)) else rate
-    return {"date": _date(folder), "endpoint_type": settings.get("backend"), "backend": settings.get("backend"),
-            "label": settings.get("strategy"), "model_id": settings.get("model"),
+    ended = datetime.fromtimestamp(RunDir(folder).summary.stat().st_mtime)  # the summary's time: when the run ended
+    return {"date": ended.strftime("%Y%m%d-%H%M%S"), "endpoint_type": settings.get("backend"),
+            "backend": settings.get("backend"), "label": settings.get("strategy"), "model_id": settings.get("model"),
             "tokenizer_id": settings.get("model"), "num_prompts": summary.scheduled, "request_rate": rate,
             "burstiness": _burstiness(settings), "max_concurrency": _max_concurrency(settings)}
 
