@@ -6,8 +6,6 @@ its label, its offered request rate, its measured throughput and its latencies, 
 figures. The report draws them as marked points and lists them in their own table, with the definitions that
 differ from batchlab's stated once per tool.
 
-GuideLLM's and AIPerf's result files as external points, their figures in batchlab's units.
-
 Field names come from the pydantic models that write the files (paths in each project's repository):
 GuideLLM `src/guidellm/benchmark/schemas/report.py` (GenerativeBenchmarksReport: `benchmarks`),
 `schemas/benchmark.py` (GenerativeBenchmark: `config`, `metrics`), `schemas/metrics.py` (GenerativeMetrics),
@@ -76,13 +74,11 @@ def figure(value: float | None, spec: str) -> str:
 
 GUIDELLM = "guidellm"
 AIPERF = "aiperf"
-# batchlab's metric → GuideLLM's GenerativeMetrics field and its unit in s. GuideLLM's inter_token_latency_ms
-# is per request (last token − first token) ÷ (output tokens − 1), batchlab's TPOT; its
-# time_per_output_token_ms includes the TTFT and has no batchlab counterpart; it keeps no gap distribution (ITL)
+# batchlab's metric → GuideLLM's GenerativeMetrics field and its unit in s (DEFINITIONS[GUIDELLM]: its
+# inter_token_latency_ms is batchlab's TPOT; its time_per_output_token_ms includes the TTFT and has no place)
 GUIDELLM_METRICS = {"ttft": ("time_to_first_token_ms", 1e-3), "tpot": ("inter_token_latency_ms", 1e-3),
                     "e2e": ("request_latency", 1.0)}
-# batchlab's metric → AIPerf's metric tag. AIPerf's inter_token_latency is per request (latency − TTFT) ÷
-# (output tokens − 1), batchlab's TPOT; its inter_chunk_latency (gaps between streamed chunks) is vLLM's ITL
+# batchlab's metric → AIPerf's metric tag (DEFINITIONS[AIPERF]: its inter_token_latency is batchlab's TPOT)
 AIPERF_METRICS = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "itl": "inter_chunk_latency",
                   "e2e": "request_latency"}
 AIPERF_TIME_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "sec": 1.0, "s": 1.0}  # aiperf MetricTimeUnit tags
