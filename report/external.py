@@ -82,8 +82,9 @@ GUIDELLM_METRICS = {"ttft": ("time_to_first_token_ms", 1e-3), "tpot": ("inter_to
 AIPERF_METRICS = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "itl": "inter_chunk_latency",
                   "e2e": "request_latency"}
 AIPERF_TIME_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "sec": 1.0, "s": 1.0}  # aiperf MetricTimeUnit tags
-# the AIPerf metric tags the point holds beside AIPERF_METRICS (any other tag is named as not placed)
-AIPERF_PLACED = {"request_throughput", "output_token_throughput", "request_count", "error_request_count"}
+# the AIPerf metric tags the point holds (any other tag, a dict with a unit, is named as not placed)
+AIPERF_PLACED = {"request_throughput", "output_token_throughput", "request_count", "error_request_count",
+                 *AIPERF_METRICS.values()}
 
 
 def is_guidellm(data: object) -> bool:
@@ -113,15 +114,10 @@ def _quantiles_s(found: dict, unit_s: float) -> dict:
     return {q: None if number(v) is None else number(v) * unit_s for q, v in found.items()}
 
 
-def _successful(metrics: dict, name: str) -> dict:
-    """The successful requests' DistributionSummary of one GuideLLM metric ({} when absent)."""
-    return _dict(_dict(metrics.get(name)).get("successful"))
-
-
 def _guidellm_latency(metrics: dict) -> dict:
     latency = empty_latency()
     for metric, (name, unit_s) in GUIDELLM_METRICS.items():
-        summary = _successful(metrics, name)
+        summary = _dict(_dict(metrics.get(name)).get("successful"))  # the successful requests' DistributionSummary
         if number(summary.get("count")) == 0:  # no request succeeded: GuideLLM writes 0.0 for every figure
             continue
         pct = _dict(summary.get("percentiles"))
@@ -202,8 +198,7 @@ def _aiperf_latency(path: Path, data: dict) -> dict:
         if unit_s is None:
             raise ReportError(f"--extra {path}: AIPerf metric {tag} has unit {result.get('unit')!r}, "
                               f"not one of {', '.join(AIPERF_TIME_S)}")
-        found = {"mean": result.get("avg"), "p50": result.get("p50"), "p90": result.get("p90"),
-                 "p95": result.get("p95"), "p99": result.get("p99")}
+        found = {q: result.get("avg" if q == "mean" else q) for q in POINT_QUANTILES}
         latency[metric] = _quantiles_s(found, unit_s)
     return latency
 
@@ -224,23 +219,18 @@ def _aiperf_load(data: dict) -> tuple[str, float | None, float | None]:
     return "", number(loadgen.get("request_rate")), number(loadgen.get("concurrency"))
 
 
-def _aiperf_unplaced(data: dict) -> tuple[str, ...]:
-    """The file's metric tags (a dict with a unit) that the point does not hold."""
-    placed = AIPERF_PLACED | set(AIPERF_METRICS.values())
-    return tuple(tag for tag, v in data.items() if isinstance(v, dict) and "unit" in v and tag not in placed)
-
-
 def aiperf_point(path: Path, data: dict) -> ExternalPoint:
     """The point of one AIPerf run (its arrival type and request rate, else its concurrency, names it)."""
     kind, rate, concurrency = _aiperf_load(data)
     tail = (f"@ {rate:g} req/s" if rate is not None else
             f"@ concurrency {concurrency:g}" if concurrency is not None else "profile")
     tail = f"{kind} {tail}" if kind and rate is not None else tail
+    unplaced = tuple(tag for tag, v in data.items() if isinstance(v, dict) and "unit" in v and tag not in AIPERF_PLACED)
     return ExternalPoint(f"{AIPERF}: {tail} [{path.stem}]", path, AIPERF, math.nan if rate is None else rate,
                          _aiperf_per_s(path, data.get("output_token_throughput"), "output_token_throughput"),
                          _aiperf_per_s(path, data.get("request_throughput"), "request_throughput"),
                          _aiperf_count(data, "request_count"), _aiperf_count(data, "error_request_count"),
-                         _aiperf_latency(path, data), unplaced=_aiperf_unplaced(data))
+                         _aiperf_latency(path, data), unplaced=unplaced)
 
 
 # batchlab's metric → vLLM's key stem; a percentile q → vLLM's key prefix (p50 is also its median)
