@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchlab.report.points import ReportError
-from batchlab.report.text import md_table, ms, p50_p99
+from batchlab.report.text import figure, md_table, ms, p50_p99
 
 __all__ = ["ExternalPoint", "load_external", "section"]
 
@@ -65,11 +65,6 @@ def number(value: object) -> float | None:
 def empty_latency() -> dict:
     """Every metric and quantile left empty."""
     return {m: dict.fromkeys(POINT_QUANTILES) for m in POINT_METRICS}
-
-
-def figure(value: float | None, spec: str) -> str:
-    """A rate or a throughput as text, '-' where the file has none (NaN)."""
-    return "-" if value is None or math.isnan(value) else format(value, spec)
 
 
 GUIDELLM = "guidellm"

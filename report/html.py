@@ -9,10 +9,10 @@ import math
 import re
 from pathlib import Path
 
-from batchlab.report.external import DEFINITIONS, figure, table_rows
+from batchlab.report.external import DEFINITIONS, table_rows
 from batchlab.report.output import write_text
 from batchlab.report.stats import GroupStats, share_text
-from batchlab.report.text import ms, p50_p99
+from batchlab.report.text import figure, ms, p50_p99
 
 HTML_FILE = "REPORT.html"
 ERRORS_JS = """<script>
@@ -101,7 +101,7 @@ PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))
 
 
 def _ms(seconds: float | None) -> str:
-    return "–" if seconds is None else f"{seconds * 1e3:.1f} ms"
+    return ms(seconds, "–", " ms")
 
 
 def hover_text(g: GroupStats) -> str:
