@@ -345,9 +345,12 @@ def load_external(folder: str | Path, files: list[str] | None = None) -> list[Ex
     return sorted(points, key=lambda p: (p.rate if not math.isnan(p.rate) else math.inf, p.label))
 
 
+TABLE_HEAD = ("run", "tool", "rate req/s", "completed", "failed", "incomplete", "req/s", "out tok/s")
+
+
 def table_rows(points: list[ExternalPoint], metrics: tuple[str, ...], missing: str) -> list[list[str]]:
     """Each point's cells: run, tool, rate, counts (incomplete: `missing` where the tool counts none), req/s,
-    tok/s, then each metric's p50 / p99 in ms."""
+    tok/s (TABLE_HEAD), then each metric's p50 / p99 in ms."""
     return [[p.label, p.kind, figure(p.rate, "g"), str(p.completed), str(p.failed),
              missing if p.incomplete is None else str(p.incomplete), figure(p.requests_per_s, ".2f"),
              figure(p.throughput_tok_s, ".0f" if p.throughput_tok_s >= 100 else ".3g"),
@@ -364,8 +367,7 @@ def section(points: list[ExternalPoint]) -> list[str]:
            "own, measured by it; latencies in ms as p50 / p99, '-' where the file has no such figure. "
            "Where the definitions differ from batchlab's:", ""]
     out += [f"- {kind}: {DEFINITIONS[kind]}." for kind in kinds]
-    head = ["run", "tool", "rate req/s", "completed", "failed", "incomplete", "req/s", "out tok/s", "TTFT", "TPOT",
-            "ITL", "E2E"]
+    head = [*TABLE_HEAD, *(m.upper() for m in POINT_METRICS)]
     out += [""] + md_table(head, table_rows(points, POINT_METRICS, "-"))
     out += ["", "Each run's latencies in full, ms (mean / p50 / p90 / p95 / p99; '-' where the file has none):",
             ""] + md_table(["run", *(m.upper() for m in POINT_METRICS)], [

@@ -15,11 +15,10 @@ from matplotlib.patches import Patch  # noqa: E402
 from batchlab.collector.metrics import inter_token_latencies  # noqa: E402
 from batchlab.report.output import write_file  # noqa: E402
 from batchlab.report.points import Collection, RunData  # noqa: E402
-from batchlab.report.stats import FAILED_MARK_SHARE, GroupStats, finished_requests, share_text  # noqa: E402
+from batchlab.report.stats import FAILED_MARK_SHARE, PANELS, GroupStats, finished_requests, share_text  # noqa: E402
 from batchlab.report.text import figure  # noqa: E402
 
 DPI = 110
-PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))
 FAILED_NOTE = ("Latencies cover finished requests only; labels give the failed share, "
                f"a red x marks > {FAILED_MARK_SHARE:.0%} failed.")
 
