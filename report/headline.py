@@ -7,7 +7,7 @@ says run-to-run variation was not measured. A change whose interval includes zer
 difference."""
 from dataclasses import dataclass
 
-from batchlab.report.capacities import bracket_text, sig
+from batchlab.report.capacities import bracket_text, mu_text
 from batchlab.collector.intervals import UNMEASURED, PairedResult, between_repeats, describe, pct_text
 from batchlab.report.points import Collection
 from batchlab.report.stats import paired_latency
@@ -102,12 +102,6 @@ def change(result: PairedResult | None, what: str, up: str, down: str) -> str:
     return f"{up if result.estimate > 0 else down} {what} by {pct_text(result)}"
 
 
-def mu_text(c: dict) -> str:
-    """'5.1 [5.0, 5.2]': a strategy's saturated μ in req/s with its interval ('?' parts when missing)."""
-    mu = c.get("saturated") or {}
-    return f"{sig(mu.get('req_s'))} [{sig(mu.get('req_s_lo'))}, {sig(mu.get('req_s_hi'))}]"
-
-
 def headline_text(label: str, new: dict, old: dict, found: "Headline", hardware: str) -> str:
     """'Dynamic batching improved throughput by … and reduced TTFT p50 by … compared to naive batching at λ =
     R req/s on HW.' then how each figure was measured."""
@@ -128,8 +122,8 @@ def headline_text(label: str, new: dict, old: dict, found: "Headline", hardware:
         figures = ", ".join(single)
         text = text.replace(f" ({UNMEASURED})", "") + (f" {figures[0].upper()}{figures[1:]} from one repeat: "
                                                        f"{UNMEASURED[12:]}, so no difference there is called significant.")
-    text += (f" Throughput: saturated μ, {BASELINE} {mu_text(old)} → {label} {mu_text(new)} req/s, "
-             f"{thr.clusters} paired repeat(s).")
+    text += (f" Throughput: saturated μ, {BASELINE} {mu_text(old.get('saturated'))} → {label} "
+             f"{mu_text(new.get('saturated'))} req/s, {thr.clusters} paired repeat(s).")
     if found.ttft is not None:
         text += (f" Latency at λ = {rate:g} req/s (≤ {COMMON_LOAD_SHARE:g} × the lower capacity), paired over "
                  f"{found.ttft.n_pairs} requests in {found.ttft.clusters} repeat(s).")
