@@ -1,10 +1,7 @@
-"""The result in sentences, each strategy against naive batching, by a rule fixed in advance (RULE):
-throughput is the ratio of the saturated throughputs μ (capacity.json's `saturated` runs, paired by repeat),
-or, where no saturated run exists, the ratio of the capacities; latency is TTFT p50 and E2E p50 at a common
-load both sustain, paired over the same requests within each repeat (report.stats.paired_latency).
-Intervals come from the spread between repeats; with one repeat the estimate stands alone and the sentence
-says run-to-run variation was not measured. A change whose interval includes zero reads as no significant
-difference."""
+"""The result in sentences, each strategy against naive batching, by a rule fixed in advance (RULE, below and in
+REPORT.md; μ from capacity.json's `saturated` runs, latency pairs from report.stats.paired_latency). With one
+repeat the estimate stands alone and the sentence says run-to-run variation was not measured. A change whose
+interval includes zero reads as no significant difference."""
 from dataclasses import dataclass
 
 from batchlab.report.capacities import bracket_text, mu_text
@@ -16,6 +13,7 @@ BASELINE = "naive"
 NAMES = {"dynamic": "Dynamic batching", "continuous": "Continuous batching",
          "vllm": "vLLM (continuous batching)", "naive": "naive batching"}
 COMMON_LOAD_SHARE = 0.8  # the latency comparison's load: at most this share of the lower capacity
+NO_COMMON_RATE = f"no grid rate at or below {COMMON_LOAD_SHARE:g} × the lower capacity was measured for both"
 RULE = ("throughput = each strategy's saturated throughput μ (completions per second while the worker is kept "
         "busy) against naive batching's, paired by repeat (where no saturated run exists: the capacities); "
         "latency = TTFT p50 and E2E p50, paired over the same requests within each repeat, at the highest grid "
@@ -107,9 +105,7 @@ def headline_text(label: str, new: dict, old: dict, found: "Headline", hardware:
     R req/s on HW.' then how each figure was measured."""
     name, thr, rate = NAMES.get(label, label), found.throughput, found.rate
     if rate is None:
-        latency = (f"; latency not compared (no grid rate at or below {COMMON_LOAD_SHARE:g} × the lower capacity "
-                   "was measured for both)")
-        where = ""
+        latency, where = f"; latency not compared ({NO_COMMON_RATE})", ""
     else:
         latency = (f" and {change(found.ttft, 'TTFT p50', 'raised', 'reduced')} "
                    f"({describe(found.e2e, 'E2E p50')})")
@@ -152,8 +148,7 @@ def headline(collection: Collection, capacities: dict[str, dict], label: str, ha
 def latency_sentence(rate: float | None, ttft: PairedResult | None, e2e: PairedResult | None) -> str:
     """' At λ = R req/s (…), against naive batching: TTFT p50 … ; E2E p50 … (paired over N requests).'"""
     if rate is None:
-        return (f" Latency not compared: no grid rate at or below {COMMON_LOAD_SHARE:g} × the lower capacity "
-                "was measured for both.")
+        return f" Latency not compared: {NO_COMMON_RATE}."
     pairs = f" (paired over {ttft.n_pairs} requests in {ttft.clusters} repeat(s))" if ttft else ""
     return (f" At λ = {rate:g} req/s (≤ {COMMON_LOAD_SHARE:g} × the lower capacity), against naive batching: "
             f"{describe(ttft, 'TTFT p50')}; {describe(e2e, 'E2E p50')}{pairs}.")
