@@ -287,11 +287,10 @@ def load_over_time(collection: Collection, rate: float, path: Path) -> Path:
     bin_s = MIN_RATE_BIN_S
     for label, runs in collection.at_rate(rate).items():
         act = activity(runs[0]).sort_values("start")
-        top.step(act["start"], act["size"], where="post", label=label, linewidth=1)
-        t, q = queue_length(runs[0].requests)
-        middle.step(t, q, where="post", label=label, linewidth=1)
         starts, rates, bin_s = arrival_rate(runs[0].requests)
-        bottom.step(starts, rates, where="post", label=label, linewidth=1)
+        lines = ((act["start"], act["size"]), queue_length(runs[0].requests), (starts, rates))
+        for ax, (x, y) in zip((top, middle, bottom), lines):
+            ax.step(x, y, where="post", label=label, linewidth=1)
     top.set_ylabel("batch size / running rows")
     middle.set_ylabel("queue length (requests)")
     bottom.set_ylabel(f"arrivals (req/s, {bin_s:.2g} s bins)")
