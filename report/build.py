@@ -46,8 +46,9 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     from batchlab.report import plots
     from batchlab.report.capacities import capacity_text, load_capacities
     from batchlab.report.headline import headlines
+    from batchlab.report.html import HTML_FILE, write_html
     from batchlab.report.markdown import render
-    from batchlab.report.setup import hardware
+    from batchlab.report.setup import hardware, setup_lines
     from batchlab.report.stats import all_stats
 
     collection = load_collection(folder)
@@ -73,16 +74,7 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     text = render(collection, stats, lines, [p.name for p in made], at, slos, capacities, source)
     text += "\n".join(section(external)) + ("\n" if external else "")
     write_text(root / REPORT_FILE, text)
-    _html(collection, stats, lines, external, root)
+    write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines, stats=stats,
+               labels=collection.labels(), rates=collection.rates(),
+               setup=setup_lines(collection.runs[0]) if collection.runs else [], external=external)
     return ReportResult(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [])
-
-
-def _html(collection: Collection, stats: dict, lines: list[str], external: list, root: Path) -> Path:
-    """REPORT.html beside REPORT.md in `root` (report.html)."""
-    from batchlab.report.html import HTML_FILE, write_html
-    from batchlab.report.setup import setup_lines
-
-    setup = setup_lines(collection.runs[0]) if collection.runs else []
-    return write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines,
-                      stats=stats, labels=collection.labels(), rates=collection.rates(), setup=setup,
-                      external=external)

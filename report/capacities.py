@@ -59,10 +59,10 @@ def offered(requests, duration_s: float) -> float:
 
 
 def mu_text(sat: dict | None, unit: str = "req_s") -> str:
-    """'4.6 [4.4, 4.8]' (μ and its 95% interval) or 'not measured'."""
+    """'4.6 [4.4, 4.8]' (μ and its 95% interval, '?' for a part missing) or 'not measured'."""
     if not sat:
         return "not measured"
-    return f"{sig(sat[unit])} [{sig(sat[f'{unit}_lo'])}, {sig(sat[f'{unit}_hi'])}]"
+    return f"{sig(sat.get(unit))} [{sig(sat.get(f'{unit}_lo'))}, {sig(sat.get(f'{unit}_hi'))}]"
 
 
 def sig(value: float | None) -> str:

@@ -6,8 +6,6 @@ its label, its offered request rate, its measured throughput and its latencies, 
 figures. The report draws them as marked points and lists them in their own table, with the definitions that
 differ from batchlab's stated once per tool.
 
-GuideLLM's and AIPerf's result files as external points, their figures in batchlab's units.
-
 Field names come from the pydantic models that write the files (paths in each project's repository):
 GuideLLM `src/guidellm/benchmark/schemas/report.py` (GenerativeBenchmarksReport: `benchmarks`),
 `schemas/benchmark.py` (GenerativeBenchmark: `config`, `metrics`), `schemas/metrics.py` (GenerativeMetrics),
@@ -27,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchlab.report.points import ReportError
-from batchlab.report.text import md_table, ms, p50_p99
+from batchlab.report.text import figure, md_table, ms, p50_p99
 
 __all__ = ["ExternalPoint", "load_external", "section"]
 
@@ -69,25 +67,19 @@ def empty_latency() -> dict:
     return {m: dict.fromkeys(POINT_QUANTILES) for m in POINT_METRICS}
 
 
-def figure(value: float | None, spec: str) -> str:
-    """A rate or a throughput as text, '-' where the file has none (NaN)."""
-    return "-" if value is None or math.isnan(value) else format(value, spec)
-
-
 GUIDELLM = "guidellm"
 AIPERF = "aiperf"
-# batchlab's metric → GuideLLM's GenerativeMetrics field and its unit in s. GuideLLM's inter_token_latency_ms
-# is per request (last token − first token) ÷ (output tokens − 1), batchlab's TPOT; its
-# time_per_output_token_ms includes the TTFT and has no batchlab counterpart; it keeps no gap distribution (ITL)
+# batchlab's metric → GuideLLM's GenerativeMetrics field and its unit in s (DEFINITIONS[GUIDELLM]: its
+# inter_token_latency_ms is batchlab's TPOT; its time_per_output_token_ms includes the TTFT and has no place)
 GUIDELLM_METRICS = {"ttft": ("time_to_first_token_ms", 1e-3), "tpot": ("inter_token_latency_ms", 1e-3),
                     "e2e": ("request_latency", 1.0)}
-# batchlab's metric → AIPerf's metric tag. AIPerf's inter_token_latency is per request (latency − TTFT) ÷
-# (output tokens − 1), batchlab's TPOT; its inter_chunk_latency (gaps between streamed chunks) is vLLM's ITL
+# batchlab's metric → AIPerf's metric tag (DEFINITIONS[AIPERF]: its inter_token_latency is batchlab's TPOT)
 AIPERF_METRICS = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "itl": "inter_chunk_latency",
                   "e2e": "request_latency"}
 AIPERF_TIME_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "sec": 1.0, "s": 1.0}  # aiperf MetricTimeUnit tags
-# the AIPerf metric tags the point holds beside AIPERF_METRICS (any other tag is named as not placed)
-AIPERF_PLACED = {"request_throughput", "output_token_throughput", "request_count", "error_request_count"}
+# the AIPerf metric tags the point holds (any other tag, a dict with a unit, is named as not placed)
+AIPERF_PLACED = {"request_throughput", "output_token_throughput", "request_count", "error_request_count",
+                 *AIPERF_METRICS.values()}
 
 
 def is_guidellm(data: object) -> bool:
@@ -117,15 +109,10 @@ def _quantiles_s(found: dict, unit_s: float) -> dict:
     return {q: None if number(v) is None else number(v) * unit_s for q, v in found.items()}
 
 
-def _successful(metrics: dict, name: str) -> dict:
-    """The successful requests' DistributionSummary of one GuideLLM metric ({} when absent)."""
-    return _dict(_dict(metrics.get(name)).get("successful"))
-
-
 def _guidellm_latency(metrics: dict) -> dict:
     latency = empty_latency()
     for metric, (name, unit_s) in GUIDELLM_METRICS.items():
-        summary = _successful(metrics, name)
+        summary = _dict(_dict(metrics.get(name)).get("successful"))  # the successful requests' DistributionSummary
         if number(summary.get("count")) == 0:  # no request succeeded: GuideLLM writes 0.0 for every figure
             continue
         pct = _dict(summary.get("percentiles"))
@@ -206,8 +193,7 @@ def _aiperf_latency(path: Path, data: dict) -> dict:
         if unit_s is None:
             raise ReportError(f"--extra {path}: AIPerf metric {tag} has unit {result.get('unit')!r}, "
                               f"not one of {', '.join(AIPERF_TIME_S)}")
-        found = {"mean": result.get("avg"), "p50": result.get("p50"), "p90": result.get("p90"),
-                 "p95": result.get("p95"), "p99": result.get("p99")}
+        found = {q: result.get("avg" if q == "mean" else q) for q in POINT_QUANTILES}
         latency[metric] = _quantiles_s(found, unit_s)
     return latency
 
@@ -228,23 +214,18 @@ def _aiperf_load(data: dict) -> tuple[str, float | None, float | None]:
     return "", number(loadgen.get("request_rate")), number(loadgen.get("concurrency"))
 
 
-def _aiperf_unplaced(data: dict) -> tuple[str, ...]:
-    """The file's metric tags (a dict with a unit) that the point does not hold."""
-    placed = AIPERF_PLACED | set(AIPERF_METRICS.values())
-    return tuple(tag for tag, v in data.items() if isinstance(v, dict) and "unit" in v and tag not in placed)
-
-
 def aiperf_point(path: Path, data: dict) -> ExternalPoint:
     """The point of one AIPerf run (its arrival type and request rate, else its concurrency, names it)."""
     kind, rate, concurrency = _aiperf_load(data)
     tail = (f"@ {rate:g} req/s" if rate is not None else
             f"@ concurrency {concurrency:g}" if concurrency is not None else "profile")
     tail = f"{kind} {tail}" if kind and rate is not None else tail
+    unplaced = tuple(tag for tag, v in data.items() if isinstance(v, dict) and "unit" in v and tag not in AIPERF_PLACED)
     return ExternalPoint(f"{AIPERF}: {tail} [{path.stem}]", path, AIPERF, math.nan if rate is None else rate,
                          _aiperf_per_s(path, data.get("output_token_throughput"), "output_token_throughput"),
                          _aiperf_per_s(path, data.get("request_throughput"), "request_throughput"),
                          _aiperf_count(data, "request_count"), _aiperf_count(data, "error_request_count"),
-                         _aiperf_latency(path, data), unplaced=_aiperf_unplaced(data))
+                         _aiperf_latency(path, data), unplaced=unplaced)
 
 
 # batchlab's metric → vLLM's key stem; a percentile q → vLLM's key prefix (p50 is also its median)
@@ -364,9 +345,12 @@ def load_external(folder: str | Path, files: list[str] | None = None) -> list[Ex
     return sorted(points, key=lambda p: (p.rate if not math.isnan(p.rate) else math.inf, p.label))
 
 
+TABLE_HEAD = ("run", "tool", "rate req/s", "completed", "failed", "incomplete", "req/s", "out tok/s")
+
+
 def table_rows(points: list[ExternalPoint], metrics: tuple[str, ...], missing: str) -> list[list[str]]:
     """Each point's cells: run, tool, rate, counts (incomplete: `missing` where the tool counts none), req/s,
-    tok/s, then each metric's p50 / p99 in ms."""
+    tok/s (TABLE_HEAD), then each metric's p50 / p99 in ms."""
     return [[p.label, p.kind, figure(p.rate, "g"), str(p.completed), str(p.failed),
              missing if p.incomplete is None else str(p.incomplete), figure(p.requests_per_s, ".2f"),
              figure(p.throughput_tok_s, ".0f" if p.throughput_tok_s >= 100 else ".3g"),
@@ -383,8 +367,7 @@ def section(points: list[ExternalPoint]) -> list[str]:
            "own, measured by it; latencies in ms as p50 / p99, '-' where the file has no such figure. "
            "Where the definitions differ from batchlab's:", ""]
     out += [f"- {kind}: {DEFINITIONS[kind]}." for kind in kinds]
-    head = ["run", "tool", "rate req/s", "completed", "failed", "incomplete", "req/s", "out tok/s", "TTFT", "TPOT",
-            "ITL", "E2E"]
+    head = [*TABLE_HEAD, *(m.upper() for m in POINT_METRICS)]
     out += [""] + md_table(head, table_rows(points, POINT_METRICS, "-"))
     out += ["", "Each run's latencies in full, ms (mean / p50 / p90 / p95 / p99; '-' where the file has none):",
             ""] + md_table(["run", *(m.upper() for m in POINT_METRICS)], [

@@ -1,13 +1,10 @@
-"""The result in sentences, each strategy against naive batching, by a rule fixed in advance (RULE):
-throughput is the ratio of the saturated throughputs μ (capacity.json's `saturated` runs, paired by repeat),
-or, where no saturated run exists, the ratio of the capacities; latency is TTFT p50 and E2E p50 at a common
-load both sustain, paired over the same requests within each repeat (report.stats.paired_latency).
-Intervals come from the spread between repeats; with one repeat the estimate stands alone and the sentence
-says run-to-run variation was not measured. A change whose interval includes zero reads as no significant
-difference."""
+"""The result in sentences, each strategy against naive batching, by a rule fixed in advance (RULE, below and in
+REPORT.md; μ from capacity.json's `saturated` runs, latency pairs from report.stats.paired_latency). With one
+repeat the estimate stands alone and the sentence says run-to-run variation was not measured. A change whose
+interval includes zero reads as no significant difference."""
 from dataclasses import dataclass
 
-from batchlab.report.capacities import bracket_text, sig
+from batchlab.report.capacities import bracket_text, mu_text
 from batchlab.collector.intervals import UNMEASURED, PairedResult, between_repeats, describe, pct_text
 from batchlab.report.points import Collection
 from batchlab.report.stats import paired_latency
@@ -16,6 +13,7 @@ BASELINE = "naive"
 NAMES = {"dynamic": "Dynamic batching", "continuous": "Continuous batching",
          "vllm": "vLLM (continuous batching)", "naive": "naive batching"}
 COMMON_LOAD_SHARE = 0.8  # the latency comparison's load: at most this share of the lower capacity
+NO_COMMON_RATE = f"no grid rate at or below {COMMON_LOAD_SHARE:g} × the lower capacity was measured for both"
 RULE = ("throughput = each strategy's saturated throughput μ (completions per second while the worker is kept "
         "busy) against naive batching's, paired by repeat (where no saturated run exists: the capacities); "
         "latency = TTFT p50 and E2E p50, paired over the same requests within each repeat, at the highest grid "
@@ -102,20 +100,12 @@ def change(result: PairedResult | None, what: str, up: str, down: str) -> str:
     return f"{up if result.estimate > 0 else down} {what} by {pct_text(result)}"
 
 
-def mu_text(c: dict) -> str:
-    """'5.1 [5.0, 5.2]': a strategy's saturated μ in req/s with its interval ('?' parts when missing)."""
-    mu = c.get("saturated") or {}
-    return f"{sig(mu.get('req_s'))} [{sig(mu.get('req_s_lo'))}, {sig(mu.get('req_s_hi'))}]"
-
-
 def headline_text(label: str, new: dict, old: dict, found: "Headline", hardware: str) -> str:
     """'Dynamic batching improved throughput by … and reduced TTFT p50 by … compared to naive batching at λ =
     R req/s on HW.' then how each figure was measured."""
     name, thr, rate = NAMES.get(label, label), found.throughput, found.rate
     if rate is None:
-        latency = (f"; latency not compared (no grid rate at or below {COMMON_LOAD_SHARE:g} × the lower capacity "
-                   "was measured for both)")
-        where = ""
+        latency, where = f"; latency not compared ({NO_COMMON_RATE})", ""
     else:
         latency = (f" and {change(found.ttft, 'TTFT p50', 'raised', 'reduced')} "
                    f"({describe(found.e2e, 'E2E p50')})")
@@ -128,8 +118,8 @@ def headline_text(label: str, new: dict, old: dict, found: "Headline", hardware:
         figures = ", ".join(single)
         text = text.replace(f" ({UNMEASURED})", "") + (f" {figures[0].upper()}{figures[1:]} from one repeat: "
                                                        f"{UNMEASURED[12:]}, so no difference there is called significant.")
-    text += (f" Throughput: saturated μ, {BASELINE} {mu_text(old)} → {label} {mu_text(new)} req/s, "
-             f"{thr.clusters} paired repeat(s).")
+    text += (f" Throughput: saturated μ, {BASELINE} {mu_text(old.get('saturated'))} → {label} "
+             f"{mu_text(new.get('saturated'))} req/s, {thr.clusters} paired repeat(s).")
     if found.ttft is not None:
         text += (f" Latency at λ = {rate:g} req/s (≤ {COMMON_LOAD_SHARE:g} × the lower capacity), paired over "
                  f"{found.ttft.n_pairs} requests in {found.ttft.clusters} repeat(s).")
@@ -158,8 +148,7 @@ def headline(collection: Collection, capacities: dict[str, dict], label: str, ha
 def latency_sentence(rate: float | None, ttft: PairedResult | None, e2e: PairedResult | None) -> str:
     """' At λ = R req/s (…), against naive batching: TTFT p50 … ; E2E p50 … (paired over N requests).'"""
     if rate is None:
-        return (f" Latency not compared: no grid rate at or below {COMMON_LOAD_SHARE:g} × the lower capacity "
-                "was measured for both.")
+        return f" Latency not compared: {NO_COMMON_RATE}."
     pairs = f" (paired over {ttft.n_pairs} requests in {ttft.clusters} repeat(s))" if ttft else ""
     return (f" At λ = {rate:g} req/s (≤ {COMMON_LOAD_SHARE:g} × the lower capacity), against naive batching: "
             f"{describe(ttft, 'TTFT p50')}; {describe(e2e, 'E2E p50')}{pairs}.")

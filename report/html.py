@@ -9,10 +9,10 @@ import math
 import re
 from pathlib import Path
 
-from batchlab.report.external import DEFINITIONS, figure, table_rows
+from batchlab.report.external import DEFINITIONS, TABLE_HEAD, table_rows
 from batchlab.report.output import write_text
-from batchlab.report.stats import GroupStats, share_text
-from batchlab.report.text import ms, p50_p99
+from batchlab.report.stats import PANELS, GroupStats, share_text
+from batchlab.report.text import figure, ms, p50_p99
 
 HTML_FILE = "REPORT.html"
 ERRORS_JS = """<script>
@@ -60,8 +60,7 @@ def rate_tables(stats: dict, rates: list[float]) -> str:
 def _external_table(external: list) -> str:
     if not external:
         return ""
-    head = ("run", "tool", "rate req/s", "completed", "failed", "incomplete", "req/s", "out tok/s", "TTFT p50 / p99 ms",
-            "E2E p50 / p99 ms")
+    head = (*TABLE_HEAD, "TTFT p50 / p99 ms", "E2E p50 / p99 ms")
     rows = table_rows(external, ("ttft", "e2e"), "–")
     notes = "".join(f"<li>{html.escape(kind)}: {html.escape(DEFINITIONS[kind])}.</li>"
                     for kind in sorted({p.kind for p in external}))
@@ -97,11 +96,8 @@ def write_html(path: Path, *, title: str, headlines: list[str], stats: dict, lab
     return write_text(path, page)
 
 
-PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))
-
-
 def _ms(seconds: float | None) -> str:
-    return "–" if seconds is None else f"{seconds * 1e3:.1f} ms"
+    return ms(seconds, "–", " ms")
 
 
 def hover_text(g: GroupStats) -> str:

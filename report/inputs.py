@@ -28,10 +28,14 @@ OPTIONAL: dict[str, dict[str, Kind]] = {  # read when present: then of these kin
 }
 
 
-class IndexPoint(BaseModel):
-    """One point of sweep.json: where its run folder is (relative to the sweep) and how it ended."""
+class Loose(BaseModel):
+    """A file's object as the report reads it: keys it does not read are kept as they are."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class IndexPoint(Loose):
+    """One point of sweep.json: where its run folder is (relative to the sweep) and how it ended."""
 
     label: str
     rate: float | None = None  # null in a closed-loop sweep (its load is `concurrency`)
@@ -42,27 +46,21 @@ class IndexPoint(BaseModel):
     reason: str | None = ""
 
 
-class IndexEntry(BaseModel):
+class IndexEntry(Loose):
     """One strategy of the sweep's grid (its label orders the report's strategies)."""
-
-    model_config = ConfigDict(extra="allow")
 
     label: str
 
 
-class CapacityProbe(BaseModel):
+class CapacityProbe(Loose):
     """One rate a capacity search measured, and whether it was sustained."""
-
-    model_config = ConfigDict(extra="allow")
 
     rate_req_s: float
     sustained: bool
 
 
-class CapacityEntry(BaseModel):
+class CapacityEntry(Loose):
     """One strategy's capacity bracket (req/s and output tok/s; None: that side not measured)."""
-
-    model_config = ConfigDict(extra="allow")
 
     lo_req_s: float | None = None
     hi_req_s: float | None = None
@@ -74,18 +72,14 @@ class CapacityEntry(BaseModel):
     probes: list[CapacityProbe] = []
 
 
-class CapacityDoc(BaseModel):
+class CapacityDoc(Loose):
     """capacity.json (or sweep.json's `capacity`): every strategy's bracket, by label."""
-
-    model_config = ConfigDict(extra="allow")
 
     strategies: dict[str, CapacityEntry] = {}
 
 
-class SweepIndex(BaseModel):
-    """sweep.json as the report reads it; keys it does not read are kept as they are."""
-
-    model_config = ConfigDict(extra="allow")
+class SweepIndex(Loose):
+    """sweep.json as the report reads it."""
 
     points: list[IndexPoint] = []
     entries: list[IndexEntry] = []

@@ -6,7 +6,7 @@ from batchlab.report.points import Collection, RunData, index_load, load_text
 from batchlab.report.setup import knob_table, prefix_cache_line, schedule_lines, setup_lines
 from batchlab.collector.intervals import min_requests
 from batchlab.report.stats import CI_LEVEL, CI_METRICS, CI_QUANTILES, FAILED_MARK_SHARE, GroupStats
-from batchlab.report.text import md_table, ms
+from batchlab.report.text import figure, md_table, ms
 
 QS = ("p50", "p90", "p99")
 
@@ -56,10 +56,6 @@ def _memory(g: GroupStats, facts: tuple[str, int]) -> str:
     return f"{_bytes(g.peak_memory_bytes)} ({', '.join(names) or 'unknown kind'})"
 
 
-def _num(value: float | None, fmt: str = "{:.2f}") -> str:
-    return "—" if value is None or value != value else fmt.format(value)
-
-
 def rate_table(groups: list[GroupStats], with_goodput: bool, memory: dict | None = None) -> list[str]:
     """One row per strategy at one rate; latencies in ms as p50 / p90 / p99; `memory`: memory_facts()."""
     head = ["strategy", "repeats", "throughput (tok/s)", "requests/s", "TTFT ms", "TPOT ms", "ITL ms",
@@ -67,9 +63,9 @@ def rate_table(groups: list[GroupStats], with_goodput: bool, memory: dict | None
             "mean useful_fraction"]
     return md_table(head, [[g.label, str(g.repeats), f"{g.throughput_tok_s:.1f}", f"{g.requests_per_s:.2f}",
                             *(_pcts(g.latency[m]) for m in ("ttft", "tpot", "itl", "e2e")), g.failed_text(),
-                            *([_num(g.goodput, "{:.1%}")] if with_goodput else []),
+                            *([figure(g.goodput, ".1%", "—")] if with_goodput else []),
                             _memory(g, (memory or {}).get((g.label, g.rate), ("", 0))),
-                            _num(g.useful_fraction)] for g in groups])
+                            figure(g.useful_fraction, ".2f", "—")] for g in groups])
 
 
 def _point_cells(g: GroupStats) -> list[str]:

@@ -13,13 +13,12 @@ import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from batchlab.collector.metrics import inter_token_latencies  # noqa: E402
-from batchlab.report.external import figure  # noqa: E402
 from batchlab.report.output import write_file  # noqa: E402
 from batchlab.report.points import Collection, RunData  # noqa: E402
-from batchlab.report.stats import FAILED_MARK_SHARE, GroupStats, finished_requests, share_text  # noqa: E402
+from batchlab.report.stats import FAILED_MARK_SHARE, PANELS, GroupStats, finished_requests, share_text  # noqa: E402
+from batchlab.report.text import figure  # noqa: E402
 
 DPI = 110
-PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))
 FAILED_NOTE = ("Latencies cover finished requests only; labels give the failed share, "
                f"a red x marks > {FAILED_MARK_SHARE:.0%} failed.")
 
@@ -288,11 +287,10 @@ def load_over_time(collection: Collection, rate: float, path: Path) -> Path:
     bin_s = MIN_RATE_BIN_S
     for label, runs in collection.at_rate(rate).items():
         act = activity(runs[0]).sort_values("start")
-        top.step(act["start"], act["size"], where="post", label=label, linewidth=1)
-        t, q = queue_length(runs[0].requests)
-        middle.step(t, q, where="post", label=label, linewidth=1)
         starts, rates, bin_s = arrival_rate(runs[0].requests)
-        bottom.step(starts, rates, where="post", label=label, linewidth=1)
+        lines = ((act["start"], act["size"]), queue_length(runs[0].requests), (starts, rates))
+        for ax, (x, y) in zip((top, middle, bottom), lines):
+            ax.step(x, y, where="post", label=label, linewidth=1)
     top.set_ylabel("batch size / running rows")
     middle.set_ylabel("queue length (requests)")
     bottom.set_ylabel(f"arrivals (req/s, {bin_s:.2g} s bins)")

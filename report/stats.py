@@ -23,6 +23,7 @@ from batchlab.report.points import RunData
 CI_LEVEL = 0.95
 CI_METRICS = ("ttft", "e2e")  # request-level latencies that get percentile intervals
 CI_QUANTILES = (50, 99)
+PANELS = (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "p99"))  # the latency curves' (plots, html)
 FAILED_MARK_SHARE = 0.01  # above this failed share a latency figure flags the point: it flatters
 
 

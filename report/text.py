@@ -1,9 +1,15 @@
-"""Text the report's tables share: milliseconds, a Markdown table and a latency's p50 / p99."""
+"""Text the report's tables share: milliseconds, a figure, a Markdown table and a latency's p50 / p99."""
+import math
 
 
 def ms(value: float | None, missing: str = "—", unit: str = "") -> str:
     """Seconds → milliseconds text (`missing` when there is none)."""
     return missing if value is None else f"{value * 1e3:.1f}{unit}"
+
+
+def figure(value: float | None, spec: str, missing: str = "-") -> str:
+    """A rate, a throughput or a share as text, `missing` where there is none (None or NaN)."""
+    return missing if value is None or math.isnan(value) else format(value, spec)
 
 
 def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
