@@ -1,6 +1,6 @@
 """The wire's vocabulary: the protocol version, one kind number per message, packed token ids.
 
-The messages themselves are declared in protocol.messages (control) and protocol.records (to the collector).
+The messages themselves are declared in protocol.messages (control, then the records for the collector).
 """
 from dataclasses import dataclass
 from enum import IntEnum
