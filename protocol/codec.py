@@ -34,11 +34,6 @@ def _is_int(v: object) -> bool:
     return type(v) is int and INT64_MIN <= v <= INT64_MAX
 
 
-def _is_float(v: object) -> bool:
-    """A finite number: no time, rate or size on the wire is NaN or infinite."""
-    return (type(v) is float and math.isfinite(v)) or _is_int(v)
-
-
 def _check_list_of(kind: type, minimum: int = INT64_MIN) -> typing.Callable[[object], bool]:
     """A list whose elements are exactly `kind` (bool is not int), ints within [minimum, INT64_MAX]: the
     type scan runs in C (set(map(type, v)), then min and max), about half the cost of a per-element
@@ -50,19 +45,15 @@ def _check_list_of(kind: type, minimum: int = INT64_MIN) -> typing.Callable[[obj
                       and (not v or (min(v) >= minimum and max(v) <= INT64_MAX)))
 
 
-def _is_token_bytes(v: object) -> bool:
-    return type(v) is bytes and len(v) % 4 == 0
-
-
 _CHECKS: dict[object, typing.Callable[[object], bool]] = {
     int: _is_int,
-    float: _is_float,
+    float: lambda v: (type(v) is float and math.isfinite(v)) or _is_int(v),  # no time, rate or size is NaN or inf
     str: lambda v: type(v) is str,
     bool: lambda v: type(v) is bool,
     dict: lambda v: type(v) is dict,
     list[int]: _check_list_of(int),
     list[str]: _check_list_of(str),
-    TokenBytes: _is_token_bytes,
+    TokenBytes: lambda v: type(v) is bytes and len(v) % 4 == 0,
 }
 _Build = typing.Callable[[object], object] | None  # a nested row's array → the row (None: the value as is)
 

@@ -1,4 +1,4 @@
-"""Token times of a simulated run, kept as array slices, and the run's tables built from them.
+"""Token times of a simulated run, kept as array slices, and the run's tokens table built from them.
 
 A live worker streams one Tokens message per step and the collector's RunStore keeps a Python list per
 request; at 50 req/s × 60 s that is ~10⁶ tuples per point. Here a request's token times are a slice
@@ -14,7 +14,7 @@ import pandas as pd
 
 from batchlab.collector import tables
 from batchlab.collector.store import RunStore
-from batchlab.collector.tables import TOKEN_DTYPES, Tables
+from batchlab.collector.tables import TOKEN_DTYPES
 from batchlab.protocol import Tokens
 from batchlab.worker.sim import fake_token
 
@@ -106,9 +106,3 @@ def _tokens_frame(spans: list[tuple[_Span, np.ndarray]], t0: float) -> pd.DataFr
         "time": np.concatenate([t for _, t in spans]) - t0,
         "batch_id": np.repeat(np.array([s.batch_id for s, _ in spans], dtype=np.int64), counts),
     }).astype(TOKEN_DTYPES)
-
-
-def build_tables(store: RunStore, tokens: pd.DataFrame, schedule: pd.DataFrame | None,
-                 slos: dict | None) -> Tables:
-    """The collector's tables, with the tokens table given (built above, not row by row)."""
-    return tables.build_tables(store, schedule, slos, tokens=tokens)

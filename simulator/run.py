@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.store import RunStore
-from batchlab.collector.tables import Tables
+from batchlab.collector.tables import Tables, build_tables
 from batchlab.protocol import Arrival, BatchDone, RequestMsg, RunEnd, RunInfo, Step, WorkerBye, WorkerHello
 from batchlab.protocol.identity import config_hash, run_settings
 from batchlab.protocol.settings import RunConfig, parse_bytes
@@ -34,7 +34,7 @@ from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy
 from batchlab.scheduler.strategies import Strategy, resolve
-from batchlab.simulator.record import Recorder, build_tables
+from batchlab.simulator.record import Recorder
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.backend import Row, worker_hello  # worker_hello: the one hello builder (one sim BackendInfo)
@@ -90,7 +90,9 @@ class Simulation:
             if changed:
                 self._schedule(t)
             # 3. idle continuous workers with admitted rows start a step
-            self._start_steps(t)
+            for wid, stepper in self.steppers.items():
+                if wid not in self.stepping and stepper.has_work():
+                    self._start_step(wid, t)
         self._finish(t)
         return self.store
 
@@ -201,12 +203,6 @@ class Simulation:
             self.admitted[r.request_id] = (row.batch_id, t, r.output_len)
             self.steppers[launch.worker_id].admit(r.request_id, r.prompt_len, r.output_len)
 
-    def _start_steps(self, t: float) -> None:
-        """Idle continuous workers that were just given rows start a step."""
-        for wid, stepper in self.steppers.items():
-            if wid not in self.stepping and stepper.has_work():
-                self._start_step(wid, t)
-
     def _start_step(self, wid: str, t: float) -> None:
         plan = self.steppers[wid].plan_step()
         for rid in plan.joined:
@@ -269,6 +265,6 @@ def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) ->
     store = sim.run()
     tokens = sim.recorder.attach(store)
     # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
-    tables = build_tables(store, tokens, None, slos if slos is not None else cfg.slos() or None)  # as live
+    tables = build_tables(store, None, slos if slos is not None else cfg.slos() or None, tokens=tokens)  # as live
     tables.summary.end_reason = END_REASON
     return tables
