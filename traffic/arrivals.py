@@ -56,17 +56,12 @@ def arrival_offsets(kind: str, rate: float, duration_s: float, rng: np.random.Ge
         if count < 1:
             raise ValueError("rate inf (every request at t = 0) needs a request count")
         return np.zeros(count, dtype=np.float64)
-    offsets = _offsets(kind, rate, duration_s, burstiness, rng)
-    return offsets[:count] if count > 0 else offsets
-
-
-def _offsets(kind: str, rate: float, duration_s: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
-    """Every arrival in [0, duration_s)."""
     if kind == "constant":
-        n = math.ceil(rate * duration_s)
-        offsets = np.arange(n, dtype=np.float64) / rate
-        return offsets[offsets < duration_s]
-    return _random_offsets(kind, rate, duration_s, burstiness, rng)
+        offsets = np.arange(math.ceil(rate * duration_s), dtype=np.float64) / rate
+        offsets = offsets[offsets < duration_s]
+    else:
+        offsets = _random_offsets(kind, rate, duration_s, burstiness, rng)
+    return offsets[:count] if count > 0 else offsets
 
 
 @dataclass(slots=True)
