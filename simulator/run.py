@@ -40,8 +40,7 @@ from batchlab.collector.tables import TOKEN_DTYPES, Tables, build_tables
 from batchlab.protocol import Arrival, BatchDone, RequestMsg, RunEnd, RunInfo, Step, Tokens, WorkerBye, WorkerHello
 from batchlab.protocol.identity import config_hash, run_settings
 from batchlab.protocol.settings import RunConfig, parse_bytes
-from batchlab.scheduler.core import SchedulerCore
-from batchlab.scheduler.launch import Launch
+from batchlab.scheduler.core import Launch, SchedulerCore
 from batchlab.scheduler.policies import Policy
 from batchlab.scheduler.strategies import Strategy, resolve
 from batchlab.traffic.closed_loop import ClientPool
