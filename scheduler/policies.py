@@ -2,10 +2,8 @@
 
 A policy is shown the queue (the RequestMsgs traffic sent, oldest first; it reads their ids, planned
 arrival times and prompt and output lengths), the time it is given, and one worker's free capacity, and
-answers with a Decision: launch the first `n` queued requests (with a reason) or the ones at the
-positions it `pick`s, fail the ones it `reject`s, or nothing until `wake_at` (or until the next event,
-when `wake_at` is None). It sees the first max(worker rows, its `lookahead`) queued requests. The live
-scheduler and the discrete-event simulator drive the same classes through scheduler.core.
+answers with a Decision (below). It sees the first max(worker rows, its `lookahead`) queued requests. The
+live scheduler and the discrete-event simulator drive the same classes through scheduler.core.
 """
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +28,7 @@ class Capacity:
 class Decision:
     """Launch queue[:n] (or, when `pick` is given, the requests at those positions of the queue shown, in
     that order) because of `reason`; fail the requests at the positions in `reject` with `reject_reason`;
-    or, launching nothing, ask to be woken at `wake_at`."""
+    or, launching nothing, ask to be woken at `wake_at` (None: at the next event)."""
 
     n: int = 0
     reason: str = ""
