@@ -347,19 +347,15 @@ def sim_settings(cfg: RunConfig) -> dict:
     return settings
 
 
-def clients(cfg: RunConfig, schedule: Schedule) -> ClientPool | None:
-    """Closed loop (--concurrency): the clients over the schedule, stopped at its duration; None: open loop."""
-    if cfg.concurrency <= 0:
-        return None
-    return ClientPool(cfg.concurrency, schedule.n_requests, cfg.think_time_ms / 1000, schedule.duration_s)
-
-
 def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) -> Tables:
     """Play `schedule` through cfg's policy and workers in virtual time; the run's tables."""
     strategy, model = resolve(cfg), step_model(cfg)
-    sim = Simulation(strategy.policy(), model, worker_hellos(cfg, strategy, model), schedule.frame, settings=sim_settings(cfg),
-                     max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens, stall_limit_s=cfg.stall_limit_s,
-                     clients=clients(cfg, schedule))
+    # closed loop (--concurrency): the clients over the schedule, stopped at its duration; None: open loop
+    clients = (ClientPool(cfg.concurrency, schedule.n_requests, cfg.think_time_ms / 1000, schedule.duration_s)
+               if cfg.concurrency > 0 else None)
+    sim = Simulation(strategy.policy(), model, worker_hellos(cfg, strategy, model), schedule.frame,
+                     settings=sim_settings(cfg), max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
+                     stall_limit_s=cfg.stall_limit_s, clients=clients)
     store = sim.run()
     tokens = sim.recorder.attach(store)
     # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
