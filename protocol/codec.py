@@ -1,7 +1,7 @@
 """MessagePack codec with validation: a bad frame raises ProtocolError, nothing else.
 
 Values are checked as well as shapes: every int within int64, every float finite, the lower bounds the
-messages declare (protocol.wire: RequestId, Count, Length), and each message's own `is_valid`. A nested
+messages declare (RequestId, Count, Length), and each message's own `is_valid`. A nested
 row (a dataclass inside a message: RequestRow, FailedRow) travels as the array of its fields and is
 checked field by field, as a message is."""
 import dataclasses
@@ -10,8 +10,8 @@ import typing
 
 import msgpack
 
-from batchlab.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Bundle, Kind, TokenBytes
-from batchlab.protocol.wire import INT64_MAX, INT64_MIN, AtLeast
+from batchlab.protocol.messages import (INT64_MAX, INT64_MIN, MESSAGE_TYPES, PROTOCOL_VERSION, AtLeast, Bundle, Kind,
+                                       TokenBytes)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger frames are rejected before unpacking
 # msgpack builds a container at its header, before its elements are read: an array header of 5 bytes
@@ -34,11 +34,6 @@ def _is_int(v: object) -> bool:
     return type(v) is int and INT64_MIN <= v <= INT64_MAX
 
 
-def _is_float(v: object) -> bool:
-    """A finite number: no time, rate or size on the wire is NaN or infinite."""
-    return (type(v) is float and math.isfinite(v)) or _is_int(v)
-
-
 def _check_list_of(kind: type, minimum: int = INT64_MIN) -> typing.Callable[[object], bool]:
     """A list whose elements are exactly `kind` (bool is not int), ints within [minimum, INT64_MAX]: the
     type scan runs in C (set(map(type, v)), then min and max), about half the cost of a per-element
@@ -50,19 +45,15 @@ def _check_list_of(kind: type, minimum: int = INT64_MIN) -> typing.Callable[[obj
                       and (not v or (min(v) >= minimum and max(v) <= INT64_MAX)))
 
 
-def _is_token_bytes(v: object) -> bool:
-    return type(v) is bytes and len(v) % 4 == 0
-
-
 _CHECKS: dict[object, typing.Callable[[object], bool]] = {
     int: _is_int,
-    float: _is_float,
+    float: lambda v: (type(v) is float and math.isfinite(v)) or _is_int(v),  # no time, rate or size is NaN or inf
     str: lambda v: type(v) is str,
     bool: lambda v: type(v) is bool,
     dict: lambda v: type(v) is dict,
     list[int]: _check_list_of(int),
     list[str]: _check_list_of(str),
-    TokenBytes: _is_token_bytes,
+    TokenBytes: lambda v: type(v) is bytes and len(v) % 4 == 0,
 }
 _Build = typing.Callable[[object], object] | None  # a nested row's array → the row (None: the value as is)
 
@@ -100,7 +91,7 @@ def _fields(cls: type) -> list[tuple[str, typing.Callable[[object], bool], _Buil
 
 
 def _check_of(hint: object) -> typing.Callable[[object], bool]:
-    """The check of one plain field's type hint; an Annotated int (protocol.wire's RequestId, Count, ...)
+    """The check of one plain field's type hint; an Annotated int (protocol.messages' RequestId, Count, ...)
     adds its AtLeast bound, also inside a list."""
     if typing.get_origin(hint) is typing.Annotated:
         check, minimum = _CHECKS[hint.__origin__], _minimum(hint)

@@ -15,9 +15,8 @@ import yaml
 from pydantic import BaseModel, ValidationError, model_validator
 
 from batchlab.protocol.setting_groups import (CLOSED_LOOP_CONFLICT, CLOSED_LOOP_COUNT_DURATION_S,  # noqa: F401
-                                              DEFAULT_DURATION_S, DEFAULT_RATE, GROUPS, SLO_NAMES, UNITS_S,
-                                              ConfigError, ScheduleSettings, parse_bytes, parse_slos, refuse,
-                                              slo_items)
+                                              DEFAULT_DURATION_S, DEFAULT_RATE, GROUPS, ConfigError, ScheduleSettings,
+                                              parse_bytes, parse_slos, refuse, slo_items)
 
 # The settings a schedule is built from: a replayed schedule brings its own.
 TRAFFIC_FIELDS = tuple(ScheduleSettings.model_fields)

@@ -1,9 +1,14 @@
-"""The one socket factory, and the default (loopback) addresses."""
+"""The one socket factory, the default (loopback) addresses, and sending in bundles: messages for one peer
+kept and sent as one frame (a Bundle when several, protocol.codec.encode_many), the scheduler's and each
+worker's records for the collector. Times travel inside the messages, so holding them a few milliseconds
+costs no accuracy and spares the peer a wake-up per message."""
+import logging
 from dataclasses import dataclass
 
 import zmq
 
-from batchlab.protocol.codec import MAX_MESSAGE_BYTES
+from batchlab.protocol.clock import now
+from batchlab.protocol.codec import MAX_MESSAGE_BYTES, split_frames
 from batchlab.protocol.security import check_bind, secure_client, secure_server
 
 SEND_HWM = 100_000  # messages queued per peer before send blocks (PUSH) or drops (ROUTER)
@@ -14,6 +19,9 @@ HEARTBEAT_INTERVAL_S = 1.0
 # SIGSTOP) is not a death, and a peer that really ended is noticed at once by other means (its connection
 # closes: the scheduler's sends to it fail; `batchlab run` sees the process end). RunConfig.liveness_s.
 LIVENESS_S = 30.0
+MAX_RECORDS_PER_FRAME = 4096  # a Bundler's frame goes early once this many are kept
+
+log = logging.getLogger("batchlab.protocol")
 
 
 @dataclass(slots=True)
@@ -79,3 +87,38 @@ def recv_frames(sock: zmq.Socket) -> list[bytes]:
     while sock.getsockopt(_RCVMORE):
         frames.append(sock.recv(_NOBLOCK))
     return frames
+
+
+class Bundler:
+    """Kept messages, in order; `flush()` sends them when due (`interval_s` after the first was kept),
+    many, or forced."""
+
+    def __init__(self, sock, interval_s: float, max_records: int = MAX_RECORDS_PER_FRAME) -> None:
+        self.sock, self.interval_s, self.max_records = sock, interval_s, max_records
+        self.records: list[object] = []
+        self.due: float | None = None  # when the kept messages must go (None: none kept)
+
+    def add(self, msg: object) -> None:
+        self.records.append(msg)
+
+    def extend(self, msgs: list) -> None:
+        self.records += msgs
+
+    def flush(self, force: bool = False) -> None:
+        if not self.records:
+            return
+        t = now()
+        if self.due is None:
+            self.due = t + self.interval_s
+        if force or t >= self.due or len(self.records) >= self.max_records:
+            send_split(self.sock, self.records)
+            self.records, self.due = [], None
+
+
+def send_split(sock, msgs: list) -> None:
+    """`msgs` in order, in frames within the frame limit; a message too large alone is logged, not sent."""
+    frames, left_out = split_frames(msgs)
+    for frame in frames:
+        sock.send(frame)
+    for reason in left_out:
+        log.error("not sent: %s", reason)

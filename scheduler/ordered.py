@@ -26,8 +26,7 @@ from typing import ClassVar
 
 from batchlab.protocol import RequestMsg
 from batchlab.protocol.settings import parse_slos
-from batchlab.scheduler.policies import (AdaptiveCap, Capacity, Decision, admit_by_credit, at_least,
-                                         batch_trigger)
+from batchlab.scheduler.policies import Capacity, Continuous, Decision, Dynamic, Policy, at_least
 
 MODES = ("static", "continuous")
 PREDICTORS = ("oracle", "prompt", "noisy")
@@ -62,7 +61,10 @@ class Ranked:
         self.params = params
         self.mode = params.mode  # the worker's mode (scheduler.strategies reads the built policy's)
         self.lookahead = params.window  # the core shows this many queued requests
-        self.adaptive = AdaptiveCap(params.max_batch_size)
+        # what decides over the ranked requests: dynamic's triggers (its cap halves on OOM), or continuous's
+        # credit rule (rows and KV)
+        self.rule: Policy = (Continuous(params.max_batch_size) if params.mode == "continuous" else
+                             Dynamic(params.max_batch_size, params.max_wait_ms / 1000.0, params.max_new_tokens))
 
     @property
     def rows(self) -> int:
@@ -82,35 +84,16 @@ class Ranked:
         reject = tuple(i for i, r in enumerate(queue) if self.late(r, now))
         gone = set(reject)
         order = sorted((i for i in range(len(queue)) if i not in gone), key=lambda i: (self.key(queue[i], now), i))
-        if self.mode == "continuous":
-            decision = self._admit(queue, order, cap)
-        else:
-            decision = self._batch(queue, order, now, cap, end_of_stream)
+        decision = self.rule.decide([queue[i] for i in order], now, cap, end_of_stream)
+        if decision.n:  # the first n of the ranked order are positions of the queue shown
+            decision.pick, decision.n = tuple(order[:decision.n]), 0
         if reject:
             decision.reject, decision.reject_reason = reject, DEADLINE
         return decision
 
-    def _admit(self, queue: Sequence[RequestMsg], order: list[int], cap: Capacity) -> Decision:
-        """Best ranked first, while the worker has rows and KV (continuous's credit rule)."""
-        n = admit_by_credit([queue[i] for i in order], min(cap.free_slots, self.params.max_batch_size), cap)
-        return Decision(reason="credit", pick=tuple(order[:n])) if n else Decision()
-
-    def _batch(self, queue: Sequence[RequestMsg], order: list[int], now: float, cap: Capacity,
-               end_of_stream: bool) -> Decision:
-        """dynamic's triggers over the best ranked requests."""
-        if cap.free_slots <= 0 or not order:
-            return Decision()
-        limit = min(self.adaptive.cap, self.params.max_batch_size, cap.free_slots)
-        p = self.params
-        decision = batch_trigger([queue[i] for i in order], limit, now, cap, end_of_stream, p.max_wait_ms / 1000.0,
-                                 p.max_new_tokens)
-        if decision.n:  # the first n of the ranked order are positions of the queue shown
-            decision.pick, decision.n = tuple(order[:decision.n]), 0
-        return decision
-
     def on_batch_done(self, size: int, oom: bool) -> None:
-        """Halve the static cap on OOM (min 1); after enough clean batches probe it up by one."""
-        self.adaptive.update(size, oom)
+        """As its rule: the static cap halves on OOM (min 1), after enough clean batches it is probed up by one."""
+        self.rule.on_batch_done(size, oom)
 
 
 @dataclass(slots=True)

@@ -2,10 +2,8 @@
 
 A policy is shown the queue (the RequestMsgs traffic sent, oldest first; it reads their ids, planned
 arrival times and prompt and output lengths), the time it is given, and one worker's free capacity, and
-answers with a Decision: launch the first `n` queued requests (with a reason) or the ones at the
-positions it `pick`s, fail the ones it `reject`s, or nothing until `wake_at` (or until the next event,
-when `wake_at` is None). It sees the first max(worker rows, its `lookahead`) queued requests. The live
-scheduler and the discrete-event simulator drive the same classes through scheduler.core.
+answers with a Decision (below). It sees the first max(worker rows, its `lookahead`) queued requests. The
+live scheduler and the discrete-event simulator drive the same classes through scheduler.core.
 """
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +28,7 @@ class Capacity:
 class Decision:
     """Launch queue[:n] (or, when `pick` is given, the requests at those positions of the queue shown, in
     that order) because of `reason`; fail the requests at the positions in `reject` with `reject_reason`;
-    or, launching nothing, ask to be woken at `wake_at`."""
+    or, launching nothing, ask to be woken at `wake_at` (None: at the next event)."""
 
     n: int = 0
     reason: str = ""
@@ -69,35 +67,6 @@ def fit_padded(queue: Sequence[RequestMsg], limit: int, cap: Capacity, max_new_t
         if (k + 1) * (p_max + max_new_tokens) * cap.kv_bytes_per_token > cap.kv_free_bytes:
             return max(k, 1)
     return min(limit, len(queue))
-
-
-def batch_trigger(queue: Sequence[RequestMsg], limit: int, now: float, cap: Capacity, end_of_stream: bool,
-                  max_wait_s: float, max_new_tokens: int) -> Decision:
-    """dynamic's rule over `queue` taken in the order given: launch its first n (n ≤ limit) on memory,
-    size, the oldest's age or the end of the stream, else ask to be woken when the oldest ages out."""
-    n = fit_padded(queue, limit, cap, max_new_tokens)
-    if n < min(limit, len(queue)):
-        return Decision(n, "memory")
-    if len(queue) >= limit:
-        return Decision(n, "size")
-    deadline = min(r.arrival_time for r in queue) + max_wait_s
-    if now >= deadline:
-        return Decision(n, "age")
-    if end_of_stream:
-        return Decision(n, "flush")
-    return Decision(wake_at=deadline)
-
-
-def admit_by_credit(queue: Sequence[RequestMsg], limit: int, cap: Capacity) -> int:
-    """How many of queue[:limit], in the order given, fit the worker's KV credit (the first always fits an
-    idle worker)."""
-    n, kv = 0, cap.kv_free_bytes
-    for req in queue[: max(0, limit)]:
-        need = (req.prompt_len + req.output_len) * cap.kv_bytes_per_token
-        if need > kv and not (cap.idle and n == 0):
-            break
-        n, kv = n + 1, kv - need
-    return n
 
 
 @dataclass
@@ -213,10 +182,23 @@ class Dynamic:
 
     def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
+        """Over `queue` taken in the order given (sjf and edf give theirs ranked): launch its first n (n ≤ the
+        cap, the size and the worker's room) on memory, size, the oldest's age or the end of the stream, else
+        ask to be woken when the oldest ages out."""
         if cap.free_slots <= 0 or not queue:
             return Decision()
         limit = min(self.cap, self.max_batch_size, cap.free_slots)
-        return batch_trigger(queue, limit, now, cap, end_of_stream, self.max_wait_s, self.max_new_tokens)
+        n = fit_padded(queue, limit, cap, self.max_new_tokens)
+        if n < min(limit, len(queue)):
+            return Decision(n, "memory")
+        if len(queue) >= limit:
+            return Decision(n, "size")
+        deadline = min(r.arrival_time for r in queue) + self.max_wait_s
+        if now >= deadline:
+            return Decision(n, "age")
+        if end_of_stream:
+            return Decision(n, "flush")
+        return Decision(wake_at=deadline)
 
     def on_batch_done(self, size: int, oom: bool) -> None:
         """Halve the cap on OOM (min 1); after enough clean batches probe it up by one."""
@@ -249,7 +231,14 @@ class Continuous:
 
     def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
-        n = admit_by_credit(queue, min(cap.free_slots, self.max_batch_size), cap)
+        """As many of `queue`, in the order given, as the worker's rows and KV credit take (the first always
+        fits an idle worker)."""
+        n, kv = 0, cap.kv_free_bytes
+        for req in queue[: max(0, min(cap.free_slots, self.max_batch_size))]:
+            need = (req.prompt_len + req.output_len) * cap.kv_bytes_per_token
+            if need > kv and not (cap.idle and n == 0):
+                break
+            n, kv = n + 1, kv - need
         return Decision(n, "credit") if n else Decision()
 
     def on_batch_done(self, size: int, oom: bool) -> None:

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from batchlab.collector.store import RunStore
+from batchlab.collector.tables import build_tables
 from batchlab.protocol import WorkerHello
 from batchlab.scheduler.policies import Continuous, Dynamic, Naive
 from batchlab.simulator.run import Simulation
-from batchlab.simulator.record import build_tables
 from batchlab.worker.stepmodel import StepModel
 
 ARRIVALS_S = [0, 1, 5, 6, 7]
@@ -40,7 +40,7 @@ def simulate(policy, frame: pd.DataFrame | None = None, workers: int = 1):
     sim = Simulation(policy, UNIT, hellos, frame, settings={"strategy": policy.name})
     store = sim.run()
     tokens = sim.recorder.attach(store)
-    return sim, build_tables(store, tokens, frame, None)
+    return sim, build_tables(store, frame, None, tokens=tokens)
 
 
 def launches(tables) -> list[tuple[float, str, str, float]]:
@@ -121,7 +121,7 @@ def test_fast_tables_equal_the_collectors_own_from_token_messages(policy):
     sim = Simulation(policy, UNIT, hellos, frame, settings={"strategy": policy.name})
     sim.store = _LoggingStore()
     store = sim.run()
-    fast = build_tables(store, sim.recorder.attach(store), frame, {"ttft": 3.0})
+    fast = build_tables(store, frame, {"ttft": 3.0}, tokens=sim.recorder.attach(store))
     slow_store = RunStore()
     for msg in sim.store.log[:-2] + sim.recorder.token_messages() + sim.store.log[-2:]:
         slow_store.handle(msg)
@@ -136,7 +136,7 @@ def test_arrivals_beyond_max_queue_fail_as_queue_full_like_the_live_scheduler():
     policy = Dynamic(max_batch_size=4, max_wait_s=2.0, max_new_tokens=8)
     sim = Simulation(policy, UNIT, [hello("static")], seed_frame(), settings={}, max_queue=1)
     store = sim.run()
-    tables = build_tables(store, sim.recorder.attach(store), seed_frame(), None)
+    tables = build_tables(store, seed_frame(), None, tokens=sim.recorder.attach(store))
     r = tables.requests.set_index("request_id")
     assert r["status"].tolist() == ["finished", "failed", "finished", "failed", "failed"]  # B, D, E find A or C queued
     assert set(r.loc[[1, 3, 4], "error"]) == {"queue full"}
@@ -148,7 +148,7 @@ def test_a_policy_that_never_launches_is_declared_stalled_in_virtual_time_like_a
 
     sim = Simulation(Never(), UNIT, [hello("static")], seed_frame(), settings={}, stall_limit_s=2.0)
     store = sim.run()
-    tables = build_tables(store, sim.recorder.attach(store), seed_frame(), None)
+    tables = build_tables(store, seed_frame(), None, tokens=sim.recorder.attach(store))
     r = tables.requests
     assert set(r.status) == {"failed"} and set(r.error) == {
         "stalled: policy launched nothing for 2 s with 5 queued and every worker idle"}

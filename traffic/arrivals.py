@@ -7,18 +7,6 @@ import numpy as np
 ARRIVAL_KINDS = ("poisson", "gamma", "constant")
 
 
-def _check(kind: str, rate: float, duration_s: float, burstiness: float) -> None:
-    """Raise ValueError with a clear message for an impossible argument."""
-    if kind not in ARRIVAL_KINDS:
-        raise ValueError(f"unknown arrival kind {kind!r}; expected one of {', '.join(ARRIVAL_KINDS)}")
-    if not rate > 0:
-        raise ValueError(f"arrival rate must be a positive number of requests/s (inf: all at once), got {rate!r}")
-    if not duration_s > 0 or not math.isfinite(duration_s):
-        raise ValueError(f"duration must be a positive number of seconds, got {duration_s!r}")
-    if not burstiness > 0 or not math.isfinite(burstiness):
-        raise ValueError(f"burstiness must be > 0 (1 = Poisson, smaller = burstier), got {burstiness!r}")
-
-
 def _gaps(kind: str, rate: float, burstiness: float, n: int, rng: np.random.Generator) -> np.ndarray:
     """`n` inter-arrival gaps in seconds, mean 1/rate."""
     if kind == "poisson":
@@ -50,23 +38,26 @@ def arrival_offsets(kind: str, rate: float, duration_s: float, rng: np.random.Ge
     (vLLM's --burstiness; 1 = Poisson, smaller = burstier). constant: gaps of exactly 1/rate.
     count > 0: at most the first `count` of them (a count stop beside the duration: whichever comes
     first; request k arrives when it would without the count). rate inf: `count` requests at offset 0.
+    ValueError with a clear message for an impossible argument.
     """
-    _check(kind, rate, duration_s, burstiness)
+    if kind not in ARRIVAL_KINDS:
+        raise ValueError(f"unknown arrival kind {kind!r}; expected one of {', '.join(ARRIVAL_KINDS)}")
+    if not rate > 0:
+        raise ValueError(f"arrival rate must be a positive number of requests/s (inf: all at once), got {rate!r}")
+    if not duration_s > 0 or not math.isfinite(duration_s):
+        raise ValueError(f"duration must be a positive number of seconds, got {duration_s!r}")
+    if not burstiness > 0 or not math.isfinite(burstiness):
+        raise ValueError(f"burstiness must be > 0 (1 = Poisson, smaller = burstier), got {burstiness!r}")
     if math.isinf(rate):
         if count < 1:
             raise ValueError("rate inf (every request at t = 0) needs a request count")
         return np.zeros(count, dtype=np.float64)
-    offsets = _offsets(kind, rate, duration_s, burstiness, rng)
-    return offsets[:count] if count > 0 else offsets
-
-
-def _offsets(kind: str, rate: float, duration_s: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
-    """Every arrival in [0, duration_s)."""
     if kind == "constant":
-        n = math.ceil(rate * duration_s)
-        offsets = np.arange(n, dtype=np.float64) / rate
-        return offsets[offsets < duration_s]
-    return _random_offsets(kind, rate, duration_s, burstiness, rng)
+        offsets = np.arange(math.ceil(rate * duration_s), dtype=np.float64) / rate
+        offsets = offsets[offsets < duration_s]
+    else:
+        offsets = _random_offsets(kind, rate, duration_s, burstiness, rng)
+    return offsets[:count] if count > 0 else offsets
 
 
 @dataclass(slots=True)

@@ -29,19 +29,16 @@ class TrafficConfig(ScheduleSettings):
         if not self.min_prompt_len <= self.max_prompt_len:
             raise ValueError(f"need 1 <= min_prompt_len <= max_prompt_len, got "
                              f"{self.min_prompt_len} and {self.max_prompt_len}")
-        self._check_trace()
-        if self.dataset == "synthetic":
-            self.prompt_lengths.check("synthetic prompt lengths")
-            self.output_lengths.check("synthetic output lengths")
-
-    def _check_trace(self) -> None:
-        """The trace settings: arrival "trace" needs a trace, and a finite rate >= 0 (0: its own)."""
+        # arrival "trace" needs a trace, and a finite rate >= 0 (0: its own)
         if self.arrival == TRACE_ARRIVAL and not is_trace_dataset(self.dataset):
             raise ValueError(f"arrival 'trace' replays a trace's own timing, and dataset {self.dataset!r} is "
                              f"no trace: use {', '.join(BUILTIN_TRACES)}, trace:PATH or a .csv trace")
         if self.arrival == TRACE_ARRIVAL and not (self.rate >= 0 and math.isfinite(self.rate)):
             raise ValueError(f"with arrival 'trace', rate must be >= 0 requests/s (0: the trace's own), "
                              f"got {self.rate!r}")
+        if self.dataset == "synthetic":
+            self.prompt_lengths.check("synthetic prompt lengths")
+            self.output_lengths.check("synthetic output lengths")
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict (nested length specs become dicts)."""

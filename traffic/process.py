@@ -143,38 +143,32 @@ def _wait_until(deadline: float, sock: zmq.Socket, ctl: _Control) -> None:
 
 def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control, clock_offset_s: float = 0.0) -> int:
     """Send each request at t0 + offset (t0 on this host's clock); every time in a message is on the
-    scheduler's clock (+ clock_offset_s). Returns how many were sent before the end or a stop."""
+    scheduler's clock (+ clock_offset_s, `off`: 0 on its host). Returns how many were sent before the end or
+    a stop. The hot loop takes plain lists, built once (no pandas in it), and sends one encoded RequestMsg
+    per request."""
     frame = schedule.frame
-    # plain lists, built once: no pandas in the loop
     ids, prompt_lens, output_lens = (frame[c].tolist() for c in ("request_id", "prompt_len", "output_len"))
     arrivals = (frame["arrival_offset_s"].to_numpy() + t0).tolist()
     tokens = [pack_tokens(t) for t in frame["prompt_tokens"]]  # packed once: forwarded unread
+    send, next_check, off = sock.send, 0.0, clock_offset_s
     gc.collect()
     gc.freeze()  # the schedule's lists are permanent while sending: collections need not scan them
     try:
-        return _send_loop(sock, ctl, ids, arrivals, prompt_lens, output_lens, tokens, clock_offset_s)
+        for i, arrival in enumerate(arrivals):
+            t = now()
+            if t >= next_check:  # 1. look for Shutdown between sends
+                _drain(ctl)
+                next_check = t + INBOX_CHECK_INTERVAL_S
+            if arrival > t:  # 2. wait for the planned time
+                _wait_until(arrival, sock, ctl)
+                t = now()
+            if ctl.stop_reason:
+                return i
+            send(encode(RequestMsg(ids[i], arrival + off, t + off, prompt_lens[i], output_lens[i], tokens[i])))  # 3.
+            ctl.last_send = t
+        return len(arrivals)
     finally:
         gc.unfreeze()
-
-
-def _send_loop(sock: zmq.Socket, ctl: _Control, ids: list, arrivals: list, prompt_lens: list,
-               output_lens: list, tokens: list, off: float = 0.0) -> int:
-    """The hot loop: plain lists in, one encoded RequestMsg out per request; `off` turns our clock into
-    the scheduler's (0 on its host)."""
-    send, next_check = sock.send, 0.0
-    for i, arrival in enumerate(arrivals):
-        t = now()
-        if t >= next_check:  # 1. look for Shutdown between sends
-            _drain(ctl)
-            next_check = t + INBOX_CHECK_INTERVAL_S
-        if arrival > t:  # 2. wait for the planned time
-            _wait_until(arrival, sock, ctl)
-            t = now()
-        if ctl.stop_reason:
-            return i
-        send(encode(RequestMsg(ids[i], arrival + off, t + off, prompt_lens[i], output_lens[i], tokens[i])))  # 3.
-        ctl.last_send = t
-    return len(arrivals)
 
 
 def _send_closed(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control, closed: ClosedLoop,

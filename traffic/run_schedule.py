@@ -18,8 +18,8 @@ def make_schedule(cfg: RunConfig) -> Schedule:
     if cfg.schedule:
         return load_schedule(Path(cfg.schedule))
     tcfg = traffic_config(cfg)
-    try:
-        tokenizer = tokenizer_for(cfg)
+    try:  # synthetic prompts need no tokenizer
+        tokenizer = None if cfg.dataset == "synthetic" else get_tokenizer(cfg.model)
     except (OSError, ValueError) as exc:  # transformers: a path or hub id that holds no tokenizer
         why = " ".join(str(exc).split())
         raise ConfigError(f"--model {cfg.model}: cannot load its tokenizer ({why})") from None
@@ -41,10 +41,3 @@ def traffic_config(cfg: RunConfig) -> TrafficConfig:
     given = {name: getattr(cfg, name) for name in TRAFFIC_FIELDS if hasattr(cfg, name)}  # older records lack some
     return TrafficConfig(**{**given, "rate": math.inf if closed else cfg.rate, "num_requests": count,
                             "prompt_lengths": prompt_lengths, "output_lengths": output_lengths})
-
-
-def tokenizer_for(cfg: RunConfig):
-    """The model's tokenizer (synthetic prompts need none)."""
-    if cfg.dataset == "synthetic":
-        return None
-    return get_tokenizer(cfg.model)

@@ -8,8 +8,7 @@ from collections.abc import Callable, Mapping
 import zmq
 
 from batchlab.protocol import BatchDone, Heartbeat, Tokens, encode, now
-from batchlab.protocol.bundling import Bundler, send_split
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, make_socket
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, Bundler, make_socket, send_split
 from batchlab.worker.backend import StepOutput
 
 RECORD_FLUSH_INTERVAL_S = 0.005  # collector records wait at most this long (their times travel inside them)
