@@ -109,6 +109,10 @@ class HFContinuousBackend(Backend):
         """The rows a step runs at most now (the worker reports changes as WorkerCapacity)."""
         return self.cap.rows
 
+    @max_rows.setter
+    def max_rows(self, rows: int) -> None:
+        self.cap.rows = rows
+
     @property
     def max_rows_reason(self) -> str:
         """Why the cap last moved."""
@@ -127,7 +131,7 @@ class HFContinuousBackend(Backend):
         out = StepOutput(time=0.0, request_ids=[], token_ids=[], start_time=now(), times=[], failed=self.refused)
         self.refused = []
         with self.torch.inference_mode():
-            self._join(self._take_joiners())
+            self._join()
             counts = self._plan()
             fused = bool(self.fuse and self.running and counts)
             if not fused:
@@ -175,8 +179,9 @@ class HFContinuousBackend(Backend):
         self.kv.decoded(tokens)
         emit(self.running, host, now(), out)
 
-    def _take_joiners(self) -> list[Live]:
-        """Pending rows, oldest first, while the cache would stay within the KV budget."""
+    def _join(self) -> None:
+        """Pending rows start prefilling (in the slot layout: in the next free slots), oldest first, while the
+        cache would stay within the KV budget."""
         slots = self.cap.rows - len(self.running) - len(self.prefilling)  # < 0 after an OOM: those run on
         n = 0
         while n < min(slots, len(self.pending)) and self._fits(self.pending[: n + 1]):
@@ -185,7 +190,9 @@ class HFContinuousBackend(Backend):
             n = 1  # a row alone always runs
         self.stats["row_steps_waiting"] += len(self.pending) - n
         joiners, self.pending = self.pending[:n], self.pending[n:]
-        return joiners
+        if joiners:
+            self.kv.add(len(joiners))
+            self.prefilling += joiners
 
     def _fits(self, joiners: list[Live]) -> bool:
         """Upper bound of the padded cache at its widest: rows × (width now + longest remaining)."""
@@ -193,12 +200,6 @@ class HFContinuousBackend(Backend):
         width = max([self.kv.widest()] + [len(lv.context) for lv in self.prefilling + joiners])
         need = len(lives) * (width + max(lv.remaining() for lv in lives)) * self.info.kv_bytes_per_token
         return need <= self.info.kv_budget_bytes
-
-    def _join(self, joiners: list[Live]) -> None:
-        """The joiners start prefilling (in the slot layout: in the next free slots)."""
-        if joiners:
-            self.kv.add(len(joiners))
-            self.prefilling += joiners
 
     def _plan(self) -> list[int]:
         """Prompt tokens each prefilling row runs this step: what the running rows' decodes leave of the budget."""
