@@ -5,6 +5,7 @@ Each is built once into the cache (`$BATCHLAB_HOME/models/`, else `~/.cache/batc
 `save_pretrained`, then always loaded with `from_pretrained` like any other model. Nothing is downloaded:
 the tokenizer comes from the `mistral_common` package and the weights from `torch.manual_seed(TINY_SEED)`.
 """
+import json
 import os
 import shutil
 import uuid
@@ -55,20 +56,12 @@ def build_tiny_model(seed: int = TINY_SEED):
     return MistralForCausalLM(tiny_config()).eval()
 
 
-def _is_complete(folder: Path, marker_file: str = MARKER_FILE, stamp: str = f'"format": {TINY_FORMAT}') -> bool:
+def _is_complete(folder: Path, marker_file: str, stamp: str) -> bool:
     marker = folder / marker_file
     return marker.is_file() and stamp in marker.read_text()
 
 
-def _write(folder: Path) -> None:
-    """Model, generation config and tokenizer into `folder` (which must not exist)."""
-    folder.mkdir(parents=True)
-    build_tiny_model().save_pretrained(folder)
-    hf_tokenizer_from_sentencepiece(mistral_tokenizer_file()).save_pretrained(folder)
-    (folder / MARKER_FILE).write_text(f'{{"format": {TINY_FORMAT}, "seed": {TINY_SEED}}}\n')
-
-
-def _swap_in(tmp: Path, final: Path, force: bool, is_complete: Callable[[Path], bool] = _is_complete) -> None:
+def _swap_in(tmp: Path, final: Path, force: bool, is_complete: Callable[[Path], bool]) -> None:
     """Rename `tmp` to `final`; with force, an existing `final` is moved aside and removed."""
     if force and final.exists():
         trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
@@ -84,20 +77,25 @@ def _swap_in(tmp: Path, final: Path, force: bool, is_complete: Callable[[Path], 
         os.rename(tmp, final)
 
 
-def make_model_folder(final: Path, write: Callable[[Path], None], marker_file: str, stamp: str,
+def make_model_folder(final: Path, save: Callable[[Path], None], marker_file: str, marker: dict,
                       force: bool = False) -> Path:
-    """Create a model folder with `write(folder)` unless a complete one (its marker holds `stamp`) is there.
+    """Create a model folder unless a complete one (its marker file holds the same format) is there:
+    `save(folder)` writes the model (weights and generation config) or its config, then the tokenizer and the
+    marker (`marker` as JSON) follow.
 
     Written into a temporary sibling folder and renamed at the end, so a killed or concurrent
     creation never leaves a half-written model where loaders look.
     """
-    complete = partial(_is_complete, marker_file=marker_file, stamp=stamp)
+    complete = partial(_is_complete, marker_file=marker_file, stamp=f'"format": {marker["format"]}')
     if complete(final) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        write(tmp)
+        tmp.mkdir(parents=True)
+        save(tmp)
+        hf_tokenizer_from_sentencepiece(mistral_tokenizer_file()).save_pretrained(tmp)
+        (tmp / marker_file).write_text(json.dumps(marker) + "\n")
         _swap_in(tmp, final, force, complete)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -106,7 +104,8 @@ def make_model_folder(final: Path, write: Callable[[Path], None], marker_file: s
 
 def make_tiny_mistral(home: str | None = None, force: bool = False) -> Path:
     """Create tiny-mistral in the cache unless it is already there; returns its folder."""
-    return make_model_folder(tiny_mistral_dir(home), _write, MARKER_FILE, f'"format": {TINY_FORMAT}', force)
+    return make_model_folder(tiny_mistral_dir(home), lambda folder: build_tiny_model().save_pretrained(folder),
+                             MARKER_FILE, {"format": TINY_FORMAT, "seed": TINY_SEED}, force)
 
 
 def random_dir(arch: Arch, home: str | None = None) -> Path:
@@ -114,18 +113,10 @@ def random_dir(arch: Arch, home: str | None = None) -> Path:
     return cache_home(home) / "models" / f"{arch.name}-random"
 
 
-def _write_random(arch: Arch, folder: Path) -> None:
-    """`arch`'s config and the tokenizer into `folder` (which must not exist)."""
-    folder.mkdir(parents=True)
-    hf_config(arch).save_pretrained(folder)
-    hf_tokenizer_from_sentencepiece(mistral_tokenizer_file()).save_pretrained(folder)
-    (folder / RANDOM_MARKER_FILE).write_text(f'{{"format": {RANDOM_FORMAT}, "arch": "{arch.name}"}}\n')
-
-
 def make_random_dir(arch: Arch, home: str | None = None, force: bool = False) -> Path:
     """Create `NAME:random`'s folder (config.json + tokenizer files, no weights) unless it is there."""
-    return make_model_folder(random_dir(arch, home), partial(_write_random, arch), RANDOM_MARKER_FILE,
-                             f'"format": {RANDOM_FORMAT}', force)
+    return make_model_folder(random_dir(arch, home), lambda folder: hf_config(arch).save_pretrained(folder),
+                             RANDOM_MARKER_FILE, {"format": RANDOM_FORMAT, "arch": arch.name}, force)
 
 
 def resolve_model(name: str) -> str:

@@ -283,7 +283,7 @@ def test_the_padded_layout_gives_the_same_tokens_as_the_slot_layout(padded, solo
 def test_slot_decode_steps_write_in_place_without_growing_the_cache(backend):
     backend.admit([Row(0, 10, 20, list(range(10, 20)), 0), Row(1, 4, 20, [5, 6, 7, 8], 1)])
     backend.step()
-    slots = backend.kv.kv
+    slots = backend.kv  # the slot layout is the SlotKV
     storage, shape = slots.keys[0].data_ptr(), slots.keys[0].shape
     for _ in range(18):
         backend.step()

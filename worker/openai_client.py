@@ -11,9 +11,7 @@ without waiting (each open response's socket is shut down, which wakes a read th
 the server to abort the request; the threads are daemons, so one still blocked elsewhere holds up nothing)
 and starts a fresh one, so a stale chunk can never reach the new queue and reopen a row.
 
-The token-count rule (worker.openai_count): a choice's `token_ids` where the server sends them, else the
-increase of `usage.completion_tokens`, else one token per text chunk settled against the final usage; a
-request whose total differs from its output_len fails with the reason.
+How a chunk's tokens are counted, and why a request fails for its count: worker.openai_count.
 """
 import json
 import logging

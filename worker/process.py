@@ -1,7 +1,5 @@
-"""The worker process: owns a backend, runs what the scheduler dispatches, streams every step.
-
-A warm worker (serve_sessions): one backend, built and warmed once, serving run after run (a sweep's points
-that share its settings; see runner/pool.py). Each run is a `Session`; a Worker serves it."""
+"""The worker process: owns a backend, runs what the scheduler dispatches, streams every step; one run
+(run_worker), or run after run on one warm backend (serve_sessions)."""
 import logging
 import time
 from dataclasses import dataclass
@@ -228,7 +226,7 @@ class Worker:
             self.sched.send(encode(ClockPing(-1, t)))
 
     def _check_scheduler_alive(self) -> None:
-        """Called after a poll that heard nothing; our own heartbeats go from a thread (heartbeat.py)."""
+        """Called after a poll that heard nothing; our own heartbeats go from a thread (outbox.HeartbeatThread)."""
         t = now()
         if SCHEDULER not in self.inbox.heard:  # a scheduler that is not up yet gets our hello when it binds
             if self._abandoned():
@@ -277,7 +275,8 @@ class Session:
 
 def serve_sessions(make_backend, next_session, worker_id: str, keys: str | None = None,
                    on_session=None, run_over=None) -> int:
-    """A warm worker: build and warm the backend once, then join run after run.
+    """A warm worker: build and warm the backend once, then join run after run (a sweep's points that share its
+    settings; see runner/pool.py), each a `Session` that a Worker serves.
 
     `next_session(timeout_s)` returns the next Session, None to end, or raises queue.Empty; between
     runs the backend is reset (`reset()`: no rows, no cached prefixes, fresh peak memory), so no run

@@ -49,15 +49,6 @@ class _Live:
     generated: int = 0
 
 
-def resolve_model(name: str) -> str:
-    """'tiny-mistral' → the embedded model's folder, `NAME:random` → a config + tokenizer folder without
-    weights (models.folders, models.archs); anything else is a path or hub id."""
-    try:
-        return folders.resolve_model(name)
-    except ValueError as exc:  # an unknown NAME:random
-        raise BackendError(str(exc)) from None
-
-
 def settings_from_config(cfg, mode: str, rows: int) -> VLLMSettings:
     """RunConfig → VLLMSettings: the settings of the same name (the worker and vllm groups'), the budget in
     bytes, max_num_seqs 0 meaning the worker's row cap, `rows`."""
@@ -69,13 +60,16 @@ def settings_from_config(cfg, mode: str, rows: int) -> VLLMSettings:
 def _engine_args(s: VLLMSettings, on_cpu: bool):
     from vllm import EngineArgs
 
+    try:  # tiny-mistral, `NAME:random` (config + tokenizer, no weights) → their folders (models.folders)
+        model = folders.resolve_model(s.model)
+    except ValueError as exc:  # an unknown NAME:random
+        raise BackendError(str(exc)) from None
     kv_bytes = s.kv_cache_bytes or (DEFAULT_CPU_KV_BYTES if on_cpu else 0)
     # auto on CPU: float32 like the hf backend (vLLM's own auto would pick bfloat16), so both do the same work
     dtype = "float32" if on_cpu and s.dtype == "auto" else s.dtype
     return EngineArgs(
-        # `NAME:random` → vLLM's dummy loader (random weights, no checkpoint); resolve_model, evaluated first,
-        # has refused an unknown NAME
-        model=resolve_model(s.model), dtype=dtype,
+        # `NAME:random` → vLLM's dummy loader (random weights, no checkpoint); an unknown NAME is refused above
+        model=model, dtype=dtype,
         load_format="dummy" if random_arch(s.model) is not None else "auto",
         max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens or None,

@@ -38,7 +38,6 @@ CLEAN_STEPS_TO_PROBE = 640  # steps without an OOM before the row cap rises by o
 # 20 clean batches (scheduler.policies) × 32 steps, one batch's worth at the CPU config's 32-token outputs
 
 
-
 class HFContinuousBackend(Backend):
     """Continuous batching over an HF causal LM (see the module docstring); loading is HFBackend's."""
 
@@ -132,13 +131,12 @@ class HFContinuousBackend(Backend):
         out = StepOutput(time=0.0, request_ids=[], token_ids=[], start_time=now(), times=[], failed=self.refused)
         self.refused = []
         with self.torch.inference_mode():
-            self._join(self._take_joiners())
+            self._join()
             counts = self._plan()
-            if self.fuse and self.running and counts:
-                joiners = self._fused(out, counts)
-            else:
+            fused = bool(self.fuse and self.running and counts)
+            if not fused:
                 self._decode(out)
-                joiners = self._prefill(out, counts)
+            joiners = self._prefill(out, counts, fused)
             out.running, out.joined = len(out.request_ids), len(joiners)
             self._retire(joiners)
         self.cap.end_step()
@@ -181,8 +179,9 @@ class HFContinuousBackend(Backend):
         self.kv.decoded(tokens)
         emit(self.running, host, now(), out)
 
-    def _take_joiners(self) -> list[Live]:
-        """Pending rows, oldest first, while the cache would stay within the KV budget."""
+    def _join(self) -> None:
+        """Pending rows start prefilling (in the slot layout: in the next free slots), oldest first, while the
+        cache would stay within the KV budget."""
         slots = self.cap.rows - len(self.running) - len(self.prefilling)  # < 0 after an OOM: those run on
         n = 0
         while n < min(slots, len(self.pending)) and self._fits(self.pending[: n + 1]):
@@ -191,61 +190,46 @@ class HFContinuousBackend(Backend):
             n = 1  # a row alone always runs
         self.stats["row_steps_waiting"] += len(self.pending) - n
         joiners, self.pending = self.pending[:n], self.pending[n:]
-        return joiners
+        if joiners:
+            self.kv.add(len(joiners))
+            self.prefilling += joiners
 
     def _fits(self, joiners: list[Live]) -> bool:
         """Upper bound of the padded cache at its widest: rows × (width now + longest remaining)."""
         lives = self.running + self.prefilling + joiners
-        width = max([self.kv.width()] + [len(lv.context) for lv in self.prefilling + joiners])
+        width = max([self.kv.widest()] + [len(lv.context) for lv in self.prefilling + joiners])
         need = len(lives) * (width + max(lv.remaining() for lv in lives)) * self.info.kv_bytes_per_token
         return need <= self.info.kv_budget_bytes
-
-    def _join(self, joiners: list[Live]) -> None:
-        """The joiners start prefilling (in the slot layout: in the next free slots)."""
-        if joiners:
-            self.kv.join(len(joiners))
-            self.prefilling += joiners
 
     def _plan(self) -> list[int]:
         """Prompt tokens each prefilling row runs this step: what the running rows' decodes leave of the budget."""
         left = None if self.budget is None else self.budget - len(self.running)
         return plan_chunks(left, [lv.unfilled() for lv in self.prefilling])
 
-    def _prefill(self, out: StepOutput, counts: list[int]) -> list[Live]:
-        """One forward over the planned chunks; the rows whose last chunk ran get their first tokens (returned:
-        they run from the next step)."""
+    def _prefill(self, out: StepOutput, counts: list[int], fused: bool) -> list[Live]:
+        """One forward over the planned chunks, and with `fused` over the running rows' decodes too (the slot
+        layout's fused step): the rows whose last chunk ran get their first tokens (returned: they run from the
+        next step), the running rows (fused) their next, all stamped when they reach the host."""
         if not counts:
             return []
         lives = self.prefilling[: len(counts)]
+        rows = len(self.running) if fused else 0
         try:
-            logits = self.kv.prefill(self.model, chunks_of(lives, counts), self.running, self.prefilling,
-                                     self.base.pad_id)  # [J, 1, V]
-        except self.torch.OutOfMemoryError:
-            self._requeue_or_fail(out)
+            if fused:
+                logits = self.kv.fused(self.model, chunks_of(lives, counts), self.running, self.prefilling)
+            else:
+                logits = self.kv.prefill(self.model, chunks_of(lives, counts), self.running, self.prefilling,
+                                         self.base.pad_id)  # [J, 1, V]
+        except self.torch.OutOfMemoryError:  # fused: the running rows' cache is whole (the forward wrote only
+            self._requeue_or_fail(out)        # columns past theirs): they decode again, the prefilling rows wait
             return []
         done = filled(lives, counts, out)
-        tokens, host = pick(self.eos, logits[: len(done)]) if done else (None, [])
-        self.kv.prefilled(tokens, len(done))
-        emit(done, host, now(), out)
-        self.prefilling = self.prefilling[len(done):]
-        return done
-
-    def _fused(self, out: StepOutput, counts: list[int]) -> list[Live]:
-        """One forward over the running rows' decodes and the planned chunks (the slot layout's fused step): the
-        running rows and the rows whose last chunk ran get their tokens, all stamped when they reach the host."""
-        lives = self.prefilling[: len(counts)]
-        try:
-            logits = self.kv.fused(self.model, chunks_of(lives, counts), self.running, self.prefilling)
-        except self.torch.OutOfMemoryError:  # the running rows' cache is whole (the forward wrote only columns
-            self._requeue_or_fail(out)        # past theirs): they decode again, the prefilling rows wait
-            return []
-        done = filled(lives, counts, out)
-        rows = len(self.running)
-        tokens, host = pick(self.eos, logits[: rows + len(done)])
-        self.kv.decoded(tokens[:rows])
-        self.kv.prefilled(tokens[rows:], len(done))
+        tokens, host = pick(self.eos, logits[: rows + len(done)]) if rows or done else (None, [])
+        if rows:
+            self.kv.decoded(tokens[:rows])
+        self.kv.prefilled(tokens[rows:] if done else None, len(done))
         t = now()
-        emit(self.running, host[:rows], t, out)
+        emit(self.running[:rows], host[:rows], t, out)
         emit(done, host[rows:], t, out)
         self.prefilling = self.prefilling[len(done):]
         return done
@@ -255,7 +239,7 @@ class HFContinuousBackend(Backend):
         lives = self.running + joiners
         done = [i for i, lv in enumerate(lives) if lv.remaining() <= 0]
         if done or joiners:
-            self.running = [lives[i] for i in self.kv.retire(done)]
+            self.running = [lives[i] for i in self.kv.release(done)]
 
     # --- out of memory ------------------------------------------------------------------------------
     def _requeue_or_fail(self, out: StepOutput) -> None:
@@ -329,8 +313,6 @@ class RowCap:
             self.reason = f"probe: {self.probe_steps} steps without an out-of-memory"
 
 
-# What a step's logits become: greedy tokens with EOS banned (as generate()'s min_new_tokens does), appended to
-# their rows and written into the step's StepOutput, each stamped when it reached the host.
 def eos_ids(model, tokenizer) -> list[int]:
     """The ids generate() bans under min_new_tokens (generation config's EOS), else the tokenizer's EOS."""
     ids = model.generation_config.eos_token_id

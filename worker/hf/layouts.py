@@ -2,9 +2,9 @@
 worker.hf.slots.SlotKV) and `padded` (the earlier left-padded DynamicCache, PaddedKV here).
 
 A layout owns the cache and the model inputs; the loop owns rows, tokens, stamps and memory policy.
-Per step the loop calls join (rows admitted to prefill), then decode → decoded (if running rows) and prefill →
+Per step the loop calls add (rows admitted to prefill), then decode → decoded (if running rows) and prefill →
 prefilled (if a chunk runs; the oldest `done` prefilling rows ran their last one and now run), or, where the
-layout has it and both are due, fused → decoded → prefilled (one forward for both), then retire,
+layout has it and both are due, fused → decoded → prefilled (one forward for both), then release,
 which returns the running rows' new order as indices into running + rows that just finished prefilling.
 Only the slot layout prefills in chunks; the padded one prefills each joiner whole in the step it joins.
 """
@@ -21,62 +21,39 @@ DESCRIPTIONS = {  # the worker fact "decode": how each layout runs a step
               "left-padded DynamicCache"}
 
 
-class SlotLayout:
-    """Running row i in slot i of a preallocated cache; decode inputs and state stay on the device; a step with
-    both decodes and chunks runs them as one fused forward."""
+class SlotLayout(SlotKV):
+    """Running row i in slot i of a preallocated cache (SlotKV: the bookkeeping, and the model's cache); decode
+    inputs and state stay on the device; a step with both decodes and chunks runs them as one fused forward."""
 
     def __init__(self, torch, model, device, max_rows: int) -> None:
-        layers, kv_heads, head_dim = kv_shape(model.config)
-        self.kv = SlotKV(torch, device, model.dtype, layers, kv_heads, head_dim)
-        self.torch, self.device, self.max_rows = torch, device, max_rows
+        super().__init__(torch, device, model.dtype, *kv_shape(model.config))
+        self.max_rows = max_rows
         use_slot_attention(model)
 
-    def width(self) -> int:
-        return self.kv.widest()
-
     def decode(self, model, running):
-        return model(**self.kv.decode_inputs(), past_key_values=self.kv, use_cache=True).logits  # [R, 1, V]
-
-    def decoded(self, tokens) -> None:
-        self.kv.decoded(tokens)
-
-    def join(self, count: int) -> None:
-        self.kv.add(count)
+        return model(**self.decode_inputs(), past_key_values=self, use_cache=True).logits  # [R, 1, V]
 
     def prefill(self, model, chunks, running, prefilling, pad_id: int):
         """Run chunks[j] of prefilling row j: logits [J, 1, V] at each chunk's last token."""
         self._reserve(chunks, running, prefilling)
-        return model(**self.kv.prefill_inputs(chunks, pad_id), past_key_values=self.kv, use_cache=True,
+        return model(**self.prefill_inputs(chunks, pad_id), past_key_values=self, use_cache=True,
                      logits_to_keep=1).logits  # [J, 1, V]
 
     def fused(self, model, chunks, running, prefilling):
         """One forward: the running rows' decodes and chunks[j] of prefilling row j; logits [R + J, 1, V] (each
         running row's, then each chunk's last token's). Then decoded() and prefilled(), in that order."""
-        kv = self._reserve(chunks, running, prefilling)
-        inputs = kv.fused_inputs(chunks)
-        keep = self.torch.tensor(kv.fused_ends(), device=self.device)
-        return model(**inputs, past_key_values=kv, use_cache=True, logits_to_keep=keep).logits.transpose(0, 1)
+        self._reserve(chunks, running, prefilling)
+        inputs = self.fused_inputs(chunks)
+        keep = self.torch.tensor(self.fused_ends(), device=self.device)
+        return model(**inputs, past_key_values=self, use_cache=True, logits_to_keep=keep).logits.transpose(0, 1)
 
-    def _reserve(self, chunks, running, prefilling) -> SlotKV:
+    def _reserve(self, chunks, running, prefilling) -> None:
         """Room for every row's final length and a padding token's column past each chunk."""
-        kv, rows = self.kv, len(running) + len(prefilling)
-        ends = [c + lv.remaining() for c, lv in zip(kv.col_h, running)]
+        rows = len(running) + len(prefilling)
+        ends = [c + lv.remaining() for c, lv in zip(self.col_h, running)]
         ends += [len(lv.context) + lv.remaining() for lv in prefilling]
-        ends += [f + max(len(c) for c in chunks) for f in kv.fill_h[: len(chunks)]]  # a padding token's column
-        kv.reserve(rows, max(ends), max(self.max_rows, rows))
-        return kv
-
-    def prefilled(self, tokens, done: int) -> None:
-        self.kv.prefilled(tokens, done)
-
-    def drop_prefilling(self) -> None:
-        self.kv.drop_prefilling()
-
-    def retire(self, done: list[int]) -> list[int]:
-        return self.kv.release(done)
-
-    def clear(self) -> None:
-        self.kv.clear()
+        ends += [f + max(len(c) for c in chunks) for f in self.fill_h[: len(chunks)]]  # a padding token's column
+        self.reserve(rows, max(ends), max(self.max_rows, rows))
 
 
 class PaddedKV:
@@ -138,7 +115,7 @@ class PaddedKV:
 
 
 class PaddedLayout:
-    """One left-padded DynamicCache for the running rows; joiners get their own, merged in at retire."""
+    """One left-padded DynamicCache for the running rows; joiners get their own, merged in at release."""
 
     fused = None  # no fused forward: a decode and a prefill forward
 
@@ -146,7 +123,7 @@ class PaddedLayout:
         self.torch, self.device = torch, device
         self.kv, self.joined, self.pending = PaddedKV(torch, device), None, None  # running; joined; prefilled
 
-    def width(self) -> int:
+    def widest(self) -> int:
         return self.kv.width()
 
     def decode(self, model, running):
@@ -157,7 +134,7 @@ class PaddedLayout:
     def decoded(self, tokens) -> None:
         """Nothing: the next decode reads the tokens from the rows' contexts."""
 
-    def join(self, count: int) -> None:
+    def add(self, count: int) -> None:
         """Nothing: joiners get their own cache at prefill."""
 
     def prefill(self, model, chunks, running, prefilling, pad_id: int):
@@ -184,7 +161,7 @@ class PaddedLayout:
     def drop_prefilling(self) -> None:
         self.pending = None
 
-    def retire(self, done: list[int]) -> list[int]:
+    def release(self, done: list[int]) -> list[int]:
         running = len(self.kv.pad)
         joined = len(self.joined.pad) if self.joined is not None else 0
         keep = [i for i in range(running) if i not in done]

@@ -191,9 +191,8 @@ class HFBackend(Backend):
         self.info.facts["warmup_s"] = round(now() - started, 3)
 
     def _pad_head(self) -> None:
-        """Time the LM head in each form at 1..max_batch_size rows (at most MAX_TIMED_ROWS) and run each count in
-        the form and at the count at or above it that was fastest (worker.hf.head; not with --torch-compile,
-        whose batches are padded to the row cap)."""
+        """Time the LM head and run each row count as it was fastest (worker.hf.head, up to MAX_TIMED_ROWS rows);
+        not with --torch-compile, whose batches are padded to the row cap."""
         head = self.model.get_output_embeddings()
         if (not self.settings.pad_head or self.settings.torch_compile or self.head_plan is not None
                 or not isinstance(head, self.torch.nn.Linear)):
