@@ -40,10 +40,8 @@ class Progress:
         if t - self.read_at < READ_INTERVAL_S:
             return
         self.read_at = t
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.counts = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            pass
         self.phase(t)
 
     def phase(self, elapsed_s: float) -> str:
@@ -253,8 +251,6 @@ class SweepView:
         from batchlab.cli.result_table import point_line
         from batchlab.collector.summary import SummaryError, read_summary
 
-        try:
+        with contextlib.suppress(OSError, ValueError, SummaryError):
             self.note(f"  {point_line(read_summary(point.folder))}")
-        except (OSError, ValueError, SummaryError):
-            pass
 

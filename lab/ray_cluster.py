@@ -6,6 +6,7 @@ turned off in every Ray process that resolves an address: the `ray start` comman
 module: `python -m batchlab.lab.ray_cluster start ...`) and the driver (connect(..., loopback=True)).
 """
 import atexit
+import contextlib
 import os
 import shutil
 import socket
@@ -194,10 +195,8 @@ def _kill_trees(pids: list[int]) -> None:
         except psutil.NoSuchProcess:
             continue
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(procs, timeout=STOP_WAIT_S)
 
 

@@ -164,8 +164,6 @@ def _check_calibrated_for(preset: str, kind: str, label: str) -> None:
     path = Path(preset) if Path(preset).is_file() else PRESET_DIR / f"{preset}.yaml"
     if not path.is_file():
         return
-    import yaml
-
     record = (yaml.safe_load(path.read_text()) or {}).get("calibration") or {}
     made_for = CALIBRATED_KIND.get((record.get("backend"), record.get("mode")))
     if made_for and kind in CALIBRATED_KIND.values() and made_for != kind:
