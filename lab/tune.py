@@ -15,6 +15,7 @@ from batchlab.collector.summary import Summary
 from batchlab.lab.fanout import Fanout
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.runner.config import value_text
 
 MAX_CANDIDATES = 200
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # rows
@@ -205,10 +206,6 @@ def confirm_live(cfg: RunConfig, best: list[tuple[dict, dict]], out: Path, say=N
         rows.append({"rank": k, "knobs": knobs, "out": live.out, "predicted": predicted, "measured": measured,
                      "rel_error": errors})
     return rows
-
-
-def value_text(value: object) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def knobs_text(knobs: dict) -> str:
