@@ -78,8 +78,8 @@ def _signal_name(number: int) -> str:
 def verdict(summary: Summary | None, deaths: list[str]) -> tuple[int, str]:
     """(exit code, one line) for a run: its summary (None: none was written) and its roles' deaths
     (death_line's, in order). The line is "" when the code is 0."""
-    lost = _lost(summary)
-    tail = f"; {lost[0]} of {lost[1]} requests lost to faults" if lost[0] else ""
+    lost = 0 if summary is None else sum(n for r, n in summary.failure_reasons.items() if is_fault(r))
+    tail = f"; {lost} of {summary.scheduled} requests lost to faults" if lost else ""
     if deaths:
         return FAULT_EXIT, deaths[0] + tail
     if summary is None:
@@ -91,13 +91,6 @@ def verdict(summary: Summary | None, deaths: list[str]) -> tuple[int, str]:
     top = stalled[0] if stalled else max(reasons, key=lambda r: reasons[r])
     more = f" ({len(reasons)} fault reasons: see failure_reasons in summary.json)" if len(reasons) > 1 else ""
     return FAULT_EXIT, f"{top}{tail}{more}"
-
-
-def _lost(summary: Summary | None) -> tuple[int, int]:
-    """(requests failed by a fault, requests scheduled)."""
-    if summary is None:
-        return 0, 0
-    return sum(n for r, n in summary.failure_reasons.items() if is_fault(r)), summary.scheduled
 
 
 def post_process(out: Path, deaths: list) -> None:
