@@ -14,7 +14,6 @@ from batchlab.protocol.run_dir import RunDir
 
 OK_EXIT = 0
 FAULT_EXIT = 2
-INTERRUPTED_EXIT = 130
 ERRNO_EXIT_MAX = 63  # a role that crashed on an OSError exits with its errno when 2 ≤ errno ≤ this (1: any crash)
 SIGNAL_EXIT_BASE = 128  # a role stopped by a signal exits 128 + the signal's number
 MAX_CAUSE_CHARS = 300  # a crashed role's exception, as its verdict line quotes it
@@ -26,11 +25,11 @@ FAULT_PREFIXES = ("worker lost", "worker rejoined", "worker stopped", "worker er
 
 
 def interrupted_exit(exc: BaseException) -> int:
-    """The exit code of a command stopped by `exc` (a KeyboardInterrupt): 143 for a SIGTERM, 129 for a
-    SIGHUP (its terminal closed), else 130."""
-    from batchlab.runner import stop_signal, was_terminated
+    """The exit code of a command stopped by `exc` (a KeyboardInterrupt): 128 + its signal (runner.stop_signal),
+    143 for a SIGTERM, 129 for a SIGHUP (its terminal closed), else 130 (a Ctrl-C)."""
+    from batchlab.runner import stop_signal
 
-    return SIGNAL_EXIT_BASE + stop_signal(exc) if was_terminated(exc) else INTERRUPTED_EXIT
+    return SIGNAL_EXIT_BASE + stop_signal(exc)
 
 
 def is_fault(reason: str) -> bool:
