@@ -253,4 +253,3 @@ class SweepView:
 
         with contextlib.suppress(OSError, ValueError, SummaryError):
             self.note(f"  {point_line(read_summary(point.folder))}")
-

@@ -251,5 +251,3 @@ def auto_rates(capacity_req_s: float, fractions: list[float]) -> list[float]:
     """Fractions of the measured capacity, 3 significant digits, distinct and positive."""
     rates = {float(f"{capacity_req_s * f:.3g}") for f in fractions}
     return sorted(r for r in rates if r > 0)
-
-
