@@ -196,8 +196,7 @@ class SweepView:
 
     def ticker(self, point, what: str):
         """An on_tick callback for launch_run that refreshes the status line about once a second."""
-        folder = point.folder if point is not None else None
-        peek, last = (PartsPeek(folder) if folder else None), [0.0]
+        peek, last = (PartsPeek(point.folder) if point is not None else None), [0.0]
 
         def tick(elapsed_s: float, _alive: dict) -> None:
             if self.live is None or time.monotonic() - last[0] < PEEK_INTERVAL_S:
