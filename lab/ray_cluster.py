@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from batchlab.lab.sweep_plan import SweepError
 
 LOOPBACK = "127.0.0.1"
@@ -176,8 +178,6 @@ class LocalCluster:
 def _node_pids(temp_dir: Path) -> list[int]:
     """The daemons a `ray start --temp-dir temp_dir` left: each names its folder on its command line or
     has it as TMPDIR (Ray's client server names no folder on its command line)."""
-    import psutil
-
     return sorted(p.info["pid"] for p in psutil.process_iter(["pid", "cmdline", "environ"])
                   if str(temp_dir) in " ".join(p.info["cmdline"] or [])
                   or (p.info["environ"] or {}).get("TMPDIR") == str(temp_dir))
@@ -185,8 +185,6 @@ def _node_pids(temp_dir: Path) -> list[int]:
 
 def _kill_trees(pids: list[int]) -> None:
     """SIGKILL each process and all its descendants; wait until they are gone."""
-    import psutil
-
     procs = []
     for pid in pids:
         try:
