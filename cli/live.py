@@ -40,10 +40,8 @@ class Progress:
         if t - self.read_at < READ_INTERVAL_S:
             return
         self.read_at = t
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.counts = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            pass
         self.phase(t)
 
     def phase(self, elapsed_s: float) -> str:
@@ -198,8 +196,7 @@ class SweepView:
 
     def ticker(self, point, what: str):
         """An on_tick callback for launch_run that refreshes the status line about once a second."""
-        folder = point.folder if point is not None else None
-        peek, last = (PartsPeek(folder) if folder else None), [0.0]
+        peek, last = (PartsPeek(point.folder) if point is not None else None), [0.0]
 
         def tick(elapsed_s: float, _alive: dict) -> None:
             if self.live is None or time.monotonic() - last[0] < PEEK_INTERVAL_S:
@@ -253,8 +250,5 @@ class SweepView:
         from batchlab.cli.result_table import point_line
         from batchlab.collector.summary import SummaryError, read_summary
 
-        try:
+        with contextlib.suppress(OSError, ValueError, SummaryError):
             self.note(f"  {point_line(read_summary(point.folder))}")
-        except (OSError, ValueError, SummaryError):
-            pass
-

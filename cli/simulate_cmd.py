@@ -27,17 +27,11 @@ SIMULATED = (*fields_of(TrafficSettings), *fields_of(SchedulerSettings), *fields
 def simulate(config: ConfigArg = None, *, overrides: dict, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Predict a strategy's latency and throughput in virtual time; writes the tables a live run writes."""
     from batchlab import api
+    from batchlab.runner.outcome import verdict
 
     results = api.simulate(config, processes=processes, ray=ray, **overrides).points
     _print_table(results)
-    _exit_by_verdict(results)
-
-
-def _exit_by_verdict(results: list) -> None:
-    """A simulated point whose requests a fault ended (a stalled policy): its line, and exit 2."""
-    from batchlab.runner.outcome import verdict
-
-    for point, summary in results:
+    for point, summary in results:  # a point whose requests a fault ended (a stalled policy): its line, exit 2
         code, line = verdict(summary, [])
         if code:
             typer.secho(f"error: {point.entry.label} at {point.rate:g} req/s: {line}", fg="red", err=True)

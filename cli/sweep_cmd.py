@@ -39,18 +39,11 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
                f"(see {Path(out) / INDEX_FILE})")
     if result.measured == 0:
         raise typer.Exit(code=1)
-    _end_report(out)
-
-
-def _end_report(out: str) -> None:
-    """The capacity table and headline, as `batchlab report` prints them (its REPORT.md written too); a report
-    that cannot be made is one line and exit 1, the sweep's runs kept."""
     from batchlab.cli.report_cmd import echo_report
     from batchlab.report.points import ReportError
 
-    try:
+    try:  # the capacity table and headline, as `batchlab report` prints them (its REPORT.md written too)
         echo_report(out)
-    except ReportError as exc:
+    except ReportError as exc:  # a report that cannot be made: one line and exit 1, the sweep's runs kept
         typer.echo(f"no report: {exc}; the runs are in {out} (batchlab report {out} tries again)", err=True)
         raise typer.Exit(code=1) from None
-

@@ -8,8 +8,7 @@ the gaps between step ends. Continuous backends (the HF loop, vLLM) get every ro
 stepped; the prefill is the steps until every row has its first token. Decode steps skip the first one
 after the prefill (its cache still grows) and report their median.
 
-Fitting (pure: no I/O, no clock): a `Sample` is one step kind (prefill or decode) at one grid shape, its
-time the median of rounds that were repeated until their spread settled. `fit_model` solves non-negative
+Fitting (pure: no I/O, no clock): `fit_model` solves, over the `Sample`s (a step kind at a shape), non-negative
 least squares on relative error (every shape counts alike, 1 ms or 1 s) for the named terms of the chosen
 form (worker.stepmodel): compute-bound (a CPU) or memory-bound (a GPU: the bandwidth form).
 """

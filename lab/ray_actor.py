@@ -6,6 +6,7 @@ And where a sweep's worker groups may go on the cluster (ask, refusals): what a 
 node, and the groups no node could hold (refused before anything starts). Pure: nodes come as ray.nodes()
 gives them.
 """
+import contextlib
 import io
 import math
 import os
@@ -113,10 +114,8 @@ def _prune(folder: Path, levels: int) -> None:
 
 
 def _signal(proc, how: str) -> None:
-    try:
+    with contextlib.suppress(Exception):  # psutil.NoSuchProcess / AccessDenied: it is gone or not ours
         getattr(proc, how)()
-    except Exception:  # psutil.NoSuchProcess / AccessDenied: it is gone or not ours
-        pass
 
 
 GPU_MEMORY = "gpu_memory_gib"  # a node's GPU memory in all, GiB, as a custom resource it declares

@@ -6,6 +6,7 @@ turned off in every Ray process that resolves an address: the `ray start` comman
 module: `python -m batchlab.lab.ray_cluster start ...`) and the driver (connect(..., loopback=True)).
 """
 import atexit
+import contextlib
 import os
 import shutil
 import socket
@@ -16,6 +17,8 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from batchlab.lab.sweep_plan import SweepError
 
@@ -175,8 +178,6 @@ class LocalCluster:
 def _node_pids(temp_dir: Path) -> list[int]:
     """The daemons a `ray start --temp-dir temp_dir` left: each names its folder on its command line or
     has it as TMPDIR (Ray's client server names no folder on its command line)."""
-    import psutil
-
     return sorted(p.info["pid"] for p in psutil.process_iter(["pid", "cmdline", "environ"])
                   if str(temp_dir) in " ".join(p.info["cmdline"] or [])
                   or (p.info["environ"] or {}).get("TMPDIR") == str(temp_dir))
@@ -184,8 +185,6 @@ def _node_pids(temp_dir: Path) -> list[int]:
 
 def _kill_trees(pids: list[int]) -> None:
     """SIGKILL each process and all its descendants; wait until they are gone."""
-    import psutil
-
     procs = []
     for pid in pids:
         try:
@@ -194,10 +193,8 @@ def _kill_trees(pids: list[int]) -> None:
         except psutil.NoSuchProcess:
             continue
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(procs, timeout=STOP_WAIT_S)
 
 

@@ -17,8 +17,7 @@ from pathlib import Path
 from batchlab.runner.pool import worker_key
 from batchlab.lab.ray_cluster import connect
 from batchlab.lab.ray_actor import Ask, ask, declares_gpu_memory, refusals
-from batchlab.lab.sweep_plan import Plan, Point, SweepError, load_plan, plan_points
-from batchlab.lab.progress import CallbackView
+from batchlab.lab.sweep_plan import Plan, Point, SweepError, plan_points
 from batchlab.lab.sweep_point import preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.files import write_json_atomic
@@ -42,13 +41,11 @@ class Group:
     tries: dict[int, list[dict]] = field(default_factory=dict)
 
 
-def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool = True, sets: dict | None = None,
-                  plan: Plan | None = None, view=None) -> dict:
+def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, plan: Plan, view) -> dict:
     """Every point of the grid on the cluster, skipping finished ones; returns the sweep.json index.
-    `sets`: the sweep's --set overrides, as lab.sweep_plan.load_plan takes them; `plan`: the plan already
-    parsed (`config` then only names it); `view`: its progress (lab.progress.CallbackView's methods; none shown
-    without one)."""
-    plan, out_dir = plan or load_plan(config, sets), Path(out)
+    `config`: the YAML the plan came from ("" for none), for the index; `view`: its progress
+    (lab.progress.CallbackView's methods)."""
+    out_dir = Path(out)
     if plan.auto:
         raise SweepError("--ray needs grid.rates as a list (a capacity probe for automatic rates runs "
                          "without --ray: run one, then set the rates it found)")
@@ -61,21 +58,20 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool = Tr
     ray = connect(opts.address)
     groups = _groups(points, plan.base, opts, ray.nodes())
     out_dir.mkdir(parents=True, exist_ok=True)
-    with contextlib.nullcontext(view or CallbackView(None)) as view:
-        view.start(len(points))
-        for i, p in enumerate(points):  # done points whose recorded configuration is the one planned now
-            if (record := reused(p, plan.base, resume, view)) is not None:
-                index["points"][i] = record
-                view.finished(p, record)
-        for g in groups:
-            g.todo = [i for i in g.todo if index["points"][i]["status"] != "skipped"]
-        write_json_atomic(out_dir / INDEX_FILE, index, default=str)
-        flight: dict = {}  # object ref → (group, point index)
-        try:
-            _drive(ray, groups, points, plan, index, out_dir, opts, view, flight)
-        finally:
-            stop_all(ray, groups)
-            _settle(ray, flight)
+    view.start(len(points))
+    for i, p in enumerate(points):  # done points whose recorded configuration is the one planned now
+        if (record := reused(p, plan.base, resume, view)) is not None:
+            index["points"][i] = record
+            view.finished(p, record)
+    for g in groups:
+        g.todo = [i for i in g.todo if index["points"][i]["status"] != "skipped"]
+    write_json_atomic(out_dir / INDEX_FILE, index, default=str)
+    flight: dict = {}  # object ref → (group, point index)
+    try:
+        _drive(ray, groups, points, plan, index, out_dir, opts, view, flight)
+    finally:
+        stop_all(ray, groups)
+        _settle(ray, flight)
     return index
 
 
@@ -179,10 +175,8 @@ def _landed(ray, ref, g: Group, i: int, point: Point, view) -> dict | None:
 
 def _drop_actor(ray, g: Group) -> None:
     if g.actor is not None:
-        try:
+        with contextlib.suppress(Exception):  # already gone with its node
             ray.kill(g.actor, no_restart=True)
-        except Exception:  # already gone with its node
-            pass
     g.actor = None
 
 
@@ -190,10 +184,8 @@ def _settle(ray, flight: dict) -> None:
     """The replies of points the sweep stopped, fetched and dropped: Ray prints an error nobody fetched
     as a traceback ("Unhandled error"), after the sweep's own line."""
     for ref in list(flight):
-        try:
+        with contextlib.suppress(Exception):  # the point's "stopped", or its actor gone
             ray.get(ref, timeout=SETTLE_S)
-        except Exception:  # the point's "stopped", or its actor gone
-            pass
     flight.clear()
 
 

@@ -4,12 +4,11 @@ The config is either a sweep YAML (`base:` and `grid:`, read by lab.sweep_plan.l
 serves `batchlab sweep` and `batchlab simulate`) or a flat RunConfig YAML; options override `base`, and
 `--strategy`/`--rate` may be comma lists that replace the grid's. Several points are written like the
 live sweep: OUT/strategy=<label>/rate=<r>/repeat=<k>/ with point.json, and OUT/sweep.json as the index, so
-`batchlab report OUT` reads them unchanged. A single point goes to OUT itself. Each entry gets the preset
-of the backend it runs on (`--preset hf=A,hf-loop=B,vllm=C`).
+`batchlab report OUT` reads them unchanged. A single point goes to OUT itself.
 
-Which step model each grid entry plays: the preset of the backend kind it runs on (`hf`, `hf-loop`,
-`vllm`, or the other backends by name), as docs/simulator.md ("One preset per backend") says; an entry
-whose kind has no preset is refused, naming it.
+Each grid entry plays the step model of the backend kind it runs on (`hf`, `hf-loop`, `vllm`, or the other
+backends by name: `--preset hf=A,hf-loop=B,vllm=C`), as docs/simulator.md ("One preset per backend") says;
+an entry whose kind has no preset is refused, naming it.
 
 Each point is simulated and written as a live run's folder (`simulate_run`, which tune's predicted runs use
 too). Automatic rates come, as in the live sweep, from every strategy's capacity searched in virtual time
@@ -164,8 +163,6 @@ def _check_calibrated_for(preset: str, kind: str, label: str) -> None:
     path = Path(preset) if Path(preset).is_file() else PRESET_DIR / f"{preset}.yaml"
     if not path.is_file():
         return
-    import yaml
-
     record = (yaml.safe_load(path.read_text()) or {}).get("calibration") or {}
     made_for = CALIBRATED_KIND.get((record.get("backend"), record.get("mode")))
     if made_for and kind in CALIBRATED_KIND.values() and made_for != kind:

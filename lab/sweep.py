@@ -19,9 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR, point_dir
-from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, load_plan, plan_points,
-                                     span_rates, warm_order)
-from batchlab.lab.progress import CallbackView
+from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, plan_points, span_rates,
+                                     warm_order)
 from batchlab.lab.sweep_point import execute, preflight, refuse_old_layout, reused
 from batchlab.protocol.files import write_json_atomic
 from batchlab.report.headline import BASELINE, Headline
@@ -51,16 +50,11 @@ def _bracket_text(c: dict) -> str:
     return f"[{'?' if lo is None else f'{lo:.3g}'}, {'?' if hi is None else f'{hi:.3g}'}]{mu}"
 
 
-def run_sweep(config: "str | Path | Plan", out: str | Path, *, resume: bool = True, sets: dict | None = None,
-              view=None, source: str | None = None) -> dict:
-    """Every point of the grid (`config`: its YAML or the parsed Plan), skipping finished ones; returns the
-    sweep.json index. Points that share their workers' settings run on the same warm workers (runner.pool):
-    in the plan's order with every group's workers kept warm (interleaved), or group after group (grouped).
-    `sets`: --set overrides of a YAML; `view`: its progress (lab.progress.CallbackView's methods; none shown
-    without one); `source`: the YAML a parsed Plan came from, for the index."""
-    view = view or CallbackView(None)
-    plan = config if isinstance(config, Plan) else load_plan(config, sets)
-    source = source if source is not None else "" if isinstance(config, Plan) else str(config)
+def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -> dict:
+    """Every point of the grid, skipping finished ones; returns the sweep.json index. Points that share their
+    workers' settings run on the same warm workers (runner.pool): in the plan's order with every group's
+    workers kept warm (interleaved), or group after group (grouped). `view`: its progress
+    (lab.progress.CallbackView's methods); `source`: the YAML the plan came from ("" for none), for the index."""
     out_dir = Path(out)
     preflight(plan)
     refuse_old_layout(out_dir)

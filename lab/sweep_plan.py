@@ -2,10 +2,7 @@
 
 The `grid:` section is read into its typed settings (protocol.study_settings), checked as a whole before
 anything runs: an unknown key, here or under `rates: {auto: ...}` / `repeats: {auto: ...}`, is refused with
-its close match.
-
-Layout of a sweep folder: OUT/sweep.json (the index), OUT/_probe/ (the capacity probe for automatic
-rates) and OUT/strategy=<label>/rate=<r>/repeat=<k>/ (one run each); the names live in collector.layout.
+its close match. The folder a sweep writes is laid out as lab.sweep's docstring says (names: collector.layout).
 """
 import difflib
 import math
@@ -254,5 +251,3 @@ def auto_rates(capacity_req_s: float, fractions: list[float]) -> list[float]:
     """Fractions of the measured capacity, 3 significant digits, distinct and positive."""
     rates = {float(f"{capacity_req_s * f:.3g}") for f in fractions}
     return sorted(r for r in rates if r > 0)
-
-

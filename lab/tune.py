@@ -13,8 +13,10 @@ from pathlib import Path
 
 from batchlab.collector.summary import Summary
 from batchlab.lab.fanout import Fanout
+from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.runner.config import value_text
 
 MAX_CANDIDATES = 200
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # rows
@@ -28,7 +30,6 @@ def search_record(cfg: RunConfig, grid: list[str], out: Path,
                   fanout: Fanout | None = None) -> tuple[dict, object, list]:
     """Search on one schedule (saved in OUT), rank, write OUT/tune.csv and OUT/tune.json: (the record, the
     schedule, the ranked (knobs, figures) list)."""
-    from batchlab.protocol.files import write_json_atomic
     from batchlab.scheduler.strategies import load_class
     from batchlab.traffic.run_schedule import make_schedule
     from batchlab.traffic.schedule import save_schedule
@@ -178,8 +179,6 @@ def run_tune(cfg: RunConfig, grid: list[str], out: Path, confirm_k: int, fanout:
     """Search, write the best predictions, run the best `confirm_k` live on the same schedule; OUT/tune.json's
     record. `on_ranked(record)`: the ranked record once searched; `say`: a line per live run started;
     `run(cfg) -> Summary`: how a confirmation runs (default runner.launcher.launch_run, silent)."""
-    from batchlab.protocol.files import write_json_atomic
-
     record, schedule, ranked = search_record(cfg, grid, out, fanout)
     if on_ranked is not None:
         on_ranked(record)
@@ -205,10 +204,6 @@ def confirm_live(cfg: RunConfig, best: list[tuple[dict, dict]], out: Path, say=N
         rows.append({"rank": k, "knobs": knobs, "out": live.out, "predicted": predicted, "measured": measured,
                      "rel_error": errors})
     return rows
-
-
-def value_text(value: object) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def knobs_text(knobs: dict) -> str:

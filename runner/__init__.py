@@ -81,13 +81,9 @@ def stopped_by() -> int | None:
     return (_TERMINATED or _INTERRUPTED or [None])[0]
 
 
-def was_terminated(exc: BaseException) -> bool:
-    """Whether the command stops for a SIGTERM or SIGHUP (`exc` its Terminated, or one that came before it)."""
-    return isinstance(exc, Terminated) or bool(_TERMINATED)
-
-
 def stop_signal(exc: BaseException) -> signal.Signals:
-    """The signal that stops the command: SIGTERM or SIGHUP (was_terminated), else SIGINT (a Ctrl-C)."""
+    """The signal that stops the command: SIGTERM or SIGHUP (`exc` its Terminated, or one that came before
+    it), else SIGINT (a Ctrl-C)."""
     if isinstance(exc, Terminated):
         return signal.Signals(exc.signum)
     return signal.Signals(_TERMINATED[0]) if _TERMINATED else signal.SIGINT

@@ -90,9 +90,9 @@ def _refuse_conflicts(given: dict, saved: dict) -> None:
             value = _lengths_text(name, value)
         if value != saved.get(name):
             option = option_name(name)
-            raise ConfigError(f"{option} {_show(value)} conflicts with the replayed schedule "
-                              f"({name} {_show(saved.get(name))}); drop it or build a new schedule")
+            raise ConfigError(f"{option} {value_text(value)} conflicts with the replayed schedule "
+                              f"({name} {value_text(saved.get(name))}); drop it or build a new schedule")
 
 
-def _show(value: object) -> str:
+def value_text(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)

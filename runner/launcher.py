@@ -49,11 +49,11 @@ class Limits:
     run_s: float = 0.0
 
 
-
 def _limits(limits: Limits | None, cfg: RunConfig) -> Limits:
     """The limits given, the start-up limit the run's own where none is given."""
     limits = limits or Limits()
     return Limits(cfg.startup_limit_s if limits.startup_s is None else limits.startup_s, limits.run_s)
+
 
 def _entry(stop_asked, target, args: tuple, out_dir: str | None = None) -> None:
     """Child main: its own process group, its terminal output into its log folder, then the role; its
@@ -163,7 +163,7 @@ class _Clock:
         t = time.monotonic()
         if self.t_started is None and self.started_event.is_set():
             self.t_started = t
-            self._write(startup_s=round(t - self.t_launch, 3))
+            RunDir(self.out).timing.write_text(json.dumps({"startup_s": round(t - self.t_launch, 3)}))
         if self.t_started is None:
             if self.limits.startup_s and t - self.t_launch > self.limits.startup_s:
                 raise RunTimeout(f"start-up passed its limit of {self.limits.startup_s:g} s: the workers were "
@@ -172,14 +172,10 @@ class _Clock:
             raise RunTimeout(f"stopped {self.limits.run_s:g} s after the first request (the run's limit); "
                              "what finished is kept, the rest failed", "run")
 
-    def _write(self, **facts) -> None:
-        RunDir(self.out).timing.write_text(json.dumps(facts))
-
 
 def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
     """Build (or check) the schedule here, so a bad dataset fails before any process starts; the
     traffic process then replays the saved file."""
-
     from batchlab.traffic.schedule import save_schedule
 
     path = RunDir(out).schedule

@@ -14,7 +14,6 @@ from batchlab.protocol.run_dir import RunDir
 
 OK_EXIT = 0
 FAULT_EXIT = 2
-INTERRUPTED_EXIT = 130
 ERRNO_EXIT_MAX = 63  # a role that crashed on an OSError exits with its errno when 2 ≤ errno ≤ this (1: any crash)
 SIGNAL_EXIT_BASE = 128  # a role stopped by a signal exits 128 + the signal's number
 MAX_CAUSE_CHARS = 300  # a crashed role's exception, as its verdict line quotes it
@@ -26,11 +25,11 @@ FAULT_PREFIXES = ("worker lost", "worker rejoined", "worker stopped", "worker er
 
 
 def interrupted_exit(exc: BaseException) -> int:
-    """The exit code of a command stopped by `exc` (a KeyboardInterrupt): 143 for a SIGTERM, 129 for a
-    SIGHUP (its terminal closed), else 130."""
-    from batchlab.runner import stop_signal, was_terminated
+    """The exit code of a command stopped by `exc` (a KeyboardInterrupt): 128 + its signal (runner.stop_signal),
+    143 for a SIGTERM, 129 for a SIGHUP (its terminal closed), else 130 (a Ctrl-C)."""
+    from batchlab.runner import stop_signal
 
-    return SIGNAL_EXIT_BASE + stop_signal(exc) if was_terminated(exc) else INTERRUPTED_EXIT
+    return SIGNAL_EXIT_BASE + stop_signal(exc)
 
 
 def is_fault(reason: str) -> bool:
@@ -78,8 +77,8 @@ def _signal_name(number: int) -> str:
 def verdict(summary: Summary | None, deaths: list[str]) -> tuple[int, str]:
     """(exit code, one line) for a run: its summary (None: none was written) and its roles' deaths
     (death_line's, in order). The line is "" when the code is 0."""
-    lost = _lost(summary)
-    tail = f"; {lost[0]} of {lost[1]} requests lost to faults" if lost[0] else ""
+    lost = 0 if summary is None else sum(n for r, n in summary.failure_reasons.items() if is_fault(r))
+    tail = f"; {lost} of {summary.scheduled} requests lost to faults" if lost else ""
     if deaths:
         return FAULT_EXIT, deaths[0] + tail
     if summary is None:
@@ -91,13 +90,6 @@ def verdict(summary: Summary | None, deaths: list[str]) -> tuple[int, str]:
     top = stalled[0] if stalled else max(reasons, key=lambda r: reasons[r])
     more = f" ({len(reasons)} fault reasons: see failure_reasons in summary.json)" if len(reasons) > 1 else ""
     return FAULT_EXIT, f"{top}{tail}{more}"
-
-
-def _lost(summary: Summary | None) -> tuple[int, int]:
-    """(requests failed by a fault, requests scheduled)."""
-    if summary is None:
-        return 0, 0
-    return sum(n for r, n in summary.failure_reasons.items() if is_fault(r)), summary.scheduled
 
 
 def post_process(out: Path, deaths: list) -> None:

@@ -8,6 +8,7 @@ inherits another's state. A sweep whose points interleave strategies keeps every
 (idle pools wait on a queue: memory, no CPU); a grouped sweep keeps one at a time, since two engines
 would compete for one GPU's memory.
 """
+import contextlib
 import logging
 import multiprocessing as mp
 import signal
@@ -17,7 +18,6 @@ from batchlab.runner import procs, roles
 from batchlab.protocol.settings import RunConfig
 from batchlab.runner.launcher import STOP_GRACE_S, start_role
 from batchlab.runner.procs import Child
-from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.sockets import Addresses
 from batchlab.scheduler.strategies import resolve
 from batchlab.worker.process import Session
@@ -53,7 +53,7 @@ class WorkerPool:
         self.queues = [ctx.Queue() for _ in range(cfg.workers)]
         log_dir.mkdir(parents=True, exist_ok=True)
         self.children = [start_role(ctx, f"worker-{i}", roles.warm_worker_role, cfg, f"worker-{i}", q,
-                                    _session_output, out_dir=str(log_dir))
+                                    out_dir=str(log_dir))
                          for i, q in enumerate(self.queues)]
         log.info("warm workers started for %s/%s: pids %s", cfg.backend, cfg.model,
                  [c.proc.pid for c in self.children])
@@ -71,19 +71,12 @@ class WorkerPool:
     def close(self) -> None:
         """Tell every worker to end, then stop and reap whatever did not (process groups included)."""
         for q in self.queues:
-            try:
+            with contextlib.suppress(ValueError, OSError):
                 q.put(None)
-            except (ValueError, OSError):
-                pass
         procs.stop(self.children, signal.SIGTERM, STOP_GRACE_S)
         for q in self.queues:
             q.close()
             q.join_thread()
-
-
-def _session_output(out_dir: str) -> None:
-    """In a warm worker, at each run: its terminal output goes into that run's logs/ folder."""
-    procs.redirect_output(RunDir(out_dir).logs / f"{mp.current_process().name}.out")
 
 
 class PoolKeeper:

@@ -27,7 +27,9 @@ def check_before_start(cfg: RunConfig) -> None:
         from batchlab.worker.factory import backend_class
 
         backend_class(cfg.backend, resolve(cfg).mode)
-    if _uses_model_files(cfg):
+    # a model backend loads the model; traffic tokenizes real prompts with its tokenizer (an openai server's
+    # model name is the server's business)
+    if cfg.backend != "openai" and (cfg.backend in ("hf", "vllm") or cfg.dataset != "synthetic"):
         check_model(cfg.model)
 
 
@@ -92,14 +94,6 @@ def check_preset(name: str) -> None:
         get_preset(name)
     except ValueError as exc:
         raise ConfigError(f"--preset: {exc}") from None
-
-
-def _uses_model_files(cfg: RunConfig) -> bool:
-    """A model backend loads the model; traffic tokenizes real prompts with its tokenizer. An openai
-    server's model name is the server's business."""
-    if cfg.backend == "openai":
-        return False
-    return cfg.backend in ("hf", "vllm") or cfg.dataset != "synthetic"
 
 
 def check_model(name: str) -> None:

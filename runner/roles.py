@@ -57,16 +57,17 @@ def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker
                       keys=cfg.keys or None, liveness_s=cfg.liveness_s)
 
 
-def warm_worker_role(cfg: RunConfig, worker_id: str, sessions, on_run_log=None) -> int:
+def warm_worker_role(cfg: RunConfig, worker_id: str, sessions) -> int:
     """A worker kept warm across runs (a sweep's points that share its settings): the backend is built
-    once from `cfg`, then joins each run that `sessions` (a multiprocessing queue) hands it."""
+    once from `cfg`, then joins each run that `sessions` (a multiprocessing queue) hands it; at each run
+    its terminal output goes into that run's logs/ folder."""
+    from batchlab.runner.procs import redirect_output
     from batchlab.worker.factory import make_backend
     from batchlab.worker.process import serve_sessions
 
     def on_session(session) -> None:
         setup_logging(session.out_dir, worker_id)
-        if on_run_log is not None:
-            on_run_log(session.out_dir)
+        redirect_output(RunDir(session.out_dir).logs / f"{worker_id}.out")
 
     setup_logging(None, worker_id)
     strategy = resolve(cfg)

@@ -1,6 +1,7 @@
 """A run's folder has one identity: a new folder per run by default, a used one refused unless
 --overwrite, one run in it at a time, and run.json saying which configuration (its hash), when, where and
 how it ended."""
+import contextlib
 import errno
 import fcntl
 import json
@@ -130,7 +131,5 @@ class RunRecord:
         self._write()
 
     def _write(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # a full disk is reported by the collector's own failure, with its cause
             write_json_atomic(self.path, self.data, default=str)
-        except OSError:  # a full disk is reported by the collector's own failure, with its cause
-            pass
