@@ -39,16 +39,15 @@ from batchlab.collector.store import RunStore
 from batchlab.collector.tables import TOKEN_DTYPES, Tables, build_tables
 from batchlab.protocol import Arrival, BatchDone, RequestMsg, RunEnd, RunInfo, Step, Tokens, WorkerBye, WorkerHello
 from batchlab.protocol.identity import config_hash, run_settings
-from batchlab.protocol.settings import RunConfig, parse_bytes
+from batchlab.protocol.settings import RunConfig
 from batchlab.scheduler.core import Launch, SchedulerCore
 from batchlab.scheduler.policies import Policy
 from batchlab.scheduler.strategies import Strategy, resolve
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.backend import Row, worker_hello  # worker_hello: the one hello builder (one sim BackendInfo)
-from batchlab.worker.sim import (ContinuousCore, StepPlan, fake_token, run_speed, sim_info, static_step_durations,
-                                 with_budget)
-from batchlab.worker.stepmodel import StepModel, get_preset
+from batchlab.worker.sim import ContinuousCore, SimBackend, StepPlan, fake_token, static_step_durations
+from batchlab.worker.stepmodel import StepModel
 
 ARRIVAL, WAKE, BATCH_END, STEP_END, CLIENT = range(5)
 
@@ -325,18 +324,15 @@ class Simulation:
 END_REASON = "simulated"
 
 
-def step_model(cfg: RunConfig) -> StepModel:
-    """The `sim` backend's preset (the echo backend's zero-time model for --backend echo), with the run's
-    per-step token budget when it sets one and its speed factor (--speed-noise), as the live sim worker has."""
-    model = get_preset("echo" if cfg.backend == "echo" else cfg.preset)
-    return with_budget(model, cfg.max_num_batched_tokens).scaled(run_speed(cfg))
-
-
-def worker_hellos(cfg: RunConfig, strategy: Strategy, model: StepModel) -> list[WorkerHello]:
-    """The hellos the live `sim`/`echo` workers of this config would send (see worker/factory.py)."""
-    info = sim_info(model, strategy.mode, strategy.rows, backend="echo" if cfg.backend == "echo" else "sim",
-                    kv_budget_bytes=parse_bytes(cfg.memory_budget), speed=run_speed(cfg))
-    return [worker_hello(f"worker-{i}", info) for i in range(cfg.workers)]
+def sim_worker(cfg: RunConfig, strategy: Strategy) -> SimBackend:
+    """The live `sim` worker of this config (worker.sim.SimBackend.from_config: its step model and info);
+    for --backend echo, one that plays the echo backend's zero-time preset and reports as `echo`, with the
+    run's per-step token budget and speed factor (--speed-noise) all the same."""
+    echo = cfg.backend == "echo"
+    worker = SimBackend.from_config(cfg.model_copy(update={"preset": "echo"}) if echo else cfg, strategy.mode,
+                                    strategy.rows)
+    worker.info.backend = "echo" if echo else "sim"
+    return worker
 
 
 def sim_settings(cfg: RunConfig) -> dict:
@@ -349,11 +345,13 @@ def sim_settings(cfg: RunConfig) -> dict:
 
 def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) -> Tables:
     """Play `schedule` through cfg's policy and workers in virtual time; the run's tables."""
-    strategy, model = resolve(cfg), step_model(cfg)
+    strategy = resolve(cfg)
+    worker = sim_worker(cfg, strategy)
     # closed loop (--concurrency): the clients over the schedule, stopped at its duration; None: open loop
     clients = (ClientPool(cfg.concurrency, schedule.n_requests, cfg.think_time_ms / 1000, schedule.duration_s)
                if cfg.concurrency > 0 else None)
-    sim = Simulation(strategy.policy(), model, worker_hellos(cfg, strategy, model), schedule.frame,
+    hellos = [worker_hello(f"worker-{i}", worker.info) for i in range(cfg.workers)]  # as the live workers send
+    sim = Simulation(strategy.policy(), worker.model, hellos, schedule.frame,
                      settings=sim_settings(cfg), max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
                      stall_limit_s=cfg.stall_limit_s, clients=clients)
     store = sim.run()

@@ -80,12 +80,13 @@ def test_the_run_speed_factor_is_seeded_by_the_run_and_differs_between_labels():
 def test_speed_noise_reaches_the_live_sim_worker_and_the_simulator_alike():
     from batchlab.runner.config import checked_config
     from batchlab.runner.pool import worker_key
-    from batchlab.simulator.run import step_model
+    from batchlab.scheduler.strategies import resolve
+    from batchlab.simulator.run import sim_worker
     from batchlab.worker.sim import SimBackend, run_speed
 
     cfg = checked_config({"backend": "sim", "strategy": "naive", "speed_noise": 0.2, "seed": 4, "repeat": 1,
                           "label": "twin", "out": "."}, {})
-    live, simulated = SimBackend.from_config(cfg, "static", 8), step_model(cfg)
+    live, simulated = SimBackend.from_config(cfg, "static", 8), sim_worker(cfg, resolve(cfg)).model
     assert run_speed(cfg) != 1.0 and live.info.facts["speed_factor"] == run_speed(cfg)
     assert live.model.decode_step_s(100, 8) == pytest.approx(simulated.decode_step_s(100, 8))
     assert live.model.decode_step_s(100, 8) == pytest.approx(run_speed(cfg) * PRESETS[cfg.preset].decode_step_s(100, 8))
