@@ -76,10 +76,16 @@ def weights_bytes(arch: Arch, dtype_bytes: int) -> int:
     return n_params(arch) * dtype_bytes
 
 
+def kv_token_bytes(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """KV-cache bytes per token: 2 (K and V) × layers × kv_heads × head_dim × bytes per element (the one
+    formula: these architectures', an hf worker's (worker.memory.kv_shape) and a vLLM pool's)."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
 def kv_bytes_per_token(arch: Arch, dtype_bytes: int) -> int:
-    """2 (K and V) × layers × kv_heads × head_dim × bytes per element."""
+    """kv_token_bytes of `arch`."""
     c = arch.config
-    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * arch.head_dim * dtype_bytes
+    return kv_token_bytes(c["num_hidden_layers"], c["num_key_value_heads"], arch.head_dim, dtype_bytes)
 
 
 def facts(arch: Arch) -> dict:

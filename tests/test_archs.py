@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchlab.models.archs import (ARCHS, build_random_model, facts, hf_config, kv_bytes_per_token, n_params,
-                                   random_arch, weights_bytes)
+from batchlab.models.archs import (ARCHS, build_random_model, facts, hf_config, kv_bytes_per_token, kv_token_bytes,
+                                   n_params, random_arch, weights_bytes)
 from batchlab.models.folders import make_random_dir
-from batchlab.worker.memory import kv_bytes_per_token as worker_kv_bytes_per_token
+from batchlab.worker.memory import kv_shape
 from batchlab.worker.stepmodel import PRESETS
 from batchlab.models.tokenizers import (SentencePieceTokenizer, get_tokenizer, hf_tokenizer_from_sentencepiece,
                                         mistral_tokenizer_file)
@@ -34,7 +34,7 @@ def test_kv_bytes_per_token_is_two_layers_kv_heads_head_dim_dtype_bytes(name):
     arch = ARCHS[name]
     assert kv_bytes_per_token(arch, 2) == KV_BYTES_16BIT[name]
     assert kv_bytes_per_token(arch, 4) == 2 * KV_BYTES_16BIT[name]
-    assert worker_kv_bytes_per_token(hf_config(arch), 2) == KV_BYTES_16BIT[name]  # what a worker reports at hello
+    assert kv_token_bytes(*kv_shape(hf_config(arch)), 2) == KV_BYTES_16BIT[name]  # what an hf worker reports at hello
 
 
 def test_sim_presets_take_weight_and_kv_sizes_from_the_architectures():

@@ -18,12 +18,6 @@ def kv_shape(config) -> tuple[int, int, int]:
     return int(layers), int(kv_heads), int(head_dim)
 
 
-def kv_bytes_per_token(config, dtype_bytes: int) -> int:
-    """2 (K and V) × layers × kv_heads × head_dim × bytes per element."""
-    layers, kv_heads, head_dim = kv_shape(config)
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
-
-
 def batch_kv_bytes(batch_rows: int, max_prompt_len: int, max_output_len: int, per_token_bytes: int) -> int:
     """KV of a padded static batch at its last step: B × (P_max + O_max) × bytes per token."""
     return batch_rows * (max_prompt_len + max_output_len) * per_token_bytes

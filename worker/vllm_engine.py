@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 from batchlab.models import folders
-from batchlab.models.archs import facts, random_arch
+from batchlab.models.archs import facts, kv_token_bytes, random_arch
 from batchlab.protocol.clock import now
 from batchlab.protocol.setting_groups import SchedulerSettings, VLLMBackendSettings, WorkerSettings, default_of
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
@@ -295,7 +295,7 @@ def kv_geometry(engine) -> dict:
 
     dtype = mc.dtype if cc.cache_dtype == "auto" else getattr(torch, cc.cache_dtype, mc.dtype)
     layers = mc.get_num_layers(pc) * pc.pipeline_parallel_size
-    per_token = 2 * layers * mc.get_total_num_kv_heads() * mc.get_head_size() * dtype.itemsize
+    per_token = kv_token_bytes(layers, mc.get_total_num_kv_heads(), mc.get_head_size(), dtype.itemsize)
     blocks, block_size = int(cc.num_gpu_blocks or 0), int(cc.block_size)
     return {"kv_pool_blocks": blocks, "kv_block_size_tokens": block_size, "kv_pool_tokens": blocks * block_size,
             "kv_bytes_per_token": per_token, "kv_pool_bytes": blocks * block_size * per_token,

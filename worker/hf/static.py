@@ -16,14 +16,14 @@ import gc
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from batchlab.models.archs import RANDOM_SEED, build_random_model, facts, random_arch
+from batchlab.models.archs import RANDOM_SEED, build_random_model, facts, kv_token_bytes, random_arch
 from batchlab.models.folders import resolve_model
 from batchlab.protocol.clock import now
 from batchlab.protocol.setting_groups import HFBackendSettings, SchedulerSettings, WorkerSettings, default_of
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, OutOfMemory, Row, StepOutput, lockstep_output
 from batchlab.worker.hf.head import FORMS, MAX_TIMED_ROWS, HeadPlan, head_times, plan_table
 from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
-                                    cuda_free_bytes, cuda_reserve_bytes, kv_bytes_per_token, kv_shape)
+                                    cuda_free_bytes, cuda_reserve_bytes, kv_shape)
 
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun. " * 2
 WARMUP_OUTPUT_LENS = (4, 2)  # a 2-row batch of different lengths: padding and masks get exercised
@@ -155,8 +155,8 @@ class HFBackend(Backend):
         import transformers
 
         is_cuda = self.device.type == "cuda"
-        per_token = kv_bytes_per_token(self.model.config, self.model.dtype.itemsize)
         layers, kv_heads, head_dim = kv_shape(self.model.config)
+        per_token = kv_token_bytes(layers, kv_heads, head_dim, self.model.dtype.itemsize)
         facts = {"dtype": str(self.model.dtype).removeprefix("torch."), "layers": layers, "kv_heads": kv_heads,
                  "head_dim": head_dim, "n_params": sum(p.numel() for p in self.model.parameters()),
                  "torch": self.torch.__version__, "transformers": transformers.__version__,
