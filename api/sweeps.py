@@ -73,7 +73,7 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     (`preset`: one name or file, or "hf=P,hf-loop=P,vllm=P"; capacity.json goes to `out` only if given).
     `strategies`: only these grid labels. `search`: the grid's rates.auto settings to change
     (search_duration_s, saturated_duration_s, width, max_probes). SweepError for an unknown label or key."""
-    from batchlab.lab.capacity_search import SimulatedSearch, capacity_document, run_capacity, search_all
+    from batchlab.lab.capacity_search import run_capacity
     from batchlab.runner.pool import PoolKeeper
     from batchlab.lab.sweep_plan import SweepError, checked_auto, interleaved
     from batchlab.collector.layout import CAPACITY_FILE, WORKERS_DIR
@@ -86,11 +86,11 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     settings = checked_auto({**(plan.auto.model_dump() if plan.auto else {}),
                              **{k: v for k, v in search.items() if v is not None}}, "capacity options")
     if simulated:
-        from batchlab.lab.simulate import assign_presets
+        from batchlab.lab.simulate import assign_presets, simulated_capacity
 
         plan.base.update({"preset": preset} if preset else {})
         assign_presets(plan)  # each entry plays its own backend's step model, as in `simulate`
-        doc = capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, strategies), settings)
+        doc = simulated_capacity(plan, settings, strategies)
         doc |= {"simulated": True}  # no plan_hash: a live search never takes it for its own on resume
         if out is not None:  # what the live search writes there, less the probes' folders
             Path(out).mkdir(parents=True, exist_ok=True)

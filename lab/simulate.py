@@ -204,12 +204,12 @@ def _probe(sim: SimPlan) -> dict:
             "capacity_req_s": summary.requests_per_s, "saturated": summary.window_s > 1.5 * duration_s}
 
 
-def _capacity(sim: SimPlan) -> dict:
-    """Every strategy's capacity searched in virtual time (lab.capacity_search), as capacity.json holds it."""
+def simulated_capacity(plan: Plan, settings: AutoRates, labels: list[str] | None = None) -> dict:
+    """Every strategy's (or each labelled one's) capacity searched in virtual time (lab.capacity_search), as
+    capacity.json holds it."""
     from batchlab.lab.capacity_search import SimulatedSearch, capacity_document, search_all
 
-    settings = sim.plan.auto or AutoRates()
-    return capacity_document(search_all(sim.plan, SimulatedSearch(sim.plan, settings), settings), settings)
+    return capacity_document(search_all(plan, SimulatedSearch(plan, settings), settings, labels), settings)
 
 
 def _auto_rates(sim: SimPlan, probe: dict | None, capacity: dict | None) -> list[float]:
@@ -234,7 +234,7 @@ def run_simulation(sim: SimPlan, on_point: Callable[[Point, dict, float], None] 
     from batchlab.lab.fanout import Fanout
 
     auto = bool(sim.plan.auto) and not sim.plan.rates
-    capacity = _capacity(sim) if auto and sim.plan.auto.spanned else None
+    capacity = simulated_capacity(sim.plan, sim.plan.auto) if auto and sim.plan.auto.spanned else None
     probe = _probe(sim) if auto and capacity is None else None
     points = _points(sim, probe, capacity)
     configs = [p.config(sim.plan.base) for p in points]
