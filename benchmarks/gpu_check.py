@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batchlab import api  # noqa: E402  (light: importing it starts and loads nothing)
-from batchlab.report.text import md_table  # noqa: E402
+from batchlab.report.text import md_table, sig3  # noqa: E402
 
 MODELS = "tinyllama-1.1b:random,mistral-7b-v0.1:random"
 MODES = ("static", "continuous")
@@ -206,18 +206,14 @@ def _pct(v) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
-def _num(v) -> str:
-    return "-" if v is None else f"{v:.3g}"
-
-
 def _errors(e: dict) -> str:
     return ", ".join(f"{k} mean {_pct(v['mean_abs'])} worst {_pct(v['worst_abs'])}" for k, v in (e or {}).items()) or "-"
 
 
 def _points(rows: list[dict] | None) -> list[str]:
     return md_table(["strategy", "rate", "finished", "tok/s", "TTFT p50 s", "E2E p50 s"], [
-        [r["label"], f"{r['rate']:g}", f"{r['finished']}/{r['submitted']}", _num(r["throughput_tok_s"]),
-         _num(r["ttft_p50"]), _num(r["e2e_p50"])] for r in rows]) if rows else ["(none)"]
+        [r["label"], f"{r['rate']:g}", f"{r['finished']}/{r['submitted']}", sig3(r["throughput_tok_s"]),
+         sig3(r["ttft_p50"]), sig3(r["e2e_p50"])] for r in rows]) if rows else ["(none)"]
 
 
 def render(facts: dict) -> str:

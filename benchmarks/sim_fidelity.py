@@ -29,6 +29,7 @@ from batchlab.collector.layout import point_of
 from batchlab.collector.parts import read_schedule
 from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.settings import RunConfig, vllm_rule
+from batchlab.report.text import sig3
 from batchlab.simulator.fidelity import config_from_settings
 from batchlab.simulator.replay import replay
 from batchlab.simulator.run import simulate
@@ -102,8 +103,8 @@ def split_table(points: list[dict]) -> str:
     lines = [head, "-" * len(head)]
     for p in points:
         for m in HEADLINE:
-            lines.append(f"{p['label']:<11}{p['rate']:>6g}  {m:<11}{_fmt(p['real'][m]):>9}{_fmt(p['replay'][m]):>9}"
-                         f"{_fmt(p['sim'][m]):>9}{_pct(p['step_error'][m]):>12}{_pct(p['schedule_error'][m]):>12}"
+            lines.append(f"{p['label']:<11}{p['rate']:>6g}  {m:<11}{sig3(p['real'][m]):>9}{sig3(p['replay'][m]):>9}"
+                         f"{sig3(p['sim'][m]):>9}{_pct(p['step_error'][m]):>12}{_pct(p['schedule_error'][m]):>12}"
                          f"{_pct(p['error'][m]):>9}")
     return "\n".join(lines)
 
@@ -113,13 +114,9 @@ def _pct(e: float | None) -> str:
 
 
 def print_point(p: dict) -> None:
-    cells = "  ".join(f"{m} {_pct(e)} ({_fmt(p['real'][m])}→{_fmt(p['sim'][m])})"
+    cells = "  ".join(f"{m} {_pct(e)} ({sig3(p['real'][m])}→{sig3(p['sim'][m])})"
                       for m, e in p["error"].items())
     print(f"{p['label']:<11} {p['rate']:>5g} req/s  {p['finished']}/{p['submitted']}  {cells}", flush=True)
-
-
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3g}"
 
 
 def overall(points: list[dict], key: str = "error") -> tuple[float, float]:

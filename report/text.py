@@ -1,4 +1,4 @@
-"""Text the report's tables share: milliseconds, a figure, a Markdown table and a latency's p50 / p99."""
+"""Text the report's (and benchmarks') tables share: milliseconds, a figure, a Markdown table, a latency's p50 / p99."""
 import math
 
 
@@ -10,6 +10,11 @@ def ms(value: float | None, missing: str = "—", unit: str = "") -> str:
 def figure(value: float | None, spec: str, missing: str = "-") -> str:
     """A rate, a throughput or a share as text, `missing` where there is none (None or NaN)."""
     return missing if value is None or math.isnan(value) else format(value, spec)
+
+
+def sig3(value: float | None) -> str:
+    """A figure to 3 significant digits, "-" for None (NaN shows as nan): the benchmarks' tables."""
+    return "-" if value is None else f"{value:.3g}"
 
 
 def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
