@@ -112,7 +112,7 @@ SaveResult = Annotated[Optional[str], Opt(
                           "and units (docs/load-and-results.md)")]
 SaveDetailed = Annotated[bool, Opt("--save-detailed", help="with --save-result: also each request's lengths, TTFT, "
                                                            "token gaps and start time (vLLM's --save-detailed lists)")]
-# a sweep YAML's entries may run on several backends, each kind playing its own step model (cli.sim_presets)
+# a sweep YAML's entries may run on several backends, each kind playing its own step model (lab.simulate)
 PRESET_PER_KIND = option("preset", help=FIELDS["preset"].description + "; a grid on several backends takes one "
                          "per backend kind: hf=PRESET,hf-loop=PRESET,vllm=PRESET (hf-loop: hf with a continuous "
                          "strategy)")
