@@ -20,7 +20,8 @@ import pandas as pd
 from batchlab.collector.metrics import percentiles
 from batchlab.protocol import RequestMsg
 from batchlab.protocol.clock import now, sleep_until
-from batchlab.scheduler.core import Launch, SchedulerCore
+from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Continuous, Dynamic, Naive
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.lengths import LengthSpec

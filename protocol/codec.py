@@ -1,7 +1,7 @@
 """MessagePack codec with validation: a bad frame raises ProtocolError, nothing else.
 
 Values are checked as well as shapes: every int within int64, every float finite, the lower bounds the
-messages declare (RequestId, Count, Length), and each message's own `is_valid`. A nested
+messages declare (protocol.wire: RequestId, Count, Length), and each message's own `is_valid`. A nested
 row (a dataclass inside a message: RequestRow, FailedRow) travels as the array of its fields and is
 checked field by field, as a message is."""
 import dataclasses
@@ -10,8 +10,8 @@ import typing
 
 import msgpack
 
-from batchlab.protocol.messages import (INT64_MAX, INT64_MIN, MESSAGE_TYPES, PROTOCOL_VERSION, AtLeast, Bundle, Kind,
-                                       TokenBytes)
+from batchlab.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Bundle, Kind, TokenBytes
+from batchlab.protocol.wire import INT64_MAX, INT64_MIN, AtLeast
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger frames are rejected before unpacking
 # msgpack builds a container at its header, before its elements are read: an array header of 5 bytes
@@ -91,7 +91,7 @@ def _fields(cls: type) -> list[tuple[str, typing.Callable[[object], bool], _Buil
 
 
 def _check_of(hint: object) -> typing.Callable[[object], bool]:
-    """The check of one plain field's type hint; an Annotated int (protocol.messages' RequestId, Count, ...)
+    """The check of one plain field's type hint; an Annotated int (protocol.wire's RequestId, Count, ...)
     adds its AtLeast bound, also inside a list."""
     if typing.get_origin(hint) is typing.Annotated:
         check, minimum = _CHECKS[hint.__origin__], _minimum(hint)

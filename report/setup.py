@@ -78,7 +78,7 @@ def prefix_cache_line(run: RunData) -> str:
     return f"- prefix cache ({run.label}): {state}, {reset}{hits}"
 
 
-# traffic.schedule.PROMPT_SOURCES, restated: the collector does not import traffic
+# traffic.prompts.PROMPT_SOURCES, restated: the collector does not import traffic
 PROMPT_SOURCES = {
     "sharegpt": "whole prompts of a conversation file (text and its tokens)",
     "synthetic": "uniform random token ids, lengths from the synthetic length settings",

@@ -2,25 +2,21 @@
 
     events     on_hello, on_back, on_request, on_batch_done, on_capacity, on_worker_lost, on_send_failed,
                end_of_stream, tick (the no-worker grace and the stall limit)
-    decisions  schedule(now) -> Decisions(launches, wake_at): one Launch per worker it gave work, and when to
-               ask it again. Pure data; the live process sends them (as frames within the limit a peer accepts:
-               it drops the connection of a sender that passes it), the simulator plays them.
+    decisions  schedule(now) -> Decisions(launches, wake_at)
     records    drain() -> the terminal RequestFailed records it decided, for the collector
 
 Every method is given the time (`now`, seconds): the ZeroMQ process (scheduler/process.py) passes its
 monotonic clock, the simulator (simulator/run.py) virtual time, benchmarks/compare_cpu.py
 its own. A request the core holds leaves it launched (the worker then decides how it ends) or failed:
-nothing vanishes. It keeps the queue (PendingQueue) and its view of each worker (WorkerState: what it
-runs and its free capacity; liveness is the process's inbox).
+nothing vanishes.
 """
 import itertools
-from collections import deque
-from dataclasses import dataclass, field, replace
 
-from batchlab.protocol import BatchLaunch, Dispatch, RequestFailed, RequestMsg, RequestRow, WorkerHello, encode
-from batchlab.protocol.codec import MAX_MESSAGE_BYTES
+from batchlab.protocol import RequestFailed, RequestMsg, RequestRow, WorkerHello
 from batchlab.protocol.ids import IdSet
-from batchlab.scheduler.policies import Capacity, Decision, Policy
+from batchlab.scheduler.launch import Decisions, Launch
+from batchlab.scheduler.policies import Decision, Policy
+from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
 
 MAX_LOSSES = 1  # a request lost with its worker is requeued this often, then failed
 WORKER_REJOIN_GRACE_S = 10.0  # with no worker left, queued requests wait this long for one to (re)join
@@ -30,155 +26,6 @@ NO_WORKER_LEFT = "worker lost: no worker left"
 OOM_ALONE = "out of memory: does not fit alone"
 REJOINED = "worker rejoined: its running requests were lost"
 STALLED = "stalled: policy launched nothing for {limit_s:g} s with {queued} queued and every worker idle"
-
-
-@dataclass(slots=True)
-class WorkerState:
-    """One worker as the scheduler sees it (counters kept as batches come and go: no re-summing)."""
-
-    hello: WorkerHello
-    max_rows: int = 0  # rows it runs at once: the hello's max_batch_size until a WorkerCapacity moves it
-    inflight: dict[int, list[RequestMsg]] = field(default_factory=dict)  # batch_id -> requests
-    batches_done: int = 0
-    running: int = 0  # requests in flight on this worker
-    promised_tokens: int = 0  # Σ (prompt + output) of the requests in flight
-
-    def __post_init__(self) -> None:
-        self.max_rows = self.max_rows or self.hello.max_batch_size
-
-    def set_max_rows(self, rows: int) -> int:
-        """The worker's reported row cap, kept within [1, announced max]; returns the cap now used."""
-        self.max_rows = max(1, min(rows, self.hello.max_batch_size))
-        return self.max_rows
-
-    def start(self, batch_id: int, group: list[RequestMsg]) -> None:
-        """A batch was dispatched to this worker."""
-        self.inflight[batch_id] = group
-        self.running += len(group)
-        self.promised_tokens += sum(p.prompt_len + p.output_len for p in group)
-
-    def end(self, batch_id: int) -> list[RequestMsg] | None:
-        """A batch is over; returns its requests (None if unknown)."""
-        group = self.inflight.pop(batch_id, None)
-        if group is not None:
-            self.running -= len(group)
-            self.promised_tokens -= sum(p.prompt_len + p.output_len for p in group)
-        return group
-
-    def capacity(self) -> Capacity:
-        """Free room: a static worker takes one batch at a time; a continuous one fills its slots."""
-        h = self.hello
-        if h.mode != "continuous":
-            idle = not self.inflight
-            return Capacity(self.max_rows if idle else 0, h.kv_budget_bytes, h.kv_bytes_per_token, idle)
-        # below 0 when the cap fell under what runs: those rows finish, nothing new starts until then
-        return Capacity(self.max_rows - self.running,
-                        h.kv_budget_bytes - self.promised_tokens * h.kv_bytes_per_token,
-                        h.kv_bytes_per_token, not self.inflight)
-
-
-def least_loaded(workers: dict[str, WorkerState]) -> list[str]:
-    """Worker ids, least loaded first (ties by name, so runs are reproducible)."""
-    return sorted(workers, key=lambda w: (workers[w].running, w))
-
-
-class PendingQueue(deque):
-    """The scheduler's FIFO of requests (RequestMsg), counting the tokens (prompt + output) it holds."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tokens = 0
-
-    def append(self, p: RequestMsg) -> None:
-        """Join at the back."""
-        super().append(p)
-        self.tokens += p.prompt_len + p.output_len
-
-    def appendleft(self, p: RequestMsg) -> None:
-        """Go back to the front (requeue after an OOM or a lost worker)."""
-        super().appendleft(p)
-        self.tokens += p.prompt_len + p.output_len
-
-    def take(self, requests: list[RequestMsg]) -> list[RequestMsg]:
-        """Take these requests out wherever they wait (the others keep their order); returns those found."""
-        wanted = {id(p) for p in requests}
-        kept, taken = [p for p in self if id(p) not in wanted], [p for p in self if id(p) in wanted]
-        self.clear()
-        self.tokens = 0
-        for p in kept:
-            self.append(p)
-        return taken
-
-    def is_full_for(self, tokens: int, max_requests: int, max_tokens: int) -> bool:
-        """Would one more request of `tokens` (prompt + output) break a bound? 0 means unbounded."""
-        by_count = max_requests and len(self) >= max_requests
-        by_tokens = max_tokens and self.tokens + tokens > max_tokens
-        return bool(by_count or by_tokens)
-
-    def popleft(self) -> RequestMsg:
-        """Leave from the front."""
-        p = super().popleft()
-        self.tokens -= p.prompt_len + p.output_len
-        return p
-
-
-@dataclass(slots=True)
-class Launch:
-    """One pass's requests for `worker_id`, each row naming its batch (static: one; continuous: one each)."""
-
-    worker_id: str
-    reason: str
-    rows: list[RequestRow]
-    queue_len: int  # requests still queued after this launch
-
-    @property
-    def requests(self) -> list[RequestMsg]:
-        """The requests it runs, in order."""
-        return [row.request for row in self.rows]
-
-    def batch_ids(self) -> list[int]:
-        """Its distinct batch ids, in order."""
-        return list(dict.fromkeys(row.batch_id for row in self.rows))
-
-    def halves(self) -> tuple["Launch", "Launch"] | None:
-        """Two launches splitting its rows at the batch boundary nearest the middle (None: one batch,
-        which is one decision and never split)."""
-        ids = self.batch_ids()
-        if len(ids) < 2:
-            return None
-        cut = next(i for i, row in enumerate(self.rows) if row.batch_id == ids[len(ids) // 2])
-        return replace(self, rows=self.rows[:cut]), replace(self, rows=self.rows[cut:])
-
-    def dispatch(self, t: float) -> Dispatch:
-        """The message that sends it to the worker, scheduled at `t`."""
-        return Dispatch(t, self.reason, self.rows)
-
-    def frames(self, t: float, max_bytes: int = MAX_MESSAGE_BYTES
-               ) -> tuple[list[tuple["Launch", bytes]], list[tuple["Launch", str]]]:
-        """([(it or a part of it, its Dispatch frame)], [(part, why it cannot be sent)]): halved at batch
-        boundaries until each frame fits; a batch whose message alone passes the limit is never split."""
-        frame = encode(self.dispatch(t))
-        if len(frame) <= max_bytes:
-            return [(self, frame)], []
-        parts = self.halves()
-        if parts is None:
-            return [], [(self, f"dispatch of {len(self.rows)} rows is {len(frame)} bytes, over the "
-                               f"{max_bytes}-byte frame limit")]
-        head, tail = (part.frames(t, max_bytes) for part in parts)
-        return head[0] + tail[0], head[1] + tail[1]
-
-    def record(self, t: float) -> BatchLaunch:
-        """The collector's record of it, launched at `t`."""
-        return BatchLaunch(self.worker_id, t, self.reason, [row.request.request_id for row in self.rows],
-                           [row.batch_id for row in self.rows], self.queue_len)
-
-
-@dataclass(slots=True)
-class Decisions:
-    """What one scheduling pass decided: launches to send now, and when to ask again (None: at the next event)."""
-
-    launches: list[Launch] = field(default_factory=list)
-    wake_at: float | None = None
 
 
 class SchedulerCore:

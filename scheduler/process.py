@@ -22,7 +22,8 @@ from batchlab.protocol.inbox import Inbox, RateLimitedLog
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, Bundler, make_socket, send_routed
-from batchlab.scheduler.core import Launch, SchedulerCore
+from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy
 
 log = logging.getLogger("batchlab.scheduler")

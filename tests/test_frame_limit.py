@@ -5,7 +5,7 @@ its send path given a small limit."""
 from batchlab.protocol import BatchDone, Dispatch, EndOfStream, RequestFailed, RequestMsg, RunEnd, WorkerCapacity
 from batchlab.protocol import encode, now
 from batchlab.protocol.messages import pack_tokens
-from batchlab.scheduler.core import Launch
+from batchlab.scheduler.launch import Launch
 from tests.test_worker_robustness import WORKER, dispatched, rig  # noqa: F401  (rig: a fixture)
 
 LIMIT_BYTES = 1500

@@ -216,9 +216,9 @@ def test_summary_and_setup_say_where_prompts_came_from_and_what_was_capped(tmp_p
 def test_the_collector_reads_the_schedule_notes_from_the_footer_traffic_writes(tmp_path):
     from batchlab.collector.process import schedule_notes
     from batchlab.report.setup import PROMPT_SOURCES
-    from batchlab.traffic import schedule
+    from batchlab.traffic import prompts, schedule
 
-    assert PROMPT_SOURCES == schedule.PROMPT_SOURCES
+    assert PROMPT_SOURCES == prompts.PROMPT_SOURCES
     frame = pd.DataFrame({"request_id": [0], "arrival_offset_s": [0.0], "prompt": ["x"], "prompt_len": [1],
                           "output_len": [2], "prompt_tokens": [[5]]})
     notes = {"prompt_source": "synthetic-ids", "capped_prompts": 1, "capped_outputs": 0, "trace_speedup": 2.0}

@@ -13,7 +13,8 @@ from batchlab.protocol import ProtocolError, decode, decode_all, encode
 from batchlab.protocol.codec import split_frames
 from batchlab.protocol.messages import (PROTOCOL_VERSION, Arrival, Kind, RequestFailed, RequestMsg, RequestRow, RunEnd,
                                         Tokens, TrafficHello)
-from batchlab.scheduler.core import Launch, SchedulerCore
+from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler
 from tests.test_faults import free_port

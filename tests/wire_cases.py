@@ -12,7 +12,7 @@ from batchlab.protocol.messages import (PROTOCOL_VERSION, Arrival, BatchDone, Ba
                                         Dispatch, EndOfStream, EndOfStreamAck, FailedRow, Heartbeat, RequestFailed,
                                         RequestMsg, RequestRow, RunEnd, RunInfo, Shutdown, Start, Step, Tokens,
                                         TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, pack_tokens)
-from batchlab.protocol.messages import AtLeast, TokenBytes
+from batchlab.protocol.wire import AtLeast, TokenBytes
 
 NAN, INF = math.nan, math.inf
 TOKENS = pack_tokens([1, 2, 3, 4])

@@ -1,17 +1,11 @@
 """The seeded schedule of a run: when each request arrives and what it asks (synthetic, from a dataset, or
-from a trace: its arrival times or generated ones, with its input and output lengths); saved and replayed.
-
-The k-th request's prompt and output length come from a seeded stream, independent of n: request k gets the
-same prompt whatever the number of requests (hence whatever the rate): ShareGPT walks one fixed seeded
-permutation of the conversations; synthetic draws in fixed-size blocks.
-"""
+from a trace: its arrival times or generated ones, with its input and output lengths); saved and replayed."""
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -21,8 +15,8 @@ import pyarrow.parquet as pq
 from batchlab.protocol.run_dir import NOTES_KEY, footer_notes
 from batchlab.traffic.arrivals import arrival_offsets, trace_window
 from batchlab.traffic.config import TRACE_ARRIVAL, TrafficConfig
-from batchlab.traffic.datasets import (DatasetError, ParseResult, load_conversations, load_sharegpt, sample_lengths,
-                                       synthetic_tokens)
+from batchlab.traffic.datasets import DatasetError, load_conversations, load_sharegpt
+from batchlab.traffic.prompts import Prompts, Tokenizer, exact_length_prompts, sharegpt_prompts, synthetic_prompts
 from batchlab.traffic.traces import Trace, is_trace_dataset, load_trace
 
 COLUMNS = ("request_id", "arrival_offset_s", "prompt", "prompt_len", "output_len", "prompt_tokens")
@@ -33,16 +27,6 @@ SCHEMA = pa.schema([
 _HASH_TAG = b"batchlab-schedule-v1"
 _META_HASH, _META_CONFIG, _META_DURATION = b"batchlab.schedule_hash", b"batchlab.config", b"batchlab.duration_s"
 HASH_ROWS = 4096  # prompts hashed per slice (bounds the flat copy's memory)
-SYNTHETIC_BLOCK = 256  # requests drawn per block, so request k's draws do not depend on n
-MIN_REPLY_TOKENS = 2  # shorter replies are dropped, as vLLM's ShareGPT sampler does
-REPLY_PREFIX_CHARS_PER_TOKEN = 8  # a reply is first tokenized only this many chars per needed token
-REPLY_MARGIN_TOKENS = 8  # a prefix this far past the cap proves the whole reply reaches it
-PROMPT_SOURCES = {
-    "sharegpt": "whole prompts of a conversation file (text and its tokens)",
-    "synthetic": "uniform random token ids, lengths from the synthetic length settings",
-    "sharegpt-cut": "the trace's lengths; ShareGPT prompts' token ids joined and cut to each length",
-    "synthetic-ids": "the trace's lengths; uniform random token ids",
-}
 
 
 @dataclass(slots=True)
@@ -54,7 +38,7 @@ class Schedule:
     duration_s: float
     config: TrafficConfig | None = None  # None when loaded from a file without a readable config
     # how it was made, for the summary (JSON-able, not covered by the hash): prompt_source (a
-    # PROMPT_SOURCES key), capped_prompts, capped_outputs; from a trace also trace_requests,
+    # prompts.PROMPT_SOURCES key), capped_prompts, capped_outputs; from a trace also trace_requests,
     # trace_skipped_rows, and trace_window_s, trace_speedup, trace_native_rate (arrival "trace") or
     # trace_first_request (generated arrivals)
     notes: dict = field(default_factory=dict)
@@ -87,143 +71,6 @@ def _token_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:
     offsets = array.offsets.to_numpy()
     bounds = offsets - offsets[0]
     return [flat[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-
-
-# --- prompts: request k's prompt and output length (see the module docstring) ---------------------------
-class Tokenizer(Protocol):
-    """Anything with encode(text) -> token ids (the model's tokenizer)."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-
-@dataclass(slots=True)
-class Prompts:
-    """Per-request prompt text, tokens and output length, in request order."""
-
-    texts: list[str] = field(default_factory=list)
-    tokens: list[list[int]] = field(default_factory=list)
-    output_lens: list[int] = field(default_factory=list)
-    source: str = ""  # PROMPT_SOURCES key
-    capped_prompts: int = 0  # requests whose prompt was cut to max_prompt_len
-    capped_outputs: int = 0  # requests whose output length was cut to max_new_tokens
-
-
-def _reply_len(reply: str, tokenizer: Tokenizer, cap: int) -> int:
-    """Token length of `reply`, exact up to `cap` (only a prefix is tokenized when it already exceeds it)."""
-    prefix_chars = REPLY_PREFIX_CHARS_PER_TOKEN * (cap + REPLY_MARGIN_TOKENS)
-    if len(reply) > prefix_chars:
-        prefix_len = len(tokenizer.encode(reply[:prefix_chars]))
-        if prefix_len >= cap + REPLY_MARGIN_TOKENS:
-            return prefix_len
-    return len(tokenizer.encode(reply))
-
-
-def _tokenize_pair(prompt: str, reply: str, tokenizer: Tokenizer,
-                   cfg: TrafficConfig) -> tuple[list[int], int] | None:
-    """(prompt tokens, reply length) for one conversation, or None if it fails the length filters."""
-    tokens = list(tokenizer.encode(prompt))
-    if not cfg.min_prompt_len <= len(tokens) <= cfg.max_prompt_len:
-        return None
-    reply_len = _reply_len(reply, tokenizer, cfg.max_new_tokens)
-    if reply_len < MIN_REPLY_TOKENS:
-        return None
-    return tokens, reply_len
-
-
-def sharegpt_prompts(pairs: ParseResult, n: int, tokenizer: Tokenizer, cfg: TrafficConfig,
-                     rng: np.random.Generator) -> Prompts:
-    """`n` prompts walking a seeded permutation of the conversations (repeating it if n is larger).
-
-    Prompts shorter than min_prompt_len or longer than max_prompt_len tokens are dropped, not
-    truncated (as vLLM does), so the text always matches its tokens. Only visited conversations are
-    tokenized.
-    """
-    order = rng.permutation(len(pairs.prompts)).tolist()
-    memo: dict[int, tuple[list[int], int] | None] = {}
-    out = Prompts(source="sharegpt")
-    visited = 0
-    while len(out.texts) < n:
-        if visited == len(order) and not out.texts:
-            raise DatasetError(f"no conversation has a prompt of {cfg.min_prompt_len}..{cfg.max_prompt_len} "
-                               f"tokens and a reply of >= {MIN_REPLY_TOKENS} tokens")
-        idx = order[visited % len(order)]
-        visited += 1
-        if idx not in memo:
-            memo[idx] = _tokenize_pair(pairs.prompts[idx], pairs.replies[idx], tokenizer, cfg)
-        if memo[idx] is None:
-            continue
-        tokens, reply_len = memo[idx]
-        out.texts.append(pairs.prompts[idx])
-        out.tokens.append(tokens)
-        out.output_lens.append(min(reply_len, cfg.max_new_tokens))
-        out.capped_outputs += reply_len > cfg.max_new_tokens
-    return out
-
-
-def synthetic_prompts(n: int, cfg: TrafficConfig, rng: np.random.Generator) -> Prompts:
-    """`n` text-free prompts: lengths from the config's distributions, uniform token ids."""
-    out = Prompts(source="synthetic")
-    while len(out.tokens) < n:
-        prompt_lens = sample_lengths(cfg.prompt_lengths, SYNTHETIC_BLOCK, rng)
-        output_lens = sample_lengths(cfg.output_lengths, SYNTHETIC_BLOCK, rng)
-        keep = min(SYNTHETIC_BLOCK, n - len(out.tokens))  # counts cover the n requests only
-        out.capped_prompts += int((prompt_lens[:keep] > cfg.max_prompt_len).sum())
-        out.capped_outputs += int((output_lens[:keep] > cfg.max_new_tokens).sum())
-        prompt_lens = np.clip(prompt_lens, cfg.min_prompt_len, cfg.max_prompt_len)
-        out.tokens.extend(synthetic_tokens(prompt_lens, cfg.vocab_size, rng))
-        out.output_lens.extend(np.clip(output_lens, 1, cfg.max_new_tokens).tolist())
-    del out.tokens[n:], out.output_lens[n:]
-    out.texts = [""] * n
-    return out
-
-
-def exact_length_prompts(prompt_lens: np.ndarray, output_lens: np.ndarray, cfg: TrafficConfig,
-                         pairs: ParseResult | None, tokenizer: Tokenizer | None,
-                         rng: np.random.Generator) -> Prompts:
-    """A prompt of exactly min(length, max_prompt_len) tokens per request, outputs cut to max_new_tokens.
-
-    With conversations and a tokenizer the token ids are real text: the prompts of a seeded permutation
-    of the conversations, tokenized and joined into one stream that each request takes its next tokens
-    from (so request k's prompt does not depend on n, and no two prompts share a prefix until the
-    stream wraps). Otherwise uniform random ids. The texts are empty: cut tokens have no exact text.
-    """
-    out = Prompts(capped_prompts=int((prompt_lens > cfg.max_prompt_len).sum()),
-                  capped_outputs=int((output_lens > cfg.max_new_tokens).sum()),
-                  output_lens=np.minimum(output_lens, cfg.max_new_tokens).tolist())
-    lens = np.minimum(prompt_lens, cfg.max_prompt_len)
-    if pairs is not None and tokenizer is not None:
-        out.tokens, out.source = _cut_from_stream(lens, _token_stream(pairs, tokenizer, rng)), "sharegpt-cut"
-    else:
-        out.tokens, out.source = synthetic_tokens(lens, cfg.vocab_size, rng), "synthetic-ids"
-    out.texts = [""] * len(lens)
-    return out
-
-
-def _token_stream(pairs: ParseResult, tokenizer: Tokenizer, rng: np.random.Generator) -> Iterator[list[int]]:
-    """Token ids of the conversations' prompts in a seeded order, repeating the order when it ends."""
-    order = rng.permutation(len(pairs.prompts)).tolist()
-    while True:
-        produced = 0
-        for idx in order:
-            tokens = list(tokenizer.encode(pairs.prompts[idx]))
-            produced += len(tokens)
-            yield tokens
-        if not produced:
-            raise DatasetError("the conversations' prompts tokenize to no tokens")
-
-
-def _cut_from_stream(lens: np.ndarray, stream: Iterator[list[int]]) -> list[list[int]]:
-    """Consecutive pieces of the stream, one of each length."""
-    out: list[list[int]] = []
-    buf: list[int] = []
-    pos = 0
-    for length in lens.tolist():
-        while len(buf) - pos < length:
-            buf = buf[pos:] + next(stream)  # buf stays short: at most one prompt plus one request
-            pos = 0
-        out.append(buf[pos:pos + length])
-        pos += length
-    return out
 
 
 def _make_frame(offsets_s: np.ndarray, prompts: Prompts) -> pd.DataFrame:

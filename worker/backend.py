@@ -3,7 +3,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchlab.protocol import RequestRow, WorkerHello
-from batchlab.protocol.messages import unpack_tokens
+from batchlab.protocol.wire import unpack_tokens
 from batchlab.protocol.setting_groups import BatchlabError
 
 
