@@ -7,6 +7,7 @@ from batchlab.protocol.identity import run_settings
 from batchlab.protocol.settings import RunConfig
 from batchlab.scheduler.strategies import resolve
 from batchlab.traffic.run_schedule import make_schedule
+from batchlab.worker.threads import place_harness
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
@@ -28,6 +29,7 @@ def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None
     from batchlab.collector.process import run_collector
 
     setup_logging(cfg.out, "collector")
+    place_harness(cfg)
     summary = run_collector(collector_addr, Path(cfg.out), slos=slos or cfg.slos() or None,
                             keys=cfg.keys or None, stop_run=stop_run)
     return 128 + summary.stop_signal if summary.stop_signal else 0
@@ -40,6 +42,7 @@ def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, str
     from batchlab.scheduler.process import run_scheduler
 
     setup_logging(cfg.out, "scheduler")
+    place_harness(cfg)
     return run_scheduler(resolve(cfg).policy(), scheduler_addr, collector_addr, min_workers=cfg.workers,
                          max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
                          settings=run_settings(cfg), keys=cfg.keys or None, stream_ended=stream_ended,
@@ -83,6 +86,7 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
     from batchlab.traffic.process import ClosedLoop, run_traffic
 
     setup_logging(cfg.out, "traffic")
+    place_harness(cfg)
     target = RunDir(cfg.out).schedule
     already_there = bool(cfg.schedule) and Path(cfg.schedule).resolve() == target.resolve()  # the launcher's
     closed = None

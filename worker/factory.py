@@ -12,6 +12,7 @@ import os
 from batchlab.protocol.plugins import BACKEND_GROUP, Registry
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.worker.backend import Backend
+from batchlab.worker.threads import place_worker
 
 BUILTINS = {"sim": "batchlab.worker.sim:SimBackend", "echo": "batchlab.worker.sim:EchoBackend",
             "hf": "batchlab.worker.hf.static:HFBackend", "vllm": "batchlab.worker.vllm_engine:VLLMBackend",
@@ -40,8 +41,14 @@ def backend_class(spec: str, mode: str) -> type[Backend]:
 
 
 def make_backend(cfg: RunConfig, mode: str, rows: int) -> Backend:
-    """The backend named by cfg.backend in `mode` (static | continuous), running at most `rows` rows."""
+    """The backend named by cfg.backend in `mode` (static | continuous), running at most `rows` rows; a CPU
+    model's threads placed first (worker.threads: before torch starts its OpenMP runtime), and recorded in
+    the worker's facts."""
+    threads = place_worker(cfg)
     if cfg.backend in ("hf", "vllm"):
         quiet_libraries()
     spec = HF_LOOP if (cfg.backend, mode) == ("hf", "continuous") else cfg.backend
-    return backend_class(spec, mode).from_config(cfg, mode, rows)
+    backend = backend_class(spec, mode).from_config(cfg, mode, rows)
+    if threads is not None:
+        backend.info.facts.update(threads.facts())
+    return backend
