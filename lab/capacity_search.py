@@ -14,7 +14,8 @@ import pandas as pd
 
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
 from batchlab.lab.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
-from batchlab.collector.capacity import Capacity, Probe, Verdict, search, start_below, sustain, tokens_per_request
+from batchlab.collector.capacity import (Capacity, Probe, Verdict, arrival_cv2, search, start_below, sustain,
+                                        tokens_per_request)
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR, point_dir, saturated_dir
 from batchlab.collector.saturation import SaturatedRun, pooled, saturated_run
 from batchlab.protocol.files import write_json_atomic
@@ -26,10 +27,17 @@ EXTENSIONS = 2  # a saturated run whose steady window cannot bound μ runs again
 # many times (a worker slower than planned, or a loaded machine: 15 s held one batch, or two 0.19 s apart)
 
 
-def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict | None, folder: str = "",
-             ceiling_req_s: float | None = None) -> Probe:
-    """One probe's verdict from its requests table."""
-    return Probe(rate, sustain(requests, duration_s, slos, ceiling_req_s), folder, tokens_per_request(requests))
+def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, cfg, folder: str = "",
+             saturated: dict | None = None) -> Probe:
+    """One probe's verdict from its requests table, judged against μ (`saturated`: its upper bound the ceiling)
+    under the probe's own SLOs and arrival process. With a queue limit or SLOs, the steady queue's level
+    decides (rejections, waits), so μ's estimate also says how long the probe's queue needs to settle; without
+    either, any rate below μ is sustained in the long run and the queue's trend and μ's bound decide."""
+    ceiling, mu = (saturated["req_s_hi"], saturated["req_s"]) if saturated else (None, None)
+    limited = bool(cfg.max_queue or cfg.max_queue_tokens or cfg.slos())
+    verdict = sustain(requests, duration_s, cfg.slos() or None, ceiling, mu if limited else None,
+                      arrival_cv2(cfg.arrival, cfg.burstiness))
+    return Probe(rate, verdict, folder, tokens_per_request(requests))
 
 
 def clients(plan: Plan, entry: Entry, s: AutoRates) -> int:
@@ -116,7 +124,7 @@ class LiveSearch:
                            f"[{run.req_s_lo:.3g}, {run.req_s_hi:.3g}] req/s")
         return run
 
-    def measure(self, entry: Entry, ceiling_req_s: float | None = None):
+    def measure(self, entry: Entry, saturated: dict | None = None):
         """collector.capacity.Measure for this entry: one point of duration_s at the rate."""
         from batchlab.collector.parts import load_table
 
@@ -126,8 +134,8 @@ class LiveSearch:
             where = str(point.folder.relative_to(self.out))
             if record["status"] not in ("done", "skipped"):
                 return Probe(rate, Verdict(False, [f"run failed: {record['reason'].splitlines()[0]}"], 0.0, 0.0), where)
-            probe = probe_of(rate, load_table(point.folder, "requests"), base["duration_s"],
-                             point.config(base).slos() or None, where, ceiling_req_s)
+            probe = probe_of(rate, load_table(point.folder, "requests"), base["duration_s"], point.config(base),
+                             where, saturated)
             if self.view:
                 self.view.note(f"capacity {entry.label} λ={rate:g}: "
                                + ("sustained" if probe.verdict.sustained else "; ".join(probe.verdict.reasons)))
@@ -142,12 +150,13 @@ class SimulatedSearch:
     def __init__(self, plan: Plan, settings: AutoRates) -> None:
         self.plan, self.s = plan, settings
 
-    def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, dict | None]:
+    def _requests(self, point: Point, base: dict):
+        """The simulated run's requests table and its config."""
         from batchlab.simulator.run import simulate
         from batchlab.traffic.run_schedule import make_schedule
 
         cfg = point.config(base)
-        return simulate(cfg, make_schedule(cfg)).requests, cfg.slos() or None
+        return simulate(cfg, make_schedule(cfg)).requests, cfg
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
         """One saturated run's μ in virtual time, extended as a live one is."""
@@ -158,13 +167,13 @@ class SimulatedSearch:
 
         return extended(f"{entry.label} (simulated)", durations(self.s), once)
 
-    def measure(self, entry: Entry, ceiling_req_s: float | None = None):
+    def measure(self, entry: Entry, saturated: dict | None = None):
         """collector.capacity.Measure for this entry, in virtual time."""
 
         def measure(rate: float) -> Probe:
             point, base = _probe_point(self.plan, entry, Path("."), rate, self.s)
-            requests, slos = self._requests(point, base)
-            return probe_of(rate, requests, base["duration_s"], slos, ceiling_req_s=ceiling_req_s)
+            requests, cfg = self._requests(point, base)
+            return probe_of(rate, requests, base["duration_s"], cfg, saturated=saturated)
 
         return measure
 
@@ -191,7 +200,7 @@ def search_one(entry: Entry, runner, settings: AutoRates, runs: list[SaturatedRu
     if isinstance(runs, str) or not runs:
         return Capacity(entry.label, None, None, note=runs if isinstance(runs, str) else "no saturated run")
     saturated = pooled(runs)
-    return search(entry.label, start_below(saturated, settings.width), runner.measure(entry, saturated["req_s_hi"]),
+    return search(entry.label, start_below(saturated, settings.width), runner.measure(entry, saturated),
                   width=settings.width, max_probes=settings.max_probes, saturated=saturated)
 
 

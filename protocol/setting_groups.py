@@ -244,6 +244,14 @@ class SimBackendSettings(Group, title="Worker: sim"):
     speed_noise: float = setting(0.0, "sim: run-to-run speed noise, as on a busy shared machine: every step time of "
                                  "a run scaled by one factor exp(σ·z), z ~ N(0, 1) seeded by the run's seed, repeat "
                                  "and label (0.1: about ±10% between runs)", unit="σ of log", ge=0, le=2)
+    speed_drift: float = setting(0.0, "sim: the speed moving within a run, as on a busy machine: log speed an "
+                                 "Ornstein-Uhlenbeck process of this stationary σ (worker/machine_noise.py)",
+                                 unit="σ of log", ge=0, le=2)
+    speed_drift_s: float = setting(5.0, "sim: the drift's correlation time", unit="s", gt=0)
+    neighbour_share: float = setting(0.0, "sim: a neighbour that takes this share of the worker's time in bursts "
+                                     "(every step 1 ÷ (1 − share) as long while it is on)", ge=0, lt=1)
+    neighbour_on_s: float = setting(5.0, "sim: the neighbour's mean burst (exponential lengths)", unit="s", gt=0)
+    neighbour_off_s: float = setting(10.0, "sim: the neighbour's mean pause between bursts", unit="s", gt=0)
 
 
 class HFBackendSettings(Group, title="Worker: hf"):

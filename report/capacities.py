@@ -4,7 +4,7 @@ the grid's own rates with the same sustain criterion (collector.capacity.from_ru
 what the same sweep's points completed at steady state; and the capacity table, in Markdown and as text."""
 import json
 
-from batchlab.collector.capacity import GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, from_runs
+from batchlab.collector.capacity import GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, Verdict, from_runs, sustain
 from batchlab.collector.layout import CAPACITY_FILE
 from batchlab.collector.saturation import saturated_run
 from batchlab.report.points import Collection
@@ -27,17 +27,30 @@ def load_capacities(collection: Collection, slos: dict | None = None) -> tuple[d
     else:
         found, source = {lb: from_runs(lb, rs, slos).as_dict() for lb, rs in runs.items() if rs}, FROM_GRID
     for lb, c in found.items():
-        c["checks"] = checks(c, runs.get(lb, []))
+        verdicts = grid_verdicts(runs.get(lb, []), slos)
+        c["grid_sustained"] = sorted(rate for rate, vs in verdicts.items() if all(v.sustained for v in vs))
+        c["checks"] = checks(c, runs.get(lb, []), verdicts)
     return found, source
 
 
-def checks(c: dict, runs: list) -> list[str]:
-    """Where a capacity disagrees with what the same sweep measured: above its saturated rate μ's interval,
-    or above the steady completion rate of a grid point it overloaded; μ below what a grid point completed."""
+def grid_verdicts(runs: list, slos: dict | None = None) -> dict[float, list[Verdict]]:
+    """Each grid rate's sustain verdicts (one per repeat), with the runs' SLOs; no μ (what the grid itself
+    shows)."""
+    verdicts: dict[float, list[Verdict]] = {}
+    for rate, requests, duration_s in runs:
+        if rate and duration_s > 0 and len(requests):
+            verdicts.setdefault(rate, []).append(sustain(requests, duration_s, slos))
+    return verdicts
+
+
+def checks(c: dict, runs: list, verdicts: dict[float, list[Verdict]] | None = None) -> list[str]:
+    """Where a capacity disagrees with what the same sweep measured, both ways: above its saturated rate μ's
+    interval, or above the steady completion rate of a grid point it overloaded; below a grid rate the sweep
+    sustained (served fully, queue flat, in every repeat); μ below what a grid point completed."""
     est, sat, lb = c.get("estimate_req_s") or c.get("lo_req_s"), c.get("saturated"), c.get("label", "")
     steady = [(rate, offered(requests, duration_s), run) for rate, requests, duration_s in runs
               if rate and duration_s > 0 and (run := saturated_run(requests, duration_s)) is not None]
-    notes = []
+    notes = below_sustained(c, verdicts if verdicts is not None else grid_verdicts(runs))
     if est and sat and est > sat["req_s_hi"]:
         notes.append(f"{lb}: capacity {sig(est)} req/s is above its saturated rate μ = {mu_text(sat)}")
     # completing clearly less than was offered: the worker's own ceiling, what no capacity can exceed
@@ -50,6 +63,22 @@ def checks(c: dict, runs: list) -> list[str]:
         notes.append(f"{lb}: at λ = {fast[0]:g} it completed {sig(fast[1].req_s)} req/s at steady state, above "
                      f"its saturated rate μ = {mu_text(sat)} (the machine's speed moved between them?)")
     return notes
+
+
+def below_sustained(c: dict, verdicts: dict[float, list[Verdict]]) -> list[str]:
+    """A capacity (its estimate, else the bound it has) below the offered rate of a grid point that every
+    repeat sustained: the search said less than the sweep itself showed."""
+    cap = c.get("estimate_req_s") or c.get("lo_req_s") or c.get("hi_req_s")
+    held = [(rate, vs) for rate, vs in verdicts.items() if vs and all(v.sustained for v in vs)]
+    if cap is None or not held:
+        return []
+    rate, vs = max(held, key=lambda item: min(v.offered_req_s or item[0] for v in item[1]))
+    offered_req_s = min(v.offered_req_s or rate for v in vs)
+    if offered_req_s <= cap * (1 + GROWTH_SHARE):
+        return []
+    served = min(v.served_share for v in vs)
+    return [f"{c.get('label', '')}: capacity {bracket_text(c)} req/s is below λ = {rate:g} ({sig(offered_req_s)} "
+            f"offered), which the same sweep sustained ({served:.0%} served, the queue flat, {len(vs)} repeat(s))"]
 
 
 def offered(requests, duration_s: float) -> float:
@@ -83,7 +112,8 @@ def bracket_text(c: dict, unit: str = "req_s") -> str:
 
 
 def _probes_text(c: dict) -> str:
-    return ", ".join(f"{p['rate_req_s']:g}{'✓' if p['sustained'] else '✗'}" for p in c.get("probes", []))
+    return ", ".join(f"{p['rate_req_s']:g}{'✓' if p['sustained'] else '✗' if p.get('judged', True) else '?'}"
+                     for p in c.get("probes", []))
 
 
 def capacity_rows(capacities: dict[str, dict]) -> list[tuple[str, str, str, str, str, str]]:
@@ -100,7 +130,7 @@ def capacity_table(capacities: dict[str, dict]) -> list[str]:
     """The Markdown table: capacity in req/s and output tok/s, estimate [interval], the saturated rate μ
     beside it, and the rates measured; then a warning for each disagreement with the sweep's own points."""
     head = ["strategy", "capacity (req/s)", "capacity (output tok/s)", "μ saturated (req/s)",
-            "μ saturated (output tok/s)", "rates measured (✓ sustained, ✗ not)"]
+            "μ saturated (output tok/s)", "rates measured (✓ sustained, ✗ not, ? undecided)"]
     warnings = _warnings(capacities)
     return md_table(head, capacity_rows(capacities)) + ([""] + [f"- {w}" for w in warnings] if warnings else [])
 
