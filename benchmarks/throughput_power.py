@@ -13,6 +13,7 @@ direction, how often its 95% interval covers the noise-free ratio, and its media
     python benchmarks/throughput_power.py --seeds 20 --scenarios busy
 """
 import argparse
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -77,9 +78,16 @@ def run(label: str, length: float | str, repeat: int, seed: int, noise=None):
     stop = dict(num_requests=int(length.split()[0]), duration_s=3600.0) if isinstance(length, str) else \
         dict(duration_s=length)
     cfg = RunConfig(**{**BASE, **stop}, **STRATEGIES[label], seed=seed + repeat, repeat=repeat, label=label)
-    tables = simulate(cfg, make_schedule(cfg), noise=noise if noise is not None else Timeline(()))
+    tables = simulate(cfg, schedule_of(cfg.seed, cfg.duration_s, cfg.num_requests),
+                      noise=noise if noise is not None else Timeline(()))
     end_s = float(tables.requests["arrival_time"].max()) if isinstance(length, str) else length
     return tables, end_s
+
+
+@functools.lru_cache(maxsize=64)
+def schedule_of(seed: int, duration_s: float, num_requests: int):
+    """One repeat's schedule, the same for every strategy (built once: ShareGPT prompts are tokenized)."""
+    return make_schedule(RunConfig(**{**BASE, "duration_s": duration_s, "num_requests": num_requests}, seed=seed))
 
 
 def order(labels: list[str], repeat: int, how: str) -> list[str]:

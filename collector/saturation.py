@@ -56,6 +56,7 @@ class SaturatedRun:
     window_s: list[float]  # [start, end] s since t0: the first and last completion of the steady window
     completions: int
     folder: str = ""
+    interference: dict | None = None  # the other work beside the run (its summary's; None: not metered)
 
 
 def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0, folder: str = "",

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
 from batchlab.lab.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
 from batchlab.collector.capacity import (Capacity, Probe, Verdict, arrival_cv2, search, start_below, sustain,
                                         tokens_per_request)
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR, point_dir, saturated_dir
+from batchlab.collector.interference import read as read_interference
 from batchlab.collector.saturation import SaturatedRun, pooled, saturated_run
+from batchlab.collector.summary import read_summary
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.study_settings import CapacitySettings
 
@@ -92,15 +95,21 @@ def probe_duration_s(rate: float, s: AutoRates) -> float:
 
 
 class LiveSearch:
-    """Capacity searches on real points, on the sweep's warm workers (runner.pool.PoolKeeper)."""
+    """Capacity searches on real points, on the sweep's warm workers (runner.pool.PoolKeeper); a run a burst
+    of other work disturbed runs again (`disturbed`: the sweep's lab.disturbance.Disturbances)."""
 
-    def __init__(self, plan: Plan, out: Path, settings: AutoRates, pools=None, view=None) -> None:
+    def __init__(self, plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
+                 disturbed: Disturbances | None = None) -> None:
         self.plan, self.out, self.s, self.pools, self.view = plan, out, settings, pools, view
+        self.disturbed = disturbed or Disturbances(plan.rerun_disturbed)
 
     def _run(self, point: Point, base: dict, what: str, extension: bool = False) -> dict:
         tick = self.view.ticker(point, what) if self.view else None  # resume: a probe that measured what
         stale_note = None if extension else self.view  # an extension says why it runs the point again
-        return reused(point, base, True, stale_note) or execute(point, base, tick, self.plan.limits(), self.pools)
+        name = f"{what} {point.entry.label} " + (f"repeat {point.repeat}" if what == "saturated" else
+                                                 f"λ={point.rate:g}")
+        return reused(point, base, True, stale_note) or self.disturbed.run(
+            name, lambda: execute(point, base, tick, self.plan.limits(), self.pools), self.view)
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
         """One saturated run's μ, extended while it finished too little; SweepError when it failed or even the
@@ -112,16 +121,21 @@ class LiveSearch:
             record = self._run(point, base, "saturated", extension=duration_s > self.s.saturated_duration_s)
             if record["status"] not in ("done", "skipped"):
                 raise SweepError(f"the saturated run of {entry.label} failed: {record['reason'].splitlines()[0]}")
-            return saturated_run(load_table(point.folder, "requests"), duration_s, repeat=repeat,
-                                 folder=str(point.folder.relative_to(self.out)))
+            run = saturated_run(load_table(point.folder, "requests"), duration_s, repeat=repeat,
+                                folder=str(point.folder.relative_to(self.out)))
+            if run is not None:
+                run.interference = read_summary(point.folder).interference
+            return run
 
         tries = durations(self.s)
         done = [k for k, d in enumerate(tries)
                 if reused(*_saturated_point(self.plan, entry, self.out, repeat, self.s, d), True)]
         run = extended(f"{entry.label} repeat {repeat}", tries[done[0] if done else 0:], once, self.view)
         if self.view:
+            beside = read_interference(run.interference)
+            busy = f"; ⚠ {beside.text()}" if beside is not None and beside.disturbed else ""
             self.view.note(f"saturated {entry.label} repeat {repeat}: μ = {run.req_s:.3g} "
-                           f"[{run.req_s_lo:.3g}, {run.req_s_hi:.3g}] req/s")
+                           f"[{run.req_s_lo:.3g}, {run.req_s_hi:.3g}] req/s{busy}")
         return run
 
     def measure(self, entry: Entry, saturated: dict | None = None):
@@ -217,7 +231,7 @@ def capacity_document(capacities: dict[str, Capacity], settings: AutoRates) -> d
 
 
 def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
-                 labels: list[str] | None = None) -> dict:
+                 labels: list[str] | None = None, disturbed: Disturbances | None = None) -> dict:
     """Live searches into `out`; writes and returns OUT/capacity.json (kept on resume when its search
     settings are the same and it holds every strategy asked for)."""
     path = out / CAPACITY_FILE
@@ -227,8 +241,9 @@ def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=No
         if (doc.get("search") == settings.model_dump(include=SEARCH_KEYS) and doc.get("plan_hash") == plan_hash(plan)
                 and set(wanted) <= set(doc.get("strategies", {}))):
             return doc
-    doc = capacity_document(search_all(plan, LiveSearch(plan, out, settings, pools, view), settings, labels),
-                            settings) | {"plan_hash": plan_hash(plan)}
+    searches = LiveSearch(plan, out, settings, pools, view, disturbed)
+    doc = capacity_document(search_all(plan, searches, settings, labels), settings) | {
+        "plan_hash": plan_hash(plan), "reran": searches.disturbed.reran}
     write_json_atomic(path, doc, default=str)
     return doc
 

@@ -96,6 +96,8 @@ class Grid(Section):
                                      unit="s", ge=0)
     order: Literal["auto", "interleaved", "grouped"] = setting(
         "auto", "auto: interleaved unless a point runs on a GPU (two idle engines would hold two models)")
+    rerun_disturbed: int = setting(0, "run a point, saturated run or probe again, up to this many times, when a "
+                                   "burst of other work beyond the sweep's usual disturbed it (0: never)", ge=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -17,6 +17,7 @@ class ReportResult:
     plots: list[Path]
     headlines: list[str]
     capacity_lines: list[str] = field(default_factory=list)  # the capacity table as plain text
+    machine_lines: list[str] = field(default_factory=list)  # the other work beside the runs, and its warning
 
 
 def parse_slos(items: list[str]) -> dict[str, float]:
@@ -77,4 +78,15 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines, stats=stats,
                labels=collection.labels(), rates=collection.rates(),
                setup=setup_lines(collection.runs[0]) if collection.runs else [], external=external)
-    return ReportResult(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [])
+    return ReportResult(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [],
+                        machine_lines(collection, capacities))
+
+
+def machine_lines(collection: Collection, capacities: dict) -> list[str]:
+    """The terminal's lines on the machine: the other work beside the runs, and the warning when it bent them."""
+    from batchlab.report import machine
+
+    grid = machine.summary_line(machine.of_runs(collection.runs), "grid runs")
+    saturated = [f for fs in machine.saturated_of(capacities).values() for f in fs]
+    lines = [line for line in (grid, machine.summary_line(saturated, "saturated runs")) if line]
+    return lines + [w for w in [machine.warning(collection, capacities)] if w]

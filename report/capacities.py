@@ -116,10 +116,15 @@ def _probes_text(c: dict) -> str:
                      for p in c.get("probes", []))
 
 
-def capacity_rows(capacities: dict[str, dict]) -> list[tuple[str, str, str, str, str, str]]:
-    """(strategy, capacity req/s, capacity tok/s, μ req/s, μ tok/s, probes) per strategy."""
+def capacity_rows(capacities: dict[str, dict]) -> list[tuple[str, str, str, str, str, str, str]]:
+    """(strategy, capacity req/s, capacity tok/s, μ req/s, μ tok/s, probes, other work beside μ's runs) per
+    strategy."""
+    from batchlab.report.machine import cell, saturated_of
+
+    beside = saturated_of(capacities)
     return [(lb, bracket_text(c), bracket_text(c, "tok_s"), mu_text(c.get("saturated")),
-             mu_text(c.get("saturated"), "tok_s"), _probes_text(c)) for lb, c in capacities.items()]
+             mu_text(c.get("saturated"), "tok_s"), _probes_text(c), cell(beside.get(lb, [])))
+            for lb, c in capacities.items()]
 
 
 def _warnings(capacities: dict[str, dict]) -> list[str]:
@@ -130,15 +135,16 @@ def capacity_table(capacities: dict[str, dict]) -> list[str]:
     """The Markdown table: capacity in req/s and output tok/s, estimate [interval], the saturated rate μ
     beside it, and the rates measured; then a warning for each disagreement with the sweep's own points."""
     head = ["strategy", "capacity (req/s)", "capacity (output tok/s)", "μ saturated (req/s)",
-            "μ saturated (output tok/s)", "rates measured (✓ sustained, ✗ not, ? undecided)"]
+            "μ saturated (output tok/s)", "rates measured (✓ sustained, ✗ not, ? undecided)",
+            "other work beside μ's runs (cores)"]
     warnings = _warnings(capacities)
     return md_table(head, capacity_rows(capacities)) + ([""] + [f"- {w}" for w in warnings] if warnings else [])
 
 
 def capacity_text(capacities: dict[str, dict]) -> list[str]:
     """The same table as aligned plain text (the terminal): capacity and μ in req/s, μ in output tok/s."""
-    rows = [("strategy", "capacity req/s", "μ saturated req/s", "μ output tok/s")]
-    rows += [(r[0], r[1], r[3], r[4]) for r in capacity_rows(capacities)]
+    rows = [("strategy", "capacity req/s", "μ saturated req/s", "μ output tok/s", "other work (cores)")]
+    rows += [(r[0], r[1], r[3], r[4], r[6]) for r in capacity_rows(capacities)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return (["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
             + _warnings(capacities))
