@@ -4,7 +4,8 @@ the grid's own rates with the same sustain criterion (collector.capacity.from_ru
 what the same sweep's points completed at steady state; and the capacity table, in Markdown and as text."""
 import json
 
-from batchlab.collector.capacity import GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, Verdict, from_runs, sustain
+from batchlab.collector.capacity import (GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, Verdict, arrival_cv2, from_runs,
+                                        sustain)
 from batchlab.collector.layout import CAPACITY_FILE
 from batchlab.collector.saturation import saturated_run
 from batchlab.report.points import Collection
@@ -27,19 +28,26 @@ def load_capacities(collection: Collection, slos: dict | None = None) -> tuple[d
     else:
         found, source = {lb: from_runs(lb, rs, slos).as_dict() for lb, rs in runs.items() if rs}, FROM_GRID
     for lb, c in found.items():
-        verdicts = grid_verdicts(runs.get(lb, []), slos)
-        c["grid_sustained"] = sorted(rate for rate, vs in verdicts.items() if all(v.sustained for v in vs))
+        verdicts = grid_verdicts([r for r in collection.runs if r.label == lb], slos, c.get("saturated"))
+        c["grid_sustained"] = sustained_rates(verdicts)
         c["checks"] = checks(c, runs.get(lb, []), verdicts)
     return found, source
 
 
-def grid_verdicts(runs: list, slos: dict | None = None) -> dict[float, list[Verdict]]:
-    """Each grid rate's sustain verdicts (one per repeat), with the runs' SLOs; no μ (what the grid itself
-    shows)."""
+def grid_verdicts(runs: list, slos: dict | None = None, saturated: dict | None = None) -> dict[float, list[Verdict]]:
+    """Each grid rate's sustain verdicts (one per repeat), judged as the capacity search judges its probes:
+    the runs' SLOs, and with μ (`saturated`) its bound and, where a queue limit or SLOs make the queue's
+    level count, how long the queue needs to settle."""
     verdicts: dict[float, list[Verdict]] = {}
-    for rate, requests, duration_s in runs:
-        if rate and duration_s > 0 and len(requests):
-            verdicts.setdefault(rate, []).append(sustain(requests, duration_s, slos))
+    for run in runs:
+        s, duration_s = run.settings, float(run.settings.get("duration_s") or 0.0)
+        if not (run.rate and duration_s > 0 and len(run.requests)):
+            continue
+        limited = bool(s.get("max_queue") or s.get("max_queue_tokens") or slos or s.get("slo"))
+        mu = saturated.get("req_s") if saturated and limited else None
+        verdicts.setdefault(run.rate, []).append(sustain(
+            run.requests, duration_s, slos, saturated.get("req_s_hi") if saturated else None, mu,
+            arrival_cv2(str(s.get("arrival", "poisson")), float(s.get("burstiness") or 1.0))))
     return verdicts
 
 
@@ -50,7 +58,7 @@ def checks(c: dict, runs: list, verdicts: dict[float, list[Verdict]] | None = No
     est, sat, lb = c.get("estimate_req_s") or c.get("lo_req_s"), c.get("saturated"), c.get("label", "")
     steady = [(rate, offered(requests, duration_s), run) for rate, requests, duration_s in runs
               if rate and duration_s > 0 and (run := saturated_run(requests, duration_s)) is not None]
-    notes = below_sustained(c, verdicts if verdicts is not None else grid_verdicts(runs))
+    notes = below_sustained(c, verdicts or {})
     if est and sat and est > sat["req_s_hi"]:
         notes.append(f"{lb}: capacity {sig(est)} req/s is above its saturated rate μ = {mu_text(sat)}")
     # completing clearly less than was offered: the worker's own ceiling, what no capacity can exceed
@@ -65,6 +73,19 @@ def checks(c: dict, runs: list, verdicts: dict[float, list[Verdict]] | None = No
     return notes
 
 
+def sustained_rates(verdicts: dict[float, list[Verdict]]) -> list[dict]:
+    """The grid rates every repeat sustained, ascending: {"rate": nominal, "offered_req_s": the least any
+    repeat offered} (capacities are in offered rates; a seeded schedule is some percent off its nominal)."""
+    return [{"rate": rate, "offered_req_s": min(v.offered_req_s or rate for v in vs)}
+            for rate, vs in sorted(verdicts.items()) if vs and all(v.sustained for v in vs)]
+
+
+def contradicts(capacity_req_s: float | None, offered_req_s: float) -> bool:
+    """Whether a rate a grid sustained (offered) lies clearly above a capacity: beyond the tolerance a
+    sustained verdict itself allows (GROWTH_SHARE)."""
+    return capacity_req_s is None or offered_req_s > capacity_req_s * (1 + GROWTH_SHARE)
+
+
 def below_sustained(c: dict, verdicts: dict[float, list[Verdict]]) -> list[str]:
     """A capacity (its estimate, else the bound it has) below the offered rate of a grid point that every
     repeat sustained: the search said less than the sweep itself showed."""
@@ -74,7 +95,7 @@ def below_sustained(c: dict, verdicts: dict[float, list[Verdict]]) -> list[str]:
         return []
     rate, vs = max(held, key=lambda item: min(v.offered_req_s or item[0] for v in item[1]))
     offered_req_s = min(v.offered_req_s or rate for v in vs)
-    if offered_req_s <= cap * (1 + GROWTH_SHARE):
+    if not contradicts(cap, offered_req_s):
         return []
     served = min(v.served_share for v in vs)
     return [f"{c.get('label', '')}: capacity {bracket_text(c)} req/s is below λ = {rate:g} ({sig(offered_req_s)} "

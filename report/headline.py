@@ -4,7 +4,7 @@ repeat the estimate stands alone and the sentence says run-to-run variation was 
 interval includes zero reads as no significant difference."""
 from dataclasses import dataclass
 
-from batchlab.report.capacities import bracket_text, mu_text
+from batchlab.report.capacities import bracket_text, contradicts, mu_text
 from batchlab.collector.intervals import UNMEASURED, PairedResult, between_repeats, describe, pct_text
 from batchlab.report.points import Collection
 from batchlab.report.stats import paired_latency
@@ -80,16 +80,18 @@ def common_rate(rates: list[float], new: dict, old: dict) -> tuple[float | None,
         if fitting:
             return max(fitting), ""
         doubt = [f"no grid rate was at or below {COMMON_LOAD_SHARE:g} × the lower capacity"]
-    both = sorted(set(rates) & set(new.get("grid_sustained") or []) & set(old.get("grid_sustained") or []))
+    held = [{g["rate"] for g in c.get("grid_sustained") or []} for c in (new, old)]
+    both = sorted(set(rates) & held[0] & held[1])
     return (both[0], f"{FALLBACK}: {'; '.join(doubt)}") if both else (None, "")
 
 
 def _doubt(c: dict, point: float | None) -> str:
-    """Why a capacity cannot place the common load ('' when it can)."""
+    """Why a capacity cannot place the common load ('' when it can): none, or one below a rate its own grid
+    sustained (report.capacities.contradicts, in offered rates)."""
     if not point:
         return "was not measured"
-    held = [r for r in c.get("grid_sustained") or [] if r > point * (1 + 1e-9)]
-    return f"is below λ = {max(held):g}, which its grid sustained" if held else ""
+    held = [g for g in c.get("grid_sustained") or [] if contradicts(point, g["offered_req_s"])]
+    return f"is below λ = {max(g['rate'] for g in held):g}, which its grid sustained" if held else ""
 
 
 def capacity_sentence(label: str, new: dict, old: dict, ratio: PairedResult | None, hardware: str) -> str:

@@ -195,3 +195,25 @@ def test_the_report_warns_when_capacity_exceeds_what_the_same_sweep_completed():
     text = capacity_text({"dynamic": above})
     assert text[1].split()[:3] == ["dynamic", "5.57", "[5.25,"] and "4.6 [4.5, 4.7]" in text[1]
     assert any(line.startswith("⚠ dynamic: capacity 5.57 req/s is above its saturated rate") for line in text)
+
+
+def test_the_report_warns_when_a_capacity_sits_below_a_rate_the_same_sweep_sustained():
+    """The check runs both ways: make run beside other work read naive '< 1.98 (no rate sustained)' while its
+    grid point at 3.69 req/s finished 39 of 39 with the queue flat."""
+    from types import SimpleNamespace
+
+    from batchlab.report.capacities import checks, grid_verdicts
+
+    def run(rate: float, arrived: int) -> SimpleNamespace:
+        return SimpleNamespace(rate=rate, requests=queue_table(arrived, 20.0, 12.0), label="naive",
+                               settings={"duration_s": 12.0, "max_queue": 16, "arrival": "poisson"})
+
+    runs = [run(3.69, 44), run(1.0, 12)]
+    missing = {"label": "naive", "hi_req_s": 1.98}  # every probe failed or could not tell
+    [note] = checks(missing, [], grid_verdicts(runs))
+    assert "capacity < 1.98 (no rate sustained) req/s is below λ = 3.69 (3.67 offered)" in note
+    assert "which the same sweep sustained (100% served, the queue flat, 1 repeat(s))" in note
+    assert checks({"label": "naive", "estimate_req_s": 4.2}, [], grid_verdicts(runs)) == []
+    # judged as the search judges: with μ = 4 and a queue limit, 3.69 is too close to μ for 12 s to tell
+    mu = {"req_s": 4.0, "req_s_lo": 3.9, "req_s_hi": 4.1}
+    assert checks(missing, [], grid_verdicts(runs, saturated=mu)) == []
