@@ -19,15 +19,17 @@ def run_config(settings: "RunConfig | Mapping | str | Path") -> tuple["RunConfig
     checked its values; its strategy is resolved here); a mapping or a YAML file (a run's settings, as
     `batchlab run --config` reads) is checked as the command checks it: ConfigError naming the setting."""
     from batchlab.runner.config import checked_config, replay_config
-    from batchlab.protocol.settings import RunConfig, load_yaml
+    from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
     from batchlab.scheduler.strategies import resolve
 
     if isinstance(settings, RunConfig):
         resolve(settings)  # an unknown strategy or a bad parameter: ConfigError now, not a dead scheduler later
+        refuse_ignored(settings)  # a setting its backend ignores (another backend's own), as `batchlab run` does
         return settings.model_copy(), "out" in settings.model_fields_set
     values = load_yaml(settings) if isinstance(settings, (str, Path)) else {k.replace("-", "_"): v for k, v in
                                                                              dict(settings).items()}
     cfg = checked_config(values, {})
+    refuse_ignored(cfg)
     return (replay_config(cfg, {}) if cfg.schedule else cfg), values.get("out") is not None
 
 

@@ -15,7 +15,7 @@ from batchlab.collector.layout import DONE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = {"backend": "sim", "preset": "cpu-tiny-mistral", "dataset": "synthetic", "max_new_tokens": 16,
-       "max_prompt_len": 128, "batch_size": 4, "max_batch_size": 8, "max_wait_ms": 50, "warmup_requests": 0}
+       "max_prompt_len": 128, "batch_size": 4, "max_batch_size": 8, "max_wait_ms": 50}
 PLAN = {"base": {**SIM, "duration_s": 2}, "grid": {"strategies": ["naive", "dynamic"], "rates": [4, 8], "seed": 0}}
 # the handlers compared with those the process had before the import: a CI job started in the background
 # inherits SIGINT ignored, and that must stay so too
