@@ -19,17 +19,15 @@ def run_config(settings: "RunConfig | Mapping | str | Path") -> tuple["RunConfig
     checked its values; its strategy is resolved here); a mapping or a YAML file (a run's settings, as
     `batchlab run --config` reads) is checked as the command checks it: ConfigError naming the setting."""
     from batchlab.runner.config import checked_config, replay_config
-    from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
+    from batchlab.protocol.settings import RunConfig, load_yaml
     from batchlab.scheduler.strategies import resolve
 
     if isinstance(settings, RunConfig):
         resolve(settings)  # an unknown strategy or a bad parameter: ConfigError now, not a dead scheduler later
-        refuse_ignored(settings)  # a setting its backend ignores (another backend's own), as `batchlab run` does
         return settings.model_copy(), "out" in settings.model_fields_set
     values = load_yaml(settings) if isinstance(settings, (str, Path)) else {k.replace("-", "_"): v for k, v in
                                                                              dict(settings).items()}
     cfg = checked_config(values, {})
-    refuse_ignored(cfg)
     return (replay_config(cfg, {}) if cfg.schedule else cfg), values.get("out") is not None
 
 
@@ -41,11 +39,13 @@ def run(settings: "RunConfig | Mapping | str | Path", *, out: str | Path | None 
     `overwrite`. Raises ConfigError before anything starts, RunFailed when a role died (the summary is in
     the folder when the collector wrote one), RunTimeout past a limit; KeyboardInterrupt stops every
     process first. A run that lost requests to a fault still returns: see Summary.role_deaths."""
+    from batchlab.protocol.settings import refuse_ignored
     from batchlab.runner.launcher import launch_run
     from batchlab.runner.preflight import check_before_start, check_launch
     from batchlab.runner.run_folder import claim, new_folder, release
 
     cfg, named = run_config(settings)
+    refuse_ignored(cfg)  # a setting its backend ignores (another backend's own), as `batchlab run` does
     check_before_start(cfg)
     check_launch(cfg)
     cfg.out = str(out) if out is not None else cfg.out if named else new_folder(cfg)
