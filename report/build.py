@@ -43,7 +43,8 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     """Write the plots, REPORT.md and REPORT.html into `out` (default: `folder`); the runs' files are only
     read. `extra`: other tools' result files to place beside the strategies (with those found in the
     folder, report.external)."""
-    from batchlab.report.external import load_external, section
+    from batchlab.report.external import load_external
+    from batchlab.report.peer_section import section
     from batchlab.report import plots
     from batchlab.report.capacities import capacity_text, load_capacities
     from batchlab.report.headline import headlines

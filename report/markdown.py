@@ -169,9 +169,11 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
     out += oracle.section(collection, stats, slos)
     out += ci_section(groups)
     out += ["", "## TPOT and ITL by other tools' formulas", "",
-            "mean / median / p99 in ms. vLLM's TPOT is per request then aggregated; vLLM's ITL pools every "
-            "gap (long requests weigh more); GuideLLM averages gaps per request; AIPerf divides each "
-            "request's first-to-last token span by out − 1.", ""] + tools_table(groups)
+            "mean / median / p99 in ms, as each tool's source computes them (docs/load-and-results.md). vLLM's "
+            "TPOT and AIPerf's ITL are one per-request figure, (E2E − TTFT) ÷ (out − 1), with numpy's "
+            "percentiles over requests; vLLM's ITL pools every gap (long requests weigh more); GuideLLM's ITL is "
+            "the same per-request figure weighted by its out − 1 tokens (its mean is all decode time ÷ all decode "
+            "tokens, its percentiles the smallest value whose weighted CDF reaches p).", ""] + tools_table(groups)
     joined = [g for g in groups if g.joins]
     if joined:
         out += ["", "## Joiners' prefill in continuous TPOT", "",
