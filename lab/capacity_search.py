@@ -18,6 +18,7 @@ from batchlab.collector.capacity import Capacity, Probe, Verdict, search, start_
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR, point_dir, saturated_dir
 from batchlab.collector.saturation import SaturatedRun, pooled, saturated_run
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.setting_groups import said
 from batchlab.protocol.study_settings import CapacitySettings
 
 SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
@@ -68,7 +69,7 @@ def extended(label: str, tries: list[float], once, view=None) -> SaturatedRun:
                       f"{tries[k + 1]:g} s")
     if run is None:
         raise SweepError(f"the saturated run of {label} finished too few requests in its steady window, even over "
-                         f"{tries[-1]:g} s (a longer --saturated-s may)")
+                         f"{tries[-1]:g} s (a longer {said('saturated_duration_s', schema=CapacitySettings)} may)")
     return run
 
 

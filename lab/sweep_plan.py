@@ -13,14 +13,10 @@ from pydantic import ValidationError
 
 from batchlab.runner.config import checked_config
 from batchlab.collector.layout import POINT_DEPTH, point_dir
-from batchlab.protocol.setting_groups import BatchlabError
+from batchlab.protocol.errors import SweepError, term
 from batchlab.protocol.settings import DEFAULT_RATE, VLLM, ConfigError, RunConfig, load_yaml, vllm_rule
 from batchlab.protocol.study_settings import GRID_KEYS, AutoRates, AutoRepeats, Grid, underscored
 from batchlab.scheduler.strategies import label as strategy_label
-
-
-class SweepError(BatchlabError, ValueError):
-    """A sweep that cannot run; the CLI prints it as one line and exits 1."""
 
 
 def parse_grid(raw: dict, where: object) -> Grid:
@@ -133,11 +129,11 @@ def parse_sets(items: list[str] | None) -> dict:
     for item in items or []:
         key, sep, value = str(item).partition("=")
         if not sep or not key.strip():
-            raise SweepError(f"--set {item!r}: expected KEY=VALUE (e.g. duration_s=5 or grid.repeats=2)")
+            raise SweepError(f"{term('--set', 'sets')} {item!r}: expected KEY=VALUE (e.g. duration_s=5 or grid.repeats=2)")
         try:
             sets[key.strip().replace("-", "_")] = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
-            raise SweepError(f"--set {item!r}: cannot read {value!r}") from None
+            raise SweepError(f"{term('--set', 'sets')} {item!r}: cannot read {value!r}") from None
     return sets
 
 
@@ -148,7 +144,7 @@ def _with_sets(raw: dict, sets: dict) -> dict:
         section, dot, name = key.partition(".")
         target = grid if dot and section == "grid" else base
         if dot and section not in ("grid", "base"):
-            raise SweepError(f"--set {key}: a dotted key starts with grid. or base.")
+            raise SweepError(f"{term('--set', 'sets')} {key}: a dotted key starts with grid. or base.")
         target[name if dot else key] = value
     return {**raw, "base": base, "grid": grid}
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from batchlab.collector.summary import Summary
 from batchlab.lab.fanout import Fanout
+from batchlab.protocol.errors import term
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig
@@ -77,12 +78,12 @@ def parse_grid(items: list[str], cls: type) -> dict[str, list]:
         key, sep, values = (s.strip() for s in item.partition("="))
         listed = [v.strip() for v in values.split(",") if v.strip()]
         if not sep or not key or not listed:
-            raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,...")
+            raise ConfigError(f"{term('--grid', 'grid')} {item!r}: expected KEY=V1,V2,...")
         key = key.replace("-", "_")
         try:
             typed = [typed_args(cls, {key: v})[key] for v in listed]
         except ConfigError as exc:
-            raise ConfigError(f"--grid {item!r}: {exc}") from None
+            raise ConfigError(f"{term('--grid', 'grid')} {item!r}: {exc}") from None
         grid[key] = list(dict.fromkeys(typed))
     return grid
 
@@ -97,7 +98,8 @@ def search_space(cfg: RunConfig, grid: list[str]) -> tuple[dict[str, list], dict
     space.update(parse_grid(grid, cls))
     n = math.prod(len(v) for v in space.values())
     if n > MAX_CANDIDATES:
-        raise ConfigError(f"the search space has {n} candidates, at most {MAX_CANDIDATES}: narrow it with --grid")
+        raise ConfigError(f"the search space has {n} candidates, at most {MAX_CANDIDATES}: narrow it with "
+                          f"{term('--grid', 'grid')}")
     for knobs in candidates(space):
         resolve(with_knobs(cfg, knobs))
     return space, {k: v for k, v in _params(cfg).items() if k not in space}

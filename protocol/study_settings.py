@@ -130,7 +130,8 @@ class CalibrateSettings(Group, title="Calibrate"):
     dtype: str = WorkerSettings.model_fields["dtype"]
     mode: Literal["static", "continuous"] = setting("static", "static | continuous (hf; vllm is always "
                                                     "continuous)")
-    form: str = setting("auto", "compute (a CPU) | memory (a GPU: the bandwidth form) | auto (by device)")
+    form: Literal["auto", "compute", "memory"] = setting("auto", "compute (a CPU) | memory (a GPU: the bandwidth "
+                                                         "form) | auto (by device)")
     out: str = setting("presets/calibrated.yaml", "the preset file to write (.yaml)")
     quick: bool = setting(False, "a small grid (B 1-8 × P 16-192) that runs in minutes on 2 cores")
     name: str = setting("", "the preset's name (default: the file's stem)", hide_default=True)
@@ -139,8 +140,8 @@ class CalibrateSettings(Group, title="Calibrate"):
                                hide_default=True)
     kind: str = setting("", "with --from: the runs' backend kind to fit, hf | hf-loop | vllm | sim (needed when "
                         "the folders hold several)", hide_default=True)
-    weigh: str = setting("steps", "with --from: a step shape weighs by its steps (√n) or by its share of the runs' "
-                         "time (time)")
+    weigh: Literal["steps", "time"] = setting("steps", "with --from: a step shape weighs by its steps (√n) or by its "
+                                              "share of the runs' time (time)")
 
 
 class RaySettings(Section, title="Ray"):
