@@ -18,6 +18,7 @@ ERRORS = ["BatchlabError", "ConfigError", "SweepError", "ClusterError", "Dataset
 _LAZY = {  # name → its module, imported on first use (keeps `import batchlab.api` light)
     "RunConfig": "batchlab.protocol.settings", "Summary": "batchlab.collector.summary", "Plan": "batchlab.lab.sweep_plan",
     "Report": "batchlab.report.build", "RaySettings": "batchlab.protocol.study_settings",
+    "Policy": "batchlab.api.strategy", "Decision": "batchlab.api.strategy", "Capacity": "batchlab.api.strategy",
 }
 _ORIGINAL = {"Report": "ReportResult"}
 

@@ -53,12 +53,16 @@ class SimPlan:
 
 
 def _listed(value: object, cast: Callable) -> list | None:
-    """A comma list ("5,10") or None."""
+    """A comma list ("5,10"), a list, or one value (from Python a strategy may be a class); None when not given.
+    Text is read by `cast`."""
     if value is None:
         return None
+    items = list(value) if isinstance(value, (list, tuple)) else [value] if isinstance(value, type) else \
+        str(value).split(",")
     try:
-        return [cast(v.strip()) for v in str(value).split(",") if v.strip()]
-    except ValueError:
+        return [v if isinstance(v, type) else cast(v.strip() if isinstance(v, str) else v) for v in items
+                if not isinstance(v, str) or v.strip()]
+    except (TypeError, ValueError):
         raise ConfigError(f"cannot read {value!r} as a comma list") from None
 
 
@@ -67,7 +71,7 @@ def _flat_plan(values: dict) -> Plan:
     cfg = checked_config({**values, "out": "."}, {})
     strategy = values.pop("strategy", cfg.strategy)
     values.pop("rate", None)
-    return Plan(values, [Entry(str(strategy), {"strategy": strategy})], [cfg.rate], None, 1, cfg.seed)
+    return Plan(values, [Entry(label(strategy), {"strategy": strategy})], [cfg.rate], None, 1, cfg.seed)
 
 
 def plan_simulation(config: str | None, overrides: dict) -> SimPlan:

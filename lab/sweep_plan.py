@@ -105,8 +105,9 @@ class Point:
 
 
 def _entry(item: object, base: dict) -> Entry:
-    """'dynamic' or {strategy: continuous, backend: hf, label: ..., <RunConfig fields>}."""
-    if isinstance(item, str):
+    """'dynamic' or {strategy: continuous, backend: hf, label: ..., <RunConfig fields>} (from Python a strategy
+    may be the class itself)."""
+    if isinstance(item, (str, type)):
         item = {"strategy": item}
     if not isinstance(item, dict) or "strategy" not in item:
         raise SweepError(f"grid.strategies: {item!r} needs a strategy name")
@@ -114,7 +115,8 @@ def _entry(item: object, base: dict) -> Entry:
     label = str(overrides.pop("label", ""))
     backend = overrides.get("backend", base.get("backend"))
     if not label:
-        strategy = strategy_label(str(overrides["strategy"]))
+        given = overrides["strategy"]
+        strategy = strategy_label(given if isinstance(given, type) else str(given))
         label = strategy if strategy == VLLM or "backend" not in overrides else f"{strategy}-{backend}"
     overrides.setdefault("backend", vllm_rule(str(overrides["strategy"]), backend or RunConfig().backend)[1])
     return Entry(label, overrides)

@@ -203,7 +203,11 @@ class SchedulerSettings(Group, title="Scheduler"):
     """The batching policy and the scheduler's bounds."""
 
     strategy: str = setting("dynamic", "naive | dynamic | continuous | sjf | edf | vllm, an installed plugin's "
-                            "name, or package.module:Class", pattern=r"\S", note="a strategy")
+                            "name, or package.module:Class (from Python also the class itself)", pattern=r"\S",
+                            note="a strategy")
+    strategy_sha256: str = setting("", "a strategy class given from Python that no other process can import by name "
+                                   "(one defined in a notebook): its code's digest, for the run's identity (the code "
+                                   "travels with the settings, never into a file)", cli=False)
     strategy_args: dict = setting(help="a strategy parameter, KEY=VALUE (repeatable); a parameter named like an "
                                   "option (e.g. max_batch_size) defaults to that option's value",
                                   flag="--strategy-arg", default_factory=dict)

@@ -12,8 +12,9 @@ import math
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ValidationError, model_validator
+from pydantic import BaseModel, PrivateAttr, ValidationError, model_validator
 
+from batchlab.protocol.plugins import class_digest, class_spec
 from batchlab.protocol.setting_groups import (CLOSED_LOOP_COUNT_DURATION_S, DEFAULT_DURATION_S,  # noqa: F401
                                               DEFAULT_RATE, GROUPS, ConfigError, ScheduleSettings, closed_loop_conflict,
                                               flag_of, parse_bytes, parse_slos, refuse, said, slo_items)
@@ -32,13 +33,35 @@ def vllm_rule(strategy: str, backend: str) -> tuple[str, str, str]:
 
 
 class RunConfig(*GROUPS, title="RunConfig"):
-    """Everything that defines a run (written into every table and summary)."""
+    """Everything that defines a run (written into every table and summary). `model_fields_set` says which
+    settings were given (a file, an option, a mapping): a strategy's own parameter defaults hold for the rest."""
+
+    _strategy_code: bytes = PrivateAttr(b"")  # a strategy class passed by value (strategy_sha256 names it)
 
     def __init__(self, **values: object) -> None:
         try:
             super().__init__(**values)
         except ValidationError as exc:
             raise config_error(exc) from None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _strategy_object(cls, values: object, handler) -> "RunConfig":
+        """A strategy given as a class: named module:Class (its label: the class's `name`), its code carried by
+        value when no other process can import that name (protocol.plugins.class_spec)."""
+        strategy = values.get("strategy") if isinstance(values, dict) else None
+        if not isinstance(strategy, type):
+            return handler(values)
+        spec, code = class_spec(strategy)
+        label = values.get("label") or getattr(strategy, "name", "") or strategy.__name__
+        model = handler({**values, "strategy": spec, "strategy_sha256": class_digest(strategy) if code else "",
+                         "label": label})
+        model._strategy_code = code
+        return model
+
+    def strategy_code(self) -> bytes:
+        """The pickled strategy class when one was passed by value (strategy_sha256 set), else b""."""
+        return self._strategy_code
 
     @model_validator(mode="after")
     def _across_groups(self) -> "RunConfig":

@@ -82,8 +82,9 @@ class AutoRepeats(Section):
 class Grid(Section):
     """A sweep's `grid:` section, checked as a whole before anything runs."""
 
-    strategies: list[str | dict] = setting(help="the entries: a strategy name or {strategy:, label:, <settings>}",
-                                           default_factory=list)
+    strategies: list[str | dict | type] = setting(help="the entries: a strategy name or {strategy:, label:, "
+                                                  "<settings>} (from Python also a strategy class)",
+                                                  default_factory=list)
     rates: list[PositiveFloat] | None = setting(None, "arrival rates (default: base.rate); {auto: {...}}: placed from "
                                         "each strategy's capacity", unit="requests/s", min_length=1)
     rates_auto: AutoRates | None = setting(None, "`rates: {auto: {...}}`")

@@ -130,7 +130,7 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
         shutil.rmtree(tmp, ignore_errors=True)
     if not RunDir(out).summary.exists():
         raise RunFailed(f"the collector wrote no summary in {out}")
-    post_process(out, watch.deaths)
+    post_process(out, watch.deaths, cfg.strategy_code())
     return read_summary(out)
 
 

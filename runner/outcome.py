@@ -92,14 +92,14 @@ def verdict(summary: Summary | None, deaths: list[str]) -> tuple[int, str]:
     return FAULT_EXIT, f"{top}{tail}{more}"
 
 
-def post_process(out: Path, deaths: list) -> None:
+def post_process(out: Path, deaths: list, strategy_code: bytes = b"") -> None:
     """What the summary needs beyond the collector's figures, added when the run ends: the roles that
     died (for outcome.verdict), the traffic's send lag, and the simulator's replay of a live sim/echo
-    run (`timing_fidelity`)."""
+    run (`timing_fidelity`; `strategy_code`: its strategy class when passed by value)."""
     from batchlab.collector.summary import read_summary, write_summary
     from batchlab.simulator.fidelity import add_run_fidelity
 
-    add_run_fidelity(out)
+    add_run_fidelity(out, strategy_code)
     summary = read_summary(out)
     summary.harness_lag, summary.role_deaths = send_lag(out), deaths
     write_summary(out, summary)

@@ -21,7 +21,7 @@ def setting_params(command: str) -> dict[str, list[str]]:
 def test_run_has_exactly_one_option_per_command_line_field_and_none_for_the_others():
     params = [p.name for p in COMMANDS["run"].params if p.name in RunConfig.model_fields]
     assert sorted(params) == sorted(CLI_FIELDS)
-    assert set(RunConfig.model_fields) - set(CLI_FIELDS) == {"label", "repeat", "extra"}
+    assert set(RunConfig.model_fields) - set(CLI_FIELDS) == {"label", "repeat", "extra", "strategy_sha256"}
     flags = [flag for opts in setting_params("run").values() for flag in opts]
     assert len(flags) == len(set(flags))
 
@@ -32,7 +32,7 @@ def test_run_has_exactly_one_option_per_command_line_field_and_none_for_the_othe
 def test_each_role_command_takes_its_groups_options(command, groups):
     given = setting_params(command)
     for group in groups:
-        assert set(group.model_fields) <= set(given), group.__name__
+        assert set(group.model_fields) & set(CLI_FIELDS) <= set(given), group.__name__
 
 
 @pytest.mark.parametrize("name, flag", [("duration_s", "--duration"), ("trace_start_s", "--trace-start"),
