@@ -10,21 +10,20 @@ from batchlab.api.progress import Event, OnProgress, log_progress, print_progres
 from batchlab.api.results import CapacityResult, SimulationResult, SweepResult
 from batchlab.api.runs import report, run, run_config, simulate, tune
 from batchlab.api.sweeps import capacity, plan_of, sweep
-from batchlab.protocol.setting_groups import BatchlabError, ConfigError
+from batchlab.protocol.errors import (BackendError, BatchlabError, CalibrateError, ClusterError, ConfigError,
+                                      DatasetError, ReportError, RunFailed, RunTimeout, SummaryError, SweepError)
 
+ERRORS = ["BatchlabError", "ConfigError", "SweepError", "ClusterError", "DatasetError", "BackendError",
+          "CalibrateError", "SummaryError", "ReportError", "RunFailed", "RunTimeout"]
 _LAZY = {  # name → its module, imported on first use (keeps `import batchlab.api` light)
-    "RunConfig": "batchlab.protocol.settings", "Summary": "batchlab.collector.summary",
-    "SummaryError": "batchlab.collector.summary", "Plan": "batchlab.lab.sweep_plan",
-    "SweepError": "batchlab.lab.sweep_plan", "RunFailed": "batchlab.runner.launcher",
-    "RunTimeout": "batchlab.runner.launcher", "ReportError": "batchlab.report.points",
-    "Report": "batchlab.report.build", "DatasetError": "batchlab.traffic.datasets",
-    "BackendError": "batchlab.worker.backend", "RaySettings": "batchlab.protocol.study_settings",
+    "RunConfig": "batchlab.protocol.settings", "Summary": "batchlab.collector.summary", "Plan": "batchlab.lab.sweep_plan",
+    "Report": "batchlab.report.build", "RaySettings": "batchlab.protocol.study_settings",
+    "Policy": "batchlab.api.strategy", "Decision": "batchlab.api.strategy", "Capacity": "batchlab.api.strategy",
 }
 _ORIGINAL = {"Report": "ReportResult"}
 
 __all__ = ["run", "sweep", "capacity", "simulate", "tune", "report", "run_config", "plan_of", "Event", "OnProgress",
-           "log_progress", "print_progress", "SweepResult", "CapacityResult", "SimulationResult", "BatchlabError",
-           "ConfigError", *_LAZY]
+           "log_progress", "print_progress", "SweepResult", "CapacityResult", "SimulationResult", *ERRORS, *_LAZY]
 
 
 def __getattr__(name: str):

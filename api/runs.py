@@ -1,7 +1,7 @@
 """The API's single-run jobs: run (live processes), simulate (virtual time), tune (a knob search) and
 report (REPORT.md from run folders). Heavy imports happen inside the functions: importing the API is cheap
 and starts nothing."""
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,17 +65,11 @@ def simulate(config: str | Path | None = None, *, on_progress: OnProgress | None
     from batchlab.lab.fanout import Fanout
     from batchlab.lab.simulate import plan_simulation, run_simulation
 
-    overrides = {k: ",".join(map(str, v)) if k in ("strategy", "rate") and _listlike(v) else v
-                 for k, v in settings.items()}
-    plan = plan_simulation(None if config is None else str(config), overrides)
+    plan = plan_simulation(None if config is None else str(config), settings)
     view = CallbackView(on_progress)
     results = run_simulation(plan, fanout=Fanout(processes, ray), on_point=lambda point, _summary, elapsed_s:
                              view.finished(point, point.record("done", "", round(elapsed_s, 3))))
     return SimulationResult(plan.out, results)
-
-
-def _listlike(value: object) -> bool:
-    return isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping))
 
 
 def tune(settings: "RunConfig | Mapping | str | Path", *, grid: list[str] | None = None, out: str | Path = "results/tune",

@@ -76,7 +76,7 @@ def run(label: str, length: float | str, repeat: int, seed: int, noise=None):
     """A saturated run's tables and its traffic's end (s): `length` seconds of traffic, or "N req": the first N
     requests of the schedule, every strategy the same ones (the traffic ends with the last one sent)."""
     stop = dict(num_requests=int(length.split()[0]), duration_s=3600.0) if isinstance(length, str) else \
-        dict(duration_s=length)
+        dict(duration_s=length, num_requests=int(40 * length))  # a pool beyond what any strategy takes, not 10,000
     cfg = RunConfig(**{**BASE, **stop}, **STRATEGIES[label], seed=seed + repeat, repeat=repeat, label=label)
     tables = simulate(cfg, schedule_of(cfg.seed, cfg.duration_s, cfg.num_requests),
                       noise=noise if noise is not None else Timeline(()))

@@ -1,5 +1,6 @@
 """The `batchlab` command. Each command is a thin wrapper; heavy imports happen inside commands."""
 import signal
+import sys
 from typing import Annotated, NoReturn
 
 import click
@@ -17,28 +18,16 @@ from batchlab.protocol.setting_groups import (BACKEND_GROUPS, CollectorSettings,
                                               WorkerSettings)
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """What a user can cause (a bad setting, path, model or busy port): one line, never a traceback."""
-    import zmq
-
-    from batchlab.runner.launcher import RunFailed
-    from batchlab.traffic.datasets import DatasetError
-    from batchlab.traffic.process import TrafficStartTimeout
-    from batchlab.worker.backend import BackendError
-
-    # ValueError covers ConfigError, SweepError, ReportError, InsecureAddress; OSError: PermissionError,
-    # a missing model or folder; zmq.ZMQError: a busy port. Other errors are bugs: they keep a traceback.
-    return OSError, ValueError, zmq.ZMQError, DatasetError, BackendError, RunFailed, TrafficStartTimeout
+BUG_EXIT = 70  # sysexits' EX_SOFTWARE: an exception that is no BatchlabError is a bug in batchlab
 
 
 class _OneLineErrors(TyperGroup):
-    """Every command's user errors become `error: <one line>` and exit 1 (a Ctrl-C is typer's: exit 130);
-    a <bool> flag takes true/false (cli.grammar)."""
+    """Every command's BatchlabError becomes `error: <one line>` and exit 1, naming settings by their options (a
+    Ctrl-C is typer's: exit 130); any other exception is a bug, shown with its traceback (exit BUG_EXIT); a
+    <bool> flag takes true/false (cli.grammar)."""
 
     def main(self, args=None, *rest, **kwargs):
         """Parse `args` (default: the command line) with bool words read, then run."""
-        import sys
-
         from batchlab.cli.grammar import bool_words
 
         args = list(sys.argv[1:] if args is None else args)
@@ -51,12 +40,13 @@ class _OneLineErrors(TyperGroup):
         return super().parse_args(ctx, with_ray_value(args))
 
     def invoke(self, ctx: click.Context) -> object:
-        """Run the command; a user error is printed as one line; a reader that left (`| head`) or a
-        closed terminal is no error (cli.streams)."""
-        from batchlab.runner import Terminated, stopped_by, terminated_as_interrupt
+        """Run the command; a BatchlabError is printed as one line, anything else as the bug it is; a reader
+        that left (`| head`) or a closed terminal is no error (cli.streams)."""
         from batchlab.cli.streams import readers_may_leave
+        from batchlab.protocol.errors import BatchlabError, command_line_vocabulary
+        from batchlab.runner import Terminated, stopped_by, terminated_as_interrupt
 
-        with readers_may_leave():
+        with readers_may_leave(), command_line_vocabulary():
             try:
                 with terminated_as_interrupt():
                     return super().invoke(ctx)
@@ -66,14 +56,23 @@ class _OneLineErrors(TyperGroup):
                 raise
             except Exception as exc:
                 # A stop that cut a lazy import short surfaces as another error (a C extension's SystemError, a
-                # half-imported module's NameError or AttributeError): it is the stop, not a bug. Looked at
-                # first: _user_errors imports modules such a stop may have left half-imported.
+                # half-imported module's NameError or AttributeError): it is the stop, not a bug.
                 signum = stopped_by() or (signal.SIGINT if _interrupted(exc) else None)
                 if signum is not None:
                     _fail("interrupted" if signum == signal.SIGINT else "terminated", code=128 + signum)
-                if isinstance(exc, _user_errors()):
+                if isinstance(exc, BatchlabError):
                     _fail(exc)
-                raise
+                _bug(exc)
+
+
+def _bug(exc: Exception) -> NoReturn:
+    """An exception no user input explains: its traceback, then one line saying it is batchlab's bug."""
+    import traceback
+
+    traceback.print_exception(exc, file=sys.stderr)
+    line = " ".join(f"{type(exc).__name__}: {exc}".split())
+    typer.secho(f"error: a bug in batchlab ({line}); please report it with the traceback above", fg="red", err=True)
+    raise typer.Exit(code=BUG_EXIT) from None
 
 
 def _interrupted(exc: BaseException) -> bool:

@@ -8,11 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, NonNegativeInt, Vali
 
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
-from batchlab.protocol.setting_groups import BatchlabError
-
-
-class SummaryError(BatchlabError, ValueError):
-    """A summary.json that is missing or not a batchlab summary; the CLI prints it as one line."""
+from batchlab.protocol.errors import SummaryError
 
 
 def _not_negative(value: float) -> float:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchlab.protocol.clock import now
+from batchlab.protocol.errors import CalibrateError
 from batchlab.worker.backend import Row, StepOutput
 from batchlab.worker.stepmodel import StepModel, save_preset
 
@@ -125,7 +126,7 @@ def fit_terms(samples: list[Sample], kind: str, form: str, weights_bytes: float 
     """The named terms of one step kind, fitted on relative error; `offset_s` is a known fixed part."""
     chosen = [s for s in samples if s.kind == kind]
     if not chosen:
-        raise ValueError(f"no {kind} samples to fit")
+        raise CalibrateError(f"no {kind} samples to fit")
     rows = [_features(kind, form, s, weights_bytes, kv_bytes_per_token) for s in chosen]
     names = list(rows[0])
     y = np.array([s.seconds for s in chosen])
@@ -140,7 +141,7 @@ def fit_model(samples: list[Sample], name: str, *, form: str = "compute", weight
     """A StepModel of `form` fitted to the samples (decode terms from decode samples, prefill from prefill);
     `padded`, `fused` and `step_tokens` describe the worker measured (see StepModel)."""
     if form not in FORMS:
-        raise ValueError(f"unknown step-model form {form!r} (one of {', '.join(FORMS)})")
+        raise CalibrateError(f"unknown step-model form {form!r} (one of {', '.join(FORMS)})")
     decode = fit_terms(samples, "decode", form, weights_bytes, kv_bytes_per_token)
     inverse = decode.get("inverse_bandwidth", 0.0)  # memory form: the weights' stream is a known part of a prefill
     prefill = fit_terms(samples, "prefill", form, offset_s=weights_bytes * inverse)

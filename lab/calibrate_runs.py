@@ -31,7 +31,9 @@ from batchlab.collector.summary import read_summary
 from batchlab.lab.calibrate import Constants, model_from_terms, nnls
 from batchlab.lab.simulate import CALIBRATED_KIND
 from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
-from batchlab.protocol.setting_groups import BatchlabError
+from batchlab.protocol.errors import CalibrateError, term
+from batchlab.protocol.setting_groups import said
+from batchlab.protocol.study_settings import CalibrateSettings
 from batchlab.simulator.replay import predict_steps
 from batchlab.worker.run_steps import read_run_steps
 from batchlab.worker.stepmodel import StepModel, save_preset
@@ -101,10 +103,11 @@ def fit_runs(steps: pd.DataFrame, name: str, form: str, c: Constants,
              weigh: str = "steps") -> tuple[StepModel, pd.DataFrame]:
     """The fitted model and its per-shape table (measured, model, fit error, held-out error)."""
     if weigh not in WEIGHS:
-        raise ValueError(f"--weigh must be one of {', '.join(WEIGHS)}, not {weigh!r}")
+        raise CalibrateError(f"{said('weigh', schema=CalibrateSettings)} must be one of {', '.join(WEIGHS)}, not "
+                             f"{weigh!r}")
     sh = shapes(steps)
     if len(sh) < 2:
-        raise ValueError(f"{len(sh)} step shape(s) in these runs: too few to fit a step model")
+        raise CalibrateError(f"{len(sh)} step shape(s) in these runs: too few to fit a step model")
     model = model_from_terms(_solve(sh, form, c, weigh), name, form, c)
     table = sh.assign(model_s=predict_steps(model, sh))
     table["fit_error"] = table["model_s"] / table["seconds"] - 1
@@ -130,20 +133,16 @@ def total_time_error(model: StepModel, steps: pd.DataFrame) -> float:
     return float(predict_steps(model, steps).sum() / measured.sum() - 1) if measured.sum() > 0 else math.nan
 
 
-class CalibrateError(BatchlabError, ValueError):
-    """Runs that cannot be calibrated from; the CLI prints it as one line."""
-
-
 def run_folders(dirs: list[str]) -> list[Path]:
     """Every run folder at or under each of `dirs`, in order, but a sweep's probes and searches (NOT_POINTS)."""
     found = []
     for d in map(Path, dirs):
         if not d.is_dir():
-            raise CalibrateError(f"--from {d}: no such folder")
+            raise CalibrateError(f"{term('--from', 'runs')} {d}: no such folder")
         runs = [d] if RunDir(d).summary.is_file() else sorted(p.parent for p in d.rglob(SUMMARY_FILE))
         runs = [r for r in runs if not set(r.relative_to(d).parts) & NOT_POINTS]
         if not runs:
-            raise CalibrateError(f"--from {d}: no run folder (summary.json) in it")
+            raise CalibrateError(f"{term('--from', 'runs')} {d}: no run folder (summary.json) in it")
         found += runs
     return found
 
@@ -184,10 +183,10 @@ def chosen_runs(dirs: list[str], kind: str) -> tuple[list[Path], dict]:
     if kind:
         runs = [r for r in runs if facts[r]["kind"] == kind]
         if not runs:
-            raise CalibrateError(f"--kind {kind}: none of these runs ran on it (they ran on {', '.join(kinds)})")
+            raise CalibrateError(f"{said('kind', schema=CalibrateSettings)} {kind}: none of these runs ran on it (they ran on {', '.join(kinds)})")
     elif len(kinds) > 1:
         raise CalibrateError(f"these runs ran on {', '.join(kinds)}: a step model is one backend's; "
-                             f"choose one with --kind ({' | '.join(kinds)})")
+                             f"choose one with {said('kind', schema=CalibrateSettings)} ({' | '.join(kinds)})")
     return runs, facts[runs[0]]
 
 
@@ -207,7 +206,7 @@ def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str
     if show is not None:
         show(table, record)
     save_preset(model, out, record)
-    say(f"wrote {out} (use --preset {facts['kind']}={out})")
+    say(f"wrote {out} (use {said('preset')} {facts['kind']}={out})")
     return record
 
 

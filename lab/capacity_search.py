@@ -20,8 +20,9 @@ from batchlab.collector.capacity import (Capacity, Probe, Verdict, arrival_cv2, 
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR, point_dir, saturated_dir
 from batchlab.collector.interference import read as read_interference
 from batchlab.collector.saturation import SaturatedRun, pooled, saturated_run
-from batchlab.collector.summary import read_summary
+from batchlab.collector.summary import SummaryError, read_summary
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.setting_groups import said
 from batchlab.protocol.study_settings import CapacitySettings
 
 SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
@@ -79,8 +80,16 @@ def extended(label: str, tries: list[float], once, view=None) -> SaturatedRun:
                       f"{tries[k + 1]:g} s")
     if run is None:
         raise SweepError(f"the saturated run of {label} finished too few requests in its steady window, even over "
-                         f"{tries[-1]:g} s (a longer --saturated-s may)")
+                         f"{tries[-1]:g} s (a longer {said('saturated_duration_s', schema=CapacitySettings)} may)")
     return run
+
+
+def _interference(folder: Path) -> dict | None:
+    """The other work beside a run (its summary's; None when it has none to read)."""
+    try:
+        return read_summary(folder).interference
+    except SummaryError:
+        return None
 
 
 def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates) -> tuple[Point, dict]:
@@ -124,7 +133,7 @@ class LiveSearch:
             run = saturated_run(load_table(point.folder, "requests"), duration_s, repeat=repeat,
                                 folder=str(point.folder.relative_to(self.out)))
             if run is not None:
-                run.interference = read_summary(point.folder).interference
+                run.interference = _interference(point.folder)
             return run
 
         tries = durations(self.s)

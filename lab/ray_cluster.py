@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from batchlab.lab.sweep_plan import SweepError
+from batchlab.protocol.errors import ClusterError, term
 
 LOOPBACK = "127.0.0.1"
 NODE_IP_ENV = "BATCHLAB_RAY_NODE_IP"  # the driver's node address on a cluster (else Ray's own choice)
@@ -33,16 +33,12 @@ START_TIMEOUT_S = 120.0
 STOP_WAIT_S = 10.0
 
 
-class ClusterError(SweepError):
-    """Ray is missing or the cluster cannot be reached; the CLI prints it as one line."""
-
-
 def import_ray():
     """The ray module, or ClusterError naming the extra to install."""
     try:
         import ray
     except ImportError:
-        raise ClusterError("--ray needs Ray: pip install 'batchlab[ray]'") from None
+        raise ClusterError(f"{term('--ray', 'ray')} needs Ray: pip install 'batchlab[ray]'") from None
     return ray
 
 

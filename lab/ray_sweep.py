@@ -20,6 +20,7 @@ from batchlab.lab.ray_actor import Ask, ask, declares_gpu_memory, refusals
 from batchlab.lab.sweep_plan import Plan, Point, SweepError, plan_points
 from batchlab.lab.sweep_point import preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE
+from batchlab.protocol.errors import term
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.settings import ConfigError
 from batchlab.protocol.study_settings import RaySettings
@@ -47,8 +48,9 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, pla
     (lab.progress.CallbackView's methods)."""
     out_dir = Path(out)
     if plan.auto:
-        raise SweepError("--ray needs grid.rates as a list (a capacity probe for automatic rates runs "
-                         "without --ray: run one, then set the rates it found)")
+        ray = term("--ray", "ray")
+        raise SweepError(f"{ray} needs grid.rates as a list (a capacity probe for automatic rates runs without {ray}: "
+                         "run one, then set the rates it found)")
     preflight(plan)
     refuse_old_layout(out_dir)
     points = plan_points(plan, plan.rates, out_dir)

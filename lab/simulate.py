@@ -28,6 +28,7 @@ from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
 from batchlab.collector.parts import write_final
 from batchlab.collector.summary import Summary, headline
 from batchlab.collector.tables import Tables
+from batchlab.protocol.setting_groups import said
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
@@ -52,12 +53,16 @@ class SimPlan:
 
 
 def _listed(value: object, cast: Callable) -> list | None:
-    """A comma list ("5,10") or None."""
+    """A comma list ("5,10"), a list, or one value (from Python a strategy may be a class); None when not given.
+    Text is read by `cast`."""
     if value is None:
         return None
+    items = list(value) if isinstance(value, (list, tuple)) else [value] if isinstance(value, type) else \
+        str(value).split(",")
     try:
-        return [cast(v.strip()) for v in str(value).split(",") if v.strip()]
-    except ValueError:
+        return [v if isinstance(v, type) else cast(v.strip() if isinstance(v, str) else v) for v in items
+                if not isinstance(v, str) or v.strip()]
+    except (TypeError, ValueError):
         raise ConfigError(f"cannot read {value!r} as a comma list") from None
 
 
@@ -66,7 +71,7 @@ def _flat_plan(values: dict) -> Plan:
     cfg = checked_config({**values, "out": "."}, {})
     strategy = values.pop("strategy", cfg.strategy)
     values.pop("rate", None)
-    return Plan(values, [Entry(str(strategy), {"strategy": strategy})], [cfg.rate], None, 1, cfg.seed)
+    return Plan(values, [Entry(label(strategy), {"strategy": strategy})], [cfg.rate], None, 1, cfg.seed)
 
 
 def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
@@ -122,11 +127,11 @@ def parse_presets(value: object) -> tuple[str | None, dict[str, str]]:
         for item in (s.strip() for s in str(value).split(",") if s.strip()):
             kind, sep, preset = item.partition("=")
             if not sep or not preset.strip():
-                raise ConfigError(f"--preset {value!r}: {item!r} is not KIND=PRESET")
+                raise ConfigError(f"{said('preset')} {value!r}: {item!r} is not KIND=PRESET")
             pairs[kind.strip()] = preset.strip()
     unknown = sorted(set(pairs) - set(KINDS))
     if unknown:
-        raise ConfigError(f"--preset: unknown backend kind(s) {', '.join(unknown)} (one of {', '.join(KINDS)})")
+        raise ConfigError(f"{said('preset')}: unknown backend kind(s) {', '.join(unknown)} (one of {', '.join(KINDS)})")
     return None, pairs
 
 
@@ -138,16 +143,16 @@ def assign_presets(plan: Plan) -> dict[str, str]:
              for e in plan.entries}
     unset = {kinds[e.label] for e in plan.entries if "preset" not in e.overrides}
     if single is not None and len(unset) > 1:
-        raise ConfigError(f"--preset {single}: one preset for a grid on {len(unset)} backends "
+        raise ConfigError(f"{said('preset')} {single}: one preset for a grid on {len(unset)} backends "
                           f"({', '.join(sorted(unset))}); give one per backend, e.g. "
-                          f"--preset {','.join(f'{k}=PRESET' for k in sorted(unset))}")
+                          f"{said('preset', ','.join(f'{k}=PRESET' for k in sorted(unset)))}")
     for e in plan.entries:
         kind = kinds[e.label]
         preset = e.overrides.get("preset") or by_kind.get(kind) or single
         if preset is None and kind not in NEEDS_NO_PRESET:
             given = f" (given: {', '.join(sorted(by_kind))})" if by_kind else ""
             raise ConfigError(f"no step-model preset for {kind}, which strategy {e.label} runs on{given}: "
-                              f"add {kind}=PRESET to --preset (a preset `batchlab calibrate` wrote for it)")
+                              f"add {kind}=PRESET to {said('preset')} (a preset `batchlab calibrate` wrote for it)")
         if preset is not None:
             _check_calibrated_for(preset, kind, e.label)
             e.overrides = {**e.overrides, "preset": preset}
@@ -159,7 +164,10 @@ def _check_calibrated_for(preset: str, kind: str, label: str) -> None:
     entry's kind."""
     from batchlab.worker.stepmodel import PRESET_DIR, get_preset
 
-    get_preset(preset)  # ValueError naming the choices when it is neither a name nor a file
+    try:
+        get_preset(preset)  # naming the choices when it is neither a name nor a file
+    except ValueError as exc:
+        raise ConfigError(f"{said('preset')}: {exc}") from None
     path = Path(preset) if Path(preset).is_file() else PRESET_DIR / f"{preset}.yaml"
     if not path.is_file():
         return

@@ -13,14 +13,10 @@ from pydantic import ValidationError
 
 from batchlab.runner.config import checked_config
 from batchlab.collector.layout import POINT_DEPTH, point_dir
-from batchlab.protocol.setting_groups import BatchlabError
+from batchlab.protocol.errors import SweepError, term
 from batchlab.protocol.settings import DEFAULT_RATE, VLLM, ConfigError, RunConfig, load_yaml, vllm_rule
 from batchlab.protocol.study_settings import GRID_KEYS, AutoRates, AutoRepeats, Grid, underscored
 from batchlab.scheduler.strategies import label as strategy_label
-
-
-class SweepError(BatchlabError, ValueError):
-    """A sweep that cannot run; the CLI prints it as one line and exits 1."""
 
 
 def parse_grid(raw: dict, where: object) -> Grid:
@@ -110,8 +106,9 @@ class Point:
 
 
 def _entry(item: object, base: dict) -> Entry:
-    """'dynamic' or {strategy: continuous, backend: hf, label: ..., <RunConfig fields>}."""
-    if isinstance(item, str):
+    """'dynamic' or {strategy: continuous, backend: hf, label: ..., <RunConfig fields>} (from Python a strategy
+    may be the class itself)."""
+    if isinstance(item, (str, type)):
         item = {"strategy": item}
     if not isinstance(item, dict) or "strategy" not in item:
         raise SweepError(f"grid.strategies: {item!r} needs a strategy name")
@@ -119,7 +116,8 @@ def _entry(item: object, base: dict) -> Entry:
     label = str(overrides.pop("label", ""))
     backend = overrides.get("backend", base.get("backend"))
     if not label:
-        strategy = strategy_label(str(overrides["strategy"]))
+        given = overrides["strategy"]
+        strategy = strategy_label(given if isinstance(given, type) else str(given))
         label = strategy if strategy == VLLM or "backend" not in overrides else f"{strategy}-{backend}"
     overrides.setdefault("backend", vllm_rule(str(overrides["strategy"]), backend or RunConfig().backend)[1])
     return Entry(label, overrides)
@@ -134,11 +132,11 @@ def parse_sets(items: list[str] | None) -> dict:
     for item in items or []:
         key, sep, value = str(item).partition("=")
         if not sep or not key.strip():
-            raise SweepError(f"--set {item!r}: expected KEY=VALUE (e.g. duration_s=5 or grid.repeats=2)")
+            raise SweepError(f"{term('--set', 'sets')} {item!r}: expected KEY=VALUE (e.g. duration_s=5 or grid.repeats=2)")
         try:
             sets[key.strip().replace("-", "_")] = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
-            raise SweepError(f"--set {item!r}: cannot read {value!r}") from None
+            raise SweepError(f"{term('--set', 'sets')} {item!r}: cannot read {value!r}") from None
     return sets
 
 
@@ -149,7 +147,7 @@ def _with_sets(raw: dict, sets: dict) -> dict:
         section, dot, name = key.partition(".")
         target = grid if dot and section == "grid" else base
         if dot and section not in ("grid", "base"):
-            raise SweepError(f"--set {key}: a dotted key starts with grid. or base.")
+            raise SweepError(f"{term('--set', 'sets')} {key}: a dotted key starts with grid. or base.")
         target[name if dot else key] = value
     return {**raw, "base": base, "grid": grid}
 

@@ -9,6 +9,7 @@ from batchlab.runner.launcher import Limits, RunTimeout, launch_run
 from batchlab.runner.outcome import verdict
 from batchlab.runner.pool import PoolKeeper
 from batchlab.lab.sweep_plan import Plan, Point, SweepError
+from batchlab.protocol.errors import term
 from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT, is_old_layout
 from batchlab.collector.summary import SummaryError, headline, read_summary
@@ -77,7 +78,7 @@ def refuse_old_layout(out_dir: Path) -> None:
         return
     if any(isinstance(p, dict) and is_old_layout(str(p.get("dir", ""))) for p in points):
         raise SweepError(f"{out_dir} holds a sweep in the old folder layout ({OLD_LAYOUT}); batchlab report "
-                         "still reads it, but it cannot be resumed: sweep into a new --out")
+                         f"still reads it, but it cannot be resumed: sweep into a new {term('--out', 'out')}")
 
 
 def reused(point: Point, base: dict, resume: bool, view=None) -> dict | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from batchlab.collector.summary import Summary
 from batchlab.lab.fanout import Fanout
+from batchlab.protocol.errors import term
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig
@@ -30,7 +31,7 @@ def search_record(cfg: RunConfig, grid: list[str], out: Path,
                   fanout: Fanout | None = None) -> tuple[dict, object, list]:
     """Search on one schedule (saved in OUT), rank, write OUT/tune.csv and OUT/tune.json: (the record, the
     schedule, the ranked (knobs, figures) list)."""
-    from batchlab.scheduler.strategies import load_class
+    from batchlab.scheduler.strategies import strategy_class
     from batchlab.traffic.run_schedule import make_schedule
     from batchlab.traffic.schedule import save_schedule
 
@@ -41,7 +42,7 @@ def search_record(cfg: RunConfig, grid: list[str], out: Path,
     ranked = search(cfg, schedule, space, fanout)
     untuned = {k: v for k, v in _params(cfg).items() if k in space}
     record = {"strategy": cfg.strategy, "slos": cfg.slos(), "space": space, "held": held,
-              "notes": [NO_CHUNK_NOTE] if load_class(cfg.strategy).mode == "continuous" else [],
+              "notes": [NO_CHUNK_NOTE] if strategy_class(cfg).mode == "continuous" else [],
               "settings": cfg.as_settings(),
               "baseline": {"knobs": untuned, **figures(_simulate(cfg, schedule, untuned))},
               "candidates": [{"rank": i + 1, "knobs": knobs, **figs} for i, (knobs, figs) in enumerate(ranked)]}
@@ -77,12 +78,12 @@ def parse_grid(items: list[str], cls: type) -> dict[str, list]:
         key, sep, values = (s.strip() for s in item.partition("="))
         listed = [v.strip() for v in values.split(",") if v.strip()]
         if not sep or not key or not listed:
-            raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,...")
+            raise ConfigError(f"{term('--grid', 'grid')} {item!r}: expected KEY=V1,V2,...")
         key = key.replace("-", "_")
         try:
             typed = [typed_args(cls, {key: v})[key] for v in listed]
         except ConfigError as exc:
-            raise ConfigError(f"--grid {item!r}: {exc}") from None
+            raise ConfigError(f"{term('--grid', 'grid')} {item!r}: {exc}") from None
         grid[key] = list(dict.fromkeys(typed))
     return grid
 
@@ -90,14 +91,15 @@ def parse_grid(items: list[str], cls: type) -> dict[str, list]:
 def search_space(cfg: RunConfig, grid: list[str]) -> tuple[dict[str, list], dict]:
     """(knob → values to search, knob → held value): defaults from Params less any --strategy-arg, then
     --grid; ConfigError past MAX_CANDIDATES or for a candidate the strategy refuses (before any run)."""
-    from batchlab.scheduler.strategies import load_class, resolve
+    from batchlab.scheduler.strategies import resolve, strategy_class
 
-    cls = load_class(cfg.strategy)
+    cls = strategy_class(cfg)
     space = {k: v for k, v in default_space(cls).items() if k not in cfg.strategy_args}
     space.update(parse_grid(grid, cls))
     n = math.prod(len(v) for v in space.values())
     if n > MAX_CANDIDATES:
-        raise ConfigError(f"the search space has {n} candidates, at most {MAX_CANDIDATES}: narrow it with --grid")
+        raise ConfigError(f"the search space has {n} candidates, at most {MAX_CANDIDATES}: narrow it with "
+                          f"{term('--grid', 'grid')}")
     for knobs in candidates(space):
         resolve(with_knobs(cfg, knobs))
     return space, {k: v for k, v in _params(cfg).items() if k not in space}
@@ -161,9 +163,9 @@ def with_knobs(cfg: RunConfig, knobs: dict) -> RunConfig:
 
 def _params(cfg: RunConfig) -> dict:
     """The strategy's parameters for cfg, as a dict ({} for a strategy without Params)."""
-    from batchlab.scheduler.strategies import load_class, make_params
+    from batchlab.scheduler.strategies import make_params, strategy_class
 
-    params = make_params(load_class(cfg.strategy), cfg, cfg.strategy_args)
+    params = make_params(strategy_class(cfg), cfg, cfg.strategy_args)
     return {} if params is None else asdict(params)
 
 

@@ -9,6 +9,8 @@ This module imports neither torch nor transformers at import time: the simulator
 """
 from dataclasses import dataclass, field
 
+from batchlab.protocol.errors import ConfigError
+
 TINY_MISTRAL = "tiny-mistral"  # the embedded default model (models.folders builds it)
 RANDOM_SUFFIX = ":random"
 RANDOM_SEED = 0
@@ -51,7 +53,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
 
 
 def random_arch(model: str) -> Arch | None:
-    """`NAME:random` → ARCHS[NAME]; None for any other model name; ValueError for an unknown NAME."""
+    """`NAME:random` → ARCHS[NAME]; None for any other model name; ConfigError for an unknown NAME."""
     if not model.endswith(RANDOM_SUFFIX):
         return None
     name = model.removesuffix(RANDOM_SUFFIX)
@@ -59,7 +61,7 @@ def random_arch(model: str) -> Arch | None:
         return ARCHS[name]
     except KeyError:
         choices = ", ".join(f"{n}{RANDOM_SUFFIX}" for n in ARCHS)
-        raise ValueError(f"unknown architecture {name!r} in {model!r} (choose from {choices})") from None
+        raise ConfigError(f"unknown architecture {name!r} in {model!r} (choose from {choices})") from None
 
 
 def n_params(arch: Arch) -> int:

@@ -10,6 +10,7 @@ import typing
 
 import msgpack
 
+from batchlab.protocol.errors import ProtocolError
 from batchlab.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Bundle, Kind, TokenBytes
 from batchlab.protocol.wire import INT64_MAX, INT64_MIN, AtLeast
 
@@ -24,10 +25,6 @@ MAX_MAP_LEN = 1 << 16  # dict fields (settings, facts, stats) hold dozens of nam
 # (TokenBytes of one long prompt may fill a frame). No message holds an ext type.
 _UNPACK_LIMITS = {"max_array_len": MAX_ARRAY_LEN, "max_map_len": MAX_MAP_LEN, "max_str_len": MAX_MESSAGE_BYTES,
                   "max_bin_len": MAX_MESSAGE_BYTES, "max_ext_len": 0}
-
-
-class ProtocolError(ValueError):
-    """A frame that is malformed, truncated, oversized, of another version or of an unknown kind."""
 
 
 def _is_int(v: object) -> bool:

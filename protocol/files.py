@@ -5,6 +5,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from batchlab.protocol.errors import ConfigError, term
+
 
 def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
     """`write(tmp)` fills a temporary sibling of `path`, which then replaces `path` in one rename; the
@@ -27,3 +29,20 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def write_json_atomic(path: str | Path, data: object, **dumps_kwargs: object) -> None:
     """`data` as indented JSON into `path`, atomically (`dumps_kwargs` go to json.dumps)."""
     write_text_atomic(path, json.dumps(data, indent=2, **dumps_kwargs))
+
+
+def output_folder(path: str | Path, flag: str = "--out", name: str = "out") -> Path:
+    """`path` as a folder a job writes into, made with its parents when missing; ConfigError naming the setting
+    (`flag` on the command line, `name` from Python) when it is empty, a file, or cannot be made (no such
+    parent, no permission, a read-only file system)."""
+    said = term(flag, name)
+    if not str(path).strip():
+        raise ConfigError(f"{said} must name a folder")
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{said} {path} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{said} {path}: cannot make the folder ({exc.strerror or exc})") from None
+    return folder

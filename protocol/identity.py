@@ -44,6 +44,8 @@ def identity(settings: dict) -> dict:
     A RunConfig field a record lacks (written before the field existed) takes its default, so adding a
     setting does not make every earlier run another configuration."""
     values = {**_defaults(), **{k: v for k, v in settings.items() if k not in NOT_IDENTITY}}
+    if not values.get("strategy_sha256"):  # only a strategy class passed by value has one: every other run's
+        values.pop("strategy_sha256", None)  # identity, and hash, stays what it was before the key existed
     if isinstance(values.get("workers"), dict):  # the collector's worker facts, by worker id
         values["workers"] = len(values["workers"])
     return _canonical(values)

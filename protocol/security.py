@@ -14,9 +14,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-
-class InsecureAddress(ValueError):
-    """A non-loopback bind without keys."""
+from batchlab.protocol.errors import InsecureAddress, term
 
 
 def is_loopback(address: str) -> bool:
@@ -54,7 +52,7 @@ def check_bind(address: str, keys: str | None) -> None:
     """Refuse to bind a reachable address in the clear."""
     if not keys and not is_loopback(address):
         raise InsecureAddress(f"binding {address} (not loopback) needs CurveZMQ keys: "
-                              "run `batchlab keys generate DIR` and pass --keys DIR")
+                              f"run `batchlab keys generate DIR` and pass {term('--keys DIR', 'keys=DIR')}")
 
 
 def start_authenticator(ctx: zmq.Context, keys: str | Path) -> ThreadAuthenticator:

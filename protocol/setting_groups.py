@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
+from batchlab.protocol.errors import BatchlabError, ConfigError, term  # noqa: F401  (the settings' errors)
 from batchlab.protocol.plugins import BACKEND_GROUP, entry_point_names
 
 BACKENDS = ("sim", "echo", "hf", "vllm", "openai")  # the built-in backends (worker.factory); plugins by name too
@@ -20,8 +21,7 @@ MAX_ROWS = 1 << 20  # a message's longest list (protocol.codec.MAX_ARRAY_LEN): a
 DEFAULT_RATE = 10.0  # requests/s
 DEFAULT_DURATION_S = 10.0  # ScheduleSettings' duration_s
 CLOSED_LOOP_COUNT_DURATION_S = 3600.0  # closed loop, --num-requests without --duration: the count alone stops it
-CLOSED_LOOP_CONFLICT = ("--concurrency N (closed loop: each client sends when its last request ended) does not go "
-                        "with --rate or --arrival (open loop): give one or the other")
+MAX_SCHEDULED_REQUESTS = 100_000_000  # one run's schedule: its planned times alone hold 800 MB
 SLO_NAMES = ("ttft", "tpot", "e2e", "queue_wait")
 UNITS_S = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
 Int = Annotated[int, Field(lt=2**63)]  # every count fits an int64 (a message's integers)
@@ -37,18 +37,39 @@ def setting(default=PydanticUndefined, help: str = "", *, unit: str = "", note: 
     return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **bounds)
 
 
+def flag_of(name: str, schema: type[BaseModel] | None = None) -> str:
+    """The command-line option of a setting of `schema` (default: a run's groups): its declared flag, else
+    --name-with-dashes."""
+    fields = schema.model_fields if schema else {n: f for group in GROUPS for n, f in group.model_fields.items()}
+    field = fields.get(name)
+    flag = ((field.json_schema_extra or {}).get("flag") if field else None) or "--" + name.replace("_", "-")
+    return flag.split("/")[0]
+
+
+_NO_VALUE = object()
+
+
+def said(name: str, value: object = _NO_VALUE, schema: type[BaseModel] | None = None, *, meta: str = "") -> str:
+    """A setting (with a value, or a placeholder `meta`, if given) as a message names it: inside a command its
+    option (`--arrival trace`, `--num-requests N`), elsewhere its Python name (`arrival='trace'`,
+    `num_requests=N`)."""
+    if meta:
+        return term(f"{flag_of(name, schema)} {meta}", f"{name}={meta}")
+    if value is _NO_VALUE:
+        return term(flag_of(name, schema), name)
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    return term(f"{flag_of(name, schema)} {shown}", f"{name}={value!r}")
+
+
+def closed_loop_conflict() -> str:
+    """Why a closed loop refuses a rate or an arrival process, naming the settings as its reader does."""
+    return (f"{said('concurrency', meta='N')} (closed loop: each client sends when its last request ended) does not go with "
+            f"{said('rate')} or {said('arrival')} (open loop): give one or the other")
+
+
 def default_of(group: type[BaseModel], name: str) -> object:
     """A field's declared default (for a backend's own settings record, which repeats no default)."""
     return group.model_fields[name].get_default(call_default_factory=True)
-
-
-class BatchlabError(Exception):
-    """The root of every error batchlab raises for a user's input or a run's fault (batchlab.api's one
-    hierarchy; each subclass also keeps its built-in base, e.g. ConfigError is a ValueError)."""
-
-
-class ConfigError(BatchlabError, ValueError):
-    """A setting that cannot work; the CLI prints it as one line and exits 1."""
 
 
 def parse_bytes(text: str) -> int:
@@ -89,11 +110,11 @@ def parse_slos(items: list[str]) -> dict[str, float]:
     for item in slo_items(items):
         match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9.eE+-]+)\s*(ms|s|us)?\s*", str(item))
         if not match or match.group(1) not in SLO_NAMES:
-            raise ValueError(f"--slo {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")
+            raise ValueError(f"{said('slo')} {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")
         try:
             slos[match.group(1)] = float(match.group(2)) * UNITS_S[match.group(3) or "ms"]
         except ValueError:
-            raise ValueError(f"--slo {item!r}: {match.group(2)!r} is not a number") from None
+            raise ValueError(f"{said('slo')} {item!r}: {match.group(2)!r} is not a number") from None
     return slos
 
 
@@ -152,24 +173,43 @@ class TrafficSettings(ScheduleSettings):
     def _load(self) -> "TrafficSettings":
         """The rate and the stops go together (NaN fails every comparison, so it is refused)."""
         rate, trace, closed = self.rate, self.arrival == "trace", self.concurrency > 0
-        rules = [(not math.isnan(rate), f"--rate must be a finite number, got {rate}"),
-                 (rate > 0 or (rate == 0 and trace),
-                  "--rate must be > 0 requests/s (0 only with --arrival trace: the trace's own rate)"),
+        rules = [(not math.isnan(rate), lambda: f"{said('rate')} must be a finite number, got {rate}"),
+                 (rate > 0 or (rate == 0 and trace), lambda: f"{said('rate')} must be > 0 requests/s (0 only with "
+                  f"{said('arrival', 'trace')}: the trace's own rate)"),
                  (math.isfinite(rate) or self.num_requests > 0 or closed,
-                  "--rate inf (every request at t = 0) needs --num-requests N"),
-                 (not closed or math.isinf(rate), CLOSED_LOOP_CONFLICT),
-                 (math.isfinite(rate) or not trace, "--rate inf does not go with --arrival trace")]
+                  lambda: f"{said('rate', math.inf)} (every request at t = 0) needs {said('num_requests', meta='N')}"),
+                 (not closed or math.isinf(rate), closed_loop_conflict),
+                 (math.isfinite(rate) or not trace,
+                  lambda: f"{said('rate', math.inf)} does not go with {said('arrival', 'trace')}"),
+                 (self.planned_requests() <= MAX_SCHEDULED_REQUESTS, self._too_many)]
         for ok, message in rules:
             if not ok:
-                raise refuse(message)
+                raise refuse(message())
         return self
+
+    def planned_requests(self) -> float:
+        """About how many requests the schedule plans: the count, or the rate over the duration if fewer (a
+        trace at its own timing, or a closed loop without a count: 0, bounded elsewhere)."""
+        count = self.num_requests or math.inf
+        if self.concurrency > 0 or self.rate == 0 or math.isnan(self.rate):
+            return 0.0 if math.isinf(count) else count
+        return min(count, self.rate * self.duration_s)
+
+    def _too_many(self) -> str:
+        return (f"{said('rate', self.rate)} for {said('duration_s', self.duration_s)} s plans "
+                f"{self.planned_requests():.3g} requests, over the {MAX_SCHEDULED_REQUESTS:,} one run's schedule "
+                f"holds: lower one of them, or stop it with {said('num_requests')}")
 
 
 class SchedulerSettings(Group, title="Scheduler"):
     """The batching policy and the scheduler's bounds."""
 
     strategy: str = setting("dynamic", "naive | dynamic | continuous | sjf | edf | vllm, an installed plugin's "
-                            "name, or package.module:Class", pattern=r"\S", note="a strategy")
+                            "name, or package.module:Class (from Python also the class itself)", pattern=r"\S",
+                            note="a strategy")
+    strategy_sha256: str = setting("", "a strategy class given from Python that no other process can import by name "
+                                   "(one defined in a notebook): its code's digest, for the run's identity (the code "
+                                   "travels with the settings, never into a file)", cli=False)
     strategy_args: dict = setting(help="a strategy parameter, KEY=VALUE (repeatable); a parameter named like an "
                                   "option (e.g. max_batch_size) defaults to that option's value",
                                   flag="--strategy-arg", default_factory=dict)
@@ -212,7 +252,7 @@ class WorkerSettings(Group, title="Worker"):
     def _known_backend(cls, name: str) -> str:
         if name in BACKENDS or ":" in name or name in entry_point_names(BACKEND_GROUP):
             return name
-        raise refuse(f"--backend must be one of {', '.join(BACKENDS)}, a {BACKEND_GROUP} entry point or "
+        raise refuse(f"{said('backend')} must be one of {', '.join(BACKENDS)}, a {BACKEND_GROUP} entry point or "
                      f"package.module:Class, got {name!r}")
 
     @field_validator("cpu_threads", mode="before")

@@ -12,12 +12,13 @@ import math
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ValidationError, model_validator
+from pydantic import BaseModel, PrivateAttr, ValidationError, model_validator
 
-from batchlab.protocol.setting_groups import (BACKENDS, CLOSED_LOOP_CONFLICT,  # noqa: F401
-                                              CLOSED_LOOP_COUNT_DURATION_S, DEFAULT_DURATION_S, DEFAULT_RATE, GROUPS,
-                                              ConfigError, HFBackendSettings, OpenAIBackendSettings,
-                                              ScheduleSettings, VLLMBackendSettings, parse_bytes, parse_slos, refuse,
+from batchlab.protocol.plugins import class_digest, class_spec
+from batchlab.protocol.setting_groups import (BACKENDS, CLOSED_LOOP_COUNT_DURATION_S, DEFAULT_DURATION_S,  # noqa: F401
+                                              DEFAULT_RATE, GROUPS, ConfigError, HFBackendSettings,
+                                              OpenAIBackendSettings, ScheduleSettings, VLLMBackendSettings,
+                                              closed_loop_conflict, flag_of, parse_bytes, parse_slos, refuse, said,
                                               slo_items)
 
 # The settings a schedule is built from: a replayed schedule brings its own.
@@ -34,7 +35,10 @@ def vllm_rule(strategy: str, backend: str) -> tuple[str, str, str]:
 
 
 class RunConfig(*GROUPS, title="RunConfig"):
-    """Everything that defines a run (written into every table and summary)."""
+    """Everything that defines a run (written into every table and summary). `model_fields_set` says which
+    settings were given (a file, an option, a mapping): a strategy's own parameter defaults hold for the rest."""
+
+    _strategy_code: bytes = PrivateAttr(b"")  # a strategy class passed by value (strategy_sha256 names it)
 
     def __init__(self, **values: object) -> None:
         try:
@@ -42,11 +46,30 @@ class RunConfig(*GROUPS, title="RunConfig"):
         except ValidationError as exc:
             raise config_error(exc) from None
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _strategy_object(cls, values: object, handler) -> "RunConfig":
+        """A strategy given as a class: named module:Class (its label: the class's `name`), its code carried by
+        value when no other process can import that name (protocol.plugins.class_spec)."""
+        strategy = values.get("strategy") if isinstance(values, dict) else None
+        if not isinstance(strategy, type):
+            return handler(values)
+        spec, code = class_spec(strategy)
+        label = values.get("label") or getattr(strategy, "name", "") or strategy.__name__
+        model = handler({**values, "strategy": spec, "strategy_sha256": class_digest(strategy) if code else "",
+                         "label": label})
+        model._strategy_code = code
+        return model
+
+    def strategy_code(self) -> bytes:
+        """The pickled strategy class when one was passed by value (strategy_sha256 set), else b""."""
+        return self._strategy_code
+
     @model_validator(mode="after")
     def _across_groups(self) -> "RunConfig":
         """The rules that span groups; strategy vllm means continuous batching in the vllm backend."""
         if self.backend == "openai" and not self.endpoint:
-            raise refuse("--backend openai needs --endpoint URL")
+            raise refuse(f"{said('backend', 'openai')} needs {said('endpoint', meta='URL')}")
         self.strategy, self.backend, _ = vllm_rule(self.strategy, self.backend)
         return self
 
@@ -113,7 +136,7 @@ def _said(error: dict, schema: type[BaseModel]) -> str:
     """One pydantic error in words."""
     name, kind, value, ctx = str((*error["loc"], "")[0]), error["type"], error.get("input"), error.get("ctx") or {}
     field = schema.model_fields.get(name)
-    extra, option = (field.json_schema_extra or {}) if field else {}, option_name(name, schema)
+    extra, option = (field.json_schema_extra or {}) if field else {}, said(name, schema=schema)
     bound = next((b for b in ("gt", "ge", "lt", "le") if b in ctx), None)
     if kind in ("config", "value_error"):  # a rule's own line; a parser's (sizes, SLOs)
         return str(ctx.get("error", error["msg"]))
@@ -123,8 +146,8 @@ def _said(error: dict, schema: type[BaseModel]) -> str:
         return f"{option} {value} is out of range (at most 2**63 - 1)"
     if bound:
         limit = f"{ctx[bound]:g}" if isinstance(ctx[bound], float) else ctx[bound]
-        said = (f"{option} must be {_SIGNS[bound]} {limit}", extra.get("unit"), extra.get("note"))
-        return " ".join(p for p in said if p) + f", got {value!r}"
+        words = (f"{option} must be {_SIGNS[bound]} {limit}", extra.get("unit"), extra.get("note"))
+        return " ".join(p for p in words if p) + f", got {value!r}"
     if kind == "string_pattern_mismatch":  # a name that is empty
         return f"{option} must name {extra.get('note')}"
     if kind == "literal_error":
@@ -140,10 +163,8 @@ _KIND_NAMES = {"bool_type": "true or false", "int_type": "an integer", "float_ty
 
 def option_name(name: str, schema: type[BaseModel] | None = None) -> str:
     """The command-line option of <schema, default RunConfig>.<name> (its declared flag, else
-    --name-with-dashes)."""
-    field = (schema or RunConfig).model_fields.get(name)
-    flag = ((field.json_schema_extra or {}).get("flag") if field else None) or "--" + name.replace("_", "-")
-    return flag.split("/")[0]
+    --name-with-dashes): what cli.options generates; a message names a setting with `said`."""
+    return flag_of(name, schema or RunConfig)
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -170,7 +191,7 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
     if "slo" in merged and isinstance(merged["slo"], (str, list, tuple)):  # comma lists: one item per SLO
         merged["slo"] = slo_items(merged["slo"])
     if merged.get("concurrency") and not closed_loop_terms(merged):
-        raise ConfigError(CLOSED_LOOP_CONFLICT)
+        raise ConfigError(closed_loop_conflict())
     if merged.get("num_requests") and "duration_s" not in merged:  # the count alone stops the run
         merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", DEFAULT_RATE),
                                                 merged.get("burstiness", 1.0))
@@ -215,6 +236,6 @@ def parse_strategy_args(given: object) -> dict:
     for item in given:
         key, sep, value = str(item).partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--strategy-arg {item!r}: expected KEY=VALUE")
+            raise ConfigError(f"{said('strategy_args')} {item!r}: expected KEY=VALUE")
         pairs[key.strip().replace("-", "_")] = value.strip()
     return pairs

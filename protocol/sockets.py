@@ -9,6 +9,7 @@ import zmq
 
 from batchlab.protocol.clock import now
 from batchlab.protocol.codec import MAX_MESSAGE_BYTES, split_frames
+from batchlab.protocol.errors import ConfigError
 from batchlab.protocol.security import check_bind, secure_client, secure_server
 
 SEND_HWM = 100_000  # messages queued per peer before send blocks (PUSH) or drops (ROUTER)
@@ -49,8 +50,10 @@ def make_socket(ctx: zmq.Context, kind: int, address: str, *, bind: bool,
     sock = ctx.socket(kind)
     try:
         _configure(sock, kind, address, bind=bind, identity=identity, keys=keys)
-    except BaseException:
+    except BaseException as exc:
         sock.close(linger=0)  # else the caller's ctx.term() waits forever for it (a port in use)
+        if isinstance(exc, zmq.ZMQError):  # an address in use, or one that is no address: the user's
+            raise ConfigError(f"cannot {'bind' if bind else 'connect to'} {address}: {exc}") from None
         raise
     return sock
 

@@ -82,8 +82,9 @@ class AutoRepeats(Section):
 class Grid(Section):
     """A sweep's `grid:` section, checked as a whole before anything runs."""
 
-    strategies: list[str | dict] = setting(help="the entries: a strategy name or {strategy:, label:, <settings>}",
-                                           default_factory=list)
+    strategies: list[str | dict | type] = setting(help="the entries: a strategy name or {strategy:, label:, "
+                                                  "<settings>} (from Python also a strategy class)",
+                                                  default_factory=list)
     rates: list[PositiveFloat] | None = setting(None, "arrival rates (default: base.rate); {auto: {...}}: placed from "
                                         "each strategy's capacity", unit="requests/s", min_length=1)
     rates_auto: AutoRates | None = setting(None, "`rates: {auto: {...}}`")
@@ -132,7 +133,8 @@ class CalibrateSettings(Group, title="Calibrate"):
     dtype: str = WorkerSettings.model_fields["dtype"]
     mode: Literal["static", "continuous"] = setting("static", "static | continuous (hf; vllm is always "
                                                     "continuous)")
-    form: str = setting("auto", "compute (a CPU) | memory (a GPU: the bandwidth form) | auto (by device)")
+    form: Literal["auto", "compute", "memory"] = setting("auto", "compute (a CPU) | memory (a GPU: the bandwidth "
+                                                         "form) | auto (by device)")
     out: str = setting("presets/calibrated.yaml", "the preset file to write (.yaml)")
     quick: bool = setting(False, "a small grid (B 1-8 × P 16-192) that runs in minutes on 2 cores")
     name: str = setting("", "the preset's name (default: the file's stem)", hide_default=True)
@@ -141,8 +143,8 @@ class CalibrateSettings(Group, title="Calibrate"):
                                hide_default=True)
     kind: str = setting("", "with --from: the runs' backend kind to fit, hf | hf-loop | vllm | sim (needed when "
                         "the folders hold several)", hide_default=True)
-    weigh: str = setting("steps", "with --from: a step shape weighs by its steps (√n) or by its share of the runs' "
-                         "time (time)")
+    weigh: Literal["steps", "time"] = setting("steps", "with --from: a step shape weighs by its steps (√n) or by its "
+                                              "share of the runs' time (time)")
 
 
 class RaySettings(Section, title="Ray"):

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from batchlab.protocol.errors import term
+
 FILE_MODE = 0o644  # what a plain open() gives under the usual umask: the report is for reading
 
 REPORT_FILES = ("REPORT.md", "REPORT.html", "latency_vs_throughput.png", "latency_vs_concurrency.png",
@@ -21,7 +23,7 @@ def link_problems(root: Path, names: tuple[str, ...] = REPORT_FILES) -> list[str
         path = root / name
         if path.is_symlink():
             lines.append(f"{path}: is a link (to {os.readlink(path)}); the report writes only its own regular "
-                         "files: remove it, or give --out another folder")
+                         f"files: remove it, or give {term('--out', 'out')} another folder")
         elif path.exists() and not path.is_file():
             lines.append(f"{path}: is not a regular file; the report writes only its own regular files")
     return lines

@@ -12,20 +12,7 @@ from batchlab.report.inputs import check_capacity, inside, read_index, table_pro
 from batchlab.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 from batchlab.collector.summary import Summary, SummaryError, read_summary
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
-from batchlab.protocol.setting_groups import BatchlabError
-
-
-class ReportError(BatchlabError, ValueError):
-    """A folder the report refuses: `lines` says why, one line per bad file (the CLI prints each and
-    exits 1)."""
-
-    def __init__(self, *lines: str) -> None:
-        super().__init__("; ".join(lines))
-        self.lines = list(lines)
-
-
-class RunRefused(ValueError):
-    """One run folder whose files the report cannot read (report.inputs): one line."""
+from batchlab.protocol.errors import ReportError, RunRefused
 
 
 @dataclass(slots=True)

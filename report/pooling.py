@@ -7,16 +7,13 @@ within one label (data measured under another configuration) is refused, naming 
 """
 import json
 
+from batchlab.protocol.errors import PoolingError
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.identity import differences, identity
 
 CURVE_FREE = frozenset({"seed", "rate", "concurrency"})  # what may differ along one strategy's curve
 LABEL_KEYS_SHOWN = 3  # distinguishing settings put into a split label
 USABLE_STATUSES = ("done", "stopped")  # run.json statuses of a run that measured what it planned
-
-
-class PoolingError(ValueError):
-    """Runs that claim to be one point but are not."""
 
 
 def curve_key(settings: dict) -> str:

@@ -1,6 +1,6 @@
 """The front end's part of a run's settings: a replayed schedule's own traffic settings, and the one
 check of a whole config (its strategy resolved) before anything starts."""
-from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig, build_config, option_name
+from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig, build_config, said
 
 
 def checked_config(file_values: dict, overrides: dict) -> RunConfig:
@@ -16,7 +16,8 @@ def checked_config(file_values: dict, overrides: dict) -> RunConfig:
     _check_frame(strategy.rows if strategy.mode == "static" else 1, cfg.max_prompt_len)
     if 0 < cfg.concurrency < strategy.rows and strategy.name == "naive":  # its batches would never fill
         raise ConfigError(f"naive launches exactly {strategy.rows} requests at once, and {cfg.concurrency} "
-                          "closed-loop clients never have that many out: use --batch-size ≤ --concurrency")
+                          f"closed-loop clients never have that many out: use {said('batch_size')} ≤ "
+                          f"{said('concurrency')}")
     _check_trace(cfg.dataset)
     return cfg
 
@@ -30,7 +31,8 @@ def _check_frame(rows: int, max_prompt_len: int) -> None:
     if size > MAX_MESSAGE_BYTES:
         raise ConfigError(f"a batch of {rows} rows × {max_prompt_len} prompt tokens is up to {size / 2**20:.1f} MiB "
                           f"on the wire, over the {MAX_MESSAGE_BYTES / 2**20:g} MiB frame limit: lower the rows "
-                          f"(--batch-size, --max-batch-size or the strategy's) or --max-prompt-len")
+                          f"({said('batch_size')}, {said('max_batch_size')} or the strategy's) or "
+                          f"{said('max_prompt_len')}")
 
 
 ROW_OVERHEAD_BYTES = 32  # a Dispatch row's id, lengths and headers besides its token ids
@@ -89,8 +91,7 @@ def _refuse_conflicts(given: dict, saved: dict) -> None:
         if name in ("prompt_lengths", "output_lengths"):
             value = _lengths_text(name, value)
         if value != saved.get(name):
-            option = option_name(name)
-            raise ConfigError(f"{option} {value_text(value)} conflicts with the replayed schedule "
+            raise ConfigError(f"{said(name, value)} conflicts with the replayed schedule "
                               f"({name} {value_text(saved.get(name))}); drop it or build a new schedule")
 
 

@@ -20,25 +20,12 @@ from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
 from batchlab.protocol.sockets import Addresses
-from batchlab.protocol.setting_groups import BatchlabError
+from batchlab.protocol.errors import RunFailed, RunTimeout
 
 log = logging.getLogger("batchlab.launcher")
 POLL_S = 0.2
 STOP_GRACE_S = 30.0  # how long children get to finish after a stop before they are killed
 COLLECTOR_GRACE_S = 12.0  # the collector's own wait for worker byes is 10 s
-
-
-class RunFailed(BatchlabError, RuntimeError):
-    """A child process died; the message names it."""
-
-
-class RunTimeout(BatchlabError, RuntimeError):
-    """A run passed one of its limits: `phase` says which ("startup": the workers never got ready, or
-    "run": the traffic had started); a stopped run keeps what finished."""
-
-    def __init__(self, message: str, phase: str) -> None:
-        super().__init__(message)
-        self.phase = phase
 
 
 @dataclass(slots=True)
@@ -146,7 +133,7 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
         shutil.rmtree(tmp, ignore_errors=True)
     if not RunDir(out).summary.exists():
         raise RunFailed(f"the collector wrote no summary in {out}")
-    post_process(out, watch.deaths, beside)
+    post_process(out, watch.deaths, beside, cfg.strategy_code())
     return read_summary(out)
 
 

@@ -6,7 +6,8 @@ import tempfile
 from pathlib import Path
 
 from batchlab.protocol.setting_groups import BACKENDS
-from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.protocol.errors import term
+from batchlab.protocol.settings import ConfigError, RunConfig, said
 
 HUB_TIMEOUT_S = 1.5  # one metadata request, never the 50 s of retries a from_pretrained would spend
 PATH_PREFIXES = ("/", "./", "../", "~")
@@ -46,16 +47,16 @@ def check_keys(folder: str) -> None:
 
     path = Path(folder).expanduser()
     if not path.is_dir():
-        raise ConfigError(f"--keys {folder}: no such folder (make one with `batchlab keys generate {folder}`)")
+        raise ConfigError(f"{said('keys')} {folder}: no such folder (make one with `batchlab keys generate {folder}`)")
     missing = [name for name in (*KEY_FILES, "authorized") if not (path / name).exists()]
     if missing:
-        raise ConfigError(f"--keys {folder} lacks {', '.join(missing)} (make the folder with `batchlab keys "
+        raise ConfigError(f"{said('keys')} {folder} lacks {', '.join(missing)} (make the folder with `batchlab keys "
                           "generate DIR`)")
     for name in KEY_FILES:
         try:
             zmq.auth.load_certificate(path / name)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"--keys {folder}: {name} is not a readable key ({exc})") from None
+            raise ConfigError(f"{said('keys')} {folder}: {name} is not a readable key ({exc})") from None
 
 
 def check_ipc_folder() -> None:
@@ -74,16 +75,16 @@ def check_result_file(path: str) -> None:
     made, where a file can be created (tried with a nameless temporary file)."""
     target = Path(path).expanduser()
     if target.is_dir():
-        raise ConfigError(f"--save-result {path} is a folder; name a file (e.g. {Path(path) / 'result.json'})")
+        raise ConfigError(f"{term('--save-result', 'save_result')} {path} is a folder; name a file (e.g. {Path(path) / 'result.json'})")
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        raise ConfigError(f"--save-result {path}: {folder} is not a folder")
+        raise ConfigError(f"{term('--save-result', 'save_result')} {path}: {folder} is not a folder")
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
-        raise ConfigError(f"--save-result {path}: no file can be created in {folder} ({exc.strerror or exc})") from None
+        raise ConfigError(f"{term('--save-result', 'save_result')} {path}: no file can be created in {folder} ({exc.strerror or exc})") from None
 
 
 def check_preset(name: str) -> None:
@@ -93,7 +94,7 @@ def check_preset(name: str) -> None:
     try:
         get_preset(name)
     except ValueError as exc:
-        raise ConfigError(f"--preset: {exc}") from None
+        raise ConfigError(f"{said('preset')}: {exc}") from None
 
 
 def check_model(name: str) -> None:
@@ -107,11 +108,11 @@ def check_model(name: str) -> None:
         if random_arch(name) is not None:
             return
     except ValueError as exc:
-        raise ConfigError(f"--model: {exc}") from None
+        raise ConfigError(f"{said('model')}: {exc}") from None
     if Path(name).expanduser().exists():
         return
     if name.startswith(PATH_PREFIXES):
-        raise ConfigError(f"--model {name}: no such folder")
+        raise ConfigError(f"{said('model')} {name}: no such folder")
     _check_hub_model(name)
 
 
@@ -128,13 +129,13 @@ def _check_hub_model(name: str) -> None:
         raise ConfigError(f"--model {name!r} is neither a folder nor a valid Hugging Face model id") from None
     where = f"neither a local folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE})"
     if constants.HF_HUB_OFFLINE or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
-        raise ConfigError(f"--model {name} is {where}, and the Hub is off (HF_HUB_OFFLINE)")
+        raise ConfigError(f"{said('model')} {name} is {where}, and the Hub is off (HF_HUB_OFFLINE)")
     try:
         model_info(name, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
         return  # it exists; the download needs a token, which the loader reports
     except RepositoryNotFoundError:
-        raise ConfigError(f"--model {name} is {where}, and the Hub has no such model") from None
+        raise ConfigError(f"{said('model')} {name} is {where}, and the Hub has no such model") from None
     except Exception as exc:  # no network, DNS, a timeout: all mean the weights cannot come
-        raise ConfigError(f"--model {name} is {where}, and the Hub cannot be reached "
+        raise ConfigError(f"{said('model')} {name} is {where}, and the Hub cannot be reached "
                           f"({type(exc).__name__}); download it first or give a local folder") from None

@@ -51,13 +51,13 @@ def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, str
 
 def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:
     """Own the model and run what the scheduler dispatches."""
-    from batchlab.worker.factory import make_backend
+    from batchlab.worker.factory import make_placed_backend
     from batchlab.worker.process import run_worker
 
     setup_logging(cfg.out, worker_id)
     strategy = resolve(cfg)  # the worker's mode and rows come from the strategy, never its name
-    return run_worker(make_backend(cfg, strategy.mode, strategy.rows), scheduler_addr, collector_addr, worker_id,
-                      keys=cfg.keys or None, liveness_s=cfg.liveness_s)
+    return run_worker(make_placed_backend(cfg, strategy.mode, strategy.rows), scheduler_addr, collector_addr,
+                      worker_id, keys=cfg.keys or None, liveness_s=cfg.liveness_s)
 
 
 def warm_worker_role(cfg: RunConfig, worker_id: str, sessions) -> int:
@@ -65,7 +65,7 @@ def warm_worker_role(cfg: RunConfig, worker_id: str, sessions) -> int:
     once from `cfg`, then joins each run that `sessions` (a multiprocessing queue) hands it; at each run
     its terminal output goes into that run's logs/ folder."""
     from batchlab.runner.procs import redirect_output
-    from batchlab.worker.factory import make_backend
+    from batchlab.worker.factory import make_placed_backend
     from batchlab.worker.process import serve_sessions
 
     def on_session(session) -> None:
@@ -74,8 +74,8 @@ def warm_worker_role(cfg: RunConfig, worker_id: str, sessions) -> int:
 
     setup_logging(None, worker_id)
     strategy = resolve(cfg)
-    return serve_sessions(lambda: make_backend(cfg, strategy.mode, strategy.rows), lambda timeout_s: sessions.get(timeout=timeout_s),
-                          worker_id, keys=cfg.keys or None, on_session=on_session,
+    return serve_sessions(lambda: make_placed_backend(cfg, strategy.mode, strategy.rows),
+                          lambda timeout_s: sessions.get(timeout=timeout_s), worker_id, keys=cfg.keys or None, on_session=on_session,
                           run_over=lambda: not sessions.empty())  # the launcher queues the next run only
                                                                   # after this one ended
 

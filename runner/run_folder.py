@@ -12,9 +12,10 @@ from pathlib import Path
 
 from batchlab.protocol.run_dir import LOGS_DIR, RUN_FILE, SCHEDULE_FILE
 from batchlab.protocol.environment import batchlab_version, environment, utc_now
-from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.files import output_folder, write_json_atomic
 from batchlab.protocol.identity import config_hash, identity
-from batchlab.protocol.settings import ConfigError, RunConfig
+from batchlab.protocol.errors import term
+from batchlab.protocol.settings import ConfigError, RunConfig, said
 
 RUNS_DIR = "runs"
 
@@ -24,7 +25,7 @@ def new_folder(cfg: RunConfig, root: str = RUNS_DIR) -> str:
     another run started in the same second picks its name at the same moment (the make is exclusive)."""
     stem = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{cfg.strategy}-{cfg.backend}"
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
-    Path(root).mkdir(parents=True, exist_ok=True)
+    output_folder(root)
     path, k = Path(root) / stem, 1
     while True:
         try:
@@ -57,18 +58,14 @@ def claim(out: str, *, overwrite: bool, tolerate: frozenset = frozenset()) -> Pa
     Checked before any process starts. Entries named in `tolerate` do not make a folder used (and are
     kept). The lock lasts until `release` or this process's end, so of two runs started at once into
     one folder exactly one gets it."""
-    if not str(out).strip():
-        raise ConfigError("--out must name a folder")
-    folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = output_folder(out)
     _lock(folder, out)
     used = [c for c in folder.iterdir() if c.name not in tolerate]
     if used and not overwrite:
         release(folder)
-        raise ConfigError(f"--out {out} already holds {describe(folder)}; pass --overwrite to replace "
-                          "it, or choose another folder (without --out each run gets a new one)")
+        raise ConfigError(f"{said('out')} {out} already holds {describe(folder)}; pass "
+                          f"{term('--overwrite', 'overwrite=True')} to replace it, or choose another folder (without "
+                          f"{said('out')} each run gets a new one)")
     for child in used:
         shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     return folder
@@ -89,8 +86,8 @@ def _lock(folder: Path, out: str) -> None:
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise ConfigError(f"--out {out} is in use by another run that is still going; choose another "
-                              "folder (without --out each run gets a new one)") from None
+            raise ConfigError(f"{said('out')} {out} is in use by another run that is still going; choose another "
+                              f"folder (without {said('out')} each run gets a new one)") from None
         return
     _HELD[key] = fd
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from batchlab.protocol import RequestMsg
+from batchlab.protocol.errors import term
 from batchlab.protocol.settings import parse_slos
 from batchlab.scheduler.policies import Capacity, Continuous, Decision, Dynamic, Policy, at_least
 
@@ -146,7 +147,9 @@ class EDFParams(RankedParams):
         RankedParams.__post_init__(self)
         at_least(0, ttft_slo_ms=self.ttft_slo_ms, tpot_slo_ms=self.tpot_slo_ms)
         if self.ttft_s() <= 0:
-            raise ValueError("edf needs a TTFT SLO: --slo ttft=500ms, or --strategy-arg ttft_slo_ms=500")
+            slo = term("--slo ttft=500ms", "slo=['ttft=500ms']")
+            arg = term("--strategy-arg ttft_slo_ms=500", "strategy_args={'ttft_slo_ms': 500}")
+            raise ValueError(f"edf needs a TTFT SLO: {slo}, or {arg}")
 
     def ttft_s(self) -> float:
         """The TTFT SLO in seconds."""

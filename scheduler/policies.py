@@ -7,7 +7,7 @@ live scheduler and the discrete-event simulator drive the same classes through s
 """
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from batchlab.protocol import RequestMsg
 
@@ -38,17 +38,30 @@ class Decision:
     reject_reason: str = ""
 
 
-class Policy(Protocol):
-    """What the scheduler and the simulator need from a strategy (scheduler.strategies loads one by
-    name and builds it from its `Params` dataclass, if it has one)."""
+class Policy:
+    """What the scheduler and the simulator need from a strategy, and a base class for one of your own: set
+    `name` (default: the class's name in lower case) and `mode`, write `decide`; `Params`, a dataclass of
+    typed parameters, is optional (the policy is then built as Class(params), reachable as self.params).
+    scheduler.strategies loads a strategy by name (or takes the class) and builds it; a class of the same shape
+    that does not inherit from this one works too (the built-ins do)."""
 
-    name: str
-    mode: str  # "static" (batch at a time) or "continuous" (join at step boundaries)
+    name: ClassVar[str] = ""
+    mode: ClassVar[str] = "static"  # "static" (batch at a time) or "continuous" (join at step boundaries)
 
-    def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
-               end_of_stream: bool) -> Decision: ...
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("name"):
+            cls.name = cls.__name__.lower()
 
-    def on_batch_done(self, size: int, oom: bool) -> None: ...
+    def __init__(self, params: object = None) -> None:
+        self.params = params
+
+    def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity, end_of_stream: bool) -> Decision:
+        """Launch, reject, or ask to be woken (see Decision); the queue is oldest first."""
+        raise NotImplementedError(f"{type(self).__name__}.decide")
+
+    def on_batch_done(self, size: int, oom: bool) -> None:
+        """A batch of `size` rows ended (`oom`: it did not fit and came back to the queue); nothing by default."""
 
 
 def at_least(low: float, **params: float) -> None:

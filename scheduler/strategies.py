@@ -3,11 +3,14 @@
 A strategy is a policy class (scheduler.policies.Policy) with class attributes `name`, `mode` ("static"
 or "continuous") and, when it takes parameters, `Params`: a dataclass of typed fields with defaults.
 `--strategy` names it: a built-in (naive, dynamic, continuous, sjf, edf), the name of a `batchlab.strategies`
-entry point, or `package.module:Class`. It is built as `Class(params)` (or `Class.from_params(params)`
+entry point, or `package.module:Class`; from Python the class itself may be given (protocol.settings carries
+one no other process can import by value). It is built as `Class(params)` (or `Class.from_params(params)`
 where the class defines it; `Class()` without Params). A run sets parameters with `strategy_args`
 (--strategy-arg KEY=VALUE, or a YAML mapping), typed by the Params field; a parameter named like a run
-setting (batch_size, max_batch_size, max_wait_ms, max_new_tokens, ...) takes the run's value unless
-strategy_args sets it.
+setting (batch_size, max_batch_size, max_wait_ms, max_new_tokens, ...) takes the run's value when the run's
+settings give it explicitly (RunConfig.model_fields_set), else its own default holds. The parameters that
+then differ from the run's settings of their names are recorded in the run's strategy_args, so the record
+says what ran and a run replayed from its config.yaml runs the same.
 
 Everything that needs the strategy asks `resolve(cfg)`: the scheduler builds its policy, the front end
 tells each worker its mode and row cap (a worker never reads the strategy's name), the simulator does
@@ -23,8 +26,8 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from batchlab.protocol.plugins import STRATEGY_GROUP, Registry
-from batchlab.protocol.settings import VLLM, ConfigError, RunConfig, vllm_rule
+from batchlab.protocol.plugins import STRATEGY_GROUP, Registry, from_code
+from batchlab.protocol.settings import VLLM, ConfigError, RunConfig, said, vllm_rule
 from batchlab.scheduler.ordered import ORDERED
 from batchlab.scheduler.policies import BUILTINS as BASIC
 from batchlab.scheduler.policies import Policy
@@ -36,7 +39,7 @@ REGISTRY = Registry("strategy", ENTRY_POINT_GROUP, {**BUILTINS, VLLM: BUILTINS[v
 MODES = ("static", "continuous")
 REQUIRED = ("name", "mode", "decide", "on_batch_done")
 KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-RUN_SETTINGS = frozenset(RunConfig.model_fields) - {"strategy", "strategy_args", "extra"}
+RUN_SETTINGS = frozenset(RunConfig.model_fields) - {"strategy", "strategy_args", "strategy_sha256", "extra"}
 FINITE = ConfigDict(allow_inf_nan=False)
 
 
@@ -47,7 +50,7 @@ class Strategy:
     name: str
     mode: str  # "static" (batch at a time) or "continuous" (join at step boundaries)
     rows: int  # the most rows a worker runs at once: its hello's max_batch_size
-    args: dict  # the run's strategy_args, typed by the strategy's Params
+    args: dict  # the run's strategy_args typed by the strategy's Params, and its own defaults that differ
     build: Callable[[], Policy]
 
     def policy(self) -> Policy:
@@ -57,7 +60,7 @@ class Strategy:
 
 def resolve(cfg: RunConfig) -> Strategy:
     """cfg's strategy with cfg's parameters, or ConfigError naming what is wrong."""
-    cls = load_class(cfg.strategy)
+    cls = strategy_class(cfg)
     args = typed_args(cls, cfg.strategy_args)
 
     def build() -> Policy:
@@ -75,12 +78,29 @@ def resolve(cfg: RunConfig) -> Strategy:
     mode = getattr(policy, "mode", cls.mode)  # a strategy may take its mode as a parameter (sjf, edf)
     if mode not in MODES:
         raise ConfigError(f"strategy {cls.name}: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    return Strategy(cls.name, mode, int(rows), args, build)
+    return Strategy(cls.name, mode, int(rows), {**own_defaults(params, cfg, args), **args}, build)
 
 
-def load_class(spec: str) -> type:
-    """The policy class `spec` names (built-in, entry point or package.module:Class), checked."""
-    cls = REGISTRY.load(spec)
+def strategy_class(cfg: RunConfig) -> type:
+    """The policy class of a run's settings: the one passed by value (strategy_sha256), else the one its
+    strategy names; checked."""
+    if not cfg.strategy_sha256:
+        return load_class(cfg.strategy)
+    code = cfg.strategy_code()
+    if not code:
+        raise ConfigError(f"strategy {cfg.strategy} ({cfg.strategy_sha256}) was a class passed from Python by "
+                          f"value, and these settings do not carry its code: pass the class itself again "
+                          f"({said('strategy')}=TheClass)")
+    return checked_class(from_code(code), cfg.strategy)
+
+
+def load_class(spec: str | type) -> type:
+    """The policy class `spec` names (built-in, entry point or package.module:Class), or the class given, checked."""
+    return checked_class(spec if isinstance(spec, type) else REGISTRY.load(spec), spec)
+
+
+def checked_class(cls: object, spec: object) -> type:
+    """`cls`, when it is a policy class; else ConfigError saying what it lacks."""
     missing = [a for a in REQUIRED if not hasattr(cls, a)]
     if missing or not isinstance(cls, type):
         raise ConfigError(f"strategy {spec} is not a policy class: it lacks {', '.join(missing) or 'a class'} "
@@ -90,8 +110,11 @@ def load_class(spec: str) -> type:
     return cls
 
 
-def label(spec: str) -> str:
-    """A name for folders and tables: package.module:Class gives its class's `name`; others are names."""
+def label(spec: str | type) -> str:
+    """A name for folders and tables: a class (given, or named package.module:Class) gives its `name`; others
+    are names."""
+    if isinstance(spec, type):
+        return load_class(spec).name
     if ":" not in spec:
         return spec
     try:
@@ -124,12 +147,22 @@ def typed_args(cls: type, given: dict) -> dict:
 
 
 def make_params(cls: type, cfg: RunConfig, args: dict) -> object | None:
-    """cls.Params from `args` (typed) over the run's same-named settings; None when cls has none."""
+    """cls.Params from `args` (typed) over the run's same-named settings that were given explicitly (the others
+    keep the Params' own defaults); None when cls has none."""
     kind = getattr(cls, "Params", None)
     if kind is None:
         return None
-    names = [f.name for f in dataclasses.fields(kind) if f.init]
-    return kind(**{**{k: getattr(cfg, k) for k in names if k in RUN_SETTINGS}, **args})
+    given = [f.name for f in dataclasses.fields(kind) if f.init and f.name in RUN_SETTINGS & cfg.model_fields_set]
+    return kind(**{**{k: getattr(cfg, k) for k in given}, **args})
+
+
+def own_defaults(params: object | None, cfg: RunConfig, args: dict) -> dict:
+    """The parameters named like a run setting whose value (the Params' own default) differs from the run's
+    setting of that name: recorded beside `args`, so the run's record says what ran."""
+    if params is None:
+        return {}
+    names = [f.name for f in dataclasses.fields(params) if f.init and f.name in RUN_SETTINGS and f.name not in args]
+    return {k: getattr(params, k) for k in names if getattr(params, k) != getattr(cfg, k)}
 
 
 def _typed(strategy: str, key: str, value: object, kind: object) -> object:

@@ -33,14 +33,17 @@ METRICS = ("ttft", "tpot", "e2e", "queue_wait")
 ERROR_STATS = ("mean", "p50", "p99", "max_abs")
 
 
-def config_from_settings(settings: dict) -> RunConfig:
+def config_from_settings(settings: dict, strategy_code: bytes = b"") -> RunConfig:
     """The RunConfig a run's settings (RunInfo) came from, checked like any other; keys that are not
-    RunConfig fields (host, t0, ...) are dropped."""
+    RunConfig fields (host, t0, ...) are dropped. `strategy_code`: the strategy class the run was given by value
+    (the settings hold only its digest)."""
     names = set(RunConfig.model_fields) - {"extra"}
     values = {k: v for k, v in settings.items() if k in names}
     if isinstance(values.get("workers"), dict):  # RunInfo replaces the count with the workers' hellos
         values["workers"] = len(values["workers"])
-    return build_config(values, {})
+    cfg = build_config(values, {})
+    cfg._strategy_code = strategy_code
+    return cfg
 
 
 def compare(live: pd.DataFrame, sim: pd.DataFrame) -> dict:
@@ -55,12 +58,13 @@ def compare(live: pd.DataFrame, sim: pd.DataFrame) -> dict:
     return out
 
 
-def timing_fidelity(live_requests: pd.DataFrame, settings: dict, schedule: pd.DataFrame | None) -> dict | None:
+def timing_fidelity(live_requests: pd.DataFrame, settings: dict, schedule: pd.DataFrame | None,
+                    strategy_code: bytes = b"") -> dict | None:
     """The run's fidelity block, or None when the backend's true timings are unknown, the run was itself
     simulated, or there is no schedule."""
     if settings.get("backend") not in FIDELITY_BACKENDS or settings.get("simulated") or schedule is None:
         return None
-    cfg = config_from_settings(settings)
+    cfg = config_from_settings(settings, strategy_code)
     start_s = time.perf_counter()
     end_s = float(schedule["arrival_offset_s"].to_numpy().max(initial=0.0))
     sim = simulate(cfg, Schedule(schedule, "", end_s))
@@ -69,10 +73,11 @@ def timing_fidelity(live_requests: pd.DataFrame, settings: dict, schedule: pd.Da
     return result
 
 
-def add_run_fidelity(run_dir: str | Path) -> dict | None:
+def add_run_fidelity(run_dir: str | Path, strategy_code: bytes = b"") -> dict | None:
     """A finished run folder's summary.json gains `timing_fidelity` unless it has one (live sim/echo runs
     with their requests table and schedule only); returns the block, or None. Any failure of the
-    simulation is logged and the block left out: a post-processing step never breaks a run or a report."""
+    simulation is logged and the block left out: a post-processing step never breaks a run or a report.
+    `strategy_code`: the run's strategy class when it was passed by value."""
     folder = RunDir(run_dir)
     try:
         summary = read_summary(folder.path)
@@ -84,7 +89,7 @@ def add_run_fidelity(run_dir: str | Path) -> dict | None:
         return None
     try:
         summary.timing_fidelity = timing_fidelity(load_table(folder.path, "requests"), summary.settings,
-                                                  read_schedule(folder.path))
+                                                  read_schedule(folder.path), strategy_code)
     except Exception:
         log.exception("timing fidelity skipped: the simulation of this run failed")
         return None

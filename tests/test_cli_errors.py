@@ -84,13 +84,19 @@ def test_a_null_in_the_yaml_keeps_the_default():
     assert build_config({"seed": None}, {}).seed == 0
 
 
-def test_an_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path):
-    def crash(*_args):
-        raise KeyError("a bug")
+def test_an_error_no_input_explains_is_shown_as_a_bug_with_its_traceback(monkeypatch, tmp_path):
+    """Only a BatchlabError is a user's one line; a KeyError (or a stray ValueError, OSError) is batchlab's bug."""
+    from batchlab.cli.main import BUG_EXIT
 
-    monkeypatch.setattr("batchlab.runner.roles.collector_role", crash)
-    result = runner.invoke(app, ["collector", "--out", str(tmp_path)])
-    assert isinstance(result.exception, KeyError)
+    for error in (KeyError("a bug"), ValueError("a bug"), OSError("a bug")):
+        def crash(*_args, error=error):
+            raise error
+
+        monkeypatch.setattr("batchlab.runner.roles.collector_role", crash)
+        result = runner.invoke(app, ["collector", "--out", str(tmp_path / type(error).__name__)])
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == BUG_EXIT and lines[0] == "Traceback (most recent call last):", result.stderr
+        assert lines[-1].startswith(f"error: a bug in batchlab ({type(error).__name__}: ")
 
 
 def test_keyboard_interrupt_is_not_turned_into_an_error_line(monkeypatch, tmp_path):

@@ -21,7 +21,7 @@ def setting_params(command: str) -> dict[str, list[str]]:
 def test_run_has_exactly_one_option_per_command_line_field_and_none_for_the_others():
     params = [p.name for p in COMMANDS["run"].params if p.name in RunConfig.model_fields]
     assert sorted(params) == sorted(CLI_FIELDS)
-    assert set(RunConfig.model_fields) - set(CLI_FIELDS) == {"label", "repeat", "extra"}
+    assert set(RunConfig.model_fields) - set(CLI_FIELDS) == {"label", "repeat", "extra", "strategy_sha256"}
     flags = [flag for opts in setting_params("run").values() for flag in opts]
     assert len(flags) == len(set(flags))
 
@@ -32,7 +32,7 @@ def test_run_has_exactly_one_option_per_command_line_field_and_none_for_the_othe
 def test_each_role_command_takes_its_groups_options(command, groups):
     given = setting_params(command)
     for group in groups:
-        assert set(group.model_fields) <= set(given), group.__name__
+        assert set(group.model_fields) & set(CLI_FIELDS) <= set(given), group.__name__
 
 
 @pytest.mark.parametrize("name, flag", [("duration_s", "--duration"), ("trace_start_s", "--trace-start"),
@@ -57,6 +57,16 @@ def test_an_unknown_setting_is_refused_naming_the_close_ones(given, needles):
     assert all(n in str(error.value) for n in needles)
 
 
-def test_a_bound_is_refused_with_the_option_its_unit_and_the_value():
-    with pytest.raises(ConfigError, match=r"^--max-queue must be ≥ 0 requests \(0: unbounded\), got -1$"):
+def test_a_bound_is_refused_with_the_setting_its_unit_and_the_value_in_the_callers_vocabulary():
+    """From Python the setting's Python name; inside a command (cli.main sets that vocabulary) its option."""
+    from batchlab.protocol.errors import command_line_vocabulary
+
+    with pytest.raises(ConfigError, match=r"^max_queue must be ≥ 0 requests \(0: unbounded\), got -1$"):
         build_config({"max_queue": -1}, {})
+    with command_line_vocabulary(), pytest.raises(ConfigError, match=r"^--max-queue must be ≥ 0 requests \(0: "
+                                                                     r"unbounded\), got -1$"):
+        build_config({"max_queue": -1}, {})
+    with pytest.raises(ConfigError, match=r"^duration_s must be > 0 s, got 0"):  # a declared flag: --duration
+        build_config({"duration_s": 0}, {})
+    result = CliRunner().invoke(app, ["run", "--duration", "0"])
+    assert result.exit_code == 1 and result.stderr.strip() == "error: --duration must be > 0 s, got 0.0"

@@ -106,7 +106,7 @@ def test_concurrency_with_a_duration_alone_takes_a_pool_of_requests():
 
 @pytest.mark.parametrize("given", [{"rate": 5.0}, {"arrival": "gamma"}, {"rate": 0.5, "arrival": "constant"}])
 def test_concurrency_beside_an_open_loop_setting_is_refused(given):
-    with pytest.raises(ConfigError, match="--concurrency N .* does not go with --rate or --arrival"):
+    with pytest.raises(ConfigError, match="concurrency=N .* does not go with rate or arrival"):
         checked_config({"concurrency": 4, "num_requests": 10}, given)
 
 
@@ -122,8 +122,8 @@ def test_a_closed_loop_config_rebuilt_from_its_settings_is_the_same():
     assert (again.concurrency, again.think_time_ms, again.rate) == (4, 20.0, math.inf)
 
 
-@pytest.mark.parametrize("given, option", [({"concurrency": -1}, "--concurrency"),
-                                           ({"concurrency": 2, "think_time_ms": -5.0}, "--think-time-ms")])
+@pytest.mark.parametrize("given, option", [({"concurrency": -1}, "concurrency"),
+                                           ({"concurrency": 2, "think_time_ms": -5.0}, "think_time_ms")])
 def test_a_negative_closed_loop_setting_is_refused(given, option):
     with pytest.raises(ConfigError, match=option):
         checked_config({**given, "num_requests": 10}, {})

@@ -37,7 +37,7 @@ def test_rate_inf_sends_every_request_at_time_zero():
 
 
 def test_rate_inf_without_a_count_is_refused():
-    with pytest.raises(ConfigError, match="--num-requests"):
+    with pytest.raises(ConfigError, match="num_requests=N"):
         checked_config({"rate": math.inf}, {})
     with pytest.raises(ValueError, match="count"):
         arrival_offsets("poisson", math.inf, 10.0, np.random.default_rng(0))

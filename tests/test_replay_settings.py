@@ -63,10 +63,10 @@ def test_an_option_contradicting_the_replayed_schedule_is_one_line(schedule_file
                              "drop it or build a new schedule\n")
 
 
-@pytest.mark.parametrize("given, message", [({"seed": 6}, r"--seed 6 .*\(seed 5\)"),
-                                            ({"duration_s": 2.0}, r"--duration 2 .*\(duration_s 1\)"),
-                                            ({"dataset": "sharegpt"}, r"--dataset sharegpt .*\(dataset synthetic\)"),
-                                            ({"max_new_tokens": 64}, r"--max-new-tokens 64 .*\(max_new_tokens 32\)")])
+@pytest.mark.parametrize("given, message", [({"seed": 6}, r"seed=6 .*\(seed 5\)"),
+                                            ({"duration_s": 2.0}, r"duration_s=2.0 .*\(duration_s 1\)"),
+                                            ({"dataset": "sharegpt"}, r"dataset='sharegpt' .*\(dataset synthetic\)"),
+                                            ({"max_new_tokens": 64}, r"max_new_tokens=64 .*\(max_new_tokens 32\)")])
 def test_every_traffic_option_is_checked_against_the_schedule(schedule_file, given, message):
     with pytest.raises(ConfigError, match=message):
         replayed(schedule_file, given=given)

@@ -25,5 +25,5 @@ def test_a_trace_keeps_its_own_timing_unless_a_rate_is_given():
     scaled = checked_config({"dataset": "azure-code", "arrival": "trace"}, {"rate": 2.0})
     assert own.rate == 0.0 and scaled.rate == 2.0
     assert traffic_config(own).trace_start_s == 600.0
-    with pytest.raises(ConfigError, match="--rate must be > 0"):
+    with pytest.raises(ConfigError, match="rate must be > 0"):
         checked_config({"arrival": "poisson", "rate": 0.0}, {})

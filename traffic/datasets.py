@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchlab.protocol.files import write_atomic
-from batchlab.protocol.setting_groups import BatchlabError
+from batchlab.protocol.errors import DatasetError
 from batchlab.traffic.lengths import LengthSpec, sample_lengths  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -27,10 +27,6 @@ CACHE_VERSION = "1"  # bump when the parsing or filtering rules change
 MIN_TOKEN_ID = 100  # synthetic token ids are drawn from [MIN_TOKEN_ID, vocab_size)
 CHUNK_BYTES = 1 << 20  # read size for the streaming array parser
 _WHITESPACE = " \t\r\n\ufeff"  # a leading byte-order mark counts as blank
-
-
-class DatasetError(BatchlabError):
-    """A prompt source that cannot be used (missing, empty, unreadable or tampered)."""
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, make_socket
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule, save_schedule, with_send_times
-from batchlab.protocol.setting_groups import BatchlabError
+from batchlab.protocol.errors import TrafficStartTimeout
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,6 @@ SEND_SPIN_S = 0.0  # no busy wait: with 1 µs timer slack a sleep ends ~20-50 µ
 TIMER_SLACK_NS = 1_000  # Linux: sleeps overshoot by ~this, not the default 50 µs
 PR_SET_TIMERSLACK = 29
 SENDER_NICE = -10  # the open-loop clock runs before the roles it measures (where the OS allows it)
-
-
-class TrafficStartTimeout(BatchlabError, RuntimeError):
-    """The scheduler did not send Start in time."""
 
 
 @dataclass(slots=True)

@@ -3,7 +3,7 @@ import math
 from pathlib import Path
 
 from batchlab.models.tokenizers import get_tokenizer
-from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig
+from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig, said
 from batchlab.traffic.config import TrafficConfig, default_output_lengths
 from batchlab.traffic.lengths import LengthSpec, parse_lengths
 from batchlab.traffic.schedule import Schedule, build_schedule, load_schedule
@@ -22,8 +22,11 @@ def make_schedule(cfg: RunConfig) -> Schedule:
         tokenizer = None if cfg.dataset == "synthetic" else get_tokenizer(cfg.model)
     except (OSError, ValueError) as exc:  # transformers: a path or hub id that holds no tokenizer
         why = " ".join(str(exc).split())
-        raise ConfigError(f"--model {cfg.model}: cannot load its tokenizer ({why})") from None
-    return build_schedule(tcfg, tokenizer)
+        raise ConfigError(f"{said('model')} {cfg.model}: cannot load its tokenizer ({why})") from None
+    try:
+        return build_schedule(tcfg, tokenizer)
+    except ValueError as exc:  # the traffic's own rules (a trace's window, the prompt source): the settings'
+        raise ConfigError(str(exc)) from None
 
 
 def traffic_config(cfg: RunConfig) -> TrafficConfig:

@@ -4,15 +4,11 @@ from dataclasses import dataclass, field
 
 from batchlab.protocol import RequestRow, WorkerHello
 from batchlab.protocol.wire import unpack_tokens
-from batchlab.protocol.setting_groups import BatchlabError
+from batchlab.protocol.errors import BackendError
 
 
 class OutOfMemory(Exception):
     """A batch did not fit the device (torch.OutOfMemoryError, or --strict-memory on CPU)."""
-
-
-class BackendError(BatchlabError):
-    """A backend cannot start (bad model name, missing package, unreachable endpoint)."""
 
 
 @dataclass(slots=True)

@@ -41,14 +41,18 @@ def backend_class(spec: str, mode: str) -> type[Backend]:
 
 
 def make_backend(cfg: RunConfig, mode: str, rows: int) -> Backend:
-    """The backend named by cfg.backend in `mode` (static | continuous), running at most `rows` rows; a CPU
-    model's threads placed first (worker.threads: before torch starts its OpenMP runtime), and recorded in
-    the worker's facts."""
-    threads = place_worker(cfg)
+    """The backend named by cfg.backend in `mode` (static | continuous), running at most `rows` rows."""
     if cfg.backend in ("hf", "vllm"):
         quiet_libraries()
     spec = HF_LOOP if (cfg.backend, mode) == ("hf", "continuous") else cfg.backend
-    backend = backend_class(spec, mode).from_config(cfg, mode, rows)
+    return backend_class(spec, mode).from_config(cfg, mode, rows)
+
+
+def make_placed_backend(cfg: RunConfig, mode: str, rows: int) -> Backend:
+    """In a worker's own process: its threads placed by the run's policy first (worker.threads: before torch
+    starts its OpenMP runtime), then make_backend, the policy recorded in the worker's facts."""
+    threads = place_worker(cfg)
+    backend = make_backend(cfg, mode, rows)
     if threads is not None:
         backend.info.facts.update(threads.facts())
     return backend

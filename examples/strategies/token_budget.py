@@ -10,20 +10,20 @@ holds, so a batch of long prompts launches sooner and a batch of short ones grow
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchlab.protocol import RequestMsg
-from batchlab.scheduler.policies import Capacity, Decision
+from batchlab.api.strategy import Capacity, Decision, Policy, Request
 
 
 @dataclass
 class Params:
-    """--strategy-arg KEY=VALUE sets these; those named like a run option default to that option."""
+    """--strategy-arg KEY=VALUE sets these; one named like a run option takes that option's value when the run
+    gives it, else keeps its default here."""
 
     max_batch_tokens: int = 2048  # prompt tokens per batch
     max_batch_size: int = 16  # rows per batch (and the worker's rows): --max-batch-size
     max_wait_ms: float = 50.0  # the oldest request waits no longer than this: --max-wait-ms
 
 
-class TokenBudget:
+class TokenBudget(Policy):
     """Launch the oldest requests once the next one would overflow the token budget, once the batch is
     full, or once the oldest has waited max_wait_ms; an OOM halves the budget."""
 
@@ -32,10 +32,10 @@ class TokenBudget:
     Params = Params
 
     def __init__(self, params: Params) -> None:
-        self.params = params
+        super().__init__(params)
         self.budget = params.max_batch_tokens
 
-    def decide(self, queue: Sequence[RequestMsg], now: float, cap: Capacity,
+    def decide(self, queue: Sequence[Request], now: float, cap: Capacity,
                end_of_stream: bool) -> Decision:
         """Launch queue[:n] with a reason, or ask to be woken when the oldest request is due."""
         if cap.free_slots <= 0 or not queue:

@@ -1,0 +1,134 @@
+"""A strategy given from Python as the class itself: named module:Class when that name imports it back, carried
+by value when no other process can import it (a notebook's class), built with its own Params defaults unless the
+run's settings give a same-named setting explicitly; batchlab.api.strategy holds what its author needs."""
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from batchlab import api
+from batchlab.api.strategy import Decision, Policy, check
+from batchlab.protocol.plugins import class_digest
+from batchlab.runner.config import checked_config
+from batchlab.scheduler.strategies import resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM = {"backend": "sim", "dataset": "synthetic", "max_new_tokens": 16,  # the default preset: steps of ms
+       "max_prompt_len": 128, "warmup_requests": 0}
+
+
+@dataclasses.dataclass
+class GreedyParams:
+    max_batch_size: int = 8  # the plugin's own cap: the run's default (16) must not replace it
+    max_wait_ms: float = 50.0
+
+
+class Greedy(Policy):
+    """Launch as many queued requests as the worker has room for, up to its own cap."""
+
+    mode = "static"
+    Params = GreedyParams
+
+    def decide(self, queue, now, cap, end_of_stream):
+        n = min(len(queue), cap.free_slots, self.params.max_batch_size)
+        return Decision(n, "greedy") if n else Decision()
+
+
+def test_a_plugins_own_parameter_defaults_hold_unless_the_run_gives_that_setting():
+    unset = checked_config({"strategy": Greedy}, {})
+    assert unset.max_batch_size == 16 and "max_batch_size" not in unset.model_fields_set
+    assert resolve(unset).rows == 8 and resolve(unset).policy().params.max_batch_size == 8
+    assert unset.strategy_args == {"max_batch_size": 8}  # recorded: the run's record says what ran
+    given = checked_config({"strategy": Greedy, "max_batch_size": 12}, {})
+    assert resolve(given).rows == 12 and given.strategy_args == {}
+    argued = checked_config({"strategy": Greedy, "strategy_args": {"max_batch_size": 4}}, {})
+    assert resolve(argued).rows == 4 and argued.strategy_args == {"max_batch_size": 4}
+    # replayed from what the run recorded (every setting given then), it runs the same
+    replay = checked_config({**unset.as_settings(), "out": "."}, {})
+    replay._strategy_code = unset.strategy_code()
+    assert resolve(replay).rows == 8
+
+
+def test_the_built_in_strategies_record_no_parameter_of_their_own():
+    for name in ("naive", "dynamic", "continuous", "sjf", "edf"):
+        cfg = checked_config({"strategy": name, "slo": ["ttft=1s"]}, {})
+        assert cfg.strategy_args == {}, name
+
+
+def test_a_local_class_travels_by_value_and_an_importable_one_by_its_name(monkeypatch):
+    cfg = api.RunConfig(strategy=Greedy)
+    assert (cfg.strategy, cfg.label) == (f"{__name__}:Greedy", "greedy")
+    assert cfg.strategy_sha256 == "" and cfg.strategy_code() == b""  # this test module imports by name
+    local = type("Local", (Greedy,), {})  # as a notebook's class: no module imports it
+    cfg = api.RunConfig(strategy=local)
+    assert cfg.strategy_sha256.startswith("sha256:") and cfg.strategy_code()
+    assert resolve(cfg).policy().name == "local"
+    cfg.strategy_args = {"max_wait_ms": 10}  # an edit keeps the code; a copy made from its text alone has none
+    assert cfg.model_copy().strategy_code() == cfg.strategy_code()
+    with pytest.raises(api.ConfigError, match="pass the class itself again"):
+        resolve(api.RunConfig(**cfg.model_dump()))
+
+
+def test_the_digest_names_what_the_class_does_not_the_session():
+    def made(cap: int) -> type:
+        params = dataclasses.make_dataclass("Params", [("max_batch_size", int, cap)])
+        return type("Fifo", (Greedy,), {"Params": params})
+
+    assert class_digest(made(8)) == class_digest(made(8)) != class_digest(made(4))
+
+
+def test_check_names_what_a_strategy_class_lacks():
+    assert check(Greedy) is Greedy
+    with pytest.raises(api.ConfigError, match="lacks decide"):
+        check(type("NoDecide", (), {"name": "x", "mode": "static", "on_batch_done": lambda *a: None}))
+    with pytest.raises(api.ConfigError, match="mode must be one of"):
+        check(type("Odd", (Greedy,), {"mode": "sometimes"}))
+
+
+def test_a_class_is_simulated_with_its_own_cap(tmp_path):
+    result = api.simulate(strategy=Greedy, rate=float("inf"), num_requests=40, out=str(tmp_path / "sim"), **SIM)
+    [(point, summary)] = result.points
+    sizes = pd.read_parquet(point.folder / "batches.parquet")["size"]
+    assert summary.finished > 0 and sizes.max() == 8
+
+
+# The notebook's situation: __main__ has no file, so a spawned scheduler cannot import the class by name. Every
+# request arrives at t = 0, so the queue always holds more than the cap.
+NOTEBOOK = textwrap.dedent('''
+    import dataclasses, json, sys
+    import pandas as pd
+    from batchlab import api
+    from batchlab.api.strategy import Decision, Policy
+
+    @dataclasses.dataclass
+    class Params:
+        max_batch_size: int = 8
+
+    class Greedy(Policy):
+        Params = Params
+
+        def decide(self, queue, now, cap, end_of_stream):
+            n = min(len(queue), cap.free_slots, self.params.max_batch_size)
+            return Decision(n, "greedy") if n else Decision()
+
+    summary = api.run({**SIM, "strategy": Greedy, "rate": float("inf"), "num_requests": 40}, out=OUT)
+    sizes = pd.read_parquet(OUT + "/batches.parquet")["size"]
+    print(json.dumps({"finished": summary.finished, "failed": summary.failed, "largest": int(sizes.max()),
+                      "label": summary.settings["label"], "args": summary.settings["strategy_args"]}))
+''')
+
+
+@pytest.mark.slow
+def test_a_class_defined_in_a_fileless_main_runs_live_with_its_own_cap(tmp_path):
+    code = f"SIM = {SIM!r}\nOUT = {str(tmp_path / 'run')!r}\n" + NOTEBOOK
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["finished"] > 0 and found["failed"] == 0 and found["largest"] == 8
+    assert found["label"] == "greedy" and found["args"] == {"max_batch_size": 8}
