@@ -76,8 +76,9 @@ def warm_worker_role(cfg: RunConfig, worker_id: str, sessions) -> int:
     strategy = resolve(cfg)
     return serve_sessions(lambda: make_placed_backend(cfg, strategy.mode, strategy.rows),
                           lambda timeout_s: sessions.get(timeout=timeout_s), worker_id, keys=cfg.keys or None,
-                          on_session=on_session, run_over=lambda: not sessions.empty())  # the launcher queues the next run only
-                                                                  # after this one ended
+                          on_session=on_session,
+                          run_over=lambda: not sessions.empty())  # the launcher queues the next run only after
+                                                                  # this one ended
 
 
 def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
