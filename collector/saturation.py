@@ -62,12 +62,15 @@ class SaturatedRun:
 def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0, folder: str = "",
                   warmup_share: float = WARMUP_SHARE, batches: int = BATCHES) -> SaturatedRun | None:
     """μ from a saturated run's requests table (times in s since t0; traffic sent until duration_s, then
-    drained): the completions in [warmup_share × duration_s, duration_s], counted from the first of them to
-    the last (so a static batch's completions, B at a time every T s, read exactly B / T); None with fewer
-    than 2 distinct completion times there."""
+    drained): the completions in [warmup_share × duration_s, duration_s] (or to the last request sent, when
+    the traffic ended sooner), counted from the first of them to the last (so a static batch's completions,
+    B at a time every T s, read exactly B / T); None with fewer than 2 distinct completion times there."""
     done = requests[requests["status"] == "finished"]
     times = done["completion_time"].to_numpy(dtype="float64")
-    keep = (times >= warmup_share * duration_s) & (times <= duration_s)
+    sent = requests["arrival_time"].to_numpy(dtype="float64") if "arrival_time" in requests else np.array([])
+    sent = sent[np.isfinite(sent)]
+    end = min(duration_s, float(sent.max())) if sent.size else duration_s  # a closed loop whose pool ran dry
+    keep = (times >= warmup_share * duration_s) & (times <= end)
     times, tokens = times[keep], done["n_tokens"].to_numpy(dtype="float64")[keep]
     order = np.argsort(times, kind="stable")
     times, tokens = times[order], tokens[order]

@@ -27,6 +27,11 @@ from batchlab.protocol.study_settings import CapacitySettings
 
 SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
 OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them
+# A saturated run's pool of requests for its clients to take (a closed loop's schedule, built and tokenized
+# before it starts: the default 10,000 ShareGPT prompts cost seconds a run): this many per client, or this many
+# a second of its traffic, whichever is more; a pool that runs dry ends the traffic, and μ's window with it
+POOL_PER_CLIENT = 8
+POOL_REQ_S = 200.0
 EXTENSIONS = 2  # a saturated run whose steady window cannot bound μ runs again, twice as long, at most this
 # many times (a worker slower than planned, or a loaded machine: 15 s held one batch, or two 0.19 s apart)
 
@@ -54,10 +59,12 @@ def clients(plan: Plan, entry: Entry, s: AutoRates) -> int:
 
 def _saturated_point(plan: Plan, entry: Entry, out: Path, repeat: int, s: AutoRates,
                      duration_s: float) -> tuple[Point, dict]:
+    n_clients = clients(plan, entry, s)
     point = Point(entry, float("inf"), repeat, plan.seed, out / SATURATED_DIR / saturated_dir(entry.label, repeat),
-                  clients(plan, entry, s))
+                  n_clients)
     base = {k: v for k, v in plan.base.items() if k not in OPEN_LOOP_KEYS}
-    return point, {**base, "duration_s": duration_s, "max_queue": 0, "max_queue_tokens": 0}
+    pool = max(POOL_PER_CLIENT * n_clients, math.ceil(POOL_REQ_S * duration_s))
+    return point, {**base, "duration_s": duration_s, "max_queue": 0, "max_queue_tokens": 0, "num_requests": pool}
 
 
 def durations(s: AutoRates) -> list[float]:
@@ -201,13 +208,19 @@ class SimulatedSearch:
         return measure
 
 
+def serpentine(entries: list[Entry], repeat: int) -> list[Entry]:
+    """A repeat's order of the saturated runs: the grid's, reversed in every other repeat, so that a drift of
+    the machine's speed falls on both sides of each comparison alike (benchmarks/throughput_power.py)."""
+    return entries[::-1] if repeat % 2 else entries
+
+
 def saturate_all(plan: Plan, runner, entries: list[Entry],
                  settings: AutoRates) -> dict[str, list[SaturatedRun] | str]:
     """label → its saturated runs, one per repeat (the grid's repeats, at least saturated_repeats; strategies
-    interleaved within a repeat), or why none."""
+    interleaved within a repeat, in serpentine order), or why none."""
     runs: dict[str, list[SaturatedRun] | str] = {e.label: [] for e in entries}
     for repeat in range(max(plan.repeats, settings.saturated_repeats)):
-        for entry in entries:
+        for entry in serpentine(entries, repeat):
             if isinstance(runs[entry.label], str):
                 continue
             try:

@@ -22,11 +22,11 @@ class Section(BaseModel):
 class CapacitySettings(Section, title="Capacity search"):
     """How each strategy's saturated rate μ and capacity are searched (`batchlab capacity`, grid.rates.auto)."""
 
-    saturated_duration_s: float = setting(20.0, "traffic per saturated run (μ), per strategy and repeat", unit="s",
+    saturated_duration_s: float = setting(12.0, "traffic per saturated run (μ), per strategy and repeat", unit="s",
                                           flag="--saturated-s", gt=0)
-    # the headline's throughput claim is paired by repeat, and fewer than 3 repeats cannot show the spread
-    # between runs (docs/statistics.md)
-    saturated_repeats: int = setting(3, "saturated runs per strategy (at least; the grid's repeats when more)",
+    # the headline's throughput claim is paired by repeat: 5 short repeats (t = 2.78) find on a busy machine a
+    # difference 3 long ones (t = 4.30) miss, in the same time (benchmarks/throughput_power.py, docs/capacity.md)
+    saturated_repeats: int = setting(5, "saturated runs per strategy (at least; the grid's repeats when more)",
                                      gt=0)
     saturated_clients: int = setting(0, "closed-loop clients of a saturated run (0: 2 × the batch cap × the "
                                      "workers)", unit="clients", ge=0)
