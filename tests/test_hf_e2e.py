@@ -71,6 +71,7 @@ def test_the_run_records_its_thread_plan_and_the_machine_beside_it(runs):
     facts = next(iter(summary["settings"]["workers"].values()))
     expected = plan(AUTO_POLICY)
     assert facts["thread_policy"] == "auto" and facts["intra_op_threads"] == expected.threads
+    assert facts["torch_threads"] == expected.threads  # read back in the worker's process
     assert facts["omp_wait_policy"] == "passive"
     beside = summary["interference"]
     assert beside["cores"] >= 1 and beside["samples"] >= 2 and beside["other_cores"] >= 0

@@ -8,6 +8,7 @@ The worker never reads the strategy: the front end resolves it (scheduler.strate
 passes the mode it needs (static or continuous) and the most rows it runs at once.
 """
 import os
+import sys
 
 from batchlab.protocol.plugins import BACKEND_GROUP, Registry
 from batchlab.protocol.settings import ConfigError, RunConfig
@@ -54,5 +55,6 @@ def make_placed_backend(cfg: RunConfig, mode: str, rows: int) -> Backend:
     threads = place_worker(cfg)
     backend = make_backend(cfg, mode, rows)
     if threads is not None:
-        backend.info.facts.update(threads.facts())
+        torch = sys.modules.get("torch")  # what the model's operators really run on, read back
+        backend.info.facts.update(threads.facts(), torch_threads=torch.get_num_threads() if torch else None)
     return backend
