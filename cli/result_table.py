@@ -61,7 +61,7 @@ def table(summary: Summary) -> Table:
 def point_line(summary: Summary) -> str:
     """A finished sweep point's figures on one line, from the same summary as the end-of-run table."""
     beside = read_interference(summary.interference)
-    busy = f"; ⚠ {beside.text()}" if beside is not None and beside.disturbed else ""
+    busy = "" if beside is None else f"; other work {beside.other_cores:.2f} cores" + (" ⚠" if beside.disturbed else "")
     return (f"served {summary.requests_per_s:.2f} req/s, {summary.throughput_tok_s:,.1f} tok/s, "
             f"TTFT p50 {_ms(summary.ttft.p50)} ms, E2E p50 {_ms(summary.e2e.p50)} ms, "
             f"{summary.finished}/{summary.scheduled} finished{busy}")
