@@ -90,7 +90,8 @@ def test_other_work_beside_a_run_is_shown_and_warned_about_past_a_quarter_of_a_c
     assert any(ln.startswith("the machine was busy: other work 1.02 of 2 cores (peak 1.10)") for ln in lines)
     console = Console(record=True, width=120)
     console.print(table(_summary(interference=busy)))
-    assert "other work on this machine (cores)" in console.export_text() and "1.02 of 2 ⚠" in console.export_text()
+    text = console.export_text()
+    assert "other work on this machine (cores)" in text and "1.02 of 2 ⚠" in text
     assert point_line(_summary(interference=busy)).endswith("other work 1.02 cores ⚠")
     quiet = {**busy, "other_cores": 0.04, "other_peak_cores": 0.1, "disturbed": False}
     assert warnings(_summary(interference=quiet)) == [] and point_line(_summary(interference=quiet)).endswith(
