@@ -277,20 +277,17 @@ class Capacity:
 def bracket(probes: list[Probe], ceiling: float | None = None,
             judged_only: bool = False) -> tuple[float | None, float | None]:
     """(highest sustained nominal rate below the lowest one not known to be sustained, that lowest rate): a
-    rate not sustained, or one a probe could not judge (with `judged_only`: only a rate not sustained; the
-    highest sustained is the same); `ceiling`: an offered rate known not to be sustained without measuring it
-    (μ's upper bound), taken to nominal by the probes' nominal ÷ offered (every probe replays the same
-    schedule, scaled)."""
-    doubtful = [p.rate_req_s for p in probes if not p.verdict.sustained]
+    rate not sustained, or one a probe could not judge (with `judged_only`: only a rate judged not sustained,
+    so an undecided rate neither bounds the bracket nor hides a sustained one above it); `ceiling`: an
+    offered rate known not to be sustained without measuring it (μ's upper bound), taken to nominal by the
+    probes' nominal ÷ offered (every probe replays the same schedule, scaled)."""
+    doubtful = [p.rate_req_s for p in probes if (p.verdict.failed if judged_only else not p.verdict.sustained)]
     if ceiling:  # the nominal rate whose schedule offers it, as the probes' schedules did (1:1 before any)
         nominal_share = [p.rate_req_s / p.offered_req_s for p in probes]
         doubtful.append(ceiling * float(np.mean(nominal_share)) if probes else ceiling)
     top = min(doubtful, default=None)
     lo = max((p.rate_req_s for p in probes if p.verdict.sustained and (top is None or p.rate_req_s < top)),
              default=None)
-    if judged_only:
-        failing = [p.rate_req_s for p in probes if p.verdict.failed and (lo is None or p.rate_req_s > lo)]
-        top = min(failing, default=None)
     return lo, top
 
 
@@ -306,7 +303,8 @@ def capacity_of(label: str, probes: list[Probe], start_req_s: float | None = Non
     if lo_offered is not None and hi_offered is not None and lo_offered >= hi_offered:
         lo_offered = None  # sustained only above μ's bound: the verdict had no ceiling (grid rates, no μ)
     doubts = [p.offered_req_s for p in probes if not p.verdict.judged and (lo_offered is None or p.offered_req_s >
-                                                                           lo_offered)]
+                                                                           lo_offered)
+              and (hi_offered is None or p.offered_req_s < hi_offered)]
     return Capacity(label, lo_offered, hi_offered, probes, start_req_s, saturated=saturated,
                     undecided_req_s=min(doubts, default=None))
 
