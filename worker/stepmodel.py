@@ -183,7 +183,7 @@ def save_preset(model: StepModel, path: str | Path, record: dict | None = None) 
 def get_preset(name: str) -> StepModel:
     """A preset by name (PRESETS, a file shipped in PRESET_DIR, or a GPU preset GPU-MODEL-KIND of
     worker.gpu_presets) or a preset file's path (.yaml/.yml), or ValueError naming the choices."""
-    from batchlab.worker.gpu_presets import gpu_preset  # it builds on StepModel: imported when asked
+    from batchlab.worker.gpu_presets import gpu_preset  # the GPUs' table and terms: read when a name asks
 
     if name in PRESETS:
         return PRESETS[name]
@@ -193,7 +193,7 @@ def get_preset(name: str) -> StepModel:
         return load_preset(name)
     on_gpu = gpu_preset(str(name))
     if on_gpu is not None:
-        return on_gpu
+        return StepModel(**on_gpu)
     names = [*PRESETS, *sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))]  # PRESETS' and the shipped files'
     raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(names)}, a GPU preset GPU-MODEL-KIND "
                      f"such as rtx3090-mistral-7b-vllm (docs/simulator.md), or a preset file's path)")
