@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batchlab import api  # noqa: E402
-from benchmarks.gpu_validate import LABELS, validate  # noqa: E402
+from benchmarks.gpu_validate import LABELS, MEDIAN_BAR, WORST_BAR, validate  # noqa: E402
 from benchmarks.publish_report import publish  # noqa: E402
-from batchlab.simulator.published import group_errors  # noqa: E402
+from batchlab.simulator.published import group_errors, meets  # noqa: E402
 
 PLAN = ROOT / "configs" / "gpu.yaml"
 NAME = "gpu-3090-simulated"
@@ -38,13 +38,16 @@ def commit() -> str:
 
 
 def validation_line(rows: list) -> str:
-    """The held-back check set's error, per group, in one sentence."""
+    """The held-back check set's error, per group, in one sentence, with the bar's verdict."""
     errors = group_errors(rows, "check")
     configs = {r.measurement for r in rows if r.split == "check"}
     gpus = sorted({r.gpu for r in rows if r.split == "check"})
     parts = [f"{LABELS[e.group]} median {e.median:.0%} (worst {e.worst:.0%}, {e.count} figures)" for e in errors]
+    met = [LABELS[e.group] for e in errors if meets([e], MEDIAN_BAR, WORST_BAR)]
+    verdict = (f"the bar (median ≤ {MEDIAN_BAR:.0%}, worst ≤ {WORST_BAR:.0%}) is met for "
+               f"{', '.join(met) if met else 'no group'}")
     return (f"against {len(configs)} held-back published configurations on {len(gpus)} GPU types "
-            f"({', '.join(gpus)}): " + "; ".join(parts))
+            f"({', '.join(gpus)}): " + "; ".join(parts) + f"; {verdict}")
 
 
 def header(rows: list, presets: str) -> str:
