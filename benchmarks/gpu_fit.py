@@ -3,14 +3,15 @@
     python benchmarks/gpu_fit.py                         # fit, print the fit set's errors, write the terms file
     python benchmarks/gpu_fit.py --dry-run               # fit and print only
 
-The parameters (worker/gpu_presets.py): η_mem per GPU generation and η_flop, shared by every engine version (the
-GPU kernels' reach of the datasheet figures), and per engine version (a measurement's `terms`) the per-step
+The parameters (worker/gpu_presets.py): η_mem and η_flop per GPU die, shared by every engine version (the GPU
+kernels' reach of the datasheet figures), and per engine version (a measurement's `terms`) the per-step
 overhead c_step, the per-row overhead c_row and, for runs through its HTTP server, the per-request front-end
 cost. The objective is the sum of absolute log errors of the fit set's scored figures, each configuration
 replayed in the simulator (simulator.published.replay); the search is a bounded pattern search in log space,
-block by block (the efficiencies, then each engine's terms). The check set is never read. The HF presets' terms come from the presets'
-vLLM terms plus the one published difference between HF generate() and vLLM per-token latency (HF_STEP_EXTRA_S).
-It takes about 5 minutes on a 2-core VM (every evaluation replays the 11 fit configurations).
+block by block (the efficiencies, then each engine's terms). The check set is never read. The HF presets' terms
+come from the presets' vLLM terms plus the one published difference between HF generate() and vLLM per-token
+latency (HF_STEP_EXTRA_S). It takes about 5 minutes on a 2-core VM (an evaluation replays the 11 fit
+configurations).
 """
 import argparse
 import datetime
@@ -25,7 +26,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batchlab.simulator.published import Measurement, group_errors, load_measurements, replay, rows_of, step_model  # noqa: E402,E501
+from batchlab.simulator.published import (Measurement, group_errors, load_measurements, replay,  # noqa: E402
+                                          rows_of, step_model)
 from batchlab.worker.gpu_presets import TERMS_FILE, Efficiency, EngineTerms, Terms  # noqa: E402
 from batchlab.worker.gpus import get_gpu  # noqa: E402
 

@@ -145,8 +145,10 @@ def _measurement(spec: dict, source: dict, samples: dict) -> Measurement:
         load["mode"], prompts, outputs, int(load.get("concurrency", 0)), float(load.get("rate", math.inf)),
         int(load.get("seed", 0)), int(spec.get("max_num_seqs", source.get("max_num_seqs", 256))),
         int(spec.get("step_tokens", source.get("step_tokens", 0))), int(spec.get("kv_tokens", 0)),
-        bool(source.get("serving", True)), [Figure(f["metric"], float(f["value"]), f.get("where", ""), bool(f.get("scored", True)))
-         for f in spec["figures"]], spec.get("notes", ""))
+        bool(source.get("serving", True)),
+        [Figure(f["metric"], float(f["value"]), f.get("where", ""), bool(f.get("scored", True)))
+         for f in spec["figures"]],
+        spec.get("notes", ""))
     _check(m)
     return m
 
