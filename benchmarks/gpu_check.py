@@ -304,13 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     # 3.-4. simulate the plan, split the error, calibrate from the sweep's runs
     if len(presets) == len(MODES):
         facts["simulated"] = phases.run("simulate", simulate_plan, plan_file, presets, out / "simulated")
+        facts["split"] = phases.run("split", split, sweep, presets, out / "fidelity")
     shipped = shipped_presets(facts["environment"].get("gpu", ""), model)
     if shipped:  # the published-data presets of this GPU, never fitted to it, against the live points
         facts["shipped_presets"] = shipped
         facts["simulated_shipped"] = phases.run("simulate with the shipped GPU presets", simulate_plan, plan_file,
                                                 shipped, out / "simulated-shipped")
         facts["shipped_error"] = against_live(facts.get("live") or [], facts["simulated_shipped"] or [])
-        facts["split"] = phases.run("split", split, sweep, presets, out / "fidelity")
     facts["from_runs"] = phases.run("calibrate --from the sweep", calibrate_from_sweep, sweep, out / "presets")
     for other in models[:-1]:  # the other models' calibrations, while time is left
         for mode in MODES:

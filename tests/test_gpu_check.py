@@ -39,6 +39,19 @@ def test_the_shipped_gpu_presets_are_found_for_this_gpu_and_a_random_architectur
     assert gpu_check.shipped_presets("NVIDIA H100 80GB HBM3", "tiny-mistral") is None  # a model with no preset
 
 
+def test_the_plan_simulates_with_the_shipped_gpu_presets(tmp_path):
+    plan = gpu_check.gpu_plan(FULL, "tiny-mistral", "cpu", [5.0], 1.0, True, {"dataset": "synthetic"})
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(yaml.safe_dump(plan))
+    rows = gpu_check.simulate_plan(plan_file, gpu_check.shipped_presets("NVIDIA H200", "mistral-7b-v0.1:random"),
+                                   tmp_path / "simulated-shipped")
+    assert {r["label"] for r in rows} == {"naive", "dynamic", "continuous"}
+    assert all(r["finished"] == r["submitted"] > 0 for r in rows)
+    config = next((tmp_path / "simulated-shipped" / "strategy=continuous").glob("rate=*/repeat=*/config.yaml"))
+    played = yaml.safe_load(config.read_text())["preset"]
+    assert played == "h200-mistral-7b-hf-loop"
+
+
 def test_simulated_points_are_set_beside_their_live_twins():
     live = [{"label": "naive", "rate": 5.0, "throughput_tok_s": 100.0, "ttft_p50": 0.2, "e2e_p50": 2.0},
             {"label": "dynamic", "rate": 5.0, "throughput_tok_s": 120.0, "ttft_p50": 0.1, "e2e_p50": None}]
