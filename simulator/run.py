@@ -231,10 +231,11 @@ END_REASON = "simulated"
 def sim_worker(cfg: RunConfig, strategy: Strategy) -> SimBackend:
     """The live `sim` worker of this config (worker.sim.SimBackend.from_config: its step model and info);
     for --backend echo, one that plays the echo backend's zero-time preset and reports as `echo`, with the
-    run's per-step token budget and speed factor (--speed-noise) all the same."""
+    run's per-step token budget and speed factor (--speed-noise) all the same. A run on the vllm backend holds
+    --max-num-seqs rows, as the live vLLM worker announces (worker.vllm_engine), when it is set."""
     echo = cfg.backend == "echo"
-    worker = SimBackend.from_config(cfg.model_copy(update={"preset": "echo"}) if echo else cfg, strategy.mode,
-                                    strategy.rows)
+    rows = cfg.max_num_seqs if cfg.backend == "vllm" and cfg.max_num_seqs else strategy.rows
+    worker = SimBackend.from_config(cfg.model_copy(update={"preset": "echo"}) if echo else cfg, strategy.mode, rows)
     worker.info.backend = "echo" if echo else "sim"
     return worker
 

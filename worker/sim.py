@@ -115,7 +115,8 @@ class ContinuousCore:
         step = self.step_no
         counts = self._chunks()
         done = [row for row, n in zip(self.prefilling, counts) if row[3] + n >= row[1]]
-        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(counts))
+        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(counts),
+                                      len(self.rows), sum(counts))
         for row, n in zip(self.prefilling, counts):
             row[3] += n
         self.prefilling = self.prefilling[len(done):]  # the oldest rows finish their prompts first
