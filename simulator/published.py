@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from batchlab.protocol.errors import PublishedError
 from batchlab.models.archs import ARCHS, kv_bytes_per_token
 from batchlab.protocol.settings import RunConfig
 from batchlab.simulator.run import simulate
@@ -41,10 +42,6 @@ GROUP_ORDER = ("throughput", "tpot", "ttft")
 SPLITS = ("fit", "check")
 LOADS = ("batch", "closed", "open")
 NEVER_S = 1e9  # a closed loop's traffic duration: every request of the sample is sent
-
-
-class PublishedError(ValueError):
-    """A measurement file that cannot be read as configurations; one line."""
 
 
 @dataclass(slots=True)
