@@ -117,7 +117,7 @@ class LiveSearch:
     def __init__(self, plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
                  disturbed: Disturbances | None = None) -> None:
         self.plan, self.out, self.s, self.pools, self.view = plan, out, settings, pools, view
-        self.disturbed = disturbed or Disturbances(plan.rerun_disturbed)
+        self.disturbed = disturbed or Disturbances.measured(plan.rerun_disturbed)
 
     def _run(self, point: Point, base: dict, what: str, extension: bool = False) -> dict:
         tick = self.view.ticker(point, what) if self.view else None  # resume: a probe that measured what

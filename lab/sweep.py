@@ -66,7 +66,7 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
             shutil.rmtree(out_dir / stale, ignore_errors=True)
         (out_dir / CAPACITY_FILE).unlink(missing_ok=True)
     mixed = interleaved(plan)
-    disturbed = Disturbances(plan.rerun_disturbed)
+    disturbed = Disturbances.measured(plan.rerun_disturbed)
     with PoolKeeper(out_dir / WORKERS_DIR, keep_all=mixed) as pools:
         capacity, rates = auto_capacity(plan, out_dir, pools, view, disturbed) if plan.auto else (None, plan.rates)
         if capacity:

@@ -48,3 +48,17 @@ def test_off_by_default_and_a_failed_or_unmetered_run_is_never_repeated():
     d = Disturbances(tries=3)
     assert d.run("failed", lambda: record(1.9, status="failed")).get("reran") is None
     assert d.run("unmetered", lambda: {"status": "done"}).get("reran") is None
+
+
+def test_a_neighbour_there_before_the_sweep_is_its_usual_from_the_first_run():
+    d = Disturbances(tries=1, baseline_cores=0.98)  # one CPU-bound process already running
+    assert "reran" not in d.run("first", lambda: record(1.0)) and d.reran == []
+    quiet_start = Disturbances(tries=1, baseline_cores=0.02)
+    results = iter([record(1.0), record(0.03)])
+    assert quiet_start.run("first", lambda: next(results))["reran"] == 1  # a burst since the sweep began
+
+
+def test_the_background_is_read_before_a_sweep_only_when_it_may_rerun():
+    assert Disturbances.measured(0).baseline_cores is None
+    measured = Disturbances.measured(1)
+    assert measured.tries == 1 and measured.baseline_cores is not None and measured.baseline_cores >= 0
