@@ -15,6 +15,7 @@ import pandas as pd
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
 from batchlab.lab.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
+from batchlab.collector.capacity import WARMUP_SHARE as CAPACITY_WARMUP_SHARE
 from batchlab.collector.capacity import (Capacity, Probe, Verdict, arrival_cv2, search, start_below, sustain,
                                         tokens_per_request)
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR, point_dir, saturated_dir
@@ -105,9 +106,9 @@ def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates)
 
 
 def probe_duration_s(rate: float, s: AutoRates) -> float:
-    """A probe's traffic: search_duration_s, or long enough for search_requests arrivals at `rate` (a queue's
-    trend read from a dozen arrivals says nothing)."""
-    return max(s.search_duration_s, s.search_requests / rate)
+    """A probe's traffic: search_duration_s, or long enough for search_requests arrivals at `rate` after its
+    warm-up quarter, the part its verdict judges (a queue's trend read from a dozen arrivals says nothing)."""
+    return max(s.search_duration_s, s.search_requests / (rate * (1 - CAPACITY_WARMUP_SHARE)))
 
 
 class LiveSearch:

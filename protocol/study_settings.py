@@ -32,8 +32,8 @@ class CapacitySettings(Section, title="Capacity search"):
                                      "workers)", unit="clients", ge=0)
     search_duration_s: float = setting(10.0, "traffic per capacity probe (its queue drains after)", unit="s",
                                        flag="--duration", old_flag="--duration-s", gt=0)
-    search_requests: int = setting(60, "a probe runs long enough for this many arrivals at its rate (a queue's "
-                                   "trend read from a dozen says nothing)", unit="requests", gt=0)
+    search_requests: int = setting(60, "a probe runs long enough for this many arrivals after its warm-up quarter "
+                                   "(a queue's trend read from a dozen says nothing)", unit="requests", gt=0)
     width: float = setting(WIDTH, "stop when hi / lo ≤ 1 + width", gt=0)
     max_probes: int = setting(MAX_PROBES, "at most this many probes per strategy", gt=0)
 
