@@ -34,7 +34,7 @@ def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view,
     from batchlab.lab.capacity_search import run_capacity
 
     doc = run_capacity(plan, out, plan.auto, pools, view, disturbed=disturbed)
-    estimates = {lb: c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for lb, c in doc["strategies"].items()}
+    estimates = {lb: placing_rate(c) for lb, c in doc["strategies"].items()}
     known = [v for v in estimates.values() if v]
     if not known:
         raise SweepError("no strategy's capacity could be bracketed: every probe failed")
@@ -44,6 +44,13 @@ def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view,
     if not estimates.get(wanted):
         raise SweepError(f"grid.rates.auto.probe: no capacity measured for a strategy labelled {wanted!r}")
     return doc, auto_rates(estimates[wanted], plan.auto.fractions)
+
+
+def placing_rate(c: dict) -> float | None:
+    """The rate that places a strategy's knee among the grid's: its capacity estimate, else the highest rate
+    it sustained, else its μ (no rate judged sustained: μ, not μ's upper bound, which a few noisy repeats can
+    put orders of magnitude off), else the lowest rate not sustained."""
+    return c["estimate_req_s"] or c["lo_req_s"] or (c.get("saturated") or {}).get("req_s") or c["hi_req_s"]
 
 
 def _bracket_text(c: dict) -> str:
