@@ -12,7 +12,9 @@ from batchlab.protocol.settings import parse_bytes
 from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput, lockstep_output
 from batchlab.worker.hf.chunks import plan_chunks
 from batchlab.worker.machine_noise import MachineNoise, of_config
+from batchlab.worker.step_plan import StepPlan
 from batchlab.worker.stepmodel import StepModel, get_preset, speed_factor
+from batchlab.worker.vllm_v0 import V0Core
 
 FAKE_VOCAB = 32000
 
@@ -42,25 +44,6 @@ def step_ends(start_s: float, durations: list[float], noise=None, origin_s: floa
         t += duration * (noise.factor(t - origin_s) if noise is not None else 1.0)
         ends.append(t)
     return ends
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """One planned continuous step: its duration, who joined (prefilled) and who finished in it.
-
-    `request_ids[i]` yields its `token_indices[i]`-th token at the step's end (filled only when asked:
-    the simulator needs no per-row lists)."""
-
-    step: int
-    duration_s: float
-    joined: list[int]  # request ids prefilled in this step (their token 0 ends it)
-    finished: list[int]  # request ids whose last token ends this step
-    running: int  # rows in the step, joiners included
-    prefill_tokens: int = 0  # prompt tokens prefilled in it (its chunks: whole prompts without a budget)
-    request_ids: list[int] = field(default_factory=list)
-    token_indices: list[int] = field(default_factory=list)
-    # a core whose running rows skip some steps (every_step False): each finisher's token step numbers, in order
-    token_steps: dict[int, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -179,8 +162,6 @@ def make_core(model: StepModel, max_rows: int = 0, kv_budget_bytes: int = 0):
     """The timing core of a continuous worker playing `model`: vLLM V0's (worker.vllm_v0.V0Core: prompt-only
     steps, its KV pool of `kv_budget_bytes` in blocks) when the model says `prefill_alone`, else ContinuousCore."""
     if model.prefill_alone:
-        from batchlab.worker.vllm_v0 import V0Core  # it builds on this module's StepPlan
-
         per_token = model.kv_bytes_per_token
         return V0Core(model, max_rows=max_rows, kv_tokens=kv_budget_bytes // per_token if per_token else 0)
     return ContinuousCore(model, max_rows=max_rows)

@@ -25,7 +25,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from batchlab.worker.sim import StepPlan
+from batchlab.worker.step_plan import StepPlan
 from batchlab.worker.stepmodel import StepModel
 
 KV_BLOCK_TOKENS = 16  # vLLM's default --block-size
