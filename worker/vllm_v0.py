@@ -53,7 +53,6 @@ class _Seq:
         return self.prompt_len + self.generated
 
 
-
 @dataclass
 class V0Core:
     """vLLM V0's step rules (module docstring), with the same interface as worker.sim.ContinuousCore."""
