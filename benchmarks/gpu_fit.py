@@ -165,6 +165,8 @@ def _plain(t: EngineTerms) -> dict:
     if t.request_overhead_s:
         out["request_overhead_s"] = float(f"{t.request_overhead_s:.4g}")
     out.update(step_tokens=t.step_tokens, fused=t.fused)
+    if t.prefill_alone:
+        out["prefill_alone"] = True
     if t.front_end_blocks:
         out["front_end_blocks"] = True
     if t.padded:

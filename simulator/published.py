@@ -27,7 +27,9 @@ import yaml
 
 from batchlab.protocol.errors import PublishedError
 from batchlab.models.archs import ARCHS, kv_bytes_per_token
+from batchlab.protocol import RequestMsg
 from batchlab.protocol.settings import RunConfig
+from batchlab.scheduler.policies import Capacity, Decision
 from batchlab.simulator.run import simulate
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.gpu_presets import Terms, step_model_for
@@ -188,6 +190,37 @@ def _check(m: Measurement) -> None:
 
 
 # --- replaying one configuration --------------------------------------------------------------------------
+@dataclass(slots=True)
+class DirectParams:
+    """direct's parameter: the engine's --max-num-seqs (the run's max_batch_size)."""
+
+    max_batch_size: int = 256
+
+
+class Direct:
+    """A benchmark client talking to the engine's server, with no batchlab scheduler between: each request goes to
+    the engine as soon as it has a row for it (--max-num-seqs); no KV credit is reserved (the engine's own pool
+    admits it: a `prefill_alone` model's paged pool, worker.vllm_v0)."""
+
+    name = "direct"
+    mode = "continuous"
+    Params = DirectParams
+
+    def __init__(self, params: DirectParams) -> None:
+        self.rows = params.max_batch_size
+
+    def decide(self, queue: list[RequestMsg], now: float, cap: Capacity, end_of_stream: bool) -> Decision:
+        """As many of `queue` as the worker has free rows for."""
+        n = min(len(queue), max(0, min(cap.free_slots, self.rows)))
+        return Decision(n, "direct") if n else Decision()
+
+    def on_batch_done(self, size: int, oom: bool) -> None:
+        """Rows come back through the capacity the scheduler reports."""
+
+
+DIRECT = f"{__name__}:Direct"
+
+
 def step_model(m: Measurement, terms: Terms) -> StepModel:
     """The step model the configuration plays: its GPU's datasheet and generation, its model, its engine's terms."""
     return StepModel(**step_model_for(f"{m.gpu}-{m.model}-{m.terms}", m.gpu, m.model, m.terms, terms))
@@ -229,9 +262,10 @@ def schedule_of(m: Measurement, offsets_s: np.ndarray) -> Schedule:
 
 
 def run_config(m: Measurement, preset: Path, think_s: float = 0.0) -> RunConfig:
-    """The simulated run: the vLLM strategy on the `sim` backend playing `preset`, the configuration's load
-    (`think_s`: a closed loop's clients wait this long before each request, the front end's cost)."""
-    values = dict(strategy="vllm", backend="sim", preset=str(preset), dataset="synthetic", seed=m.seed,
+    """The simulated run: the benchmark's requests straight to the engine (Direct) on the `sim` backend playing
+    `preset`, the configuration's load (`think_s`: a closed loop's clients wait this long before each request, the
+    front end's cost); the KV pool the source reports, when it does, is the worker's budget."""
+    values = dict(strategy=DIRECT, backend="sim", preset=str(preset), dataset="synthetic", seed=m.seed,
                   max_batch_size=m.max_num_seqs, max_num_seqs=m.max_num_seqs, max_new_tokens=max(m.outputs + [1]),
                   max_prompt_len=max(m.prompts), num_requests=len(m.prompts), max_queue=0, stall_limit_s=0.0,
                   out=str(preset.parent / "run"))

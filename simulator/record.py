@@ -44,6 +44,7 @@ class _Span:
     source: object  # np.ndarray of step ends (static batch) or a worker id (continuous)
     start: int  # index of the request's first token in `source`
     n_tokens: int
+    steps: list[int] | None = None  # the step indices of its tokens in `source`, when not consecutive
 
 
 @dataclass(slots=True)
@@ -63,6 +64,10 @@ class Recorder:
         ends = self.step_ends.setdefault(worker, [])
         self.spans.append(_Span(request_id, batch_id, worker, len(ends), max(output_len, 1)))
 
+    def at_steps(self, worker: str, request_id: int, batch_id: int, steps: list[int]) -> None:
+        """A continuous row whose tokens came at these steps of its worker (a core whose rows skip steps)."""
+        self.spans.append(_Span(request_id, batch_id, worker, 0, len(steps), steps))
+
     def step_end(self, worker: str, time_s: float) -> None:
         """A continuous step of `worker` ended."""
         self.step_ends.setdefault(worker, []).append(time_s)
@@ -72,7 +77,7 @@ class Recorder:
         out = []
         for s in sorted(self.spans, key=lambda s: s.request_id):
             src = arrays[s.source] if isinstance(s.source, str) else s.source
-            out.append((s, src[s.start: s.start + s.n_tokens]))
+            out.append((s, src[s.steps] if s.steps is not None else src[s.start: s.start + s.n_tokens]))
         return out
 
     def attach(self, store: RunStore) -> pd.DataFrame:

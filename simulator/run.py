@@ -38,7 +38,7 @@ from batchlab.simulator.record import Recorder
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.backend import Row, worker_hello  # worker_hello: the one hello builder (one sim BackendInfo)
-from batchlab.worker.sim import ContinuousCore, SimBackend, StepPlan, static_step_durations, step_ends
+from batchlab.worker.sim import SimBackend, StepPlan, make_core, static_step_durations, step_ends
 from batchlab.worker.stepmodel import StepModel
 
 ARRIVAL, WAKE, BATCH_END, STEP_END, CLIENT = range(5)
@@ -57,7 +57,7 @@ class Simulation:
                                   stall_limit_s=stall_limit_s)
         for h in hellos:
             self.core.on_hello(h.worker_id, h, 0.0)
-        self.steppers = {h.worker_id: ContinuousCore(model, max_rows=h.max_batch_size)
+        self.steppers = {h.worker_id: make_core(model, h.max_batch_size, h.kv_budget_bytes)
                          for h in hellos if h.mode == "continuous"}
         self.stepping: dict[str, tuple[float, StepPlan]] = {}  # worker -> (start_s, plan)
         self.admitted: dict[int, tuple[int, float, int]] = {}  # rid -> (batch_id, admit_s, output_len)
@@ -205,8 +205,9 @@ class Simulation:
             self.steppers[launch.worker_id].admit(r.request_id, r.prompt_len, r.output_len)
 
     def _start_step(self, wid: str, t: float) -> None:
-        plan = self.steppers[wid].plan_step()
-        for rid in plan.joined:
+        stepper = self.steppers[wid]
+        plan = stepper.plan_step()
+        for rid in plan.joined if stepper.every_step else ():  # else its finishers' steps come with the plan
             batch_id, _, output_len = self.admitted[rid]
             self.recorder.joined(wid, rid, batch_id, output_len)
         self.stepping[wid] = (t, plan)
@@ -219,6 +220,8 @@ class Simulation:
                                plan.prefill_tokens))
         for rid in plan.finished:
             batch_id, admit_s, _ = self.admitted.pop(rid)
+            if rid in plan.token_steps:
+                self.recorder.at_steps(wid, rid, batch_id, plan.token_steps[rid])
             self._done(BatchDone(batch_id, wid, admit_s, t, [rid]))
         if self.steppers[wid].has_work():  # like worker/process.py: the next step starts at once, with the
             self._start_step(wid, t)  # rows dispatched before now; the scheduler's answer joins later

@@ -1,14 +1,18 @@
 """simulator/published.py: reading published configurations, replaying them in the simulator with known step models,
 the front end, the benchmark's metrics, and the validation table's arithmetic on a small fixed set."""
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from batchlab.simulator.published import (Measurement, PublishedError, Row, front_end, group_errors,
-                                          load_measurements, meets, replay)
+from batchlab.models.archs import ARCHS, kv_bytes_per_token
+from batchlab.protocol import RequestMsg
+from batchlab.scheduler.policies import Capacity
+from batchlab.simulator.published import (Direct, DirectParams, Measurement, PublishedError, Row, front_end,
+                                          group_errors, load_measurements, meets, replay)
 from batchlab.worker.stepmodel import StepModel
 
 SHIPPED = Path(__file__).resolve().parent.parent / "benchmarks" / "published" / "measurements.yaml"
@@ -93,6 +97,26 @@ def test_a_closed_loop_keeps_at_most_its_clients_running():
     p = replay(m, KNOWN).metrics
     two_rows = 0.002 + 0.001 + 2 * 1e-4
     assert p["tpot_median_s"] == pytest.approx(two_rows)  # never more than 2 rows in a step
+
+
+def test_direct_forwards_as_many_as_the_rows_take_whatever_the_kv_credit():
+    policy = Direct(DirectParams(max_batch_size=3))
+    queue = [RequestMsg(i, 0.0, 0.0, 1000, 1000) for i in range(5)]
+    assert policy.decide(queue, 0.0, Capacity(2, 0, 1, False), False).n == 2  # no KV left: still the free rows
+    assert policy.decide(queue, 0.0, Capacity(9, 10**9, 1, True), False).n == 3  # never past --max-num-seqs
+
+
+def test_a_v0_replay_admits_prompts_by_blocks_and_preempts_where_a_reservation_would_hold_requests_back():
+    # 4 prompts of 96 tokens (6 blocks each) and 64 outputs in a pool of 30 blocks: all 4 prompts fit at once
+    # (a whole-request reservation, 160 tokens each, would start 3), then their growth runs the pool out
+    kv = kv_bytes_per_token(ARCHS["mistral-7b-v0.1"], 2)  # the pool in blocks needs the model's bytes per token
+    v0 = replace(KNOWN, prefill_alone=True, fused=False, kv_bytes_per_token=kv)
+    m = _measurement(prompts=[96] * 4, outputs=[64] * 4, kv_tokens=30 * 16)
+    p = replay(m, v0).metrics
+    prefill_s = 0.002 + 0.001 + 4 * 96 * 1e-5
+    assert p["ttft_median_s"] == pytest.approx(prefill_s)  # one prompt-only step for all four
+    roomy = replay(_measurement(prompts=[96] * 4, outputs=[64] * 4), v0).metrics
+    assert p["tpot_mean_s"] > roomy["tpot_mean_s"]  # a preempted row waits and is prefilled again
 
 
 def _write(tmp_path, configurations, samples=None) -> Path:

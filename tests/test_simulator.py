@@ -8,6 +8,8 @@ further step. In continuous mode ContinuousCore runs the joiners' prefill inside
 decodes the running rows, so such a mixed step lasts 1 s (decode) + 1 s (prefill) = 2 s here, and the
 example's integer arrivals tie with step ends (see the continuous test for how ties resolve).
 """
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -113,12 +115,15 @@ class _LoggingStore(RunStore):
         super().handle(msg)
 
 
-@pytest.mark.parametrize("policy", [Naive(3), Dynamic(4, 1.5, 8), Continuous(ROOM)], ids=lambda p: p.name)
-def test_fast_tables_equal_the_collectors_own_from_token_messages(policy):
+@pytest.mark.parametrize("policy,model", [(Naive(3), UNIT), (Dynamic(4, 1.5, 8), UNIT), (Continuous(ROOM), UNIT),
+                                          (Continuous(ROOM), replace(UNIT, prefill_alone=True))],
+                         ids=["naive", "dynamic", "continuous", "continuous-v0"])
+def test_fast_tables_equal_the_collectors_own_from_token_messages(policy, model):
     frame = pd.DataFrame({"request_id": range(12), "arrival_offset_s": [0.3 * i for i in range(12)],
-                          "prompt_len": [1 + i % 3 for i in range(12)], "output_len": [1 + (5 * i) % 7 for i in range(12)]})
+                          "prompt_len": [1 + i % 3 for i in range(12)],
+                          "output_len": [1 + (5 * i) % 7 for i in range(12)]})
     hellos = [hello(policy.mode)]
-    sim = Simulation(policy, UNIT, hellos, frame, settings={"strategy": policy.name})
+    sim = Simulation(policy, model, hellos, frame, settings={"strategy": policy.name})
     sim.store = _LoggingStore()
     store = sim.run()
     fast = build_tables(store, frame, {"ttft": 3.0}, tokens=sim.recorder.attach(store))
@@ -166,3 +171,22 @@ def test_a_vllm_run_holds_max_num_seqs_rows_as_the_live_vllm_worker_announces():
     assert sim_worker(unset, resolve(unset)).info.max_batch_size == 8  # 0: the row cap, as live
     hf = RunConfig(strategy="continuous", max_batch_size=8, max_num_seqs=64, out=".")
     assert sim_worker(hf, resolve(hf)).info.max_batch_size == 8  # not a vllm run: its own row cap
+
+
+def test_vllm_v0_steps_run_a_waiting_prompt_alone_and_the_running_rows_wait():
+    """vLLM V0 (prefill_alone: worker.vllm_v0): a step with a dispatched prompt prefills only it. [0,1) A prefill;
+    [1,2) A (B dispatched at 1); [2,3) B prefill, A waits; [3,4) [4,5) A + B, B done; [5,6) A (C dispatched at 5);
+    [6,7) C prefill; [7,8) D prefill; [8,9) E prefill; [9,10) A, C, D, E: A and D done; [10,11); [11,12) C done;
+    [12,13) E done."""
+    hellos = [hello("continuous")]
+    frame = seed_frame()
+    sim = Simulation(Continuous(max_batch_size=ROOM), replace(UNIT, prefill_alone=True), hellos, frame,
+                     settings={"strategy": "continuous"})
+    store = sim.run()
+    tables = build_tables(store, frame, None, tokens=sim.recorder.attach(store))
+    r = tables.requests.set_index("request_id")
+    assert r["first_token_time"].tolist() == [1.0, 3.0, 7.0, 8.0, 9.0]
+    assert r["completion_time"].tolist() == [10.0, 5.0, 12.0, 10.0, 13.0]
+    assert r["n_tokens"].tolist() == NEEDS
+    times = tables.tokens.groupby("request_id")["time"].apply(list)
+    assert times[0] == [1.0, 2.0, 4.0, 5.0, 6.0, 10.0]  # A skips the prompt-only steps [2,3) [6,7) [7,8) [8,9)

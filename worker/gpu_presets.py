@@ -17,7 +17,9 @@ c_step is the per-step fixed cost (CPU scheduling, kernel launches), c_row the p
 output processing): an engine version's terms, shared by every GPU. η_mem and η_flop, the achieved share of the
 datasheet figures, belong to the GPU's die (worker.gpus: the H200 shares the H100's, the L4 the RTX 4090's) and
 are shared by every engine, so a GPU no published run measured still gets a step model. An engine version whose
-scheduler runs a step's prompts and decodes as separate forwards (vLLM's V0 engine: `fused: false`) pays both.
+scheduler runs a step's prompts and decodes as separate forwards (`fused: false`) pays both; vLLM's V0 engine
+(0.4–0.5, chunked prefill off: `prefill_alone`) runs them in separate steps, a step with waiting prompts that fit
+running only them, and pages its KV pool, preempting the newest row when it runs out (worker.vllm_v0).
 An engine's serving front end also costs CPU time per request (HTTP, tokenization) before the request reaches
 the scheduler (`request_overhead_s`; with `front_end_blocks`, as in vLLM 0.4–0.5 whose server and engine share
 one event loop, no step runs while it takes a burst in): the published replays (simulator.published) apply it;
@@ -63,6 +65,7 @@ class EngineTerms:
     step_tokens: int = 0  # the engine's default per-step token budget (0: prompts prefilled whole)
     padded: bool = False  # rows padded to the widest (HF) rather than packed (vLLM)
     fused: bool = True  # a step's decodes and prefill run as one forward
+    prefill_alone: bool = False  # V0's scheduler: prompt-only steps, a paged KV pool, recompute (worker.vllm_v0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +92,7 @@ def engine_step_model(name: str, gpu: GPU, arch: Arch, terms: EngineTerms, eff: 
         prefill_s_per_row=terms.row_overhead_s + 2 * head / flops_s,
         prefill_s_per_token_pair=2 * c["num_hidden_layers"] * hidden / flops_s,
         gemm_s_per_token=2 * (n - head) / flops_s, padded=terms.padded, fused=terms.fused,
-        step_tokens=terms.step_tokens)
+        step_tokens=terms.step_tokens, prefill_alone=terms.prefill_alone)
 
 
 def load_terms(path: Path = TERMS_FILE) -> Terms:

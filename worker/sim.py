@@ -12,7 +12,9 @@ from batchlab.protocol.settings import parse_bytes
 from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput, lockstep_output
 from batchlab.worker.hf.chunks import plan_chunks
 from batchlab.worker.machine_noise import MachineNoise, of_config
+from batchlab.worker.step_plan import StepPlan
 from batchlab.worker.stepmodel import StepModel, get_preset, speed_factor
+from batchlab.worker.vllm_v0 import V0Core
 
 FAKE_VOCAB = 32000
 
@@ -42,23 +44,6 @@ def step_ends(start_s: float, durations: list[float], noise=None, origin_s: floa
         t += duration * (noise.factor(t - origin_s) if noise is not None else 1.0)
         ends.append(t)
     return ends
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """One planned continuous step: its duration, who joined (prefilled) and who finished in it.
-
-    `request_ids[i]` yields its `token_indices[i]`-th token at the step's end (filled only when asked:
-    the simulator needs no per-row lists)."""
-
-    step: int
-    duration_s: float
-    joined: list[int]  # request ids prefilled in this step (their token 0 ends it)
-    finished: list[int]  # request ids whose last token ends this step
-    running: int  # rows in the step, joiners included
-    prefill_tokens: int = 0  # prompt tokens prefilled in it (its chunks: whole prompts without a budget)
-    request_ids: list[int] = field(default_factory=list)
-    token_indices: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -96,6 +81,7 @@ class ContinuousCore:
     finishing: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # step -> [(row key, kv tokens)]
     keys: int = 0  # rows admitted so far (a row's key: a request id may come back after a failure)
     pad_base: dict[int, int] = field(default_factory=dict)  # padded: row key -> its columns − step number
+    every_step = True  # every running row yields a token every step (a row's tokens: consecutive steps)
 
     def admit(self, request_id: int, prompt_len: int, output_len: int) -> None:
         """The row joins at the next step boundary (or later, while `max_rows` rows run)."""
@@ -172,6 +158,15 @@ class ContinuousCore:
         self.context_tokens, self.pad_base = 0, {}
 
 
+def make_core(model: StepModel, max_rows: int = 0, kv_budget_bytes: int = 0):
+    """The timing core of a continuous worker playing `model`: vLLM V0's (worker.vllm_v0.V0Core: prompt-only
+    steps, its KV pool of `kv_budget_bytes` in blocks) when the model says `prefill_alone`, else ContinuousCore."""
+    if model.prefill_alone:
+        per_token = model.kv_bytes_per_token
+        return V0Core(model, max_rows=max_rows, kv_tokens=kv_budget_bytes // per_token if per_token else 0)
+    return ContinuousCore(model, max_rows=max_rows)
+
+
 def with_budget(model: StepModel, step_tokens: int) -> StepModel:
     """`model` with the run's per-step token budget (--max-num-batched-tokens) when it sets one (0: the
     preset's own)."""
@@ -200,8 +195,8 @@ class SimBackend(Backend):
                  model_name: str | None = None, backend: str = "sim", step_tokens: int = 0,
                  speed: float = 1.0) -> None:
         self.model = with_budget(get_preset(preset), step_tokens).scaled(speed)
-        self.core = ContinuousCore(self.model, max_rows=max_batch_size)
         self.info = sim_info(self.model, mode, max_batch_size, backend=backend, model_name=model_name, speed=speed)
+        self.core = make_core(self.model, max_batch_size, self.info.kv_budget_bytes)
         self.noise: MachineNoise | None = None  # the machine's slowdown within a run (--speed-drift, --neighbour-*)
         self.origin_s: float | None = None  # the run's first step: the noise's time 0
 
@@ -211,6 +206,7 @@ class SimBackend(Backend):
         run only when it is set: runner.pool.worker_key); --memory-budget, when set, replaces the preset's KV budget."""
         backend = cls(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens, speed=run_speed(cfg))
         backend.info.kv_budget_bytes = parse_bytes(cfg.memory_budget) or backend.info.kv_budget_bytes
+        backend.reset()  # a paged core's pool is the budget just set
         noise = of_config(cfg)
         if noise.active:
             backend.noise = noise
@@ -258,7 +254,7 @@ class SimBackend(Backend):
 
     def reset(self) -> None:
         """Between runs of a warm worker: no rows left over."""
-        self.core = ContinuousCore(self.model, max_rows=self.info.max_batch_size)
+        self.core = make_core(self.model, self.info.max_batch_size, self.info.kv_budget_bytes)
         self.origin_s = None
 
     def run_facts(self) -> dict:

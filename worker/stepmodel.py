@@ -18,7 +18,9 @@ pads its rows to the widest (HF: generate()'s left padding, the slot cache's wid
 so callers count padding as context when it is set; `fused` that a continuous step's decodes and prefill are
 one forward (the HF slot loop), which pays the fixed cost once; `step_tokens` is the worker's per-step token
 budget (its --max-num-batched-tokens), past which a continuous step prefills a prompt in chunks
-(worker.sim.ContinuousCore). A preset is a name in PRESETS or a YAML file.
+(worker.sim.ContinuousCore); `prefill_alone` that the engine schedules as vLLM's V0 engine does (a step runs
+the waiting prompts that fit alone, else every running row's decode; its KV pool is paged and a row is preempted
+when it runs out: worker.vllm_v0.V0Core). A preset is a name in PRESETS or a YAML file.
 `scaled` and `speed_factor` model a machine whose speed moves from run to run (a busy, shared one): every
 step time of one run multiplied by one seeded factor.
 """
@@ -54,6 +56,7 @@ class StepModel:
     fused: bool = False  # a step's decodes and prefill run as one forward (the HF continuous loop): see fused_s
     step_tokens: int = 0  # a continuous step's token budget, decodes and prefill chunks (0: prompts prefilled whole)
     gemm_s_per_token: float = 0.0  # the roofline: GEMM compute per token (a decode row or a prompt token), see _gemm_s
+    prefill_alone: bool = False  # vLLM V0's scheduling: prompt-only steps, a paged KV pool (worker.vllm_v0)
 
     def _streamed_s(self, nbytes: float) -> float:
         return nbytes / self.bandwidth_Bps if self.bandwidth_Bps > 0 else 0.0
