@@ -15,10 +15,10 @@ PLAN = {  # what a sweep YAML holds (configs/smoke.yaml is one), as a mapping
 def main(out: str) -> api.SweepResult:
     """Sweep PLAN into `out`, print one row per point and the report's headlines; the result."""
     result = api.sweep(PLAN, out, resume=False)
-    print(f"{result.measured} of {len(result.points)} points measured in {result.out}")
+    print(f"{result.measured} of {len(result.records)} points measured in {result.out}")
     print(f"{'strategy':<10} {'rate':>5} {'finished':>8} {'tok/s':>8} {'TTFT p50 ms':>12}")
-    for (label, rate, _repeat), summary in result.summaries().items():
-        print(f"{label:<10} {rate:>5g} {summary.finished:>8} {summary.throughput_tok_s:>8.0f} "
+    for key, summary in result.summaries().items():
+        print(f"{key.label:<10} {key.rate:>5g} {summary.finished:>8} {summary.throughput_tok_s:>8.0f} "
               f"{summary.ttft.p50 * 1e3:>12.1f}")
     for line in result.report().headlines:
         print(f"- {line}")

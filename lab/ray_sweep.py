@@ -21,7 +21,7 @@ from batchlab.lab.sweep_plan import Plan, Point, SweepError, plan_points
 from batchlab.lab.sweep_point import preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.errors import term
-from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.files import output_folder, write_json_atomic
 from batchlab.protocol.settings import ConfigError
 from batchlab.protocol.study_settings import RaySettings
 
@@ -59,7 +59,7 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, pla
              "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
     ray = connect(opts.address)
     groups = _groups(points, plan.base, opts, ray.nodes())
-    out_dir.mkdir(parents=True, exist_ok=True)
+    output_folder(out_dir)
     view.start(len(points))
     for i, p in enumerate(points):  # done points whose recorded configuration is the one planned now
         if (record := reused(p, plan.base, resume, view)) is not None:

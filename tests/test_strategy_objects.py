@@ -91,9 +91,9 @@ def test_check_names_what_a_strategy_class_lacks():
 
 def test_a_class_is_simulated_with_its_own_cap(tmp_path):
     result = api.simulate(strategy=Greedy, rate=float("inf"), num_requests=40, out=str(tmp_path / "sim"), **SIM)
-    [(point, summary)] = result.points
-    sizes = pd.read_parquet(point.folder / "batches.parquet")["size"]
-    assert summary.finished > 0 and sizes.max() == 8
+    [summary] = result.summaries().values()
+    sizes = result.batches()["size"]
+    assert summary.finished > 0 and sizes.max() == 8 and set(result.batches()["label"]) == {"greedy"}
 
 
 # The notebook's situation: __main__ has no file, so a spawned scheduler cannot import the class by name. Every

@@ -133,7 +133,8 @@ def test_a_simulated_sweep_writes_a_vllm_result_per_point(tmp_path):
     result = runner.invoke(app, ["simulate", "--strategy", "naive,dynamic", "--rate", "4", "--duration", "1",
                                  "--dataset", "synthetic", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    found = sorted(point_of(p.parent)[0] for p in tmp_path.glob("strategy=*/rate=4/repeat=0/vllm_result.json"))
+    files = tmp_path.glob("sweep_label=*/sweep_rate=4/sweep_repeat=0/vllm_result.json")
+    found = sorted(point_of(p.parent)[0] for p in files)
     assert found == ["dynamic", "naive"]
 
 
