@@ -1,6 +1,6 @@
 """batchlab.api: each function on the sim backend with tiny settings, progress through a callback, one
-error hierarchy, no signal handler or prctl set by importing it, and the example script that sweeps
-from Python. The live jobs (run, sweep, the example) share one module fixture: the sweep runs once."""
+error hierarchy, no signal handler or prctl set by importing it (a sweep from a notebook, and its resume:
+tests/test_notebook.py)."""
 import json
 import signal
 import subprocess
@@ -179,53 +179,20 @@ def test_a_sweep_on_ray_takes_the_parsed_plan_and_refuses_before_anything_starts
     assert not (tmp_path / "ray").exists()
 
 
-@pytest.fixture(scope="module")
-def example_sweep(tmp_path_factory):
-    """examples/api_sweep.py run once as a user runs it: its output and folder."""
-    out = tmp_path_factory.mktemp("api") / "sweep"
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "api_sweep.py"), str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, out
-
-
-@pytest.mark.slow
-def test_the_example_sweeps_two_strategies_at_two_rates_and_prints_their_figures(example_sweep):
-    stdout, out = example_sweep
-    lines = stdout.splitlines()
-    assert lines[0] == f"4 of 4 points measured in {out}"
-    rows = [line.split() for line in lines[2:6]]
-    assert sorted((r[0], float(r[1])) for r in rows) == [("dynamic", 4.0), ("dynamic", 8.0), ("naive", 4.0),
-                                                         ("naive", 8.0)]
-    assert all(int(r[2]) > 0 and float(r[3]) > 0 for r in rows)  # finished requests, tokens per second
-    assert lines[6].startswith("- Dynamic batching")  # the report's headline
-    assert (out / "REPORT.md").exists()
-
-
-@pytest.mark.slow
-def test_a_resumed_sweep_reuses_every_point_and_says_so_through_the_callback(example_sweep):
-    _, out = example_sweep
-    before = json.loads((out / "sweep.json").read_text())["points"]
-    events: list[api.Event] = []
-    result = api.sweep(PLAN, out, on_progress=events.append)  # the example's plan: nothing to measure again
-    assert [p["status"] for p in result.points] == ["skipped"] * 4
-    assert {(p["label"], p["rate"]) for p in result.points} == {(p["label"], p["rate"]) for p in before}
-    assert [e.kind for e in events] == ["start"] + ["finished"] * 4 and events[0].total == 4
-    assert result.measured == 4 and result.failed == 0 and len(result.summaries()) == 4
-    report = api.report(out)
-    assert report.path == out / "REPORT.md" and report.headlines
-
-
 @pytest.mark.slow
 def test_a_run_returns_its_summary_ticks_through_the_callback_and_leaves_sigint_alone(tmp_path):
     before = signal.getsignal(signal.SIGINT)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({**SIM, "strategy": "dynamic", "rate": 8, "duration_s": 1}))
-    ticks: list[api.Event] = []
-    summary = api.run(config, out=tmp_path / "run", on_progress=ticks.append)
+    events: list[api.Event] = []
+    summary = api.run(config, out=tmp_path / "run", on_progress=events.append)
     assert summary.finished > 0 and summary.failed == 0 and summary.role_deaths == []
+    start, *ticks = events  # the start names the run's folder before any process starts
+    assert (start.kind, start.total, start.folder) == (api.EventKind.START, 1, tmp_path / "run")
     assert ticks and {e.kind for e in ticks} == {"tick"} and {e.folder for e in ticks} == {tmp_path / "run"}
     assert "collector" in ticks[-1].alive
+    assert len(summary.requests()) == summary.scheduled and set(summary.batches()["label"]) == {"dynamic"}
+    assert summary.points()["finished"].tolist() == [summary.finished]
     assert signal.getsignal(signal.SIGINT) is before
     with pytest.raises(api.ConfigError, match="already holds a run"):  # a used folder, refused without overwrite
         api.run(config, out=tmp_path / "run")
