@@ -55,11 +55,13 @@ def run(settings: "RunConfig | Mapping | str | Path", out: str | Path | None = N
     starts, RunFailed when a role died (the summary is in the folder when the collector wrote one), RunTimeout
     past a limit; KeyboardInterrupt stops every process first. A run that lost requests to a fault still
     returns: see Summary.role_deaths."""
+    from batchlab.protocol.settings import refuse_ignored
     from batchlab.runner.launcher import launch_run
     from batchlab.runner.preflight import check_before_start, check_launch
     from batchlab.runner.run_folder import claim, new_folder, release
 
     cfg = run_config(settings, **changes)
+    refuse_ignored(cfg)  # a setting its backend ignores (another backend's own), as `batchlab run` does
     check_before_start(cfg)
     check_launch(cfg)
     cfg.out = str(out) if out is not None else cfg.out if "out" in cfg.model_fields_set else new_folder(cfg)

@@ -7,7 +7,8 @@ is one line in the report and the rest go on; past `--deadline-s` the remaining 
 
     1. calibrate hf static and the hf loop of the sweep's model (the last of --models; in-process grid)
     2. the live sweep: naive, dynamic, continuous (HF) at each rate, one repeat, short points
-    3. `batchlab simulate` of the same plan with that model's presets (hf=..., hf-loop=...)
+    3. `batchlab simulate` of the same plan with that model's presets (hf=..., hf-loop=...), and with the shipped
+       GPU presets of this GPU (worker/gpu_presets.py, fitted to published runs only) beside the live points
     4. the error split (benchmarks/sim_fidelity.py: replay vs full simulation), `calibrate --from` the
        sweep, then the other models' calibrations
     5. `batchlab report` of the sweep, then OUT/GPU_CHECK.md and OUT/gpu_check.json
@@ -116,6 +117,36 @@ def simulate_plan(plan_file: Path, presets: dict, out: Path) -> list[dict]:
     return [{"label": key.label, "rate": key.rate, **_figures(s)} for key, s in results.items()]
 
 
+GPU_KEYS = (("H200", "h200"), ("H100", "h100"), ("A100-SXM4-80GB", "a100-80gb"), ("A100 80GB", "a100-80gb"),
+            ("A100", "a100-40gb"), ("4090", "rtx4090"), ("3090", "rtx3090"), ("L4", "l4"))  # device name -> key
+
+
+def shipped_presets(gpu_name: str, model: str) -> dict | None:
+    """{mode: GPU preset name} of this GPU and the sweep's `NAME:random` model (worker/gpu_presets.py), or None when
+    either has none."""
+    from batchlab.worker.gpu_presets import MODELS
+
+    gpu = next((key for part, key in GPU_KEYS if part in gpu_name), None)
+    short = next((k for k, arch in MODELS.items() if model == f"{arch}:random"), None)
+    if gpu is None or short is None:
+        return None
+    return {"static": f"{gpu}-{short}-hf", "continuous": f"{gpu}-{short}-hf-loop"}
+
+
+def against_live(live: list[dict], simulated: list[dict]) -> list[dict]:
+    """Each simulated point beside its live twin: simulated ÷ live − 1 of throughput, TTFT p50 and E2E p50."""
+    by_point = {(r["label"], r["rate"]): r for r in live}
+    out = []
+    for s in simulated:
+        real = by_point.get((s["label"], s["rate"]))
+        if real is None:
+            continue
+        errors = {k: (s[k] / real[k] - 1 if real.get(k) and s.get(k) is not None else None)
+                  for k in ("throughput_tok_s", "ttft_p50", "e2e_p50")}
+        out.append({"label": s["label"], "rate": s["rate"], **errors})
+    return out
+
+
 def _figures(s) -> dict:
     """A Summary's figures the check compares."""
     return {"finished": s.finished, "submitted": s.submitted, "throughput_tok_s": s.throughput_tok_s,
@@ -206,6 +237,10 @@ def _pct(v) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
+def _signed(v) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
 def _errors(e: dict) -> str:
     return ", ".join(f"{k} mean {_pct(v['mean_abs'])} worst {_pct(v['worst_abs'])}" for k, v in (e or {}).items()) or "-"
 
@@ -230,6 +265,13 @@ def render(facts: dict) -> str:
          for name, c in facts["calibrations"].items()])]
     lines += ["", "## Live sweep (short points)", "", *_points(facts.get("live")), "",
               "## Simulated (calibrated presets)", "", *_points(facts.get("simulated"))]
+    if facts.get("shipped_presets"):
+        rows = [[e["label"], f"{e['rate']:g}", *(_signed(e[k]) for k in ("throughput_tok_s", "ttft_p50", "e2e_p50"))]
+                for e in facts.get("shipped_error") or []]
+        lines += ["", f"## Simulated with the shipped GPU presets ({', '.join(facts['shipped_presets'].values())})",
+                  "", *_points(facts.get("simulated_shipped")), "",
+                  "Error against the live points (simulated ÷ live − 1):", "",
+                  *md_table(["strategy", "rate", "tok/s", "TTFT p50", "E2E p50"], rows)]
     split = facts.get("split")
     if split:
         lines += ["", "## Error split by cause", "", "```", split["table"], "```", ""]
@@ -263,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(presets) == len(MODES):
         facts["simulated"] = phases.run("simulate", simulate_plan, plan_file, presets, out / "simulated")
         facts["split"] = phases.run("split", split, sweep, presets, out / "fidelity")
+    shipped = shipped_presets(facts["environment"].get("gpu", ""), model)
+    if shipped:  # the published-data presets of this GPU, never fitted to it, against the live points
+        facts["shipped_presets"] = shipped
+        facts["simulated_shipped"] = phases.run("simulate with the shipped GPU presets", simulate_plan, plan_file,
+                                                shipped, out / "simulated-shipped")
+        facts["shipped_error"] = against_live(facts.get("live") or [], facts["simulated_shipped"] or [])
     facts["from_runs"] = phases.run("calibrate --from the sweep", calibrate_from_sweep, sweep, out / "presets")
     for other in models[:-1]:  # the other models' calibrations, while time is left
         for mode in MODES:

@@ -28,16 +28,21 @@ def provenance(folder: Path) -> str:
     return f"Machine: {machine}. Runs started {when} (UTC). batchlab commit(s): {', '.join(sorted(commits))}."
 
 
-def publish(folder: Path, name: str) -> Path:
-    """docs/results/NAME/README.md (the report under its provenance) with the report's plots beside it."""
-    target = DOCS / name
+def publish(folder: Path, name: str, header: str | None = None, docs: Path = DOCS) -> Path:
+    """docs/results/NAME/README.md (the report under its provenance, or under `header`) with the report's plots
+    beside it. The report's own mentions of the folder's path on this machine become its name."""
+    target = docs / name
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     for plot in folder.glob("*.png"):
         shutil.copy2(plot, target / plot.name)
     body = (folder / "REPORT.md").read_text()
+    for path in sorted({str(folder.resolve()), str(folder.absolute()), str(folder)}, key=len, reverse=True):
+        if "/" in path:  # a path, never a bare name that could occur in the text
+            body = body.replace(path, folder.name)
     page = target / "README.md"
-    page.write_text(f"> Generated from `{folder.name}` by benchmarks/publish_report.py. {provenance(folder)}\n\n{body}")
+    head = header or f"Generated from `{folder.name}` by benchmarks/publish_report.py. {provenance(folder)}"
+    page.write_text(f"> {head}\n\n{body}")
     return page
 
 

@@ -10,7 +10,7 @@ from typer.core import TyperGroup
 from batchlab.cli import report_cmd, restore_sigint, simulate_cmd, sweep_cmd
 from batchlab.runner.config import checked_config, replay_config
 from batchlab.cli.grammar import show_version
-from batchlab.protocol.settings import RunConfig, load_yaml
+from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
 from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import (CLI_FIELDS, ConfigOpt, Opt, Overwrite, SaveDetailed, SaveResult, fields_of,
                                   with_settings)
@@ -103,6 +103,7 @@ def _config(config: str | None, overrides: dict, *, replay: bool = False) -> Run
     if overrides.get("concurrency") is not None and overrides["concurrency"] < 1:  # 0 is RunConfig's open loop
         _fail("--concurrency must be ≥ 1 client (leave it out for open-loop --rate)")
     cfg = checked_config(load_yaml(config) if config else {}, overrides)
+    refuse_ignored(cfg)  # --max-concurrency on the sim backend: refused, not recorded as if it applied
     return replay_config(cfg, overrides) if replay and cfg.schedule else cfg
 
 
@@ -141,8 +142,11 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
     show(summary, str(summary.folder))
     if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
         from batchlab.collector.vllm_result import save_result as write_result
+        from batchlab.models.tokenizers import decoder
 
-        typer.echo(f"vllm-style result: {write_result(str(summary.folder), save_result, save_detailed)}")
+        decode, why_not = decoder(cfg.model) if save_detailed else (None, "")  # generated_texts
+        saved = write_result(str(summary.folder), save_result, save_detailed, decode, why_not)
+        typer.echo(f"vllm-style result: {saved}")
     code, line = verdict(summary, summary.role_deaths)  # a run that lost requests to a fault (runner/outcome.py)
     if code:
         _fail(line, code=code)
@@ -220,11 +224,12 @@ def traffic(*, overrides: dict, config: ConfigOpt = None,
     _role(traffic_role, _config(config, overrides, replay=True), scheduler)
 
 
-from batchlab.cli import calibrate_cmd, capacity_cmd, tune_cmd  # noqa: E402
+from batchlab.cli import calibrate_cmd, capacity_cmd, tune_cmd, vllm_cmd  # noqa: E402
 
 for _command in (sweep_cmd.sweep, capacity_cmd.capacity, report_cmd.report, simulate_cmd.simulate, tune_cmd.tune,
                  calibrate_cmd.calibrate):
     app.command()(_command)
+app.command(context_settings=vllm_cmd.PASSTHROUGH, add_help_option=False)(vllm_cmd.vllm)
 restore_sigint()  # imported: a Ctrl-C is a KeyboardInterrupt again (exit 130, see _OneLineErrors)
 
 if __name__ == "__main__":

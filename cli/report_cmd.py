@@ -44,4 +44,6 @@ def echo_report(folder: str, **options) -> None:
         typer.echo(f"  {line}")
     for line in result.headlines:
         typer.echo(f"- {line}")
+    for line in result.machine_lines:  # what else the machine ran meanwhile (report.machine)
+        typer.echo(line)
     typer.echo(f"report: {result.path} ({len(result.plots)} plots beside it)")

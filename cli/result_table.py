@@ -3,6 +3,7 @@ a warning line when the run was overloaded or the harness itself lagged."""
 from rich.console import Console
 from rich.table import Table
 
+from batchlab.collector.interference import DISTURBED_CORES, read as read_interference
 from batchlab.collector.summary import Latency, Summary
 
 OVERLOAD_SERVED_SHARE = 0.9  # served rate under this share of the offered rate: the worker did not keep up
@@ -51,14 +52,19 @@ def table(summary: Summary) -> Table:
     for key, name in LATENCIES:
         figures: Latency = getattr(summary, key)
         t.add_row(f"{name} p50 / p90 / p99 (ms)", " / ".join(_ms(v) for v in (figures.p50, figures.p90, figures.p99)))
+    if beside := read_interference(summary.interference):
+        t.add_row("other work on this machine (cores)", f"{beside.other_cores:.2f} of {beside.cores}"
+                  + (" ⚠" if beside.disturbed else ""))
     return t
 
 
 def point_line(summary: Summary) -> str:
     """A finished sweep point's figures on one line, from the same summary as the end-of-run table."""
+    beside = read_interference(summary.interference)
+    busy = "" if beside is None else f"; other work {beside.other_cores:.2f} cores" + (" ⚠" if beside.disturbed else "")
     return (f"served {summary.requests_per_s:.2f} req/s, {summary.throughput_tok_s:,.1f} tok/s, "
             f"TTFT p50 {_ms(summary.ttft.p50)} ms, E2E p50 {_ms(summary.e2e.p50)} ms, "
-            f"{summary.finished}/{summary.scheduled} finished")
+            f"{summary.finished}/{summary.scheduled} finished{busy}")
 
 
 def warnings(summary: Summary) -> list[str]:
@@ -74,6 +80,10 @@ def warnings(summary: Summary) -> list[str]:
     closed = bool(summary.settings.get("concurrency"))  # no planned times to lag behind
     if lag is not None and lag > SEND_LAG_WARN_S and not closed:
         out.append(f"the traffic sender lagged: p99 {lag * 1e3:.1f} ms behind the planned arrival times")
+    beside = read_interference(summary.interference)
+    if beside is not None and beside.disturbed:
+        out.append(f"the machine was busy: {beside.text()} while this run ran (more than {DISTURBED_CORES:g} "
+                   "of a core): its throughput and latencies may be bent by that work, not only the strategy")
     share = harness_cpu_share(summary)
     if share is not None and share > HARNESS_CPU_WARN:
         out.append(f"the harness used {share:.0%} of a core: its own CPU may have shaped these figures")

@@ -21,6 +21,13 @@ from batchlab.protocol.study_settings import MAX_PROBES, WIDTH  # the search's d
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90
+# arrivals after the warm-up below which a run cannot tell a rate kept up with from one that was not: at least
+# this many, and two of its largest launches (a static batcher's queue fills and empties a batch at a time)
+MIN_JUDGED = 10
+# the judged window must hold this many of the queue's settle times (settle_time_s) for its verdict to stand for
+# a longer run's: the queue's rare climbs to a limit (what fails a run near capacity) show only over several.
+# With 2, 12 s and 60 s searches' intervals both hold a 600 s search's estimate (tests/test_saturation.py)
+SETTLE_TIMES = 2.0
 # of the offered rate: a queue gaining less than this is not told apart from one still filling towards its
 # steady level (near capacity that takes longer than a probe); overload closer than that is μ's to catch
 GROWTH_SHARE = 0.05
@@ -32,7 +39,8 @@ GROW_FACTOR = 1.5  # rate step while the bracket is open on one side
 
 @dataclass(slots=True)
 class Verdict:
-    """Whether a run sustained its rate, and why not."""
+    """Whether a run sustained its rate, and why not; or that it could not tell (`judged` False: too few
+    requests, or a queue that needs longer than the run to settle), which is neither."""
 
     sustained: bool
     reasons: list[str]
@@ -42,6 +50,29 @@ class Verdict:
     offered_req_s: float | None = None  # arrivals ÷ duration: a seeded Poisson schedule is off its nominal rate
     queue_growth_lo: float = 0.0  # the trend's 95% interval (HAC); 0 when not read (a failed run)
     queue_growth_hi: float = 0.0
+    judged: bool = True  # False: the run could not tell (`reasons` says why); never sustained then
+
+    @property
+    def failed(self) -> bool:
+        """Judged and not sustained: a rate known to be too high."""
+        return self.judged and not self.sustained
+
+    @property
+    def mark(self) -> str:
+        """✓ sustained, ✗ not, ? undecided (the report's list of rates measured)."""
+        return "✓" if self.sustained else "✗" if self.judged else "?"
+
+
+def settle_time_s(offered_req_s: float, mu_req_s: float, arrival_cv2: float = 1.0) -> float:
+    """How long the waiting queue takes to reach its steady level at this load: the relaxation time of the
+    queue's heavy-traffic (reflected Brownian motion) model, 2σ² ÷ (μ − λ)², with σ² = λ·(c_a² + 1) (the
+    arrivals' variability, and the departures' taken as Poisson's: a batching worker's lumpy completions
+    vary at least as much); inf at or above μ. A run whose judged window is shorter than this cannot see the
+    queue's steady level, so cannot tell whether it stays under a queue limit."""
+    gap = mu_req_s - offered_req_s
+    if gap <= 0:
+        return math.inf
+    return 2 * offered_req_s * (arrival_cv2 + 1) / (gap * gap)
 
 
 def _leave_times(sub: pd.DataFrame) -> np.ndarray:
@@ -108,9 +139,13 @@ def queue_trend(requests: pd.DataFrame, duration_s: float) -> tuple[float, float
 
 
 def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None,
-            ceiling_req_s: float | None = None) -> Verdict:
+            ceiling_req_s: float | None = None, mu_req_s: float | None = None, arrival_cv2: float = 1.0) -> Verdict:
     """The verdict on one run's requests table (every planned request a row; times in s since t0);
-    `ceiling_req_s`: the saturated rate's upper bound, above which no offered rate is sustained."""
+    `ceiling_req_s`: the saturated rate's upper bound, above which no offered rate is sustained; `mu_req_s`:
+    its estimate, for how long the queue needs to settle at this load (settle_time_s; `arrival_cv2`: the
+    arrivals' squared coefficient of variation, 1 for Poisson, 1 / burstiness for gamma). A run that broke
+    no rule is still undecided when fewer than MIN_JUDGED requests arrived after the warm-up, or when its
+    queue needs longer than the run's judged window to settle."""
     n = len(requests)
     served = float((requests["status"] == "finished").sum() / n) if n else 0.0
     slope, lo, hi = queue_trend(requests, duration_s) if n else (0.0, -math.inf, math.inf)
@@ -124,10 +159,49 @@ def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None,
                        f"the {offered:.3g} req/s offered)")
     if ceiling_req_s is not None and offered is not None and offered > ceiling_req_s:
         reasons.append(f"offered {offered:.3g} req/s > the saturated rate's upper bound {ceiling_req_s:.3g}")
+    elif ceiling_req_s is None and (kept := kept_up(requests, duration_s)) is not None \
+            and kept[0] < (1 - GROWTH_SHARE) * kept[1]:
+        reasons.append(f"completed {kept[0]:.3g} req/s at most during the traffic (95% bound), below the "
+                       f"{kept[1]:.3g} req/s that arrived meanwhile")
     share = goodput(requests, slos)["fraction"] if slos and n else None
     if share is not None and share < GOODPUT_MIN:
         reasons.append(f"goodput {share:.1%} < {GOODPUT_MIN:.0%}")
-    return Verdict(not reasons, reasons, served, slope, share, offered, lo, hi)
+    if reasons:
+        return Verdict(False, reasons, served, slope, share, offered, lo, hi)
+    doubt = undecided(arrivals, duration_s, offered, mu_req_s, arrival_cv2, largest_launch(requests) if n else 0)
+    return Verdict(not doubt, doubt, served, slope, share, offered, lo, hi, judged=not doubt)
+
+
+def undecided(arrivals: np.ndarray, duration_s: float, offered: float | None, mu_req_s: float | None,
+              arrival_cv2: float, largest_launch_rows: int = 0) -> list[str]:
+    """Why a run that broke no rule still cannot say it sustained its rate ([] when it can)."""
+    judged_s = (1 - WARMUP_SHARE) * duration_s
+    n = int(((arrivals >= WARMUP_SHARE * duration_s) & (arrivals <= duration_s)).sum())
+    needed = max(MIN_JUDGED, 2 * largest_launch_rows)
+    if n < needed:
+        return [f"too few requests to judge ({n} arrived after the warm-up; {needed} needed)"]
+    if mu_req_s and offered and (settle := settle_time_s(offered, mu_req_s, arrival_cv2)) * SETTLE_TIMES > judged_s:
+        return [f"undecided: at ρ = {offered / mu_req_s:.2f} the queue needs about {settle:.3g} s to settle, and "
+                f"{judged_s:.3g} s judged holds fewer than {SETTLE_TIMES:g} of that (a longer run could still find "
+                "it overloaded)"]
+    return []
+
+
+def kept_up(requests: pd.DataFrame, duration_s: float) -> tuple[float, float] | None:
+    """(the upper bound of the steady completion rate during the traffic, the arrival rate over the same
+    window), by collector.saturation's window and interval; None when too few requests completed there to
+    tell. With no saturated rate to compare against (a grid of fixed rates), a worker completing clearly less
+    than arrived is overloaded however short the run."""
+    from batchlab.collector.saturation import saturated_run
+
+    run = saturated_run(requests, duration_s)
+    if run is None or not math.isfinite(run.req_s_hi):
+        return None
+    start, end = run.window_s
+    sub = requests[submitted_mask(requests) & requests["arrival_time"].notna()]
+    admitted = _leave_times(sub) > sub["arrival_time"].to_numpy(dtype="float64")  # not refused on arrival
+    arrived = sub["arrival_time"].to_numpy(dtype="float64")[admitted]
+    return run.req_s_hi, float(((arrived >= start) & (arrived <= end)).sum() / (end - start))
 
 
 @dataclass(slots=True)
@@ -157,13 +231,16 @@ class Capacity:
     start_req_s: float | None = None
     note: str = ""  # why there is no bracket (the saturated run that places the first probe failed)
     saturated: dict | None = None  # collector.saturation.pooled: μ with its interval, and its runs
+    undecided_req_s: float | None = None  # the lowest rate in the bracket a probe could not judge (offered)
 
     @property
     def estimate_req_s(self) -> float | None:
-        """The bracket's geometric mean, never above μ (None while the bracket is open)."""
-        if not (self.lo_req_s and self.hi_req_s):
+        """The geometric mean of the highest rate sustained and the lowest one not known to be (not sustained,
+        undecided, or μ's bound), never above μ (None while the bracket is open)."""
+        top = min(v for v in (self.hi_req_s, self.undecided_req_s) if v is not None) if self.hi_req_s else None
+        if not (self.lo_req_s and top):
             return None
-        return min(math.sqrt(self.lo_req_s * self.hi_req_s), self.saturated["req_s"] if self.saturated else math.inf)
+        return min(math.sqrt(self.lo_req_s * top), self.saturated["req_s"] if self.saturated else math.inf)
 
     @property
     def interval_req_s(self) -> tuple[float | None, float | None]:
@@ -191,23 +268,27 @@ class Capacity:
         probes = [{"rate_req_s": p.rate_req_s, "folder": p.folder, "tokens_per_request": p.tokens_per_request,
                    **asdict(p.verdict)} for p in self.probes]
         return {"label": self.label, "lo_req_s": lo, "hi_req_s": hi, "estimate_req_s": self.estimate_req_s, **tok,
-                "bracket_req_s": [self.lo_req_s, self.hi_req_s], "tokens_per_request": tpr,
+                "bracket_req_s": [self.lo_req_s, self.hi_req_s], "undecided_req_s": self.undecided_req_s,
+                "tokens_per_request": tpr,
                 "start_req_s": self.start_req_s, "saturated": self.saturated, "probes": probes,
                 **({"note": self.note} if self.note else {})}
 
 
-def bracket(probes: list[Probe], ceiling: float | None = None) -> tuple[float | None, float | None]:
-    """(highest sustained nominal rate below the lowest unsustained one, lowest unsustained nominal rate);
-    `ceiling`: an offered rate known not to be sustained without measuring it (μ's upper bound), taken to
-    nominal by the probes' nominal ÷ offered (every probe replays the same schedule, scaled)."""
-    failing = [p.rate_req_s for p in probes if not p.verdict.sustained]
+def bracket(probes: list[Probe], ceiling: float | None = None,
+            judged_only: bool = False) -> tuple[float | None, float | None]:
+    """(highest sustained nominal rate below the lowest one not known to be sustained, that lowest rate): a
+    rate not sustained, or one a probe could not judge (with `judged_only`: only a rate judged not sustained,
+    so an undecided rate neither bounds the bracket nor hides a sustained one above it); `ceiling`: an
+    offered rate known not to be sustained without measuring it (μ's upper bound), taken to nominal by the
+    probes' nominal ÷ offered (every probe replays the same schedule, scaled)."""
+    doubtful = [p.rate_req_s for p in probes if (p.verdict.failed if judged_only else not p.verdict.sustained)]
     if ceiling:  # the nominal rate whose schedule offers it, as the probes' schedules did (1:1 before any)
         nominal_share = [p.rate_req_s / p.offered_req_s for p in probes]
-        failing.append(ceiling * float(np.mean(nominal_share)) if probes else ceiling)
-    hi = min(failing, default=None)
-    lo = max((p.rate_req_s for p in probes if p.verdict.sustained and (hi is None or p.rate_req_s < hi)),
+        doubtful.append(ceiling * float(np.mean(nominal_share)) if probes else ceiling)
+    top = min(doubtful, default=None)
+    lo = max((p.rate_req_s for p in probes if p.verdict.sustained and (top is None or p.rate_req_s < top)),
              default=None)
-    return lo, hi
+    return lo, top
 
 
 def capacity_of(label: str, probes: list[Probe], start_req_s: float | None = None,
@@ -215,13 +296,17 @@ def capacity_of(label: str, probes: list[Probe], start_req_s: float | None = Non
     """The bracket of these probes in the rates they offered (every strategy replays the same schedule, so
     its arrivals are the same multiple of the nominal rate for all), closed above by μ's upper bound."""
     offered = {p.rate_req_s: p.offered_req_s for p in probes}
-    lo, hi = bracket(probes)
+    lo, hi = bracket(probes, judged_only=True)
     ceiling = saturated["req_s_hi"] if saturated else None
     hi_offered = min((v for v in (offered.get(hi), ceiling) if v is not None), default=None)
     lo_offered = offered.get(lo)
     if lo_offered is not None and hi_offered is not None and lo_offered >= hi_offered:
         lo_offered = None  # sustained only above μ's bound: the verdict had no ceiling (grid rates, no μ)
-    return Capacity(label, lo_offered, hi_offered, probes, start_req_s, saturated=saturated)
+    doubts = [p.offered_req_s for p in probes if not p.verdict.judged and (lo_offered is None or p.offered_req_s >
+                                                                           lo_offered)
+              and (hi_offered is None or p.offered_req_s < hi_offered)]
+    return Capacity(label, lo_offered, hi_offered, probes, start_req_s, saturated=saturated,
+                    undecided_req_s=min(doubts, default=None))
 
 
 def _rounded(rate: float) -> float:
@@ -283,5 +368,12 @@ def from_runs(label: str, runs: list[tuple[float, pd.DataFrame, float]], slos: d
     for rate, requests, duration_s in runs:
         by_rate.setdefault(rate, []).append(Probe(rate, sustain(requests, duration_s, slos),
                                                   tokens_per_request=tokens_per_request(requests)))
-    probes = [next((p for p in ps if not p.verdict.sustained), ps[0]) for _, ps in sorted(by_rate.items())]
+    probes = [next((p for p in ps if p.verdict.failed), next((p for p in ps if not p.verdict.judged), ps[0]))
+              for _, ps in sorted(by_rate.items())]  # a failed repeat decides; else one that could not tell
     return capacity_of(label, probes)
+
+
+def arrival_cv2(arrival: str, burstiness: float = 1.0) -> float:
+    """The arrivals' squared coefficient of variation: Poisson 1, gamma 1 / burstiness, constant 0 (a trace's
+    taken as Poisson's)."""
+    return {"constant": 0.0, "gamma": 1.0 / burstiness}.get(arrival, 1.0)

@@ -238,6 +238,20 @@ def mean_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, floa
     return float(values.mean()), half
 
 
+def log_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
+    """(geometric mean, lo, hi) of positive values with a t-interval on their logs: a rate's interval never
+    reaches zero, and its width is relative (a 2× swing between runs reads the same at 1 and at 100 req/s).
+    With fewer than two values: (the value, 0, inf); NaN for none."""
+    x = np.asarray(values, dtype="float64")
+    x = x[np.isfinite(x) & (x > 0)]
+    if x.size == 0:
+        return math.nan, math.nan, math.nan
+    mean, half = mean_interval(np.log(x), level)
+    if not math.isfinite(half):
+        return math.exp(mean), 0.0, math.inf
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def between_repeats(ratios, level: float = LEVEL, n_pairs: int = 0) -> PairedResult | None:
     """Relative change from per-repeat ratios a_r ÷ b_r (each repeat's own paired effect, one unit each, so
     whatever moves a whole run, the machine's speed in that minute or a burst, is in the spread): estimate

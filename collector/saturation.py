@@ -5,28 +5,33 @@ equal completions (batch means, since a batching worker's completions are autoco
 repeats, each run's rate one sample. Pure: tables in, numbers out. docs/capacity.md ("μ: the saturated run")
 says why and how the blocks are cut.
 """
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.intervals import mean_interval
+from batchlab.collector.intervals import log_interval, mean_interval
 
 WARMUP_SHARE = 0.25  # of the traffic, excluded: the first batches form, caches and allocators warm up
 BATCHES = 10  # blocks of the steady window (batch means)
 EVENT_GAP_S = 1e-3  # completions closer than this are one event (one batch's rows, reported row by row)
 
 
-def batch_means(series: np.ndarray, batches: int = BATCHES, weights: np.ndarray | None = None
-                ) -> tuple[float, float, float]:
+def batch_means(series: np.ndarray, batches: int = BATCHES, weights: np.ndarray | None = None,
+                log: bool = False) -> tuple[float, float, float]:
     """(mean, lo, hi): the series' (weighted) mean with a 95% t-interval over the (weighted) means of
     `batches` contiguous blocks, valid for an autocorrelated stationary series when a block is long against
-    its correlation time."""
+    its correlation time. `log` (positive series: rates): the interval from the spread of the blocks' logs,
+    around the mean (lo = mean · e^−h, hi = mean · e^h), so that it never reaches zero."""
     series = np.asarray(series, dtype="float64")
     weights = np.ones_like(series) if weights is None else np.asarray(weights, dtype="float64")
     blocks = [float((series[i] * weights[i]).sum() / weights[i].sum())
               for i in np.array_split(np.arange(series.size), min(batches, series.size)) if i.size]
     mean = float((series * weights).sum() / weights.sum())
+    if log and mean > 0 and min(blocks) > 0:
+        half = mean_interval(np.log(blocks))[1]
+        return mean, mean * math.exp(-half), mean * math.exp(half)
     half = mean_interval(np.array(blocks))[1]
     return mean, mean - half, mean + half
 
@@ -51,17 +56,21 @@ class SaturatedRun:
     window_s: list[float]  # [start, end] s since t0: the first and last completion of the steady window
     completions: int
     folder: str = ""
+    interference: dict | None = None  # the other work beside the run (its summary's; None: not metered)
 
 
 def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0, folder: str = "",
                   warmup_share: float = WARMUP_SHARE, batches: int = BATCHES) -> SaturatedRun | None:
     """μ from a saturated run's requests table (times in s since t0; traffic sent until duration_s, then
-    drained): the completions in [warmup_share × duration_s, duration_s], counted from the first of them to
-    the last (so a static batch's completions, B at a time every T s, read exactly B / T); None with fewer
-    than 2 distinct completion times there."""
+    drained): the completions in [warmup_share × duration_s, duration_s] (or to the last request sent, when
+    the traffic ended sooner), counted from the first of them to the last (so a static batch's completions,
+    B at a time every T s, read exactly B / T); None with fewer than 2 distinct completion times there."""
     done = requests[requests["status"] == "finished"]
     times = done["completion_time"].to_numpy(dtype="float64")
-    keep = (times >= warmup_share * duration_s) & (times <= duration_s)
+    sent = requests["arrival_time"].to_numpy(dtype="float64") if "arrival_time" in requests else np.array([])
+    sent = sent[np.isfinite(sent)]
+    end = min(duration_s, float(sent.max())) if sent.size else duration_s  # a closed loop whose pool ran dry
+    keep = (times >= warmup_share * duration_s) & (times <= end)
     times, tokens = times[keep], done["n_tokens"].to_numpy(dtype="float64")[keep]
     order = np.argsort(times, kind="stable")
     times, tokens = times[order], tokens[order]
@@ -79,8 +88,8 @@ def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0,
     targets = np.linspace(0, done_by[-1], blocks + 1)
     edges = np.unique(np.searchsorted(done_by, targets, side="left"))
     spans = np.diff(event_times[edges])
-    req = batch_means(np.diff(done_by[edges]) / spans, spans.size, spans)
-    tok = batch_means(np.diff(tokens_by[edges]) / spans, spans.size, spans)
+    req = batch_means(np.diff(done_by[edges]) / spans, spans.size, spans, log=True)
+    tok = batch_means(np.diff(tokens_by[edges]) / spans, spans.size, spans, log=True)
     start, end = float(event_times[0]), float(event_times[-1])
     req, tok = (req[0], max(req[1], 0.0), req[2]), (tok[0], max(tok[1], 0.0), tok[2])  # a rate is never < 0
     completions = int(done_by[-1])
@@ -94,13 +103,78 @@ def pooled(runs: list[SaturatedRun]) -> dict | None:
         return None
     entry: dict = {"runs": [asdict(r) for r in runs]}
     for unit in ("req_s", "tok_s"):
-        values = np.array([getattr(r, unit) for r in runs])
         if len(runs) >= 2:
-            mean, half = mean_interval(values)
-            entry |= {unit: mean, f"{unit}_lo": mean - half, f"{unit}_hi": mean + half}
+            mean, lo, hi = log_interval([getattr(r, unit) for r in runs])
+            entry |= {unit: mean, f"{unit}_lo": lo, f"{unit}_hi": hi}
         else:
             entry |= {k: getattr(runs[0], k) for k in (unit, f"{unit}_lo", f"{unit}_hi")}
-    entry["method"] = (f"95% t-interval over {len(runs)} repeats' saturated rates" if len(runs) >= 2 else
-                       f"one run: 95% batch-means interval over up to {BATCHES} blocks of its steady window "
-                       "(run-to-run variation not measured)")
+    entry["method"] = (f"geometric mean of {len(runs)} repeats' saturated rates, 95% t-interval on their logs"
+                       if len(runs) >= 2 else f"one run: 95% batch-means interval (on the log scale) over up to "
+                       f"{BATCHES} blocks of its steady window (run-to-run variation not measured)")
     return entry
+
+
+def busy_run(requests: pd.DataFrame, batches: pd.DataFrame | None, steps: pd.DataFrame | None, duration_s: float,
+             *, repeat: int = 0, folder: str = "", batches_per_block: int = 2) -> SaturatedRun | None:
+    """μ from what the worker did: the requests its work units (a static batch, or a continuous worker's step)
+    completed ÷ the time those units took, over the units from the first one that completed a request (the
+    warm-up: a continuous worker's first rows are still prefilling) to the last that ended within the traffic,
+    with a 95% batch-means interval (log scale) over blocks of at least `batches_per_block` of the largest
+    units' completions. The time between units (the harness's turn) is left out; None without two units."""
+    units = _units(batches, steps)
+    if units is None:
+        return None
+    start, end, done = units
+    keep = end <= duration_s
+    start, end, done = start[keep], end[keep], done[keep]
+    first = np.flatnonzero(done > 0)
+    if first.size < 2:
+        return None
+    start, end, done = start[first[0] + 1:], end[first[0] + 1:], done[first[0] + 1:]  # after the first completer
+    busy = end - start
+    if busy.sum() <= 0 or done.sum() == 0:
+        return None
+    per_block = batches_per_block * max(int(done.max()), 1)
+    blocks = max(min(BATCHES, int(done.sum() // per_block)), 1)
+    cut = np.unique(np.searchsorted(np.cumsum(done), np.linspace(0, done.sum(), blocks + 1)[1:-1], side="left") + 1)
+    pieces = [(d.sum(), b.sum()) for d, b in zip(np.split(done, cut), np.split(busy, cut)) if b.sum() > 0]
+    rates, weights = np.array([d / b for d, b in pieces]), np.array([b for _, b in pieces])
+    req = batch_means(rates, rates.size, weights, log=True)
+    finished = requests[requests["status"] == "finished"]
+    per_request = float(finished["n_tokens"].mean()) if len(finished) else 0.0
+    tok = tuple(v * per_request for v in req)
+    return SaturatedRun(repeat, *req, *tok, [float(start[0]), float(end[-1])], int(done.sum()), folder)
+
+
+def _units(batches: pd.DataFrame | None, steps: pd.DataFrame | None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(start, end, requests completed) of each of the worker's work units in time order: the steps of a
+    continuous worker, else the static batches (each completes its size); None when there are none."""
+    if steps is not None and len(steps):
+        frame = steps.sort_values("start_time")
+        return (frame["start_time"].to_numpy(dtype="float64"), frame["end_time"].to_numpy(dtype="float64"),
+                frame["finished"].to_numpy(dtype="float64"))
+    if batches is not None and len(batches):
+        frame = batches.dropna(subset=["start_time", "completion_time"])
+        frame = frame[~frame["oom"]].sort_values("start_time")
+        return (frame["start_time"].to_numpy(dtype="float64"), frame["completion_time"].to_numpy(dtype="float64"),
+                frame["size"].to_numpy(dtype="float64"))
+    return None
+
+
+def _window(tables, duration_s: float, **kw) -> SaturatedRun | None:
+    return saturated_run(tables.requests, duration_s, **kw)
+
+
+def _span(tables, duration_s: float, **kw) -> SaturatedRun | None:
+    return saturated_run(tables.requests, duration_s, warmup_share=0.0, **kw)
+
+
+def _busy(tables, duration_s: float, **kw) -> SaturatedRun | None:
+    return busy_run(tables.requests, tables.batches, tables.steps, duration_s, **kw)
+
+
+# μ's estimators, by name, over a run's tables (collector.tables.Tables or anything with requests, batches and
+# steps): completions over the steady window after a quarter of warm-up (window), from the first completion
+# (span), or over the worker's own busy time (busy). benchmarks/throughput_power.py compares them.
+ESTIMATORS = {"window": _window, "span": _span, "busy": _busy}

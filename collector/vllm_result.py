@@ -1,10 +1,14 @@
-"""A run's figures as `vllm bench serve --save-result` writes them: its keys, its units (ms, per s).
+"""A run's figures as `vllm bench serve --save-result` writes them: its keys, its units (ms, per s), its
+meanings (vLLM 0.32's `vllm/benchmarks/serve.py`, `benchmark()` and `main_async()`).
 
 Computed from batchlab's own tables (requests.parquet, tokens.parquet, summary.json), so a script
 written for vLLM's result files reads a batchlab run unchanged; `batchlab_definitions` names where
-batchlab's figures are defined differently from vLLM's.
+batchlab's figures are defined differently from vLLM's. As vLLM's, the per-request lists cover every request
+of the run in its order (a failed one too, with its error text), `burstiness` is always a number and `rtfx`
+is there (0.0: no audio).
 """
 import math
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -17,6 +21,7 @@ from batchlab.protocol.environment import batchlab_version
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 
+Decode = Callable[[list[int]], str]  # token ids → text (the model's tokenizer; collector imports no model)
 PERCENTILES = (50, 90, 99)  # vLLM's --metric-percentiles (its default is 99 alone)
 METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}  # vLLM's name → batchlab's column
 DEFINITIONS = {
@@ -36,11 +41,18 @@ DEFINITIONS = {
     "max_concurrent_requests": "the most finished requests in flight within one second, from arrival to "
                                "completion (vLLM: from sending)",
     "max_output_tokens_per_s": "the most tokens of finished requests emitted within one second",
-    "burstiness": "the gamma shape of the arrivals: 1.0 for poisson, null for constant and trace arrivals and "
-                  "the closed loop (vLLM: 1.0 means Poisson)",
-    "latencies": "each finished request's e2e, s (vLLM: each request's, from sending)",
-    "queue_times": "each finished request's wait from arrival to being scheduled, s (vLLM: the wait for a "
-                   "--max-concurrency slot)",
+    "burstiness": "the gamma shape of the arrivals as vLLM's --burstiness: 1.0 for poisson, the shape for gamma, "
+                  "Infinity for constant (vLLM's constant spacing); 1.0, vLLM's default, where it does not apply "
+                  "(rate inf, the closed loop, a trace's own times)",
+    "latencies": "each request's e2e, s, every request in id order (vLLM: each request's, from sending); 0.0 for a "
+                 "failed one, as vLLM writes it",
+    "queue_times": "each request's wait from arrival to being scheduled, s, every request in id order (vLLM: the "
+                   "wait for a --max-concurrency slot); 0.0 where a request was never scheduled",
+    "errors": "each request's error text, '' when it finished (with --save-detailed, as the other lists: input_lens, "
+              "output_lens (0 for a failed one, as vLLM counts them), ttfts (0.0 before a first token), itls (its gaps "
+              "between consecutive tokens, a failed one's up to its failure), start_times (its arrival, s from the "
+              "run's t0) and generated_texts (its token ids decoded with the model's tokenizer))",
+    "rtfx": "0.0: vLLM's inverse real-time factor of audio input, which batchlab runs have none of",
 }
 
 
@@ -53,12 +65,13 @@ def _stats(name: str, values_s: np.ndarray) -> dict:
     return out | {f"p{p}_{name}_ms": float(value) * 1e3 for p, value in zip(PERCENTILES, np.percentile(v, PERCENTILES))}
 
 
-def _burstiness(settings: dict) -> float | None:
-    """vLLM's burstiness: the gamma shape, which vLLM draws every arrival from (1.0: Poisson); None where the
-    arrivals are no gamma process (constant, a trace's own times, the closed loop)."""
-    if settings.get("concurrency") or settings.get("arrival") not in ("poisson", "gamma"):
-        return None
-    return 1.0 if settings["arrival"] == "poisson" else settings.get("burstiness")
+def _burstiness(settings: dict) -> float:
+    """vLLM's burstiness: the gamma shape it draws every arrival from (1.0: Poisson; inf: constant spacing, its
+    `burstiness == inf` branch); its default 1.0 where no rate is drawn (rate inf, the closed loop, a trace)."""
+    rate = settings.get("rate")
+    if settings.get("concurrency") or rate is None or (isinstance(rate, float) and not math.isfinite(rate)):
+        return 1.0
+    return {"constant": math.inf, "gamma": float(settings.get("burstiness") or 1.0)}.get(settings.get("arrival"), 1.0)
 
 
 def _max_concurrency(settings: dict) -> int | None:
@@ -97,26 +110,44 @@ def _peaks(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
     return {"max_output_tokens_per_s": float(per_s.max()), "max_concurrent_requests": int(np.cumsum(edges).max())}
 
 
-def _detailed(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
-    """The per-request lists `vllm bench serve --save-detailed` adds, over the finished requests in one order
-    (times in s: start_times from the run's t0, itls each request's gaps between consecutive tokens)."""
-    tok = tokens[tokens["request_id"].isin(finished["request_id"])].sort_values(["request_id", "token_index"])
+def _known(values: pd.Series) -> list[float]:
+    """A per-request figure as vLLM lists it: 0.0 where the request never got that far (vLLM's default)."""
+    return values.astype("float64").fillna(0.0).tolist()
+
+
+def _texts(decode: Decode | None, ids: dict[int, list[int]], order: pd.Series) -> list[str | None]:
+    """Each request's tokens decoded ("" for none); None each without a decoder."""
+    if decode is None:
+        return [None] * len(order)
+    return [decode([t for t in ids.get(rid, []) if t >= 0]) for rid in order]
+
+
+def _detailed(requests: pd.DataFrame, tokens: pd.DataFrame, decode: Decode | None) -> dict:
+    """The per-request lists `vllm bench serve --save-detailed` adds, over every request in id order (times
+    in s: start_times from the run's t0, itls each request's gaps between consecutive tokens)."""
+    tok = tokens.sort_values(["request_id", "token_index"])
     gaps = {rid: np.diff(t.to_numpy(dtype="float64")).tolist() for rid, t in tok.groupby("request_id")["time"]}
-    return {"input_lens": finished["prompt_len"].astype(int).tolist(),
-            "output_lens": finished["n_tokens"].astype(int).tolist(),
-            "ttfts": finished["ttft"].astype("float64").tolist(),
-            "itls": [gaps.get(rid, []) for rid in finished["request_id"]],
-            "start_times": finished["arrival_time"].astype("float64").tolist(),
-            "errors": [""] * len(finished)}
+    ids = {rid: t.astype("int64").tolist() for rid, t in tok.groupby("request_id")["token_id"]}
+    finished = requests["status"] == "finished"
+    return {"input_lens": requests["prompt_len"].astype(int).tolist(),
+            "output_lens": requests["n_tokens"].where(finished, 0).astype(int).tolist(),
+            "ttfts": _known(requests["ttft"]),
+            "itls": [gaps.get(rid, []) for rid in requests["request_id"]],
+            "start_times": _known(requests["arrival_time"]),
+            "generated_texts": _texts(decode, ids, requests["request_id"]),
+            "errors": requests["error"].where(~finished, "").astype(str).tolist()}
 
 
-def vllm_result(folder: str | Path, detailed: bool = False) -> dict:
+def vllm_result(folder: str | Path, detailed: bool = False, decode: Decode | None = None,
+                why_not: str = "") -> dict:
     """The run in `folder` under vLLM bench serve's result keys and units (`detailed`: with the per-request
-    lists of its --save-detailed)."""
+    lists of its --save-detailed; `decode` turns a request's token ids into its generated text, else
+    generated_texts are null, `why_not` says why)."""
     run, summary = RunDir(folder), read_summary(folder)
-    requests = request_metrics(pd.read_parquet(run.table("requests")))
+    requests = request_metrics(pd.read_parquet(run.table("requests"))).sort_values("request_id", ignore_index=True)
     finished = requests[requests["status"] == "finished"]
-    tokens = pd.read_parquet(run.table("tokens"), columns=["request_id", "token_index", "time"])
+    columns = ["request_id", "token_index", "time", *(["token_id"] if detailed else [])]
+    tokens = pd.read_parquet(run.table("tokens"), columns=columns)
     duration_s = summary.window_s
     per_s = 1.0 / duration_s if duration_s > 0 else float("nan")
     n_in, n_out = int(finished["prompt_len"].sum()), int(finished["n_tokens"].sum())
@@ -125,26 +156,37 @@ def vllm_result(folder: str | Path, detailed: bool = False) -> dict:
         "total_input_tokens": n_in, "total_output_tokens": n_out, "request_throughput": summary.requests_per_s,
         "request_goodput": summary.goodput.met * per_s if summary.goodput else None,
         "output_throughput": summary.throughput_tok_s, "total_token_throughput": (n_in + n_out) * per_s,
-        "latencies": finished["e2e"].astype("float64").tolist(),
-        "queue_times": finished["queue_wait"].astype("float64").tolist(),
-    } | _peaks(finished, tokens)
+        "latencies": requests["e2e"].where(requests["status"] == "finished").astype("float64").fillna(0.0).tolist(),
+        "queue_times": _known(requests["queue_wait"]),
+    } | _peaks(finished, tokens) | {"rtfx": 0.0}
     itl = inter_token_latencies(tokens, finished["request_id"]).to_numpy(dtype="float64")
     for name, column in METRICS.items():
         values = itl if name == "itl" else finished[column].to_numpy(dtype="float64")
         result |= _stats(name, values)
-    result |= _detailed(finished, tokens) if detailed else {}
+    definitions = DEFINITIONS
+    if detailed:
+        result |= _detailed(requests, tokens, decode)
+        if decode is None:
+            definitions = DEFINITIONS | {"generated_texts": f"null: {why_not or 'no tokenizer was given'}"}
     return result | {"batchlab_version": batchlab_version()["version"],
                      "batchlab_strategy_args": summary.settings.get("strategy_args"),
-                     "batchlab_definitions": DEFINITIONS}
+                     "batchlab_definitions": definitions}
 
 
-def save_result(folder: str | Path, path: str | Path | None = None, detailed: bool = False) -> Path:
+def _json_value(key: str, value: object) -> object:
+    """A figure as JSON: a non-finite float is null, but for burstiness, which vLLM writes as Infinity."""
+    if isinstance(value, float) and not math.isfinite(value) and key != "burstiness":
+        return None
+    return value
+
+
+def save_result(folder: str | Path, path: str | Path | None = None, detailed: bool = False,
+                decode: Decode | None = None, why_not: str = "") -> Path:
     """Write vllm_result() of the run in `folder` to `path` (default: the folder's vllm_result.json)."""
     path = Path(path) if path else RunDir(folder).vllm_result
-    result = vllm_result(folder, detailed)
+    result = vllm_result(folder, detailed, decode, why_not)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                             for k, v in result.items()})
+    write_json_atomic(path, {k: _json_value(k, v) for k, v in result.items()})
     return path
 
 

@@ -12,25 +12,42 @@ from pathlib import Path
 
 import pandas as pd
 
+from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
 from batchlab.lab.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
-from batchlab.collector.capacity import Capacity, Probe, Verdict, search, start_below, sustain, tokens_per_request
+from batchlab.collector.capacity import WARMUP_SHARE as CAPACITY_WARMUP_SHARE
+from batchlab.collector.capacity import (Capacity, Probe, Verdict, arrival_cv2, search, start_below, sustain,
+                                        tokens_per_request)
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR, point_dir, saturated_dir
+from batchlab.collector.interference import read as read_interference
 from batchlab.collector.saturation import SaturatedRun, pooled, saturated_run
+from batchlab.collector.summary import SummaryError, read_summary
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.setting_groups import said
 from batchlab.protocol.study_settings import CapacitySettings
 
 SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
 OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them
+# A saturated run's pool of requests for its clients to take (a closed loop's schedule, built and tokenized
+# before it starts: the default 10,000 ShareGPT prompts cost seconds a run): this many per client, or this many
+# a second of its traffic, whichever is more; a pool that runs dry ends the traffic, and μ's window with it
+POOL_PER_CLIENT = 8
+POOL_REQ_S = 200.0
 EXTENSIONS = 2  # a saturated run whose steady window cannot bound μ runs again, twice as long, at most this
 # many times (a worker slower than planned, or a loaded machine: 15 s held one batch, or two 0.19 s apart)
 
 
-def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, slos: dict | None, folder: str = "",
-             ceiling_req_s: float | None = None) -> Probe:
-    """One probe's verdict from its requests table."""
-    return Probe(rate, sustain(requests, duration_s, slos, ceiling_req_s), folder, tokens_per_request(requests))
+def probe_of(rate: float, requests: pd.DataFrame, duration_s: float, cfg, folder: str = "",
+             saturated: dict | None = None) -> Probe:
+    """One probe's verdict from its requests table, judged against μ (`saturated`: its upper bound the ceiling)
+    under the probe's own SLOs and arrival process. With a queue limit or SLOs, the steady queue's level
+    decides (rejections, waits), so μ's estimate also says how long the probe's queue needs to settle; without
+    either, any rate below μ is sustained in the long run and the queue's trend and μ's bound decide."""
+    ceiling, mu = (saturated["req_s_hi"], saturated["req_s"]) if saturated else (None, None)
+    limited = bool(cfg.max_queue or cfg.max_queue_tokens or cfg.slos())
+    verdict = sustain(requests, duration_s, cfg.slos() or None, ceiling, mu if limited else None,
+                      arrival_cv2(cfg.arrival, cfg.burstiness))
+    return Probe(rate, verdict, folder, tokens_per_request(requests))
 
 
 def clients(plan: Plan, entry: Entry, s: AutoRates) -> int:
@@ -43,10 +60,12 @@ def clients(plan: Plan, entry: Entry, s: AutoRates) -> int:
 
 def _saturated_point(plan: Plan, entry: Entry, out: Path, repeat: int, s: AutoRates,
                      duration_s: float) -> tuple[Point, dict]:
+    n_clients = clients(plan, entry, s)
     point = Point(entry, float("inf"), repeat, plan.seed, out / SATURATED_DIR / saturated_dir(entry.label, repeat),
-                  clients(plan, entry, s))
+                  n_clients)
     base = {k: v for k, v in plan.base.items() if k not in OPEN_LOOP_KEYS}
-    return point, {**base, "duration_s": duration_s, "max_queue": 0, "max_queue_tokens": 0}
+    pool = max(POOL_PER_CLIENT * n_clients, math.ceil(POOL_REQ_S * duration_s))
+    return point, {**base, "duration_s": duration_s, "max_queue": 0, "max_queue_tokens": 0, "num_requests": pool}
 
 
 def durations(s: AutoRates) -> list[float]:
@@ -73,27 +92,41 @@ def extended(label: str, tries: list[float], once, view=None) -> SaturatedRun:
     return run
 
 
+def _interference(folder: Path) -> dict | None:
+    """The other work beside a run (its summary's; None when it has none to read)."""
+    try:
+        return read_summary(folder).interference
+    except SummaryError:
+        return None
+
+
 def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates) -> tuple[Point, dict]:
     point = Point(entry, rate, 0, plan.seed, out / CAPACITY_DIR / point_dir(entry.label, rate, 0))
     return point, {**plan.base, "duration_s": probe_duration_s(rate, s)}
 
 
 def probe_duration_s(rate: float, s: AutoRates) -> float:
-    """A probe's traffic: search_duration_s, or long enough for search_requests arrivals at `rate` (a queue's
-    trend read from a dozen arrivals says nothing)."""
-    return max(s.search_duration_s, s.search_requests / rate)
+    """A probe's traffic: search_duration_s, or long enough for search_requests arrivals at `rate` after its
+    warm-up quarter, the part its verdict judges (a queue's trend read from a dozen arrivals says nothing)."""
+    return max(s.search_duration_s, s.search_requests / (rate * (1 - CAPACITY_WARMUP_SHARE)))
 
 
 class LiveSearch:
-    """Capacity searches on real points, on the sweep's warm workers (runner.pool.PoolKeeper)."""
+    """Capacity searches on real points, on the sweep's warm workers (runner.pool.PoolKeeper); a run a burst
+    of other work disturbed runs again (`disturbed`: the sweep's lab.disturbance.Disturbances)."""
 
-    def __init__(self, plan: Plan, out: Path, settings: AutoRates, pools=None, view=None) -> None:
+    def __init__(self, plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
+                 disturbed: Disturbances | None = None) -> None:
         self.plan, self.out, self.s, self.pools, self.view = plan, out, settings, pools, view
+        self.disturbed = disturbed or Disturbances.measured(plan.rerun_disturbed)
 
     def _run(self, point: Point, base: dict, what: str, extension: bool = False) -> dict:
         tick = self.view.ticker(point, what) if self.view else None  # resume: a probe that measured what
         stale_note = None if extension else self.view  # an extension says why it runs the point again
-        return reused(point, base, True, stale_note) or execute(point, base, tick, self.plan.limits(), self.pools)
+        name = f"{what} {point.entry.label} " + (f"repeat {point.repeat}" if what == "saturated" else
+                                                 f"λ={point.rate:g}")
+        return reused(point, base, True, stale_note) or self.disturbed.run(
+            name, lambda: execute(point, base, tick, self.plan.limits(), self.pools), self.view)
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
         """One saturated run's μ, extended while it finished too little; SweepError when it failed or even the
@@ -105,19 +138,24 @@ class LiveSearch:
             record = self._run(point, base, "saturated", extension=duration_s > self.s.saturated_duration_s)
             if record["status"] not in ("done", "skipped"):
                 raise SweepError(f"the saturated run of {entry.label} failed: {record['reason'].splitlines()[0]}")
-            return saturated_run(load_table(point.folder, "requests"), duration_s, repeat=repeat,
-                                 folder=str(point.folder.relative_to(self.out)))
+            run = saturated_run(load_table(point.folder, "requests"), duration_s, repeat=repeat,
+                                folder=str(point.folder.relative_to(self.out)))
+            if run is not None:
+                run.interference = _interference(point.folder)
+            return run
 
         tries = durations(self.s)
         done = [k for k, d in enumerate(tries)
                 if reused(*_saturated_point(self.plan, entry, self.out, repeat, self.s, d), True)]
         run = extended(f"{entry.label} repeat {repeat}", tries[done[0] if done else 0:], once, self.view)
         if self.view:
+            beside = read_interference(run.interference)
+            busy = f"; ⚠ {beside.text()}" if beside is not None and beside.disturbed else ""
             self.view.note(f"saturated {entry.label} repeat {repeat}: μ = {run.req_s:.3g} "
-                           f"[{run.req_s_lo:.3g}, {run.req_s_hi:.3g}] req/s")
+                           f"[{run.req_s_lo:.3g}, {run.req_s_hi:.3g}] req/s{busy}")
         return run
 
-    def measure(self, entry: Entry, ceiling_req_s: float | None = None):
+    def measure(self, entry: Entry, saturated: dict | None = None):
         """collector.capacity.Measure for this entry: one point of duration_s at the rate."""
         from batchlab.collector.parts import load_table
 
@@ -127,8 +165,8 @@ class LiveSearch:
             where = str(point.folder.relative_to(self.out))
             if record["status"] not in ("done", "skipped"):
                 return Probe(rate, Verdict(False, [f"run failed: {record['reason'].splitlines()[0]}"], 0.0, 0.0), where)
-            probe = probe_of(rate, load_table(point.folder, "requests"), base["duration_s"],
-                             point.config(base).slos() or None, where, ceiling_req_s)
+            probe = probe_of(rate, load_table(point.folder, "requests"), base["duration_s"], point.config(base),
+                             where, saturated)
             if self.view:
                 self.view.note(f"capacity {entry.label} λ={rate:g}: "
                                + ("sustained" if probe.verdict.sustained else "; ".join(probe.verdict.reasons)))
@@ -143,12 +181,13 @@ class SimulatedSearch:
     def __init__(self, plan: Plan, settings: AutoRates) -> None:
         self.plan, self.s = plan, settings
 
-    def _requests(self, point: Point, base: dict) -> tuple[pd.DataFrame, dict | None]:
+    def _requests(self, point: Point, base: dict):
+        """The simulated run's requests table and its config."""
         from batchlab.simulator.run import simulate
         from batchlab.traffic.run_schedule import make_schedule
 
         cfg = point.config(base)
-        return simulate(cfg, make_schedule(cfg)).requests, cfg.slos() or None
+        return simulate(cfg, make_schedule(cfg)).requests, cfg
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
         """One saturated run's μ in virtual time, extended as a live one is."""
@@ -159,24 +198,30 @@ class SimulatedSearch:
 
         return extended(f"{entry.label} (simulated)", durations(self.s), once)
 
-    def measure(self, entry: Entry, ceiling_req_s: float | None = None):
+    def measure(self, entry: Entry, saturated: dict | None = None):
         """collector.capacity.Measure for this entry, in virtual time."""
 
         def measure(rate: float) -> Probe:
             point, base = _probe_point(self.plan, entry, Path("."), rate, self.s)
-            requests, slos = self._requests(point, base)
-            return probe_of(rate, requests, base["duration_s"], slos, ceiling_req_s=ceiling_req_s)
+            requests, cfg = self._requests(point, base)
+            return probe_of(rate, requests, base["duration_s"], cfg, saturated=saturated)
 
         return measure
+
+
+def serpentine(entries: list[Entry], repeat: int) -> list[Entry]:
+    """A repeat's order of the saturated runs: the grid's, reversed in every other repeat, so that a drift of
+    the machine's speed falls on both sides of each comparison alike (benchmarks/throughput_power.py)."""
+    return entries[::-1] if repeat % 2 else entries
 
 
 def saturate_all(plan: Plan, runner, entries: list[Entry],
                  settings: AutoRates) -> dict[str, list[SaturatedRun] | str]:
     """label → its saturated runs, one per repeat (the grid's repeats, at least saturated_repeats; strategies
-    interleaved within a repeat), or why none."""
+    interleaved within a repeat, in serpentine order), or why none."""
     runs: dict[str, list[SaturatedRun] | str] = {e.label: [] for e in entries}
     for repeat in range(max(plan.repeats, settings.saturated_repeats)):
-        for entry in entries:
+        for entry in serpentine(entries, repeat):
             if isinstance(runs[entry.label], str):
                 continue
             try:
@@ -192,7 +237,7 @@ def search_one(entry: Entry, runner, settings: AutoRates, runs: list[SaturatedRu
     if isinstance(runs, str) or not runs:
         return Capacity(entry.label, None, None, note=runs if isinstance(runs, str) else "no saturated run")
     saturated = pooled(runs)
-    return search(entry.label, start_below(saturated, settings.width), runner.measure(entry, saturated["req_s_hi"]),
+    return search(entry.label, start_below(saturated, settings.width), runner.measure(entry, saturated),
                   width=settings.width, max_probes=settings.max_probes, saturated=saturated)
 
 
@@ -209,7 +254,7 @@ def capacity_document(capacities: dict[str, Capacity], settings: AutoRates) -> d
 
 
 def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
-                 labels: list[str] | None = None) -> dict:
+                 labels: list[str] | None = None, disturbed: Disturbances | None = None) -> dict:
     """Live searches into `out`; writes and returns OUT/capacity.json (kept on resume when its search
     settings are the same and it holds every strategy asked for)."""
     path = out / CAPACITY_FILE
@@ -219,8 +264,9 @@ def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=No
         if (doc.get("search") == settings.model_dump(include=SEARCH_KEYS) and doc.get("plan_hash") == plan_hash(plan)
                 and set(wanted) <= set(doc.get("strategies", {}))):
             return doc
-    doc = capacity_document(search_all(plan, LiveSearch(plan, out, settings, pools, view), settings, labels),
-                            settings) | {"plan_hash": plan_hash(plan)}
+    searches = LiveSearch(plan, out, settings, pools, view, disturbed)
+    doc = capacity_document(search_all(plan, searches, settings, labels), settings) | {
+        "plan_hash": plan_hash(plan), "reran": searches.disturbed.reran}
     write_json_atomic(path, doc, default=str)
     return doc
 

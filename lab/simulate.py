@@ -134,6 +134,7 @@ def assign_presets(plan: Plan) -> dict[str, str]:
 def _check_calibrated_for(preset: str, kind: str, label: str) -> None:
     """A preset file (given, or shipped under a name) that records what it was calibrated on must match the
     entry's kind."""
+    from batchlab.worker.gpu_presets import preset_kind
     from batchlab.worker.stepmodel import PRESET_DIR, get_preset
 
     try:
@@ -141,10 +142,11 @@ def _check_calibrated_for(preset: str, kind: str, label: str) -> None:
     except ValueError as exc:
         raise ConfigError(f"{said('preset')}: {exc}") from None
     path = Path(preset) if Path(preset).is_file() else PRESET_DIR / f"{preset}.yaml"
-    if not path.is_file():
-        return
-    record = (yaml.safe_load(path.read_text()) or {}).get("calibration") or {}
-    made_for = CALIBRATED_KIND.get((record.get("backend"), record.get("mode")))
+    if path.is_file():
+        record = (yaml.safe_load(path.read_text()) or {}).get("calibration") or {}
+        made_for = CALIBRATED_KIND.get((record.get("backend"), record.get("mode")))
+    else:  # a GPU preset says its kind in its name (GPU-MODEL-KIND)
+        made_for = preset_kind(preset)
     if made_for and kind in CALIBRATED_KIND.values() and made_for != kind:
         raise ConfigError(f"preset {preset} was calibrated on {made_for}, but strategy {label} runs on {kind}")
 

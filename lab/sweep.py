@@ -21,18 +21,20 @@ from pathlib import Path
 from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR, point_dir
 from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, plan_points, span_rates,
                                      warm_order)
-from batchlab.lab.sweep_point import execute, preflight, refuse_old_layout, reused
+from batchlab.lab.disturbance import Disturbances
+from batchlab.lab.sweep_point import execute, load_text, preflight, refuse_old_layout, reused
 from batchlab.protocol.files import write_json_atomic
 from batchlab.report.headline import BASELINE, Headline
 from batchlab.runner.pool import PoolKeeper, worker_key
 
 
-def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tuple[dict, list[float]]:
+def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view,
+                  disturbed: Disturbances | None = None) -> tuple[dict, list[float]]:
     """Every strategy's capacity searched live (OUT/capacity.json), and the rates placed from it."""
     from batchlab.lab.capacity_search import run_capacity
 
-    doc = run_capacity(plan, out, plan.auto, pools, view)
-    estimates = {lb: c["estimate_req_s"] or c["lo_req_s"] or c["hi_req_s"] for lb, c in doc["strategies"].items()}
+    doc = run_capacity(plan, out, plan.auto, pools, view, disturbed=disturbed)
+    estimates = {lb: placing_rate(c) for lb, c in doc["strategies"].items()}
     known = [v for v in estimates.values() if v]
     if not known:
         raise SweepError("no strategy's capacity could be bracketed: every probe failed")
@@ -42,6 +44,13 @@ def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view) -> tupl
     if not estimates.get(wanted):
         raise SweepError(f"grid.rates.auto.probe: no capacity measured for a strategy labelled {wanted!r}")
     return doc, auto_rates(estimates[wanted], plan.auto.fractions)
+
+
+def placing_rate(c: dict) -> float | None:
+    """The rate that places a strategy's knee among the grid's: its capacity estimate, else the highest rate
+    it sustained, else its μ (no rate judged sustained: μ, not μ's upper bound, which a few noisy repeats can
+    put orders of magnitude off), else the lowest rate not sustained."""
+    return c["estimate_req_s"] or c["lo_req_s"] or (c.get("saturated") or {}).get("req_s") or c["hi_req_s"]
 
 
 def _bracket_text(c: dict) -> str:
@@ -64,8 +73,9 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
             shutil.rmtree(out_dir / stale, ignore_errors=True)
         (out_dir / CAPACITY_FILE).unlink(missing_ok=True)
     mixed = interleaved(plan)
+    disturbed = Disturbances.measured(plan.rerun_disturbed)
     with PoolKeeper(out_dir / WORKERS_DIR, keep_all=mixed) as pools:
-        capacity, rates = auto_capacity(plan, out_dir, pools, view) if plan.auto else (None, plan.rates)
+        capacity, rates = auto_capacity(plan, out_dir, pools, view, disturbed) if plan.auto else (None, plan.rates)
         if capacity:
             view.note("capacity (req/s): " + ", ".join(f"{lb} {_bracket_text(c)}" for lb, c in
                                                       capacity["strategies"].items()) + f" → rates {rates}")
@@ -79,18 +89,26 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))
         for i, point in enumerate(points):
-            index["points"][i] = _run_point(point, plan, pools, view, resume)
+            index["points"][i] = _run_point(point, plan, pools, view, resume, disturbed=disturbed)
+            index["reran"] = disturbed.reran
             write_json_atomic(out_dir / INDEX_FILE, index, default=str)
         if plan.repeats_auto:  # extra repeats of the headline's comparisons (run_more_repeats)
-            index = run_more_repeats(plan, out_dir, index, lambda p: _run_point(p, plan, pools, view, resume, "repeat"),
-                                     lambda doc: write_json_atomic(out_dir / INDEX_FILE, doc, default=str))
-    return index
+            index = run_more_repeats(plan, out_dir, index,
+                                     lambda p: _run_point(p, plan, pools, view, resume, "repeat", disturbed),
+                                     lambda doc: write_json_atomic(out_dir / INDEX_FILE,
+                                                                   doc | {"reran": disturbed.reran}, default=str))
+    return index | {"reran": disturbed.reran}
 
 
-def _run_point(point: Point, plan: Plan, pools: PoolKeeper, view, resume: bool, phase: str = "run") -> dict:
-    """The point run (or, on resume, its earlier record reused), shown as finished; its record."""
-    record = (reused(point, plan.base, resume, view)
-              or execute(point, plan.base, view.ticker(point, phase), plan.limits(), pools))
+def _run_point(point: Point, plan: Plan, pools: PoolKeeper, view, resume: bool, phase: str = "run",
+               disturbed: Disturbances | None = None) -> dict:
+    """The point run (or, on resume, its earlier record reused), again when a burst of other work disturbed
+    it (`disturbed`: the sweep's Disturbances), shown as finished; its record."""
+    def once() -> dict:
+        return execute(point, plan.base, view.ticker(point, phase), plan.limits(), pools)
+
+    name = f"{point.entry.label} {load_text(point, '')} rep {point.repeat}"
+    record = reused(point, plan.base, resume, view) or (disturbed.run(name, once, view) if disturbed else once())
     view.finished(point, record)
     return record
 

@@ -67,6 +67,7 @@ class Plan:
     order: str = "auto"
     repeats_auto: AutoRepeats | None = None
     concurrency: list[int] = field(default_factory=list)  # closed loop: clients per point, in place of rates
+    rerun_disturbed: int = 0  # grid.rerun_disturbed: tries again for a run a burst of other work disturbed
 
     def limits(self):
         """Each point's time limits (runner.launcher.Limits): the grid's point_timeout_s; its start-up limit is the
@@ -179,7 +180,7 @@ def parse_plan(raw: dict, path: str | Path = "the plan", sets: dict | None = Non
     rates = [] if grid.concurrency or grid.rates_auto else sorted(set(grid.rates or [base.get("rate", DEFAULT_RATE)]))
     return Plan(base, entries, [float(r) for r in rates], grid.rates_auto, grid.repeats, grid.seed,
                 grid.point_timeout_s, grid.order, grid.repeats_auto,
-                sorted(set(grid.concurrency or [])))
+                sorted(set(grid.concurrency or [])), grid.rerun_disturbed)
 
 
 GRID_CHANGES = ("strategies", "rates", "repeats", "seed", "concurrency", "order", "point_timeout_s")

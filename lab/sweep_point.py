@@ -51,7 +51,8 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
     note = note or verdict(summary, summary.role_deaths)[1]  # what `batchlab run` would say about a fault
     point_result(point.folder)  # vllm_result.json: the figures under vllm bench serve's keys
     record = (point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
-              | {"config_hash": config_hash(cfg.as_settings())})
+              | {"config_hash": config_hash(cfg.as_settings())}
+              | ({"interference": summary.interference} if summary.interference else {}))
     write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline(summary)}, default=str)
     return record
 

@@ -49,6 +49,15 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
         **_COMMON, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008,
         "max_position_embeddings": 4096, "dtype": "float16"}),
+    # Llama-3.1-8B: GQA (8 KV heads) and a 128256-token vocabulary (its tokenizer is not Mistral's: the :random
+    # model reads Mistral's 32000 ids, all below its vocabulary size); rope_scaling as in Meta's config.json
+    Arch("llama-3.1-8b", "meta-llama/Llama-3.1-8B", 8.03e9, False, {
+        **_COMMON, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256,
+        "bos_token_id": 128000, "eos_token_id": 128001, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "rope_theta": 500000.0,
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "max_position_embeddings": 131072, "dtype": "bfloat16"}),
 )}
 
 
@@ -92,8 +101,9 @@ def kv_bytes_per_token(arch: Arch, dtype_bytes: int) -> int:
 
 def facts(arch: Arch) -> dict:
     """What a worker's hello (and so the run's summary) says about a `:random` model."""
-    tokenizer = MISTRAL_TOKENIZER if arch.tokenizer_is_original else \
-        f"{MISTRAL_TOKENIZER}, not the original's (same 32000-token vocabulary size)"
+    vocab = arch.config["vocab_size"]
+    same = "same 32000-token vocabulary size" if vocab == 32000 else f"32000 ids within its {vocab}-token vocabulary"
+    tokenizer = MISTRAL_TOKENIZER if arch.tokenizer_is_original else f"{MISTRAL_TOKENIZER}, not the original's ({same})"
     return {"weights": "random weights, real architecture", "architecture_of": arch.original,
             "tokenizer": tokenizer}
 

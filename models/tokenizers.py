@@ -1,6 +1,7 @@
 """The model's tokenizer, for the traffic process (prompts are tokenized once, there), and the files
 models.folders writes next to a model built here."""
 import os
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -63,6 +64,10 @@ class SentencePieceTokenizer:
         """Token ids of `text`."""
         return self.sp.encode(text, out_type=int)
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids (control tokens dropped, as a server streams it)."""
+        return self.sp.decode([i for i in ids if 0 <= i < self.vocab_size])
+
 
 class HFTokenizer:
     """encode(text) → ids through transformers' AutoTokenizer (no special tokens)."""
@@ -77,6 +82,10 @@ class HFTokenizer:
         """Token ids of `text`."""
         return self.tok.encode(text, add_special_tokens=False)
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids (special tokens dropped, as a server streams it)."""
+        return self.tok.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
+
 
 @lru_cache(maxsize=4)
 def get_tokenizer(model: str):
@@ -85,3 +94,11 @@ def get_tokenizer(model: str):
     if model == TINY_MISTRAL or random_arch(model) is not None:
         return SentencePieceTokenizer(mistral_tokenizer_file())
     return HFTokenizer(model)
+
+
+def decoder(model: str) -> tuple[Callable[[list[int]], str] | None, str]:
+    """The model's token-ids → text, or None and why (a tokenizer that cannot be loaded here)."""
+    try:
+        return get_tokenizer(model).decode, ""
+    except (OSError, ValueError, ImportError, RuntimeError) as exc:
+        return None, f"the tokenizer of {model!r} could not be loaded ({type(exc).__name__}: {exc})"

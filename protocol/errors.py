@@ -64,6 +64,10 @@ class CalibrateError(BatchlabError, ValueError):
     """Runs that cannot be calibrated from."""
 
 
+class PublishedError(BatchlabError, ValueError):
+    """A file of published GPU measurements that cannot be read as configurations (simulator.published)."""
+
+
 # Files batchlab reads back.
 class SummaryError(BatchlabError, ValueError):
     """A summary.json that is missing or not a batchlab summary."""

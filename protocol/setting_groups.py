@@ -15,6 +15,8 @@ from batchlab.protocol.errors import BatchlabError, ConfigError, term  # noqa: F
 from batchlab.protocol.plugins import BACKEND_GROUP, entry_point_names
 
 BACKENDS = ("sim", "echo", "hf", "vllm", "openai")  # the built-in backends (worker.factory); plugins by name too
+# How a CPU worker's threads share the cores (worker.threads gives each its meaning; docs/workers.md its figures)
+THREAD_POLICIES = ("auto", "torch", "all", "spare", "one", "pinned")
 MAX_ROWS = 1 << 20  # a message's longest list (protocol.codec.MAX_ARRAY_LEN): a batch of more cannot be sent
 DEFAULT_RATE = 10.0  # requests/s
 DEFAULT_DURATION_S = 10.0  # ScheduleSettings' duration_s
@@ -241,6 +243,10 @@ class WorkerSettings(Group, title="Worker"):
     max_num_batched_tokens: Int = setting(0, "per engine step, decodes and prompt chunks together (0: vLLM's "
                                           "default; hf continuous: 256 on CPU, 2048 on CUDA); not below "
                                           "--max-batch-size", unit="tokens", ge=0, note="(0: the engine's default)")
+    cpu_threads: str = setting("auto", "hf and vllm workers: intra-op threads and how they share the cores: auto "
+                               "(= spare) | spare (cores − 1, idle threads sleep) | all (one per core, idle threads "
+                               "sleep) | one | torch (torch's default: one per core, spinning) | pinned (spare, the "
+                               "worker on its own cores, the harness on the last) | N threads")
 
     @field_validator("backend")
     @classmethod
@@ -249,6 +255,15 @@ class WorkerSettings(Group, title="Worker"):
             return name
         raise refuse(f"{said('backend')} must be one of {', '.join(BACKENDS)}, a {BACKEND_GROUP} entry point or "
                      f"package.module:Class, got {name!r}")
+
+    @field_validator("cpu_threads", mode="before")
+    @classmethod
+    def _thread_policy(cls, value: object) -> str:
+        text = str(value).strip().lower() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+        if text in THREAD_POLICIES or (text.isdigit() and 1 <= int(text) <= 4096):
+            return text
+        raise refuse(f"--cpu-threads must be one of {', '.join(THREAD_POLICIES)} or a thread count from 1 to 4096, "
+                     f"got {value!r}")
 
     @field_validator("memory_budget")
     @classmethod
@@ -270,6 +285,14 @@ class SimBackendSettings(Group, title="Worker: sim"):
     speed_noise: float = setting(0.0, "sim: run-to-run speed noise, as on a busy shared machine: every step time of "
                                  "a run scaled by one factor exp(σ·z), z ~ N(0, 1) seeded by the run's seed, repeat "
                                  "and label (0.1: about ±10% between runs)", unit="σ of log", ge=0, le=2)
+    speed_drift: float = setting(0.0, "sim: the speed moving within a run, as on a busy machine: log speed an "
+                                 "Ornstein-Uhlenbeck process of this stationary σ (worker/machine_noise.py)",
+                                 unit="σ of log", ge=0, le=2)
+    speed_drift_s: float = setting(5.0, "sim: the drift's correlation time", unit="s", gt=0)
+    neighbour_share: float = setting(0.0, "sim: a neighbour that takes this share of the worker's time in bursts "
+                                     "(every step 1 ÷ (1 − share) as long while it is on)", ge=0, lt=1)
+    neighbour_on_s: float = setting(5.0, "sim: the neighbour's mean burst (exponential lengths)", unit="s", gt=0)
+    neighbour_off_s: float = setting(10.0, "sim: the neighbour's mean pause between bursts", unit="s", gt=0)
 
 
 class HFBackendSettings(Group, title="Worker: hf"):

@@ -15,9 +15,11 @@ import yaml
 from pydantic import BaseModel, PrivateAttr, ValidationError, model_validator
 
 from batchlab.protocol.plugins import class_digest, class_spec
-from batchlab.protocol.setting_groups import (CLOSED_LOOP_COUNT_DURATION_S, DEFAULT_DURATION_S,  # noqa: F401
-                                              DEFAULT_RATE, GROUPS, ConfigError, ScheduleSettings, closed_loop_conflict,
-                                              flag_of, parse_bytes, parse_slos, refuse, said, slo_items)
+from batchlab.protocol.setting_groups import (BACKENDS, CLOSED_LOOP_COUNT_DURATION_S, DEFAULT_DURATION_S,  # noqa: F401
+                                              DEFAULT_RATE, GROUPS, ConfigError, HFBackendSettings,
+                                              OpenAIBackendSettings, ScheduleSettings, VLLMBackendSettings,
+                                              closed_loop_conflict, flag_of, parse_bytes, parse_slos, refuse, said,
+                                              slo_items)
 
 # The settings a schedule is built from: a replayed schedule brings its own.
 TRAFFIC_FIELDS = tuple(ScheduleSettings.model_fields)
@@ -88,6 +90,25 @@ class RunConfig(*GROUPS, title="RunConfig"):
         d = self.model_dump()
         d.update(d.pop("extra"))
         return d
+
+
+# a built-in backend's own settings, which every other built-in backend ignores (the sim backend's preset is
+# not among them: `simulate` and `calibrate` read it beside live runs; speed_noise likewise)
+BACKEND_ONLY = {"openai": tuple(OpenAIBackendSettings.model_fields), "vllm": tuple(VLLMBackendSettings.model_fields),
+                "hf": tuple(HFBackendSettings.model_fields)}
+
+
+def refuse_ignored(cfg: RunConfig) -> None:
+    """ConfigError naming the settings given for this run (cfg.model_fields_set: the file's and the command
+    line's) that its backend ignores: another built-in backend's own. A plugin backend may read any setting."""
+    if cfg.backend not in BACKENDS:
+        return
+    ignored = [(said(name), backend) for backend, names in BACKEND_ONLY.items() if backend != cfg.backend
+               for name in names if name in cfg.model_fields_set]
+    if ignored:
+        named = ", ".join(f"{option} (the {backend} backend's)" for option, backend in ignored)
+        raise ConfigError(f"backend {cfg.backend} ignores {named}: leave {'them' if len(ignored) > 1 else 'it'} "
+                          "out rather than record a setting that does not apply")
 
 
 def config_error(exc: ValidationError, schema: type[BaseModel] | None = None) -> ConfigError:

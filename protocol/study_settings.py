@@ -22,18 +22,18 @@ class Section(BaseModel):
 class CapacitySettings(Section, title="Capacity search"):
     """How each strategy's saturated rate μ and capacity are searched (`batchlab capacity`, grid.rates.auto)."""
 
-    saturated_duration_s: float = setting(20.0, "traffic per saturated run (μ), per strategy and repeat", unit="s",
+    saturated_duration_s: float = setting(12.0, "traffic per saturated run (μ), per strategy and repeat", unit="s",
                                           flag="--saturated-s", gt=0)
-    # the headline's throughput claim is paired by repeat, and fewer than 3 repeats cannot show the spread
-    # between runs (docs/statistics.md)
-    saturated_repeats: int = setting(3, "saturated runs per strategy (at least; the grid's repeats when more)",
+    # the headline's throughput claim is paired by repeat: 5 short repeats (t = 2.78) find on a busy machine a
+    # difference 3 long ones (t = 4.30) miss, in the same time (benchmarks/throughput_power.py, docs/capacity.md)
+    saturated_repeats: int = setting(5, "saturated runs per strategy (at least; the grid's repeats when more)",
                                      gt=0)
     saturated_clients: int = setting(0, "closed-loop clients of a saturated run (0: 2 × the batch cap × the "
                                      "workers)", unit="clients", ge=0)
     search_duration_s: float = setting(10.0, "traffic per capacity probe (its queue drains after)", unit="s",
                                        flag="--duration", old_flag="--duration-s", gt=0)
-    search_requests: int = setting(60, "a probe runs long enough for this many arrivals at its rate (a queue's "
-                                   "trend read from a dozen says nothing)", unit="requests", gt=0)
+    search_requests: int = setting(60, "a probe runs long enough for this many arrivals after its warm-up quarter "
+                                   "(a queue's trend read from a dozen says nothing)", unit="requests", gt=0)
     width: float = setting(WIDTH, "stop when hi / lo ≤ 1 + width", gt=0)
     max_probes: int = setting(MAX_PROBES, "at most this many probes per strategy", gt=0)
 
@@ -97,6 +97,8 @@ class Grid(Section):
                                      unit="s", ge=0)
     order: Literal["auto", "interleaved", "grouped"] = setting(
         "auto", "auto: interleaved unless a point runs on a GPU (two idle engines would hold two models)")
+    rerun_disturbed: int = setting(0, "run a point, saturated run or probe again, up to this many times, when a "
+                                   "burst of other work beyond the sweep's usual disturbed it (0: never)", ge=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,7 @@ class Report:
     plots: list[Path]
     headlines: list[str]
     capacity_lines: list[str] = field(default_factory=list)  # the capacity table as plain text
+    machine_lines: list[str] = field(default_factory=list)  # the other work beside the runs, and its warning
 
 
 ReportResult = Report  # its former name
@@ -69,7 +70,8 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     """Write the plots, REPORT.md and REPORT.html into `out` (default: `folder`); the runs' files are only
     read. `extra`: other tools' result files to place beside the strategies (with those found in the
     folder, report.external)."""
-    from batchlab.report.external import load_external, section
+    from batchlab.report.external import load_external
+    from batchlab.report.peer_section import section
     from batchlab.report import plots
     from batchlab.report.capacities import capacity_text, load_capacities
     from batchlab.report.headline import headlines
@@ -104,4 +106,15 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines, stats=stats,
                labels=collection.labels(), rates=collection.rates(),
                setup=setup_lines(collection.runs[0]) if collection.runs else [], external=external)
-    return Report(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [])
+    return Report(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [],
+                  machine_lines(collection, capacities))
+
+
+def machine_lines(collection: Collection, capacities: dict) -> list[str]:
+    """The terminal's lines on the machine: the other work beside the runs, and the warning when it bent them."""
+    from batchlab.report import machine
+
+    grid = machine.summary_line(machine.of_runs(collection.runs), "grid runs")
+    saturated = [f for fs in machine.saturated_of(capacities).values() for f in fs]
+    lines = [line for line in (grid, machine.summary_line(saturated, "saturated runs")) if line]
+    return lines + [w for w in [machine.warning(collection, capacities)] if w]

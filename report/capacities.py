@@ -4,7 +4,8 @@ the grid's own rates with the same sustain criterion (collector.capacity.from_ru
 what the same sweep's points completed at steady state; and the capacity table, in Markdown and as text."""
 import json
 
-from batchlab.collector.capacity import GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, from_runs
+from batchlab.collector.capacity import (GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, Verdict, arrival_cv2, from_runs,
+                                        sustain)
 from batchlab.collector.layout import CAPACITY_FILE
 from batchlab.collector.saturation import saturated_run
 from batchlab.report.points import Collection
@@ -27,17 +28,37 @@ def load_capacities(collection: Collection, slos: dict | None = None) -> tuple[d
     else:
         found, source = {lb: from_runs(lb, rs, slos).as_dict() for lb, rs in runs.items() if rs}, FROM_GRID
     for lb, c in found.items():
-        c["checks"] = checks(c, runs.get(lb, []))
+        verdicts = grid_verdicts([r for r in collection.runs if r.label == lb], slos, c.get("saturated"))
+        c["grid_sustained"] = sustained_rates(verdicts)
+        c["checks"] = checks(c, runs.get(lb, []), verdicts)
     return found, source
 
 
-def checks(c: dict, runs: list) -> list[str]:
-    """Where a capacity disagrees with what the same sweep measured: above its saturated rate μ's interval,
-    or above the steady completion rate of a grid point it overloaded; μ below what a grid point completed."""
+def grid_verdicts(runs: list, slos: dict | None = None, saturated: dict | None = None) -> dict[float, list[Verdict]]:
+    """Each grid rate's sustain verdicts (one per repeat), judged as the capacity search judges its probes:
+    the runs' SLOs, and with μ (`saturated`) its bound and, where a queue limit or SLOs make the queue's
+    level count, how long the queue needs to settle."""
+    verdicts: dict[float, list[Verdict]] = {}
+    for run in runs:
+        s, duration_s = run.settings, float(run.settings.get("duration_s") or 0.0)
+        if not (run.rate and duration_s > 0 and len(run.requests)):
+            continue
+        limited = bool(s.get("max_queue") or s.get("max_queue_tokens") or slos or s.get("slo"))
+        mu = saturated.get("req_s") if saturated and limited else None
+        verdicts.setdefault(run.rate, []).append(sustain(
+            run.requests, duration_s, slos, saturated.get("req_s_hi") if saturated else None, mu,
+            arrival_cv2(str(s.get("arrival", "poisson")), float(s.get("burstiness") or 1.0))))
+    return verdicts
+
+
+def checks(c: dict, runs: list, verdicts: dict[float, list[Verdict]] | None = None) -> list[str]:
+    """Where a capacity disagrees with what the same sweep measured, both ways: above its saturated rate μ's
+    interval, or above the steady completion rate of a grid point it overloaded; below a grid rate the sweep
+    sustained (served fully, queue flat, in every repeat); μ below what a grid point completed."""
     est, sat, lb = c.get("estimate_req_s") or c.get("lo_req_s"), c.get("saturated"), c.get("label", "")
     steady = [(rate, offered(requests, duration_s), run) for rate, requests, duration_s in runs
               if rate and duration_s > 0 and (run := saturated_run(requests, duration_s)) is not None]
-    notes = []
+    notes = below_sustained(c, verdicts or {})
     if est and sat and est > sat["req_s_hi"]:
         notes.append(f"{lb}: capacity {sig(est)} req/s is above its saturated rate μ = {mu_text(sat)}")
     # completing clearly less than was offered: the worker's own ceiling, what no capacity can exceed
@@ -50,6 +71,35 @@ def checks(c: dict, runs: list) -> list[str]:
         notes.append(f"{lb}: at λ = {fast[0]:g} it completed {sig(fast[1].req_s)} req/s at steady state, above "
                      f"its saturated rate μ = {mu_text(sat)} (the machine's speed moved between them?)")
     return notes
+
+
+def sustained_rates(verdicts: dict[float, list[Verdict]]) -> list[dict]:
+    """The grid rates every repeat sustained, ascending: {"rate": nominal, "offered_req_s": the least any
+    repeat offered} (capacities are in offered rates; a seeded schedule is some percent off its nominal)."""
+    return [{"rate": rate, "offered_req_s": min(v.offered_req_s or rate for v in vs)}
+            for rate, vs in sorted(verdicts.items()) if vs and all(v.sustained for v in vs)]
+
+
+def contradicts(capacity_req_s: float | None, offered_req_s: float) -> bool:
+    """Whether a rate a grid sustained (offered) lies clearly above a capacity: beyond the tolerance a
+    sustained verdict itself allows (GROWTH_SHARE)."""
+    return capacity_req_s is None or offered_req_s > capacity_req_s * (1 + GROWTH_SHARE)
+
+
+def below_sustained(c: dict, verdicts: dict[float, list[Verdict]]) -> list[str]:
+    """A capacity (its estimate, else the bound it has) below the offered rate of a grid point that every
+    repeat sustained: the search said less than the sweep itself showed."""
+    cap = c.get("estimate_req_s") or c.get("lo_req_s") or c.get("hi_req_s")
+    held = [(rate, vs) for rate, vs in verdicts.items() if vs and all(v.sustained for v in vs)]
+    if cap is None or not held:
+        return []
+    rate, vs = max(held, key=lambda item: min(v.offered_req_s or item[0] for v in item[1]))
+    offered_req_s = min(v.offered_req_s or rate for v in vs)
+    if not contradicts(cap, offered_req_s):
+        return []
+    served = min(v.served_share for v in vs)
+    return [f"{c.get('label', '')}: capacity {bracket_text(c)} req/s is below λ = {rate:g} ({sig(offered_req_s)} "
+            f"offered), which the same sweep sustained ({served:.0%} served, the queue flat, {len(vs)} repeat(s))"]
 
 
 def offered(requests, duration_s: float) -> float:
@@ -83,13 +133,19 @@ def bracket_text(c: dict, unit: str = "req_s") -> str:
 
 
 def _probes_text(c: dict) -> str:
-    return ", ".join(f"{p['rate_req_s']:g}{'✓' if p['sustained'] else '✗'}" for p in c.get("probes", []))
+    return ", ".join(f"{p['rate_req_s']:g}{'✓' if p['sustained'] else '✗' if p.get('judged', True) else '?'}"
+                     for p in c.get("probes", []))
 
 
-def capacity_rows(capacities: dict[str, dict]) -> list[tuple[str, str, str, str, str, str]]:
-    """(strategy, capacity req/s, capacity tok/s, μ req/s, μ tok/s, probes) per strategy."""
+def capacity_rows(capacities: dict[str, dict]) -> list[tuple[str, str, str, str, str, str, str]]:
+    """(strategy, capacity req/s, capacity tok/s, μ req/s, μ tok/s, probes, other work beside μ's runs) per
+    strategy."""
+    from batchlab.report.machine import cell, saturated_of
+
+    beside = saturated_of(capacities)
     return [(lb, bracket_text(c), bracket_text(c, "tok_s"), mu_text(c.get("saturated")),
-             mu_text(c.get("saturated"), "tok_s"), _probes_text(c)) for lb, c in capacities.items()]
+             mu_text(c.get("saturated"), "tok_s"), _probes_text(c), cell(beside.get(lb, [])))
+            for lb, c in capacities.items()]
 
 
 def _warnings(capacities: dict[str, dict]) -> list[str]:
@@ -100,15 +156,16 @@ def capacity_table(capacities: dict[str, dict]) -> list[str]:
     """The Markdown table: capacity in req/s and output tok/s, estimate [interval], the saturated rate μ
     beside it, and the rates measured; then a warning for each disagreement with the sweep's own points."""
     head = ["strategy", "capacity (req/s)", "capacity (output tok/s)", "μ saturated (req/s)",
-            "μ saturated (output tok/s)", "rates measured (✓ sustained, ✗ not)"]
+            "μ saturated (output tok/s)", "rates measured (✓ sustained, ✗ not, ? undecided)",
+            "other work beside μ's runs (cores)"]
     warnings = _warnings(capacities)
     return md_table(head, capacity_rows(capacities)) + ([""] + [f"- {w}" for w in warnings] if warnings else [])
 
 
 def capacity_text(capacities: dict[str, dict]) -> list[str]:
     """The same table as aligned plain text (the terminal): capacity and μ in req/s, μ in output tok/s."""
-    rows = [("strategy", "capacity req/s", "μ saturated req/s", "μ output tok/s")]
-    rows += [(r[0], r[1], r[3], r[4]) for r in capacity_rows(capacities)]
+    rows = [("strategy", "capacity req/s", "μ saturated req/s", "μ output tok/s", "other work (cores)")]
+    rows += [(r[0], r[1], r[3], r[4], r[6]) for r in capacity_rows(capacities)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return (["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
             + _warnings(capacities))

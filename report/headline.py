@@ -4,7 +4,7 @@ repeat the estimate stands alone and the sentence says run-to-run variation was 
 interval includes zero reads as no significant difference."""
 from dataclasses import dataclass
 
-from batchlab.report.capacities import bracket_text, mu_text
+from batchlab.report.capacities import bracket_text, contradicts, mu_text
 from batchlab.collector.intervals import UNMEASURED, PairedResult, between_repeats, describe, pct_text
 from batchlab.report.points import Collection
 from batchlab.report.stats import paired_latency
@@ -13,12 +13,15 @@ BASELINE = "naive"
 NAMES = {"dynamic": "Dynamic batching", "continuous": "Continuous batching",
          "vllm": "vLLM (continuous batching)", "naive": "naive batching"}
 COMMON_LOAD_SHARE = 0.8  # the latency comparison's load: at most this share of the lower capacity
-NO_COMMON_RATE = f"no grid rate at or below {COMMON_LOAD_SHARE:g} × the lower capacity was measured for both"
+NO_COMMON_RATE = (f"no grid rate at or below {COMMON_LOAD_SHARE:g} × the lower capacity, nor one both served "
+                  "fully with a flat queue, was measured for both")
+FALLBACK = "the lowest grid rate both served fully with a flat queue"
 RULE = ("throughput = each strategy's saturated throughput μ (completions per second while the worker is kept "
         "busy) against naive batching's, paired by repeat (where no saturated run exists: the capacities); "
         "latency = TTFT p50 and E2E p50, paired over the same requests within each repeat, at the highest grid "
-        f"rate ≤ {COMMON_LOAD_SHARE:g} × the lower of the two capacities; intervals from the spread between "
-        "repeats (Student's t on the per-repeat log ratios)")
+        f"rate ≤ {COMMON_LOAD_SHARE:g} × the lower of the two capacities, or, where a capacity is missing or "
+        f"below a rate its own grid sustained or no grid rate qualifies, at {FALLBACK}; intervals from the spread "
+        "between repeats (Student's t on the per-repeat log ratios)")
 
 
 @dataclass(slots=True)
@@ -32,6 +35,7 @@ class Headline:
     e2e: PairedResult | None
     text: str
     throughput: PairedResult | None = None  # percent change of the saturated μ, repeats as units (None: no runs)
+    basis: str = ""  # why the common load is the rate it is ("" for the rule's first choice: ≤ 0.8 × capacity)
 
 
 def saturated_runs(c: dict) -> dict[int, float]:
@@ -63,13 +67,31 @@ def load_point(c: dict) -> float | None:
     return c.get("estimate_req_s") or c.get("lo_req_s")
 
 
-def common_rate(rates: list[float], new: dict, old: dict) -> float | None:
-    """The highest of `rates` at or below COMMON_LOAD_SHARE × the lower capacity (None: none, or unknown)."""
+def common_rate(rates: list[float], new: dict, old: dict) -> tuple[float | None, str]:
+    """(the latency comparison's load, why it is that one): the highest of `rates` at or below
+    COMMON_LOAD_SHARE × the lower capacity; where a capacity is missing, or below a grid rate its own sweep
+    sustained (`grid_sustained`, report.capacities), or no rate qualifies: the lowest of `rates` that both
+    sustained, saying why ((None, "") when there is none)."""
     points = [load_point(new), load_point(old)]
-    if not all(points):
-        return None
-    fitting = [r for r in rates if r <= COMMON_LOAD_SHARE * min(points)]
-    return max(fitting) if fitting else None
+    doubt = [f"{c.get('label', lb)}'s capacity {why}" for lb, c, point in (("", new, points[0]), (BASELINE, old, points[1]))
+             for why in [_doubt(c, point)] if why]
+    if not doubt:
+        fitting = [r for r in rates if r <= COMMON_LOAD_SHARE * min(points)]
+        if fitting:
+            return max(fitting), ""
+        doubt = [f"no grid rate was at or below {COMMON_LOAD_SHARE:g} × the lower capacity"]
+    held = [{g["rate"] for g in c.get("grid_sustained") or []} for c in (new, old)]
+    both = sorted(set(rates) & held[0] & held[1])
+    return (both[0], f"{FALLBACK}: {'; '.join(doubt)}") if both else (None, "")
+
+
+def _doubt(c: dict, point: float | None) -> str:
+    """Why a capacity cannot place the common load ('' when it can): none, or one below a rate its own grid
+    sustained (report.capacities.contradicts, in offered rates)."""
+    if not point:
+        return "was not measured"
+    held = [g for g in c.get("grid_sustained") or [] if contradicts(point, g["offered_req_s"])]
+    return f"is below λ = {max(g['rate'] for g in held):g}, which its grid sustained" if held else ""
 
 
 def capacity_sentence(label: str, new: dict, old: dict, ratio: PairedResult | None, hardware: str) -> str:
@@ -121,9 +143,14 @@ def headline_text(label: str, new: dict, old: dict, found: "Headline", hardware:
     text += (f" Throughput: saturated μ, {BASELINE} {mu_text(old.get('saturated'))} → {label} "
              f"{mu_text(new.get('saturated'))} req/s, {thr.clusters} paired repeat(s).")
     if found.ttft is not None:
-        text += (f" Latency at λ = {rate:g} req/s (≤ {COMMON_LOAD_SHARE:g} × the lower capacity), paired over "
+        text += (f" Latency at λ = {rate:g} req/s ({load_basis(found.basis)}), paired over "
                  f"{found.ttft.n_pairs} requests in {found.ttft.clusters} repeat(s).")
     return text
+
+
+def load_basis(basis: str) -> str:
+    """Why the common load is what it is, for a sentence."""
+    return basis or f"≤ {COMMON_LOAD_SHARE:g} × the lower capacity"
 
 
 def headline(collection: Collection, capacities: dict[str, dict], label: str, hardware: str,
@@ -132,25 +159,27 @@ def headline(collection: Collection, capacities: dict[str, dict], label: str, ha
     new, old = capacities[label], capacities[baseline]
     shared = sorted(set(r.rate for r in collection.runs if r.label == label)
                     & set(r.rate for r in collection.runs if r.label == baseline))
-    rate = common_rate(shared, new, old)
+    rate, basis = common_rate(shared, {"label": label, **new}, old)
     ttft = e2e = None
     if rate is not None:
         runs_a, runs_b = collection.group(label, rate), collection.group(baseline, rate)
         ttft, e2e = paired_latency(runs_a, runs_b, "ttft", 50), paired_latency(runs_a, runs_b, "e2e", 50)
-    found = Headline(label, capacity_ratio(new, old), rate, ttft, e2e, "", throughput_ratio(new, old))
+    found = Headline(label, capacity_ratio(new, old), rate, ttft, e2e, "", throughput_ratio(new, old), basis)
     if found.throughput is not None:
         found.text = headline_text(label, new, old, found, hardware)
     else:  # an older capacity.json, a fixed-rate sweep: capacity is the throughput figure there is
-        found.text = capacity_sentence(label, new, old, found.capacity, hardware) + latency_sentence(rate, ttft, e2e)
+        found.text = (capacity_sentence(label, new, old, found.capacity, hardware)
+                      + latency_sentence(rate, ttft, e2e, basis))
     return found
 
 
-def latency_sentence(rate: float | None, ttft: PairedResult | None, e2e: PairedResult | None) -> str:
+def latency_sentence(rate: float | None, ttft: PairedResult | None, e2e: PairedResult | None,
+                     basis: str = "") -> str:
     """' At λ = R req/s (…), against naive batching: TTFT p50 … ; E2E p50 … (paired over N requests).'"""
     if rate is None:
         return f" Latency not compared: {NO_COMMON_RATE}."
     pairs = f" (paired over {ttft.n_pairs} requests in {ttft.clusters} repeat(s))" if ttft else ""
-    return (f" At λ = {rate:g} req/s (≤ {COMMON_LOAD_SHARE:g} × the lower capacity), against naive batching: "
+    return (f" At λ = {rate:g} req/s ({load_basis(basis)}), against naive batching: "
             f"{describe(ttft, 'TTFT p50')}; {describe(e2e, 'E2E p50')}{pairs}.")
 
 

@@ -9,7 +9,7 @@ import math
 import re
 from pathlib import Path
 
-from batchlab.report.external import DEFINITIONS, TABLE_HEAD, table_rows
+from batchlab.report.peer_section import Block, blocks
 from batchlab.report.output import write_text
 from batchlab.report.stats import PANELS, GroupStats, share_text
 from batchlab.report.text import figure, ms, p50_p99
@@ -57,16 +57,20 @@ def rate_tables(stats: dict, rates: list[float]) -> str:
     return "".join(parts)
 
 
-def _external_table(external: list) -> str:
-    if not external:
-        return ""
-    head = (*TABLE_HEAD, "TTFT p50 / p99 ms", "E2E p50 / p99 ms")
-    rows = table_rows(external, ("ttft", "e2e"), "–")
-    notes = "".join(f"<li>{html.escape(kind)}: {html.escape(DEFINITIONS[kind])}.</li>"
-                    for kind in sorted({p.kind for p in external}))
-    return ("<h2>Other tools' runs</h2><p class='note'>Stars in the curves; their figures are the tool's own. "
-            "Where the definitions differ from batchlab's:</p><ul class=\"note\" id=\"external-definitions\">"
-            + notes + "</ul>" + _table(head, rows, "external"))
+def _block(b: Block) -> str:
+    """One block of the other tools' section as HTML."""
+    if b.rows is not None:
+        return _table(b.head, b.rows, b.id)
+    if b.items is not None:
+        return f'<ul class="note" id="{b.id}">' + "".join(f"<li>{html.escape(i)}</li>" for i in b.items) + "</ul>"
+    if b.level:
+        return f"<h{b.level}>{html.escape(b.text)}</h{b.level}>"
+    return f"<p class='note'>{html.escape(b.text)}</p>"
+
+
+def _external_section(external: list) -> str:
+    """Other tools' runs: the blocks REPORT.md shows too (report.peer_section), nothing less."""
+    return "".join(_block(b) for b in blocks(external))
 
 
 def _plain(markdown_line: str) -> str:
@@ -89,7 +93,7 @@ def write_html(path: Path, *, title: str, headlines: list[str], stats: dict, lab
             "<p class='note'>Hover a point for its figures and failed share; click a strategy in the legend to "
             "hide or show it. Latencies cover finished requests only; an x marks points where more than 5% "
             "failed.</p>", curves_html(stats, labels, external),
-            "<h2>Results per rate</h2>", rate_tables(stats, rates), _external_table(external),
+            "<h2>Results per rate</h2>", rate_tables(stats, rates), _external_section(external),
             "<h2>Setup</h2>", _list(setup, "setup"), '<pre id="page-errors" data-count="-1"></pre>']
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title>{ERRORS_JS}{STYLE}</head><body>" + "".join(body) + "</body></html>")

@@ -1,5 +1,5 @@
 """REPORT.md: the one-line results, a table per rate, intervals, tool formulas, failures and setup."""
-from batchlab.report import oracle
+from batchlab.report import machine, oracle
 from batchlab.report.capacities import capacity_table, criterion_text
 from batchlab.report.headline import RULE
 from batchlab.report.points import Collection, RunData, index_load, load_text
@@ -56,16 +56,19 @@ def _memory(g: GroupStats, facts: tuple[str, int]) -> str:
     return f"{_bytes(g.peak_memory_bytes)} ({', '.join(names) or 'unknown kind'})"
 
 
-def rate_table(groups: list[GroupStats], with_goodput: bool, memory: dict | None = None) -> list[str]:
-    """One row per strategy at one rate; latencies in ms as p50 / p90 / p99; `memory`: memory_facts()."""
+def rate_table(groups: list[GroupStats], with_goodput: bool, memory: dict | None = None,
+               beside: dict | None = None) -> list[str]:
+    """One row per strategy at one rate; latencies in ms as p50 / p90 / p99; `memory`: memory_facts();
+    `beside`: (strategy, rate) → the other work beside its runs (report.machine.cell)."""
     head = ["strategy", "repeats", "throughput (tok/s)", "requests/s", "TTFT ms", "TPOT ms", "ITL ms",
             "E2E ms", "failed", *(["goodput"] if with_goodput else []), "peak memory",
-            "mean useful_fraction"]
+            "mean useful_fraction", "other work (cores)"]
     return md_table(head, [[g.label, str(g.repeats), f"{g.throughput_tok_s:.1f}", f"{g.requests_per_s:.2f}",
                             *(_pcts(g.latency[m]) for m in ("ttft", "tpot", "itl", "e2e")), g.failed_text(),
                             *([figure(g.goodput, ".1%", "—")] if with_goodput else []),
                             _memory(g, (memory or {}).get((g.label, g.rate), ("", 0))),
-                            figure(g.useful_fraction, ".2f", "—")] for g in groups])
+                            figure(g.useful_fraction, ".2f", "—"),
+                            (beside or {}).get((g.label, g.rate), "—")] for g in groups])
 
 
 def _point_cells(g: GroupStats) -> list[str]:
@@ -138,6 +141,8 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
     none = ("- No capacity headline in closed loop: compare strategies' capacity with an open-loop sweep."
             if collection.closed_loop else "- No naive run to compare the other strategies with.")
     out += [f"- {h}" for h in headlines] or [none]
+    if busy := machine.warning(collection, capacities or {}):
+        out += ["", busy]
     if headlines:
         out += ["", f"By a fixed rule: {RULE}. Latency changes are paired over the same requests (every strategy "
                 "replays the same schedule); each repeat gives one ratio, so the interval holds what moves a "
@@ -153,18 +158,22 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
     out += ["", "## Results per rate", "",
             "Latencies in ms as p50 / p90 / p99 over the finished requests of every repeat, so the failed "
             "column (failed / scheduled) belongs beside them: a strategy that drops more looks faster. "
-            "Throughput is the mean over repeats." + (f" Goodput: share of submitted requests meeting {slo_text} "
+            "Throughput is the mean over repeats; other work is the most CPU other processes took beside one of "
+            "the point's runs (⚠: more than the threshold; section The machine while it ran)." + (f" Goodput: share of submitted requests meeting {slo_text} "
                                         "(failed requests are misses)." if slos else ""), "", MEMORY_NOTE]
     memory = memory_facts(collection.runs)
+    beside = {(g.label, g.rate): machine.cell(machine.of_runs(collection.group(g.label, g.rate))) for g in groups}
     for rate in collection.rates():
         out += ["", f"### {load_text(rate, collection.closed_loop)}", ""]
-        out += rate_table([g for g in groups if g.rate == rate], bool(slos), memory)
+        out += rate_table([g for g in groups if g.rate == rate], bool(slos), memory, beside)
     out += oracle.section(collection, stats, slos)
     out += ci_section(groups)
     out += ["", "## TPOT and ITL by other tools' formulas", "",
-            "mean / median / p99 in ms. vLLM's TPOT is per request then aggregated; vLLM's ITL pools every "
-            "gap (long requests weigh more); GuideLLM averages gaps per request; AIPerf divides each "
-            "request's first-to-last token span by out − 1.", ""] + tools_table(groups)
+            "mean / median / p99 in ms, as each tool's source computes them (docs/load-and-results.md). vLLM's "
+            "TPOT and AIPerf's ITL are one per-request figure, (E2E − TTFT) ÷ (out − 1), with numpy's "
+            "percentiles over requests; vLLM's ITL pools every gap (long requests weigh more); GuideLLM's ITL is "
+            "the same per-request figure weighted by its out − 1 tokens (its mean is all decode time ÷ all decode "
+            "tokens, its percentiles the smallest value whose weighted CDF reaches p).", ""] + tools_table(groups)
     joined = [g for g in groups if g.joins]
     if joined:
         out += ["", "## Joiners' prefill in continuous TPOT", "",
@@ -172,7 +181,7 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
                 "batch prefills each joiner inside the running rows' steps, so their TPOT holds it too. Each "
                 "finished request's inter-token gaps, split by whether the step that produced the later token "
                 "carried prompt tokens (steps.parquet), in ms (measured, not modelled).", ""] + joins_table(joined)
-    out += failures(collection) + setup(collection)
+    out += machine.section(collection, capacities or {}) + failures(collection) + setup(collection)
     return "\n".join(out) + "\n"
 
 

@@ -76,20 +76,45 @@ def percentile_ci(samples: list[np.ndarray], q: float, level: float = CI_LEVEL) 
     return quantile_ci(np.concatenate(samples), q, level, clusters=clusters)
 
 
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> dict:
+    """GuideLLM's statistics of weighted values (`schemas/base/statistics.py`): the weighted mean, and as the
+    q-th percentile the smallest value whose weighted CDF reaches q (`Percentiles.from_pdf`); None each
+    without values."""
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if not values.size:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    order = np.argsort(values, kind="stable")
+    cdf = np.cumsum(weights[order]) / weights.sum()
+    pick = {q: float(values[order][min(np.searchsorted(cdf, q / 100, side="left"), values.size - 1)])
+            for q in (50, 90, 99)}
+    return {"mean": float(np.sum(values * weights) / weights.sum()), **{f"p{q}": v for q, v in pick.items()}}
+
+
+TOOL_FORMULAS = {  # each tool's name → its formula, as its source computes it (docs/load-and-results.md)
+    "vllm_tpot": "vLLM TPOT: (E2EL − TTFT) ÷ (out − 1) per request",
+    "vllm_itl": "vLLM ITL: every gap pooled",
+    "guidellm_itl": "GuideLLM ITL: (last − first token) ÷ (out − 1) per request, weighted by out − 1",
+    "aiperf_itl": "AIPerf ITL: (request latency − TTFT) ÷ (OSL − 1) per request",
+}
+
+
 def tool_formulas(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
-    """TPOT / ITL as vLLM, GuideLLM and AIPerf compute them, over these finished requests."""
+    """TPOT / ITL as vLLM (vllm/benchmarks/serve.py calculate_metrics), GuideLLM (schemas/base/request_stats.py,
+    benchmark/schemas/metrics.py) and AIPerf (metrics/types/inter_token_latency_metric.py) compute them, over
+    these finished requests of more than one token."""
     multi = finished[finished["output_len"] > 1]
     tok = tokens[tokens["request_id"].isin(multi["request_id"])].sort_values(["request_id", "token_index"])
     by_request = tok.groupby("request_id")["time"]
-    gaps = inter_token_latencies(tok)
-    per_request_gap = tok.assign(gap=by_request.diff()).groupby("request_id")["gap"].mean()
-    span = (by_request.max() - by_request.min()) / (multi.set_index("request_id")["output_len"] - 1)
+    steps = multi.set_index("request_id")["output_len"] - 1
+    span = ((by_request.max() - by_request.min()) / steps).dropna()
+    decode = (multi["e2e"] - multi["ttft"]) / (multi["output_len"] - 1)  # latency − TTFT: last − first token
     return {
-        "vLLM TPOT: (e2e−ttft)/(out−1) per request": percentiles((multi["e2e"] - multi["ttft"])
-                                                               / (multi["output_len"] - 1)),
-        "vLLM ITL: every gap pooled": percentiles(gaps),
-        "GuideLLM ITL: mean gap per request": percentiles(per_request_gap),
-        "AIPerf ITL: (last−first)/(out−1) per request": percentiles(span.dropna()),
+        TOOL_FORMULAS["vllm_tpot"]: percentiles(decode),
+        TOOL_FORMULAS["vllm_itl"]: percentiles(inter_token_latencies(tok)),
+        TOOL_FORMULAS["guidellm_itl"]: weighted_percentiles(span.to_numpy(dtype="float64"),
+                                                            steps.loc[span.index].to_numpy(dtype="float64")),
+        TOOL_FORMULAS["aiperf_itl"]: percentiles(decode),
     }
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from batchlab.runner import outcome, procs, remove_temp_of, roles
+from batchlab.runner.cpu_meter import CpuMeter
 from batchlab.runner.procs import Child
 from batchlab.runner.outcome import post_process
 from batchlab.runner.run_folder import RunRecord
@@ -106,6 +107,8 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
     traffic_started = ctx.Event()  # set when the traffic got Start: the run's clock starts
     watch = _Faults(ctx.Event(), ctx.Value("i", 0))  # the collector's stop; the workers that ended
     own: list[procs.Child] = []
+    clock = _Clock(_limits(limits, cfg), traffic_started, out)
+    meter = CpuMeter().start()  # the rest of the machine's CPU beside this run (collector.interference)
     tmp = procs.run_temp_folder()
     try:  # from the temp folder on: a Ctrl-C while the first roles spawn still removes it and stops them
         addrs = Addresses.ipc(tmp)
@@ -122,15 +125,15 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
         own.append(start_role(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler, traffic_started,
                               out_dir=cfg.out))
         RunDir(out).pids.write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
-        _watch(own, workers, on_tick, stream_ended, _Clock(_limits(limits, cfg), traffic_started,
-                                                            out), watch)
+        _watch(own, workers, on_tick, stream_ended, clock, watch)
     finally:
         watch.stop_run.set()  # the collector's signal from here on is the launcher's: no run to stop
+        beside = meter.stop(start_s=clock.t_started)  # from the first request to the run's end (its drain too)
         _stop(own)  # producers first, then the collector; every group reaped
         shutil.rmtree(tmp, ignore_errors=True)
     if not RunDir(out).summary.exists():
         raise RunFailed(f"the collector wrote no summary in {out}")
-    post_process(out, watch.deaths, cfg.strategy_code())
+    post_process(out, watch.deaths, beside, cfg.strategy_code())
     return read_summary(out)
 
 

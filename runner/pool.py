@@ -39,7 +39,8 @@ def worker_key(cfg: RunConfig) -> tuple | None:
     values = {name: getattr(cfg, name) for name in RunConfig.model_fields if name not in RUN_ONLY}
     strategy = resolve(cfg)
     values.update(mode=strategy.mode, rows=strategy.rows)
-    if cfg.speed_noise:  # a sim worker's speed is drawn per run (worker.sim.run_speed): no run shares one
+    if cfg.speed_noise or cfg.speed_drift or cfg.neighbour_share:  # a sim worker's speed is drawn per run
+        # (worker.sim.run_speed, worker.machine_noise): no run shares one
         values.update(seed=cfg.seed, repeat=cfg.repeat, label=cfg.label)
     return tuple(sorted((k, repr(v)) for k, v in values.items()))
 

@@ -7,6 +7,7 @@ from batchlab.protocol.identity import run_settings
 from batchlab.protocol.settings import RunConfig
 from batchlab.scheduler.strategies import resolve
 from batchlab.traffic.run_schedule import make_schedule
+from batchlab.worker.threads import place_harness
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
@@ -28,6 +29,7 @@ def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None
     from batchlab.collector.process import run_collector
 
     setup_logging(cfg.out, "collector")
+    place_harness(cfg)
     summary = run_collector(collector_addr, Path(cfg.out), slos=slos or cfg.slos() or None,
                             keys=cfg.keys or None, stop_run=stop_run)
     return 128 + summary.stop_signal if summary.stop_signal else 0
@@ -40,6 +42,7 @@ def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, str
     from batchlab.scheduler.process import run_scheduler
 
     setup_logging(cfg.out, "scheduler")
+    place_harness(cfg)
     return run_scheduler(resolve(cfg).policy(), scheduler_addr, collector_addr, min_workers=cfg.workers,
                          max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
                          settings=run_settings(cfg), keys=cfg.keys or None, stream_ended=stream_ended,
@@ -48,13 +51,13 @@ def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, str
 
 def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:
     """Own the model and run what the scheduler dispatches."""
-    from batchlab.worker.factory import make_backend
+    from batchlab.worker.factory import make_placed_backend
     from batchlab.worker.process import run_worker
 
     setup_logging(cfg.out, worker_id)
     strategy = resolve(cfg)  # the worker's mode and rows come from the strategy, never its name
-    return run_worker(make_backend(cfg, strategy.mode, strategy.rows), scheduler_addr, collector_addr, worker_id,
-                      keys=cfg.keys or None, liveness_s=cfg.liveness_s)
+    return run_worker(make_placed_backend(cfg, strategy.mode, strategy.rows), scheduler_addr, collector_addr,
+                      worker_id, keys=cfg.keys or None, liveness_s=cfg.liveness_s)
 
 
 def warm_worker_role(cfg: RunConfig, worker_id: str, sessions) -> int:
@@ -62,7 +65,7 @@ def warm_worker_role(cfg: RunConfig, worker_id: str, sessions) -> int:
     once from `cfg`, then joins each run that `sessions` (a multiprocessing queue) hands it; at each run
     its terminal output goes into that run's logs/ folder."""
     from batchlab.runner.procs import redirect_output
-    from batchlab.worker.factory import make_backend
+    from batchlab.worker.factory import make_placed_backend
     from batchlab.worker.process import serve_sessions
 
     def on_session(session) -> None:
@@ -71,10 +74,11 @@ def warm_worker_role(cfg: RunConfig, worker_id: str, sessions) -> int:
 
     setup_logging(None, worker_id)
     strategy = resolve(cfg)
-    return serve_sessions(lambda: make_backend(cfg, strategy.mode, strategy.rows), lambda timeout_s: sessions.get(timeout=timeout_s),
-                          worker_id, keys=cfg.keys or None, on_session=on_session,
-                          run_over=lambda: not sessions.empty())  # the launcher queues the next run only
-                                                                  # after this one ended
+    return serve_sessions(lambda: make_placed_backend(cfg, strategy.mode, strategy.rows),
+                          lambda timeout_s: sessions.get(timeout=timeout_s), worker_id, keys=cfg.keys or None,
+                          on_session=on_session,
+                          run_over=lambda: not sessions.empty())  # the launcher queues the next run only after
+                                                                  # this one ended
 
 
 def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
@@ -83,6 +87,7 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
     from batchlab.traffic.process import ClosedLoop, run_traffic
 
     setup_logging(cfg.out, "traffic")
+    place_harness(cfg)
     target = RunDir(cfg.out).schedule
     already_there = bool(cfg.schedule) and Path(cfg.schedule).resolve() == target.resolve()  # the launcher's
     closed = None

@@ -26,7 +26,7 @@ def predict_steps(model: StepModel, steps: pd.DataFrame) -> np.ndarray:
     for i, s in enumerate(steps.itertuples(index=False)):
         decode = model.decode_step_s(s.decode_context, int(s.decode_rows)) if s.decode_rows else 0.0
         prefill = model.prefill_s(s.prefill_tokens, int(s.prefill_rows), s.prefill_pairs) if s.prefill_tokens else 0.0
-        out[i] = model.fused_s(decode, prefill)
+        out[i] = model.fused_s(decode, prefill, int(s.decode_rows), int(s.prefill_tokens))
     return out
 
 

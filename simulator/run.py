@@ -38,7 +38,7 @@ from batchlab.simulator.record import Recorder
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.backend import Row, worker_hello  # worker_hello: the one hello builder (one sim BackendInfo)
-from batchlab.worker.sim import ContinuousCore, SimBackend, StepPlan, static_step_durations
+from batchlab.worker.sim import ContinuousCore, SimBackend, StepPlan, static_step_durations, step_ends
 from batchlab.worker.stepmodel import StepModel
 
 ARRIVAL, WAKE, BATCH_END, STEP_END, CLIENT = range(5)
@@ -49,8 +49,9 @@ class Simulation:
 
     def __init__(self, policy: Policy, model: StepModel, hellos: list[WorkerHello], requests: pd.DataFrame,
                  *, settings: dict, max_queue: int = 0, max_queue_tokens: int = 0,
-                 stall_limit_s: float = 0.0, clients: ClientPool | None = None) -> None:  # 0: no stall limit
-        self.model, self.settings = model, settings
+                 stall_limit_s: float = 0.0, clients: ClientPool | None = None,  # 0: no stall limit
+                 noise=None) -> None:  # the machine's slowdown over the run (worker.machine_noise), None: none
+        self.model, self.settings, self.noise = model, settings, noise
         self.store, self.recorder = RunStore(), Recorder()
         self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens,
                                   stall_limit_s=stall_limit_s)
@@ -192,7 +193,7 @@ class Simulation:
         """worker.sim.SimBackend.run_batch: step ends are the launch time plus the step durations."""
         rows = [Row.of(r) for r in launch.rows]  # a static launch is one batch
         batch_id = rows[0].batch_id
-        ends_s = np.add.accumulate(np.array([t, *static_step_durations(rows, self.model)]))[1:]
+        ends_s = np.array(step_ends(t, static_step_durations(rows, self.model), self.noise))
         self.recorder.static_batch(batch_id, [(r.request_id, r.output_len) for r in rows], ends_s)
         self._push(float(ends_s[-1]), BATCH_END, (launch.worker_id, batch_id, t))
 
@@ -209,7 +210,7 @@ class Simulation:
             batch_id, _, output_len = self.admitted[rid]
             self.recorder.joined(wid, rid, batch_id, output_len)
         self.stepping[wid] = (t, plan)
-        self._push(t + plan.duration_s, STEP_END, wid)
+        self._push(step_ends(t, [plan.duration_s], self.noise)[0], STEP_END, wid)
 
     def _end_step(self, wid: str, t: float) -> bool:
         start_s, plan = self.stepping.pop(wid)
@@ -230,10 +231,11 @@ END_REASON = "simulated"
 def sim_worker(cfg: RunConfig, strategy: Strategy) -> SimBackend:
     """The live `sim` worker of this config (worker.sim.SimBackend.from_config: its step model and info);
     for --backend echo, one that plays the echo backend's zero-time preset and reports as `echo`, with the
-    run's per-step token budget and speed factor (--speed-noise) all the same."""
+    run's per-step token budget and speed factor (--speed-noise) all the same. A run on the vllm backend holds
+    --max-num-seqs rows, as the live vLLM worker announces (worker.vllm_engine), when it is set."""
     echo = cfg.backend == "echo"
-    worker = SimBackend.from_config(cfg.model_copy(update={"preset": "echo"}) if echo else cfg, strategy.mode,
-                                    strategy.rows)
+    rows = cfg.max_num_seqs if cfg.backend == "vllm" and cfg.max_num_seqs else strategy.rows
+    worker = SimBackend.from_config(cfg.model_copy(update={"preset": "echo"}) if echo else cfg, strategy.mode, rows)
     worker.info.backend = "echo" if echo else "sim"
     return worker
 
@@ -246,17 +248,20 @@ def sim_settings(cfg: RunConfig) -> dict:
     return settings
 
 
-def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None) -> Tables:
-    """Play `schedule` through cfg's policy and workers in virtual time; the run's tables."""
+def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None, noise=None) -> Tables:
+    """Play `schedule` through cfg's policy and workers in virtual time; the run's tables. `noise`: the
+    machine's slowdown over the run (worker.machine_noise; default the run's own settings', as the live sim
+    worker plays them)."""
     strategy = resolve(cfg)
     worker = sim_worker(cfg, strategy)
+    noise = noise if noise is not None else worker.noise
     # closed loop (--concurrency): the clients over the schedule, stopped at its duration; None: open loop
     clients = (ClientPool(cfg.concurrency, schedule.n_requests, cfg.think_time_ms / 1000, schedule.duration_s)
                if cfg.concurrency > 0 else None)
     hellos = [worker_hello(f"worker-{i}", worker.info) for i in range(cfg.workers)]  # as the live workers send
     sim = Simulation(strategy.policy(), worker.model, hellos, schedule.frame,
                      settings=sim_settings(cfg), max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
-                     stall_limit_s=cfg.stall_limit_s, clients=clients)
+                     stall_limit_s=cfg.stall_limit_s, clients=clients, noise=noise)
     store = sim.run()
     tokens = sim.recorder.attach(store)
     # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule

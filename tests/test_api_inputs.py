@@ -6,7 +6,7 @@ import pytest
 
 from batchlab import api
 
-SIM = {"backend": "sim", "dataset": "synthetic", "duration_s": 1, "warmup_requests": 0}
+SIM = {"backend": "sim", "dataset": "synthetic", "duration_s": 1}
 PLAN = {"base": SIM, "grid": {"strategies": ["naive", "dynamic"], "rates": [4]}}
 
 

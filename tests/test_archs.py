@@ -12,10 +12,10 @@ from batchlab.worker.stepmodel import PRESETS
 from batchlab.models.tokenizers import (SentencePieceTokenizer, get_tokenizer, hf_tokenizer_from_sentencepiece,
                                         mistral_tokenizer_file)
 
-PUBLISHED_PARAMS = {"mistral-7b-v0.1": 7.24e9, "tinyllama-1.1b": 1.10e9, "llama-2-7b": 6.74e9}
+PUBLISHED_PARAMS = {"mistral-7b-v0.1": 7.24e9, "tinyllama-1.1b": 1.10e9, "llama-2-7b": 6.74e9, "llama-3.1-8b": 8.03e9}
 # 2 × layers × kv_heads × head_dim at 2 bytes (bf16/fp16)
 KV_BYTES_16BIT = {"mistral-7b-v0.1": 2 * 32 * 8 * 128 * 2, "tinyllama-1.1b": 2 * 22 * 4 * 64 * 2,
-                  "llama-2-7b": 2 * 32 * 32 * 128 * 2}
+                  "llama-2-7b": 2 * 32 * 32 * 128 * 2, "llama-3.1-8b": 2 * 32 * 8 * 128 * 2}
 TEXTS = ["Hello world", "  two leading spaces", "Batching <s> tokens: 42 × 3 = 126!\n\tdone", "日本語のテキスト"]
 
 
@@ -74,6 +74,13 @@ def test_unknown_random_architecture_is_refused_with_the_choices():
     assert random_arch("tiny-mistral") is None and random_arch("mistralai/Mistral-7B-v0.1") is None
     with pytest.raises(ValueError, match="mistral-7b-v0.1:random"):
         random_arch("gpt-5:random")
+
+
+def test_llama_31_keeps_its_vocabulary_theta_and_rope_scaling():
+    config = hf_config(ARCHS["llama-3.1-8b"])
+    assert (config.vocab_size, config.num_key_value_heads, config.intermediate_size) == (128256, 8, 14336)
+    assert config.rope_parameters["rope_theta"] == 500000.0 and config.rope_parameters["rope_type"] == "llama3"
+    assert "32000 ids within its 128256-token vocabulary" in facts(ARCHS["llama-3.1-8b"])["tokenizer"]
 
 
 def test_facts_say_random_weights_and_whose_tokenizer():

@@ -251,7 +251,7 @@ def test_a_strategy_whose_saturated_run_failed_is_left_unmeasured_without_stoppi
                 raise SweepError("the saturated run of slow failed: no worker")
             return SaturatedRun(repeat, 7.5 + repeat, 7.4, 7.6 + repeat, 75.0, 74.0, 76.0, [1.0, 9.0], 60)
 
-        def measure(self, entry, ceiling_req_s=None):
+        def measure(self, entry, saturated=None):
             return threshold_measure(7.3, [])
 
     entries = [Entry(lb, {}) for lb in ("slow", "fine")]
@@ -260,7 +260,7 @@ def test_a_strategy_whose_saturated_run_failed_is_left_unmeasured_without_stoppi
     slow, fine = (search_one(e, Runner(), settings, runs[e.label]) for e in entries)
     assert (slow.lo_req_s, slow.hi_req_s, slow.probes) == (None, None, []) and "no worker" in slow.note
     assert slow.as_dict()["note"] == slow.note and fine.lo_req_s <= 7.3 < fine.hi_req_s
-    assert [r["repeat"] for r in fine.saturated["runs"]] == [0, 1] and fine.saturated["req_s"] == pytest.approx(8.0)
+    assert [r["repeat"] for r in fine.saturated["runs"]] == [0, 1] and fine.saturated["req_s"] == pytest.approx(math.sqrt(7.5 * 8.5))
 
 
 def test_the_search_never_places_capacity_above_the_saturated_rate():

@@ -17,6 +17,7 @@ INTERNAL = {
     "worker/backend.py:OutOfMemory": "a batch that did not fit: the worker requeues it and carries on",
     "worker/process.py:WorkerStopping": "the worker's loop unwinding on a Shutdown",
     "protocol/signals.py:Terminated": "a SIGTERM or SIGHUP turned into a Ctrl-C (a KeyboardInterrupt, not an error)",
+    "report/external.py:Unreadable": "a peer's file the report cannot parse: caught there, one line of its refusal",
 }
 
 

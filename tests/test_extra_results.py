@@ -2,6 +2,7 @@
 from their schemas) as external points in batchlab's units, told apart from vLLM's by their content."""
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,16 @@ def _load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _labelled(path: Path) -> list:
+    """The points of one file as the report labels them."""
+    return load_external(path.parent / "no-such-folder", [str(path)])
+
+
 def test_guidellm_gives_one_point_per_benchmark_in_seconds():
     points = points_of(GUIDELLM, _load(GUIDELLM))
-    assert [p.label for p in points] == ["guidellm: synchronous [guidellm_benchmarks]",
-                                         "guidellm: constant @ 2.5 req/s [guidellm_benchmarks]",
-                                         "guidellm: throughput [guidellm_benchmarks]"]
+    assert sorted(p.label for p in _labelled(GUIDELLM)) == ["guidellm: constant @ 2.5 req/s [guidellm_benchmarks]",
+                                                            "guidellm: synchronous [guidellm_benchmarks]",
+                                                            "guidellm: throughput [guidellm_benchmarks]"]
     sync, constant, throughput = points
     assert math.isnan(sync.rate) and constant.rate == 2.5 and math.isinf(throughput.rate)
     assert constant.kind == "guidellm" and (constant.completed, constant.failed) == (74, 1)
@@ -34,6 +40,7 @@ def test_guidellm_gives_one_point_per_benchmark_in_seconds():
     assert constant.latency["ttft"]["p99"] == pytest.approx(0.088)
     assert constant.latency["e2e"]["mean"] == pytest.approx(0.95)  # GuideLLM writes request_latency in s
     assert constant.latency["tpot"]["p90"] == pytest.approx(0.0084)  # its inter_token_latency_ms
+    assert constant.names == {"tpot": "ITL"}  # shown in the TPOT column under its own name
 
 
 def test_guidellm_leaves_itl_empty_it_has_no_gap_distribution():
@@ -47,17 +54,18 @@ def test_guidellm_before_0_7_keeps_its_strategy_under_args():
         bench["args"] = {"strategy": bench.pop("config")["strategy"]}
         bench["request_totals"] = bench["metrics"].pop("request_totals")
     points = points_of(GUIDELLM, data)
-    assert points[1].label.startswith("guidellm: constant @ 2.5 req/s") and points[1].completed == 74
+    assert points[1].head == "guidellm: constant @ 2.5 req/s" and points[1].completed == 74
 
 
 def test_aiperf_gives_one_point_in_seconds_with_its_rate():
-    (point,) = points_of(AIPERF, _load(AIPERF))
+    (point,) = _labelled(AIPERF)
     assert point.label == "aiperf: @ 4 req/s [aiperf_profile_export]" and point.rate == 4.0
     assert (point.completed, point.failed) == (98, 2)
     assert point.requests_per_s == pytest.approx(3.92) and point.throughput_tok_s == pytest.approx(498.6)
     assert point.latency["ttft"]["p50"] == pytest.approx(0.0426)
     assert point.latency["tpot"]["p99"] == pytest.approx(0.01037)  # its inter_token_latency
     assert point.latency["itl"]["p99"] == pytest.approx(0.0152)  # its inter_chunk_latency
+    assert point.names == {"tpot": "ITL", "itl": "inter-chunk latency"}
     assert point.latency["e2e"]["mean"] == pytest.approx(1.0124)
 
 
@@ -75,7 +83,7 @@ def test_aiperf_at_a_concurrency_has_no_rate_and_lacking_figures_stay_empty():
     data["input_config"]["loadgen"] = {"concurrency": 8}
     del data["output_token_throughput"], data["inter_chunk_latency"]
     (point,) = points_of(AIPERF, data)
-    assert point.label.startswith("aiperf: @ concurrency 8") and math.isnan(point.rate)
+    assert point.head == "aiperf: @ concurrency 8" and math.isnan(point.rate)
     assert math.isnan(point.throughput_tok_s) and point.latency["itl"]["p50"] is None
 
 
@@ -100,16 +108,17 @@ def test_guidellm_and_aiperf_files_lying_in_the_folder_are_found(tmp_path):
                                      json.dumps({"benchmarks": [{"metrics": {"request_latency": {"successful": 1}}}]}),
                                      json.dumps({"request_throughput": {"unit": "lumens", "avg": 1.0},
                                                  "time_to_first_token": {"unit": "ms", "avg": 1.0}})])
-def test_an_unreadable_or_unknown_file_is_one_line_naming_it_and_the_formats(tmp_path, content):
+def test_an_unreadable_or_unknown_file_is_one_line_naming_it_and_what_it_is(tmp_path, content):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
     with pytest.raises(ReportError) as caught:
         load_external(tmp_path, [str(bad)])
-    line = str(caught.value)
+    line, = caught.value.lines
     assert "\n" not in line and str(bad) in line
-    assert "vllm bench serve" in line or "AIPerf metric" in line, line
-    if "AIPerf metric" not in line:
-        assert "GuideLLM" in line and "AIPerf" in line
+    said = ("not JSON", "not a result file", "a corrupt GuideLLM report", "a corrupt AIPerf export")
+    assert any(s in line for s in said), line
+    if "corrupt" not in line:  # a file of no tool's format: the formats batchlab reads
+        assert "GuideLLM" in line and "AIPerf" in line and "vllm bench serve" in line
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +135,11 @@ def test_report_shows_guidellm_and_aiperf_points_and_their_definitions(run_folde
     result = runner.invoke(app, ["report", str(run_folder), "--extra", str(GUIDELLM), "--extra", str(AIPERF)])
     assert result.exit_code == 0, result.output
     table = (run_folder / "REPORT.md").read_text().split("## Other tools' runs")[1]
-    assert ("| guidellm: constant @ 2.5 req/s [guidellm_benchmarks] | guidellm | 2.5 | 74 | 1 | 0 | 2.47 | 316 |"
-            in table)
-    assert "| guidellm: synchronous [guidellm_benchmarks] | guidellm | - |" in table
-    assert "| aiperf: @ 4 req/s [aiperf_profile_export] | aiperf | 4 | 98 | 2 | - | 3.92 | 499 | 42.6 / 118.4 |" \
-        in table
+    assert ("| guidellm: constant @ 2.5 req/s [guidellm_benchmarks] | guidellm | constant, 2.5 req/s | 2.5 | 74 | 1 "
+            "| 0 | 2.47 | 316 |") in table
+    assert "| guidellm: synchronous [guidellm_benchmarks] | guidellm | synchronous | - |" in table
+    assert ("| aiperf: @ 4 req/s [aiperf_profile_export] | aiperf | 4 req/s, no concurrency limit | 4 | 98 | 2 | - "
+            "| 3.92 | 499 | 42.6 / 118.4 |") in table
     assert "- guidellm: " in table and "- aiperf: " in table and "- vllm bench serve" not in table
     page = (run_folder / "REPORT.html").read_text()
     assert "guidellm: throughput [guidellm_benchmarks]" in page and "aiperf: @ 4 req/s" in page
@@ -144,3 +153,69 @@ def test_report_refuses_an_unknown_extra_file_in_one_line(run_folder, tmp_path):
     assert result.exit_code == 1 and str(bad) in result.output
     assert "guidellm run --output kind=json,path=FILE" in result.output
     assert "Traceback" not in result.output
+
+
+def _report(folder: Path, *extra: Path):
+    return runner.invoke(app, ["report", str(folder), *(a for f in extra for a in ("--extra", str(f)))])
+
+
+def _one_line_each(result, *files: Path) -> None:
+    """Exit 1, one `error:` line per refused file, each naming its file, no traceback."""
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert len(lines) == len(files) and all(ln.startswith("error: ") for ln in lines), lines
+    for f in files:
+        assert sum(str(f) in ln for ln in lines) == 1, (f, lines)
+
+
+@pytest.fixture
+def own_run(run_folder, tmp_path) -> Path:
+    """A copy of the module's run folder, for files dropped into it."""
+    return Path(shutil.copytree(run_folder, tmp_path / "run", ignore=shutil.ignore_patterns("REPORT.*", "*.png")))
+
+
+HOSTILE = {"deep.json": "[" * 200_000 + "]" * 200_000,
+           "huge.json": json.dumps({**json.loads((DATA / "real" / "vllm-0.32.0_sweep_summary.json").read_text())[0],
+                                    "completed": 1}).replace('"completed": 1', '"completed": 1e999')}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_json_is_one_line_and_exit_1_given_or_lying_in_the_folder(own_run, tmp_path, name):
+    bad = tmp_path / name
+    bad.write_text(HOSTILE[name])
+    result = _report(own_run, bad)
+    _one_line_each(result, bad)
+    assert ("nested deeper" if name == "deep.json" else "completed is inf, not a count") in result.output
+    shutil.copy(bad, own_run / name)
+    result = _report(own_run)
+    _one_line_each(result, own_run / name)
+    assert "in the report's folder" in result.output and not (own_run / "REPORT.md").exists()
+
+
+def test_a_truncated_report_in_the_folder_is_named_not_skipped(own_run):
+    text = (DATA / "real" / "guidellm-0.8.1_synchronous_benchmarks.json").read_text()
+    (own_run / "benchmarks.json").write_text(text[: len(text) // 2])
+    result = _report(own_run)
+    _one_line_each(result, own_run / "benchmarks.json")
+    assert "cut short" in result.output
+
+
+def test_every_bad_file_is_named(own_run, tmp_path):
+    (tmp_path / "sweep").mkdir()
+    files = [tmp_path / "a.json", tmp_path / "b.json", tmp_path / "summary.json", tmp_path / "sweep"]
+    files[0].write_text("{not json")
+    files[1].write_text(json.dumps({"hello": 1}))
+    files[2].write_text((own_run / "summary.json").read_text())
+    result = _report(own_run, *files)
+    _one_line_each(result, *files)
+    assert "a batchlab run's summary.json" in result.output and "not a result file" in result.output
+
+
+def test_vllms_jsonl_and_sweep_summary_lying_in_the_folder_are_read(own_run):
+    for name in ("vllm-0.32.0_append-result.json", "vllm-0.32.0_sweep_summary.json"):
+        shutil.copy(DATA / "real" / name, own_run / name)
+    result = _report(own_run)
+    assert result.exit_code == 0, result.output
+    table = (own_run / "REPORT.md").read_text().split("## Other tools' runs")[1]
+    assert "| openai tiny-mistral [vllm-0.32.0_append-result, line 2] | vllm bench serve |" in table
+    assert "| openai tiny-mistral [vllm-0.32.0_sweep_summary] | vllm bench serve |" in table

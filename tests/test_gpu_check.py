@@ -28,6 +28,42 @@ def test_the_gpu_plan_is_full_yamls_hf_strategies_at_its_rates_in_short_points()
     assert base["max_new_tokens"] < FULL["base"]["max_new_tokens"] and base["max_queue"] > 0  # short points drain
 
 
+def test_the_shipped_gpu_presets_are_found_for_this_gpu_and_a_random_architecture():
+    assert gpu_check.shipped_presets("NVIDIA H200", "mistral-7b-v0.1:random") == {
+        "static": "h200-mistral-7b-hf", "continuous": "h200-mistral-7b-hf-loop"}
+    assert gpu_check.shipped_presets("NVIDIA A100-SXM4-80GB", "tinyllama-1.1b:random")["static"] == \
+        "a100-80gb-tinyllama-1.1b-hf"
+    assert gpu_check.shipped_presets("NVIDIA GeForce RTX 3090", "llama-3.1-8b:random")["continuous"] == \
+        "rtx3090-llama-3.1-8b-hf-loop"
+    assert gpu_check.shipped_presets("none", "mistral-7b-v0.1:random") is None  # no GPU, or one with no preset
+    assert gpu_check.shipped_presets("NVIDIA H100 80GB HBM3", "tiny-mistral") is None  # a model with no preset
+
+
+def test_the_plan_simulates_with_the_shipped_gpu_presets(tmp_path):
+    plan = gpu_check.gpu_plan(FULL, "tiny-mistral", "cpu", [5.0], 1.0, True, {"dataset": "synthetic"})
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(yaml.safe_dump(plan))
+    rows = gpu_check.simulate_plan(plan_file, gpu_check.shipped_presets("NVIDIA H200", "mistral-7b-v0.1:random"),
+                                   tmp_path / "simulated-shipped")
+    assert {r["label"] for r in rows} == {"naive", "dynamic", "continuous"}
+    assert all(r["finished"] == r["submitted"] > 0 for r in rows)
+    config = next((tmp_path / "simulated-shipped" / "sweep_label=continuous").glob("*/*/config.yaml"))
+    played = yaml.safe_load(config.read_text())["preset"]
+    assert played == "h200-mistral-7b-hf-loop"
+
+
+def test_simulated_points_are_set_beside_their_live_twins():
+    live = [{"label": "naive", "rate": 5.0, "throughput_tok_s": 100.0, "ttft_p50": 0.2, "e2e_p50": 2.0},
+            {"label": "dynamic", "rate": 5.0, "throughput_tok_s": 120.0, "ttft_p50": 0.1, "e2e_p50": None}]
+    simulated = [{"label": "naive", "rate": 5.0, "throughput_tok_s": 110.0, "ttft_p50": 0.1, "e2e_p50": 3.0},
+                 {"label": "dynamic", "rate": 5.0, "throughput_tok_s": 60.0, "ttft_p50": 0.1, "e2e_p50": 1.0},
+                 {"label": "naive", "rate": 20.0, "throughput_tok_s": 1.0, "ttft_p50": 1.0, "e2e_p50": 1.0}]
+    errors = gpu_check.against_live(live, simulated)
+    assert [(e["label"], e["rate"]) for e in errors] == [("naive", 5.0), ("dynamic", 5.0)]  # no live twin: left out
+    assert errors[0]["throughput_tok_s"] == pytest.approx(0.1) and errors[0]["ttft_p50"] == pytest.approx(-0.5)
+    assert errors[1]["throughput_tok_s"] == pytest.approx(-0.5) and errors[1]["e2e_p50"] is None
+
+
 def test_a_failed_phase_is_one_line_and_a_late_one_is_skipped():
     phases = gpu_check.Phases(deadline_s=3600)
     assert phases.run("works", lambda: 7) == 7
@@ -44,6 +80,19 @@ def test_the_report_names_missing_modules_and_every_phase():
              "calibrations": {}, "live": [], "simulated": None}
     text = render(facts)
     assert "missing modules: zmq" in text and "| sweep | failed | 1.0 | RunFailed: worker died |" in text
+
+
+def test_the_report_sets_the_shipped_presets_beside_the_live_points():
+    point = {"label": "naive", "rate": 5.0, "finished": 40, "submitted": 40, "throughput_tok_s": 110.0,
+             "ttft_p50": 0.1, "e2e_p50": 3.0}
+    facts = {"environment": {"python": "3.11", "device": "cuda", "gpu": "NVIDIA H200", "modules": {}}, "phases": [],
+             "calibrations": {}, "live": [], "simulated": None,
+             "shipped_presets": {"static": "h200-mistral-7b-hf", "continuous": "h200-mistral-7b-hf-loop"},
+             "simulated_shipped": [point], "shipped_error": [{"label": "naive", "rate": 5.0, "throughput_tok_s": 0.1,
+                                                               "ttft_p50": -0.5, "e2e_p50": None}]}
+    text = render(facts)
+    assert "## Simulated with the shipped GPU presets (h200-mistral-7b-hf, h200-mistral-7b-hf-loop)" in text
+    assert "| naive | 5 | +10.0% | -50.0% | - |" in text
 
 
 def test_the_check_calibrates_each_mode_through_the_calibrate_command(monkeypatch, tmp_path):

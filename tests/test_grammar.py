@@ -53,7 +53,7 @@ def test_a_bool_word_reaches_the_run_config(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr("batchlab.api.run", lambda cfg, **_kw: seen.setdefault("cfg", cfg) and make_summary())
     monkeypatch.setattr("batchlab.cli.result_table.show", lambda summary, out: None)
-    result = runner.invoke(app, ["run", "--strict-memory", "true", "--enforce-eager", "false",
+    result = runner.invoke(app, ["run", "--backend", "vllm", "--strict-memory", "true", "--enforce-eager", "false",
                                  "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert seen["cfg"].strict_memory is True and seen["cfg"].enforce_eager is False

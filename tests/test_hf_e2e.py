@@ -60,3 +60,19 @@ def test_oom_halves_the_cap_and_loses_no_request(tmp_path):
     assert len(after) and after["size"].max() <= 2
     assert set(requests.status) == {"finished"}
     assert (requests.n_tokens == requests.output_len).all()
+
+
+def test_the_run_records_its_thread_plan_and_the_machine_beside_it(runs):
+    """The worker's facts name the thread policy it ran with (auto: cores − 1 threads, idle threads
+    sleeping), and the summary how much CPU the rest of the machine used meanwhile."""
+    from batchlab.worker.threads import AUTO_POLICY, plan
+
+    summary = json.loads((runs["naive"] / "summary.json").read_text())
+    facts = next(iter(summary["settings"]["workers"].values()))
+    expected = plan(AUTO_POLICY)
+    assert facts["thread_policy"] == "auto" and facts["intra_op_threads"] == expected.threads
+    assert facts["torch_threads"] == expected.threads  # read back in the worker's process
+    assert facts["omp_wait_policy"] == "passive"
+    beside = summary["interference"]
+    assert beside["cores"] >= 1 and beside["samples"] >= 2 and beside["other_cores"] >= 0
+    assert beside["own_cores"] > 0  # the run's own processes worked

@@ -1,12 +1,13 @@
 """Report pieces on hand-made tables: honest signs, SLO parsing, intervals, tool formulas, queue length."""
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from batchlab.report.build import parse_slos
 from batchlab.report.points import ReportError, load_collection
-from batchlab.report.stats import GroupStats, tool_formulas
+from batchlab.report.stats import TOOL_FORMULAS, GroupStats, tool_formulas, weighted_percentiles
 from tests.summaries import make_summary
 from batchlab.report.plots import queue_length
 
@@ -31,11 +32,22 @@ def test_tool_formulas_differ_where_the_tools_differ():
                            "time": [0, 1, 2, 0, .1, .2, .3, 2.3]})
     finished = pd.DataFrame({"request_id": [0, 1], "output_len": [3, 5], "ttft": [0.5, 0.5], "e2e": [2.5, 2.8]})
     f = tool_formulas(finished, tokens)
-    assert f["vLLM TPOT: (e2e−ttft)/(out−1) per request"]["mean"] == pytest.approx((1.0 + 0.575) / 2)
-    assert f["vLLM ITL: every gap pooled"]["mean"] == pytest.approx(4.3 / 6)  # pooled: 6 gaps
-    assert f["vLLM ITL: every gap pooled"]["p50"] == pytest.approx(0.55)  # gaps .1 .1 .1 1 1 2
-    assert f["GuideLLM ITL: mean gap per request"]["mean"] == pytest.approx((1.0 + 0.575) / 2)
-    assert f["AIPerf ITL: (last−first)/(out−1) per request"]["p50"] == pytest.approx((1.0 + 0.575) / 2)
+    assert f[TOOL_FORMULAS["vllm_tpot"]]["mean"] == pytest.approx((1.0 + 0.575) / 2)
+    assert f[TOOL_FORMULAS["vllm_itl"]]["mean"] == pytest.approx(4.3 / 6)  # pooled: 6 gaps
+    assert f[TOOL_FORMULAS["vllm_itl"]]["p50"] == pytest.approx(0.55)  # gaps .1 .1 .1 1 1 2
+    assert f[TOOL_FORMULAS["aiperf_itl"]]["p50"] == pytest.approx((1.0 + 0.575) / 2)
+    # GuideLLM weights each request's figure by its out − 1 tokens: request 0 (1.0) twice, request 1 (0.575) 4 times
+    assert f[TOOL_FORMULAS["guidellm_itl"]]["mean"] == pytest.approx((2 * 1.0 + 4 * 0.575) / 6)
+    assert f[TOOL_FORMULAS["guidellm_itl"]]["p50"] == pytest.approx(0.575)  # weighted CDF 4/6 ≥ 0.5 at 0.575
+    assert f[TOOL_FORMULAS["guidellm_itl"]]["p90"] == pytest.approx(1.0)
+
+
+def test_weighted_percentiles_are_guidellms_inverted_weighted_cdf():
+    values, weights = np.array([3.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0])  # CDF over 1, 2, 3: .25, .75, 1
+    out = weighted_percentiles(values, weights)
+    assert out["mean"] == pytest.approx((3 + 1 + 4) / 4)
+    assert (out["p50"], out["p90"], out["p99"]) == (2.0, 3.0, 3.0)
+    assert weighted_percentiles(np.array([]), np.array([]))["p50"] is None
 
 
 def test_queue_length_counts_arrivals_minus_launches():

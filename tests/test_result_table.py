@@ -79,3 +79,21 @@ def test_a_count_stopped_run_shows_what_was_sent_of_its_count_not_a_duration(tmp
     (tmp_path / "progress.json").write_text('{"arrived": 200, "queued": 0, "in_flight": 3, "finished": 197, "failed": 0}')
     progress.read_at = float("-inf")
     assert " draining " in progress.text(30.0, {})
+
+
+def test_other_work_beside_a_run_is_shown_and_warned_about_past_a_quarter_of_a_core():
+    from batchlab.cli.result_table import point_line, table
+
+    busy = {"cores": 2, "window_s": 10.0, "other_cores": 1.02, "other_peak_cores": 1.1, "own_cores": 0.9,
+            "steal_share": 0.0, "samples": 21, "disturbed": True}
+    lines = warnings(_summary(interference=busy))
+    assert any(ln.startswith("the machine was busy: other work 1.02 of 2 cores (peak 1.10)") for ln in lines)
+    console = Console(record=True, width=120)
+    console.print(table(_summary(interference=busy)))
+    text = console.export_text()
+    assert "other work on this machine (cores)" in text and "1.02 of 2 ⚠" in text
+    assert point_line(_summary(interference=busy)).endswith("other work 1.02 cores ⚠")
+    quiet = {**busy, "other_cores": 0.04, "other_peak_cores": 0.1, "disturbed": False}
+    assert warnings(_summary(interference=quiet)) == [] and point_line(_summary(interference=quiet)).endswith(
+        "other work 0.04 cores")
+    assert "other work" not in point_line(_summary())  # a run recorded before batchlab metered it

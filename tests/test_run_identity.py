@@ -59,8 +59,8 @@ def test_the_hash_ignores_where_a_run_went_and_nothing_it_measured():
 
 def test_the_default_settings_and_their_hash_stay_those_earlier_runs_recorded():
     settings = RunConfig().as_settings()  # a changed default or key would make resumed sweeps refuse every point
-    assert config_hash(settings) == "88e15e345ba8a18b"  # speed_noise (default 0) added
-    assert len(settings) == 50 and (settings["rate"], settings["slo"], settings["strategy_args"]) == (10.0, [], {})
+    assert config_hash(settings) == "9d50e6a08b2dafd4"  # cpu_threads, speed_drift(_s), neighbour_* added
+    assert len(settings) == 56 and (settings["rate"], settings["slo"], settings["strategy_args"]) == (10.0, [], {})
 
 
 def test_a_setting_added_later_keeps_older_records_equal_at_its_default():

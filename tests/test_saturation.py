@@ -64,15 +64,32 @@ def test_a_jittery_worker_gets_an_interval_around_its_rate():
     assert run.req_s_hi - run.req_s_lo < 0.2 * run.req_s
 
 
-def test_mu_pools_repeats_by_their_spread_and_one_run_by_its_own_interval():
-    runs = [SaturatedRun(r, v, v - 0.1, v + 0.1, 10 * v, 10 * v - 1, 10 * v + 1, [1.0, 9.0], 40) for r, v in
-            enumerate([4.0, 5.0, 6.0])]
+def _runs(rates: list[float]) -> list[SaturatedRun]:
+    return [SaturatedRun(r, v, v - 0.1, v + 0.1, 10 * v, 10 * v - 1, 10 * v + 1, [1.0, 9.0], 40)
+            for r, v in enumerate(rates)]
+
+
+def test_mu_pools_repeats_by_their_spread_on_the_log_scale_and_one_run_by_its_own_interval():
+    runs = _runs([4.0, 5.0, 6.0])
     three = pooled(runs)
-    assert three["req_s"] == pytest.approx(5.0) and three["req_s_hi"] - 5.0 == pytest.approx(4.303 * 1 / math.sqrt(3), rel=1e-4)
-    assert three["tok_s_lo"] == pytest.approx(50 - 43.03 / math.sqrt(3), rel=1e-4) and "3 repeats" in three["method"]
+    logs = np.log([4.0, 5.0, 6.0])
+    half = 4.303 * logs.std(ddof=1) / math.sqrt(3)  # t(0.975, 2) on the logs
+    assert three["req_s"] == pytest.approx(math.exp(logs.mean()))  # the geometric mean
+    assert three["req_s_hi"] == pytest.approx(math.exp(logs.mean() + half), rel=1e-4)
+    assert three["req_s_lo"] * three["req_s_hi"] == pytest.approx(three["req_s"] ** 2)  # symmetric in ratio
+    assert three["tok_s_lo"] == pytest.approx(10 * three["req_s_lo"], rel=1e-6) and "3 repeats" in three["method"]
     one = pooled(runs[:1])
     assert (one["req_s"], one["req_s_lo"], one["req_s_hi"]) == (4.0, 3.9, 4.1) and "not measured" in one["method"]
     assert [r["repeat"] for r in three["runs"]] == [0, 1, 2] and pooled([]) is None
+
+
+def test_mu_s_interval_never_reaches_below_zero_however_far_apart_the_repeats():
+    # make run beside other work read dynamic's repeats 1.16, 3.9 and 5.3 req/s: a t-interval on the rates
+    # themselves went to −1.48; a rate is never negative, and a 4.6× spread reads as a wide ratio instead
+    wide = pooled(_runs([1.16, 3.9, 5.3]))
+    assert 0 < wide["req_s_lo"] < wide["req_s"] < wide["req_s_hi"] and wide["tok_s_lo"] > 0
+    run = saturated_run(static_batches(8, 1.0, 12.0, jitter_s=0.9, seed=4), 12.0)  # few, very uneven batches
+    assert run is not None and 0 < run.req_s_lo <= run.req_s <= run.req_s_hi
 
 
 def queue_table(arrived: int, served_req_s: float, duration_s: float, seed: int = 0) -> pd.DataFrame:
@@ -106,17 +123,19 @@ def test_a_queue_that_keeps_up_near_its_limit_is_sustained(seed):
     assert verdict.sustained and verdict.queue_growth_lo < 0.05 * 4.0
 
 
-def constant_step_config(tmp_path, batch: int, step_s: float, probe_s: float) -> str:
+def constant_step_config(tmp_path, batch: int, step_s: float, probe_s: float, max_queue: int = 0) -> str:
     """A sweep YAML on the sim backend: a static batch of `batch` takes step_s whatever its shape (half
-    prefill, the rest OUT − 1 decode steps), so μ = batch / step_s."""
+    prefill, the rest OUT − 1 decode steps), so μ = batch / step_s; arrivals beyond `max_queue` waiting are
+    refused (0: none)."""
     preset = tmp_path / f"const-{batch}.yaml"
     preset.write_text(yaml.safe_dump({"name": "const", "weights_bytes": 0, "kv_bytes_per_token": 0,
                                       "bandwidth_Bps": 0, "prefill_s_per_token": 0, "memory_bytes": 1e12,
                                       "prefill_overhead_s": step_s / 2, "overhead_s": step_s / 2 / (OUT - 1)}))
-    config = tmp_path / f"const-{batch}-{probe_s}.yaml"
+    config = tmp_path / f"const-{batch}-{probe_s}-{max_queue}.yaml"
     config.write_text(
         f"base: {{backend: sim, preset: {preset}, dataset: synthetic, prompt_lengths: 16, output_lengths: {OUT}, "
-        f"max_new_tokens: {OUT}, batch_size: {batch}, max_batch_size: {batch}, warmup_requests: 0}}\n"
+        f"max_new_tokens: {OUT}, batch_size: {batch}, max_batch_size: {batch}, warmup_requests: 0, "
+        f"max_queue: {max_queue}}}\n"
         f"grid: {{strategies: [naive, dynamic], rates: {{auto: {{search_duration_s: {probe_s}}}}}}}\n")
     return str(config)
 
@@ -133,6 +152,30 @@ def test_mu_and_capacity_meet_a_constant_step_models_known_maximum(tmp_path, bat
         assert doc["saturated"]["tok_s"] == pytest.approx(OUT * mu, rel=0.02), label
         assert 0.95 * mu <= doc["estimate_req_s"] <= mu * (1 + 1e-9), (label, doc["probes"])
         assert doc["lo_req_s"] <= doc["estimate_req_s"] <= doc["hi_req_s"] <= mu * (1 + 1e-9)
+
+
+@pytest.mark.slow
+def test_a_short_searchs_interval_holds_what_a_ten_times_longer_one_finds(tmp_path):
+    """μ = 11.94 req/s exactly, a queue limit of 16: near μ the queue's climbs to the limit are rare and slow,
+    so a 12 s probe sees none (it read 11.9 [11.9, 11.9] before), while 600 s probes find capacity near 10.7.
+    The short search must say what it could not see: its interval holds the long one's estimate, and the
+    rates whose queue needed longer than the probe to settle read as undecided, not sustained."""
+    found = {}
+    for probe_s in (12, 600):
+        plan = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, probe_s, max_queue=16))
+        found[probe_s] = search_all(plan, SimulatedSearch(plan, plan.auto), plan.auto, ["naive"])["naive"].as_dict()
+    short, long_ = found[12], found[600]
+    assert short["saturated"]["req_s"] == pytest.approx(11.94, rel=0.01)
+    assert long_["estimate_req_s"] < 0.95 * 11.94  # the long probes saw the limit's refusals
+    assert short["lo_req_s"] <= long_["estimate_req_s"] <= short["hi_req_s"]
+    assert any(not p["judged"] and "settle" in p["reasons"][0] for p in short["probes"])
+    assert all(p["judged"] for p in long_["probes"] if p["rate_req_s"] < 0.9 * 11.94)
+
+
+def test_a_verdict_from_too_few_requests_says_so_instead_of_sustained():
+    verdict = sustain(queue_table(12, 8.0, 3.0), 3.0)  # 12 arrivals in 3 s, 9 of them after the warm-up
+    assert not verdict.sustained and not verdict.judged and "too few requests" in verdict.reasons[0]
+    assert verdict.mark == "?" and not verdict.failed
 
 
 def test_the_report_warns_when_capacity_exceeds_what_the_same_sweep_completed():
@@ -152,3 +195,25 @@ def test_the_report_warns_when_capacity_exceeds_what_the_same_sweep_completed():
     text = capacity_text({"dynamic": above})
     assert text[1].split()[:3] == ["dynamic", "5.57", "[5.25,"] and "4.6 [4.5, 4.7]" in text[1]
     assert any(line.startswith("⚠ dynamic: capacity 5.57 req/s is above its saturated rate") for line in text)
+
+
+def test_the_report_warns_when_a_capacity_sits_below_a_rate_the_same_sweep_sustained():
+    """The check runs both ways: make run beside other work read naive '< 1.98 (no rate sustained)' while its
+    grid point at 3.69 req/s finished 39 of 39 with the queue flat."""
+    from types import SimpleNamespace
+
+    from batchlab.report.capacities import checks, grid_verdicts
+
+    def run(rate: float, arrived: int) -> SimpleNamespace:
+        return SimpleNamespace(rate=rate, requests=queue_table(arrived, 20.0, 12.0), label="naive",
+                               settings={"duration_s": 12.0, "max_queue": 16, "arrival": "poisson"})
+
+    runs = [run(3.69, 44), run(1.0, 12)]
+    missing = {"label": "naive", "hi_req_s": 1.98}  # every probe failed or could not tell
+    [note] = checks(missing, [], grid_verdicts(runs))
+    assert "capacity < 1.98 (no rate sustained) req/s is below λ = 3.69 (3.67 offered)" in note
+    assert "which the same sweep sustained (100% served, the queue flat, 1 repeat(s))" in note
+    assert checks({"label": "naive", "estimate_req_s": 4.2}, [], grid_verdicts(runs)) == []
+    # judged as the search judges: with μ = 4 and a queue limit, 3.69 is too close to μ for 12 s to tell
+    mu = {"req_s": 4.0, "req_s_lo": 3.9, "req_s_hi": 4.1}
+    assert checks(missing, [], grid_verdicts(runs, saturated=mu)) == []

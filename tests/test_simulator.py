@@ -153,3 +153,16 @@ def test_a_policy_that_never_launches_is_declared_stalled_in_virtual_time_like_a
     assert set(r.status) == {"failed"} and set(r.error) == {
         "stalled: policy launched nothing for 2 s with 5 queued and every worker idle"}
     assert sim.core.stats["stalled"] == 5
+
+
+def test_a_vllm_run_holds_max_num_seqs_rows_as_the_live_vllm_worker_announces():
+    from batchlab.protocol.settings import RunConfig
+    from batchlab.scheduler.strategies import resolve
+    from batchlab.simulator.run import sim_worker
+
+    vllm = RunConfig(strategy="vllm", max_batch_size=8, max_num_seqs=64, out=".")
+    assert sim_worker(vllm, resolve(vllm)).info.max_batch_size == 64
+    unset = RunConfig(strategy="vllm", max_batch_size=8, out=".")
+    assert sim_worker(unset, resolve(unset)).info.max_batch_size == 8  # 0: the row cap, as live
+    hf = RunConfig(strategy="continuous", max_batch_size=8, max_num_seqs=64, out=".")
+    assert sim_worker(hf, resolve(hf)).info.max_batch_size == 8  # not a vllm run: its own row cap

@@ -58,8 +58,32 @@ def test_a_fused_continuous_step_pays_its_fixed_cost_once(fused):
     assert gpu.fused_s(1.0, 2.0) == pytest.approx(3.0 - gpu.overhead_s - gpu.weights_bytes / gpu.bandwidth_Bps)
 
 
+# a GPU-like roofline: the weights stream in 10 ms, their GEMMs cost 1 ms a token; 1 ms of fixed cost a step
+ROOFLINE = StepModel("roofline", 1e10, 1000, 1e12, 0.0, 0.001, 80e9, gemm_s_per_token=0.001, fused=True)
+
+
+def test_a_gemm_term_makes_a_step_the_larger_of_weight_stream_and_compute():
+    assert ROOFLINE.decode_step_s(0, 4) == pytest.approx(0.001 + 0.010)  # 4 rows: streaming the weights dominates
+    assert ROOFLINE.decode_step_s(0, 16) == pytest.approx(0.001 + 0.016)  # 16 rows: their arithmetic does
+    assert ROOFLINE.decode_step_s(2000, 4) == pytest.approx(0.001 + 0.010 + 2000 * 1000 / 1e12)  # KV adds on
+    assert ROOFLINE.prefill_s(30, 1) == pytest.approx(0.001 + 0.030)
+    no_gemm = StepModel("plain", 1e10, 1000, 1e12, 0.0, 0.001, 80e9)
+    assert no_gemm.decode_step_s(0, 16) == pytest.approx(0.011)  # without the term: the weight stream alone
+
+
+def test_a_fused_step_with_a_gemm_term_is_one_forward_over_all_its_tokens():
+    decode, prefill = ROOFLINE.decode_step_s(0, 4), ROOFLINE.prefill_s(20, 1)  # 0.011 and 0.021
+    assert ROOFLINE.fused_s(decode, prefill, 4, 20) == pytest.approx(0.001 + max(0.010, 0.024))
+    assert ROOFLINE.fused_s(ROOFLINE.decode_step_s(0, 2), ROOFLINE.prefill_s(5, 1), 2, 5) == pytest.approx(0.011)
+    core = ContinuousCore(ROOFLINE)
+    core.admit(1, 8, 4)
+    core.plan_step()
+    core.admit(2, 20, 4)
+    assert core.plan_step().duration_s == pytest.approx(0.001 + max(0.010, 0.021) + 9 * 1000 / 1e12)
+
+
 def test_a_scaled_model_takes_every_step_that_many_times_longer():
-    for model in (CPU, PRESETS["a100-llama2-7b"]):
+    for model in (CPU, PRESETS["a100-llama2-7b"], ROOFLINE):
         slow = model.scaled(1.25)
         assert slow.decode_step_s(300, 4) == pytest.approx(1.25 * model.decode_step_s(300, 4))
         assert slow.prefill_s(60, 2, 2600) == pytest.approx(1.25 * model.prefill_s(60, 2, 2600))

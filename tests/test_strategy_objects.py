@@ -13,7 +13,7 @@ from batchlab.runner.config import checked_config
 from batchlab.scheduler.strategies import resolve
 
 SIM = {"backend": "sim", "dataset": "synthetic", "max_new_tokens": 16,  # the default preset: steps of ms
-       "max_prompt_len": 128, "warmup_requests": 0}
+       "max_prompt_len": 128}
 
 
 @dataclasses.dataclass

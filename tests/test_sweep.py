@@ -128,3 +128,16 @@ def test_shipped_configs_parse(name):
 def test_full_config_is_the_seed_plan():
     plan = load_plan(ROOT / "configs" / "full.yaml")
     assert plan.rates == [5.0, 20.0, 50.0] and plan.repeats == 3 and plan.base["duration_s"] == 60
+
+
+def test_a_strategy_with_no_rate_sustained_places_the_grid_by_its_mu_not_mus_upper_bound():
+    from batchlab.lab.sweep import placing_rate
+
+    # beside heavy other work, two saturated repeats read dynamic's μ 1.88 [0.00123, 2860]; every probe was
+    # undecided: the grid once reached λ = 5460 req/s from that upper bound
+    noisy = {"estimate_req_s": None, "lo_req_s": None, "hi_req_s": 2860.0,
+             "saturated": {"req_s": 1.88, "req_s_lo": 0.00123, "req_s_hi": 2860.0}}
+    assert placing_rate(noisy) == 1.88
+    assert placing_rate({**noisy, "lo_req_s": 1.2}) == 1.2
+    assert placing_rate({**noisy, "estimate_req_s": 1.5, "lo_req_s": 1.2}) == 1.5
+    assert placing_rate({"estimate_req_s": None, "lo_req_s": None, "hi_req_s": 3.0}) == 3.0  # a grid, no μ

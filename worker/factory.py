@@ -8,10 +8,12 @@ The worker never reads the strategy: the front end resolves it (scheduler.strate
 passes the mode it needs (static or continuous) and the most rows it runs at once.
 """
 import os
+import sys
 
 from batchlab.protocol.plugins import BACKEND_GROUP, Registry
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.worker.backend import Backend
+from batchlab.worker.threads import place_worker
 
 BUILTINS = {"sim": "batchlab.worker.sim:SimBackend", "echo": "batchlab.worker.sim:EchoBackend",
             "hf": "batchlab.worker.hf.static:HFBackend", "vllm": "batchlab.worker.vllm_engine:VLLMBackend",
@@ -45,3 +47,14 @@ def make_backend(cfg: RunConfig, mode: str, rows: int) -> Backend:
         quiet_libraries()
     spec = HF_LOOP if (cfg.backend, mode) == ("hf", "continuous") else cfg.backend
     return backend_class(spec, mode).from_config(cfg, mode, rows)
+
+
+def make_placed_backend(cfg: RunConfig, mode: str, rows: int) -> Backend:
+    """In a worker's own process: its threads placed by the run's policy first (worker.threads: before torch
+    starts its OpenMP runtime), then make_backend, the policy recorded in the worker's facts."""
+    threads = place_worker(cfg)
+    backend = make_backend(cfg, mode, rows)
+    if threads is not None:
+        torch = sys.modules.get("torch")  # what the model's operators really run on, read back
+        backend.info.facts.update(threads.facts(), torch_threads=torch.get_num_threads() if torch else None)
+    return backend

@@ -3,6 +3,7 @@
 The timing rules live in pure code (`static_step_durations`, `ContinuousCore`) that the discrete-event
 simulator reuses in virtual time; `sim_info` is what both kinds of worker report.
 """
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -10,6 +11,7 @@ from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.settings import parse_bytes
 from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput, lockstep_output
 from batchlab.worker.hf.chunks import plan_chunks
+from batchlab.worker.machine_noise import MachineNoise, of_config
 from batchlab.worker.stepmodel import StepModel, get_preset, speed_factor
 
 FAKE_VOCAB = 32000
@@ -28,6 +30,18 @@ def static_step_durations(rows: list[Row], model: StepModel) -> list[float]:
     durations = [model.prefill_s(b * p_max, b)]
     durations += [model.decode_step_s(b * (p_max + i), b) for i in range(1, o_max)]
     return durations
+
+
+def step_ends(start_s: float, durations: list[float], noise=None, origin_s: float = 0.0) -> list[float]:
+    """When each step of a batch started at start_s ends, each duration scaled by the machine's slowdown at
+    its own start (`noise`: a worker.machine_noise.MachineNoise, its time counted from origin_s)."""
+    if noise is None:
+        return list(itertools.accumulate(durations, initial=start_s))[1:]
+    ends, t = [], start_s
+    for duration in durations:
+        t += duration * (noise.factor(t - origin_s) if noise is not None else 1.0)
+        ends.append(t)
+    return ends
 
 
 @dataclass(slots=True)
@@ -101,7 +115,8 @@ class ContinuousCore:
         step = self.step_no
         counts = self._chunks()
         done = [row for row, n in zip(self.prefilling, counts) if row[3] + n >= row[1]]
-        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(counts))
+        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(counts),
+                                      len(self.rows), sum(counts))
         for row, n in zip(self.prefilling, counts):
             row[3] += n
         self.prefilling = self.prefilling[len(done):]  # the oldest rows finish their prompts first
@@ -187,6 +202,8 @@ class SimBackend(Backend):
         self.model = with_budget(get_preset(preset), step_tokens).scaled(speed)
         self.core = ContinuousCore(self.model, max_rows=max_batch_size)
         self.info = sim_info(self.model, mode, max_batch_size, backend=backend, model_name=model_name, speed=speed)
+        self.noise: MachineNoise | None = None  # the machine's slowdown within a run (--speed-drift, --neighbour-*)
+        self.origin_s: float | None = None  # the run's first step: the noise's time 0
 
     @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "SimBackend":
@@ -194,13 +211,23 @@ class SimBackend(Backend):
         run only when it is set: runner.pool.worker_key); --memory-budget, when set, replaces the preset's KV budget."""
         backend = cls(cfg.preset, mode, rows, step_tokens=cfg.max_num_batched_tokens, speed=run_speed(cfg))
         backend.info.kv_budget_bytes = parse_bytes(cfg.memory_budget) or backend.info.kv_budget_bytes
+        noise = of_config(cfg)
+        if noise.active:
+            backend.noise = noise
+            backend.info.facts["machine_noise"] = noise.facts()
         return backend
+
+    def _origin(self, t: float) -> float:
+        if self.origin_s is None:
+            self.origin_s = t
+        return self.origin_s
 
     def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
         """Play a lockstep batch: row r gets a token at steps 0 .. output_len-1."""
         t = now()
-        for step, duration in enumerate(static_step_durations(rows, self.model)):
-            start, t = t, t + duration
+        ends = step_ends(t, static_step_durations(rows, self.model), self.noise, self._origin(t))
+        for step, end in enumerate(ends):
+            start, t = t, end
             sleep_until(t)
             on_step(lockstep_output(rows, step, lambda _i, r: fake_token(r.request_id, step), now(), start))
 
@@ -219,7 +246,7 @@ class SimBackend(Backend):
             return None
         start = now()
         plan = self.core.plan_step(tokens=True)
-        sleep_until(start + plan.duration_s)
+        sleep_until(step_ends(start, [plan.duration_s], self.noise, self._origin(start))[0])
         return StepOutput(time=now(), start_time=start, request_ids=plan.request_ids,
                           token_ids=[fake_token(r, i) for r, i in zip(plan.request_ids, plan.token_indices)],
                           finished=plan.finished, running=plan.running, joined=len(plan.joined),
@@ -232,6 +259,7 @@ class SimBackend(Backend):
     def reset(self) -> None:
         """Between runs of a warm worker: no rows left over."""
         self.core = ContinuousCore(self.model, max_rows=self.info.max_batch_size)
+        self.origin_s = None
 
     def run_facts(self) -> dict:
         """Joiners held back for want of a free row (never, while the scheduler keeps to its credit)."""

@@ -3,8 +3,10 @@
 Two forms, each term named and fitted (`batchlab calibrate`) or taken from a datasheet (the GPU presets):
 
     memory-bound (a GPU: the bandwidth model; a step streams the weights and the live KV cache)
-        decode_step_s = overhead_s + (weights_bytes + kv_bytes_per_token × context) / bandwidth_Bps
+        decode_step_s = overhead_s + weights_bytes / bandwidth_Bps + kv_bytes_per_token × context / bandwidth_Bps
         prefill_s     = prefill_overhead_s + weights_bytes / bandwidth_Bps + prefill_s_per_token × tokens
+    with a GEMM term (the GPU presets, worker.gpu_presets) the weight stream becomes the roofline
+        max(weights_bytes / bandwidth_Bps, tokens × gemm_s_per_token)   (tokens: decode rows, or prompt tokens)
     compute-bound (a CPU: cost grows with rows × hidden size, plus attention over the context)
         decode_step_s = overhead_s + decode_s_per_row × rows + decode_s_per_context_token × context
         prefill_s     = prefill_overhead_s + prefill_s_per_token × tokens + prefill_s_per_row × rows
@@ -51,13 +53,20 @@ class StepModel:
     padded: bool = False  # rows padded to the widest (HF) rather than packed (vLLM)
     fused: bool = False  # a step's decodes and prefill run as one forward (the HF continuous loop): see fused_s
     step_tokens: int = 0  # a continuous step's token budget, decodes and prefill chunks (0: prompts prefilled whole)
+    gemm_s_per_token: float = 0.0  # the roofline: GEMM compute per token (a decode row or a prompt token), see _gemm_s
 
     def _streamed_s(self, nbytes: float) -> float:
         return nbytes / self.bandwidth_Bps if self.bandwidth_Bps > 0 else 0.0
 
+    def _gemm_s(self, tokens: int) -> float:
+        """The weights' part of a forward over `tokens` tokens: streaming them and computing with them overlap on a
+        GPU, so it takes the larger of the two (the roofline), max(weights / bandwidth, tokens × gemm_s_per_token);
+        with no GEMM term (every CPU fit) it is the weight stream alone."""
+        return max(self._streamed_s(self.weights_bytes), tokens * self.gemm_s_per_token)
+
     def decode_step_s(self, context_tokens: int, rows: int = 1) -> float:
         """One decode step of `rows` rows over `context_tokens` cached tokens (all rows, padding included)."""
-        return (self.overhead_s + self._streamed_s(self.weights_bytes + self.kv_bytes_per_token * context_tokens)
+        return (self.overhead_s + self._gemm_s(rows) + self._streamed_s(self.kv_bytes_per_token * context_tokens)
                 + self.decode_s_per_row * rows + self.decode_s_per_context_token * context_tokens)
 
     def prefill_s(self, prompt_tokens: int, rows: int = 1, token_pairs: float | None = None) -> float:
@@ -68,17 +77,22 @@ class StepModel:
         rows = max(rows, 1)
         pairs = prompt_tokens * prompt_tokens / rows if token_pairs is None else token_pairs
         overhead = self.overhead_s if self.prefill_overhead_s is None else self.prefill_overhead_s
-        return (overhead + self._streamed_s(self.weights_bytes) + self.prefill_s_per_token * prompt_tokens
+        return (overhead + self._gemm_s(prompt_tokens) + self.prefill_s_per_token * prompt_tokens
                 + self.prefill_s_per_row * rows + self.prefill_s_per_token_pair * pairs)
 
-    def fused_s(self, decode_s: float, prefill_s: float) -> float:
+    def fused_s(self, decode_s: float, prefill_s: float, decode_rows: int = 0, prefill_tokens: int = 0) -> float:
         """A continuous step with both decodes and a prefill: their sum, less (when `fused`) the fixed cost the
-        one forward pays once: the smaller overhead and the weight stream."""
+        one forward pays once: the smaller overhead and the weight stream. With a GEMM term the one forward's
+        weights part is the roofline of all its tokens, max(weights / bandwidth, (decode_rows + prefill_tokens)
+        × gemm_s_per_token), not the two parts' (each alone maybe compute-bound): the step's rows and prompt
+        tokens say by how much."""
         if not (self.fused and decode_s and prefill_s):
             return decode_s + prefill_s
         prefill_overhead = self.overhead_s if self.prefill_overhead_s is None else self.prefill_overhead_s
         shared = min(self.overhead_s, prefill_overhead) + self._streamed_s(self.weights_bytes)
-        return decode_s + prefill_s - min(shared, decode_s, prefill_s)
+        one_forward = (self._gemm_s(decode_rows + prefill_tokens) - self._gemm_s(decode_rows)
+                       - self._gemm_s(prefill_tokens) + self._streamed_s(self.weights_bytes))  # 0 without a GEMM term
+        return decode_s + prefill_s - min(shared, decode_s, prefill_s) + one_forward
 
     def scaled(self, factor: float) -> "StepModel":
         """The same model with every step time multiplied by `factor` (> 1: a slower machine)."""
@@ -100,7 +114,7 @@ class StepModel:
 
 # StepModel's per-second terms (bandwidth_Bps and prefill_overhead_s are scaled apart: a rate, an optional)
 TIME_TERMS = ("prefill_s_per_token", "overhead_s", "decode_s_per_row", "decode_s_per_context_token",
-              "prefill_s_per_row", "prefill_s_per_token_pair")
+              "prefill_s_per_row", "prefill_s_per_token_pair", "gemm_s_per_token")
 
 
 def speed_factor(sigma: float, *keys: object) -> float:
@@ -123,6 +137,8 @@ def _on_gpu(name: str, arch: str, bandwidth_Bps: float, prefill_Fps: float, over
 
 
 PRESETS: dict[str, StepModel] = {
+    # The first two are the plain roofline, never checked against a GPU run; the GPU presets GPU-MODEL-KIND
+    # (worker.gpu_presets, e.g. rtx3090-mistral-7b-vllm) are fitted to published runs and checked on others.
     # Llama-2-7B FP16 (6.74e9 params) on an A100-40GB: 1.555 TB/s HBM; prefill at ~50% of 312 TFLOP/s.
     "a100-llama2-7b": _on_gpu("a100-llama2-7b", "llama-2-7b", 1555 * GB, 156e12, 0.0005, 40 * GB),
     # Mistral-7B FP16 (7.24e9 params, GQA 8 KV heads) on an RTX 3090: 936 GB/s, 71 TFLOP/s fp16 dense.
@@ -165,13 +181,19 @@ def save_preset(model: StepModel, path: str | Path, record: dict | None = None) 
 
 
 def get_preset(name: str) -> StepModel:
-    """A preset by name (PRESETS, or a file shipped in PRESET_DIR) or a preset file's path (.yaml/.yml), or
-    ValueError naming the choices."""
+    """A preset by name (PRESETS, a file shipped in PRESET_DIR, or a GPU preset GPU-MODEL-KIND of
+    worker.gpu_presets) or a preset file's path (.yaml/.yml), or ValueError naming the choices."""
+    from batchlab.worker.gpu_presets import gpu_preset  # the GPUs' table and terms: read when a name asks
+
     if name in PRESETS:
         return PRESETS[name]
     if (PRESET_DIR / f"{name}.yaml").is_file():
         return load_preset(PRESET_DIR / f"{name}.yaml")
     if str(name).endswith(PRESET_SUFFIXES) or Path(name).is_file():
         return load_preset(name)
+    on_gpu = gpu_preset(str(name))
+    if on_gpu is not None:
+        return StepModel(**on_gpu)
     names = [*PRESETS, *sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))]  # PRESETS' and the shipped files'
-    raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(names)}, or a preset file's path)")
+    raise ValueError(f"unknown sim preset {name!r} (choose from {', '.join(names)}, a GPU preset GPU-MODEL-KIND "
+                     f"such as rtx3090-mistral-7b-vllm (docs/simulator.md), or a preset file's path)")

@@ -1,0 +1,117 @@
+"""The "Other tools' runs" section, built once as blocks (headings, paragraphs, tables, lists) that REPORT.md
+and REPORT.html both render, so neither shows less than the other: each run's load, counts and rates, its
+latencies in the column of batchlab's metric of the same definition (under the tool's own name where that
+differs), every figure the tool's console printed with its value, the tool's own warnings, and the file's
+figures shown nowhere else, by name."""
+from dataclasses import dataclass
+
+from batchlab.report.external import DEFINITIONS
+from batchlab.report.peer_point import POINT_METRICS, POINT_QUANTILES, ExternalPoint, Figure
+from batchlab.report.text import figure, md_table, ms
+
+TABLE_HEAD = ("run", "tool", "load as the tool set it", "rate req/s", "completed", "failed", "incomplete", "req/s",
+              "out tok/s")
+MISSING = "-"
+
+
+@dataclass(slots=True)
+class Block:
+    """One part of the section: a heading (level 2 or 3), a paragraph (level 0), a table or a list."""
+
+    text: str = ""
+    level: int = 0
+    head: tuple[str, ...] = ()  # a table's columns
+    rows: list[list[str]] | None = None  # a table's rows
+    items: list[str] | None = None  # a list's lines
+    id: str = ""  # the HTML element's id
+
+
+def _named(point: ExternalPoint, metric: str, cell: str) -> str:
+    """A latency cell with the tool's name for that figure where it differs from batchlab's."""
+    name = point.names.get(metric)
+    return f"{cell} (its {name})" if name and cell != f"{MISSING} / {MISSING}" else cell
+
+
+def _p50_p99(point: ExternalPoint, metric: str) -> str:
+    lat = point.latency[metric]
+    return _named(point, metric, f"{ms(lat['p50'], MISSING)} / {ms(lat['p99'], MISSING)}")
+
+
+def run_rows(points: list[ExternalPoint]) -> list[list[str]]:
+    """Each point's cells (TABLE_HEAD), then each metric's p50 / p99 in ms."""
+    return [[p.label, p.kind, p.load or MISSING, figure(p.rate, "g"), str(p.completed), str(p.failed),
+             MISSING if p.incomplete is None else str(p.incomplete), figure(p.requests_per_s, ".2f"),
+             figure(p.throughput_tok_s, ".0f" if p.throughput_tok_s >= 100 else ".3g"),
+             *(_p50_p99(p, m) for m in POINT_METRICS)] for p in points]
+
+
+def latency_rows(points: list[ExternalPoint]) -> list[list[str]]:
+    """Each point's latencies in full: mean / p50 / p90 / p95 / p99 ms per metric."""
+    return [[p.label, *(_named(p, m, " / ".join(ms(p.latency[m][q], MISSING) for q in POINT_QUANTILES))
+                        for m in POINT_METRICS)] for p in points]
+
+
+def value_text(value: float | str | None) -> str:
+    """A figure as text: a count whole, others to 2 decimals (3 significant digits below 1)."""
+    if value is None:
+        return MISSING
+    if isinstance(value, str):
+        return value
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
+
+
+def figure_cells(fig: Figure) -> str:
+    """'Mean 37.70, Mdn 31.40, p95 84.80' (a single unnamed value alone)."""
+    return ", ".join(f"{k} {value_text(v)}".strip() for k, v in fig.values.items())
+
+
+def figure_rows(points: list[ExternalPoint]) -> list[list[str]]:
+    """Every figure each tool printed: run, the figure as the tool names it, its unit, its values."""
+    return [[p.label, f.name, f.unit or MISSING, figure_cells(f)] for p in points for f in p.figures]
+
+
+def blocks(points: list[ExternalPoint]) -> list[Block]:
+    """The section's blocks ([] when there are no points)."""
+    if not points:
+        return []
+    kinds = sorted({p.kind for p in points})
+    out = [Block("Other tools' runs", 2),
+           Block("Result files of other tools, drawn as stars in the latency plots. Their figures are the tool's own, "
+                 "measured by it; latencies in ms as p50 / p99, '-' where the file has no such figure, each in the "
+                 "column of batchlab's metric of the same definition, with the tool's name for it where that "
+                 "differs. Where the definitions differ from batchlab's:"),
+           Block(items=[f"{kind}: {DEFINITIONS[kind]}." for kind in kinds], id="external-definitions"),
+           Block(head=(*TABLE_HEAD, *(m.upper() for m in POINT_METRICS)), rows=run_rows(points), id="external"),
+           Block("Each run's latencies in full, ms (mean / p50 / p90 / p95 / p99; '-' where the file has none):"),
+           Block(head=("run", *(m.upper() for m in POINT_METRICS)), rows=latency_rows(points), id="external-latency"),
+           Block("Every figure each tool printed on its console", 3),
+           Block("As the tool names them, in its units, read from its file (a time in UTC):"),
+           Block(head=("run", "figure", "unit", "values"), rows=figure_rows(points), id="external-figures")]
+    warned = [f"{p.label}: {w}" for p in points for w in p.warnings]
+    if warned:
+        out += [Block("The tools' own warnings about these runs:"), Block(items=warned, id="external-warnings")]
+    unplaced = [f"{p.label}: {', '.join(p.unplaced)}" for p in points if p.unplaced]
+    if unplaced:
+        out += [Block("Figures these files hold that the report does not show (read them in the file):"),
+                Block(items=unplaced, id="external-unshown")]
+    return out
+
+
+def markdown(parts: list[Block]) -> list[str]:
+    """REPORT.md lines of the blocks."""
+    out = []
+    for b in parts:
+        if b.rows is not None:
+            out += [""] + md_table(list(b.head), [[c.replace("|", "\\|") for c in r] for r in b.rows])
+        elif b.items is not None:
+            out += [""] + [f"- {item}" for item in b.items]
+        else:
+            out += ["", f"{'#' * b.level} {b.text}" if b.level else b.text]
+    return out
+
+
+def section(points: list[ExternalPoint]) -> list[str]:
+    """REPORT.md lines: the external points' section ([] when there are none)."""
+    return markdown(blocks(points))

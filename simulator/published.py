@@ -1,0 +1,328 @@
+"""Published GPU measurements replayed in the simulator, and the error of each prediction.
+
+A measurement file (YAML; benchmarks/published/measurements.yaml is the shipped one, its README says where each
+figure was read) holds named request samples and configurations. A configuration is one published run: its
+source, engine and version, GPU, model and dtype, its workload (fixed lengths, published per-request lengths, or
+a named sample rescaled to the published mean lengths, or fixed prompts with outputs spread evenly over a
+range), how the requests arrived (`batch`: all at t = 0;
+`closed`: N clients, each sending its next request when its last one ended, vLLM's --max-concurrency; `open`:
+Poisson arrivals at a rate), the engine settings that matter (max running rows, per-step token budget, KV
+blocks), the published figures, and whether the configuration is in the fit set or the held-back check set.
+
+`replay` plays one configuration through simulator.run.simulate with the step model of its GPU, model and
+engine terms (virtual time, the live scheduler's vLLM policy), and computes the published metrics the way the
+benchmark that published them computed them (vLLM's benchmark_serving: duration from the first request to
+the last completion; TPOT per request (E2E − TTFT)/(output − 1) over outputs of 2 or more tokens; a request the
+source recorded with no output token counted with TTFT 0, as that benchmark did).
+"""
+import math
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from batchlab.protocol.errors import PublishedError
+from batchlab.models.archs import ARCHS, kv_bytes_per_token
+from batchlab.protocol.settings import RunConfig
+from batchlab.simulator.run import simulate
+from batchlab.traffic.schedule import Schedule
+from batchlab.worker.gpu_presets import Terms, step_model_for
+from batchlab.worker.gpus import get_gpu
+from batchlab.worker.stepmodel import StepModel, save_preset
+
+# metric -> the group its error is counted in (throughput, TPOT/ITL, TTFT: the issue's three)
+GROUPS = {"throughput_req_s": "throughput", "throughput_out_tok_s": "throughput",
+          "tpot_median_s": "tpot", "tpot_mean_s": "tpot", "batch_latency_s": "tpot",
+          "ttft_median_s": "ttft", "ttft_mean_s": "ttft"}
+GROUP_ORDER = ("throughput", "tpot", "ttft")
+SPLITS = ("fit", "check")
+LOADS = ("batch", "closed", "open")
+NEVER_S = 1e9  # a closed loop's traffic duration: every request of the sample is sent
+
+
+@dataclass(slots=True)
+class Figure:
+    """One published figure: the metric, its value (s, req/s or tok/s) and where in the source it is."""
+
+    metric: str
+    value: float
+    where: str
+    scored: bool = True  # counted in the error summary (one figure per group per configuration)
+
+
+@dataclass(slots=True)
+class Measurement:
+    """One published configuration (see the module docstring)."""
+
+    id: str
+    source: str
+    link: str
+    engine: str  # engine and version as the source states them
+    terms: str  # the engine-terms key (worker/presets/gpu-engines.yaml) its version plays
+    gpu: str
+    model: str  # models.archs name
+    dtype: str
+    split: str
+    load: str
+    prompts: list[int]
+    outputs: list[int]  # 0: the source recorded no output token (counted with TTFT 0, as it did)
+    concurrency: int = 0
+    rate: float = math.inf
+    seed: int = 0
+    max_num_seqs: int = 256
+    step_tokens: int = 0  # the run's per-step token budget (0: the engine terms' default)
+    kv_tokens: int = 0  # KV cache size the source reports (0: the GPU's memory less the weights)
+    serving: bool = True  # through the engine's HTTP server (its front end's per-request cost); False: offline
+    figures: list[Figure] = field(default_factory=list)
+    notes: str = ""
+
+
+@dataclass(slots=True)
+class Prediction:
+    """The simulated metrics of one configuration (same units as the figures)."""
+
+    metrics: dict[str, float]
+    simulated_s: float  # virtual seconds the run lasted
+
+
+@dataclass(slots=True)
+class Row:
+    """One published figure beside its prediction."""
+
+    measurement: str
+    source: str
+    gpu: str
+    split: str
+    metric: str
+    published: float
+    predicted: float
+    scored: bool
+
+    @property
+    def group(self) -> str:
+        """throughput, tpot or ttft."""
+        return GROUPS[self.metric]
+
+    @property
+    def error(self) -> float:
+        """predicted ÷ published − 1."""
+        return self.predicted / self.published - 1
+
+
+# --- reading a measurement file -------------------------------------------------------------------------
+def load_measurements(path: str | Path) -> list[Measurement]:
+    """Every configuration of a measurement file; PublishedError naming the first bad one."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise PublishedError(f"cannot read measurements {path}: {exc}") from None
+    samples = raw.get("samples") or {}
+    sources = {s["id"]: s for s in raw.get("sources") or []}
+    out = []
+    for spec in raw.get("configurations") or []:
+        try:
+            out.append(_measurement(spec, sources[spec["source"]], samples))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PublishedError(f"{path}: configuration {spec.get('id', '?')!r}: {type(exc).__name__}: {exc}") \
+                from None
+    return out
+
+
+def _measurement(spec: dict, source: dict, samples: dict) -> Measurement:
+    prompts, outputs = _workload(spec["workload"], samples)
+    load = spec["load"]
+    m = Measurement(
+        spec["id"], source["title"], source["link"], spec.get("engine", source.get("engine", "")),
+        spec.get("terms", source.get("terms", "")), spec.get("gpu", source.get("gpu", "")),
+        spec.get("model", source.get("model", "")), spec.get("dtype", source.get("dtype", "")), spec["split"],
+        load["mode"], prompts, outputs, int(load.get("concurrency", 0)), float(load.get("rate", math.inf)),
+        int(load.get("seed", 0)), int(spec.get("max_num_seqs", source.get("max_num_seqs", 256))),
+        int(spec.get("step_tokens", source.get("step_tokens", 0))), int(spec.get("kv_tokens", 0)),
+        bool(source.get("serving", True)),
+        [Figure(f["metric"], float(f["value"]), f.get("where", ""), bool(f.get("scored", True)))
+         for f in spec["figures"]],
+        spec.get("notes", ""))
+    _check(m)
+    return m
+
+
+def _workload(spec: dict, samples: dict) -> tuple[list[int], list[int]]:
+    """(prompt lengths, output lengths) of a workload spec: fixed, per request, or a rescaled named sample."""
+    if "fixed" in spec:
+        f = spec["fixed"]
+        return [int(f["prompt"])] * int(f["count"]), [int(f["output"])] * int(f["count"])
+    if "spread" in spec:  # fixed prompts; outputs evenly spread over [min, max], in a seeded order
+        f = spec["spread"]
+        outputs = np.rint(np.linspace(float(f["output_min"]), float(f["output_max"]), int(f["count"]))).astype(int)
+        return [int(f["prompt"])] * int(f["count"]), np.random.default_rng(int(f.get("seed", 0))).permutation(
+            outputs).tolist()
+    if "lengths" in spec:
+        return [int(p) for p in spec["lengths"]["prompts"]], [int(o) for o in spec["lengths"]["outputs"]]
+    s = spec["sample"]
+    base = samples[s["name"]]
+    count = int(s["count"])
+    prompts = np.resize(np.asarray(base["prompts"], dtype=float), count)  # cycles past the sample's end
+    outputs = np.resize(np.maximum(np.asarray(base["outputs"], dtype=float), 1), count)
+    if "prompt_mean" in s:
+        prompts *= float(s["prompt_mean"]) / prompts.mean()
+    if "output_mean" in s:
+        outputs *= float(s["output_mean"]) / outputs.mean()
+    return np.maximum(np.rint(prompts), 1).astype(int).tolist(), np.maximum(np.rint(outputs), 1).astype(int).tolist()
+
+
+def _check(m: Measurement) -> None:
+    rules = [(m.split in SPLITS, f"split must be one of {SPLITS}"), (m.load in LOADS, f"load must be one of {LOADS}"),
+             (m.model in ARCHS, f"unknown model {m.model!r}"), (len(m.prompts) == len(m.outputs) > 0, "no requests"),
+             (m.load != "closed" or m.concurrency > 0, "a closed loop needs its concurrency"),
+             (m.load != "open" or 0 < m.rate < math.inf, "an open loop needs a finite rate"),
+             (all(f.metric in GROUPS for f in m.figures), f"metrics must be among {sorted(GROUPS)}"),
+             (all(f.value > 0 for f in m.figures), "every figure must be > 0")]
+    get_gpu(m.gpu)
+    for ok, why in rules:
+        if not ok:
+            raise ValueError(why)
+
+
+# --- replaying one configuration --------------------------------------------------------------------------
+def step_model(m: Measurement, terms: Terms) -> StepModel:
+    """The step model the configuration plays: its GPU's datasheet and generation, its model, its engine's terms."""
+    return StepModel(**step_model_for(f"{m.gpu}-{m.model}-{m.terms}", m.gpu, m.model, m.terms, terms))
+
+
+def arrivals(m: Measurement) -> np.ndarray:
+    """When each request was sent (s): all at 0, or Poisson at the rate, the first at 0 (vLLM's benchmark_serving),
+    seeded; a closed loop's first requests at 0."""
+    n = len(m.prompts)
+    if m.load != "open":
+        return np.zeros(n)
+    gaps = np.random.default_rng(m.seed).exponential(1.0 / m.rate, n)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+
+
+def front_end(sent_s: np.ndarray, request_overhead_s: float, blocks: bool = False) -> np.ndarray:
+    """When each request reaches the scheduler through a front end that spends `request_overhead_s` of one CPU on
+    each, in arrival order (a FIFO single server). `blocks`: the engine shares the front end's event loop, so it
+    sees a busy period's requests only when the front end is done with them all (it runs no step before)."""
+    out, free_s = np.empty(len(sent_s)), 0.0
+    for k, t in enumerate(sent_s):
+        free_s = max(t, free_s) + request_overhead_s
+        out[k] = free_s
+    if blocks:  # a busy period ends where the next request arrives after the last one was taken in
+        ends = np.append(np.asarray(sent_s)[1:] > out[:-1], True)
+        out = np.flip(np.minimum.accumulate(np.flip(np.where(ends, out, np.inf))))
+    return out
+
+
+def schedule_of(m: Measurement, offsets_s: np.ndarray) -> Schedule:
+    """The configuration's requests as a schedule arriving at `offsets_s` (lengths only: no tokens needed)."""
+    n = len(m.prompts)
+    frame = pd.DataFrame({"request_id": np.arange(n, dtype=np.int64), "arrival_offset_s": offsets_s,
+                          "prompt": [""] * n, "prompt_len": np.asarray(m.prompts, dtype=np.int64),
+                          "output_len": np.maximum(np.asarray(m.outputs, dtype=np.int64), 1),
+                          "prompt_tokens": [[] for _ in range(n)]})
+    duration_s = NEVER_S if m.load == "closed" else float(offsets_s[-1]) + 1.0
+    return Schedule(frame, f"published:{m.id}", duration_s)
+
+
+def run_config(m: Measurement, preset: Path, think_s: float = 0.0) -> RunConfig:
+    """The simulated run: the vLLM strategy on the `sim` backend playing `preset`, the configuration's load
+    (`think_s`: a closed loop's clients wait this long before each request, the front end's cost)."""
+    values = dict(strategy="vllm", backend="sim", preset=str(preset), dataset="synthetic", seed=m.seed,
+                  max_batch_size=m.max_num_seqs, max_num_seqs=m.max_num_seqs, max_new_tokens=max(m.outputs + [1]),
+                  max_prompt_len=max(m.prompts), num_requests=len(m.prompts), max_queue=0, stall_limit_s=0.0,
+                  out=str(preset.parent / "run"))
+    if m.step_tokens:
+        values["max_num_batched_tokens"] = max(m.step_tokens, m.max_num_seqs)
+    if m.kv_tokens:
+        values["memory_budget"] = str(m.kv_tokens * kv_bytes_per_token(ARCHS[m.model], 2))
+    if m.load == "closed":
+        values.update(concurrency=m.concurrency, rate=math.inf, think_time_ms=1000 * think_s)
+    elif m.load == "open":
+        values.update(rate=m.rate, duration_s=NEVER_S)
+    else:
+        values.update(rate=math.inf)
+    return RunConfig(**values)
+
+
+def replay(m: Measurement, model: StepModel, request_overhead_s: float = 0.0, blocks: bool = False) -> Prediction:
+    """Simulate the configuration with `model` (and, serving, its engine's front end); the published metrics as
+    its benchmark computes them. The front end delays each request by its CPU time before the scheduler sees it
+    (front_end): in arrival order for a burst or an open loop; for a closed loop as each client's wait before it
+    sends (one client's request never queues behind another's there)."""
+    overhead_s = request_overhead_s if m.serving else 0.0
+    sent_s = arrivals(m)
+    seen_s = sent_s + overhead_s if m.load == "closed" else front_end(sent_s, overhead_s, blocks)
+    with tempfile.TemporaryDirectory(prefix="batchlab-published-") as tmp:
+        preset = Path(tmp) / "model.yaml"
+        save_preset(model, preset)
+        offsets = np.zeros(len(sent_s)) if m.load == "closed" else seen_s
+        tables = simulate(run_config(m, preset, overhead_s if m.load == "closed" else 0.0),
+                          schedule_of(m, offsets))
+    delay_s = np.full(len(sent_s), overhead_s) if m.load == "closed" else seen_s - sent_s
+    return Prediction(metrics_of(tables.requests, m, delay_s), float(tables.requests["completion_time"].max()))
+
+
+def metrics_of(requests: pd.DataFrame, m: Measurement, delay_s: np.ndarray | None = None) -> dict[str, float]:
+    """The published metrics of a simulated run's requests table; `delay_s`: each request's time between being
+    sent and reaching the scheduler (the front end), added to its TTFT and E2E."""
+    done = requests[requests["status"] == "finished"].sort_values("request_id")
+    if len(done) < len(m.prompts):
+        raise RuntimeError(f"{m.id}: {len(m.prompts) - len(done)} of {len(m.prompts)} requests did not finish")
+    ids = done["request_id"].to_numpy()
+    delay = np.zeros(len(m.prompts)) if delay_s is None else np.asarray(delay_s)
+    empty = np.asarray(m.outputs)[ids] <= 0
+    outputs = np.where(empty, 0, done["n_tokens"].to_numpy())
+    ttft = done["ttft"].to_numpy() + delay[ids]
+    e2e = done["e2e"].to_numpy() + delay[ids]
+    # from the first send (t = 0) to the last completion; a closed loop's simulated clock starts at its first
+    # requests reaching the scheduler, the front end's delay after they were sent
+    duration_s = float(done["completion_time"].max()) + (float(delay.min()) if m.load == "closed" else 0.0)
+    reported_ttft = np.where(empty, 0.0, ttft)
+    many = outputs > 1
+    tpot = (e2e[many] - ttft[many]) / (outputs[many] - 1)
+    return {"throughput_req_s": len(done) / duration_s, "throughput_out_tok_s": float(outputs.sum()) / duration_s,
+            "ttft_median_s": float(np.median(reported_ttft)), "ttft_mean_s": float(reported_ttft.mean()),
+            "tpot_median_s": float(np.median(tpot)) if len(tpot) else math.nan,
+            "tpot_mean_s": float(tpot.mean()) if len(tpot) else math.nan,
+            "batch_latency_s": float(e2e.mean())}
+
+
+def rows_of(m: Measurement, prediction: Prediction) -> list[Row]:
+    """Each published figure of `m` beside its prediction."""
+    return [Row(m.id, m.source, m.gpu, m.split, f.metric, f.value, prediction.metrics[f.metric], f.scored)
+            for f in m.figures]
+
+
+# --- the error table's arithmetic ---------------------------------------------------------------------------
+@dataclass(slots=True)
+class GroupError:
+    """|error| over one split's scored figures of one group."""
+
+    group: str
+    count: int
+    median: float
+    worst: float
+    worst_row: str
+
+
+def group_errors(rows: list[Row], split: str) -> list[GroupError]:
+    """Median and worst |predicted ÷ published − 1| per group over the scored rows of `split` (groups with no
+    row are left out)."""
+    out = []
+    for group in GROUP_ORDER:
+        mine = [r for r in rows if r.split == split and r.scored and r.group == group]
+        if not mine:
+            continue
+        worst = max(mine, key=lambda r: abs(r.error))
+        out.append(GroupError(group, len(mine), statistics.median(abs(r.error) for r in mine), abs(worst.error),
+                              f"{worst.measurement} {worst.metric}"))
+    return out
+
+
+def meets(errors: list[GroupError], median_bar: float, worst_bar: float) -> bool:
+    """True when every group's median and worst |error| are within the bars."""
+    return bool(errors) and all(e.median <= median_bar and e.worst <= worst_bar for e in errors)

@@ -1,0 +1,152 @@
+"""simulator/published.py: reading published configurations, replaying them in the simulator with known step models,
+the front end, the benchmark's metrics, and the validation table's arithmetic on a small fixed set."""
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from batchlab.simulator.published import (Measurement, PublishedError, Row, front_end, group_errors,
+                                          load_measurements, meets, replay)
+from batchlab.worker.stepmodel import StepModel
+
+SHIPPED = Path(__file__).resolve().parent.parent / "benchmarks" / "published" / "measurements.yaml"
+# a memory-bound model with no compute term: decode = 2 ms + 1 ms (weights) + 0.1 ms a row; prefill = 2 + 1 + T·10 µs
+KNOWN = StepModel("known", 1e9, 0, 1e12, 1e-5, 0.002, 80e9, decode_s_per_row=1e-4, fused=True)
+
+
+def _row(split: str, metric: str, published: float, predicted: float, scored: bool = True, name: str = "c") -> Row:
+    return Row(name, "src", "h100", split, metric, published, predicted, scored)
+
+
+def test_group_errors_take_median_and_worst_of_absolute_errors_per_group_and_split():
+    rows = [_row("check", "throughput_req_s", 10, 11, name="a"),  # +10%
+            _row("check", "throughput_out_tok_s", 100, 70, name="b"),  # −30%
+            _row("check", "throughput_req_s", 4, 4.2, name="c"),  # +5%
+            _row("check", "tpot_median_s", 0.02, 0.019, name="d"),  # −5%
+            _row("check", "ttft_median_s", 0.5, 1.0, scored=False, name="e"),  # not scored: left out
+            _row("fit", "ttft_median_s", 0.1, 0.3, name="f")]  # another split
+    errors = {e.group: e for e in group_errors(rows, "check")}
+    assert set(errors) == {"throughput", "tpot"}
+    assert errors["throughput"].count == 3
+    assert errors["throughput"].median == pytest.approx(0.10)
+    assert errors["throughput"].worst == pytest.approx(0.30)
+    assert errors["throughput"].worst_row == "b throughput_out_tok_s"
+    assert errors["tpot"].median == errors["tpot"].worst == pytest.approx(0.05)
+    assert [e.group for e in group_errors(rows, "fit")] == ["ttft"]
+    assert group_errors(rows, "fit")[0].median == pytest.approx(2.0)
+
+
+def test_the_bar_needs_every_group_within_both_limits():
+    rows = [_row("check", "throughput_req_s", 10, 10.5), _row("check", "ttft_median_s", 1, 1.2)]
+    assert meets(group_errors(rows, "check"), 0.25, 0.25)
+    assert not meets(group_errors(rows, "check"), 0.10, 0.25)  # TTFT's median 20% > 10%
+    assert not meets(group_errors(rows, "check"), 0.25, 0.10)
+    assert not meets([], 0.1, 0.25)  # no scored figure proves nothing
+
+
+def test_front_end_serves_requests_one_at_a_time_in_arrival_order():
+    sent = np.array([0.0, 0.0, 0.0, 1.0, 1.001])
+    assert front_end(sent, 0.01).tolist() == pytest.approx([0.01, 0.02, 0.03, 1.01, 1.02])
+    assert front_end(sent, 0.0).tolist() == sent.tolist()
+
+
+def _measurement(**kw) -> Measurement:
+    base = dict(id="m", source="s", link="l", engine="e", terms="t", gpu="h100", model="mistral-7b-v0.1",
+                dtype="bf16", split="check", load="batch", prompts=[100] * 4, outputs=[10] * 4)
+    return Measurement(**{**base, **kw})
+
+
+def test_a_batch_replays_to_the_known_models_prefill_and_decode_steps():
+    m = _measurement()
+    p = replay(m, KNOWN).metrics
+    prefill_s = 0.002 + 0.001 + 400 * 1e-5  # the 4 prompts in one step
+    decode_s = 0.002 + 0.001 + 4 * 1e-4
+    assert p["ttft_median_s"] == pytest.approx(prefill_s)
+    assert p["tpot_median_s"] == pytest.approx(decode_s)
+    assert p["batch_latency_s"] == pytest.approx(prefill_s + 9 * decode_s)
+    assert p["throughput_out_tok_s"] == pytest.approx(40 / (prefill_s + 9 * decode_s))
+
+
+def test_the_front_end_delays_ttft_and_e2e_but_not_the_engine():
+    m = _measurement(prompts=[100], outputs=[10])
+    plain, served = replay(m, KNOWN).metrics, replay(m, KNOWN, 0.005).metrics
+    assert served["ttft_median_s"] == pytest.approx(plain["ttft_median_s"] + 0.005)
+    assert served["tpot_median_s"] == pytest.approx(plain["tpot_median_s"])
+    offline = replay(_measurement(prompts=[100], outputs=[10], serving=False), KNOWN, 0.005).metrics
+    assert offline["ttft_median_s"] == pytest.approx(plain["ttft_median_s"])  # no HTTP server, no front end
+
+
+def test_a_request_published_with_no_output_counts_ttft_zero_and_no_tpot_as_the_benchmark_did():
+    m = _measurement(prompts=[100, 100, 100], outputs=[10, 0, 10])
+    p = replay(m, KNOWN).metrics
+    step = 0.002 + 0.001 + 300 * 1e-5
+    assert p["ttft_mean_s"] == pytest.approx(2 * step / 3)
+    assert p["ttft_median_s"] == pytest.approx(step)
+    duration_s = step + 9 * (0.002 + 0.001 + 2 * 1e-4)  # the empty request leaves with its one simulated token
+    assert p["throughput_out_tok_s"] == pytest.approx(20 / duration_s)  # and its output counts 0 tokens
+
+
+def test_a_closed_loop_keeps_at_most_its_clients_running():
+    m = _measurement(load="closed", concurrency=2, prompts=[50] * 6, outputs=[5] * 6)
+    p = replay(m, KNOWN).metrics
+    two_rows = 0.002 + 0.001 + 2 * 1e-4
+    assert p["tpot_median_s"] == pytest.approx(two_rows)  # never more than 2 rows in a step
+
+
+def _write(tmp_path, configurations, samples=None) -> Path:
+    doc = {"samples": samples or {"s": {"prompts": [10, 30], "outputs": [5, 15]}},
+           "sources": [{"id": "src", "title": "T", "link": "https://x", "engine": "vLLM 1.0", "terms": "t",
+                        "gpu": "h100", "model": "mistral-7b-v0.1", "dtype": "bf16"}],
+           "configurations": configurations}
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _config(**kw) -> dict:
+    return {"id": "c", "source": "src", "split": "check", "workload": {"fixed": {"prompt": 8, "output": 4, "count": 2}},
+            "load": {"mode": "batch"}, "figures": [{"metric": "ttft_median_s", "value": 0.1, "where": "t1"}], **kw}
+
+
+def test_workloads_fixed_sample_rescaled_and_spread(tmp_path):
+    path = _write(tmp_path, [
+        _config(id="fixed"),
+        _config(id="sample", workload={"sample": {"name": "s", "count": 4, "prompt_mean": 40, "output_mean": 20}}),
+        _config(id="spread", workload={"spread": {"prompt": 8, "output_min": 2, "output_max": 6, "count": 5}})])
+    fixed, sample, spread = load_measurements(path)
+    assert (fixed.prompts, fixed.outputs, fixed.source, fixed.gpu) == ([8, 8], [4, 4], "T", "h100")
+    assert sample.prompts == [20, 60, 20, 60] and sample.outputs == [10, 30, 10, 30]  # cycled, means 40 and 20
+    assert sorted(spread.outputs) == [2, 3, 4, 5, 6] and spread.prompts == [8] * 5
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"split": "train"}, "split must be one of"),
+    ({"load": {"mode": "closed"}}, "closed loop needs its concurrency"),
+    ({"load": {"mode": "open"}}, "open loop needs a finite rate"),
+    ({"figures": [{"metric": "tokens", "value": 1}]}, "metrics must be among"),
+    ({"figures": [{"metric": "ttft_median_s", "value": 0}]}, "every figure must be > 0"),
+    ({"gpu": "rtx9090"}, "unknown GPU"),
+])
+def test_a_bad_configuration_is_one_line_naming_it(tmp_path, bad, message):
+    with pytest.raises(PublishedError, match=message) as info:
+        load_measurements(_write(tmp_path, [_config(**bad)]))
+    assert "'c'" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_shipped_table_has_a_fit_and_a_check_set_over_enough_gpus_with_links():
+    measurements = load_measurements(SHIPPED)
+    check = [m for m in measurements if m.split == "check"]
+    assert len(measurements) >= 12 and len({m.gpu for m in measurements}) >= 3
+    assert check and [m for m in measurements if m.split == "fit"]
+    assert len({m.gpu for m in check}) >= 3
+    assert all(m.link.startswith("https://") and m.engine and m.figures for m in measurements)
+    assert all(f.where for m in measurements for f in m.figures)
+    for m in measurements:  # at most one scored figure per group and configuration
+        groups = [Row(m.id, "", m.gpu, m.split, f.metric, f.value, f.value, f.scored).group
+                  for f in m.figures if f.scored]
+        assert len(groups) == len(set(groups)), m.id
+    lambda_a100 = next(m for m in measurements if m.id == "lambda-a100-320-prompts")
+    assert (sum(lambda_a100.prompts), sum(lambda_a100.outputs)) == (73671, 71372)  # the file's totals
+    assert not math.isinf(next(m for m in measurements if m.load == "open").rate)
