@@ -1,103 +1,137 @@
-"""The API's grid jobs: sweep (strategies × backends × rates × repeats, one live run per point,
-resumable) and capacity (each strategy's μ and the highest rate it sustains). Both take a sweep plan:
-its YAML's path, the same mapping (base: and grid:), or a parsed Plan. lab.sweep's docstring gives a
-sweep folder's layout and when a point counts as done."""
-import copy
+"""The API's grid jobs: sweep (strategies × backends × rates × repeats, one live run per point, resumable),
+capacity (each strategy's μ and the highest rate it sustains) and simulate (the grid in virtual time). Each
+takes one plan, in one vocabulary (plan_of): a Plan, a sweep's mapping (base: and grid:) or a run's settings
+(one strategy at one rate), or a YAML file's path holding either; `**changes` lay settings over it, the grid's
+by their names (strategies, rates, repeats, seed, concurrency, order, point_timeout_s; a run's strategy and
+rate as well), any other as a setting of every run. lab.sweep's docstring gives a sweep folder's layout."""
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchlab.api.progress import CallbackView, OnProgress
-from batchlab.api.results import CapacityResult, SweepResult
+from batchlab.api.results import CapacityResult, PointRecord, SimulationResult, SweepResult
+from batchlab.protocol.errors import ConfigError, SweepError, term
 
 if TYPE_CHECKING:
     from batchlab.lab.sweep_plan import Plan
     from batchlab.protocol.study_settings import RaySettings
 
 
-def plan_of(plan: "Plan | Mapping | str | Path", sets: dict | None = None) -> tuple["Plan", str]:
-    """The parsed, checked plan and the YAML it came from ("" for a mapping or a Plan); `sets`: overrides
-    as `--set` gives them ({"duration_s": 5, "grid.repeats": 2}). SweepError or ConfigError naming the key."""
-    from batchlab.lab.sweep_plan import Plan, SweepError, load_plan, parse_plan
+def plan_of(plan: "Plan | Mapping | str | Path | None" = None, **changes) -> "Plan":
+    """The parsed, checked plan (lab.sweep_plan.Plan) of what sweep, capacity and simulate take, `changes` laid
+    over it; SweepError or ConfigError naming the key."""
+    from batchlab.lab.sweep_plan import plan_from
 
-    if isinstance(plan, Plan):
-        if sets:
-            raise SweepError("sets apply to a plan's YAML or mapping, not to a parsed Plan")
-        return copy.deepcopy(plan), ""
-    if isinstance(plan, Mapping):
-        return parse_plan(copy.deepcopy(dict(plan)), "the plan", sets), ""
-    return load_plan(plan, sets), str(plan)
+    return plan_from({} if plan is None else plan, changes)[0]
 
 
-def _out_dir(out: str | Path | None, source: str, suffix: str = "") -> Path:
-    """`out`, else results/<the YAML's name><suffix>; a plan given as a mapping must name its folder."""
-    from batchlab.lab.sweep_plan import SweepError
+def _out_dir(out: object, source: str, suffix: str = "", *, make: bool = True) -> Path:
+    """`out` (made, unless not `make`), else results/<the YAML's name><suffix>; a plan given as a mapping or Plan
+    must name it."""
+    from batchlab.protocol.files import output_folder
 
-    if out is not None:
-        return Path(out)
-    if not source:
-        raise SweepError("out: a plan given as a mapping or Plan needs an output folder")
-    return Path("results") / f"{Path(source).stem}{suffix}"
+    if out is None:
+        if not source:
+            raise SweepError(f"{term('--out', 'out')}: a plan given as a mapping or Plan needs an output folder")
+        out = Path("results") / f"{Path(source).stem}{suffix}"
+    if not isinstance(out, (str, Path)):
+        raise ConfigError(f"{term('--out', 'out')} is a folder's path, not {type(out).__name__} {out!r:.60}")
+    return output_folder(out) if make else Path(out)
 
 
 def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *, resume: bool = True,
-          sets: dict | None = None, on_progress: OnProgress | None = None,
-          ray: "RaySettings | Mapping | str | None" = None) -> SweepResult:
-    """Every point of the grid, one live run each (skipping those done before when `resume`); the folder
-    and its index. Points that share their workers' settings run on the same warm workers: in the plan's
-    order with every group's workers kept warm (interleaved), or group after group (grouped). A failed
-    point is recorded, never raised; SweepError when no strategy's capacity could be bracketed. `ray`: run the
-    points on a Ray cluster instead (docs/ray.md): its address ("local": a new local Ray) or its
-    protocol.study_settings.RaySettings (a mapping of them: ConfigError for a bad one)."""
+          on_progress: OnProgress | None = None, ray: "RaySettings | Mapping | str | None" = None,
+          **changes) -> SweepResult:
+    """Every point of the grid, one live run each (skipping those done before when `resume`): its folder
+    (default results/<the YAML's name>) and a record per point; its tables: requests(), points(), ...
+    Points that share their workers' settings run on the same warm workers: in the plan's order with every
+    group's workers kept warm (interleaved), or group after group (grouped). A failed point is recorded, never
+    raised; SweepError when no strategy's capacity could be bracketed. `ray`: run the points on a Ray cluster
+    instead (docs/ray.md): its address ("local": a new local Ray) or its RaySettings (or a mapping of them)."""
     from batchlab.lab.sweep import run_sweep
+    from batchlab.lab.sweep_plan import plan_from
 
-    plan, source = plan_of(plan, sets)
-    out_dir, view = _out_dir(out, source), CallbackView(on_progress)
+    parsed, source = plan_from(plan, changes)
+    out_dir, view = _out_dir(out, source, make=ray is None), CallbackView(on_progress)  # on Ray: made once it may
     if ray is not None:
         from batchlab.lab.ray_sweep import run_ray_sweep
         from batchlab.protocol.settings import checked_group
         from batchlab.protocol.study_settings import RaySettings
 
+        if not isinstance(ray, (RaySettings, Mapping, str)):
+            raise ConfigError(f"ray is an address, RaySettings or a mapping of them, not {ray!r:.60}")
         opts = ray if isinstance(ray, RaySettings) else checked_group(
             RaySettings, {"address": ray} if isinstance(ray, str) else dict(ray))
-        return SweepResult(out_dir, run_ray_sweep(source, str(out_dir), opts, resume=resume, plan=plan, view=view))
-    return SweepResult(out_dir, run_sweep(plan, out_dir, resume=resume, view=view, source=source))
+        return SweepResult.of(out_dir, run_ray_sweep(source, str(out_dir), opts, resume=resume, plan=parsed,
+                                                     view=view))
+    return SweepResult.of(out_dir, run_sweep(parsed, out_dir, resume=resume, view=view, source=source))
 
 
-def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
-             strategies: list[str] | None = None, simulated: bool = False, preset: str | None = None,
-             on_progress: OnProgress | None = None, **search) -> CapacityResult:
-    """Each strategy's saturated rate μ and capacity (served ≥ 99%, queue not growing, below μ, SLOs met
-    by ≥ 90% with SLOs): live (each probe an ordinary point folder in `out`, on warm workers; default
-    results/<YAML name>-capacity) or, `simulated`, in virtual time with the sim backend's step model
-    (`preset`: one name or file, or "hf=P,hf-loop=P,vllm=P"; capacity.json goes to `out` only if given).
-    `strategies`: only these grid labels. `search`: the grid's rates.auto settings to change
-    (search_duration_s, saturated_duration_s, width, max_probes). SweepError for an unknown label or key."""
-    from batchlab.lab.capacity_search import run_capacity
-    from batchlab.runner.pool import PoolKeeper
-    from batchlab.lab.sweep_plan import SweepError, checked_auto, interleaved
+def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *, simulated: bool = False,
+             on_progress: OnProgress | None = None, **changes) -> CapacityResult:
+    """Each strategy's saturated rate μ and capacity (served ≥ 99%, queue not growing, below μ, SLOs met by
+    ≥ 90% with SLOs): live (each probe an ordinary point folder in `out`, on warm workers; default
+    results/<YAML name>-capacity) or, `simulated`, in virtual time with the sim backend's step model (capacity.json
+    goes to `out` only if given). `changes` as sweep takes them (strategies=["naive"]: only that grid entry;
+    preset: one name or file, or "hf=P,hf-loop=P,vllm=P" for a grid on several backends), and the search's own
+    settings (search_duration_s, saturated_duration_s, saturated_repeats, width, max_probes, ...: the grid's
+    rates.auto ones are the defaults)."""
     from batchlab.collector.layout import CAPACITY_FILE, WORKERS_DIR
+    from batchlab.lab.capacity_search import run_capacity
+    from batchlab.lab.sweep_plan import checked_auto, interleaved, plan_from
     from batchlab.protocol.files import write_json_atomic
+    from batchlab.protocol.study_settings import AutoRates
+    from batchlab.runner.pool import PoolKeeper
 
-    plan, source = plan_of(plan)
-    unknown = sorted(set(strategies or []) - {e.label for e in plan.entries})
-    if unknown:
-        raise SweepError(f"strategy: no grid entry labelled {', '.join(unknown)}")
-    settings = checked_auto({**(plan.auto.model_dump() if plan.auto else {}),
+    search = {k: changes.pop(k) for k in list(changes) if k in AutoRates.model_fields}
+    parsed, source = plan_from(plan, changes)
+    settings = checked_auto({**(parsed.auto.model_dump() if parsed.auto else {}),
                              **{k: v for k, v in search.items() if v is not None}}, "capacity options")
     if simulated:
         from batchlab.lab.simulate import assign_presets, simulated_capacity
 
-        plan.base.update({"preset": preset} if preset else {})
-        assign_presets(plan)  # each entry plays its own backend's step model, as in `simulate`
-        doc = simulated_capacity(plan, settings, strategies)
-        doc |= {"simulated": True}  # no plan_hash: a live search never takes it for its own on resume
+        assign_presets(parsed)  # each entry plays its own backend's step model, as in `simulate`
+        doc = simulated_capacity(parsed, settings) | {"simulated": True}  # no plan_hash: never a live search's
         if out is not None:  # what the live search writes there, less the probes' folders
-            Path(out).mkdir(parents=True, exist_ok=True)
-            write_json_atomic(Path(out) / CAPACITY_FILE, doc, default=str)
-        return CapacityResult(doc, None if out is None else Path(out))
+            write_json_atomic(_out_dir(out, source) / CAPACITY_FILE, doc, default=str)
+        return CapacityResult.of(doc, None if out is None else Path(out))
     out_dir = _out_dir(out, source, "-capacity")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(plan)) as pools:
-        doc = run_capacity(plan, out_dir, settings, pools, CallbackView(on_progress), strategies)
-    return CapacityResult(doc, out_dir)
+    with PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(parsed)) as pools:
+        doc = run_capacity(parsed, out_dir, settings, pools, CallbackView(on_progress))
+    return CapacityResult.of(doc, out_dir)
+
+
+def simulate(plan: "Plan | Mapping | str | Path | None" = None, out: str | Path | None = None, *,
+             on_progress: OnProgress | None = None, processes: int = 1, ray: str | None = None,
+             **changes) -> SimulationResult:
+    """The grid in virtual time (no processes, no sleeps), each point written as a live run's folder; what
+    `batchlab simulate` does. `plan` as sweep takes it (None: one run of the default settings), `changes` laid
+    over it (e.g. strategies=["naive", MyStrategy], rates=[5, 20], preset="3090-mistral-7b"); `out` (default
+    results/<the YAML's name> for a sweep's YAML, else runs/simulated): a sweep's folder (sweep.json and a
+    folder per point), or for one point its run's folder. A "finished" Event per point."""
+    from batchlab.lab.fanout import Fanout
+    from batchlab.lab.simulate import plan_simulation, run_simulation
+
+    from batchlab.protocol.files import output_folder
+
+    if out is not None:
+        changes["out"] = str(_out_dir(out, "", make=False))
+    sim = plan_simulation(plan, changes)
+    output_folder(sim.out)
+    view = CallbackView(on_progress)
+    results = run_simulation(sim, fanout=Fanout(processes, ray), on_point=lambda point, _summary, elapsed_s:
+                             view.finished(point, point.record("done", "", round(elapsed_s, 3))))
+    records = [PointRecord(p.entry.label, str(s.settings.get("strategy", "")), str(s.settings.get("backend", "")),
+                           None if p.concurrency else p.rate, p.concurrency, p.repeat, p.seed + p.repeat, p.folder,
+                           "done") for p, s in results]
+    index = _read_index(sim.out) if sim.layout else {}
+    capacity = index.get("capacity")
+    return SimulationResult(sim.out, records, None if not capacity else CapacityResult.of(capacity, None), index)
+
+
+def _read_index(out: Path) -> dict:
+    import json
+
+    from batchlab.collector.layout import INDEX_FILE
+
+    return json.loads((out / INDEX_FILE).read_text())

@@ -113,8 +113,8 @@ def calibrate(model: str, mode: str, args, out: Path) -> dict:
 def simulate_plan(plan_file: Path, presets: dict, out: Path) -> list[dict]:
     """The plan in virtual time with the sweep model's presets (api.simulate): a row per point."""
     preset = ",".join(f"{KIND[mode]}={path}" for mode, path in presets.items())
-    results = api.simulate(plan_file, preset=preset, out=str(out)).points
-    return [{"label": p.entry.label, "rate": p.rate, **_figures(s)} for p, s in results]
+    results = api.simulate(plan_file, out, preset=preset).summaries()
+    return [{"label": key.label, "rate": key.rate, **_figures(s)} for key, s in results.items()]
 
 
 GPU_KEYS = (("H200", "h200"), ("H100", "h100"), ("A100-SXM4-80GB", "a100-80gb"), ("A100 80GB", "a100-80gb"),
@@ -159,7 +159,7 @@ def live_rows(sweep: Path) -> list[dict]:
     from batchlab.collector.summary import read_summary
 
     rows = []
-    for f in sorted(sweep.glob("strategy=*/rate=*/repeat=*/summary.json")):
+    for f in sorted(sweep.glob("sweep_label=*/sweep_rate=*/sweep_repeat=*/summary.json")):
         label, rate, _ = point_of(f.parent)
         rows.append({"label": label, "rate": rate, **_figures(read_summary(f.parent))})
     return rows

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = validate()
     print(validation_line(rows))
     result = api.simulate(PLAN, out=str(args.out))
-    presets = ", ".join(sorted({p.entry.overrides["preset"] for p, _ in result.points}))
+    presets = ", ".join(sorted({str(s.settings["preset"]) for s in result.summaries().values()}))
     api.report(args.out)
     print(publish(args.out, args.name, header(rows, presets)))
     return 0

@@ -151,7 +151,7 @@ def saved_points(folder: Path, args: argparse.Namespace) -> list[dict]:
     with `args`' presets."""
     points = []
     found = sorted([*folder.glob("*/rate-*/summary.json"), *folder.glob("*/rate-*/rep-*/summary.json"),
-                    *folder.glob("strategy=*/rate=*/repeat=*/summary.json")])
+                    *folder.glob("sweep_label=*/sweep_rate=*/sweep_repeat=*/summary.json")])
     for summary_file in found:  # this script's LABEL/rate-R/, or a sweep's point (either layout)
         run = summary_file.parent
         point = point_of(run)

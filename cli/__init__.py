@@ -6,27 +6,15 @@ notebook, a test), this package changes no signal handler of that program's proc
 run` spawned is left to batchlab.runner, imported first here, which links it to its launcher.
 """
 import contextlib
-import os
-import signal
 import sys
 from pathlib import Path
 
+from batchlab.protocol.signals import exit_on_sigint_while_importing, restore_sigint  # noqa: F401 (cli.main's)
 from batchlab.runner import SPAWNED
 
 # The batchlab command itself: its console script, or `python -m batchlab.cli.main` (argv[0] reads "-m" while
 # the packages of the -m module import). A program that imports batchlab as a library keeps its handlers.
 COMMAND = sys.argv[:1] == ["-m"] or Path(sys.argv[0] if sys.argv else "").name == "batchlab"
-
-
-def _interrupted_while_importing(_signum, _frame) -> None:
-    sys.stderr.write("error: interrupted\n")
-    os._exit(130)
-
-
-def restore_sigint() -> None:
-    """Python's own Ctrl-C (KeyboardInterrupt) again, unless SIGINT was ignored by whoever started us."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager
@@ -43,5 +31,5 @@ def resumable(out: str):
         raise typer.Exit(code=interrupted_exit(exc)) from None
 
 
-if not SPAWNED and COMMAND and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _interrupted_while_importing)
+if not SPAWNED and COMMAND:
+    exit_on_sigint_while_importing()

@@ -9,14 +9,11 @@ fits the steps live workers executed in runs (lab.calibrate_runs), contention an
 The preset file is accepted wherever a preset name is (`--preset PATH`: simulate, tune, the sim worker).
 """
 import math
-from dataclasses import replace
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from batchlab.cli.options import Opt, with_settings
-from batchlab.protocol.settings import checked_group
 from batchlab.protocol.study_settings import CalibrateSettings
 
 FromOpt = Annotated[Optional[list[str]], Opt("--from", help="fit the steps live workers executed in these run "
@@ -32,33 +29,16 @@ MoreOpt = Annotated[Optional[list[str]], typer.Argument(metavar="RUN_DIR...", he
 def calibrate(more_runs: MoreOpt = None, *, given: dict, from_runs: FromOpt = None) -> None:
     """Measure prefill and decode step times over a grid (or read them from runs), fit the step model, write a
     preset file."""
-    s = checked_group(CalibrateSettings, given)
-    name = s.name or Path(s.out).stem
+    from batchlab import api
+
     from_runs = [*(from_runs or []), *(more_runs or [])]
+    result = api.calibrate(runs=from_runs or None, on_progress=lambda event: typer.echo(event.text),
+                           **{k: v for k, v in given.items() if v is not None})
     if from_runs:
-        from batchlab.lab.calibrate_runs import calibrate_from
-
-        calibrate_from(from_runs, kind=s.kind, form=s.form, out=s.out, name=name, weigh=s.weigh,
-                       say=typer.echo, show=_print_from_runs)
+        _print_from_runs(result.points(), result.record)
         return
-    from batchlab.lab.calibrate import FULL, QUICK, run_calibrate
-
-    grid = replace(QUICK if s.quick else FULL)  # a copy: the options below must not change the module's grid
-    if s.batch_sizes:
-        grid.rows = [int(v) for v in s.batch_sizes.split(",")]
-    if s.prompt_lens:
-        grid.prompt_lens = [int(v) for v in s.prompt_lens.split(",")]
-    record = run_calibrate(s.backend, s.model, s.device, s.dtype, s.mode, s.form, s.out, grid, name, say=typer.echo,
-                           on_shape=_print_progress)
-    _print_table(record["shapes"], record)
-    typer.echo(f"wrote {s.out} (use --preset {s.out})")
-
-
-def _print_progress(shape: list) -> None:
-    s = shape[0]
-    typer.echo(f"  B={s.rows:<3} P={s.prompt_len:<4} " + "  ".join(
-        f"{x.kind} {1e3 * x.seconds:7.2f} ms ±{x.spread:.0%} ({x.rounds} rounds{'' if x.settled else ', noisy'})"
-        for x in shape))
+    _print_table(result.record["shapes"], result.record)
+    typer.echo(f"wrote {result.preset} (use --preset {result.preset})")
 
 
 def _print_table(table: list[dict], record: dict) -> None:
@@ -83,7 +63,7 @@ def _print_from_runs(table, record: dict) -> None:
     for r in table.itertuples(index=False):
         ctx = r.decode_context / r.decode_rows if r.decode_rows else 0
         tok = r.prefill_tokens / r.prefill_rows if r.prefill_rows else 0
-        held = "-" if math.isnan(r.held_out_error) else f"{r.held_out_error:+.1%}"
+        held = "-" if r.held_out_error is None or math.isnan(r.held_out_error) else f"{r.held_out_error:+.1%}"
         typer.echo(f"{r.kind:<8}{r.decode_rows:>9}{ctx:>8.0f}{r.prefill_rows:>10}{tok:>8.0f}{r.steps:>7}"
                    f"{1e3 * r.seconds:>13.2f}{1e3 * r.model_s:>10.2f}{r.fit_error:>+9.1%}{held:>10}")
     for key in ("fit_error", "held_out_error"):

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli.options import PRESET_PER_KIND, with_settings
+from batchlab.protocol.errors import SweepError
 from batchlab.protocol.settings import checked_group
 from batchlab.protocol.study_settings import CapacitySettings
 
@@ -30,6 +31,9 @@ def capacity(config: Config, *, overrides: dict, search: dict, out: Out = None, 
     out_given, out = out is not None, out or str(Path("results") / f"{Path(config).stem}-capacity")
     labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
     checked_group(CapacitySettings, search)  # a bad option is named as given, before the YAML is read
+    unknown = sorted(set(labels) - {e.label for e in api.plan_of(config).entries}) if labels else []
+    if unknown:  # only labels of the YAML's grid: a name is no new entry here
+        raise SweepError(f"--strategy: no grid entry labelled {', '.join(unknown)}")
     with resumable(out):
         if simulate:  # capacity.json goes to `out` only when it was given
             result = api.capacity(config, out if out_given else None, strategies=labels, simulated=True,

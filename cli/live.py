@@ -76,6 +76,7 @@ class RunStatus:
         self.console, self.progress = Console(stderr=True), Progress(cfg)
         self.live: Live | None = None
         self.logged_at = float("-inf")
+        self.folder: Path | None = None  # the run's folder, once its start or a tick names it
 
     def __enter__(self) -> "RunStatus":
         if self.console.is_terminal:
@@ -89,7 +90,9 @@ class RunStatus:
             self.live = None
 
     def __call__(self, event) -> None:
-        """Show a tick (other events are not a lone run's)."""
+        """Note the run's folder (its start names it); show a tick (other events are not a lone run's)."""
+        if event.folder is not None and event.folder != self.folder:
+            self.folder, self.progress.path = event.folder, RunDir(event.folder).progress
         if event.kind == "tick":
             self.tick(event.elapsed_s, event.alive)
 

@@ -119,33 +119,34 @@ def _fail(error: str | BaseException, code: int = 1) -> NoReturn:
 def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = False,
         save_result: SaveResult = None, save_detailed: SaveDetailed = False) -> None:
     """Run traffic → scheduler → worker(s) → collector as processes, one command."""
-    cfg = _config(config, overrides, replay=True)
     from batchlab import api
     from batchlab.cli.live import RunStatus
     from batchlab.cli.result_table import show
-    from batchlab.runner.launcher import RunFailed, RunTimeout
     from batchlab.runner.outcome import FAULT_EXIT, interrupted_exit, verdict
-    from batchlab.runner.preflight import check_before_start, check_launch
-    from batchlab.runner.run_folder import new_folder
+    from batchlab.runner.preflight import check_result_file
 
-    check_before_start(cfg)
-    check_launch(cfg, save_result)
-    if overrides["out"] is None and "out" not in (load_yaml(config) if config else {}):
-        cfg.out = new_folder(cfg)  # without --out, every run gets a folder of its own, made here
+    if overrides.get("concurrency") is not None and overrides["concurrency"] < 1:  # 0 is RunConfig's open loop
+        _fail("--concurrency must be ≥ 1 client (leave it out for open-loop --rate)")
+    out = overrides.pop("out")
+    cfg = api.run_config(config or {}, **overrides)  # the live view's settings; api.run checks them, starts it
+    if save_result:
+        check_result_file(save_result)
+    status = RunStatus(cfg)
     try:
-        with RunStatus(cfg) as status:
-            summary = api.run(cfg, out=cfg.out, overwrite=overwrite, on_progress=status)
+        with status:
+            summary = api.run(cfg, out=out, overwrite=overwrite, on_progress=status)
     except KeyboardInterrupt as exc:
-        _fail(f"interrupted; partial results in {cfg.out}", code=interrupted_exit(exc))
-    except (RunFailed, RunTimeout) as exc:
+        _fail(f"interrupted; partial results in {status.folder or out}", code=interrupted_exit(exc))
+    except (api.RunFailed, api.RunTimeout) as exc:
         _fail(exc, code=FAULT_EXIT)
-    show(summary, cfg.out)
+    show(summary, str(summary.folder))
     if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
         from batchlab.collector.vllm_result import save_result as write_result
         from batchlab.models.tokenizers import decoder
 
         decode, why_not = decoder(cfg.model) if save_detailed else (None, "")  # generated_texts
-        typer.echo(f"vllm-style result: {write_result(cfg.out, save_result, save_detailed, decode, why_not)}")
+        saved = write_result(str(summary.folder), save_result, save_detailed, decode, why_not)
+        typer.echo(f"vllm-style result: {saved}")
     code, line = verdict(summary, summary.role_deaths)  # a run that lost requests to a fault (runner/outcome.py)
     if code:
         _fail(line, code=code)

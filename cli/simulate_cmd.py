@@ -29,12 +29,14 @@ def simulate(config: ConfigArg = None, *, overrides: dict, processes: Processes 
     from batchlab import api
     from batchlab.runner.outcome import verdict
 
-    results = api.simulate(config, processes=processes, ray=ray, **overrides).points
-    _print_table(results)
-    for point, summary in results:  # a point whose requests a fault ended (a stalled policy): its line, exit 2
-        code, line = verdict(summary, [])
+    result = api.simulate(config, processes=processes, ray=ray, **overrides)
+    summaries = result.summaries()
+    _print_table(result.records, summaries)
+    for record in result.records:  # a point whose requests a fault ended (a stalled policy): its line, exit 2
+        code, line = verdict(summaries[record.key], [])
         if code:
-            typer.secho(f"error: {point.entry.label} at {point.rate:g} req/s: {line}", fg="red", err=True)
+            load = f"{record.concurrency} clients" if record.concurrency else f"{record.rate:g} req/s"
+            typer.secho(f"error: {record.label} at {load}: {line}", fg="red", err=True)
             raise typer.Exit(code=code)
 
 
@@ -42,16 +44,15 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _print_table(results: list) -> None:
+def _print_table(records: list, summaries: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table("strategy", "rate", "finished", "tok/s", "req/s", "TTFT p50 s", "TTFT p99 s", "E2E p50 s",
                   "E2E p99 s", "out", title="simulated")
-    for point, s in results:
-        clients = s.settings.get("concurrency")
-        table.add_row(point.entry.label, f"{clients} clients" if clients else f"{point.rate:g}",
+    for r in records:
+        s = summaries[r.key]
+        table.add_row(r.label, f"{r.concurrency} clients" if r.concurrency else f"{r.rate:g}",
                       f"{s.finished}/{s.submitted}", f"{s.throughput_tok_s:.0f}", f"{s.requests_per_s:.2f}",
-                      *map(_seconds, (s.ttft.p50, s.ttft.p99, s.e2e.p50, s.e2e.p99)),
-                      str(point.folder))
+                      *map(_seconds, (s.ttft.p50, s.ttft.p99, s.e2e.p50, s.e2e.p99)), str(r.folder))
     Console(width=160).print(table)

@@ -18,9 +18,9 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
           out: Annotated[Optional[str], typer.Option(help="output folder")] = None,
           resume: Annotated[bool, typer.Option(help="skip points already done")] = True,
           set_: Annotated[Optional[list[str]], typer.Option(
-              "--set", help="override a base setting, KEY=VALUE (a RunConfig name, e.g. duration_s=5), or a "
-                            f"grid key, grid.KEY=VALUE ({', '.join(GRID_KEYS)}; e.g. grid.repeats=2); "
-                            "repeatable")] = None,
+              "--set", help="override a setting of every run, KEY=VALUE (a RunConfig name, e.g. duration_s=5), "
+                            f"or a grid key, [grid.]KEY=VALUE ({', '.join(GRID_KEYS)}; e.g. repeats=2); "
+                            "base.KEY=VALUE: a run's setting of a grid key's name; repeatable")] = None,
           ray: Annotated[Optional[str], ray_option(
               help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
                    "alone: a local Ray); see docs/ray.md")] = None,
@@ -34,8 +34,8 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
     sets = parse_sets(set_)  # a bad --set or --ray-* option: one line before the live view starts
     opts = None if ray is None else checked_group(RaySettings, {**cluster, "address": ray})
     with resumable(out), SweepView(figures=True) as view:
-        result = api.sweep(config, out, resume=resume, sets=sets, on_progress=view, ray=opts)
-    typer.echo(f"sweep in {out}: {result.measured} of {len(result.points)} points done, {result.failed} failed "
+        result = api.sweep(config, out, resume=resume, on_progress=view, ray=opts, **sets)
+    typer.echo(f"sweep in {out}: {result.measured} of {len(result.records)} points done, {result.failed} failed "
                f"(see {Path(out) / INDEX_FILE})")
     if result.measured == 0:
         raise typer.Exit(code=1)

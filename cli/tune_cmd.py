@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 from batchlab.cli.grammar import Processes, RayAddress
 from batchlab.cli.options import ConfigOpt, Opt, with_settings
 from batchlab.lab.tune import COMPARED, knobs_text as _knobs_text, value_text as _value
-from batchlab.protocol.settings import ConfigError
 
 DEFAULT_OUT = "results/tune"
 
@@ -27,22 +26,15 @@ def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confir
     """Search a strategy's knobs in the simulator for the highest goodput under --slo (comma list or
     repeated); --confirm K runs the best K live and prints predicted vs measured."""
     overrides["slo"] = [s for item in overrides["slo"] or [] for s in item.split(",") if s.strip()] or None
-    from batchlab.runner.config import checked_config
-    from batchlab.protocol.settings import load_yaml
-
-    cfg = checked_config(load_yaml(config) if config else {}, overrides)
-    if not cfg.slo:
-        raise ConfigError("batchlab tune needs an SLO to rank by, e.g. --slo ttft=500ms,tpot=50ms")
-    if confirm < 0:
-        raise ConfigError("--confirm must be ≥ 0")
     from batchlab import api
     from batchlab.cli.live import RunsStatus
 
+    cfg = api.run_config(config or {}, **overrides)  # the live confirmations' view; api.tune checks the rest
     with RunsStatus(cfg) as status:  # each live confirmation's progress
-        record = api.tune(cfg, grid=grid, out=out, confirm=confirm, processes=processes, ray=ray,
-                          on_ranked=lambda r: _print_ranked(r, top, Path(out)), on_progress=status)
+        result = api.tune(cfg, out, knobs=grid, confirm=confirm, processes=processes, ray=ray,
+                          on_ranked=lambda r: _print_ranked(r.record, top, Path(out)), on_progress=status)
     if confirm:
-        _print_confirm(record["confirm"])
+        _print_confirm(result.confirm)
 
 
 def _num(value: float | None, fmt: str = ".3f") -> str:

@@ -1,7 +1,7 @@
 """One request on the collector side: what the RunStore holds while it is in memory (RequestState, its
 tokens in TokenBuffers), what is left once it is gone (its id in EndedIds: a bit for the usual ids
 0..n-1, so that a late event is recognised and counted instead of starting a new request), and the row
-it becomes in requests.parquet (RequestRow, whose fields are that table's columns, names and dtypes).
+it becomes in requests.parquet (RequestOutcome, whose fields are that table's columns, names and dtypes).
 """
 from array import array
 from collections.abc import Sequence
@@ -68,9 +68,9 @@ class TokenBuffer(Sequence):
 
 
 @dataclass(slots=True, kw_only=True)
-class RequestRow:
-    """One row of requests.parquet, its fields the table's columns in order (times in s since the run's
-    t0). A default is what a row says when nothing is known (a request traffic never sent). After these
+class RequestOutcome:
+    """What became of one request: its row of requests.parquet, its fields the table's columns in order (times
+    in s since the run's t0). A default is what a row says when nothing is known (a request traffic never sent). After these
     columns come the run's settings (parts.SETTINGS_COLUMNS), then any engine_* figures."""
 
     request_id: int
@@ -98,12 +98,12 @@ class RequestRow:
 
 
 _DTYPE_OF = {int: "int64", float: "float64", str: "str", bool: "bool"}  # a field's type → its column's dtype
-DTYPES = {f.name: _DTYPE_OF[f.type] for f in fields(RequestRow)}  # the record's columns, in order
+DTYPES = {f.name: _DTYPE_OF[f.type] for f in fields(RequestOutcome)}  # the record's columns, in order
 COLUMNS = [*DTYPES, *SETTINGS_COLUMNS]  # requests.parquet's columns before any engine_* ones
 _values = attrgetter(*DTYPES)
 
 
-def table(rows: list[RequestRow]) -> pd.DataFrame:
+def table(rows: list[RequestOutcome]) -> pd.DataFrame:
     """Records → a frame with the record's columns and dtypes (so every part has the same schema), its
     derived columns computed."""
     return request_metrics(pd.DataFrame([_values(r) for r in rows], columns=list(DTYPES)).astype(DTYPES))
@@ -113,7 +113,7 @@ def columns_table(n: int, **given: object) -> pd.DataFrame:
     """`n` rows from whole columns (an array or one value each); every column not given takes its
     field's default (a field without one must be given); its derived columns computed."""
     cols = {}
-    for f in fields(RequestRow):
+    for f in fields(RequestOutcome):
         if f.name not in given and f.default is MISSING:
             raise TypeError(f"columns_table: column {f.name} has no default")
         value = given.get(f.name, f.default)

@@ -4,7 +4,7 @@ import math
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, NonNegativeInt, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, NonNegativeInt, PrivateAttr, ValidationError
 
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
@@ -71,6 +71,24 @@ class Summary(BaseModel):
     schedule: dict = {}  # the schedule's notes (prompt source, capped lengths, a trace's own rate)
     timing_fidelity: dict | None = None
     prefix_cache: dict | None = None
+    _folder: Path | None = PrivateAttr(None)  # where read_summary found it
+
+    @property
+    def folder(self) -> Path:
+        """The run's folder: where this summary was read, else the one its settings name."""
+        return self._folder or Path(str(self.settings.get("out", ".")))
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The headline figures flat, one value each (a DataFrame row): counts, window, throughput, each latency's
+        mean and percentiles (ttft_p50, ... in s), goodput's fraction (None without SLOs), peak memory."""
+        flat: dict = self.model_dump(include={"scheduled", "submitted", "finished", "failed", "window_s",
+                                              "throughput_tok_s", "requests_per_s", "peak_memory_bytes"})
+        for metric in ("ttft", "tpot", "itl", "e2e", "queue_wait"):
+            latency = getattr(self, metric, None)
+            for stat in ("mean", "p50", "p90", "p99"):
+                flat[f"{metric}_{stat}"] = getattr(latency, stat, None) if latency is not None else None
+        flat["goodput"] = self.goodput.fraction if self.goodput else None
+        return flat
 
     def to_json(self) -> dict:
         """The keys this summary was given (and set), in JSON's types: NaN → null, the rate inf → "inf"
@@ -91,13 +109,15 @@ def read_summary(folder: Path) -> Summary:
     """A run folder's summary.json; SummaryError (one line) when it is missing or malformed."""
     path = RunDir(folder).summary
     try:
-        return Summary.model_validate_json(path.read_bytes())
+        summary = Summary.model_validate_json(path.read_bytes())
     except OSError as exc:
         raise SummaryError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "the file"
         raise SummaryError(f"{path}: not a batchlab run summary ({where}: {first['msg'].lower()})") from None
+    summary._folder = Path(folder)
+    return summary
 
 
 def _jsonable(value: object) -> object:

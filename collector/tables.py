@@ -13,7 +13,7 @@ import pandas as pd
 
 from batchlab.collector import request
 from batchlab.collector.metrics import NO_TERMINAL, summarize, useful_fraction
-from batchlab.collector.request import NAN, RequestRow, RequestState
+from batchlab.collector.request import NAN, RequestOutcome, RequestState
 from batchlab.collector.summary import Summary
 
 if TYPE_CHECKING:
@@ -55,12 +55,12 @@ def _worker_of(store: "RunStore", batch_id: int) -> str:
     return launch.worker_id if launch else (done.worker_id if done else "")
 
 
-def _request_row(store: "RunStore", state: RequestState, t0: float) -> RequestRow:
+def _request_row(store: "RunStore", state: RequestState, t0: float) -> RequestOutcome:
     """A request's row as known now, its counting attempt's; one without a terminal record is failed."""
     bid = store.counting_batch(state)
     n_tokens, first, last = store.token_stats(state, bid)
     launch, status = store.launches.get(bid), state.status or "failed"
-    row = RequestRow(
+    row = RequestOutcome(
         request_id=state.request_id, status=status, error=state.error if state.status else NO_TERMINAL,
         scheduled_time=launch.scheduled_time - t0 if launch else NAN,
         first_token_time=first - t0 if n_tokens else NAN,

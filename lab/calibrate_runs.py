@@ -183,7 +183,8 @@ def chosen_runs(dirs: list[str], kind: str) -> tuple[list[Path], dict]:
     if kind:
         runs = [r for r in runs if facts[r]["kind"] == kind]
         if not runs:
-            raise CalibrateError(f"{said('kind', schema=CalibrateSettings)} {kind}: none of these runs ran on it (they ran on {', '.join(kinds)})")
+            raise CalibrateError(f"{said('kind', schema=CalibrateSettings)} {kind}: none of these runs ran on it "
+                                 f"(they ran on {', '.join(kinds)})")
     elif len(kinds) > 1:
         raise CalibrateError(f"these runs ran on {', '.join(kinds)}: a step model is one backend's; "
                              f"choose one with {said('kind', schema=CalibrateSettings)} ({' | '.join(kinds)})")

@@ -4,26 +4,39 @@ CallbackView is that view for any callback, so the same job code serves the comm
 a log, a notebook's widget, or nothing (CallbackView(None)). batchlab.api hands them on (api.progress)."""
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchlab.lab.sweep_plan import Point
+
+
+class EventKind(str, Enum):
+    """What an Event says (a str: `event.kind == "tick"` holds too)."""
+
+    START = "start"  # a job's `total` points (a lone run: 1, and its `folder`) are known
+    NOTE = "note"  # a line of `text`
+    TICK = "tick"  # a run is going: `elapsed_s` since its launch, `alive` each role's process (about 5 a second)
+    FINISHED = "finished"  # a point ended: `record` is its sweep.json entry, `text` one line about it
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One step of a job's progress.
+    """One step of a job's progress (EventKind says which; the fields it does not use keep their defaults)."""
 
-    kind: "start" (a sweep's `total` points are known), "note" (a line of `text`), "tick" (a run is going:
-    `elapsed_s` since its launch, `alive` each role's process; about five a second) or "finished" (a sweep
-    point ended: `record` is its sweep.json entry, `text` one line about it)."""
-
-    kind: str
+    kind: EventKind
     text: str = ""
     total: int = 0
-    point: object = None  # the sweep point (batchlab's Point) a tick or finish is about; None for a lone run
+    point: "Point | None" = None  # the sweep point a tick or finish is about; None for a lone run
     phase: str = ""  # what a tick's run is for: "run", "repeat", or a capacity search's "saturated", "probe"
     elapsed_s: float = 0.0
-    alive: dict = field(default_factory=dict)  # role name → its process is alive
+    alive: dict[str, bool] = field(default_factory=dict)  # role name → its process is alive
     record: dict = field(default_factory=dict)
-    folder: Path | None = None  # the ticking run's folder (its progress.json, its part files)
+    folder: Path | None = None  # the run's folder (a tick's: its progress.json, its part files)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EventKind(self.kind))  # "tick" as given is EventKind.TICK
 
 
 class CallbackView:
@@ -34,20 +47,24 @@ class CallbackView:
 
     def note(self, line: str) -> None:
         """A line about the job."""
-        self.emit(Event("note", text=line))
+        self.emit(Event(EventKind.NOTE, text=line))
 
     def start(self, n_points: int) -> None:
         """The sweep's points are known."""
-        self.emit(Event("start", total=n_points))
+        self.emit(Event(EventKind.START, total=n_points))
+
+    def started(self, n_points: int, folder: Path) -> None:
+        """A job into `folder` (a lone run's own) starts with its points known."""
+        self.emit(Event(EventKind.START, total=n_points, folder=folder))
 
     def ticker(self, point, what: str):
         """An on_tick callback (launch_run) for a run of sweep point `point`, doing `what`."""
         folder = point.folder if point is not None else None
-        return lambda elapsed_s, alive: self.emit(Event("tick", point=point, phase=what, elapsed_s=elapsed_s,
+        return lambda elapsed_s, alive: self.emit(Event(EventKind.TICK, point=point, phase=what, elapsed_s=elapsed_s,
                                                         alive=dict(alive), folder=folder))
 
     def finished(self, point, record: dict) -> None:
         """A point ended (done, skipped or failed)."""
         from batchlab.lab.sweep_point import finished_line
 
-        self.emit(Event("finished", text=finished_line(point, record), point=point, record=record))
+        self.emit(Event(EventKind.FINISHED, text=finished_line(point, record), point=point, record=record))

@@ -14,13 +14,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
 from batchlab.protocol.errors import ClusterError, term
+from batchlab.protocol.signals import handler_kept
 
 LOOPBACK = "127.0.0.1"
 NODE_IP_ENV = "BATCHLAB_RAY_NODE_IP"  # the driver's node address on a cluster (else Ray's own choice)
@@ -79,16 +79,13 @@ def connect(address: str | None):
         temp_dir = tempfile.mkdtemp(prefix="blray-", dir="/tmp")
         atexit.register(_end_local, ray, temp_dir)
         kwargs.update(include_dashboard=False, num_cpus=os.cpu_count(), _temp_dir=temp_dir)
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        ray.init(address="local" if address in (None, "", "local") else address, log_to_driver=False,
-                 configure_logging=False, **kwargs)
+    try:  # ray.init puts its own SIGTERM handler (sys.exit) in place of the command's (exit 143, clean-up)
+        with handler_kept(signal.SIGTERM):
+            ray.init(address="local" if address in (None, "", "local") else address, log_to_driver=False,
+                     configure_logging=False, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"cannot connect to the Ray cluster at {address}: {' '.join(str(exc).split())[:200]}") \
             from None
-    finally:  # ray.init puts its own SIGTERM handler (sys.exit) in place of the command's (exit 143, clean-up)
-        if term is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, term)
     return ray
 
 

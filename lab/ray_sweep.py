@@ -9,7 +9,6 @@ point whose node (or actor) was lost runs again on another node; its lost try is
 """
 import contextlib
 import shutil
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,8 @@ from batchlab.lab.sweep_plan import Plan, Point, SweepError, plan_points
 from batchlab.lab.sweep_point import preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.errors import term
-from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.signals import sigint_held
+from batchlab.protocol.files import output_folder, write_json_atomic
 from batchlab.protocol.settings import ConfigError
 from batchlab.protocol.study_settings import RaySettings
 
@@ -59,7 +59,7 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, pla
              "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
     ray = connect(opts.address)
     groups = _groups(points, plan.base, opts, ray.nodes())
-    out_dir.mkdir(parents=True, exist_ok=True)
+    output_folder(out_dir)
     view.start(len(points))
     for i, p in enumerate(points):  # done points whose recorded configuration is the one planned now
         if (record := reused(p, plan.base, resume, view)) is not None:
@@ -195,9 +195,7 @@ def stop_all(ray, groups: list[Group]) -> None:
     """Every group's actor stops what it started (its points' processes, its warm pool), then is killed.
     A Ctrl-C meanwhile cannot cut this short: it is held and raised again once every actor is stopped
     (mid-sweep, the sweep then stops; a SIGINT this process ignores stays ignored)."""
-    pressed: list[int] = []
-    old = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
-    try:
+    with sigint_held():
         live = [g for g in groups if g.actor is not None]
         refs = [g.actor.stop.remote() for g in live]
         deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -208,7 +206,3 @@ def stop_all(ray, groups: list[Group]) -> None:
                 pass
         for g in live:
             _drop_actor(ray, g)
-    finally:
-        signal.signal(signal.SIGINT, old)
-    if pressed:
-        signal.raise_signal(signal.SIGINT)

@@ -14,6 +14,7 @@ Each point is simulated and written as a live run's folder (`simulate_run`, whic
 too). Automatic rates come, as in the live sweep, from every strategy's capacity searched in virtual time
 (or, with grid.rates.auto.fractions, from fractions of a simulated burst's capacity on one strategy).
 """
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -22,8 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from batchlab.lab.sweep_plan import (AutoRates, Entry, Plan, Point, auto_rates, load_plan, plan_points, probe_point,
-                                     span_rates)
+from batchlab.lab.sweep_plan import AutoRates, Plan, Point, auto_rates, plan_from, plan_points, probe_point, span_rates
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
 from batchlab.collector.parts import write_final
 from batchlab.collector.summary import Summary, headline
@@ -33,7 +33,7 @@ from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
 from batchlab.runner.config import checked_config
-from batchlab.scheduler.strategies import label, resolve
+from batchlab.scheduler.strategies import resolve
 from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule
 from batchlab.traffic.schedule import Schedule, save_schedule
@@ -52,53 +52,25 @@ class SimPlan:
     slos: dict | None = None
 
 
-def _listed(value: object, cast: Callable) -> list | None:
-    """A comma list ("5,10"), a list, or one value (from Python a strategy may be a class); None when not given.
-    Text is read by `cast`."""
-    if value is None:
-        return None
-    items = list(value) if isinstance(value, (list, tuple)) else [value] if isinstance(value, type) else \
-        str(value).split(",")
-    try:
-        return [v if isinstance(v, type) else cast(v.strip() if isinstance(v, str) else v) for v in items
-                if not isinstance(v, str) or v.strip()]
-    except (TypeError, ValueError):
-        raise ConfigError(f"cannot read {value!r} as a comma list") from None
-
-
-def _flat_plan(values: dict) -> Plan:
-    """A flat RunConfig mapping as a one-entry, one-rate grid; checked as a sweep's base is."""
-    cfg = checked_config({**values, "out": "."}, {})
-    strategy = values.pop("strategy", cfg.strategy)
-    values.pop("rate", None)
-    return Plan(values, [Entry(label(strategy), {"strategy": strategy})], [cfg.rate], None, 1, cfg.seed)
-
-
-def plan_simulation(config: str | None, overrides: dict) -> SimPlan:
-    """The grid from the YAML (sweep or flat), with the options laid over it."""
-    overrides = dict(overrides)
-    strategies = _listed(overrides.pop("strategy", None), str)
-    rates = _listed(overrides.pop("rate", None), float)
-    given = {k: v for k, v in overrides.items() if v is not None}
-    raw = load_yaml(config) if config else {}
-    swept = "grid" in raw or "base" in raw
-    slos = None if swept else raw.pop("slos", None)
-    if swept:
-        plan = load_plan(config)
-    else:  # the options count for its rate and its checks too (strategy_args are checked against --strategy)
-        plan = _flat_plan({**raw, **given, **({"strategy": strategies[0]} if strategies else {})})
-    plan.base.update(given)
-    if strategies:
-        plan.entries = [Entry(label(s), {"strategy": s}) for s in strategies]
-    if rates:
-        plan.rates, plan.auto = sorted(set(rates)), None
-    if "seed" in given:
-        plan.seed = int(given["seed"])
-    default_out = str(Path("results") / Path(config).stem) if swept else DEFAULT_OUT
-    out = Path(str(plan.base.pop("out", None) or default_out))
-    layout = swept or len(plan.entries) * max(len(plan.rates), 1) * plan.repeats > 1
+def plan_simulation(given: object, changes: dict) -> SimPlan:
+    """The grid to simulate: `given` (a plan, its mapping or YAML, or a run's settings: lab.sweep_plan.plan_from;
+    None: a run of the default settings) with `changes` laid over it (None: not given); `out` is where it
+    goes (default results/<the YAML's name> for a sweep's YAML, else runs/simulated)."""
+    changes = {k: v for k, v in changes.items() if v is not None}
+    out, slos = changes.pop("out", None), None
+    source = str(given) if isinstance(given, (str, Path)) else ""
+    if source:
+        given = load_yaml(source)
+    swept = isinstance(given, Plan) or (isinstance(given, dict) and bool(given) and set(given) <= {"base", "grid"})
+    if isinstance(given, dict) and not swept:
+        slos = given.pop("slos", None)  # a run's YAML may give the report's SLOs beside its settings
+    plan, _ = plan_from({} if given is None else given, changes)
+    default_out = str(Path("results") / Path(source).stem) if swept and source else DEFAULT_OUT
+    out = Path(str(out or plan.base.pop("out", None) or default_out))
+    plan.base.pop("out", None)
+    layout = swept or len(plan.entries) * max(len(plan.rates), len(plan.concurrency), 1) * plan.repeats > 1
     assign_presets(plan)  # each entry plays its own backend's step model (below)
-    return SimPlan(plan, out, layout, str(config or ""), slos)
+    return SimPlan(plan, out, layout, source, slos)
 
 
 KINDS = ("hf", "hf-loop", "vllm", "sim", "echo", "openai")
@@ -233,6 +205,8 @@ def _points(sim: SimPlan, probe: dict | None, capacity: dict | None = None) -> l
     rates = sim.plan.rates or ([] if sim.plan.concurrency else _auto_rates(sim, probe, capacity))
     if sim.layout:
         return plan_points(sim.plan, rates, sim.out)
+    if sim.plan.concurrency:  # one closed-loop point
+        return [Point(sim.plan.entries[0], math.inf, 0, sim.plan.seed, sim.out, sim.plan.concurrency[0])]
     return [Point(sim.plan.entries[0], rates[0], 0, sim.plan.seed, sim.out)]
 
 

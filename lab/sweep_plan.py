@@ -6,6 +6,7 @@ its close match. The folder a sweep writes is laid out as lab.sweep's docstring 
 """
 import difflib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,7 +133,8 @@ def parse_sets(items: list[str] | None) -> dict:
     for item in items or []:
         key, sep, value = str(item).partition("=")
         if not sep or not key.strip():
-            raise SweepError(f"{term('--set', 'sets')} {item!r}: expected KEY=VALUE (e.g. duration_s=5 or grid.repeats=2)")
+            raise SweepError(f"{term('--set', 'sets')} {item!r}: expected KEY=VALUE (e.g. duration_s=5 or "
+                             "grid.repeats=2)")
         try:
             sets[key.strip().replace("-", "_")] = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
@@ -179,6 +181,99 @@ def parse_plan(raw: dict, path: str | Path = "the plan", sets: dict | None = Non
     return Plan(base, entries, [float(r) for r in rates], grid.rates_auto, grid.repeats, grid.seed,
                 grid.point_timeout_s, grid.order, grid.repeats_auto,
                 sorted(set(grid.concurrency or [])), grid.rerun_disturbed)
+
+
+GRID_CHANGES = ("strategies", "rates", "repeats", "seed", "concurrency", "order", "point_timeout_s")
+ALIASES = {"strategy": "strategies", "rate": "rates"}  # a change of a run's one strategy or rate: the grid's
+
+
+def plan_from(given: object, changes: dict | None = None) -> tuple[Plan, str]:
+    """(the checked plan, the YAML it came from or ""): `given` is a Plan (copied), a sweep's mapping (`base:`
+    and `grid:`), a run's settings (one strategy at one rate), or a YAML file's path holding either; `changes`
+    are laid over it (`changed`). ConfigError for anything else, or a file that cannot be read."""
+    import copy
+
+    source = ""
+    if isinstance(given, Plan):
+        plan = copy.deepcopy(given)
+    elif isinstance(given, (str, Path)):
+        plan, source = _mapping_plan(load_yaml(given), given), str(given)
+    elif isinstance(given, Mapping):
+        plan = _mapping_plan(copy.deepcopy(dict(given)), "the plan")
+    else:
+        raise ConfigError(f"a plan is a sweep's mapping (base: and grid:), a run's settings (a mapping or a "
+                          f"RunConfig), a Plan or a YAML file's path, not {type(given).__name__} {given!r:.60}")
+    return changed(plan, changes or {}), source
+
+
+def _mapping_plan(raw: dict, where: object) -> Plan:
+    """A sweep's mapping (base: and grid:) or a run's flat settings, parsed."""
+    if raw and set(raw) <= {"base", "grid"}:
+        return parse_plan(raw, where)
+    return flat_plan(underscored(raw))
+
+
+def flat_plan(values: dict) -> Plan:
+    """A run's settings as a one-entry, one-rate grid; checked as a sweep's base is."""
+    values = dict(values)
+    cfg = checked_config({**values, "out": "."}, {})
+    strategy = values.pop("strategy", cfg.strategy)
+    values.pop("rate", None)
+    return Plan(values, [Entry(strategy_label(strategy), {"strategy": strategy})], [cfg.rate], None, 1, cfg.seed)
+
+
+def changed(plan: Plan, changes: dict) -> Plan:
+    """`plan` with `changes` laid over it (in place): `strategies` (a list, comma text or one item: a label of
+    the plan's grid keeps that entry, anything else is a new entry: a name, a class, a mapping), `rates`,
+    `repeats`, `seed`, `concurrency`, `order` and `point_timeout_s` change the grid (so do `strategy` and
+    `rate`: the one a run's settings name); `grid.KEY` and `base.KEY` name a section; any other name is a
+    setting of every run; None is no change. Checked as a plan's YAML is."""
+    grid, base = {}, {}
+    for key, value in changes.items():
+        if value is None:  # not given
+            continue
+        section, dot, name = str(key).partition(".")
+        name = ALIASES.get(name if dot else key, name if dot else key)
+        if dot and section not in ("grid", "base"):
+            raise SweepError(f"{key}: a dotted key starts with grid. or base.")
+        (grid if (section == "grid" if dot else name in GRID_CHANGES) else base)[name] = value
+    plan.base.update(underscored(base))
+    check = bool(base) or "strategies" in grid  # the runs' settings changed: each entry's checked now
+    if "strategies" in grid:
+        by_label = {e.label: e for e in plan.entries}
+        items = _items(grid.pop("strategies"))
+        plan.entries = [by_label[i] if isinstance(i, str) and i in by_label else _entry(i, plan.base) for i in items]
+        labels = [e.label for e in plan.entries]
+        if not labels or len(set(labels)) != len(labels):
+            raise SweepError(f"strategies must be non-empty with distinct labels, got {labels}")
+    if "rates" in grid:
+        rates = grid.pop("rates")
+        checked = parse_grid({"rates": rates if isinstance(rates, dict) or rates == "auto" else _items(rates)},
+                             "the changes")
+        plan.rates, plan.auto = [float(r) for r in sorted(set(checked.rates or []))], checked.rates_auto
+    if grid:
+        checked = parse_grid({k: _items(v) if k == "concurrency" else v for k, v in grid.items()}, "the changes")
+        for name in grid:
+            setattr(plan, name, sorted(set(checked.concurrency)) if name == "concurrency" else getattr(checked, name))
+        plan.repeats_auto = checked.repeats_auto if "repeats" in grid else plan.repeats_auto
+    if plan.concurrency:  # closed loop: clients per point, no rates
+        plan.rates, plan.auto = [], None
+    for entry in plan.entries if check else []:
+        checked_config({**plan.base, **entry.overrides, "out": "."}, {})
+    return plan
+
+
+def _items(value: object) -> list:
+    """A list as given, comma text as its items (numbers read as numbers), or one value as a list of one."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        try:
+            return [float(v) for v in items]
+        except ValueError:
+            return items
+    return [value]
 
 
 def plan_points(plan: Plan, rates: list[float], out: Path) -> list[Point]:
@@ -230,13 +325,15 @@ def warm_order(points: list[Point], base: dict, key_of, first: str | None = None
 
 def probe_point(plan: Plan, folder: Path) -> tuple[Point, float]:
     """The capacity probe's run (a burst of probe_requests within probe_duration_s on the entry labelled
-    grid.rates.auto.probe, else `dynamic`, else the first) and its duration, s."""
+    grid.rates.auto.probe, else `dynamic`, else the first; in its point folder under `folder`, with every run
+    folder's partition keys) and its duration, s."""
     auto, entries = plan.auto, plan.entries
     wanted = auto.probe or next((e.label for e in entries if e.label == "dynamic"), entries[0].label)
     entry = next((e for e in entries if e.label == wanted), None)
     if entry is None:
         raise SweepError(f"grid.rates.auto.probe: no strategy labelled {wanted!r}")
-    return Point(entry, auto.probe_requests / auto.probe_duration_s, 0, plan.seed, folder), auto.probe_duration_s
+    rate = auto.probe_requests / auto.probe_duration_s
+    return Point(entry, rate, 0, plan.seed, folder / point_dir(entry.label, rate, 0)), auto.probe_duration_s
 
 
 def span_rates(capacities_req_s: list[float], auto: AutoRates) -> list[float]:

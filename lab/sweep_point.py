@@ -11,7 +11,7 @@ from batchlab.runner.pool import PoolKeeper
 from batchlab.lab.sweep_plan import Plan, Point, SweepError
 from batchlab.protocol.errors import term
 from batchlab.protocol.run_dir import RunDir
-from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUT, is_old_layout
+from batchlab.collector.layout import DONE_FILE, FAILED_FILE, INDEX_FILE, OLD_LAYOUTS, is_old_layout
 from batchlab.collector.summary import SummaryError, headline, read_summary
 from batchlab.collector.vllm_result import point_result
 from batchlab.protocol.files import write_json_atomic
@@ -77,7 +77,7 @@ def refuse_old_layout(out_dir: Path) -> None:
     except (OSError, ValueError, AttributeError):
         return
     if any(isinstance(p, dict) and is_old_layout(str(p.get("dir", ""))) for p in points):
-        raise SweepError(f"{out_dir} holds a sweep in the old folder layout ({OLD_LAYOUT}); batchlab report "
+        raise SweepError(f"{out_dir} holds a sweep in an older folder layout ({OLD_LAYOUTS}); batchlab report "
                          f"still reads it, but it cannot be resumed: sweep into a new {term('--out', 'out')}")
 
 

@@ -63,8 +63,8 @@ def said(name: str, value: object = _NO_VALUE, schema: type[BaseModel] | None = 
 
 def closed_loop_conflict() -> str:
     """Why a closed loop refuses a rate or an arrival process, naming the settings as its reader does."""
-    return (f"{said('concurrency', meta='N')} (closed loop: each client sends when its last request ended) does not go with "
-            f"{said('rate')} or {said('arrival')} (open loop): give one or the other")
+    return (f"{said('concurrency', meta='N')} (closed loop: each client sends when its last request ended) does not go "
+            f"with {said('rate')} or {said('arrival')} (open loop): give one or the other")
 
 
 def default_of(group: type[BaseModel], name: str) -> object:
@@ -110,7 +110,8 @@ def parse_slos(items: list[str]) -> dict[str, float]:
     for item in slo_items(items):
         match = re.fullmatch(r"\s*(\w+)\s*=\s*([0-9.eE+-]+)\s*(ms|s|us)?\s*", str(item))
         if not match or match.group(1) not in SLO_NAMES:
-            raise ValueError(f"{said('slo')} {item!r}: expected NAME=VALUE[ms|s|us] with NAME in {', '.join(SLO_NAMES)}")
+            raise ValueError(f"{said('slo')} {item!r}: expected NAME=VALUE[ms|s|us] with NAME in "
+                             f"{', '.join(SLO_NAMES)}")
         try:
             slos[match.group(1)] = float(match.group(2)) * UNITS_S[match.group(3) or "ms"]
         except ValueError:

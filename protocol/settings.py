@@ -103,11 +103,11 @@ def refuse_ignored(cfg: RunConfig) -> None:
     line's) that its backend ignores: another built-in backend's own. A plugin backend may read any setting."""
     if cfg.backend not in BACKENDS:
         return
-    ignored = [(option_name(name), backend) for backend, names in BACKEND_ONLY.items() if backend != cfg.backend
+    ignored = [(said(name), backend) for backend, names in BACKEND_ONLY.items() if backend != cfg.backend
                for name in names if name in cfg.model_fields_set]
     if ignored:
-        said = ", ".join(f"{option} (the {backend} backend's)" for option, backend in ignored)
-        raise ConfigError(f"backend {cfg.backend} ignores {said}: leave {'them' if len(ignored) > 1 else 'it'} "
+        named = ", ".join(f"{option} (the {backend} backend's)" for option, backend in ignored)
+        raise ConfigError(f"backend {cfg.backend} ignores {named}: leave {'them' if len(ignored) > 1 else 'it'} "
                           "out rather than record a setting that does not apply")
 
 
@@ -169,15 +169,19 @@ def option_name(name: str, schema: type[BaseModel] | None = None) -> str:
 
 def load_yaml(path: str | Path) -> dict:
     """A YAML mapping of RunConfig fields (dashes or underscores), or ConfigError."""
+    if Path(path).is_dir():
+        raise ConfigError(f"config file {path} is a folder, not a YAML file")
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:  # no permission, a device, bytes that are no text
+        raise ConfigError(f"config file {path} cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings")
-    return {k.replace("-", "_"): v for k, v in data.items()}
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
 def build_config(file_values: dict, overrides: dict) -> RunConfig:

@@ -1,13 +1,27 @@
-"""How every process stops: SIGINT/SIGTERM only set a flag; the loop notices and cleans up in `finally`."""
+"""How batchlab reacts to signals, in one module: STOP_SIGNALS (a Ctrl-C, a kill, a closed terminal) end a
+role's loop through a flag (on_stop_signal; cleanup in `finally`), and a command like a Ctrl-C
+(terminated_as_interrupt: SIGTERM and SIGHUP as Terminated, a KeyboardInterrupt that exits 128 + the signal).
+
+Installed only by the commands (cli: while a command runs, and the command's import) and by the processes a
+run spawns (runner: linked to their launcher at once); importing the library installs nothing, and every
+handler put in place for a while is given back after. The launcher's own handling of a spawn in progress
+(blocked signals, a Ctrl-C held until a child leads its own group) is runner.procs's.
+"""
+import contextlib
+import ctypes
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_received: list[int] = []  # the stop signals this process got, in order
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a Ctrl-C, a kill, a closed terminal
+TERMINATE_SIGNALS = STOP_SIGNALS[1:]  # the ones a command takes as a Ctrl-C of its own (Terminated)
+PR_SET_PDEATHSIG = 1  # Linux prctl: a signal this process gets when its parent dies
+_received: list[int] = []  # the stop signals this process got inside on_stop_signal, in order
 
 
+# A role's loop (the collector, scheduler, worker and traffic processes).
 def last_stop_signal() -> int:
     """The last stop signal this process got inside on_stop_signal (0: none): a command's exit code."""
     return _received[-1] if _received else 0
@@ -18,10 +32,10 @@ def _note(signum: int, callback: Callable[[int], None]) -> None:
     callback(signum)
 
 
-@contextmanager
+@contextlib.contextmanager
 def on_stop_signal(callback: Callable[[int], None]) -> Iterator[None]:
-    """Inside the block SIGINT/SIGTERM call `callback(signum)`; the old handlers come back after.
-    Off the main thread (where Python allows no handlers) it does nothing."""
+    """Inside the block a stop signal calls `callback(signum)`; the old handlers come back after. Off the main
+    thread (where Python allows no handlers) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -31,3 +45,140 @@ def on_stop_signal(callback: Callable[[int], None]) -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+# A process a run spawned.
+def die_with_parent() -> None:
+    """Linux: SIGTERM to this process when its parent ends (idempotent)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def link_spawned_child(parent_pid: int, on_orphaned: Callable[[], None]) -> None:
+    """In a child a run spawned, first thing: SIGTERM when the launcher ends, and until the role takes the signal
+    over, a SIGTERM ends it at once (after `on_orphaned()` when the launcher is gone: nobody else cleans up)."""
+    def terminated_while_importing(signum, _frame) -> None:
+        if os.getppid() != parent_pid:
+            on_orphaned()
+        os._exit(128 + signum)
+
+    die_with_parent()
+    signal.signal(signal.SIGTERM, terminated_while_importing)
+    if os.getppid() != parent_pid:  # died between the two lines
+        terminated_while_importing(signal.SIGTERM, None)
+
+
+# A command (the batchlab executable).
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) to the command itself: it stops like a Ctrl-C (children stopped, what they hold
+    written, temp folders removed) and exits 128 + the signal (143, 129) instead of 130."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = signum
+
+
+_TERMINATED: list[int] = []  # the signal once one came: a library (Ray) may re-raise it as a plain Ctrl-C
+_INTERRUPTED: list[int] = []  # SIGINT, once a Ctrl-C came while a command ran
+
+
+def _terminate(signum, _frame) -> None:
+    for sig in TERMINATE_SIGNALS:  # once: the clean-up that follows is not cut short
+        signal.signal(sig, signal.SIG_IGN)
+    _TERMINATED.append(signum)
+    raise Terminated(signum)
+
+
+def _interrupt(signum, frame) -> None:
+    """Python's own Ctrl-C (KeyboardInterrupt), noted first."""
+    _INTERRUPTED.append(signum)
+    signal.default_int_handler(signum, frame)
+
+
+def stopped_by() -> int | None:
+    """The signal that came while the command ran (SIGTERM or SIGHUP before SIGINT), None when none did: one
+    that cut a lazy import short can surface as another error (a C extension's SystemError, a half-initialised
+    module's AttributeError), which is then the stop, not a bug."""
+    return (_TERMINATED or _INTERRUPTED or [None])[0]
+
+
+def stop_signal(exc: BaseException) -> signal.Signals:
+    """The signal that stops the command: SIGTERM or SIGHUP (`exc` its Terminated, or one that came before
+    it), else SIGINT (a Ctrl-C)."""
+    if isinstance(exc, Terminated):
+        return signal.Signals(exc.signum)
+    return signal.Signals(_TERMINATED[0]) if _TERMINATED else signal.SIGINT
+
+
+@contextlib.contextmanager
+def terminated_as_interrupt(spawned: bool = False) -> Iterator[None]:
+    """While a command runs (not in a spawned child: `spawned`), a SIGTERM or SIGHUP is a Ctrl-C too
+    (Terminated), and each of them and a Ctrl-C is noted (stopped_by); the old handlers come back after, so a
+    process that only imported the CLI (a test) keeps its own. A signal whose handler is not the default is
+    left alone (a caller's own; nohup's ignored SIGHUP)."""
+    if spawned or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _TERMINATED.clear()  # a command starts unterminated (a test may run several in one process)
+    _INTERRUPTED.clear()
+    ours = {sig: _terminate for sig in TERMINATE_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        ours[signal.SIGINT] = _interrupt  # a Ctrl-C as Python's, noted (stopped_by)
+    before = {sig: signal.signal(sig, handler) for sig, handler in ours.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _interrupted_while_importing(_signum, _frame) -> None:
+    sys.stderr.write("error: interrupted\n")
+    os._exit(130)
+
+
+def exit_on_sigint_while_importing() -> None:
+    """The command, as it starts importing: a Ctrl-C before any process or file exists ends it quietly (130),
+    unless SIGINT is not Python's own (ignored by whoever started it)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_while_importing)
+
+
+def restore_sigint() -> None:
+    """Python's own Ctrl-C (KeyboardInterrupt) again once the command is imported, unless SIGINT was ignored by
+    whoever started it."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# For a while, anywhere.
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Inside, a Ctrl-C is held (a clean-up must not be cut short) and raised again after it; a SIGINT this
+    process ignores stays ignored. Off the main thread it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if pressed and old is not signal.SIG_IGN:
+        signal.raise_signal(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def handler_kept(signum: int) -> Iterator[None]:
+    """Whatever code inside puts in place for `signum` (a library's own handler: ray.init's SIGTERM), the
+    handler before comes back after."""
+    before = signal.getsignal(signum)
+    try:
+        yield
+    finally:
+        if before is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signum, before)

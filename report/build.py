@@ -1,17 +1,21 @@
 """`batchlab report DIR`: load every run, compute the numbers, draw the plots, write REPORT.md."""
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlab.report.output import link_problems, write_text
 from batchlab.report.points import Collection, ReportError, load_collection
+from batchlab.protocol.errors import ConfigError, term
+from batchlab.protocol.setting_groups import SLO_NAMES
 from batchlab.protocol.setting_groups import parse_slos as parse_slo_items
 
 REPORT_FILE = "REPORT.md"
 
 
 @dataclass(slots=True)
-class ReportResult:
-    """Where the report went and its one-line results."""
+class Report:
+    """Where the report went (REPORT.md; REPORT.html and the plots beside it) and its one-line results."""
 
     path: Path
     plots: list[Path]
@@ -20,12 +24,35 @@ class ReportResult:
     machine_lines: list[str] = field(default_factory=list)  # the other work beside the runs, and its warning
 
 
+ReportResult = Report  # its former name
+
+
 def parse_slos(items: list[str]) -> dict[str, float]:
     """['ttft=500ms', 'tpot=50ms'] → {'ttft': 0.5, 'tpot': 0.05} (seconds); ReportError on a bad item."""
     try:
         return parse_slo_items(items)
     except ValueError as exc:
         raise ReportError(str(exc)) from None
+
+
+def checked_slos(slos: object) -> dict[str, float] | None:
+    """A report's SLOs in seconds: {"ttft": 0.5} or ["ttft=500ms", ...]; ConfigError naming a bad one."""
+    if slos is None:
+        return None
+    if isinstance(slos, (list, tuple, str)):
+        try:
+            return parse_slo_items(slos)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if not isinstance(slos, Mapping):
+        raise ConfigError(f"{term('--slo', 'slos')} are a mapping (name → seconds) or ['NAME=VALUE', ...], "
+                          f"not {slos!r:.60}")
+    for name, value in slos.items():
+        if name not in SLO_NAMES:
+            raise ConfigError(f"{term('--slo', 'slos')}: no SLO named {name!r} (one of {', '.join(SLO_NAMES)})")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < math.inf):
+            raise ConfigError(f"{term('--slo', 'slos')}: {name} must be a number of seconds > 0, got {value!r}")
+    return {str(k): float(v) for k, v in slos.items()}
 
 
 def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: float | None) -> float | None:
@@ -39,7 +66,7 @@ def chosen_rate(collection: Collection, comparison_rate: float | None, wanted: f
 
 
 def run_report(folder: str, *, rate: float | None = None, slos: dict | None = None,
-               out: str | None = None, extra: list[str] | None = None) -> ReportResult:
+               out: str | None = None, extra: list[str] | None = None) -> Report:
     """Write the plots, REPORT.md and REPORT.html into `out` (default: `folder`); the runs' files are only
     read. `extra`: other tools' result files to place beside the strategies (with those found in the
     folder, report.external)."""
@@ -79,8 +106,8 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines, stats=stats,
                labels=collection.labels(), rates=collection.rates(),
                setup=setup_lines(collection.runs[0]) if collection.runs else [], external=external)
-    return ReportResult(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [],
-                        machine_lines(collection, capacities))
+    return Report(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [],
+                  machine_lines(collection, capacities))
 
 
 def machine_lines(collection: Collection, capacities: dict) -> list[str]:

@@ -1,35 +1,39 @@
-"""Latency against throughput across rates, and latency distributions at one rate (matplotlib, Agg); a
-closed-loop sweep's curves against the clients (--concurrency) instead of a rate.
+"""Latency against throughput across rates, and latency distributions at one rate; a closed-loop sweep's
+curves against the clients (--concurrency) instead of a rate. Each plot is drawn on a matplotlib Figure of its
+own and saved as a PNG: pyplot, its figure registry and the caller's backend (a notebook's inline one) are
+never touched.
 
 What the worker did over time: a Gantt of batches (static) or steps (continuous) per strategy for a
 short window, and batch size, queue length and the arrival rate over the whole run."""
 from pathlib import Path
 
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-from batchlab.collector.metrics import inter_token_latencies  # noqa: E402
-from batchlab.report.output import write_file  # noqa: E402
-from batchlab.report.points import Collection, RunData  # noqa: E402
-from batchlab.report.stats import FAILED_MARK_SHARE, PANELS, GroupStats, finished_requests, share_text  # noqa: E402
-from batchlab.report.text import figure  # noqa: E402
+from batchlab.collector.metrics import inter_token_latencies
+from batchlab.report.output import write_file
+from batchlab.report.points import Collection, RunData
+from batchlab.report.stats import FAILED_MARK_SHARE, PANELS, GroupStats, finished_requests, share_text
+from batchlab.report.text import figure
 
 DPI = 110
 FAILED_NOTE = ("Latencies cover finished requests only; labels give the failed share, "
                f"a red x marks > {FAILED_MARK_SHARE:.0%} failed.")
 
 
-def save(fig, path: Path) -> Path:
-    """Write (a PNG, through output.write_file) and close a figure."""
+def subplots(nrows: int = 1, ncols: int = 1, **options):
+    """(a new Figure, its axes), as pyplot.subplots gives them, but on a Figure no backend or registry knows."""
+    figsize = options.pop("figsize", None)
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **options)
+
+
+def save(fig: Figure, path: Path) -> Path:
+    """Write a figure as a PNG (through output.write_file)."""
     fig.tight_layout()
-    try:
-        return write_file(path, lambda f: fig.savefig(f, dpi=DPI, format="png"))
-    finally:
-        plt.close(fig)
+    return write_file(path, lambda f: fig.savefig(f, dpi=DPI, format="png"))
 
 
 def _error(g: GroupStats, metric: str, q: str, value: float) -> list[float]:
@@ -68,7 +72,7 @@ def latency_vs_throughput(stats: dict[tuple[str, float], GroupStats], labels: li
                           external: list | None = None) -> Path:
     """Four panels (TTFT / E2E × p50 / p99) against throughput, one line per strategy, rates and failed
     shares marked; other tools' runs (`external`) as stars."""
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+    fig, axes = subplots(2, 2, figsize=(11, 8), sharex=True)
     for ax, (metric, q) in zip(axes.flat, PANELS):
         _external(ax, external or [], metric, q)
         for label in labels:
@@ -105,7 +109,7 @@ def latency_cdfs(collection: Collection, stats: dict[tuple[str, float], GroupSta
                  path: Path) -> Path:
     """TTFT and E2E CDFs of every strategy at one rate (repeats pooled, finished requests), each legend
     entry with the failed share the curve leaves out."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = subplots(1, 2, figsize=(11, 4.5))
     for label, runs in collection.at_rate(rate).items():
         df = pd.concat([finished_requests(r) for r in runs])
         for ax, metric in zip(axes, ("ttft", "e2e")):
@@ -126,7 +130,7 @@ def itl_distribution(collection: Collection, stats: dict[tuple[str, float], Grou
                      path: Path) -> Path:
     """Every inter-token gap from tokens.parquet at one rate: a histogram per strategy (log bins), each
     legend entry with its failed share."""
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = subplots(figsize=(8, 4.5))
     series = {lb: pd.concat([inter_token_latencies(r.tokens) for r in runs]) * 1e3
               for lb, runs in collection.at_rate(rate).items()}
     values = pd.concat(series.values()) if series else pd.Series(dtype="float64")
@@ -150,7 +154,7 @@ X_LABEL = "concurrency (clients)"
 def latency_vs_concurrency(stats: dict[tuple[str, float], GroupStats], labels: list[str], path: Path) -> Path:
     """TTFT / E2E p50 and p99 panels and throughput against the clients, one line per strategy (a closed
     loop's run is keyed by its clients where an open loop's is keyed by its rate)."""
-    fig, axes = plt.subplots(1, len(PANELS) + 1, figsize=(18, 4))
+    fig, axes = subplots(1, len(PANELS) + 1, figsize=(18, 4))
     for label in labels:
         groups = sorted((g for (lb, _), g in stats.items() if lb == label), key=lambda g: g.rate)
         x = [g.rate for g in groups]
@@ -229,7 +233,7 @@ def batch_timeline(collection: Collection, rate: float, path: Path) -> Path:
     one scale shared by every row (drawn right of the first row)."""
     runs = [repeats[0] for repeats in collection.at_rate(rate).values()]
     t0, t1 = window(runs) if runs else (0.0, WINDOW_S)
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 1.1 * max(len(runs), 1)))
+    fig, ax = subplots(figsize=(12, 1.2 + 1.1 * max(len(runs), 1)))
     acts = [a[(a["end"] >= t0) & (a["start"] <= t1)] for a in map(activity, runs)]
     top, reasons = shared_scale(acts), set()
     for row, act in enumerate(acts):
@@ -283,7 +287,7 @@ def arrival_rate(requests: pd.DataFrame, bin_s: float | None = None) -> tuple[np
 def load_over_time(collection: Collection, rate: float, path: Path) -> Path:
     """Batch size (or running rows), queue length and arrival rate over the whole run, one line per
     strategy (a trace's bursts show in the arrival rate, and the queue they build beside it)."""
-    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    fig, (top, middle, bottom) = subplots(3, 1, figsize=(11, 9), sharex=True)
     bin_s = MIN_RATE_BIN_S
     for label, runs in collection.at_rate(rate).items():
         act = activity(runs[0]).sort_values("start")

@@ -2,35 +2,25 @@
 folder (run_folder), the checks before it starts (preflight, config) and what its end says (outcome, run_end).
 
 A child that a run spawned (multiprocessing imports this package first thing, before the role's code) is
-linked to its launcher at once: it gets SIGTERM when the launcher ends. Until it leads its own process group
-(procs.become_group_leader) it holds SIGINT, SIGTERM and SIGHUP (procs.start): the collector
-outlives a signal sent to the launcher's whole group then (the launcher stops the roles in order and the
-collector writes every row). From then until its role takes over the signal, a SIGTERM ends it at once
-(removing the temp folders of a launcher that is gone). Importing this package in any other process
-installs no signal handler.
+linked to its launcher at once (protocol.signals.link_spawned_child): it gets SIGTERM when the launcher ends,
+and a SIGTERM ends it at once until its role takes the signal over (removing the temp folders of a launcher
+that is gone). Until it leads its own process group (procs.become_group_leader) it holds SIGINT, SIGTERM and
+SIGHUP (procs.start): the collector outlives a signal sent to the launcher's whole group then (the launcher
+stops the roles in order and the collector writes every row). Importing this package in any other process
+installs no signal handler. The command's handling of its own signals is protocol.signals's.
 """
-import contextlib
-import ctypes
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1  # Linux prctl: a signal this process gets when its parent dies
+from batchlab.protocol.signals import (Terminated, die_with_parent, link_spawned_child,  # noqa: F401 (as they were)
+                                       stop_signal, stopped_by)
+from batchlab.protocol.signals import terminated_as_interrupt as _terminated_as_interrupt
+
 SPAWNED = "--multiprocessing-fork" in sys.argv  # a multiprocessing child (spawn start method)
 PARENT_PID = os.getppid()  # the launcher, unless it died before this line (procs.orphaned checks again)
-
-
-def die_with_parent() -> None:
-    """Linux: SIGTERM to this process when its parent ends (idempotent)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
 
 
 def remove_temp_of(owner_pid: int) -> None:
@@ -39,80 +29,10 @@ def remove_temp_of(owner_pid: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _terminated_while_importing(signum, _frame) -> None:
-    if os.getppid() != PARENT_PID:  # the launcher is gone: nobody else will clean up
-        remove_temp_of(PARENT_PID)
-    os._exit(128 + signum)
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # the command stops on these as on a Ctrl-C (HUP: terminal closed)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (or SIGHUP) to the command itself: it stops like a Ctrl-C (children stopped, what they hold
-    written, temp folders removed) and exits 128 + the signal (143, 129) instead of 130."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__()
-        self.signum = signum
-
-
-_TERMINATED: list[int] = []  # the signal once one came: a library (Ray) may re-raise it as a plain Ctrl-C
-_INTERRUPTED: list[int] = []  # SIGINT, once a Ctrl-C came while a command ran
-
-
-def _terminate(signum, _frame) -> None:
-    for sig in STOP_SIGNALS:  # once: the clean-up that follows is not cut short
-        signal.signal(sig, signal.SIG_IGN)
-    _TERMINATED.append(signum)
-    raise Terminated(signum)
-
-
-def _interrupt(signum, frame) -> None:
-    """Python's own Ctrl-C (KeyboardInterrupt), noted first."""
-    _INTERRUPTED.append(signum)
-    signal.default_int_handler(signum, frame)
-
-
-def stopped_by() -> int | None:
-    """The signal that came while the command ran (SIGTERM or SIGHUP before SIGINT), None when none did: one
-    that cut a lazy import short can surface as another error (a C extension's SystemError, a half-initialised
-    module's AttributeError), which is then the stop, not a bug."""
-    return (_TERMINATED or _INTERRUPTED or [None])[0]
-
-
-def stop_signal(exc: BaseException) -> signal.Signals:
-    """The signal that stops the command: SIGTERM or SIGHUP (`exc` its Terminated, or one that came before
-    it), else SIGINT (a Ctrl-C)."""
-    if isinstance(exc, Terminated):
-        return signal.Signals(exc.signum)
-    return signal.Signals(_TERMINATED[0]) if _TERMINATED else signal.SIGINT
-
-
-@contextlib.contextmanager
 def terminated_as_interrupt():
-    """While a command runs (not in a spawned child), a SIGTERM or SIGHUP is a Ctrl-C too (Terminated), and
-    each of them and a Ctrl-C is noted (stopped_by); the old handlers come back after, so a process that only
-    imported the CLI (a test) keeps its own. A signal whose handler is not the default is left alone (a
-    caller's own; nohup's ignored SIGHUP)."""
-    if SPAWNED or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _TERMINATED.clear()  # a command starts unterminated (a test may run several in one process)
-    _INTERRUPTED.clear()
-    ours = {sig: _terminate for sig in STOP_SIGNALS if signal.getsignal(sig) is signal.SIG_DFL}
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        ours[signal.SIGINT] = _interrupt  # a Ctrl-C as Python's, noted (stopped_by)
-    before = {sig: signal.signal(sig, handler) for sig, handler in ours.items()}
-    try:
-        yield
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+    """protocol.signals.terminated_as_interrupt, left out in a spawned child."""
+    return _terminated_as_interrupt(spawned=SPAWNED)
 
 
 if SPAWNED:
-    die_with_parent()
-    signal.signal(signal.SIGTERM, _terminated_while_importing)
-    if os.getppid() != PARENT_PID:  # died between the two lines
-        _terminated_while_importing(signal.SIGTERM, None)
+    link_spawned_child(PARENT_PID, lambda: remove_temp_of(PARENT_PID))

@@ -75,7 +75,8 @@ def check_result_file(path: str) -> None:
     made, where a file can be created (tried with a nameless temporary file)."""
     target = Path(path).expanduser()
     if target.is_dir():
-        raise ConfigError(f"{term('--save-result', 'save_result')} {path} is a folder; name a file (e.g. {Path(path) / 'result.json'})")
+        raise ConfigError(f"{term('--save-result', 'save_result')} {path} is a folder; name a file (e.g. "
+                          f"{Path(path) / 'result.json'})")
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -84,7 +85,8 @@ def check_result_file(path: str) -> None:
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
-        raise ConfigError(f"{term('--save-result', 'save_result')} {path}: no file can be created in {folder} ({exc.strerror or exc})") from None
+        raise ConfigError(f"{term('--save-result', 'save_result')} {path}: no file can be created in {folder} "
+                          f"({exc.strerror or exc})") from None
 
 
 def check_preset(name: str) -> None:

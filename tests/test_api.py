@@ -1,6 +1,6 @@
 """batchlab.api: each function on the sim backend with tiny settings, progress through a callback, one
-error hierarchy, no signal handler or prctl set by importing it, and the example script that sweeps
-from Python. The live jobs (run, sweep, the example) share one module fixture: the sweep runs once."""
+error hierarchy, no signal handler or prctl set by importing it (a sweep from a notebook, and its resume:
+tests/test_notebook.py)."""
 import json
 import signal
 import subprocess
@@ -75,13 +75,13 @@ def test_simulate_writes_every_point_and_reports_each_through_the_callback(tmp_p
     result = api.simulate(strategy=["naive", "dynamic"], rate=[4, 8], duration_s=5, out=str(tmp_path / "sim"),
                           on_progress=events.append, **{k: v for k, v in SIM.items() if k != "backend"})
     summaries = result.summaries()
-    assert sorted(summaries) == [("dynamic", 4.0), ("dynamic", 8.0), ("naive", 4.0), ("naive", 8.0)]
+    assert sorted(summaries) == [(lb, r, 0, 0) for lb in ("dynamic", "naive") for r in (4.0, 8.0)]
     assert all(s.finished > 0 for s in summaries.values())
     assert [(e.kind, e.point.entry.label, e.point.rate) for e in events] == \
-        [("finished", p.entry.label, p.rate) for p, _ in result.points]
+        [(api.EventKind.FINISHED, r.label, r.rate) for r in result.records]
     # each point's own simulation time, the one its folder records (not the time since the last event)
-    recorded = {(p.entry.label, p.rate): json.loads((p.folder / DONE_FILE).read_text())["elapsed_s"]
-                for p, _ in result.points}
+    recorded = {(r.label, r.rate): json.loads((r.folder / DONE_FILE).read_text())["elapsed_s"]
+                for r in result.records}
     assert all(e.record["elapsed_s"] == recorded[e.point.entry.label, e.point.rate] > 0 for e in events)
     assert json.loads((tmp_path / "sim" / "sweep.json").read_text())["simulated"] is True
 
@@ -90,19 +90,20 @@ def test_a_simulated_capacity_search_brackets_every_strategy_below_its_mu(tmp_pa
     result = api.capacity(PLAN, tmp_path, simulated=True, search_duration_s=5, saturated_duration_s=5, max_probes=4)
     assert result.simulated and set(result.estimates) == {"naive", "dynamic"}
     for label, c in result.strategies.items():
-        assert 0 < result.estimates[label] <= c["saturated"]["req_s"] * 1.000001
+        assert 0 < result.estimates[label] <= c.saturated_req_s * 1.000001
     assert json.loads((tmp_path / "capacity.json").read_text())["strategies"].keys() == {"naive", "dynamic"}
     assert any("naive" in line for line in result.lines())
 
 
 def test_tune_ranks_the_grid_it_was_given_by_goodput(tmp_path):
     settings = {**SIM, "strategy": "dynamic", "rate": 6, "duration_s": 5, "slo": ["ttft=1s"]}
-    record = api.tune(settings, grid=["max_batch_size=2,8", "max_wait_ms=10"], out=tmp_path)
-    knobs = [c["knobs"] for c in record["candidates"]]
+    result = api.tune(settings, tmp_path, knobs={"max_batch_size": [2, 8], "max_wait_ms": [10]})
+    knobs = [c.knobs for c in result.candidates]
     assert sorted(k["max_batch_size"] for k in knobs) == [2, 8] and all(k["max_wait_ms"] == 10 for k in knobs)
-    goodputs = [c["goodput"] for c in record["candidates"]]
-    assert goodputs == sorted(goodputs, reverse=True)
-    assert json.loads((tmp_path / "tune.json").read_text())["candidates"] == record["candidates"]
+    goodputs = [c.goodput for c in result.candidates]
+    assert goodputs == sorted(goodputs, reverse=True) and result.best == result.candidates[0]
+    assert json.loads((tmp_path / "tune.json").read_text())["candidates"] == result.record["candidates"]
+    assert list(result.points()["max_batch_size"]) == [c.knobs["max_batch_size"] for c in result.candidates]
 
 
 def test_tune_without_an_slo_is_a_config_error(tmp_path):
@@ -149,11 +150,11 @@ def test_the_sweep_command_calls_the_api_with_its_terminal_view(monkeypatch, tmp
 
     calls = []
     monkeypatch.setattr("batchlab.api.sweep", lambda plan, out, **kw: calls.append((plan, out, kw)) or
-                        api.SweepResult(Path(out), {"points": []}))
+                        api.SweepResult(Path(out), []))
     result = CliRunner().invoke(app, ["sweep", "plan.yaml", "--out", str(tmp_path), "--set", "grid.repeats=2"])
     assert result.exit_code == 1 and "0 of 0 points" in result.output  # nothing measured: exit 1
     [(plan, out, kw)] = calls
-    assert (plan, out, kw["sets"]) == ("plan.yaml", str(tmp_path), {"grid.repeats": 2})
+    assert (plan, out, kw["grid.repeats"]) == ("plan.yaml", str(tmp_path), 2)
     assert isinstance(kw["on_progress"], SweepView) and kw["ray"] is None
 
     # the --ray-* options are protocol.study_settings.RaySettings' fields, checked before anything runs
@@ -178,54 +179,21 @@ def test_a_sweep_on_ray_takes_the_parsed_plan_and_refuses_before_anything_starts
     assert not (tmp_path / "ray").exists()
 
 
-@pytest.fixture(scope="module")
-def example_sweep(tmp_path_factory):
-    """examples/api_sweep.py run once as a user runs it: its output and folder."""
-    out = tmp_path_factory.mktemp("api") / "sweep"
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "api_sweep.py"), str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, out
-
-
-@pytest.mark.slow
-def test_the_example_sweeps_two_strategies_at_two_rates_and_prints_their_figures(example_sweep):
-    stdout, out = example_sweep
-    lines = stdout.splitlines()
-    assert lines[0] == f"4 of 4 points measured in {out}"
-    rows = [line.split() for line in lines[2:6]]
-    assert sorted((r[0], float(r[1])) for r in rows) == [("dynamic", 4.0), ("dynamic", 8.0), ("naive", 4.0),
-                                                         ("naive", 8.0)]
-    assert all(int(r[2]) > 0 and float(r[3]) > 0 for r in rows)  # finished requests, tokens per second
-    assert lines[6].startswith("- Dynamic batching")  # the report's headline
-    assert (out / "REPORT.md").exists()
-
-
-@pytest.mark.slow
-def test_a_resumed_sweep_reuses_every_point_and_says_so_through_the_callback(example_sweep):
-    _, out = example_sweep
-    before = json.loads((out / "sweep.json").read_text())["points"]
-    events: list[api.Event] = []
-    result = api.sweep(PLAN, out, on_progress=events.append)  # the example's plan: nothing to measure again
-    assert [p["status"] for p in result.points] == ["skipped"] * 4
-    assert {(p["label"], p["rate"]) for p in result.points} == {(p["label"], p["rate"]) for p in before}
-    assert [e.kind for e in events] == ["start"] + ["finished"] * 4 and events[0].total == 4
-    assert result.measured == 4 and result.failed == 0 and len(result.summaries()) == 4
-    report = api.report(out)
-    assert report.path == out / "REPORT.md" and report.headlines
-
-
 @pytest.mark.slow
 def test_a_run_returns_its_summary_ticks_through_the_callback_and_leaves_sigint_alone(tmp_path):
     before = signal.getsignal(signal.SIGINT)
     config = tmp_path / "run.yaml"
     run_settings = {k: v for k, v in SIM.items() if k != "warmup_requests"}  # a vllm setting: sim refuses it
     config.write_text(yaml.safe_dump({**run_settings, "strategy": "dynamic", "rate": 8, "duration_s": 1}))
-    ticks: list[api.Event] = []
-    summary = api.run(config, out=tmp_path / "run", on_progress=ticks.append)
+    events: list[api.Event] = []
+    summary = api.run(config, out=tmp_path / "run", on_progress=events.append)
     assert summary.finished > 0 and summary.failed == 0 and summary.role_deaths == []
+    start, *ticks = events  # the start names the run's folder before any process starts
+    assert (start.kind, start.total, start.folder) == (api.EventKind.START, 1, tmp_path / "run")
     assert ticks and {e.kind for e in ticks} == {"tick"} and {e.folder for e in ticks} == {tmp_path / "run"}
     assert "collector" in ticks[-1].alive
+    assert len(summary.requests()) == summary.scheduled and set(summary.batches()["label"]) == {"dynamic"}
+    assert summary.points()["finished"].tolist() == [summary.finished]
     assert signal.getsignal(signal.SIGINT) is before
     with pytest.raises(api.ConfigError, match="already holds a run"):  # a used folder, refused without overwrite
         api.run(config, out=tmp_path / "run")

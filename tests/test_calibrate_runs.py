@@ -120,7 +120,7 @@ def test_the_fit_keeps_the_workers_step_budget_and_skips_a_sweeps_probes(tmp_pat
     from dataclasses import replace
 
     runs = _runs(tmp_path, replace(KNOWN, step_tokens=48), ("continuous",), duration_s=3.0)
-    for probe in ("_capacity/strategy=continuous", "_probe/x"):
+    for probe in ("_capacity/sweep_label=continuous", "_probe/x"):
         (runs / probe).mkdir(parents=True)
         (runs / probe / "summary.json").write_text("{not json: reading it would fail the fit")
     out = tmp_path / "fit.yaml"

@@ -172,10 +172,11 @@ def test_a_live_saturated_run_is_extended_into_its_folder_and_a_resume_starts_fr
     monkeypatch.setattr(capacity_search, "reused", lambda point, base, resume: base["duration_s"] in done or None)
     notes = Notes()
     run = LiveSearch(plan, tmp_path, slow, view=notes).saturated(entry, 0)
-    folder = tmp_path / "_saturated" / "strategy=naive" / "repeat=0"
+    folder = tmp_path / "_saturated" / "sweep_label=naive" / "sweep_rate=inf" / "sweep_repeat=0"
     # the longer runs are extensions: the stale shorter folder is not announced as "measured again" besides
     assert ran == [(folder, 1.2, False), (folder, 2.4, True), (folder, 4.8, True)] and run.req_s == pytest.approx(1.0)
-    assert run.folder == "_saturated/strategy=naive/repeat=0" and "running it again for 2.4 s" in notes.lines[0]
+    assert run.folder == "_saturated/sweep_label=naive/sweep_rate=inf/sweep_repeat=0"
+    assert "running it again for 2.4 s" in notes.lines[0]
     ran.clear()
     done.add(4.8)
     assert LiveSearch(plan, tmp_path, slow).saturated(entry, 0).req_s == pytest.approx(1.0) and ran == [(folder, 4.8, True)]

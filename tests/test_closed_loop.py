@@ -189,7 +189,8 @@ def test_a_simulated_concurrency_sweep_reports_against_clients(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["simulate", str(path), "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (tmp_path / "out" / "strategy=continuous").iterdir()) == ["concurrency=1", "concurrency=4"]
+    folders = sorted(p.name for p in (tmp_path / "out" / "sweep_label=continuous").iterdir())
+    assert folders == ["sweep_concurrency=1", "sweep_concurrency=4"]
     report = runner.invoke(app, ["report", str(tmp_path / "out")])
     assert report.exit_code == 0, report.output
     assert "capacity (estimate" not in report.output  # no empty capacity table: closed loop has no offered rate
@@ -225,7 +226,7 @@ def test_a_concurrency_grid_plans_one_closed_loop_point_per_client_count(tmp_pat
     configs = [p.config(plan.base) for p in points]
     assert [c.concurrency for c in configs] == [1, 2, 4, 8]
     assert all(c.rate == math.inf for c in configs)
-    assert [p.folder.parent.name for p in points] == ["concurrency=1", "concurrency=2", "concurrency=4", "concurrency=8"]
+    assert [p.folder.parent.name for p in points] == [f"sweep_concurrency={n}" for n in (1, 2, 4, 8)]
     hashes = {config_hash(c.as_settings()) for c in configs}
     assert len(hashes) == 4  # a resumed point over a changed concurrency is another point
     think = _sweep(tmp_path, {"concurrency": [4]}, {"think_time_ms": 100})

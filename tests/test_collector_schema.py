@@ -1,5 +1,5 @@
 """requests.parquet's columns, their order and their types are the ones the collector wrote before the
-request record (collector.request.RequestRow) declared them: a reader of older runs and a reader of new
+request record (collector.request.RequestOutcome) declared them: a reader of older runs and a reader of new
 ones see the same table. The expected schema was read (pyarrow.parquet.read_schema) from a
 `batchlab run --backend sim` before the change; every way a requests table is written must give it."""
 import json
@@ -84,7 +84,7 @@ def test_part_files_have_the_final_schema_before_the_identity_columns(tmp_path):
 
 
 def test_records_become_the_tables_first_columns_with_their_derived_latencies():
-    record = request.RequestRow(request_id=3, status="finished", error="", arrival_time=1.0,
+    record = request.RequestOutcome(request_id=3, status="finished", error="", arrival_time=1.0,
                                 first_token_time=1.5, completion_time=2.5, output_len=3, n_tokens=3)
     row = request.table([record]).iloc[0]
     assert list(row.index) == [c for c, _, _ in WRITTEN[:len(request.DTYPES)]]

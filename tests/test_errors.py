@@ -16,7 +16,7 @@ PACKAGES = ("api", "cli", "collector", "lab", "models", "protocol", "report", "r
 INTERNAL = {
     "worker/backend.py:OutOfMemory": "a batch that did not fit: the worker requeues it and carries on",
     "worker/process.py:WorkerStopping": "the worker's loop unwinding on a Shutdown",
-    "runner/__init__.py:Terminated": "a SIGTERM or SIGHUP turned into a Ctrl-C (a KeyboardInterrupt, not an error)",
+    "protocol/signals.py:Terminated": "a SIGTERM or SIGHUP turned into a Ctrl-C (a KeyboardInterrupt, not an error)",
     "report/external.py:Unreadable": "a peer's file the report cannot parse: caught there, one line of its refusal",
 }
 

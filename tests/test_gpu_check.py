@@ -47,7 +47,7 @@ def test_the_plan_simulates_with_the_shipped_gpu_presets(tmp_path):
                                    tmp_path / "simulated-shipped")
     assert {r["label"] for r in rows} == {"naive", "dynamic", "continuous"}
     assert all(r["finished"] == r["submitted"] > 0 for r in rows)
-    config = next((tmp_path / "simulated-shipped" / "strategy=continuous").glob("rate=*/repeat=*/config.yaml"))
+    config = next((tmp_path / "simulated-shipped" / "sweep_label=continuous").glob("*/*/config.yaml"))
     played = yaml.safe_load(config.read_text())["preset"]
     assert played == "h200-mistral-7b-hf-loop"
 

@@ -93,10 +93,10 @@ def test_a_bad_sweep_set_is_one_line_and_exit_1(tmp_path):
 def test_sweep_passes_its_sets_to_the_sweep(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(api, "sweep", lambda config, out, on_progress, **kw: calls.append(kw) or
-                        api.SweepResult(Path(out), {"points": []}))
+                        api.SweepResult(Path(out), []))
     runner.invoke(app, ["sweep", "x.yaml", "--set", "duration_s=2", "--set", "grid.repeats=3",
                         "--out", str(tmp_path)])
-    assert calls == [{"resume": True, "sets": {"duration_s": 2, "grid.repeats": 3}, "ray": None}]
+    assert calls == [{"resume": True, "duration_s": 2, "grid.repeats": 3, "ray": None}]
 
 
 def test_a_ctrl_c_inside_a_c_extensions_import_is_interrupted_not_a_traceback(tmp_path, monkeypatch):

@@ -92,7 +92,7 @@ def test_a_sweep_base_count_reaches_every_point(tmp_path):
                       "grid: {strategies: [naive, dynamic], rates: [3, 30]}\n")
     result = runner.invoke(app, ["simulate", str(config), "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    summaries = list((tmp_path / "out").glob("strategy=*/rate=*/repeat=0/summary.json"))
+    summaries = list((tmp_path / "out").glob("sweep_label=*/sweep_rate=*/sweep_repeat=0/summary.json"))
     assert len(summaries) == 4
     assert all(json.loads(p.read_text())["submitted"] == 9 for p in summaries)
 

@@ -87,7 +87,7 @@ def running_point(node) -> bool:
 def role_pids(out: Path) -> dict[int, float]:
     """Every process the points of a sweep started (each run folder's pids.json), with its start time."""
     found = {}
-    for path in out.glob("strategy=*/rate=*/repeat=*/pids.json"):
+    for path in out.glob("sweep_label=*/sweep_rate=*/sweep_repeat=*/pids.json"):
         for pid in json.loads(path.read_text()).values():
             found[pid] = path.stat().st_mtime
     return found
@@ -150,7 +150,7 @@ def test_ctrl_c_leaves_no_actor_or_batchlab_process_on_any_node(cluster, tmp_pat
     out = tmp_path / "out"
     proc = sweep_proc(config, out, cluster)
     try:
-        wait_for(lambda: len(list(out.glob("strategy=*/rate=*/repeat=*/pids.json"))) == 2,
+        wait_for(lambda: len(list(out.glob("sweep_label=*/sweep_rate=*/sweep_repeat=*/pids.json"))) == 2,
                  "a point running on each node")
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=DEADLINE_S)

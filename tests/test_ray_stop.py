@@ -104,7 +104,7 @@ def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch):
 
 
 def test_a_sigterm_re_raised_as_a_plain_ctrl_c_still_exits_143(monkeypatch):
-    from batchlab import runner as cli  # the stop signals live with the runs they stop
+    from batchlab.protocol import signals as cli  # the stop signals' one module
     from batchlab.runner.outcome import interrupted_exit
 
     monkeypatch.setattr(cli, "_TERMINATED", [])

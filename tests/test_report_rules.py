@@ -135,7 +135,6 @@ def figure_texts(monkeypatch) -> list[str]:
             reds = [c for c in ax.collections if c.get_facecolor().tolist() == [[1.0, 0.0, 0.0, 1.0]]]
             seen.append(f"red marks: {sum(len(c.get_offsets()) for c in reds)}")
         seen.append(fig._suptitle.get_text() if fig._suptitle else "")
-        plots.plt.close(fig)
         return path
 
     monkeypatch.setattr(plots, "save", capture)

@@ -1,13 +1,9 @@
 """A strategy given from Python as the class itself: named module:Class when that name imports it back, carried
-by value when no other process can import it (a notebook's class), built with its own Params defaults unless the
-run's settings give a same-named setting explicitly; batchlab.api.strategy holds what its author needs."""
+by value when no other process can import it (a notebook's class: tests/test_notebook.py runs one live from a
+Jupyter kernel), built with its own Params defaults unless the run's settings give a same-named setting
+explicitly; batchlab.api.strategy holds what its author needs."""
 import dataclasses
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from batchlab import api
@@ -16,9 +12,8 @@ from batchlab.protocol.plugins import class_digest
 from batchlab.runner.config import checked_config
 from batchlab.scheduler.strategies import resolve
 
-ROOT = Path(__file__).resolve().parent.parent
 SIM = {"backend": "sim", "dataset": "synthetic", "max_new_tokens": 16,  # the default preset: steps of ms
-       "max_prompt_len": 128, "warmup_requests": 0}
+       "max_prompt_len": 128}
 
 
 @dataclasses.dataclass
@@ -91,44 +86,6 @@ def test_check_names_what_a_strategy_class_lacks():
 
 def test_a_class_is_simulated_with_its_own_cap(tmp_path):
     result = api.simulate(strategy=Greedy, rate=float("inf"), num_requests=40, out=str(tmp_path / "sim"), **SIM)
-    [(point, summary)] = result.points
-    sizes = pd.read_parquet(point.folder / "batches.parquet")["size"]
-    assert summary.finished > 0 and sizes.max() == 8
-
-
-# The notebook's situation: __main__ has no file, so a spawned scheduler cannot import the class by name. Every
-# request arrives at t = 0, so the queue always holds more than the cap.
-NOTEBOOK = textwrap.dedent('''
-    import dataclasses, json, sys
-    import pandas as pd
-    from batchlab import api
-    from batchlab.api.strategy import Decision, Policy
-
-    @dataclasses.dataclass
-    class Params:
-        max_batch_size: int = 8
-
-    class Greedy(Policy):
-        Params = Params
-
-        def decide(self, queue, now, cap, end_of_stream):
-            n = min(len(queue), cap.free_slots, self.params.max_batch_size)
-            return Decision(n, "greedy") if n else Decision()
-
-    summary = api.run({**SIM, "strategy": Greedy, "rate": float("inf"), "num_requests": 40}, out=OUT)
-    sizes = pd.read_parquet(OUT + "/batches.parquet")["size"]
-    print(json.dumps({"finished": summary.finished, "failed": summary.failed, "largest": int(sizes.max()),
-                      "label": summary.settings["label"], "args": summary.settings["strategy_args"]}))
-''')
-
-
-@pytest.mark.slow
-def test_a_class_defined_in_a_fileless_main_runs_live_with_its_own_cap(tmp_path):
-    code = f"SIM = {SIM!r}\nOUT = {str(tmp_path / 'run')!r}\n" + NOTEBOOK
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert found["finished"] > 0 and found["failed"] == 0 and found["largest"] == 8
-    assert found["label"] == "greedy" and found["args"] == {"max_batch_size": 8}
+    [summary] = result.summaries().values()
+    sizes = result.batches()["size"]
+    assert summary.finished > 0 and sizes.max() == 8 and set(result.batches()["label"]) == {"greedy"}

@@ -37,7 +37,7 @@ def searched(monkeypatch):
 
     def fake(config, out, *, strategies=None, simulated=False, preset=None, on_progress=None, **given):
         seen.update(given, preset=preset)
-        return CapacityResult({"strategies": {}}, None)
+        return CapacityResult.of({"strategies": {}}, None)
 
     monkeypatch.setattr("batchlab.api.capacity", fake)
     return seen

@@ -10,7 +10,8 @@ def test_a_sweep_prints_each_points_figures_then_the_capacity_table_and_headline
     out, _, stdout, stderr = smoke_sweep  # configs/smoke.yaml through `batchlab sweep`: the session's shared sweep
     text = stdout + stderr
     for label in ("naive", "dynamic"):
-        summary = json.loads((out / f"strategy={label}" / "rate=4" / "repeat=0" / "summary.json").read_text())
+        folder = out / f"sweep_label={label}" / "sweep_rate=4" / "sweep_repeat=0"
+        summary = json.loads((folder / "summary.json").read_text())
         line = re.search(rf"{label} λ=4 rep 0: done.*\n\s+(served .*)", text)
         assert line, text
         assert (f"served {summary['requests_per_s']:.2f} req/s, {summary['throughput_tok_s']:,.1f} tok/s, "

@@ -85,7 +85,7 @@ def test_too_many_candidates_are_refused_before_any_simulation():
 
 def test_the_best_candidate_beats_every_other_and_the_untuned_knobs(tmp_path):
     cfg = checked_config({}, TRAFFIC)
-    record = api.tune(cfg, out=tmp_path)
+    record = api.tune(cfg, out=tmp_path).record
     ranked = record["candidates"]
     assert len(ranked) == len(SIZES) * len(WAITS_MS)
     goodputs = [c["goodput"] for c in ranked]

@@ -136,7 +136,8 @@ def test_a_simulated_sweep_writes_a_vllm_result_per_point(tmp_path):
     result = runner.invoke(app, ["simulate", "--strategy", "naive,dynamic", "--rate", "4", "--duration", "1",
                                  "--dataset", "synthetic", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    found = sorted(point_of(p.parent)[0] for p in tmp_path.glob("strategy=*/rate=4/repeat=0/vllm_result.json"))
+    files = tmp_path.glob("sweep_label=*/sweep_rate=4/sweep_repeat=0/vllm_result.json")
+    found = sorted(point_of(p.parent)[0] for p in files)
     assert found == ["dynamic", "naive"]
 
 
@@ -223,9 +224,9 @@ def test_the_library_refuses_what_the_backend_ignores_too(tmp_path):
     from batchlab import api
     from batchlab.protocol.settings import RunConfig, refuse_ignored
 
-    with pytest.raises(api.ConfigError, match="backend sim ignores --max-concurrency"):
+    with pytest.raises(api.ConfigError, match="backend sim ignores max_concurrency"):  # from Python: its name
         api.run({"backend": "sim", "max_concurrency": 2, "duration_s": 1}, out=tmp_path / "run")
-    with pytest.raises(api.ConfigError, match="--torch-compile"):
+    with pytest.raises(api.ConfigError, match="torch_compile"):
         api.run(RunConfig(backend="vllm", torch_compile=True), out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
     refuse_ignored(RunConfig(backend="openai", endpoint="http://x/v1", max_concurrency=2))  # its own: fine
