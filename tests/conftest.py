@@ -191,12 +191,12 @@ def continuous_preset_run(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def smoke_sweep(tmp_path_factory) -> tuple[Path, str, str, str]:
-    """configs/smoke.yaml swept live (3 strategies × 2 rates, 3 s each) by `batchlab sweep`, then reported
+    """tests/data/fixed-rates.yaml swept live (3 strategies × 2 rates, 3 s each) by `batchlab sweep`, then reported
     with SLOs (ttft 500 ms, tpot 50 ms): the sweep folder, the report's stdout, the sweep's stdout and stderr.
     CLI processes: what the sweep prints is read as a user sees it."""
     def build(folder: Path) -> None:
         folder.mkdir(parents=True)
-        swept = run_cli("sweep", "configs/smoke.yaml", "--out", str(folder / "out"), timeout_s=900)
+        swept = run_cli("sweep", "tests/data/fixed-rates.yaml", "--out", str(folder / "out"), timeout_s=900)
         (folder / "sweep.txt").write_text(swept.stdout)
         (folder / "sweep-stderr.txt").write_text(swept.stderr)
         reported = run_cli("report", str(folder / "out"), "--slo", "ttft=500ms", "--slo", "tpot=50ms")

@@ -1,4 +1,4 @@
-"""configs/smoke.yaml swept with real processes on the sim backend, then reported: point folders,
+"""tests/data/fixed-rates.yaml swept with real processes on the sim backend, then reported: point folders,
 shared schedules, resume, failed points, plots and REPORT.md numbers checked against the Parquet."""
 import json
 import re
@@ -157,7 +157,7 @@ def test_resume_skips_finished_points_and_reruns_unfinished_ones(smoke, tmp_path
     shutil.copytree(out, copy)
     (copy / point_dir("naive", 4, 0) / "point.json").unlink()  # as if interrupted mid-point
     before = (copy / point_dir("dynamic", 12, 0) / "requests.parquet").stat().st_mtime_ns
-    output = batchlab("sweep", "configs/smoke.yaml", "--out", str(copy))
+    output = batchlab("sweep", "tests/data/fixed-rates.yaml", "--out", str(copy))
     statuses = {(p["label"], p["rate"]): p["status"] for p in index(copy)["points"]}
     assert statuses.pop(("naive", 4.0)) == "done"
     assert set(statuses.values()) == {"skipped"}

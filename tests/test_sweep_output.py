@@ -7,7 +7,7 @@ import pytest
 
 @pytest.mark.slow  # a real sweep: processes per point
 def test_a_sweep_prints_each_points_figures_then_the_capacity_table_and_headline(smoke_sweep):
-    out, _, stdout, stderr = smoke_sweep  # configs/smoke.yaml through `batchlab sweep`: the session's shared sweep
+    out, _, stdout, stderr = smoke_sweep  # tests/data/fixed-rates.yaml through `batchlab sweep`: the shared sweep
     text = stdout + stderr
     for label in ("naive", "dynamic"):
         folder = out / f"sweep_label={label}" / "sweep_rate=4" / "sweep_repeat=0"
