@@ -151,7 +151,7 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
 
 @app.command()
 @with_settings(*fields_of(CollectorSettings), "keys")
-def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp://127.0.0.1:5558",
+def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5558",
               overwrite: Overwrite = False) -> None:
     """Run the collector alone."""
     from batchlab.runner.roles import collector_role

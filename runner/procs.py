@@ -211,6 +211,16 @@ def signal_group(child: Child, sig: int) -> None:
             continue
 
 
+def is_stopped(child: Child) -> bool:
+    """True while the child is stopped (SIGSTOP, SIGTSTP, a tracer): it acts on no signal but SIGKILL."""
+    import psutil
+
+    try:
+        return child.proc.pid is not None and psutil.Process(child.proc.pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
 def group_alive(pgid: int) -> bool:
     """True while any process of group `pgid` exists (zombies of our own children excepted)."""
     try:

@@ -1,10 +1,13 @@
 """Each role's entry point: what a child process of `batchlab run` (or `batchlab ROLE`) executes."""
 import logging
+import threading
+import time
 from pathlib import Path
 
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.identity import run_settings
 from batchlab.protocol.settings import RunConfig
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S
 from batchlab.scheduler.strategies import resolve
 from batchlab.traffic.run_schedule import make_schedule
 
@@ -22,15 +25,26 @@ def setup_logging(out_dir: str | None, role: str) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=handlers, force=True)
 
 
-def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None, stop_run=None) -> int:
+def collector_role(cfg: RunConfig, collector_addr: str, slos: dict | None = None, stop_run=None, beat=None) -> int:
     """Receive every event, write the tables. `stop_run` (an event) is set when a signal came before
-    the run's end: the launcher then stops the run while this process reads on and writes it all."""
+    the run's end: the launcher then stops the run while this process reads on and writes it all. `beat`
+    (a shared float), when given, gets time.monotonic() every HEARTBEAT_INTERVAL_S from a thread: the
+    launcher's sign that this process runs (its final write included), which a stopped one stops giving."""
+    if beat is not None:
+        threading.Thread(target=_beat, args=(beat,), name="beat", daemon=True).start()
     from batchlab.collector.process import run_collector
 
     setup_logging(cfg.out, "collector")
     summary = run_collector(collector_addr, Path(cfg.out), slos=slos or cfg.slos() or None,
                             keys=cfg.keys or None, stop_run=stop_run)
     return 128 + summary.stop_signal if summary.stop_signal else 0
+
+
+def _beat(value) -> None:
+    """Set `value` to the time, every heartbeat interval, while this process runs."""
+    while True:
+        value.value = time.monotonic()
+        time.sleep(HEARTBEAT_INTERVAL_S)
 
 
 def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, stream_ended=None,

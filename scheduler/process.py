@@ -18,10 +18,10 @@ import zmq
 from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, EndOfStreamAck, Heartbeat,
                                RequestMsg, RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                                WorkerCapacity, WorkerHello, encode, now)
-from batchlab.protocol.inbox import Inbox, RateLimitedLog
+from batchlab.protocol.inbox import Inbox, RateLimitedLog, wait_for_ack
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, Bundler, make_socket, send_routed
+from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, Bundler, make_socket, send_routed
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy
@@ -34,6 +34,8 @@ MAX_MESSAGES_PER_POLL = 1_000  # then schedule and beat before reading on (a flo
 RECORD_FLUSH_INTERVAL_S = 0.002  # below the workers' 5 ms: a launch mostly reaches the collector before its tokens
 REFUSED_REQUESTS = "refused_requests"  # RequestMsgs not taken (the scheduler's stats, summary.json)
 REFUSED_STREAM = "refused_stream_messages"  # a TrafficHello or EndOfStream from a second sender
+COLLECTOR_ID = "scheduler"  # the scheduler's routing id at the collector (its answers come back by it)
+COLLECTOR_PEER = "collector"  # who the scheduler hears on its socket to the collector
 
 
 class Scheduler:
@@ -55,7 +57,7 @@ class Scheduler:
         self.ctx = zmq.Context()
         self.auth = start_authenticator(self.ctx, keys) if keys else None  # make_socket refuses a bare bind
         self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True, keys=keys)
-        self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
+        self.coll = make_socket(self.ctx, zmq.DEALER, collector_addr, bind=False, identity=COLLECTOR_ID, keys=keys)
         self.traffic: bytes | None = None
         self.closed_loop = False  # the traffic's hello gave a concurrency: it is told which requests ended
         self.ended: list[int] = []  # closed loop: requests ended since the traffic was last told
@@ -64,18 +66,27 @@ class Scheduler:
         self.wake_at: float | None = None
         self.stats: dict = {}  # the edge's own counters (rejected_messages: the inbox's); the core keeps the rest
         self.inbox = Inbox(self.router, log, counters=self.stats, max_frames=MAX_MESSAGES_PER_POLL)
+        self.collector = Inbox(self.coll, log, peer=COLLECTOR_PEER, counters=self.stats)  # its answers
+        self.poller = zmq.Poller()
+        for sock in (self.router, self.coll):
+            self.poller.register(sock, zmq.POLLIN)
         self.duplicates = RateLimitedLog(log)  # the core counts them (duplicate_requests)
         self.gate = TrafficGate()  # the announced traffic, and its schedule's ids
         self.refusals = RateLimitedLog(log)  # the gate counts them (refused_requests, refused_stream_messages)
+        self.clamps = RateLimitedLog(log)  # the core counts them (launches_clamped, rows_clamped)
         self.last_beat = now()
         self.records = Bundler(self.coll, RECORD_FLUSH_INTERVAL_S)  # the collector's records not yet sent
+        self._beat_collector()  # the traffic starts once the collector answered (a stopped one holds the start)
 
     # --- main loop --------------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until the stream ended and every request is terminal (or a signal)."""
         while not self.stopping:
-            # 1. wait for a message, the core's wake-up time, or the next heartbeat
-            for sender, msg in self.inbox.receive(self._timeout_ms()):
+            # 1. wait for a message, the core's wake-up time, or the next heartbeat (the collector's answers too)
+            ready = dict(self.poller.poll(self._timeout_ms()))
+            if self.coll in ready:
+                self._collector_heard()
+            for sender, msg in self.inbox.drain() if self.router in ready else ():
                 # 2. feed it to the core (answer clock pings, start the traffic); forward what it decided
                 self._handle(sender, msg)
                 self._forward()
@@ -91,6 +102,7 @@ class Scheduler:
             if self.core.done():
                 break
         self._finish("run complete" if not self.stopping else "interrupted")
+        self._wait_for_collector()
 
     def _timeout_ms(self) -> int:
         t, due = now(), [d for d in (self.wake_at, self.records.due) if d is not None]
@@ -149,10 +161,12 @@ class Scheduler:
         self._maybe_start()
 
     def _maybe_start(self) -> None:
-        """Start the traffic once it and the workers are there: the workers the run has, less those that
-        ended before they were ready (a worker killed at start-up is not waited for)."""
+        """Start the traffic once it, the collector and the workers are there: the workers the run has, less
+        those that ended before they were ready (a worker killed at start-up is not waited for)."""
         ended = self.workers_ended.value if self.workers_ended is not None else 0
         if self.t0 is not None or self.traffic is None or len(self.core.workers) < max(1, self.min_workers - ended):
+            return
+        if COLLECTOR_PEER not in self.collector.heard:  # its records would wait unread: start-up goes on
             return
         self.t0 = now() + START_LEAD_S
         self.cpu_at_start = time.process_time()  # the run's CPU counts from here (not imports, not waiting)
@@ -166,8 +180,12 @@ class Scheduler:
         cannot reach is lost, and the core is asked again: its requests need not wait for the next event."""
         self.wake_at = None
         while self.t0 is not None:
+            clamped = self.core.stats["rows_clamped"]
             decisions = self.core.schedule(now())
             self.wake_at = decisions.wake_at
+            if self.core.stats["rows_clamped"] > clamped:
+                self.clamps.warn("launches cut to the worker's free rows (the strategy launched more)",
+                                 f"{self.core.stats['rows_clamped'] - clamped} row(s) left queued")
             if self._send_all(decisions.launches):
                 return
 
@@ -198,6 +216,7 @@ class Scheduler:
             self.last_beat = t
             for wid in list(self.core.workers):
                 self._send_worker(wid, Heartbeat("scheduler", t))
+            self._beat_collector()
         for wid, state in list(self.core.workers.items()):
             if self.inbox.silent_s(wid, t) > self.liveness_s:
                 log.error("worker %s lost (silent for %.1f s)", wid, self.inbox.silent_s(wid, t))
@@ -212,6 +231,28 @@ class Scheduler:
             self.core.end_of_stream()
         self.core.tick(t)
         self._maybe_start()  # a worker may have ended before its hello: the others need not wait for it
+
+    def _beat_collector(self) -> None:
+        """A Heartbeat the collector answers with its own (a full pipe to it: a stalled one, is left to wait)."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.coll.send(encode(Heartbeat("scheduler", now())), zmq.NOBLOCK)
+
+    def _collector_heard(self) -> None:
+        """The collector's answers: the first one may start the traffic."""
+        first = COLLECTOR_PEER not in self.collector.heard
+        self.collector.drain()
+        if first and COLLECTOR_PEER in self.collector.heard:
+            log.info("the collector answered")
+            self._maybe_start()
+
+    def _wait_for_collector(self) -> None:
+        """Keep the socket to the collector until it took RunEnd (and so every record before it), up to the
+        liveness window; after a stop signal the socket's usual linger (the run is being stopped)."""
+        signalled = self.stop_signal
+        wait_s = LINGER_MS / 1000 if signalled else self.liveness_s
+        if not wait_for_ack(self.collector, "RunEnd", wait_s, lambda: self.stop_signal != signalled):
+            log.error("the collector did not take the run's end within %.1f s: records still queued may be lost",
+                      wait_s)
 
     def _send_worker(self, wid: str, msg: object) -> None:
         """A worker whose connection is gone (it ended) is lost at once; a full pipe (a stalled worker)
