@@ -8,8 +8,10 @@ from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.identity import run_settings
 from batchlab.protocol.settings import RunConfig
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S
+from batchlab.scheduler.gate import PlannedSchedule
 from batchlab.scheduler.strategies import resolve
 from batchlab.traffic.run_schedule import make_schedule
+from batchlab.traffic.schedule import saved_plan
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
@@ -57,7 +59,16 @@ def scheduler_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, str
     return run_scheduler(resolve(cfg).policy(), scheduler_addr, collector_addr, min_workers=cfg.workers,
                          max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
                          settings=run_settings(cfg), keys=cfg.keys or None, stream_ended=stream_ended,
-                         liveness_s=cfg.liveness_s, stall_limit_s=cfg.stall_limit_s, workers_ended=workers_ended)
+                         liveness_s=cfg.liveness_s, stall_limit_s=cfg.stall_limit_s, workers_ended=workers_ended,
+                         planned=planned_schedule(cfg))
+
+
+def planned_schedule(cfg: RunConfig) -> PlannedSchedule | None:
+    """The run's saved schedule (`batchlab run` saves it before any role starts) as the scheduler's gate checks
+    each request against it; None without one (a standalone scheduler: the traffic builds its own)."""
+    if not cfg.schedule:
+        return None
+    return PlannedSchedule(*saved_plan(cfg.schedule), closed_loop=cfg.concurrency > 0)
 
 
 def worker_role(cfg: RunConfig, scheduler_addr: str, collector_addr: str, worker_id: str) -> int:

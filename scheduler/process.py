@@ -1,11 +1,11 @@
 """The scheduler process: the ZeroMQ edge around SchedulerCore (scheduler/core.py), which holds every
 rule about requests; this file moves messages, reads the clock and watches liveness.
 
-Its gate (TrafficGate) says who may submit requests, and which: the traffic that announced its schedule (the
-first TrafficHello), and of its requests only the ids its schedule holds (0 .. n_requests - 1). On loopback
-without keys any local process can connect to the scheduler's socket; its messages are refused there, so a
-forged request never becomes a row nor takes a real request's id. The gate is pure: senders are the ROUTER's
-identities, no socket and no clock.
+Its gate (scheduler/gate.py: TrafficGate) says who may submit requests, and which: the traffic that announced
+the run's schedule (the first TrafficHello, bound for the run), until the stream's end, and of its requests only
+those its schedule plans, when planned. On loopback without keys any local process can connect to the
+scheduler's socket; its messages are refused there, so a forged request never becomes a row nor takes a real
+request's id.
 """
 import contextlib
 import dataclasses
@@ -23,6 +23,7 @@ from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, Bundler, make_socket, send_routed
 from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.gate import REFUSED_REQUESTS, REFUSED_STREAM, PlannedSchedule, TrafficGate
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy
 
@@ -32,8 +33,6 @@ MAX_MESSAGES_PER_POLL = 1_000  # then schedule and beat before reading on (a flo
 # The collector's records (Arrival, BatchLaunch, ...) go in one frame per interval, not one per request:
 # their times travel inside them, and a frame costs both processes' I/O threads more than its contents.
 RECORD_FLUSH_INTERVAL_S = 0.002  # below the workers' 5 ms: a launch mostly reaches the collector before its tokens
-REFUSED_REQUESTS = "refused_requests"  # RequestMsgs not taken (the scheduler's stats, summary.json)
-REFUSED_STREAM = "refused_stream_messages"  # a TrafficHello or EndOfStream from a second sender
 COLLECTOR_ID = "scheduler"  # the scheduler's routing id at the collector (its answers come back by it)
 COLLECTOR_PEER = "collector"  # who the scheduler hears on its socket to the collector
 
@@ -44,7 +43,7 @@ class Scheduler:
     def __init__(self, policy: Policy, scheduler_addr: str, collector_addr: str, *, min_workers: int = 1,
                  max_queue: int = 0, max_queue_tokens: int = 0, settings: dict | None = None,
                  keys: str | None = None, stream_ended=None, liveness_s: float = LIVENESS_S,
-                 stall_limit_s: float = 0.0, workers_ended=None) -> None:
+                 stall_limit_s: float = 0.0, workers_ended=None, planned: PlannedSchedule | None = None) -> None:
         self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens,
                                   stall_limit_s=stall_limit_s)
         self.liveness_s = liveness_s  # a worker or the traffic silent this long is lost
@@ -71,7 +70,7 @@ class Scheduler:
         for sock in (self.router, self.coll):
             self.poller.register(sock, zmq.POLLIN)
         self.duplicates = RateLimitedLog(log)  # the core counts them (duplicate_requests)
-        self.gate = TrafficGate()  # the announced traffic, and its schedule's ids
+        self.gate = TrafficGate(planned)  # the announced traffic, and what its schedule plans
         self.refusals = RateLimitedLog(log)  # the gate counts them (refused_requests, refused_stream_messages)
         self.clamps = RateLimitedLog(log)  # the core counts them (launches_clamped, rows_clamped)
         self.last_beat = now()
@@ -110,11 +109,11 @@ class Scheduler:
 
     # --- message handlers -------------------------------------------------------------------------
     def _handle(self, sender: bytes, msg: object) -> None:
-        why = self.gate.refusal(sender, msg)  # a forged request or a second traffic: counted, never taken
+        wid, t = sender.decode(errors="replace"), now()
+        why = self.gate.refusal(sender, msg, t)  # a forged request or a second traffic: counted, never taken
         if why:
             self.refusals.warn("refused messages", why)
             return
-        wid, t = sender.decode(errors="replace"), now()
         self._maybe_back(msg.sender if isinstance(msg, Heartbeat) else wid, t)
         if isinstance(msg, RequestMsg):
             if self.core.knows(msg.request_id):  # refused and counted by the core: the first keeps the id
@@ -169,6 +168,7 @@ class Scheduler:
         if COLLECTOR_PEER not in self.collector.heard:  # its records would wait unread: start-up goes on
             return
         self.t0 = now() + START_LEAD_S
+        self.gate.start(self.t0)
         self.cpu_at_start = time.process_time()  # the run's CPU counts from here (not imports, not waiting)
         self.records.add(RunInfo({**self.settings, "t0": self.t0, "workers": self.core.workers_info()}))
         send_routed(self.router, self.traffic, encode(Start(self.t0)))
@@ -226,8 +226,10 @@ class Scheduler:
         if self.t0 is not None and not self.core.eos and traffic_silent_s > self.liveness_s:
             log.error("traffic silent for %.1f s: treating it as the end of the stream", traffic_silent_s)
             self.stats["traffic_lost"] = 1
+            self.gate.end(f"the traffic was silent for {traffic_silent_s:.1f} s")
             self.core.end_of_stream()
         if self.stream_ended is not None and self.stream_ended.is_set():
+            self.gate.end("the traffic's process ended")
             self.core.end_of_stream()
         self.core.tick(t)
         self._maybe_start()  # a worker may have ended before its hello: the others need not wait for it
@@ -298,46 +300,6 @@ class Scheduler:
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
-
-
-@dataclasses.dataclass(slots=True)
-class TrafficGate:
-    """The announced traffic, and the checks of what claims to be it."""
-
-    traffic: bytes | None = None  # identity of the sender of the first TrafficHello
-    n_requests: int = 0  # its schedule's size
-    received: int = 0  # requests let through
-    stats: dict[str, int] = dataclasses.field(default_factory=lambda: {REFUSED_REQUESTS: 0, REFUSED_STREAM: 0})
-
-    def refusal(self, sender: bytes, msg: object) -> str:
-        """Why `msg` from `sender` is refused ("" when it is let through); a refusal is counted."""
-        why, counter = self._why(sender, msg)
-        if why:
-            self.stats[counter] += 1
-        elif isinstance(msg, TrafficHello):
-            self.traffic, self.n_requests = sender, msg.n_requests
-        elif isinstance(msg, RequestMsg):
-            self.received += 1
-        return why
-
-    def _why(self, sender: bytes, msg: object) -> tuple[str, str]:
-        if isinstance(msg, RequestMsg):
-            if self.traffic is None:
-                return f"request {msg.request_id} before any traffic announced a schedule", REFUSED_REQUESTS
-            if sender != self.traffic:
-                return f"request {msg.request_id} from {_name(sender)}, not the traffic", REFUSED_REQUESTS
-            if msg.request_id >= self.n_requests:
-                return (f"request {msg.request_id} outside the announced schedule of {self.n_requests}",
-                        REFUSED_REQUESTS)
-        elif isinstance(msg, (TrafficHello, EndOfStream)) and self.traffic not in (None, sender):
-            return f"{type(msg).__name__} from {_name(sender)}: a second traffic", REFUSED_STREAM
-        elif isinstance(msg, EndOfStream) and self.traffic is None:
-            return f"EndOfStream from {_name(sender)} before any TrafficHello", REFUSED_STREAM
-        return "", ""
-
-
-def _name(sender: bytes) -> str:
-    return repr(sender.decode(errors="replace"))[:40]
 
 
 def run_scheduler(policy: Policy, scheduler_addr: str, collector_addr: str, **kwargs) -> int:

@@ -15,6 +15,7 @@ import zmq
 from batchlab.protocol import (BatchDone, ClockPing, ClockPong, CollectorAck, Dispatch, EndOfStream, FailedRow, Heartbeat,
                                ProtocolError, RequestFailed, RequestMsg, RequestRow, RunEnd, Shutdown, Start, Tokens,
                                TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, decode, decode_all, encode, now)
+from batchlab.protocol.clock import sleep_until
 from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler
@@ -119,6 +120,7 @@ class SchedulerRig:
 
     def __init__(self) -> None:
         sched_addr, coll_addr = tcp(), tcp()
+        self.sched_addr = sched_addr
         self.ctx = zmq.Context()
         self.collector = self.ctx.socket(zmq.ROUTER)
         self.collector.bind(coll_addr)
@@ -150,7 +152,8 @@ class SchedulerRig:
         self.worker.send(hello(max_rows))
         self.worker.settled()
         self.traffic.send(TrafficHello(10, "hash", 1.0))
-        self.traffic.wait_for(lambda m: isinstance(m, Start))
+        start = self.traffic.wait_for(lambda m: isinstance(m, Start))
+        sleep_until(start.t0)  # a request sent now is due (planned at or after the Start's t0), as a real one is
 
     def recorded_until(self, cond: Callable[[object], bool]) -> object:
         """What the scheduler sent the collector, read until a message satisfies `cond`."""

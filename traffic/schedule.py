@@ -236,6 +236,27 @@ def saved_settings(path: str | Path) -> tuple[dict, bool]:
     return {"duration_s": duration_s, **({"rate": footer.num_rows / duration_s} if duration_s > 0 else {})}, False
 
 
+def saved_plan(path: str | Path) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(stored hash, planned offsets, prompt lengths, output lengths by request id) of a saved schedule, without
+    its prompts: what the scheduler checks each request against; DatasetError when unreadable."""
+    path = Path(path)
+    table, meta = _read_table_columns(path, ["request_id", "arrival_offset_s", "prompt_len", "output_len"])
+    ids = table.column("request_id").to_numpy()
+    if not np.array_equal(ids, np.arange(len(ids))):
+        raise DatasetError(f"{path} is not a batchlab schedule (its request ids are not 0 .. n - 1)")
+    return (meta[_META_HASH].decode(), *(table.column(c).to_numpy() for c in ("arrival_offset_s", "prompt_len",
+                                                                               "output_len")))
+
+
+def _read_table_columns(path: Path, columns: list[str]) -> tuple[pa.Table, dict[bytes, bytes]]:
+    """Some columns of a schedule file and its metadata, or DatasetError."""
+    table = _read(path, lambda p: pq.read_table(p, columns=columns))
+    meta = table.schema.metadata or {}
+    if _META_HASH not in meta:
+        raise DatasetError(f"{path} is not a batchlab schedule (missing its hash)")
+    return table, meta
+
+
 def _last_offset_s(path: Path) -> float:
     """The latest planned arrival (the duration of a schedule saved without one)."""
     offsets = pq.read_table(path, columns=["arrival_offset_s"]).column(0).to_numpy()
