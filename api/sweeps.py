@@ -50,6 +50,7 @@ def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
     points on a Ray cluster instead (docs/ray.md): its address ("local": a new local Ray) or its
     protocol.study_settings.RaySettings (a mapping of them: ConfigError for a bad one)."""
     from batchlab.lab.sweep import run_sweep
+    from batchlab.runner.run_folder import held
 
     plan, source = plan_of(plan, sets)
     out_dir, view = _out_dir(out, source), CallbackView(on_progress)
@@ -60,8 +61,11 @@ def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
 
         opts = ray if isinstance(ray, RaySettings) else checked_group(
             RaySettings, {"address": ray} if isinstance(ray, str) else dict(ray))
-        return SweepResult(out_dir, run_ray_sweep(source, str(out_dir), opts, resume=resume, plan=plan, view=view))
-    return SweepResult(out_dir, run_sweep(plan, out_dir, resume=resume, view=view, source=source))
+        with held(out_dir, "sweep"):  # one sweep in a folder at a time: a second one would delete its points
+            return SweepResult(out_dir, run_ray_sweep(source, str(out_dir), opts, resume=resume, plan=plan,
+                                                      view=view))
+    with held(out_dir, "sweep"):
+        return SweepResult(out_dir, run_sweep(plan, out_dir, resume=resume, view=view, source=source))
 
 
 def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
@@ -78,6 +82,7 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     from batchlab.lab.sweep_plan import SweepError, checked_auto, interleaved
     from batchlab.collector.layout import CAPACITY_FILE, WORKERS_DIR
     from batchlab.protocol.files import write_json_atomic
+    from batchlab.runner.run_folder import held
 
     plan, source = plan_of(plan)
     unknown = sorted(set(strategies or []) - {e.label for e in plan.entries})
@@ -97,7 +102,6 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
             write_json_atomic(Path(out) / CAPACITY_FILE, doc, default=str)
         return CapacityResult(doc, None if out is None else Path(out))
     out_dir = _out_dir(out, source, "-capacity")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(plan)) as pools:
+    with held(out_dir, "capacity search"), PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(plan)) as pools:
         doc = run_capacity(plan, out_dir, settings, pools, CallbackView(on_progress), strategies)
     return CapacityResult(doc, out_dir)
