@@ -106,7 +106,9 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     except BaseException as exc:
         record.end("failed", f"{type(exc).__name__}: {exc}")
         raise
-    record.end("done", finished=summary.finished, failed=summary.failed, role_deaths=summary.role_deaths)
+    code, line = outcome.verdict(summary, summary.role_deaths)  # what `batchlab run`'s exit code will say
+    record.end("done" if code == outcome.OK_EXIT else "failed", line, finished=summary.finished,
+               failed=summary.failed, role_deaths=summary.role_deaths)
     return summary
 
 

@@ -148,7 +148,8 @@ class RunRecord:
             self.reserve.unlink(missing_ok=True)
 
     def end(self, status: str, reason: str = "", **facts) -> None:
-        """The run returned: 'done', 'failed', 'stopped' (a limit) or 'interrupted'."""
+        """The run returned: 'done', 'failed' (a role died, or a fault lost requests: the exit code 2's line is
+        the reason), 'stopped' (a limit) or 'interrupted'."""
         self.data.update(status=status, ended_utc=utc_now(), **({"reason": reason} if reason else {}), **facts)
         self.reserve.unlink(missing_ok=True)
         self._write()
