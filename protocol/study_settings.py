@@ -134,7 +134,7 @@ class CalibrateSettings(Group, title="Calibrate"):
                                              "continuous, the HF loop) | vllm")
     model: str = WorkerSettings.model_fields["model"]  # the run's settings of the same names, as declared there
     device: str = WorkerSettings.model_fields["device"]
-    dtype: str = WorkerSettings.model_fields["dtype"]
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = WorkerSettings.model_fields["dtype"]
     mode: Literal["static", "continuous"] = setting("static", "static | continuous (hf; vllm is always "
                                                     "continuous)")
     form: str = setting("auto", "compute (a CPU) | memory (a GPU: the bandwidth form) | auto (by device)")
