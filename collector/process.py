@@ -21,7 +21,7 @@ from batchlab.protocol.inbox import Inbox
 from batchlab.protocol.run_dir import RunDir, footer_notes
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import make_socket, send_routed
+from batchlab.protocol.sockets import RECORDS_HWM, make_socket, send_routed
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,9 @@ POLL_TIMEOUT_MS = 100
 FLUSH_INTERVAL_S = 1.0  # how often new rows go to a part file
 STOP_IDLE_S = 1.0  # after a stop signal: stop once nothing arrived for this long (or every bye is in)
 STOP_DRAIN_MAX_S = 20.0  # ... and at the latest this long after the signal (time for a launcher to stop the run)
+# Frames decoded and recorded per pass (each a bundle of up to MAX_RECORDS_PER_FRAME records): a pass holds their
+# messages at once, so a backlog read 10,000 frames at a time held gigabytes for many seconds without a flush
+FRAMES_PER_PASS = 100
 
 
 class _Loop:
@@ -114,7 +117,7 @@ def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threadin
            grace_s: float, idle_timeout_s: float | None, loop: _Loop | None = None) -> str:
     """The main loop; returns why it stopped."""
     loop = loop or _Loop()
-    inbox = Inbox(sock, log, counters=store.counters)  # [sender, frame]; at most MAX_FRAMES_PER_POLL per pass
+    inbox = Inbox(sock, log, counters=store.counters, max_frames=FRAMES_PER_PASS)  # [sender, frame]
     while True:
         # 1. wait briefly for frames
         if sock.poll(POLL_TIMEOUT_MS, zmq.POLLIN):
@@ -168,7 +171,7 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
     try:
         with on_stop_signal(lambda signum: _on_signal(signum, store, loop, stop, stop_run)):
             auth = start_authenticator(ctx, keys) if keys else None  # make_socket refuses a bare bind
-            sock = make_socket(ctx, zmq.ROUTER, address, bind=True, keys=keys)
+            sock = make_socket(ctx, zmq.ROUTER, address, bind=True, keys=keys, hwm=RECORDS_HWM)
             reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s, loop)
             log.info("collector: stopping (%s)", reason)
             tables = finish_run(store, writer, out_dir, slos)

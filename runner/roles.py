@@ -106,6 +106,7 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
     """Build (or load) the schedule and replay it against the scheduler; set `started` (an event) when
     the scheduler's Start came: the run's own time limit counts from then."""
     from batchlab.traffic.process import ClosedLoop, run_traffic
+    from batchlab.traffic.saved_schedule import open_saved_schedule
 
     setup_logging(cfg.out, "traffic")
     target = RunDir(cfg.out).schedule
@@ -113,7 +114,10 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
     closed = None
     if cfg.concurrency > 0:  # the send times recorded in the run's own schedule file
         closed = ClosedLoop(cfg.concurrency, cfg.think_time_ms / 1000, target)
-    run_traffic(make_schedule(cfg), scheduler_addr, out_dir=None if already_there else Path(cfg.out),
+    # the launcher's own file is read as it is sent (its memory does not grow with the run's length); a closed
+    # loop takes its requests by index (and its pool is bounded: traffic.run_schedule.CLOSED_LOOP_POOL_REQUESTS)
+    schedule = open_saved_schedule(target) if already_there and closed is None else make_schedule(cfg)
+    run_traffic(schedule, scheduler_addr, out_dir=None if already_there else Path(cfg.out),
                 keys=cfg.keys or None, on_start=None if started is None else (lambda _t0: started.set()),
                 closed=closed, liveness_s=cfg.liveness_s)
     return 0

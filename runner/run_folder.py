@@ -109,6 +109,7 @@ def held(out: str | Path, what: str) -> Iterator[Path]:
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     ours = _lock(folder, str(out), IN_USE_BY_STUDY.replace("{what}", what))
     try:
@@ -116,6 +117,8 @@ def held(out: str | Path, what: str) -> Iterator[Path]:
     finally:
         if ours:
             release(folder)
+        if made and not any(folder.iterdir()):  # refused before it wrote anything: no folder is left either
+            folder.rmdir()
 
 
 def release(out: str | Path) -> None:

@@ -21,7 +21,8 @@ from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfSt
 from batchlab.protocol.inbox import Inbox, RateLimitedLog, wait_for_ack
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, Bundler, make_socket, send_routed
+from batchlab.protocol.sockets import (HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, RECORDS_HWM,
+                                      RECORDS_SEND_TIMEOUT_MS, Bundler, make_socket, send_routed)
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.gate import REFUSED_REQUESTS, REFUSED_STREAM, PlannedSchedule, TrafficGate
 from batchlab.scheduler.launch import Launch
@@ -56,7 +57,9 @@ class Scheduler:
         self.ctx = zmq.Context()
         self.auth = start_authenticator(self.ctx, keys) if keys else None  # make_socket refuses a bare bind
         self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True, keys=keys)
-        self.coll = make_socket(self.ctx, zmq.DEALER, collector_addr, bind=False, identity=COLLECTOR_ID, keys=keys)
+        self.coll = make_socket(self.ctx, zmq.DEALER, collector_addr, bind=False, identity=COLLECTOR_ID, keys=keys,
+                                hwm=RECORDS_HWM, send_timeout_ms=RECORDS_SEND_TIMEOUT_MS)  # a collector behind
+        # slows us (a send waits, looking at our stop every RECORDS_SEND_TIMEOUT_MS) rather than growing our memory
         self.traffic: bytes | None = None
         self.closed_loop = False  # the traffic's hello gave a concurrency: it is told which requests ended
         self.ended: list[int] = []  # closed loop: requests ended since the traffic was last told
@@ -74,7 +77,8 @@ class Scheduler:
         self.refusals = RateLimitedLog(log)  # the gate counts them (refused_requests, refused_stream_messages)
         self.clamps = RateLimitedLog(log)  # the core counts them (launches_clamped, rows_clamped)
         self.last_beat = now()
-        self.records = Bundler(self.coll, RECORD_FLUSH_INTERVAL_S)  # the collector's records not yet sent
+        self.records = Bundler(self.coll, RECORD_FLUSH_INTERVAL_S,  # the collector's records not yet sent
+                               keep_trying=lambda: not self.stop_signal)
         self._beat_collector()  # the traffic starts once the collector answered (a stopped one holds the start)
 
     # --- main loop --------------------------------------------------------------------------------
@@ -275,7 +279,8 @@ class Scheduler:
             with contextlib.suppress(zmq.ZMQError):
                 send_routed(self.router, self.traffic, encode(Shutdown(why)), zmq.NOBLOCK)
         cpu_s = time.process_time() - self.cpu_at_start if self.t0 is not None else 0.0  # from Start on
-        stats = {**self.core.stats, **self.stats, **self.gate.stats, "cpu_s": cpu_s}
+        stats = {**self.core.stats, **self.stats, **self.gate.stats, "cpu_s": cpu_s,
+                 "records_send_s": self.records.send_s}  # waiting on a collector behind: it slowed us
         self.records.add(RunEnd(self.core.stats["submitted"], list(self.core.workers), stats))
         self.records.flush(force=True)
 

@@ -103,14 +103,16 @@ CASES = {
                              "capacity.json", "not a batchlab capacity file (the file: input should be an object)"),
     "a capacity bracket as text": (lambda root, out: (root / "capacity.json").write_text(
         json.dumps({"strategies": {"dynamic": {"lo_req_s": "fast"}}})), "capacity.json", "strategies.dynamic.lo_req_s"),
-    "a closed bracket without its estimate": (lambda root, out: _capacity(root, lo_req_s=10.0, hi_req_s=12.0),
-                                              "capacity.json", "lo_req_s and hi_req_s are given but estimate_req_s is not"),
+    "a closed bracket without its estimate": (
+        lambda root, out: _capacity(root, lo_req_s=10.0, hi_req_s=12.0), "capacity.json",
+        "lo_req_s and hi_req_s are given but estimate_req_s is not"),
     "saturated as text": (lambda root, out: _capacity(root, saturated="fast"), "capacity.json",
                           "strategies.naive.saturated"),
     "saturated as a list": (lambda root, out: _capacity(root, saturated=[4.0, 5.0]), "capacity.json",
                             "strategies.naive.saturated"),
-    "capacity numbers as strings": (lambda root, out: _capacity(root, lo_req_s="10", hi_req_s="12", estimate_req_s="11"),
-                                    "capacity.json", "strategies.naive.lo_req_s: input should be a valid number"),
+    "capacity numbers as strings": (
+        lambda root, out: _capacity(root, lo_req_s="10", hi_req_s="12", estimate_req_s="11"), "capacity.json",
+        "strategies.naive.lo_req_s: input should be a valid number"),
     "a negative count": (lambda root, out: _summary(root / "run", finished=-5),
                          "run/summary.json", "finished: input should be greater than or equal to 0"),
     "a negative rate": (lambda root, out: _summary(root / "run", throughput_tok_s=-1.0),

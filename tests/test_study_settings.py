@@ -67,7 +67,8 @@ def test_a_bad_search_knob_is_one_line_naming_it(tmp_path):
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--search-requests", "1000000000000"], "error: --search-requests must be ≤ 1000000 requests, got 1000000000000"),
+    (["--search-requests", "1000000000000"],
+     "error: --search-requests must be ≤ 1000000 requests, got 1000000000000"),
     (["--duration", "1e12"], "error: --duration must be ≤ 86400 s, got 1000000000000.0"),
     (["--saturated-s", "inf"], "error: --saturated-s must be a finite number, got inf"),
 ])

@@ -35,4 +35,5 @@ def test_a_signal_to_a_sweeps_group_mid_point_ends_it_with_one_line(tmp_path, si
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 128 + sig, stderr[-3000:]
-    assert stderr.strip().splitlines() == [f"interrupted; run the same command again to resume in {out}"], stderr[-3000:]
+    once = f"interrupted; run the same command again to resume in {out}"
+    assert stderr.strip().splitlines() == [once], stderr[-3000:]

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import zmq
 
-from batchlab.protocol import (BatchDone, ClockPing, ClockPong, CollectorAck, Dispatch, Heartbeat, RequestMsg, RequestRow, Shutdown,
-                               Tokens, WorkerBye, WorkerHello, decode_all, encode, now)
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, CollectorAck, Dispatch, Heartbeat, RequestMsg,
+                               RequestRow, Shutdown, Tokens, WorkerBye, WorkerHello, decode_all, encode, now)
 from batchlab.protocol.messages import pack_tokens
 from batchlab.scheduler.core import SchedulerCore
 from tests.fault_plugins import OverCap
@@ -51,6 +51,7 @@ class FakeScheduler:
         self.collector.bind(coll_addr)
         self.seen: list[object] = []  # from the worker, to the scheduler
         self.recorded: list[object] = []  # from the worker, to the collector
+        self.checked: dict[bool, int] = {}  # recorded? -> how many of its messages were waited for already
         self.last_beat = 0.0
         self.proc = mp.get_context("spawn").Process(target=serve, args=(sched_addr, coll_addr), daemon=True)
         self.proc.start()
@@ -63,23 +64,24 @@ class FakeScheduler:
         self.send(Dispatch(now(), "test", [row(batch_id, rid, n) for rid, n in rows]))
 
     def wait_for(self, cond: Callable[[object], bool], *, recorded: bool = False) -> object:
-        """Read both sockets until a message (to the collector when `recorded`) satisfies `cond`, answering
-        the worker's pings and beating meanwhile."""
+        """The first message (to the collector when `recorded`) not waited for before that satisfies `cond`;
+        both sockets are read meanwhile (every message kept), the worker's pings answered and beats sent."""
         deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline:
+            kept = self.recorded if recorded else self.seen
+            checked = self.checked.get(recorded, 0)
+            match = next((i for i in range(checked, len(kept)) if cond(kept[i])), None)
+            if match is not None:
+                self.checked[recorded] = match + 1
+                return kept[match]
             if time.monotonic() - self.last_beat > BEAT_S:
                 self.send(Heartbeat("scheduler", now()))
                 self.last_beat = time.monotonic()
-            for msg in self._read(self.collector):
-                self.recorded.append(msg)
-                if recorded and cond(msg):
-                    return msg
+            self.recorded += self._read(self.collector)
             for msg in self._read(self.router, timeout_ms=50):
                 self.seen.append(msg)
                 if isinstance(msg, ClockPing):
                     self.send(ClockPong(msg.seq, msg.t_send, now()))
-                elif not recorded and cond(msg):
-                    return msg
         raise AssertionError(f"no match within {DEADLINE_S} s; last seen {self.seen[-3:]} {self.recorded[-3:]}")
 
     @staticmethod

@@ -12,9 +12,10 @@ import pytest
 import torch
 import zmq
 
-from batchlab.protocol import (BatchDone, ClockPing, ClockPong, CollectorAck, Dispatch, EndOfStream, FailedRow, Heartbeat,
-                               ProtocolError, RequestFailed, RequestMsg, RequestRow, RunEnd, Shutdown, Start, Tokens,
-                               TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, decode, decode_all, encode, now)
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, CollectorAck, Dispatch, EndOfStream, FailedRow,
+                               Heartbeat, ProtocolError, RequestFailed, RequestMsg, RequestRow, RunEnd, Shutdown,
+                               Start, Tokens, TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, decode,
+                               decode_all, encode, now)
 from batchlab.protocol.clock import sleep_until
 from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from batchlab.scheduler.policies import make_policy

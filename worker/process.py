@@ -12,7 +12,8 @@ from batchlab.protocol.environment import environment
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.inbox import Inbox, wait_for_ack
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, make_socket
+from batchlab.protocol.sockets import (HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, RECORDS_HWM,
+                                      RECORDS_SEND_TIMEOUT_MS, make_socket)
 from batchlab.worker.admission import OpenBatch, admit
 from batchlab.worker.backend import Backend, OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.outbox import HeartbeatThread, Outbox
@@ -36,7 +37,9 @@ class Worker:
         self.run_over = run_over  # a warm worker's "the run I wait for has ended" (its launcher moved on)
         self.ctx = zmq.Context()
         self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id, keys=keys)
-        self.coll = make_socket(self.ctx, zmq.DEALER, collector_addr, bind=False, identity=worker_id, keys=keys)
+        self.coll = make_socket(self.ctx, zmq.DEALER, collector_addr, bind=False, identity=worker_id, keys=keys,
+                                hwm=RECORDS_HWM, send_timeout_ms=RECORDS_SEND_TIMEOUT_MS)  # a collector behind
+        # slows us (a send waits, looking at our stop every RECORDS_SEND_TIMEOUT_MS) rather than growing our memory
         self.collector = Inbox(self.coll, log, peer="collector")  # its answer to our bye
         self.inbox = Inbox(self.sched, log, peer=SCHEDULER)  # counts rejected_messages (refused rows too)
         self.open: dict[int, OpenBatch] = {}  # batch_id -> continuous bookkeeping
@@ -50,7 +53,7 @@ class Worker:
         self.deferred: list[object] = []
         self.heart = HeartbeatThread(self.ctx, scheduler_addr, worker_id, keys)
         self.clock = OffsetEstimate()
-        self.out = Outbox(self.sched, self.coll, self.clock.to_scheduler)
+        self.out = Outbox(self.sched, self.coll, self.clock.to_scheduler, keep_trying=lambda: not self.signalled)
         self.next_sync = 0.0
 
     # --- main loop --------------------------------------------------------------------------------
@@ -86,6 +89,7 @@ class Worker:
         self._fail_deferred("worker stopped before the request started")
         try:
             stats = {**self.inbox.counters, "cpu_s": time.process_time() - self.cpu_start_s,
+                     "records_send_s": self.out.records.send_s,  # waiting on a collector behind: it slowed us
                      **self.clock.facts(), **self.backend.run_facts()}
             self.out.record(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
                                          self.backend.info.memory_kind, stats))
