@@ -7,7 +7,8 @@ the launcher), every process's peak RSS sampled from outside, the launcher's inc
 
 Prints each process's peak RSS (VmHWM: the kernel's high-water mark, so a peak between samples still
 counts), each role's RSS at the traffic's end and at the run's end, and the collector's growth per request
-while the traffic ran (a least-squares slope of its RSS against the requests it had, from progress.json).
+from half to 95% of the requests (a least-squares slope of its RSS against the requests it had, from
+progress.json: near zero when its memory follows what is in flight, not the run's length).
 The figures go to OUT/soak_memory.json. Figures are printed, never asserted.
 """
 import argparse
@@ -78,8 +79,11 @@ def command_peak_mib(command: list[str]) -> tuple[float, int]:
 
 
 def growth_kib_per_request(series: list[tuple[float, float, int]]) -> float | None:
-    """The slope of RSS (KiB) against the requests arrived, over the samples while requests arrived."""
-    points = [(arrived, rss) for _, rss, arrived in series if arrived > 0]
+    """The slope of RSS (KiB) against the requests arrived, from half to 95% of the arrivals (the first half
+    fills what a steady state holds: the requests of the last KEEP_TAKES part files, the queues; the last
+    samples may fall in the final write)."""
+    last = max((arrived for _, _, arrived in series), default=0)
+    points = [(arrived, rss) for _, rss, arrived in series if last / 2 <= arrived <= 0.95 * last]
     counts = sorted({a for a, _ in points})
     if len(counts) < 3:
         return None
@@ -119,7 +123,8 @@ def report(fig: dict) -> None:
     for role, mib in sorted(fig["peak_rss_mib"].items()):
         print(f"  {role:<10} peak RSS {mib:8.1f} MiB")
     growth = fig["collector_growth_kib_per_request"]
-    print(f"collector growth while the traffic ran: {'?' if growth is None else f'{growth:.2f}'} KiB per request")
+    print(f"collector growth from half to 95% of the requests: {'?' if growth is None else f'{growth:.3f}'} "
+          "KiB per request")
     print(f"largest peak RSS: {max(fig['peak_rss_mib'].values(), default=0):.0f} MiB "
           f"({max(fig['peak_rss_mib'], key=fig['peak_rss_mib'].get, default='-')})")
 
