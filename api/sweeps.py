@@ -50,6 +50,7 @@ def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
     instead (docs/ray.md): its address ("local": a new local Ray) or its RaySettings (or a mapping of them)."""
     from batchlab.lab.sweep import run_sweep
     from batchlab.lab.sweep_plan import plan_from
+    from batchlab.runner.run_folder import held
 
     parsed, source = plan_from(plan, changes)
     out_dir, view = _out_dir(out, source, make=ray is None), CallbackView(on_progress)  # on Ray: made once it may
@@ -62,9 +63,11 @@ def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
             raise ConfigError(f"ray is an address, RaySettings or a mapping of them, not {ray!r:.60}")
         opts = ray if isinstance(ray, RaySettings) else checked_group(
             RaySettings, {"address": ray} if isinstance(ray, str) else dict(ray))
-        return SweepResult.of(out_dir, run_ray_sweep(source, str(out_dir), opts, resume=resume, plan=parsed,
-                                                     view=view))
-    return SweepResult.of(out_dir, run_sweep(parsed, out_dir, resume=resume, view=view, source=source))
+        with held(out_dir, "sweep"):  # one sweep in a folder at a time: a second one would delete its points
+            return SweepResult.of(out_dir, run_ray_sweep(source, str(out_dir), opts, resume=resume, plan=parsed,
+                                                         view=view))
+    with held(out_dir, "sweep"):
+        return SweepResult.of(out_dir, run_sweep(parsed, out_dir, resume=resume, view=view, source=source))
 
 
 def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *, simulated: bool = False,
@@ -82,6 +85,7 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     from batchlab.protocol.files import write_json_atomic
     from batchlab.protocol.study_settings import AutoRates
     from batchlab.runner.pool import PoolKeeper
+    from batchlab.runner.run_folder import held
 
     search = {k: changes.pop(k) for k in list(changes) if k in AutoRates.model_fields}
     parsed, source = plan_from(plan, changes)
@@ -96,7 +100,8 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
             write_json_atomic(_out_dir(out, source) / CAPACITY_FILE, doc, default=str)
         return CapacityResult.of(doc, None if out is None else Path(out))
     out_dir = _out_dir(out, source, "-capacity")
-    with PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(parsed)) as pools:
+    with (held(out_dir, "capacity search"),
+          PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(parsed)) as pools):
         doc = run_capacity(parsed, out_dir, settings, pools, CallbackView(on_progress))
     return CapacityResult.of(doc, out_dir)
 

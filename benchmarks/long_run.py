@@ -7,12 +7,14 @@ The run's duration is chosen so that rate × duration × output-len ≈ rows (an
 500-token outputs is --rows 18000000 --rate 100). It runs `api.run` (traffic, scheduler, echo
 worker, collector as spawn processes); a thread reads each role's resident set every SAMPLE_S (the
 kernel's high-water mark, VmHWM, where /proc has it, so a short peak between samples still counts).
-It prints each role's peak RSS, the collector's final write time (from the last other role's exit to
-its own) and, last, `collector peak RSS: X MiB for N token rows`. Written as OUT/long_run.json.
+It prints each role's peak RSS (the launcher's, this process's, and `batchlab report OUT`'s after the run
+too), the collector's final write time (from the last other role's exit to its own) and, last, `collector
+peak RSS: X MiB for N token rows`. Written as OUT/long_run.json.
 Figures are printed, never asserted.
 """
 import argparse
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +25,9 @@ import pyarrow.parquet as pq
 from batchlab import api
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ as run from the repository root
+from soak_memory import command_peak_mib  # noqa: E402  (the report's peak, as the soak measures it)
 
 SAMPLE_S = 0.1
 MIB = 1 << 20
@@ -93,6 +98,9 @@ def run(args: argparse.Namespace) -> dict:
     sampler.join()
     others = [t for role, t in sampler.last_seen_s.items() if role != "collector"]
     rows = pq.read_metadata(RunDir(out).table("tokens")).num_rows
+    sampler.peak["launcher"] = _peak_rss_bytes(psutil.Process())  # this process ran api.run: its high-water mark
+    sampler.peak["report"] = int(command_peak_mib([sys.executable, "-m", "batchlab.cli.main", "report", str(out)])[0]
+                                 * MIB)
     return {
         "token_rows": rows, "requests": summary.scheduled, "finished": summary.finished,
         "duration_s": cfg.duration_s, "rate": cfg.rate, "output_len": args.output_len,

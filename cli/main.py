@@ -7,6 +7,11 @@ import click
 import typer
 from typer.core import TyperGroup
 
+try:  # typer 0.29 vendors click: the usage errors it raises are typer._click's, not click's
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # a typer that uses click itself
+    from click.exceptions import NoArgsIsHelpError, UsageError
+
 from batchlab.cli import report_cmd, restore_sigint, simulate_cmd, sweep_cmd
 from batchlab.runner.config import checked_config, replay_config
 from batchlab.cli.grammar import show_version
@@ -33,6 +38,13 @@ class _OneLineErrors(TyperGroup):
         args = list(sys.argv[1:] if args is None else args)
         return super().main(bool_words(self, args), *rest, **kwargs)
 
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        """The top level's own options and command name parsed; a usage error is one line (_usage_error)."""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except UsageError as exc:
+            _usage_error(exc)
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """A bare `--ray` (no address) means a local Ray (Typer has no option with an optional value)."""
         from batchlab.cli.grammar import with_ray_value
@@ -52,6 +64,8 @@ class _OneLineErrors(TyperGroup):
                     return super().invoke(ctx)
             except Terminated as exc:  # a SIGTERM or SIGHUP that no command turned into its own line
                 _fail("terminated", code=128 + exc.signum)
+            except UsageError as exc:  # a command's options or arguments (parsed inside this invoke)
+                _usage_error(exc)
             except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
                 raise
             except Exception as exc:
@@ -73,6 +87,16 @@ def _bug(exc: Exception) -> NoReturn:
     line = " ".join(f"{type(exc).__name__}: {exc}".split())
     typer.secho(f"error: a bug in batchlab ({line}); please report it with the traceback above", fg="red", err=True)
     raise typer.Exit(code=BUG_EXIT) from None
+
+
+def _usage_error(exc: UsageError) -> NoReturn:
+    """A bad option, value or argument (`--rate abc`, a missing folder) is bad input like any other: `error: <one
+    line>` and exit 1, not click's boxed message and exit 2 (docs/faults.md's codes). A bare command that shows
+    its help (no_args_is_help) is left to click."""
+    if isinstance(exc, NoArgsIsHelpError):
+        raise exc
+    path = exc.ctx.command_path if exc.ctx is not None else "batchlab"
+    _fail(f"{exc.format_message()} (see '{path} --help')")
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -154,7 +178,7 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
 
 @app.command()
 @with_settings(*fields_of(CollectorSettings), "keys")
-def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (PULL)")] = "tcp://127.0.0.1:5558",
+def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5558",
               overwrite: Overwrite = False) -> None:
     """Run the collector alone."""
     from batchlab.runner.roles import collector_role

@@ -1,4 +1,6 @@
-"""The collector process: PULL every event, join it in a RunStore, write the run's tables."""
+"""The collector process: receive every event (a ROUTER: it answers a role's last record and the scheduler's
+heartbeat), join it in a RunStore, write the run's tables."""
+import contextlib
 import logging
 import threading
 import time
@@ -12,13 +14,14 @@ from batchlab.collector.parts import PartWriter, write_final
 from batchlab.collector.store import RunStore
 from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables, harness_cpu
+from batchlab.protocol import CollectorAck, Heartbeat, RunEnd, WorkerBye, encode
 from batchlab.protocol.clock import now
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.inbox import Inbox
 from batchlab.protocol.run_dir import RunDir, footer_notes
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import make_socket
+from batchlab.protocol.sockets import RECORDS_HWM, make_socket, send_routed
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +29,9 @@ POLL_TIMEOUT_MS = 100
 FLUSH_INTERVAL_S = 1.0  # how often new rows go to a part file
 STOP_IDLE_S = 1.0  # after a stop signal: stop once nothing arrived for this long (or every bye is in)
 STOP_DRAIN_MAX_S = 20.0  # ... and at the latest this long after the signal (time for a launcher to stop the run)
+# Frames decoded and recorded per pass (each a bundle of up to MAX_RECORDS_PER_FRAME records): a pass holds their
+# messages at once, so a backlog read 10,000 frames at a time held gigabytes for many seconds without a flush
+FRAMES_PER_PASS = 100
 
 
 class _Loop:
@@ -56,12 +62,24 @@ def schedule_notes(out_dir: Path) -> dict:
 
 def _drain(inbox: Inbox, store: RunStore) -> None:
     """Record every message already queued (at most the inbox's MAX_FRAMES_PER_POLL frames); one that
-    decodes but cannot be used is a rejected one too."""
-    for _, msg in inbox.drain():
+    decodes but cannot be used is a rejected one too. A role's last record (RunEnd, WorkerBye) is
+    acknowledged to its sender (it keeps its socket until then), a Heartbeat answered (the scheduler
+    starts the traffic once the collector was heard)."""
+    for sender, msg in inbox.drain():
         try:
             store.handle(msg)
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             inbox.reject(exc)
+        if isinstance(msg, (RunEnd, WorkerBye)):
+            _answer(inbox.sock, sender, CollectorAck(type(msg).__name__))
+        elif isinstance(msg, Heartbeat):
+            _answer(inbox.sock, sender, Heartbeat("collector", now()))
+
+
+def _answer(sock: zmq.Socket, sender: bytes, msg: object) -> None:
+    """A reply to one sender; one that is gone, or whose pipe is full, goes without (it has its own limit)."""
+    with contextlib.suppress(zmq.ZMQError):
+        send_routed(sock, sender, encode(msg), zmq.NOBLOCK)
 
 
 def _end_reason(store: RunStore, loop: _Loop, stop: threading.Event, grace_s: float,
@@ -99,7 +117,7 @@ def _serve(sock: zmq.Socket, store: RunStore, writer: PartWriter, stop: threadin
            grace_s: float, idle_timeout_s: float | None, loop: _Loop | None = None) -> str:
     """The main loop; returns why it stopped."""
     loop = loop or _Loop()
-    inbox = Inbox(sock, log, peer="roles", counters=store.counters)  # at most MAX_FRAMES_PER_POLL per pass
+    inbox = Inbox(sock, log, counters=store.counters, max_frames=FRAMES_PER_PASS)  # [sender, frame]
     while True:
         # 1. wait briefly for frames
         if sock.poll(POLL_TIMEOUT_MS, zmq.POLLIN):
@@ -153,7 +171,7 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
     try:
         with on_stop_signal(lambda signum: _on_signal(signum, store, loop, stop, stop_run)):
             auth = start_authenticator(ctx, keys) if keys else None  # make_socket refuses a bare bind
-            sock = make_socket(ctx, zmq.PULL, address, bind=True, keys=keys)
+            sock = make_socket(ctx, zmq.ROUTER, address, bind=True, keys=keys, hwm=RECORDS_HWM)
             reason = _serve(sock, store, writer, stop, grace_s, idle_timeout_s, loop)
             log.info("collector: stopping (%s)", reason)
             tables = finish_run(store, writer, out_dir, slos)

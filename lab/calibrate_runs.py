@@ -35,7 +35,7 @@ from batchlab.protocol.errors import CalibrateError, term
 from batchlab.protocol.setting_groups import said
 from batchlab.protocol.study_settings import CalibrateSettings
 from batchlab.simulator.replay import predict_steps
-from batchlab.worker.run_steps import read_run_steps
+from batchlab.worker.run_steps import RunStepsError, read_run_steps
 from batchlab.worker.stepmodel import StepModel, save_preset
 
 COMPUTE = ("overhead_s", "decode_s_per_row", "decode_s_per_context_token", "prefill_overhead_s",
@@ -148,10 +148,21 @@ def run_folders(dirs: list[str]) -> list[Path]:
 
 
 def run_facts(run: Path) -> dict:
-    """A run's backend kind and the fit's constants, from its summary's settings and its worker's hello."""
+    """A run's backend kind and the fit's constants, from its summary's settings and its worker's hello;
+    CalibrateError naming summary.json when they are not what a run writes."""
+    try:
+        return _facts(run)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CalibrateError(f"{RunDir(run).summary}: its settings' worker facts cannot be read "
+                             f"({type(exc).__name__}: {exc})") from None
+
+
+def _facts(run: Path) -> dict:
     settings = read_summary(run).settings
     workers = settings.get("workers") or {}
     hello = next(iter(workers.values()), {}) if isinstance(workers, dict) else {}
+    if not isinstance(hello, dict):
+        raise TypeError(f"settings.workers' entry is {type(hello).__name__}, not an object")
     backend, mode = hello.get("backend") or settings.get("backend"), hello.get("mode")
     mode = mode or ("continuous" if RunDir(run).table("steps").is_file() else "static")
     kind = CALIBRATED_KIND.get((backend, mode), backend)
@@ -199,7 +210,7 @@ def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str
     started = time.monotonic()
     runs, facts = chosen_runs(dirs, kind)
     form = form if form != "auto" else ("memory" if "cuda" in facts["device"] else "compute")
-    steps = pd.concat([read_run_steps(r, facts["constants"].padded).steps for r in runs], ignore_index=True)
+    steps = pd.concat([_run_steps(r, facts["constants"].padded) for r in runs], ignore_index=True)
     say = say or (lambda line: None)
     say(f"calibrating {facts['kind']} from {len(runs)} run(s): {len(steps)} executed steps, form {form}")
     model, table = fit_runs(steps, name, form, facts["constants"], weigh)
@@ -209,6 +220,14 @@ def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str
     save_preset(model, out, record)
     say(f"wrote {out} (use {said('preset')} {facts['kind']}={out})")
     return record
+
+
+def _run_steps(run: Path, padded: bool) -> pd.DataFrame:
+    """One run's executed steps; CalibrateError naming the table that cannot give them."""
+    try:
+        return read_run_steps(run, padded).steps
+    except RunStepsError as exc:
+        raise CalibrateError(str(exc)) from None
 
 
 def _summary(table, key: str) -> dict:

@@ -5,9 +5,9 @@ from importlib import import_module
 
 _CODEC = ("ProtocolError", "decode", "decode_all", "encode", "encode_many")
 _MESSAGES = ("PROTOCOL_VERSION", "Kind", "Arrival", "BatchDone", "BatchLaunch", "Bundle", "ClockPing", "ClockPong",
-             "Dispatch", "EndOfStream", "EndOfStreamAck", "FailedRow", "Heartbeat", "RequestFailed", "RequestMsg",
-             "RequestRow", "RequestsEnded", "RunEnd", "RunInfo", "Shutdown", "Start", "Step", "Tokens", "TrafficHello",
-             "WorkerBye", "WorkerCapacity", "WorkerHello")
+             "CollectorAck", "Dispatch", "EndOfStream", "EndOfStreamAck", "FailedRow", "Heartbeat", "RequestFailed",
+             "RequestMsg", "RequestRow", "RequestsEnded", "RunEnd", "RunInfo", "Shutdown", "Start", "Step", "Tokens",
+             "TrafficHello", "WorkerBye", "WorkerCapacity", "WorkerHello")
 _MODULE = {"now": "clock", **dict.fromkeys(_CODEC, "codec"), **dict.fromkeys(_MESSAGES, "messages")}
 
 __all__ = ["now", *_CODEC, *_MESSAGES]

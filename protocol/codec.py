@@ -2,8 +2,8 @@
 
 Values are checked as well as shapes: every int within int64, every float finite, the lower bounds the
 messages declare (protocol.wire: RequestId, Count, Length), and each message's own `is_valid`. A nested
-row (a dataclass inside a message: RequestRow, FailedRow) travels as the array of its fields and is
-checked field by field, as a message is."""
+row (a dataclass inside a message: RequestRow, FailedRow, the RequestMsg inside a RequestRow or an Arrival)
+travels as the array of its fields and is checked field by field and by its own `is_valid`, as a message is."""
 import dataclasses
 import math
 import typing
@@ -60,14 +60,18 @@ class _Row:
     each checked as a message's field is, built into the dataclass on decode."""
 
     def __init__(self, cls: type) -> None:
-        self.cls, self.fields = cls, _fields(cls)
+        self.cls, self.fields, self.is_valid = cls, _fields(cls), getattr(cls, "is_valid", None)
 
     def check(self, v: object) -> bool:
         return (type(v) is list and len(v) == len(self.fields)
                 and all(check(x) for (_, check, _), x in zip(self.fields, v)))
 
     def build(self, v: list) -> object:
-        return self.cls(*[x if build is None else build(x) for (_, _, build), x in zip(self.fields, v)])
+        """The row, its own cross-field check applied as a message's is (a RequestMsg's tokens vs prompt_len)."""
+        row = self.cls(*[x if build is None else build(x) for (_, _, build), x in zip(self.fields, v)])
+        if self.is_valid is not None and not self.is_valid(row):
+            raise ProtocolError(f"{self.cls.__name__}: inconsistent fields")
+        return row
 
 
 def _field(hint: object) -> tuple[typing.Callable[[object], bool], _Build]:
@@ -204,6 +208,14 @@ def _bundled(arr: list) -> list:
     return out
 
 
+def _built(cls: type, name: str, build: typing.Callable[[object], object], value: object) -> object:
+    """A nested row field built; its refusal names the message and the field."""
+    try:
+        return build(value)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{cls.__name__}.{name}: {exc}") from None
+
+
 def _build(kind: object, arr: list, first: int) -> object:
     """The message of `kind` whose fields are arr[first:], validated."""
     spec = _SPECS.get(kind) if type(kind) is int else None
@@ -216,7 +228,7 @@ def _build(kind: object, arr: list, first: int) -> object:
     for (name, check, _), value in zip(fields, values):
         if not check(value):
             raise ProtocolError(f"{cls.__name__}.{name}: bad value {value!r:.60}")
-    msg = cls(*[v if build is None else build(v) for (_, _, build), v in zip(fields, values)])
+    msg = cls(*[v if build is None else _built(cls, name, build, v) for (name, _, build), v in zip(fields, values)])
     if is_valid is not None and not is_valid(msg):
         raise ProtocolError(f"{cls.__name__}: inconsistent fields")
     return msg

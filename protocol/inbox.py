@@ -2,18 +2,20 @@
 `rejected_messages`) and logged at most once per REJECT_LOG_INTERVAL_S, and when each sender was last heard."""
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
 
 from batchlab.protocol.clock import now
 from batchlab.protocol.codec import ProtocolError, decode_all
-from batchlab.protocol.messages import Heartbeat
+from batchlab.protocol.messages import CollectorAck, Heartbeat
 from batchlab.protocol.sockets import recv_frames
 
 REJECTED = "rejected_messages"  # the counter's name in every role's stats and in summary.json
 REJECT_LOG_INTERVAL_S = 5.0  # at most one log line about rejections per interval, never one per frame
 MAX_FRAMES_PER_POLL = 10_000  # then the role's loop runs its other steps before reading on
+ACK_POLL_MS = 50  # while waiting for the collector's ack, look for a stop this often
 
 
 @dataclass(slots=True)
@@ -85,3 +87,16 @@ class Inbox:
             name = self.peer or (msg.sender if isinstance(msg, Heartbeat) else sender.decode(errors="replace"))
             self.heard[name] = self.last_frame_s
         return [(sender, msg) for msg in msgs]
+
+
+def wait_for_ack(inbox: Inbox, taken: str, wait_s: float, interrupted: Callable[[], bool]) -> bool:
+    """Read `inbox` (a socket to the collector) until its CollectorAck of `taken` (RunEnd, WorkerBye) came:
+    True; False once `wait_s` passed or `interrupted()` (a stop signal: the run is being stopped)."""
+    deadline = now() + wait_s
+    while not interrupted():
+        for _, msg in inbox.receive(ACK_POLL_MS):
+            if isinstance(msg, CollectorAck) and msg.taken == taken:
+                return True
+        if now() >= deadline:
+            return False
+    return False

@@ -21,7 +21,7 @@ __all__ = [
     "Arrival", "BatchLaunch", "Bundle", "RequestFailed", "RunEnd", "RunInfo", "Step", "Tokens", "WorkerBye",
     "TrafficHello", "Start", "RequestMsg", "EndOfStream", "EndOfStreamAck", "RequestsEnded", "WorkerHello", "Dispatch",
     "BatchDone", "Heartbeat",
-    "Shutdown", "ClockPing", "ClockPong", "WorkerCapacity", "MESSAGE_TYPES",
+    "Shutdown", "ClockPing", "ClockPong", "WorkerCapacity", "CollectorAck", "ACKED_RECORDS", "MESSAGE_TYPES",
 ]
 
 
@@ -186,9 +186,29 @@ class WorkerCapacity:
     reason: str
 
 
+# --- the collector -> a role ---------------------------------------------------------------------------
+ACKED_RECORDS = ("RunEnd", "WorkerBye")  # the last record of the scheduler, of a worker
+
+
+@dataclass(slots=True)
+class CollectorAck:
+    """Collector → the scheduler or a worker: its last record (`taken`: RunEnd or WorkerBye) was taken, so
+    was every frame it sent before (one pipe, in order). Until then the role keeps its socket open, up to
+    its liveness window: frames still queued in it when it closed would be lost (a collector stalled, or
+    behind). The collector also answers the scheduler's Heartbeat with its own: the traffic starts only
+    once it was heard."""
+
+    KIND = Kind.COLLECTOR_ACK
+    taken: str
+
+    def is_valid(self) -> bool:
+        """It names a role's last record."""
+        return self.taken in ACKED_RECORDS
+
+
 MESSAGE_TYPES: tuple[type, ...] = (
     TrafficHello, Start, RequestMsg, EndOfStream, EndOfStreamAck, RequestsEnded, WorkerHello, Dispatch, BatchDone,
     Heartbeat,
     Shutdown, ClockPing, ClockPong, WorkerCapacity, Tokens, Step, Arrival, BatchLaunch, RequestFailed, RunInfo,
-    RunEnd, WorkerBye, Bundle,
+    RunEnd, WorkerBye, Bundle, CollectorAck,
 )

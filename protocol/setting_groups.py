@@ -238,7 +238,8 @@ class WorkerSettings(Group, title="Worker"):
     workers: Int = setting(1, "worker processes (the scheduler waits for this many)", ge=1)
     memory_budget: str = setting("", "KV memory budget, e.g. 2GiB (default: the backend's)", unit="bytes")
     strict_memory: bool = setting(False, "treat a batch over budget as OOM (CPU)")
-    dtype: str = setting("auto", "auto | float32 | float16 | bfloat16")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = setting(  # refused here, whatever the backend
+        "auto", "auto | float32 | float16 | bfloat16")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N")
     max_num_batched_tokens: Int = setting(0, "per engine step, decodes and prompt chunks together (0: vLLM's "
                                           "default; hf continuous: 256 on CPU, 2048 on CUDA); not below "

@@ -11,6 +11,10 @@ from batchlab.protocol.setting_groups import Group, WorkerSettings, setting
 
 WIDTH = 0.08  # stop when hi / lo ≤ 1 + WIDTH: the estimate, their geometric mean, within 4% of either
 MAX_PROBES = 6
+# A probe's or a saturated run's schedule is built in memory, a few hundred bytes a request: bounds far above any
+# useful search, checked before anything runs (10**12 arrivals asked for 7 TiB, after the saturated runs)
+MAX_SEARCH_REQUESTS = 1_000_000
+MAX_STUDY_RUN_S = 86_400.0  # a day of traffic per probe or saturated run
 
 
 class Section(BaseModel):
@@ -22,8 +26,10 @@ class Section(BaseModel):
 class CapacitySettings(Section, title="Capacity search"):
     """How each strategy's saturated rate μ and capacity are searched (`batchlab capacity`, grid.rates.auto)."""
 
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a duration is finite, and named as given
+
     saturated_duration_s: float = setting(12.0, "traffic per saturated run (μ), per strategy and repeat", unit="s",
-                                          flag="--saturated-s", gt=0)
+                                          flag="--saturated-s", gt=0, le=MAX_STUDY_RUN_S)
     # the headline's throughput claim is paired by repeat: 5 short repeats (t = 2.78) find on a busy machine a
     # difference 3 long ones (t = 4.30) miss, in the same time (benchmarks/throughput_power.py, docs/capacity.md)
     saturated_repeats: int = setting(5, "saturated runs per strategy (at least; the grid's repeats when more)",
@@ -31,9 +37,10 @@ class CapacitySettings(Section, title="Capacity search"):
     saturated_clients: int = setting(0, "closed-loop clients of a saturated run (0: 2 × the batch cap × the "
                                      "workers)", unit="clients", ge=0)
     search_duration_s: float = setting(10.0, "traffic per capacity probe (its queue drains after)", unit="s",
-                                       flag="--duration", old_flag="--duration-s", gt=0)
+                                       flag="--duration", old_flag="--duration-s", gt=0, le=MAX_STUDY_RUN_S)
     search_requests: int = setting(60, "a probe runs long enough for this many arrivals after its warm-up quarter "
-                                   "(a queue's trend read from a dozen says nothing)", unit="requests", gt=0)
+                                   "(a queue's trend read from a dozen says nothing)", unit="requests", gt=0,
+                                   le=MAX_SEARCH_REQUESTS)
     width: float = setting(WIDTH, "stop when hi / lo ≤ 1 + width", gt=0)
     max_probes: int = setting(MAX_PROBES, "at most this many probes per strategy", gt=0)
 
@@ -130,7 +137,7 @@ class CalibrateSettings(Group, title="Calibrate"):
                                              "continuous, the HF loop) | vllm")
     model: str = WorkerSettings.model_fields["model"]  # the run's settings of the same names, as declared there
     device: str = WorkerSettings.model_fields["device"]
-    dtype: str = WorkerSettings.model_fields["dtype"]
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = WorkerSettings.model_fields["dtype"]
     mode: Literal["static", "continuous"] = setting("static", "static | continuous (hf; vllm is always "
                                                     "continuous)")
     form: Literal["auto", "compute", "memory"] = setting("auto", "compute (a CPU) | memory (a GPU: the bandwidth "

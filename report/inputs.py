@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError, model_validator
 
 Kind = Literal["number", "text", "flag"]
 REQUIRED: dict[str, dict[str, Kind]] = {  # a table present must have these columns, of these kinds
@@ -25,6 +25,10 @@ OPTIONAL: dict[str, dict[str, Kind]] = {  # read when present: then of these kin
     "tokens": {"worker": "text"},
     "batches": {"oom": "flag", "peak_memory_bytes": "number", "useful_fraction": "number", "queue_len": "number"},
     "steps": {"worker": "text", "prefill_tokens": "number"},
+}
+NON_NEGATIVE: dict[str, tuple[str, ...]] = {  # counts: a value below 0 is no count (NaN: missing)
+    "requests": ("n_tokens", "output_len", "prompt_len"), "tokens": ("token_index",), "batches": ("size",),
+    "steps": ("running", "prefill_tokens"),
 }
 
 
@@ -52,15 +56,37 @@ class IndexEntry(Loose):
     label: str
 
 
-class CapacityProbe(Loose):
+class Strict(Loose):
+    """A number is a JSON number (a "4.5" string is refused here, not where a figure is computed from it)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class CapacityProbe(Strict):
     """One rate a capacity search measured, and whether it was sustained."""
 
     rate_req_s: float
     sustained: bool
 
 
-class CapacityEntry(Loose):
-    """One strategy's capacity bracket (req/s and output tok/s; None: that side not measured)."""
+class SaturatedRun(Strict):
+    """One repeat's saturated run: its completion rate (req/s)."""
+
+    repeat: NonNegativeInt
+    req_s: float | None = None
+
+
+class Saturated(Strict):
+    """A strategy's saturated rate μ (req/s) with its 95% interval, and the runs behind it."""
+
+    req_s: float
+    req_s_lo: float
+    req_s_hi: float
+    runs: list[SaturatedRun] = []
+
+
+class CapacityEntry(Strict):
+    """One strategy's capacity bracket (req/s and output tok/s; None: that side not measured), and its μ."""
 
     lo_req_s: float | None = None
     hi_req_s: float | None = None
@@ -70,9 +96,17 @@ class CapacityEntry(Loose):
     estimate_tok_s: float | None = None
     note: str | None = None
     probes: list[CapacityProbe] = []
+    saturated: Saturated | None = None
+
+    @model_validator(mode="after")
+    def _estimate_of_a_closed_bracket(self) -> "CapacityEntry":
+        """A closed bracket has its estimate (its geometric mean): the report compares estimates."""
+        if self.lo_req_s and self.hi_req_s and self.estimate_req_s is None:
+            raise ValueError("lo_req_s and hi_req_s are given but estimate_req_s is not")
+        return self
 
 
-class CapacityDoc(Loose):
+class CapacityDoc(Strict):
     """capacity.json (or sweep.json's `capacity`): every strategy's bracket, by label."""
 
     strategies: dict[str, CapacityEntry] = {}
@@ -136,7 +170,10 @@ def table_problem(name: str, df: pd.DataFrame) -> str | None:
         return f"lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
     wanted = REQUIRED[name] | {c: k for c, k in OPTIONAL[name].items() if c in df.columns}
     wrong = [f"{c} ({df[c].dtype}, not {k})" for c, k in wanted.items() if not _kind_ok(df[c], k)]
-    return f"has columns of the wrong kind: {', '.join(wrong)}" if wrong else None
+    if wrong:
+        return f"has columns of the wrong kind: {', '.join(wrong)}"
+    negative = [c for c in NON_NEGATIVE[name] if c in df.columns and (df[c] < 0).any()]
+    return f"has negative counts in {', '.join(negative)}" if negative else None
 
 
 def inside(root: Path, folder: Path) -> bool:

@@ -8,7 +8,7 @@ from batchlab.collector.layout import (CAPACITY_FILE, FAILED_FILE, INDEX_FILE, P
                                        rate_of)
 from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table, run_label
-from batchlab.report.inputs import check_capacity, inside, read_index, table_problem
+from batchlab.report.inputs import OPTIONAL, REQUIRED, check_capacity, inside, read_index, table_problem
 from batchlab.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 from batchlab.collector.summary import Summary, SummaryError, read_summary
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
@@ -123,8 +123,8 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
 def _table(folder: Path, name: str) -> pd.DataFrame:
     """A run's table, checked for the columns the report reads; RunRefused (one line) when it cannot be."""
     path = RunDir(folder).table(name)
-    try:
-        df = load_table(folder, name)
+    try:  # of a run's tokens (millions of rows) only the columns the report reads
+        df = load_table(folder, name, columns=[*REQUIRED[name], *OPTIONAL[name]] if name == "tokens" else None)
     except (OSError, ValueError) as exc:  # pyarrow's errors on a file that is not Parquet are ValueErrors
         raise RunRefused(f"{path}: cannot read it ({' '.join(str(exc).split()) or type(exc).__name__})") from None
     problem = table_problem(name, df)

@@ -26,6 +26,7 @@ log = logging.getLogger("batchlab.launcher")
 POLL_S = 0.2
 STOP_GRACE_S = 30.0  # how long children get to finish after a stop before they are killed
 COLLECTOR_GRACE_S = 12.0  # the collector's own wait for worker byes is 10 s
+SILENT_AT_START_S = 3.0  # a collector silent this long when start-up passes its limit is named as the cause
 
 
 @dataclass(slots=True)
@@ -93,7 +94,9 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     except BaseException as exc:
         record.end("failed", f"{type(exc).__name__}: {exc}")
         raise
-    record.end("done", finished=summary.finished, failed=summary.failed, role_deaths=summary.role_deaths)
+    code, line = outcome.verdict(summary, summary.role_deaths)  # what `batchlab run`'s exit code will say
+    record.end("done" if code == outcome.OK_EXIT else "failed", line, finished=summary.finished,
+               failed=summary.failed, role_deaths=summary.role_deaths)
     return summary
 
 
@@ -105,7 +108,8 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
     ctx = mp.get_context("spawn")  # fork is unsafe with torch/vLLM threads
     stream_ended = ctx.Event()  # set when traffic dies: the scheduler then ends the stream
     traffic_started = ctx.Event()  # set when the traffic got Start: the run's clock starts
-    watch = _Faults(ctx.Event(), ctx.Value("i", 0))  # the collector's stop; the workers that ended
+    watch = _Faults(ctx.Event(), ctx.Value("i", 0), ctx.Value("d", 0.0))  # the collector's stop and beat; the
+    # workers that ended
     own: list[procs.Child] = []
     clock = _Clock(_limits(limits, cfg), traffic_started, out)
     meter = CpuMeter().start()  # the rest of the machine's CPU beside this run (collector.interference)
@@ -113,7 +117,7 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
     try:  # from the temp folder on: a Ctrl-C while the first roles spawn still removes it and stops them
         addrs = Addresses.ipc(tmp)
         own.append(start_role(ctx, "collector", roles.collector_role, cfg, addrs.collector, slos, watch.stop_run,
-                              out_dir=cfg.out))
+                              watch.collector_beat, out_dir=cfg.out))
         own.append(start_role(ctx, "scheduler", roles.scheduler_role, cfg, addrs.scheduler, addrs.collector,
                               stream_ended, watch.workers_ended, out_dir=cfg.out))
         if pool is None:
@@ -125,11 +129,11 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
         own.append(start_role(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler, traffic_started,
                               out_dir=cfg.out))
         RunDir(out).pids.write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
-        _watch(own, workers, on_tick, stream_ended, clock, watch)
+        _watch(own, workers, on_tick, stream_ended, clock, watch, cfg.liveness_s)
     finally:
         watch.stop_run.set()  # the collector's signal from here on is the launcher's: no run to stop
         beside = meter.stop(start_s=clock.t_started)  # from the first request to the run's end (its drain too)
-        _stop(own)  # producers first, then the collector; every group reaped
+        _stop(own, stalled=watch.collector_stalled(cfg.liveness_s))  # producers first, then the collector
         shutil.rmtree(tmp, ignore_errors=True)
     if not RunDir(out).summary.exists():
         raise RunFailed(f"the collector wrote no summary in {out}")
@@ -148,16 +152,19 @@ class _Clock:
         """Seconds since launch (what a status line shows)."""
         return time.monotonic() - self.t_launch
 
-    def check(self) -> None:
-        """Note when the traffic started; raise RunTimeout past the limit of the current phase."""
+    def check(self, collector_silent: bool = False) -> None:
+        """Note when the traffic started; raise RunTimeout past the limit of the current phase (its line
+        names the collector when it gave no sign of life: `collector_silent`)."""
         t = time.monotonic()
         if self.t_started is None and self.started_event.is_set():
             self.t_started = t
             RunDir(self.out).timing.write_text(json.dumps({"startup_s": round(t - self.t_launch, 3)}))
         if self.t_started is None:
             if self.limits.startup_s and t - self.t_launch > self.limits.startup_s:
-                raise RunTimeout(f"start-up passed its limit of {self.limits.startup_s:g} s: the workers were "
-                                 "still loading or warming up (no Start was sent to the traffic)", "startup")
+                who = ("the collector gave no sign of life (stopped or stalled)" if collector_silent
+                       else "the workers were still loading or warming up")
+                raise RunTimeout(f"start-up passed its limit of {self.limits.startup_s:g} s: {who} (no Start "
+                                 "was sent to the traffic)", "startup")
         elif self.limits.run_s and t - self.t_started > self.limits.run_s:
             raise RunTimeout(f"stopped {self.limits.run_s:g} s after the first request (the run's limit); "
                              "what finished is kept, the rest failed", "run")
@@ -181,12 +188,25 @@ class _Faults:
 
     stop_run: object  # a multiprocessing Event
     workers_ended: object  # a multiprocessing Value("i")
+    collector_beat: object  # a multiprocessing Value("d"): time.monotonic() of the collector's last sign of life
     deaths: list[str] = field(default_factory=list)
 
+    def collector_silent_s(self) -> float:
+        """Seconds since the collector's last sign of life (0 before its first: start-up's limit covers that)."""
+        beat = self.collector_beat.value
+        return time.monotonic() - beat if beat else 0.0
 
-def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock, faults: _Faults) -> None:
-    """Wait for the run's end. A dead collector or scheduler, or the last worker, stops the run; a dead
-    traffic process or one of several workers does not: the scheduler notices and the run goes on.
+    def collector_stalled(self, liveness_s: float) -> bool:
+        """The collector gave no sign of life for the liveness window (stopped, or stalled): waiting for it
+        to write is pointless."""
+        return self.collector_silent_s() > liveness_s
+
+
+def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock: _Clock, faults: _Faults,
+           liveness_s: float) -> None:
+    """Wait for the run's end. A dead collector or scheduler, or the last worker, stops the run; so does a
+    collector silent for `liveness_s` (stopped or stalled: its wait has a bound, its final write included);
+    a dead traffic process or one of several workers does not: the scheduler notices and the run goes on.
     Every one is noted in `faults`, with its exception when it crashed. A role ends with 0 only when
     the run is over (roles.py); any other code is a death, during start-up (before the traffic's
     Start) as later. Warm workers (`workers`, from a pool) outlive the run: its end is the scheduler's
@@ -219,7 +239,14 @@ def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock:
                 stream_ended.set()
         if ended:
             return
-        clock.check()
+        if faults.collector_stalled(liveness_s) and "collector" not in reported:
+            reported.add("collector")
+            faults.deaths.append(f"collector stalled mid-run: no sign of life for {faults.collector_silent_s():.0f} s "
+                                 f"(liveness_s {liveness_s:g}); the rows it wrote before are in the out folder's "
+                                 "parts/")
+            raise RunFailed(faults.deaths[-1])
+        clock.check(collector_silent=not faults.collector_beat.value
+                    or faults.collector_silent_s() > SILENT_AT_START_S)
         if on_tick is not None:
             on_tick(clock.elapsed_s(), {c.name: c.proc.is_alive() for c in children})
         time.sleep(POLL_S)
@@ -241,15 +268,19 @@ def _fatal(dead: Child, children: list[Child]) -> bool:
     return True
 
 
-def _stop(children: list[Child]) -> None:
+def _stop(children: list[Child], stalled: bool = False) -> None:
     """Stop the producers first (traffic, then the scheduler, which tells the workers), then give the
-    collector time to read what is queued and write before it is told to stop; reap every group."""
+    collector time to read what is queued and write before it is told to stop; reap every group. A
+    `stalled` collector, or one stopped (SIGSTOP), is not waited for: it could not act on a signal."""
     order = {"traffic": 0, "scheduler": 1}
     producers = sorted((c for c in children if c.name != "collector"), key=lambda c: order.get(c.name, 2))
     collector = [c for c in children if c.name == "collector"]
     with procs.sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
         for c in producers:
             procs.stop([c], signal.SIGTERM, STOP_GRACE_S)
+        if stalled or any(procs.is_stopped(c) for c in collector):
+            procs.reap(collector)
+            return
         for c in collector:
             c.proc.join(timeout=COLLECTOR_GRACE_S)  # it ends by itself once RunEnd and the byes arrive
         procs.stop(collector, signal.SIGTERM, STOP_GRACE_S)

@@ -50,6 +50,7 @@ class WorkerPool:
 
     def __init__(self, cfg: RunConfig, log_dir: Path) -> None:
         self.key = worker_key(cfg)
+        procs.start_resource_tracker()  # before its queues register with it: a hangup to the group must spare it
         ctx = mp.get_context("spawn")
         self.queues = [ctx.Queue() for _ in range(cfg.workers)]
         log_dir.mkdir(parents=True, exist_ok=True)

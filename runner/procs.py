@@ -19,11 +19,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchlab.runner import die_with_parent, remove_temp_of
+from batchlab.runner import TEMP_MARKER, TEMP_PREFIX, die_with_parent, remove_temp_of, temp_owner
 
 log = logging.getLogger("batchlab.procs")
 REAP_WAIT_S = 5.0  # after SIGKILL to a group, how long to wait for its members to be gone
-TEMP_PREFIX = "batchlab-"  # a run's temp folder: batchlab-<owner pid>-<random>
 MKDTEMP_RANDOM_CHARS = 8  # the random part tempfile.mkdtemp adds to a name
 SPAWN_STOP_GRACE_S = 60.0  # a child stopped as it spawns ends once it has imported (seconds on a busy host)
 
@@ -82,9 +81,16 @@ def orphaned() -> bool:
 
 
 def run_temp_folder() -> str:
-    """A private folder for a run's ipc sockets, named by its owner's pid so that whoever finds it
-    with the owner dead (a SIGKILLed launcher) may remove it: see runner.remove_temp_of, clean_stale_temp."""
-    return tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+    """A private folder for a run's ipc sockets, named by its owner's pid and marked inside (runner.TEMP_MARKER:
+    the pid again), so that whoever finds it with the owner dead (a SIGKILLed launcher) may remove it, and
+    nothing else: see runner.remove_temp_of, clean_stale_temp."""
+    folder = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+    try:
+        Path(folder, TEMP_MARKER).write_text(str(os.getpid()), encoding="ascii")
+    except BaseException:  # unmarked it would never be removed by anyone: remove it now
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
 
 
 def run_socket_paths() -> list[str]:
@@ -98,12 +104,14 @@ def run_socket_paths() -> list[str]:
 
 
 def clean_stale_temp() -> None:
-    """Remove run folders whose owner process is gone (a launcher killed before it could clean up)."""
+    """Remove run folders whose owner process is gone (a launcher killed before it could clean up): only
+    folders batchlab marked as its own (runner.temp_owner), never one by its name alone (a user's
+    `batchlab-2024-12-results` stays)."""
     import psutil
 
     for folder in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
-        owner = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+        owner = temp_owner(folder)
+        if owner is not None and not psutil.pid_exists(owner):
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -201,6 +209,16 @@ def signal_group(child: Child, sig: int) -> None:
             return
         except (ProcessLookupError, PermissionError):
             continue
+
+
+def is_stopped(child: Child) -> bool:
+    """True while the child is stopped (SIGSTOP, SIGTSTP, a tracer): it acts on no signal but SIGKILL."""
+    import psutil
+
+    try:
+        return child.proc.pid is not None and psutil.Process(child.proc.pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
 
 
 def group_alive(pgid: int) -> bool:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from batchlab.protocol.run_dir import LOGS_DIR, RUN_FILE, SCHEDULE_FILE
@@ -72,24 +73,49 @@ def claim(out: str, *, overwrite: bool, tolerate: frozenset = frozenset()) -> Pa
 
 
 _HELD: dict[Path, int] = {}  # the folders this process claimed: their locked descriptors
+IN_USE_BY_RUN = ("{option} {out} is in use by another run that is still going; choose another folder (without "
+                 "{option} each run gets a new one)")
+IN_USE_BY_STUDY = ("{option} {out} is in use by another {what} or run that is still going; wait for it to end (a "
+                   "{what} into it then resumes it) or choose another folder")
 
 
-def _lock(folder: Path, out: str) -> None:
+def _lock(folder: Path, out: str, in_use: str = IN_USE_BY_RUN) -> bool:
     """An exclusive lock on the folder itself (flock: the kernel drops it when this process ends, even
-    killed, so no stale lock outlives a run). A file system without flock is left unlocked."""
+    killed, so no stale lock outlives a run); ConfigError (`in_use`, of `out`) when another process holds it.
+    False when this process held it already or the file system has no flock (left unlocked)."""
     key = folder.resolve()
     if key in _HELD:  # this process's own claim (a command run twice in one process, a test)
-        return
+        return False
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise ConfigError(f"{said('out')} {out} is in use by another run that is still going; choose another "
-                              f"folder (without {said('out')} each run gets a new one)") from None
-        return
+            raise ConfigError(in_use.format(option=said("out"), out=out)) from None
+        return False
     _HELD[key] = fd
+    return True
+
+
+@contextlib.contextmanager
+def held(out: str | Path, what: str) -> Iterator[Path]:
+    """A sweep's or a capacity search's folder (`what` names it in the refusal), made if need be and locked
+    for this process while the block runs, as a run's is (`claim`): a second one into it, or a run, is
+    refused in one line while this one goes; once it ended (or died) a later one may resume it."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{said('out')} {out} is a file, not a folder")
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    ours = _lock(folder, str(out), IN_USE_BY_STUDY.replace("{what}", what))
+    try:
+        yield folder
+    finally:
+        if ours:
+            release(folder)
+        if made and not any(folder.iterdir()):  # refused before it wrote anything: no folder is left either
+            folder.rmdir()
 
 
 def release(out: str | Path) -> None:
@@ -122,7 +148,8 @@ class RunRecord:
             self.reserve.unlink(missing_ok=True)
 
     def end(self, status: str, reason: str = "", **facts) -> None:
-        """The run returned: 'done', 'failed', 'stopped' (a limit) or 'interrupted'."""
+        """The run returned: 'done', 'failed' (a role died, or a fault lost requests: the exit code 2's line is
+        the reason), 'stopped' (a limit) or 'interrupted'."""
         self.data.update(status=status, ended_utc=utc_now(), **({"reason": reason} if reason else {}), **facts)
         self.reserve.unlink(missing_ok=True)
         self._write()

@@ -47,7 +47,8 @@ class SchedulerCore:
         self.outbox: list[RequestFailed] = []  # terminal records not yet drained
         self.seen = IdSet()  # every request id received: one that comes again is refused
         self.stats = {"submitted": 0, "duplicate_requests": 0, "queue_full": 0, "oom_batches": 0, "workers_lost": 0,
-                      "workers_rejoined": 0, "capacity_changes": 0, "max_queue_len": 0}
+                      "workers_rejoined": 0, "capacity_changes": 0, "max_queue_len": 0, "launches_clamped": 0,
+                      "rows_clamped": 0}
 
     # --- events in ----------------------------------------------------------------------------------
     def on_hello(self, worker_id: str, hello: WorkerHello, now: float) -> int | None:
@@ -189,9 +190,9 @@ class SchedulerCore:
             if not self.queue:
                 break
             state = self.workers[wid]
-            shown = self._head(state)
-            decision = self.policy.decide(shown, now, state.capacity(), self.eos)
-            batch = self._carry_out(decision, len(shown), now)
+            shown, cap = self._head(state), state.capacity()
+            decision = self.policy.decide(shown, now, cap, self.eos)
+            batch = self._within_room(self._carry_out(decision, len(shown), now), cap.free_slots)
             if batch:
                 out.launches.append(self._launch(wid, batch, decision.reason))
             elif decision.wake_at is not None:
@@ -221,7 +222,7 @@ class SchedulerCore:
     def _carry_out(self, decision: Decision, shown: int, now: float) -> list[RequestMsg]:
         """Fail what the decision rejects; take out of the queue, in launch order, what it launches."""
         if not (decision.pick or decision.reject):
-            return [self.queue.popleft() for _ in range(decision.n)]
+            return [self.queue.popleft() for _ in range(min(decision.n, shown))]  # more: past what it was shown
         positions = [*decision.pick, *decision.reject]
         if len(set(positions)) != len(positions) or not all(0 <= i < shown for i in positions):
             raise ValueError(f"policy {self.policy.name}: pick {decision.pick} and reject {decision.reject} "
@@ -230,6 +231,18 @@ class SchedulerCore:
         for r in taken[len(decision.pick):]:
             self._fail(r, decision.reject_reason or "rejected by the strategy", now)
         return taken[:len(decision.pick)]
+
+    def _within_room(self, batch: list[RequestMsg], free_slots: int) -> list[RequestMsg]:
+        """The launch cut to the worker's free rows: a strategy that launches more (a wrong one) cannot
+        overfill a worker, which would hold the rest unanswered; they go back to the front, in order, and
+        the cut is counted (launches_clamped, rows_clamped)."""
+        room = max(free_slots, 0)
+        if len(batch) <= room:
+            return batch
+        self.stats["launches_clamped"] += 1
+        self.stats["rows_clamped"] += len(batch) - room
+        self._requeue(batch[room:])
+        return batch[:room]
 
     def _take(self, positions: list[int]) -> list[RequestMsg]:
         """The requests at these queue positions, in the order given; the rest keep their order."""

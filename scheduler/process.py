@@ -1,11 +1,11 @@
 """The scheduler process: the ZeroMQ edge around SchedulerCore (scheduler/core.py), which holds every
 rule about requests; this file moves messages, reads the clock and watches liveness.
 
-Its gate (TrafficGate) says who may submit requests, and which: the traffic that announced its schedule (the
-first TrafficHello), and of its requests only the ids its schedule holds (0 .. n_requests - 1). On loopback
-without keys any local process can connect to the scheduler's socket; its messages are refused there, so a
-forged request never becomes a row nor takes a real request's id. The gate is pure: senders are the ROUTER's
-identities, no socket and no clock.
+Its gate (scheduler/gate.py: TrafficGate) says who may submit requests, and which: the traffic that announced
+the run's schedule (the first TrafficHello, bound for the run), until the stream's end, and of its requests only
+those its schedule plans, when planned. On loopback without keys any local process can connect to the
+scheduler's socket; its messages are refused there, so a forged request never becomes a row nor takes a real
+request's id.
 """
 import contextlib
 import dataclasses
@@ -18,11 +18,13 @@ import zmq
 from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, EndOfStreamAck, Heartbeat,
                                RequestMsg, RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                                WorkerCapacity, WorkerHello, encode, now)
-from batchlab.protocol.inbox import Inbox, RateLimitedLog
+from batchlab.protocol.inbox import Inbox, RateLimitedLog, wait_for_ack
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, Bundler, make_socket, send_routed
+from batchlab.protocol.sockets import (HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, RECORDS_HWM,
+                                      RECORDS_SEND_TIMEOUT_MS, Bundler, make_socket, send_routed)
 from batchlab.scheduler.core import SchedulerCore
+from batchlab.scheduler.gate import REFUSED_REQUESTS, REFUSED_STREAM, PlannedSchedule, TrafficGate
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy
 
@@ -32,8 +34,8 @@ MAX_MESSAGES_PER_POLL = 1_000  # then schedule and beat before reading on (a flo
 # The collector's records (Arrival, BatchLaunch, ...) go in one frame per interval, not one per request:
 # their times travel inside them, and a frame costs both processes' I/O threads more than its contents.
 RECORD_FLUSH_INTERVAL_S = 0.002  # below the workers' 5 ms: a launch mostly reaches the collector before its tokens
-REFUSED_REQUESTS = "refused_requests"  # RequestMsgs not taken (the scheduler's stats, summary.json)
-REFUSED_STREAM = "refused_stream_messages"  # a TrafficHello or EndOfStream from a second sender
+COLLECTOR_ID = "scheduler"  # the scheduler's routing id at the collector (its answers come back by it)
+COLLECTOR_PEER = "collector"  # who the scheduler hears on its socket to the collector
 
 
 class Scheduler:
@@ -42,7 +44,7 @@ class Scheduler:
     def __init__(self, policy: Policy, scheduler_addr: str, collector_addr: str, *, min_workers: int = 1,
                  max_queue: int = 0, max_queue_tokens: int = 0, settings: dict | None = None,
                  keys: str | None = None, stream_ended=None, liveness_s: float = LIVENESS_S,
-                 stall_limit_s: float = 0.0, workers_ended=None) -> None:
+                 stall_limit_s: float = 0.0, workers_ended=None, planned: PlannedSchedule | None = None) -> None:
         self.core = SchedulerCore(policy, max_queue=max_queue, max_queue_tokens=max_queue_tokens,
                                   stall_limit_s=stall_limit_s)
         self.liveness_s = liveness_s  # a worker or the traffic silent this long is lost
@@ -55,7 +57,9 @@ class Scheduler:
         self.ctx = zmq.Context()
         self.auth = start_authenticator(self.ctx, keys) if keys else None  # make_socket refuses a bare bind
         self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True, keys=keys)
-        self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
+        self.coll = make_socket(self.ctx, zmq.DEALER, collector_addr, bind=False, identity=COLLECTOR_ID, keys=keys,
+                                hwm=RECORDS_HWM, send_timeout_ms=RECORDS_SEND_TIMEOUT_MS)  # a collector behind
+        # slows us (a send waits, looking at our stop every RECORDS_SEND_TIMEOUT_MS) rather than growing our memory
         self.traffic: bytes | None = None
         self.closed_loop = False  # the traffic's hello gave a concurrency: it is told which requests ended
         self.ended: list[int] = []  # closed loop: requests ended since the traffic was last told
@@ -64,18 +68,28 @@ class Scheduler:
         self.wake_at: float | None = None
         self.stats: dict = {}  # the edge's own counters (rejected_messages: the inbox's); the core keeps the rest
         self.inbox = Inbox(self.router, log, counters=self.stats, max_frames=MAX_MESSAGES_PER_POLL)
+        self.collector = Inbox(self.coll, log, peer=COLLECTOR_PEER, counters=self.stats)  # its answers
+        self.poller = zmq.Poller()
+        for sock in (self.router, self.coll):
+            self.poller.register(sock, zmq.POLLIN)
         self.duplicates = RateLimitedLog(log)  # the core counts them (duplicate_requests)
-        self.gate = TrafficGate()  # the announced traffic, and its schedule's ids
+        self.gate = TrafficGate(planned)  # the announced traffic, and what its schedule plans
         self.refusals = RateLimitedLog(log)  # the gate counts them (refused_requests, refused_stream_messages)
+        self.clamps = RateLimitedLog(log)  # the core counts them (launches_clamped, rows_clamped)
         self.last_beat = now()
-        self.records = Bundler(self.coll, RECORD_FLUSH_INTERVAL_S)  # the collector's records not yet sent
+        self.records = Bundler(self.coll, RECORD_FLUSH_INTERVAL_S,  # the collector's records not yet sent
+                               keep_trying=lambda: not self.stop_signal)
+        self._beat_collector()  # the traffic starts once the collector answered (a stopped one holds the start)
 
     # --- main loop --------------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until the stream ended and every request is terminal (or a signal)."""
         while not self.stopping:
-            # 1. wait for a message, the core's wake-up time, or the next heartbeat
-            for sender, msg in self.inbox.receive(self._timeout_ms()):
+            # 1. wait for a message, the core's wake-up time, or the next heartbeat (the collector's answers too)
+            ready = dict(self.poller.poll(self._timeout_ms()))
+            if self.coll in ready:
+                self._collector_heard()
+            for sender, msg in self.inbox.drain() if self.router in ready else ():
                 # 2. feed it to the core (answer clock pings, start the traffic); forward what it decided
                 self._handle(sender, msg)
                 self._forward()
@@ -91,6 +105,7 @@ class Scheduler:
             if self.core.done():
                 break
         self._finish("run complete" if not self.stopping else "interrupted")
+        self._wait_for_collector()
 
     def _timeout_ms(self) -> int:
         t, due = now(), [d for d in (self.wake_at, self.records.due) if d is not None]
@@ -98,11 +113,11 @@ class Scheduler:
 
     # --- message handlers -------------------------------------------------------------------------
     def _handle(self, sender: bytes, msg: object) -> None:
-        why = self.gate.refusal(sender, msg)  # a forged request or a second traffic: counted, never taken
+        wid, t = sender.decode(errors="replace"), now()
+        why = self.gate.refusal(sender, msg, t)  # a forged request or a second traffic: counted, never taken
         if why:
             self.refusals.warn("refused messages", why)
             return
-        wid, t = sender.decode(errors="replace"), now()
         self._maybe_back(msg.sender if isinstance(msg, Heartbeat) else wid, t)
         if isinstance(msg, RequestMsg):
             if self.core.knows(msg.request_id):  # refused and counted by the core: the first keeps the id
@@ -149,12 +164,15 @@ class Scheduler:
         self._maybe_start()
 
     def _maybe_start(self) -> None:
-        """Start the traffic once it and the workers are there: the workers the run has, less those that
-        ended before they were ready (a worker killed at start-up is not waited for)."""
+        """Start the traffic once it, the collector and the workers are there: the workers the run has, less
+        those that ended before they were ready (a worker killed at start-up is not waited for)."""
         ended = self.workers_ended.value if self.workers_ended is not None else 0
         if self.t0 is not None or self.traffic is None or len(self.core.workers) < max(1, self.min_workers - ended):
             return
+        if COLLECTOR_PEER not in self.collector.heard:  # its records would wait unread: start-up goes on
+            return
         self.t0 = now() + START_LEAD_S
+        self.gate.start(self.t0)
         self.cpu_at_start = time.process_time()  # the run's CPU counts from here (not imports, not waiting)
         self.records.add(RunInfo({**self.settings, "t0": self.t0, "workers": self.core.workers_info()}))
         send_routed(self.router, self.traffic, encode(Start(self.t0)))
@@ -166,8 +184,12 @@ class Scheduler:
         cannot reach is lost, and the core is asked again: its requests need not wait for the next event."""
         self.wake_at = None
         while self.t0 is not None:
+            clamped = self.core.stats["rows_clamped"]
             decisions = self.core.schedule(now())
             self.wake_at = decisions.wake_at
+            if self.core.stats["rows_clamped"] > clamped:
+                self.clamps.warn("launches cut to the worker's free rows (the strategy launched more)",
+                                 f"{self.core.stats['rows_clamped'] - clamped} row(s) left queued")
             if self._send_all(decisions.launches):
                 return
 
@@ -198,6 +220,7 @@ class Scheduler:
             self.last_beat = t
             for wid in list(self.core.workers):
                 self._send_worker(wid, Heartbeat("scheduler", t))
+            self._beat_collector()
         for wid, state in list(self.core.workers.items()):
             if self.inbox.silent_s(wid, t) > self.liveness_s:
                 log.error("worker %s lost (silent for %.1f s)", wid, self.inbox.silent_s(wid, t))
@@ -207,11 +230,35 @@ class Scheduler:
         if self.t0 is not None and not self.core.eos and traffic_silent_s > self.liveness_s:
             log.error("traffic silent for %.1f s: treating it as the end of the stream", traffic_silent_s)
             self.stats["traffic_lost"] = 1
+            self.gate.end(f"the traffic was silent for {traffic_silent_s:.1f} s")
             self.core.end_of_stream()
         if self.stream_ended is not None and self.stream_ended.is_set():
+            self.gate.end("the traffic's process ended")
             self.core.end_of_stream()
         self.core.tick(t)
         self._maybe_start()  # a worker may have ended before its hello: the others need not wait for it
+
+    def _beat_collector(self) -> None:
+        """A Heartbeat the collector answers with its own (a full pipe to it: a stalled one, is left to wait)."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.coll.send(encode(Heartbeat("scheduler", now())), zmq.NOBLOCK)
+
+    def _collector_heard(self) -> None:
+        """The collector's answers: the first one may start the traffic."""
+        first = COLLECTOR_PEER not in self.collector.heard
+        self.collector.drain()
+        if first and COLLECTOR_PEER in self.collector.heard:
+            log.info("the collector answered")
+            self._maybe_start()
+
+    def _wait_for_collector(self) -> None:
+        """Keep the socket to the collector until it took RunEnd (and so every record before it), up to the
+        liveness window; after a stop signal the socket's usual linger (the run is being stopped)."""
+        signalled = self.stop_signal
+        wait_s = LINGER_MS / 1000 if signalled else self.liveness_s
+        if not wait_for_ack(self.collector, "RunEnd", wait_s, lambda: self.stop_signal != signalled):
+            log.error("the collector did not take the run's end within %.1f s: records still queued may be lost",
+                      wait_s)
 
     def _send_worker(self, wid: str, msg: object) -> None:
         """A worker whose connection is gone (it ended) is lost at once; a full pipe (a stalled worker)
@@ -232,7 +279,8 @@ class Scheduler:
             with contextlib.suppress(zmq.ZMQError):
                 send_routed(self.router, self.traffic, encode(Shutdown(why)), zmq.NOBLOCK)
         cpu_s = time.process_time() - self.cpu_at_start if self.t0 is not None else 0.0  # from Start on
-        stats = {**self.core.stats, **self.stats, **self.gate.stats, "cpu_s": cpu_s}
+        stats = {**self.core.stats, **self.stats, **self.gate.stats, "cpu_s": cpu_s,
+                 "records_send_s": self.records.send_s}  # waiting on a collector behind: it slowed us
         self.records.add(RunEnd(self.core.stats["submitted"], list(self.core.workers), stats))
         self.records.flush(force=True)
 
@@ -257,46 +305,6 @@ class Scheduler:
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
-
-
-@dataclasses.dataclass(slots=True)
-class TrafficGate:
-    """The announced traffic, and the checks of what claims to be it."""
-
-    traffic: bytes | None = None  # identity of the sender of the first TrafficHello
-    n_requests: int = 0  # its schedule's size
-    received: int = 0  # requests let through
-    stats: dict[str, int] = dataclasses.field(default_factory=lambda: {REFUSED_REQUESTS: 0, REFUSED_STREAM: 0})
-
-    def refusal(self, sender: bytes, msg: object) -> str:
-        """Why `msg` from `sender` is refused ("" when it is let through); a refusal is counted."""
-        why, counter = self._why(sender, msg)
-        if why:
-            self.stats[counter] += 1
-        elif isinstance(msg, TrafficHello):
-            self.traffic, self.n_requests = sender, msg.n_requests
-        elif isinstance(msg, RequestMsg):
-            self.received += 1
-        return why
-
-    def _why(self, sender: bytes, msg: object) -> tuple[str, str]:
-        if isinstance(msg, RequestMsg):
-            if self.traffic is None:
-                return f"request {msg.request_id} before any traffic announced a schedule", REFUSED_REQUESTS
-            if sender != self.traffic:
-                return f"request {msg.request_id} from {_name(sender)}, not the traffic", REFUSED_REQUESTS
-            if msg.request_id >= self.n_requests:
-                return (f"request {msg.request_id} outside the announced schedule of {self.n_requests}",
-                        REFUSED_REQUESTS)
-        elif isinstance(msg, (TrafficHello, EndOfStream)) and self.traffic not in (None, sender):
-            return f"{type(msg).__name__} from {_name(sender)}: a second traffic", REFUSED_STREAM
-        elif isinstance(msg, EndOfStream) and self.traffic is None:
-            return f"EndOfStream from {_name(sender)} before any TrafficHello", REFUSED_STREAM
-        return "", ""
-
-
-def _name(sender: bytes) -> str:
-    return repr(sender.decode(errors="replace"))[:40]
 
 
 def run_scheduler(policy: Policy, scheduler_addr: str, collector_addr: str, **kwargs) -> int:

@@ -6,7 +6,7 @@ in virtual time, where messages take no time and sleeps end exactly. Matching re
 simulated TTFT, TPOT, e2e and queue wait is what the harness itself adds (message hops, scheduling,
 sleep overshoot, CPU contention). It is written into summary.json as `timing_fidelity`:
 
-    {"backend", "matched", "live_only", "sim_only", "sim_wall_s",
+    {"backend", "simulated_requests", "matched", "live_only", "sim_only", "sim_wall_s",
      "ttft_error_s": {"mean", "p50", "p99", "max_abs"}, "tpot_error_s": {...},
      "e2e_error_s": {...}, "queue_wait_error_s": {...}}
 
@@ -16,11 +16,13 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from batchlab.protocol.run_dir import RunDir
 from batchlab.collector.metrics import percentiles
-from batchlab.collector.parts import load_table, read_schedule
+from batchlab.collector.parts import read_schedule
 from batchlab.collector.summary import SummaryError, read_summary, write_summary
 from batchlab.protocol.settings import RunConfig, build_config
 from batchlab.simulator.run import simulate
@@ -29,7 +31,13 @@ from batchlab.traffic.schedule import Schedule
 log = logging.getLogger(__name__)
 
 FIDELITY_BACKENDS = ("sim", "echo")  # backends whose step times the simulator knows exactly
+# A longer run is compared on its first ones (timing_fidelity): simulated whole, a 60 s soak at 5,000 req/s held
+# 3 GiB in the launcher after its roles had exited, and 10,000 requests of 500 tokens 3.6 GiB (the simulation's
+# tables have a row per token)
+MAX_SIMULATED_REQUESTS = 20_000
+MAX_SIMULATED_TOKENS = 200_000  # output tokens of the prefix simulated
 METRICS = ("ttft", "tpot", "e2e", "queue_wait")
+LIVE_COLUMNS = ["request_id", "status", *METRICS]  # what the comparison reads of the run's requests.parquet
 ERROR_STATS = ("mean", "p50", "p99", "max_abs")
 
 
@@ -61,14 +69,27 @@ def compare(live: pd.DataFrame, sim: pd.DataFrame) -> dict:
 def timing_fidelity(live_requests: pd.DataFrame, settings: dict, schedule: pd.DataFrame | None,
                     strategy_code: bytes = b"") -> dict | None:
     """The run's fidelity block, or None when the backend's true timings are unknown, the run was itself
-    simulated, or there is no schedule."""
+    simulated, or there is no schedule.
+
+    A run of more than MAX_SIMULATED_REQUESTS requests (or MAX_SIMULATED_TOKENS output tokens) is compared on
+    its first ones: that prefix of its schedule simulated alone plays exactly what the whole would until the
+    prefix's last arrival (a policy decides from what has happened; the prefix's end of stream comes at that
+    arrival), so the requests simulated to complete before it are compared (`simulated_requests`: the
+    prefix's size); the simulation's tables, a row per token, then fit in bounded memory whatever the run's
+    length."""
     if settings.get("backend") not in FIDELITY_BACKENDS or settings.get("simulated") or schedule is None:
         return None
     cfg = config_from_settings(settings, strategy_code)
     start_s = time.perf_counter()
-    end_s = float(schedule["arrival_offset_s"].to_numpy().max(initial=0.0))
-    sim = simulate(cfg, Schedule(schedule, "", end_s))
-    result = {"backend": cfg.backend, **compare(live_requests, sim.requests)}
+    tokens = schedule["output_len"].to_numpy().cumsum()
+    n = min(MAX_SIMULATED_REQUESTS, max(int(np.searchsorted(tokens, MAX_SIMULATED_TOKENS, side="right")), 1))
+    prefix = schedule.iloc[:n].reset_index(drop=True)
+    end_s = float(prefix["arrival_offset_s"].to_numpy().max(initial=0.0))
+    sim = simulate(cfg, Schedule(prefix, "", end_s)).requests
+    if len(prefix) < len(schedule):
+        sim = sim[sim["completion_time"] < end_s]
+        live_requests = live_requests[live_requests["request_id"].isin(sim["request_id"])]
+    result = {"backend": cfg.backend, "simulated_requests": len(prefix), **compare(live_requests, sim)}
     result["sim_wall_s"] = time.perf_counter() - start_s
     return result
 
@@ -88,8 +109,8 @@ def add_run_fidelity(run_dir: str | Path, strategy_code: bytes = b"") -> dict | 
     if summary.settings.get("backend") not in FIDELITY_BACKENDS or summary.settings.get("simulated"):
         return None
     try:
-        summary.timing_fidelity = timing_fidelity(load_table(folder.path, "requests"), summary.settings,
-                                                  read_schedule(folder.path), strategy_code)
+        live = pq.read_table(folder.table("requests"), columns=LIVE_COLUMNS).to_pandas()
+        summary.timing_fidelity = timing_fidelity(live, summary.settings, read_schedule(folder.path), strategy_code)
     except Exception:
         log.exception("timing fidelity skipped: the simulation of this run failed")
         return None

@@ -23,3 +23,14 @@ class Crash(Never):
     def decide(self, queue, now, cap, end_of_stream) -> Decision:
         """Fail."""
         raise RuntimeError("this policy always fails")
+
+
+class OverCap(Never):
+    """Launches everything it is shown, whatever the worker's free rows: the core must cut it to them."""
+
+    name = "over-cap"
+    lookahead = 1_000  # shown more than a worker's rows
+
+    def decide(self, queue, now, cap, end_of_stream) -> Decision:
+        """All of it, now."""
+        return Decision(n=len(queue), reason="over cap") if queue else Decision()

@@ -1,6 +1,7 @@
 """`batchlab calibrate --from`: the step model fitted to the steps a worker executed recovers that worker's model."""
 import json
 
+import pandas as pd
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -68,6 +69,37 @@ def test_a_folder_without_runs_is_one_line_and_exit_1(tmp_path):
     result = _calibrate("--from", str(tmp_path), "--out", str(tmp_path / "x.yaml"))
     assert result.exit_code == 1 and "no run folder (summary.json)" in result.output
     assert "Traceback" not in result.output
+
+
+def _tokens_without_batch_id(run):
+    tokens = pd.read_parquet(run / "tokens.parquet")
+    tokens.drop(columns=["batch_id"]).to_parquet(run / "tokens.parquet")
+
+
+def _tokens_with_text_times(run):
+    tokens = pd.read_parquet(run / "tokens.parquet")
+    tokens.assign(time=tokens["time"].astype(str)).to_parquet(run / "tokens.parquet")
+
+
+def _worker_entry_a_string(run):
+    body = json.loads((run / "summary.json").read_text())
+    body["settings"]["workers"] = {"worker-0": "a worker"}
+    (run / "summary.json").write_text(json.dumps(body))
+
+
+@pytest.mark.parametrize("spoil, bad_file, says", [
+    (_tokens_without_batch_id, "tokens.parquet", "lacks the column batch_id"),
+    (_tokens_with_text_times, "tokens.parquet", "has columns of the wrong kind: time (str, not number)"),
+    (_worker_entry_a_string, "summary.json", "settings.workers' entry is str, not an object"),
+], ids=["tokens without batch_id", "token times as text", "a worker entry that is a string"])
+def test_a_run_whose_tables_or_worker_facts_are_not_a_runs_is_one_line_and_exit_1(tmp_path, spoil, bad_file, says):
+    run = _runs(tmp_path, KNOWN, ("dynamic",), duration_s=3.0) / "dynamic"
+    spoil(run)
+    result = _calibrate("--from", str(run), "--out", str(tmp_path / "x.yaml"))
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {run / bad_file}: ") and says in lines[0], lines
+    assert not (tmp_path / "x.yaml").exists()
 
 
 @pytest.mark.slow

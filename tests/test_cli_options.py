@@ -70,3 +70,18 @@ def test_a_bound_is_refused_with_the_setting_its_unit_and_the_value_in_the_calle
         build_config({"duration_s": 0}, {})
     result = CliRunner().invoke(app, ["run", "--duration", "0"])
     assert result.exit_code == 1 and result.stderr.strip() == "error: --duration must be > 0 s, got 0.0"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["run", "--rate", "abc"], "error: Invalid value for '--rate': Input should be a valid number, unable to parse "
+                               "string as a number (see 'batchlab run --help')"),
+    (["run", "--zzz", "1"], "error: No such option: --zzz (see 'batchlab run --help')"),
+    (["report"], "error: Missing argument 'folder'. (see 'batchlab report --help')"),
+    (["nosuchcommand"], "error: No such command 'nosuchcommand'. (see 'batchlab --help')"),
+    (["--zzz"], "error: No such option: --zzz (see 'batchlab --help')"),
+])
+def test_a_usage_error_is_bad_input_one_line_and_exit_1(args, line):
+    """docs/faults.md: bad input exits 1 with one line, whether pydantic or click finds it (click's boxed
+    message and its exit 2 read as a fault)."""
+    result = CliRunner().invoke(app, args, prog_name="batchlab")
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [line], result.output

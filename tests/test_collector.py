@@ -201,7 +201,7 @@ def serve(tmp_path, **kwargs) -> tuple[str, threading.Thread, list]:
 
 def push_all(address: str, frames: list[bytes]) -> None:
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
+    sock = ctx.socket(zmq.DEALER)  # as a role's: the collector is a ROUTER
     sock.setsockopt(zmq.LINGER, 30_000)  # a collector that binds late under load still gets every frame
     sock.connect(address)
     for frame in frames:

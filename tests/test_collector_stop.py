@@ -14,7 +14,7 @@ FRAMES = 25_000  # more than one drain pass takes (MAX_FRAMES_PER_POLL)
 
 def test_frames_queued_before_a_stop_signal_are_all_recorded(tmp_path):
     ctx = zmq.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull, push = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)  # the collector's socket, a role's
     for sock in (pull, push):  # room for every frame: nothing reads them before the stop
         sock.setsockopt(zmq.SNDHWM, 2 * FRAMES)
         sock.setsockopt(zmq.RCVHWM, 2 * FRAMES)

@@ -18,6 +18,7 @@ INTERNAL = {
     "worker/process.py:WorkerStopping": "the worker's loop unwinding on a Shutdown",
     "protocol/signals.py:Terminated": "a SIGTERM or SIGHUP turned into a Ctrl-C (a KeyboardInterrupt, not an error)",
     "report/external.py:Unreadable": "a peer's file the report cannot parse: caught there, one line of its refusal",
+    "worker/run_steps.py:RunStepsError": "a run's tables that cannot give its steps: calibrate's CalibrateError line",
 }
 
 

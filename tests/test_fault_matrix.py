@@ -225,6 +225,8 @@ def test_a_policy_that_never_launches_is_declared_stalled_and_the_run_exits_non_
     assert "stalled: policy launched nothing for 2 s with" in proc.stderr.strip().splitlines()[-1]
     requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert len(requests) > 0 and requests.error.str.startswith("stalled").all()
+    record = json.loads((tmp_path / "run" / "run.json").read_text())  # it says the fault, not "done"
+    assert record["status"] == "failed" and record["reason"].startswith("stalled: policy launched nothing")
 
 
 def test_a_worker_stalled_past_the_liveness_window_rejoins_and_its_requests_end_once(tmp_path):

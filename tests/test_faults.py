@@ -177,7 +177,7 @@ def test_a_client_without_keys_gets_nothing_through_and_the_run_is_unaffected(tm
     procs["traffic"] = start("traffic", *COMMON[2:], "--rate", "10", "--duration", "2", "--scheduler", sched,
                              "--out", str(tmp_path / "run"), "--keys", str(keys))
     ctx = zmq.Context()
-    intruders = [ctx.socket(zmq.DEALER), ctx.socket(zmq.PUSH)]
+    intruders = [ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)]  # the scheduler's and the collector's kind of peer
     intruders[0].connect(sched)
     intruders[1].connect(coll)
     for i in range(200):

@@ -152,3 +152,23 @@ def test_report_out_puts_the_report_elsewhere(tmp_path):
     result = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "rep")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "rep" / "REPORT.md").is_file() and not (tmp_path / "run" / "REPORT.md").exists()
+
+
+@pytest.mark.parametrize("bound, value, requests", [("MAX_SIMULATED_REQUESTS", 8, 8),
+                                                    ("MAX_SIMULATED_TOKENS", 40, None)])
+def test_a_long_run_is_compared_on_a_prefix_of_its_schedule_exactly(tmp_path, monkeypatch, bound, value, requests):
+    """The prefix simulated alone plays what the whole did until its last arrival: the requests it completes
+    before then match the whole run's to the nanosecond, and no more of the run is simulated (a prefix of at
+    most so many requests, or so many output tokens)."""
+    from batchlab.simulator import fidelity
+
+    _simulated_folder(tmp_path, live=True)
+    schedule = pd.read_parquet(tmp_path / "schedule.parquet")
+    monkeypatch.setattr(fidelity, bound, value)
+    block = add_run_fidelity(tmp_path)
+    prefix = schedule.iloc[:block["simulated_requests"]]
+    assert block["simulated_requests"] < len(schedule) and 0 < block["matched"] <= len(prefix)
+    assert block["simulated_requests"] == requests if requests else prefix["output_len"].sum() <= value
+    assert block["live_only"] == block["sim_only"] == 0
+    for key in ERROR_KEYS:
+        assert block[key]["max_abs"] == pytest.approx(0.0, abs=1e-9)

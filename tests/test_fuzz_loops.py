@@ -83,7 +83,7 @@ def test_scheduler_and_collector_count_and_survive_garbage(tmp_path, malformed):
              "scheduler": start("scheduler", "--address", sched, "--collector", coll, "--out", str(tmp_path)),
              "worker": start("worker", "--backend", "sim", "--scheduler", sched, "--collector", coll)}
     ctx = zmq.Context()
-    to_sched, to_coll = ctx.socket(zmq.DEALER), ctx.socket(zmq.PUSH)
+    to_sched, to_coll = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)  # the collector is a ROUTER
     to_sched.connect(sched)
     to_coll.connect(coll)
     blast(to_sched, malformed)
@@ -123,7 +123,7 @@ def test_worker_counts_garbage_and_still_runs_a_batch(malformed):
 
     sched, coll = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     ctx = zmq.Context()
-    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
+    router, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)  # the scheduler's, the collector's
     router.setsockopt(zmq.SNDHWM, 0)  # a ROUTER drops past its high-water mark: keep every frame
     router.bind(sched)
     pull.bind(coll)
@@ -138,7 +138,7 @@ def test_worker_counts_garbage_and_still_runs_a_batch(malformed):
         worker.wait(timeout=30)
         bye = None
         while pull.poll(2000):
-            for msg in decode_all(pull.recv()):  # a worker bundles a step's records
+            for msg in decode_all(pull.recv_multipart()[-1]):  # a worker bundles a step's records
                 bye = msg if isinstance(msg, WorkerBye) else bye
         assert bye is not None and bye.stats["rejected_messages"] == N_FRAMES
     finally:

@@ -3,8 +3,7 @@ Dispatch whose rows name their batches (one per request), the worker answers eac
 each token's batch, and nothing is lost or doubled."""
 from collections import Counter
 
-from batchlab.protocol import (BatchDone, BatchLaunch, Dispatch, EndOfStream, RunEnd, Start, Tokens, TrafficHello,
-                               WorkerBye)
+from batchlab.protocol import BatchDone, BatchLaunch, Dispatch, EndOfStream, RunEnd, Tokens, WorkerBye, WorkerCapacity
 from batchlab.worker.sim import SimBackend
 from tests.test_worker_robustness import WORKER, SchedulerRig, WorkerRig, hello, is_dispatch, request, row
 
@@ -12,25 +11,28 @@ from tests.test_worker_robustness import WORKER, SchedulerRig, WorkerRig, hello,
 def test_a_pass_over_queued_requests_sends_one_dispatch_with_a_batch_per_request():
     rig = SchedulerRig()
     try:
-        rig.traffic.send(TrafficHello(4, "hash", 1.0))
-        for rid in range(4):
+        rig.join(max_rows=8)
+        rig.worker.send(WorkerCapacity(WORKER, 1, "out of memory"))  # one row at a time for now
+        rig.worker.settled()
+        rig.traffic.send(request(0))
+        first = rig.worker.wait_for(is_dispatch)  # the worker is full
+        for rid in range(1, 5):
             rig.traffic.send(request(rid))
-        rig.traffic.settled()  # all four are queued before any worker is there to take them
-        rig.worker.send(hello(max_rows=8))
-        rig.traffic.wait_for(lambda m: isinstance(m, Start))
+        rig.traffic.settled()  # all four are queued: the worker has no room for them
+        rig.worker.send(WorkerCapacity(WORKER, 8, "probe"))  # room for all four at once
         dispatch = rig.worker.wait_for(is_dispatch)
         pairs = [(r.request.request_id, r.batch_id) for r in dispatch.requests]
-        assert [rid for rid, _ in pairs] == [0, 1, 2, 3] and len({bid for _, bid in pairs}) == 4
-        for rid, bid in pairs:
+        assert [rid for rid, _ in pairs] == [1, 2, 3, 4] and len({bid for _, bid in pairs}) == 4
+        for rid, bid in [(first.requests[0].request.request_id, first.requests[0].batch_id), *pairs]:
             rig.worker.send(BatchDone(bid, WORKER, 0.0, 0.0, [rid]))
-        rig.traffic.send(EndOfStream(4))
+        rig.traffic.send(EndOfStream(5))
         rig.recorded_until(lambda m: isinstance(m, RunEnd))  # the run ends: every batch came back
     finally:
         rig.close()
-    assert sum(isinstance(m, Dispatch) for m in rig.worker.seen) == 1
-    (launch,) = [m for m in rig.recorded if isinstance(m, BatchLaunch)]  # one record of the one message
-    assert list(zip(launch.request_ids, launch.batch_ids)) == pairs
-    assert launch.scheduled_time == dispatch.scheduled_time
+    assert sum(isinstance(m, Dispatch) for m in rig.worker.seen) == 2
+    launches = [m for m in rig.recorded if isinstance(m, BatchLaunch)]  # one record of each message
+    assert len(launches) == 2 and list(zip(launches[1].request_ids, launches[1].batch_ids)) == pairs
+    assert launches[1].scheduled_time == dispatch.scheduled_time
 
 
 def test_a_worker_ends_each_batch_of_one_dispatch_exactly_once_and_states_each_tokens_batch():

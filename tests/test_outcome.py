@@ -101,9 +101,11 @@ def test_a_scheduler_that_ended_within_one_poll_of_the_collector_is_still_named(
     started.set()
     own = [Child("traffic", _Ended(0)), Child("scheduler", _Ended(128 + signal.SIGTERM)),
            Child("collector", _Ended(0))]
-    faults = _Faults(mp.get_context("spawn").Event(), mp.get_context("spawn").Value("i", 0))
+    ctx = mp.get_context("spawn")
+    faults = _Faults(ctx.Event(), ctx.Value("i", 0), ctx.Value("d", 0.0))
     with pytest.raises(RunFailed, match="scheduler stopped by SIGTERM mid-run"):
-        _watch(own, [], None, None, _Clock(None, started, tmp_path), faults)
+        _watch(own, [], None, None, _Clock(None, started, tmp_path), faults, 30.0)
     assert faults.deaths == [death_line("scheduler", 128 + signal.SIGTERM)]
     clean = [Child(c.name, _Ended(0)) for c in own]
-    _watch(clean, [], None, None, _Clock(None, started, tmp_path), _Faults(mp.Event(), mp.Value("i", 0)))
+    _watch(clean, [], None, None, _Clock(None, started, tmp_path), _Faults(mp.Event(), mp.Value("i", 0),
+                                                                          mp.Value("d", 0.0)), 30.0)

@@ -29,6 +29,7 @@ SAMPLES = [
     m.Arrival(m.RequestMsg(1, 2.0, 2.001, 4, 5), 2.002), m.BatchLaunch("w0", 1.5, "size", [1, 2], [3, 3], 7),
     m.RequestFailed(1, "queue full", 2.0), m.RunInfo({"strategy": "naive", "rate": 5.0}),
     m.RunEnd(10, ["w0"], {"submitted": 10}), m.WorkerBye("w0", 100, "cpu_peak_rss", {}),
+    m.CollectorAck("RunEnd"), m.CollectorAck("WorkerBye"),
     m.Dispatch(1.5, "credit", [m.RequestRow(4, REQ), m.RequestRow(5, REQ2)]),
     m.Bundle([m.Arrival(m.RequestMsg(1, 2.0, 2.001, 4, 5), 2.002), m.BatchLaunch("w0", 1.5, "size", [1], [3], 0),
               m.Tokens(0, 1.6, [1], [3], [11])]),
@@ -214,3 +215,13 @@ def test_a_hello_without_a_concurrency_is_an_open_loop_traffic():
 def test_requests_ended_with_a_bad_field_is_rejected(fields):
     with pytest.raises(ProtocolError):
         decode(msgpack.packb([PROTOCOL_VERSION, int(m.Kind.REQUESTS_ENDED), *fields]))
+
+
+def test_a_request_inside_a_dispatch_is_checked_as_a_top_level_one_is():
+    """Its packed prompt holds exactly prompt_len tokens (2 tokens for 4, a million for 1: refused)."""
+    for tokens, prompt_len in (([1, 2], 4), (range(1_000_000), 1)):
+        bad = m.RequestMsg(1, 2.0, 2.0, prompt_len, 4, m.pack_tokens(tokens))
+        with pytest.raises(ProtocolError, match="RequestMsg: inconsistent fields"):
+            decode(encode(bad))
+        with pytest.raises(ProtocolError, match="Dispatch.requests: RequestMsg: inconsistent fields"):
+            decode(encode(m.Dispatch(1.0, "size", [m.RequestRow(0, REQ), m.RequestRow(0, bad)])))

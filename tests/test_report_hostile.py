@@ -62,6 +62,11 @@ def _summary(run: Path, **changes) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()) | changes))
 
 
+def _capacity(root: Path, **entry) -> None:
+    """capacity.json whose naive and dynamic entries are `entry` (a sweep's strategy and its baseline)."""
+    (root / "capacity.json").write_text(json.dumps({"strategies": {"naive": entry, "dynamic": entry}}))
+
+
 def _index(root: Path, *points: dict) -> None:
     (root / "sweep.json").write_text(json.dumps({"points": list(points)}))
 
@@ -84,6 +89,10 @@ CASES = {
                          "run/requests.parquet", "n_tokens (str, not number)"),
     "status as a number": (lambda root, out: _table(root / "run", "requests", _set("status", 3)),
                            "run/requests.parquet", "status (int64, not text)"),
+    "a negative n_tokens": (lambda root, out: _table(root / "run", "requests", _set("n_tokens", -3)),
+                            "run/requests.parquet", "has negative counts in n_tokens"),
+    "a negative output_len": (lambda root, out: _table(root / "run", "requests", _set("output_len", -1)),
+                              "run/requests.parquet", "has negative counts in output_len"),
     "token times as text": (lambda root, out: _table(root / "run", "tokens", _set("time", "soon")),
                             "run/tokens.parquet", "time (str, not number)"),
     "batch sizes as text": (lambda root, out: _table(root / "run", "batches", _set("size", "big")),
@@ -94,6 +103,16 @@ CASES = {
                              "capacity.json", "not a batchlab capacity file (the file: input should be an object)"),
     "a capacity bracket as text": (lambda root, out: (root / "capacity.json").write_text(
         json.dumps({"strategies": {"dynamic": {"lo_req_s": "fast"}}})), "capacity.json", "strategies.dynamic.lo_req_s"),
+    "a closed bracket without its estimate": (
+        lambda root, out: _capacity(root, lo_req_s=10.0, hi_req_s=12.0), "capacity.json",
+        "lo_req_s and hi_req_s are given but estimate_req_s is not"),
+    "saturated as text": (lambda root, out: _capacity(root, saturated="fast"), "capacity.json",
+                          "strategies.naive.saturated"),
+    "saturated as a list": (lambda root, out: _capacity(root, saturated=[4.0, 5.0]), "capacity.json",
+                            "strategies.naive.saturated"),
+    "capacity numbers as strings": (
+        lambda root, out: _capacity(root, lo_req_s="10", hi_req_s="12", estimate_req_s="11"), "capacity.json",
+        "strategies.naive.lo_req_s: input should be a valid number"),
     "a negative count": (lambda root, out: _summary(root / "run", finished=-5),
                          "run/summary.json", "finished: input should be greater than or equal to 0"),
     "a negative rate": (lambda root, out: _summary(root / "run", throughput_tok_s=-1.0),

@@ -38,6 +38,7 @@ def run_cli(tmp_path, *args: str):
     (["--gpu-memory-utilization", "0"], ["--gpu-memory-utilization"]),
     (["--max-batch-size", str(2**70)], ["--max-batch-size", str(2**70)]),
     (["--max-batch-size", str(2**21)], ["--max-batch-size", str(2**20)]),
+    (["--dtype", "bogus"], ["--dtype must be one of auto, float32, float16, bfloat16, got 'bogus'"]),  # sim ran it
     (["--strategy", "naive", "--batch-size", "1100", "--prompt-lengths", "16000", "--max-prompt-len", "16384"],
      ["1100 rows", "16384 prompt tokens", "64 MiB frame limit"]),
 ])

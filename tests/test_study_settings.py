@@ -2,6 +2,7 @@
 calibrate's options are generated from their groups with the run's spellings (`--duration`; the former
 `--duration-s` still taken, hidden and warned about), calibrate shares the run's model, device and dtype, a
 sweep's grid keys carry their help, and the backends' own settings records repeat no default."""
+import time
 from dataclasses import fields
 
 import pytest
@@ -63,6 +64,23 @@ def test_a_bad_search_knob_is_one_line_naming_it(tmp_path):
     result = CliRunner().invoke(app, ["capacity", config, "--simulate", "--max-probes", "0"])
     assert result.exit_code == 1
     assert result.output.strip() == "error: --max-probes must be > 0, got 0"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--search-requests", "1000000000000"],
+     "error: --search-requests must be ≤ 1000000 requests, got 1000000000000"),
+    (["--duration", "1e12"], "error: --duration must be ≤ 86400 s, got 1000000000000.0"),
+    (["--saturated-s", "inf"], "error: --saturated-s must be a finite number, got inf"),
+])
+@pytest.mark.parametrize("mode", [["--simulate"], []], ids=["simulated", "live"])
+def test_a_search_too_large_to_plan_is_refused_up_front_naming_its_option(tmp_path, args, line, mode):
+    """Before: a 10**12-request probe asked for 7 TiB (a MemoryError after the saturated runs, 87 s into the
+    live search), and --saturated-s inf's error named --duration."""
+    config = fixed_service_config(tmp_path, duration_s=1)
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["capacity", config, *mode, "--out", str(tmp_path / "cap"), *args])
+    assert result.exit_code == 1 and result.output.strip() == line
+    assert not (tmp_path / "cap").exists() and time.monotonic() - started < 60  # nothing ran
 
 
 @pytest.mark.parametrize("name", ["model", "device", "dtype"])

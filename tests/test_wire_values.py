@@ -107,6 +107,7 @@ def test_the_scheduler_counts_bad_frames_refuses_taken_ids_and_gives_each_reques
         hello = [b"traffic", encode(TrafficHello(21, "hash", 1.0))]  # its schedule: ids 0 .. 20
         sched.inbox.sock = FakeRouter([hello] + [[b"traffic", request_frame(v) if k == "request" else v]
                                                  for k, v in items])
+        sched.gate.start(0.5)  # the traffic was told to start: its requests (planned at 1.0) are due
         for sender, msg in sched.inbox.receive(0):  # the loop's steps 1-2, as run() does them
             sched._handle(sender, msg)
             sched._forward()

@@ -12,9 +12,11 @@ import pytest
 import torch
 import zmq
 
-from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, EndOfStream, FailedRow, Heartbeat,
-                               ProtocolError, RequestFailed, RequestMsg, RequestRow, RunEnd, Shutdown, Start, Tokens,
-                               TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, decode, decode_all, encode, now)
+from batchlab.protocol import (BatchDone, ClockPing, ClockPong, CollectorAck, Dispatch, EndOfStream, FailedRow,
+                               Heartbeat, ProtocolError, RequestFailed, RequestMsg, RequestRow, RunEnd, Shutdown,
+                               Start, Tokens, TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, decode,
+                               decode_all, encode, now)
+from batchlab.protocol.clock import sleep_until
 from batchlab.protocol.messages import PROTOCOL_VERSION, Kind, pack_tokens
 from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler
@@ -67,6 +69,7 @@ class Peer:
     def __init__(self, ctx: zmq.Context, address: str, identity: str) -> None:
         self.identity, self.seen, self.last_beat = identity, [], 0.0
         self.others: list[Peer] = []  # beaten for while this one waits (the scheduler hears every peer)
+        self.on_poll: Callable[[], None] | None = None  # the rig's other duties while this one waits
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, identity.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -86,9 +89,12 @@ class Peer:
         raise AssertionError(f"{self.identity}: no match within {DEADLINE_S} s; last seen {self.seen[-3:]}")
 
     def read_one(self) -> object | None:
-        """Beat every peer, then the next message within POLL_MS (kept in `seen`), or None."""
+        """Beat every peer (and answer the collector's part), then the next message within POLL_MS (kept in
+        `seen`), or None."""
         for peer in (self, *self.others):
             peer.beat()
+        if self.on_poll is not None:
+            self.on_poll()
         if not self.sock.poll(POLL_MS):
             return None
         msg = decode(self.sock.recv())
@@ -115,8 +121,9 @@ class SchedulerRig:
 
     def __init__(self) -> None:
         sched_addr, coll_addr = tcp(), tcp()
+        self.sched_addr = sched_addr
         self.ctx = zmq.Context()
-        self.collector = self.ctx.socket(zmq.PULL)
+        self.collector = self.ctx.socket(zmq.ROUTER)
         self.collector.bind(coll_addr)
         self.recorded: list[object] = []
         self.sched = Scheduler(make_policy("continuous", max_batch_size=16), sched_addr, coll_addr)
@@ -125,28 +132,44 @@ class SchedulerRig:
         self.worker = Peer(self.ctx, sched_addr, WORKER)
         self.traffic = Peer(self.ctx, sched_addr, "traffic")
         self.worker.others, self.traffic.others = [self.traffic], [self.worker]
+        self.worker.on_poll = self.traffic.on_poll = self.serve_collector
+
+    def serve_collector(self) -> list[object]:
+        """What the scheduler sent the collector since the last call (kept in `recorded`); its heartbeats
+        answered, as the collector does (the traffic starts once the collector was heard)."""
+        new = []
+        while self.collector.poll(0):
+            ident, frame = self.collector.recv_multipart()
+            for msg in decode_all(frame):  # the scheduler bundles a pass's records
+                if isinstance(msg, Heartbeat):
+                    self.collector.send_multipart([ident, encode(Heartbeat("collector", now()))])
+                else:
+                    new.append(msg)
+        self.recorded += new
+        return new
 
     def join(self, max_rows: int = 4) -> None:
         """The worker says hello and the traffic is told to start."""
         self.worker.send(hello(max_rows))
         self.worker.settled()
         self.traffic.send(TrafficHello(10, "hash", 1.0))
-        self.traffic.wait_for(lambda m: isinstance(m, Start))
+        start = self.traffic.wait_for(lambda m: isinstance(m, Start))
+        sleep_until(start.t0)  # a request sent now is due (planned at or after the Start's t0), as a real one is
 
     def recorded_until(self, cond: Callable[[object], bool]) -> object:
         """What the scheduler sent the collector, read until a message satisfies `cond`."""
         deadline = time.monotonic() + DEADLINE_S
+        seen = len(self.recorded)
         while time.monotonic() < deadline:
-            self.worker.read_one()  # beats both peers
-            while self.collector.poll(0):
-                for msg in decode_all(self.collector.recv()):  # the scheduler bundles a pass's records
-                    self.recorded.append(msg)
-                    if cond(msg):
-                        return msg
+            self.worker.read_one()  # beats both peers, and reads what the collector got
+            for msg in self.recorded[seen:]:
+                seen += 1
+                if cond(msg):
+                    return msg
         raise AssertionError(f"the collector got no match within {DEADLINE_S} s")
 
     def close(self) -> None:
-        self.sched.stopping = True
+        self.sched.stopping, self.sched.stop_signal = True, 15  # as SIGTERM: no long wait for the collector's ack
         self.thread.join(timeout=DEADLINE_S)
         self.sched.close()
         for sock in (self.worker.sock, self.traffic.sock, self.collector):
@@ -195,12 +218,12 @@ def test_a_worker_that_rejoins_under_its_id_gets_its_running_request_again_then_
 
 # --- a real Worker with a fake scheduler -------------------------------------------------------------
 class WorkerRig:
-    """A real Worker in a thread; the test plays its scheduler (ROUTER) and its collector (PULL)."""
+    """A real Worker in a thread; the test plays its scheduler and its collector (both ROUTERs)."""
 
     def __init__(self, backend) -> None:
         sched_addr, coll_addr = tcp(), tcp()
         self.ctx = zmq.Context()
-        self.router, self.collector = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.PULL)
+        self.router, self.collector = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.ROUTER)
         self.router.bind(sched_addr)
         self.collector.bind(coll_addr)
         self.seen: list[object] = []
@@ -240,14 +263,20 @@ class WorkerRig:
         return self.wait_for(lambda m: isinstance(m, BatchDone) and m.batch_id == batch_id)
 
     def close(self) -> list[object]:
-        """Shut the worker down; returns everything it sent the collector (through its WorkerBye)."""
+        """Shut the worker down; returns everything it sent the collector (through its WorkerBye, which is
+        acknowledged as the collector does: the worker keeps its socket until then)."""
         self.send(Shutdown("test over"))
         self.thread.join(timeout=DEADLINE_S)
-        self.worker.close()
+        closing = threading.Thread(target=self.worker.close, name="close", daemon=True)
+        closing.start()
         recorded = []
         while not recorded or not isinstance(recorded[-1], WorkerBye):
             assert self.collector.poll(int(DEADLINE_S * 1000)), "no WorkerBye"
-            recorded += decode_all(self.collector.recv())
+            ident, frame = self.collector.recv_multipart()
+            recorded += decode_all(frame)
+        self.collector.send_multipart([ident, encode(CollectorAck("WorkerBye"))])
+        closing.join(timeout=DEADLINE_S)
+        assert not closing.is_alive(), "the worker did not close after the collector's ack"
         self.router.close(linger=0)
         self.collector.close(linger=0)
         self.ctx.term()

@@ -9,9 +9,9 @@ import msgpack
 from hypothesis import strategies as st
 
 from batchlab.protocol.messages import (PROTOCOL_VERSION, Arrival, BatchDone, BatchLaunch, ClockPing, ClockPong,
-                                        Dispatch, EndOfStream, EndOfStreamAck, FailedRow, Heartbeat, RequestFailed,
-                                        RequestMsg, RequestRow, RunEnd, RunInfo, Shutdown, Start, Step, Tokens,
-                                        TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, pack_tokens)
+                                        CollectorAck, Dispatch, EndOfStream, EndOfStreamAck, FailedRow, Heartbeat,
+                                        RequestFailed, RequestMsg, RequestRow, RunEnd, RunInfo, Shutdown, Start, Step,
+                                        Tokens, TrafficHello, WorkerBye, WorkerCapacity, WorkerHello, pack_tokens)
 from batchlab.protocol.wire import AtLeast, TokenBytes
 
 NAN, INF = math.nan, math.inf
@@ -26,14 +26,16 @@ VALID = [
     WorkerCapacity("w0", 2, "oom"), Tokens(0, 1.0, [1], [0], [5]), Step("w0", 0, 1.0, 2.0, 1, 1, 0, 0),
     Arrival(RequestMsg(1, 1.0, 1.0, 4, 4), 1.0), BatchLaunch("w0", 1.0, "credit", [1], [0], 0),
     RequestFailed(1, "x", 1.0),
-    RunInfo({"t0": 1.0}), RunEnd(1, ["w0"], {}), WorkerBye("w0", 0, "none", {}),
+    RunInfo({"t0": 1.0}), RunEnd(1, ["w0"], {}), WorkerBye("w0", 0, "none", {}), CollectorAck("RunEnd"),
 ]
 BAD_INTS = [NAN, INF, 2**63, 2**64 - 1, "7", None, True, 1.5]  # wrong for every int field
 BAD_FLOATS = [NAN, INF, -INF, 2**63, 2**64 - 1, "1.0", None, True]
 REQUEST = [1, 1.0, 1.0, 4, 4, TOKENS]  # a RequestMsg's fields, as nested in a row
 BAD_REQUESTS = [[-1, 1.0, 1.0, 4, 4, TOKENS], [1, 1.0, 1.0, 0, 4, TOKENS], [1, 1.0, 1.0, -100, 4, TOKENS],
                 [1, 1.0, 1.0, 4, 0, TOKENS], [2**63, 1.0, 1.0, 4, 4, TOKENS], [1, 1.0, 1.0, 4, 4, b"abc"],
-                [1, 1.0, 1.0, 4, NAN, TOKENS], [1, NAN, 1.0, 4, 4, TOKENS], [1, 1.0, 1.0, 4, 4], REQUEST[:2], None, "x"]
+                [1, 1.0, 1.0, 4, NAN, TOKENS], [1, NAN, 1.0, 4, 4, TOKENS], [1, 1.0, 1.0, 4, 4], REQUEST[:2], None, "x",
+                [1, 1.0, 1.0, 4, 4, pack_tokens([1, 2])],  # tokens ≠ prompt_len, as a top-level request's are checked
+                [1, 1.0, 1.0, 1, 4, pack_tokens(range(1000))]]
 BAD_ROWS = [[[0]], [[-1, REQUEST]], [[2**63, REQUEST]], [[0, REQUEST, 1]], [None],
             *[[[0, bad]] for bad in BAD_REQUESTS]]
 BAD_SETTINGS = [{"t0": "abc"}, {"t0": NAN}, {"t0": INF}, {"t0": None}, {"t0": True}, {"t0": 2**64 - 1}]

@@ -23,6 +23,7 @@ from batchlab.protocol.security import is_loopback
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, make_socket
 from batchlab.traffic.closed_loop import ClientPool
+from batchlab.traffic.saved_schedule import SavedSchedule
 from batchlab.traffic.schedule import Schedule, save_schedule, with_send_times
 from batchlab.protocol.errors import TrafficStartTimeout
 
@@ -137,21 +138,19 @@ def _wait_until(deadline: float, sock: zmq.Socket, ctl: _Control) -> None:
         _drain(ctl, min(left, WAIT_SLICE_S))
 
 
-def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control, clock_offset_s: float = 0.0) -> int:
+def _send_all(sock: zmq.Socket, schedule: Schedule | SavedSchedule, t0: float, ctl: _Control,
+              clock_offset_s: float = 0.0) -> int:
     """Send each request at t0 + offset (t0 on this host's clock); every time in a message is on the
     scheduler's clock (+ clock_offset_s, `off`: 0 on its host). Returns how many were sent before the end or
-    a stop. The hot loop takes plain lists, built once (no pandas in it), and sends one encoded RequestMsg
-    per request."""
-    frame = schedule.frame
-    ids, prompt_lens, output_lens = (frame[c].tolist() for c in ("request_id", "prompt_len", "output_len"))
-    arrivals = (frame["arrival_offset_s"].to_numpy() + t0).tolist()
-    tokens = [pack_tokens(t) for t in frame["prompt_tokens"]]  # packed once: forwarded unread
-    send, next_check, off = sock.send, 0.0, clock_offset_s
+    a stop. The requests come in order from the schedule (a saved one is read a batch of rows at a time, so
+    the traffic's memory does not grow with the run), their prompts packed (forwarded unread); one encoded
+    RequestMsg per request."""
+    send, next_check, off, sent = sock.send, 0.0, clock_offset_s, 0
     gc.collect()
-    gc.freeze()  # the schedule's lists are permanent while sending: collections need not scan them
+    gc.freeze()  # what was built before sending is permanent while sending: collections need not scan it
     try:
-        for i, arrival in enumerate(arrivals):
-            t = now()
+        for request_id, offset_s, prompt_len, output_len, tokens in schedule.requests():
+            arrival, t = offset_s + t0, now()
             if t >= next_check:  # 1. look for Shutdown between sends
                 _drain(ctl)
                 next_check = t + INBOX_CHECK_INTERVAL_S
@@ -159,10 +158,10 @@ def _send_all(sock: zmq.Socket, schedule: Schedule, t0: float, ctl: _Control, cl
                 _wait_until(arrival, sock, ctl)
                 t = now()
             if ctl.stop_reason:
-                return i
-            send(encode(RequestMsg(ids[i], arrival + off, t + off, prompt_lens[i], output_lens[i], tokens[i])))  # 3.
-            ctl.last_send = t
-        return len(arrivals)
+                return sent
+            send(encode(RequestMsg(request_id, arrival + off, t + off, prompt_len, output_len, tokens)))  # 3.
+            ctl.last_send, sent = t, sent + 1
+        return sent
     finally:
         gc.unfreeze()
 
@@ -229,12 +228,13 @@ def _punctual_sender() -> None:
             log.info("traffic: running at normal priority (raising it is not allowed here)")
 
 
-def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None,
+def run_traffic(schedule: Schedule | SavedSchedule, scheduler_addr: str, *, out_dir: Path | None,
                 start_timeout_s: float = 600, keys: str | None = None, on_start=None,
                 closed: ClosedLoop | None = None, liveness_s: float = LIVENESS_S) -> int:
     """Announce the schedule, wait for Start, send every request on time (or, `closed`, when a client is
     free), end the stream and wait (up to `liveness_s`) until the scheduler took it; return sent.
-    `on_start(t0)` is called when Start came, before the first send (the launcher's run clock)."""
+    `on_start(t0)` is called when Start came, before the first send (the launcher's run clock). A
+    SavedSchedule (the run's own file, read as it is sent) is open loop, and `out_dir` None."""
     if out_dir is not None:
         save_schedule(schedule, RunDir(out_dir).schedule)
         if closed is not None and closed.record_to is None:
@@ -244,8 +244,8 @@ def run_traffic(schedule: Schedule, scheduler_addr: str, *, out_dir: Path | None
         return _announce_and_send(schedule, scheduler_addr, ctl, start_timeout_s, keys, on_start, closed, liveness_s)
 
 
-def _announce_and_send(schedule: Schedule, scheduler_addr: str, ctl: _Control, start_timeout_s: float,
-                       keys: str | None, on_start=None, closed: ClosedLoop | None = None,
+def _announce_and_send(schedule: Schedule | SavedSchedule, scheduler_addr: str, ctl: _Control,
+                       start_timeout_s: float, keys: str | None, on_start=None, closed: ClosedLoop | None = None,
                        liveness_s: float = LIVENESS_S) -> int:
     _punctual_sender()
     ctx = zmq.Context()

@@ -3,7 +3,7 @@ from a trace: its arrival times or generated ones, with its input and output len
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchlab.protocol.messages import pack_tokens
 from batchlab.protocol.run_dir import NOTES_KEY, footer_notes
 from batchlab.traffic.arrivals import arrival_offsets, trace_window
 from batchlab.traffic.config import TRACE_ARRIVAL, TrafficConfig
@@ -27,6 +28,7 @@ SCHEMA = pa.schema([
 _HASH_TAG = b"batchlab-schedule-v1"
 _META_HASH, _META_CONFIG, _META_DURATION = b"batchlab.schedule_hash", b"batchlab.config", b"batchlab.duration_s"
 HASH_ROWS = 4096  # prompts hashed per slice (bounds the flat copy's memory)
+SAVE_ROWS = 16_384  # rows written per row group (bounds the Arrow copy of their prompts)
 
 
 @dataclass(slots=True)
@@ -48,20 +50,47 @@ class Schedule:
         """Number of requests."""
         return len(self.frame)
 
+    def requests(self) -> Iterator[tuple[int, float, int, int, bytes]]:
+        """Every request in order: request_id, arrival offset s, prompt_len, output_len and its prompt packed
+        as the wire carries it (as traffic.saved_schedule.SavedSchedule gives them from a file)."""
+        frame = self.frame
+        for row in zip(*(frame[c].tolist() for c in ("request_id", "arrival_offset_s", "prompt_len", "output_len")),
+                       frame["prompt_tokens"]):
+            yield (*row[:4], pack_tokens(row[4]))
+
 
 def content_hash(offsets_s: np.ndarray, tokens: Sequence[Sequence[int]], output_lens: np.ndarray) -> str:
     """sha256 (hex) over a canonical little-endian encoding of offsets, prompt tokens and output lengths
     (each prompt's tokens: a list of ints, or an array)."""
     prompt_lens = np.fromiter(map(len, tokens), dtype="<i8", count=len(tokens))
+
+    def flat_slices() -> Iterator[np.ndarray]:  # the flat tokens, a slice of prompts at a time
+        for start in range(0, len(tokens), HASH_ROWS):
+            rows = tokens[start:start + HASH_ROWS]
+            yield np.fromiter(itertools.chain.from_iterable(rows), dtype="<i8", count=int(sum(map(len, rows))))
+
+    return digest(len(tokens), [offsets_s], [prompt_lens], [output_lens], flat_slices())
+
+
+def digest(n: int, offsets_s: Iterable[np.ndarray], prompt_lens: Iterable[np.ndarray],
+           output_lens: Iterable[np.ndarray], flat_tokens: Iterable[np.ndarray]) -> str:
+    """content_hash from its parts, each column given in consecutive slices (so a file can be hashed a batch of
+    rows at a time: traffic.saved_schedule): the same bytes in the same order give the same digest."""
     h = hashlib.sha256(_HASH_TAG)
-    h.update(np.int64(len(tokens)).astype("<i8").tobytes())
-    for part in (np.asarray(offsets_s, dtype="<f8"), prompt_lens, np.asarray(output_lens, dtype="<i8")):
-        h.update(part.tobytes())
-    for start in range(0, len(tokens), HASH_ROWS):  # the flat tokens, a slice of prompts at a time
-        rows = tokens[start:start + HASH_ROWS]
-        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype="<i8", count=int(sum(map(len, rows))))
-        h.update(flat.tobytes())
+    h.update(np.int64(n).astype("<i8").tobytes())
+    for slices, dtype in ((offsets_s, "<f8"), (prompt_lens, "<i8"), (output_lens, "<i8"), (flat_tokens, "<i8")):
+        for part in slices:
+            h.update(np.asarray(part, dtype=dtype).tobytes())
     return h.hexdigest()
+
+
+def saved_footer(path: str | Path) -> tuple[str, float | None]:
+    """(stored hash, planned duration or None) of a saved schedule, from its footer; DatasetError when it has none."""
+    path = Path(path)
+    meta = _read(path, pq.read_metadata).metadata or {}
+    if _META_HASH not in meta:
+        raise DatasetError(f"{path} is not a batchlab schedule (missing its hash)")
+    return meta[_META_HASH].decode(), float(meta[_META_DURATION]) if _META_DURATION in meta else None
 
 
 def _token_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:
@@ -174,17 +203,22 @@ def with_send_times(schedule: Schedule, offsets_s: Sequence[float]) -> Schedule:
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> None:
-    """Write the schedule as Parquet; hash, duration and config go into the file's key-value metadata."""
-    table = pa.Table.from_pandas(schedule.frame[list(COLUMNS)], schema=SCHEMA, preserve_index=False)
+    """Write the schedule as Parquet, SAVE_ROWS rows at a time (a row's prompt text and tokens are copied into
+    Arrow only for its slice: the frame's rows share the dataset's objects, the file's do not); hash, duration
+    and config go into the file's key-value metadata."""
     config = schedule.config.to_dict() if schedule.config is not None else None
-    table = table.replace_schema_metadata({
+    schema = SCHEMA.with_metadata({
         _META_HASH: schedule.content_hash.encode(),
         _META_DURATION: repr(float(schedule.duration_s)).encode(),
         _META_CONFIG: json.dumps(config).encode(),
         NOTES_KEY: json.dumps(schedule.notes).encode(),
     })
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
+    frame = schedule.frame[list(COLUMNS)]
+    with pq.ParquetWriter(path, schema) as writer:
+        for start in range(0, max(len(frame), 1), SAVE_ROWS):  # an empty schedule: one empty slice
+            part = frame.iloc[start:start + SAVE_ROWS]
+            writer.write_table(pa.Table.from_pandas(part, schema=SCHEMA, preserve_index=False))
 
 
 def _read(path: Path, read: Callable[[Path], object]) -> object:
@@ -234,6 +268,27 @@ def saved_settings(path: str | Path) -> tuple[dict, bool]:
         return config.settings(), True
     duration_s = float(meta[_META_DURATION]) if _META_DURATION in meta else _last_offset_s(path)
     return {"duration_s": duration_s, **({"rate": footer.num_rows / duration_s} if duration_s > 0 else {})}, False
+
+
+def saved_plan(path: str | Path) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(stored hash, planned offsets, prompt lengths, output lengths by request id) of a saved schedule, without
+    its prompts: what the scheduler checks each request against; DatasetError when unreadable."""
+    path = Path(path)
+    table, meta = _read_table_columns(path, ["request_id", "arrival_offset_s", "prompt_len", "output_len"])
+    ids = table.column("request_id").to_numpy()
+    if not np.array_equal(ids, np.arange(len(ids))):
+        raise DatasetError(f"{path} is not a batchlab schedule (its request ids are not 0 .. n - 1)")
+    return (meta[_META_HASH].decode(), *(table.column(c).to_numpy() for c in ("arrival_offset_s", "prompt_len",
+                                                                               "output_len")))
+
+
+def _read_table_columns(path: Path, columns: list[str]) -> tuple[pa.Table, dict[bytes, bytes]]:
+    """Some columns of a schedule file and its metadata, or DatasetError."""
+    table = _read(path, lambda p: pq.read_table(p, columns=columns))
+    meta = table.schema.metadata or {}
+    if _META_HASH not in meta:
+        raise DatasetError(f"{path} is not a batchlab schedule (missing its hash)")
+    return table, meta
 
 
 def _last_offset_s(path: Path) -> float:

@@ -17,10 +17,11 @@ RECORD_FLUSH_INTERVAL_S = 0.005  # collector records wait at most this long (the
 class Outbox:
     """The collector's records and the scheduler's BatchDones of the current step, in order."""
 
-    def __init__(self, sched: zmq.Socket, coll: zmq.Socket, to_scheduler: Callable[[float], float]) -> None:
+    def __init__(self, sched: zmq.Socket, coll: zmq.Socket, to_scheduler: Callable[[float], float],
+                 keep_trying: Callable[[], bool] | None = None) -> None:
         self.sched, self.coll = sched, coll
         self.to_scheduler = to_scheduler  # this host's clock -> the scheduler's
-        self.records = Bundler(coll, RECORD_FLUSH_INTERVAL_S)
+        self.records = Bundler(coll, RECORD_FLUSH_INTERVAL_S, keep_trying=keep_trying)  # (protocol.sockets.send_split)
         self.dones: list[BatchDone] = []
 
     def record(self, msg: object) -> None:

@@ -10,9 +10,10 @@ from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, Failed
                                WorkerCapacity, encode, now)
 from batchlab.protocol.environment import environment
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
-from batchlab.protocol.inbox import Inbox
+from batchlab.protocol.inbox import Inbox, wait_for_ack
 from batchlab.protocol.signals import on_stop_signal
-from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, LIVENESS_S, make_socket
+from batchlab.protocol.sockets import (HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, RECORDS_HWM,
+                                      RECORDS_SEND_TIMEOUT_MS, make_socket)
 from batchlab.worker.admission import OpenBatch, admit
 from batchlab.worker.backend import Backend, OutOfMemory, Row, StepOutput, worker_hello
 from batchlab.worker.outbox import HeartbeatThread, Outbox
@@ -36,19 +37,23 @@ class Worker:
         self.run_over = run_over  # a warm worker's "the run I wait for has ended" (its launcher moved on)
         self.ctx = zmq.Context()
         self.sched = make_socket(self.ctx, zmq.DEALER, scheduler_addr, bind=False, identity=worker_id, keys=keys)
-        self.coll = make_socket(self.ctx, zmq.PUSH, collector_addr, bind=False, keys=keys)
+        self.coll = make_socket(self.ctx, zmq.DEALER, collector_addr, bind=False, identity=worker_id, keys=keys,
+                                hwm=RECORDS_HWM, send_timeout_ms=RECORDS_SEND_TIMEOUT_MS)  # a collector behind
+        # slows us (a send waits, looking at our stop every RECORDS_SEND_TIMEOUT_MS) rather than growing our memory
+        self.collector = Inbox(self.coll, log, peer="collector")  # its answer to our bye
         self.inbox = Inbox(self.sched, log, peer=SCHEDULER)  # counts rejected_messages (refused rows too)
         self.open: dict[int, OpenBatch] = {}  # batch_id -> continuous bookkeeping
         self.batch_of: dict[int, int] = {}  # request_id -> batch_id (continuous)
         self.step_no = 0
         self.max_rows = backend.info.max_batch_size  # the row cap the scheduler last heard (hello, then reports)
         self.stopping = False
+        self.signalled = False  # a stop signal came (stop_on_signal)
         self.cpu_start_s = time.process_time()  # this run's share of a warm worker's CPU
         self.waiting_logged_s = now()  # the last "still waiting" line, before the scheduler is first heard
         self.deferred: list[object] = []
         self.heart = HeartbeatThread(self.ctx, scheduler_addr, worker_id, keys)
         self.clock = OffsetEstimate()
-        self.out = Outbox(self.sched, self.coll, self.clock.to_scheduler)
+        self.out = Outbox(self.sched, self.coll, self.clock.to_scheduler, keep_trying=lambda: not self.signalled)
         self.next_sync = 0.0
 
     # --- main loop --------------------------------------------------------------------------------
@@ -62,7 +67,11 @@ class Worker:
         while not self.stopping:
             busy = self.backend.info.mode == "continuous" and self.backend.has_work()
             # 1. take what the scheduler sent (do not block while a continuous batch runs)
-            for msg in self._receive(timeout_ms=0 if busy else int(HEARTBEAT_INTERVAL_S * 1000)):
+            msgs = self._receive(timeout_ms=0 if busy else int(HEARTBEAT_INTERVAL_S * 1000))
+            for i, msg in enumerate(msgs):
+                if self.stopping:  # a Shutdown (or a signal) came first: what is left fails at close()
+                    self.deferred[:0] = msgs[i:]
+                    break
                 self._handle(msg)
             # 2. advance the continuous batch by one step
             if busy:
@@ -77,12 +86,15 @@ class Worker:
         (and the backend, unless it stays warm for the next run)."""
         for rid in list(self.batch_of):  # continuous rows cut off by a stop: terminal, never silent
             self._close_row(rid, "worker stopped before the request finished")
+        self._fail_deferred("worker stopped before the request started")
         try:
             stats = {**self.inbox.counters, "cpu_s": time.process_time() - self.cpu_start_s,
+                     "records_send_s": self.out.records.send_s,  # waiting on a collector behind: it slowed us
                      **self.clock.facts(), **self.backend.run_facts()}
             self.out.record(WorkerBye(self.worker_id, self.backend.peak_memory_bytes(),
                                          self.backend.info.memory_kind, stats))
             self.out.flush()
+            self._wait_for_collector()
         finally:
             self.heart.stop()
             if close_backend:
@@ -105,6 +117,26 @@ class Worker:
         if timeout_ms and not new:
             self._check_scheduler_alive()
         return msgs + new
+
+    def _take_mid_batch(self) -> None:
+        """During a static batch: keep what arrives, in order, for the loop's next pass (a Dispatch then runs
+        after this batch); a Shutdown among it stops the worker now."""
+        for _, msg in self.inbox.receive(0):
+            self.deferred.append(msg)
+            if isinstance(msg, Shutdown):
+                log.info("shutdown during a batch: %s", msg.reason)
+                self.stopping = True
+
+    def _fail_deferred(self, reason: str) -> None:
+        """Dispatches kept for later that never ran (the worker stopped first): each row fails with `reason`."""
+        for msg in self.deferred:
+            if isinstance(msg, Dispatch):
+                t = now()
+                for batch_id in dict.fromkeys(row.batch_id for row in msg.requests):
+                    failed = [FailedRow(r.request.request_id, reason) for r in msg.requests if r.batch_id == batch_id]
+                    self._batch_done(BatchDone(batch_id, self.worker_id, t, t, [], failed, False,
+                                               self.backend.peak_memory_bytes()))
+        self.deferred = []
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Dispatch):
@@ -133,7 +165,7 @@ class Worker:
             self.out.tokens(self.step_no, out, batch_of)
             self.out.flush(all_records=False)
             finished.extend(out.finished)
-            self.deferred.extend(self._receive(timeout_ms=0))
+            self._take_mid_batch()
             if self.stopping:  # a signal or Shutdown: abandon the batch (generate() ends by this raise)
                 raise WorkerStopping("worker stopped before the batch finished")
 
@@ -225,6 +257,16 @@ class Worker:
             self.next_sync = t + RESYNC_INTERVAL_S
             self.sched.send(encode(ClockPing(-1, t)))
 
+    def _wait_for_collector(self) -> None:
+        """Keep the socket to the collector until it took our bye (and so every record before it), up to the
+        liveness window after the scheduler's Shutdown; after a signal or a silent scheduler the socket's usual
+        linger (the run is being stopped, or broken)."""
+        signalled = self.signalled
+        wait_s = self.liveness_s if self.exit_code == 0 and not signalled else LINGER_MS / 1000
+        if not wait_for_ack(self.collector, "WorkerBye", wait_s, lambda: self.signalled != signalled):
+            log.warning("the collector did not take this worker's bye within %.1f s: records still queued may be "
+                        "lost", wait_s)
+
     def _check_scheduler_alive(self) -> None:
         """Called after a poll that heard nothing; our own heartbeats go from a thread (outbox.HeartbeatThread)."""
         t = now()
@@ -242,8 +284,9 @@ class Worker:
             self.stopping, self.exit_code = True, 1
 
     def stop_on_signal(self, signum: int) -> None:
-        """SIGINT/SIGTERM: stop after the current step; the exit code says which signal."""
-        self.stopping, self.exit_code = True, 128 + signum
+        """SIGINT/SIGTERM: stop after the current step (or the wait for the collector's ack); the exit code
+        says which signal."""
+        self.stopping, self.signalled, self.exit_code = True, True, 128 + signum
 
     def _abandoned(self) -> bool:
         """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
@@ -291,7 +334,7 @@ def serve_sessions(make_backend, next_session, worker_id: str, keys: str | None 
     def on_signal(_signum: int) -> None:
         state["exit"] = True
         if state["worker"] is not None:
-            state["worker"].stopping = True
+            state["worker"].stopping = state["worker"].signalled = True
 
     with on_stop_signal(on_signal):
         started = now()

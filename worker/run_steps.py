@@ -19,6 +19,19 @@ from batchlab.protocol.run_dir import RunDir
 STEP_COLUMNS = ("worker", "start_s", "end_s", "decode_rows", "decode_context", "prefill_rows", "prefill_tokens",
                 "prefill_pairs")
 TIME_SLACK_S = 1e-6  # token stamps and step ends are the same clock reading, written as floats
+# The columns the steps are read from, and their kinds ("number": ints or floats; "text"; "flag": booleans).
+NEEDED: dict[str, dict[str, str]] = {
+    "requests": {"request_id": "number", "prompt_len": "number"},
+    "batches": {"batch_id": "number", "worker": "text", "size": "number", "max_prompt_len": "number",
+                "oom": "flag", "scheduled_time": "number"},
+    "tokens": {"request_id": "number", "batch_id": "number", "token_index": "number", "time": "number"},
+    "steps": {"worker": "text", "step": "number", "start_time": "number", "end_time": "number",
+              "prefill_tokens": "number"},
+}
+
+
+class RunStepsError(ValueError):
+    """A run folder whose tables cannot give its steps: the message names the file and what is wrong."""
 
 
 @dataclass(slots=True)
@@ -33,10 +46,34 @@ class RunSteps:
 def read_run_steps(run_dir: str | Path, padded: bool) -> RunSteps:
     """A run folder's executed steps (static batches and continuous steps alike)."""
     run = RunDir(run_dir)
-    requests, batches, tokens = (pd.read_parquet(run.table(name)) for name in ("requests", "batches", "tokens"))
-    steps_file = run.table("steps")
-    steps = pd.read_parquet(steps_file) if steps_file.is_file() else pd.DataFrame(columns=["worker"])
+    requests, batches, tokens = (_table(run, name) for name in ("requests", "batches", "tokens"))
+    steps = _table(run, "steps") if run.table("steps").is_file() else pd.DataFrame(columns=list(NEEDED["steps"]))
     return executed_steps(requests, batches, tokens, steps, padded)
+
+
+def _table(run: RunDir, name: str) -> pd.DataFrame:
+    """One table of the run, its NEEDED columns there and of their kinds; RunStepsError naming the file."""
+    path = run.table(name)
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for a missing or bad file
+        raise RunStepsError(f"{path}: cannot read it ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in NEEDED[name] if c not in df.columns]
+    if missing:
+        raise RunStepsError(f"{path}: lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    wrong = [f"{c} ({df[c].dtype}, not {kind})" for c, kind in NEEDED[name].items() if len(df)
+             and not _of_kind(df[c], kind)]
+    if wrong:
+        raise RunStepsError(f"{path}: has columns of the wrong kind: {', '.join(wrong)}")
+    return df
+
+
+def _of_kind(column: pd.Series, kind: str) -> bool:
+    if kind == "flag":
+        return pd.api.types.is_bool_dtype(column)
+    if kind == "number":
+        return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+    return column.dropna().map(lambda v: isinstance(v, str)).all()
 
 
 def executed_steps(requests: pd.DataFrame, batches: pd.DataFrame, tokens: pd.DataFrame, steps: pd.DataFrame,
