@@ -96,6 +96,7 @@ class RunConfig(*GROUPS, title="RunConfig"):
 # not among them: `simulate` and `calibrate` read it beside live runs; speed_noise likewise)
 BACKEND_ONLY = {"openai": tuple(OpenAIBackendSettings.model_fields), "vllm": tuple(VLLMBackendSettings.model_fields),
                 "hf": tuple(HFBackendSettings.model_fields)}
+SHARED_ONLY = {"cpu_threads": ("hf", "vllm")}  # a worker setting that only these backends read
 
 
 def refuse_ignored(cfg: RunConfig) -> None:
@@ -105,6 +106,8 @@ def refuse_ignored(cfg: RunConfig) -> None:
         return
     ignored = [(said(name), backend) for backend, names in BACKEND_ONLY.items() if backend != cfg.backend
                for name in names if name in cfg.model_fields_set]
+    ignored += [(said(name), " and ".join(backends)) for name, backends in SHARED_ONLY.items()
+                if cfg.backend not in backends and name in cfg.model_fields_set]
     if ignored:
         named = ", ".join(f"{option} (the {backend} backend's)" for option, backend in ignored)
         raise ConfigError(f"backend {cfg.backend} ignores {named}: leave {'them' if len(ignored) > 1 else 'it'} "

@@ -125,3 +125,13 @@ def test_a_bad_thread_policy_is_one_line_naming_the_choices():
     with pytest.raises(ConfigError, match=r"--cpu-threads must be one of auto, torch, all, spare, one, pinned"):
         RunConfig(cpu_threads="lots")
     assert RunConfig(cpu_threads=" Spare ").cpu_threads == "spare" and RunConfig(cpu_threads=3).cpu_threads == "3"
+
+
+def test_a_thread_policy_given_to_a_backend_without_threads_is_refused():
+    from batchlab.protocol.settings import ConfigError, RunConfig, refuse_ignored
+
+    with pytest.raises(ConfigError, match=r"backend sim ignores cpu_threads \(the hf and vllm backend's\)"):
+        refuse_ignored(RunConfig(backend="sim", cpu_threads="one"))
+    refuse_ignored(RunConfig(backend="hf", cpu_threads="one"))
+    refuse_ignored(RunConfig(strategy="vllm", cpu_threads="2"))
+    refuse_ignored(RunConfig(backend="sim"))  # the default, not given: nothing to refuse
