@@ -68,6 +68,7 @@ class Plan:
     repeats_auto: AutoRepeats | None = None
     concurrency: list[int] = field(default_factory=list)  # closed loop: clients per point, in place of rates
     rerun_disturbed: int = 0  # grid.rerun_disturbed: tries again for a run a burst of other work disturbed
+    default_rate: bool = False  # a run's settings that named no rate: a trace's arrival given later keeps its timing
 
     def limits(self):
         """Each point's time limits (runner.launcher.Limits): the grid's point_timeout_s; its start-up limit is the
@@ -177,7 +178,8 @@ def parse_plan(raw: dict, path: str | Path = "the plan", sets: dict | None = Non
     if grid.concurrency and ("rate" in base or "arrival" in base):
         raise SweepError("grid.concurrency sweeps closed-loop load: it does not go with base.rate or "
                          "base.arrival (open loop)")
-    rates = [] if grid.concurrency or grid.rates_auto else sorted(set(grid.rates or [base.get("rate", DEFAULT_RATE)]))
+    own = 0.0 if base.get("arrival") == "trace" else DEFAULT_RATE  # a trace keeps its own timing unless rated
+    rates = [] if grid.concurrency or grid.rates_auto else sorted(set(grid.rates or [base.get("rate", own)]))
     return Plan(base, entries, [float(r) for r in rates], grid.rates_auto, grid.repeats, grid.seed,
                 grid.point_timeout_s, grid.order, grid.repeats_auto,
                 sorted(set(grid.concurrency or [])), grid.rerun_disturbed)
@@ -218,8 +220,9 @@ def flat_plan(values: dict) -> Plan:
     values = dict(values)
     cfg = checked_config({**values, "out": "."}, {})
     strategy = values.pop("strategy", cfg.strategy)
-    values.pop("rate", None)
-    return Plan(values, [Entry(strategy_label(strategy), {"strategy": strategy})], [cfg.rate], None, 1, cfg.seed)
+    default_rate = values.pop("rate", None) is None
+    return Plan(values, [Entry(strategy_label(strategy), {"strategy": strategy})], [cfg.rate], None, 1, cfg.seed,
+                default_rate=default_rate)
 
 
 def changed(plan: Plan, changes: dict) -> Plan:
@@ -251,6 +254,9 @@ def changed(plan: Plan, changes: dict) -> Plan:
         checked = parse_grid({"rates": rates if isinstance(rates, dict) or rates == "auto" else _items(rates)},
                              "the changes")
         plan.rates, plan.auto = [float(r) for r in sorted(set(checked.rates or []))], checked.rates_auto
+        plan.default_rate = False
+    elif plan.default_rate and plan.base.get("arrival") == "trace":
+        plan.rates = [0.0]  # a trace keeps its own timing unless a rate is asked for (as a run's settings do)
     if grid:
         checked = parse_grid({k: _items(v) if k == "concurrency" else v for k, v in grid.items()}, "the changes")
         for name in grid:

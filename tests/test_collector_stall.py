@@ -60,6 +60,9 @@ def stall_collector(out: Path, *options: str, moment: str, stop_s: float | None)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        deadline = time.monotonic() + 5  # a process killed at the run's end may take a moment to be gone
+        while marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
         left = marked(marker)
         for p in left:
             p.kill()

@@ -31,10 +31,14 @@ N_REQUESTS, OUTPUT_LEN = 6, 2
 
 
 class Frames:
-    """A PULL socket's queue: recv gives each frame, then zmq.Again."""
+    """The collector socket's queue: recv gives each frame, then zmq.Again; what the collector answers
+    (acknowledgements, heartbeats) is kept in `sent`."""
 
     def __init__(self, frames: list[bytes]) -> None:
-        self.frames = list(frames)
+        self.frames, self.sent = list(frames), []
+
+    def send(self, frame: bytes, _flags: int = 0) -> None:
+        self.sent.append(frame)
 
     def recv(self, _flags: int = 0) -> bytes:
         if not self.frames:

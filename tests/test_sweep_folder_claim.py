@@ -46,7 +46,7 @@ def test_two_sweeps_into_one_folder_one_is_refused_in_one_line_and_a_resume_afte
     first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not any(out.glob("strategy=*")):  # the first one holds the folder and runs its points
+        while not any(out.glob("sweep_label=*")):  # the first one holds the folder and runs its points
             assert first.poll() is None and time.monotonic() < deadline, "the first sweep never started a point"
             time.sleep(0.05)
         second = run_cli("sweep", str(config), "--out", str(out), check=False, timeout_s=120)

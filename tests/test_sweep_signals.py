@@ -25,7 +25,7 @@ def test_a_signal_to_a_sweeps_group_mid_point_ends_it_with_one_line(tmp_path, si
                             start_new_session=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 180
-        while not list(out.glob("strategy=*/rate=*/repeat=*/timing.json")):  # a point's traffic has started
+        while not list(out.glob("sweep_label=*/sweep_rate=*/sweep_repeat=*/timing.json")):  # a point's traffic has started
             assert proc.poll() is None and time.monotonic() < deadline, "no point started"
             time.sleep(0.05)
         os.killpg(proc.pid, sig)
