@@ -86,6 +86,19 @@ def test_simulate_writes_every_point_and_reports_each_through_the_callback(tmp_p
     assert json.loads((tmp_path / "sim" / "sweep.json").read_text())["simulated"] is True
 
 
+def test_a_trace_arrival_given_beside_no_rate_keeps_the_traces_own_timing(tmp_path):
+    from batchlab.lab.sweep_plan import plan_from
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp,input_len,output_len\n" + "".join(f"{i * 0.25},16,4\n" for i in range(40)))
+    given = {"dataset": f"trace:{trace}", "arrival": "trace"}
+    assert plan_from({}, given)[0].rates == [0.0]  # a run's settings, the trace's arrival later
+    assert plan_from(given)[0].rates == [0.0]
+    assert plan_from({}, {**given, "rate": 2})[0].rates == [2.0]  # a rate asked for is kept
+    assert plan_from({"base": given, "grid": {"strategies": ["naive"]}})[0].rates == [0.0]
+    assert plan_from({}, {"arrival": "poisson"})[0].rates == [10.0]
+
+
 def test_a_simulated_capacity_search_brackets_every_strategy_below_its_mu(tmp_path):
     result = api.capacity(PLAN, tmp_path, simulated=True, search_duration_s=5, saturated_duration_s=5, max_probes=4)
     assert result.simulated and set(result.estimates) == {"naive", "dynamic"}
