@@ -17,6 +17,7 @@ from batchlab.runner.procs import Child
 from batchlab.runner.outcome import post_process
 from batchlab.runner.run_folder import RunRecord
 from batchlab.collector.summary import Summary, read_summary
+from batchlab.protocol.files import write_text_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
 from batchlab.protocol.sockets import Addresses
@@ -128,7 +129,7 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
             workers = pool.join(addrs, cfg.out)
         own.append(start_role(ctx, "traffic", roles.traffic_role, cfg, addrs.scheduler, traffic_started,
                               out_dir=cfg.out))
-        RunDir(out).pids.write_text(json.dumps({c.name: c.proc.pid for c in own + workers}))
+        write_text_atomic(RunDir(out).pids, json.dumps({c.name: c.proc.pid for c in own + workers}))  # never half
         _watch(own, workers, on_tick, stream_ended, clock, watch, cfg.liveness_s)
     finally:
         watch.stop_run.set()  # the collector's signal from here on is the launcher's: no run to stop
@@ -158,7 +159,7 @@ class _Clock:
         t = time.monotonic()
         if self.t_started is None and self.started_event.is_set():
             self.t_started = t
-            RunDir(self.out).timing.write_text(json.dumps({"startup_s": round(t - self.t_launch, 3)}))
+            write_text_atomic(RunDir(self.out).timing, json.dumps({"startup_s": round(t - self.t_launch, 3)}))
         if self.t_started is None:
             if self.limits.startup_s and t - self.t_launch > self.limits.startup_s:
                 who = ("the collector gave no sign of life (stopped or stalled)" if collector_silent

@@ -114,9 +114,11 @@ def batchlab_home(tmp_path_factory):
 
 
 def default_sigint() -> None:
-    """preexec_fn for a child a test will send SIGINT: a shell that starts jobs without job control (a CI
-    script's background step) makes them ignore SIGINT, and Python then never raises KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """preexec_fn for a child a test will send a stop signal: a shell that starts jobs without job control (a CI
+    script's background step) makes them ignore SIGINT, and Python then never raises KeyboardInterrupt; a suite
+    started under nohup makes them ignore SIGHUP, which batchlab then rightly leaves alone."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def run_cli(*args: str, timeout_s: float = 300, check: bool = True,
