@@ -92,6 +92,17 @@ def extended(label: str, tries: list[float], once, view=None) -> SaturatedRun:
     return run
 
 
+WIDE_RATIO = 10.0  # a repeat's own interval wider than this (hi / lo) says nothing: shown as such, not as figures
+
+
+def _own_interval(run: SaturatedRun) -> str:
+    """A repeat's own interval of μ as its note shows it: "[lo, hi] ", or, when a few batch means in the steady
+    window make it span more than WIDE_RATIO×, what it is (μ's interval then comes from the repeats' spread)."""
+    if run.req_s_lo > 0 and run.req_s_hi / run.req_s_lo <= WIDE_RATIO:
+        return f"[{run.req_s_lo:.3g}, {run.req_s_hi:.3g}] "
+    return "(too few batches in this run for an interval of its own; the repeats' spread gives μ's) "
+
+
 def _interference(folder: Path) -> dict | None:
     """The other work beside a run (its summary's; None when it has none to read)."""
     try:
@@ -151,8 +162,7 @@ class LiveSearch:
         if self.view:
             beside = read_interference(run.interference)
             busy = f"; ⚠ {beside.text()}" if beside is not None and beside.disturbed else ""
-            self.view.note(f"saturated {entry.label} repeat {repeat}: μ = {run.req_s:.3g} "
-                           f"[{run.req_s_lo:.3g}, {run.req_s_hi:.3g}] req/s{busy}")
+            self.view.note(f"saturated {entry.label} repeat {repeat}: μ = {run.req_s:.3g} {_own_interval(run)}req/s{busy}")
         return run
 
     def measure(self, entry: Entry, saturated: dict | None = None):

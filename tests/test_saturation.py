@@ -217,3 +217,16 @@ def test_the_report_warns_when_a_capacity_sits_below_a_rate_the_same_sweep_susta
     # judged as the search judges: with μ = 4 and a queue limit, 3.69 is too close to μ for 12 s to tell
     mu = {"req_s": 4.0, "req_s_lo": 3.9, "req_s_hi": 4.1}
     assert checks(missing, [], grid_verdicts(runs, saturated=mu)) == []
+
+
+def test_a_repeats_note_shows_its_own_interval_only_where_it_says_something():
+    from batchlab.collector.saturation import SaturatedRun
+    from batchlab.lab.capacity_search import _own_interval
+
+    def run(lo: float, hi: float) -> SaturatedRun:
+        return SaturatedRun(0, 4.0, lo, hi, 120.0, 100.0, 140.0, [1.0, 9.0], 30)
+
+    assert _own_interval(run(3.5, 4.6)) == "[3.5, 4.6] "
+    # three batch means on a busy machine: [0.000113, 1.41e+05] req/s once; the figures say nothing
+    assert "too few batches" in _own_interval(run(0.000113, 1.41e5))
+    assert "too few batches" in _own_interval(run(0.0, 9.0))
