@@ -129,6 +129,11 @@ def load_table(out_dir: Path, name: str, columns: list[str] | None = None) -> pd
             return pd.read_parquet(final, columns=[c for c in columns if c in names])
         return pd.read_parquet(final, columns=None if name == "requests" else
                                [c for c in names if c not in (*SETTINGS_COLUMNS, *RUN_COLUMNS)])
+    return parts_table(out_dir, name)
+
+
+def parts_table(out_dir: Path, name: str) -> pd.DataFrame:
+    """A table from its part files (a run killed before its final write), every column; empty when none."""
     parts = RunDir(out_dir).parts(name)
     if not parts:
         return pd.DataFrame()

@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from batchlab.collector.layout import INDEX_FILE
-from batchlab.collector.parts import ROW_KEYS, RUN_COLUMNS, SETTINGS_COLUMNS, run_values
+from batchlab.collector.parts import RUN_COLUMNS, SETTINGS_COLUMNS, parts_table, run_values
 from batchlab.collector.summary import read_summary
 from batchlab.protocol.errors import ReportError
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
@@ -66,12 +66,9 @@ def _run_table(folder: Path, name: str, columns: list[str] | None) -> pd.DataFra
         present = set(pq.read_schema(final).names)
         df = pd.read_parquet(final, columns=None if wanted is None else [c for c in wanted if c in present])
     else:
-        parts = RunDir(folder).parts(name)
-        if not parts:
-            return pd.DataFrame()
-        df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
-        if name in ROW_KEYS:  # a row written again replaces the earlier one
-            df = df.drop_duplicates(ROW_KEYS[name], keep="last", ignore_index=True)
+        df = parts_table(folder, name)
+        if df.columns.empty:  # no part files
+            return df
         df = df if wanted is None else df[[c for c in wanted if c in df]]
     missing = [c for c in IDENTITY_COLUMNS if c not in df]
     if missing:

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from batchlab.collector.interference import is_burst, read
 
 MIN_USUAL = 3  # runs seen before their median counts as the sweep's usual background
-
-
 BASELINE_S = 2.0  # before a sweep that reruns disturbed runs, the machine's background is read this long
 
 

@@ -207,3 +207,24 @@ def test_the_api_reads_a_sweeps_tables_as_dataframes_with_the_identity_joined(sw
     assert dict(zip(by_sql["label"], by_sql["n"])) == requests.groupby("label", observed=True).size().to_dict()
     assert result.sql("SELECT count(*) AS n FROM points")["n"][0] == len(points)
     assert set(result.requests(columns=["ttft"]).columns) >= {"ttft", "label", "rate"}
+
+
+def test_a_run_killed_before_its_final_write_is_read_from_its_part_files_with_its_identity(sweep, tmp_path):
+    from batchlab.collector.reading import read_table
+    from batchlab.protocol.run_dir import RunDir
+
+    point = next(sweep.glob(f"{LABEL_KEY}=*/{RATE_KEY}=*/{REPEAT_KEY}=*"))
+    killed = tmp_path / "killed"
+    shutil.copytree(point, killed)
+    final = RunDir(killed).table("requests")
+    whole = pd.read_parquet(final)
+    bare = whole.drop(columns=[c for c in (*SETTINGS_COLUMNS, *RUN_COLUMNS) if c in whole])
+    RunDir(killed).parts_dir.mkdir(exist_ok=True)
+    half = len(bare) // 2
+    bare.iloc[:half + 1].to_parquet(RunDir(killed).part("requests", 0))  # a row written again in the next part
+    bare.iloc[half:].to_parquet(RunDir(killed).part("requests", 1))
+    final.unlink()
+    got = read_table([killed], "requests", ["request_id"])
+    assert sorted(got["request_id"]) == sorted(whole["request_id"])  # each row once
+    assert got["config_hash"].nunique() == 1 and got["config_hash"].iloc[0] == whole["config_hash"].iloc[0]
+    assert read_table([tmp_path / "nothing"], "requests").empty
