@@ -1,7 +1,8 @@
 """The `batchlab` command line: the typer commands (parse, call the library, print) and the terminal views.
 
 A Ctrl-C while it is still importing (a second or so, before any process or file exists) ends it quietly
-with exit code 130; main.py hands SIGINT back to Python once imported. Imported by another program (a
+with exit code 130, and so does one after the command has ended; main.py hands SIGINT back to Python
+inside typer's main, which makes its KeyboardInterrupt exit 130 too. Imported by another program (a
 notebook, a test), this package changes no signal handler of that program's process. A child that `batchlab
 run` spawned is left to batchlab.runner, imported first here, which links it to its launcher.
 """

@@ -12,7 +12,7 @@ try:  # typer 0.29 vendors click: the usage errors it raises are typer._click's,
 except ImportError:  # a typer that uses click itself
     from click.exceptions import NoArgsIsHelpError, UsageError
 
-from batchlab.cli import report_cmd, restore_sigint, simulate_cmd, sweep_cmd
+from batchlab.cli import exit_on_sigint_while_importing, report_cmd, restore_sigint, simulate_cmd, sweep_cmd
 from batchlab.runner.config import checked_config, replay_config
 from batchlab.cli.grammar import show_version
 from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
@@ -39,7 +39,10 @@ class _OneLineErrors(TyperGroup):
         return super().main(bool_words(self, args), *rest, **kwargs)
 
     def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
-        """The top level's own options and command name parsed; a usage error is one line (_usage_error)."""
+        """The top level's own options and command name parsed; a usage error is one line (_usage_error). Called
+        inside typer's main, which makes a KeyboardInterrupt exit 130: Python's Ctrl-C is given back here, not
+        when the module ends (a Ctrl-C between the two was a traceback and a death by SIGINT)."""
+        restore_sigint()
         try:
             return super().make_context(info_name, args, parent, **extra)
         except UsageError as exc:
@@ -254,7 +257,17 @@ for _command in (sweep_cmd.sweep, capacity_cmd.capacity, report_cmd.report, simu
                  calibrate_cmd.calibrate):
     app.command()(_command)
 app.command(context_settings=vllm_cmd.PASSTHROUGH, add_help_option=False)(vllm_cmd.vllm)
-restore_sigint()  # imported: a Ctrl-C is a KeyboardInterrupt again (exit 130, see _OneLineErrors)
+
+
+def main() -> None:
+    """The `batchlab` command (its console script and `python -m batchlab.cli.main`): app(), and once it has
+    ended (its exit code chosen, SystemExit on its way out) a late Ctrl-C ends it quietly, as one while it
+    imported does."""
+    try:
+        app()
+    finally:
+        exit_on_sigint_while_importing()
+
 
 if __name__ == "__main__":
-    app()
+    main()

@@ -135,22 +135,25 @@ def terminated_as_interrupt(spawned: bool = False) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _interrupted_while_importing(_signum, _frame) -> None:
+def _interrupted_outside_the_command(_signum, _frame) -> None:
+    with contextlib.suppress(Exception):  # what the command printed before is kept (os._exit flushes nothing)
+        sys.stdout.flush()
     sys.stderr.write("error: interrupted\n")
     os._exit(130)
 
 
 def exit_on_sigint_while_importing() -> None:
-    """The command, as it starts importing: a Ctrl-C before any process or file exists ends it quietly (130),
-    unless SIGINT is not Python's own (ignored by whoever started it)."""
+    """The command, as it starts importing (before any process or file exists) and again once it has ended: a
+    Ctrl-C then ends it quietly (130, no traceback), unless SIGINT is not Python's own (ignored by whoever
+    started it)."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupted_while_importing)
+        signal.signal(signal.SIGINT, _interrupted_outside_the_command)
 
 
 def restore_sigint() -> None:
-    """Python's own Ctrl-C (KeyboardInterrupt) again once the command is imported, unless SIGINT was ignored by
-    whoever started it."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:
+    """Python's own Ctrl-C (KeyboardInterrupt) again, from where the command line's parser catches it (inside
+    typer's main), unless SIGINT was ignored by whoever started it."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_outside_the_command:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 

@@ -32,7 +32,8 @@ from tests.test_process_cleanup import MARKER, marked
 
 pytestmark = pytest.mark.slow
 STOP_S = 3.5  # a SIGSTOP this long outlasted the old liveness limit (3 × 1 s)
-LIVENESS_S = 2  # the short window a stall three times as long outlasts
+LIVENESS_S = 5  # a short window, which a stall 2.5 times as long outlasts: every role (the collector too)
+# silent this long is lost, so it is kept well above what a loaded machine's scheduling delays (CI: over 2 s)
 RUN = ["run", "--backend", "sim", "--strategy", "continuous", "--dataset", "synthetic", "--max-new-tokens", "128",
        "--max-prompt-len", "64", "--rate", "20", "--duration", "3", "--seed", "5"]
 PARALLEL_RUNS = 3
@@ -197,7 +198,11 @@ def test_a_fault_ends_in_its_exit_code_with_every_request_accounted_for_and_noth
     got = outcomes[cell.name]
     if isinstance(got, BaseException):  # the cell's own run could not be driven (a timeout, say)
         raise got
-    assert got.code == cell.code, got.stderr[-2000:]
+    if cell.who == "launcher" and cell.moment[0].isdigit() and got.code == -signal.SIGINT and not got.stderr \
+            and not got.out.exists():  # a loaded machine had not started the interpreter yet (CI, at 0.9 s)
+        pass  # SIGINT's own death before Python took the signal, nothing written: a shell reads it as 130 too
+    else:
+        assert got.code == cell.code, got.stderr[-2000:]
     last = (got.stderr.strip().splitlines() or [""])[-1]
     assert re.search(cell.line, last), got.stderr[-2000:]
     assert "Traceback" not in got.stderr, got.stderr[-3000:]
@@ -238,7 +243,7 @@ def test_a_worker_stalled_past_the_liveness_window_rejoins_and_its_requests_end_
                              str(out)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         reach_moment(Cell("worker-0", "STOP", "mid", 0), out)
-        inflict(Cell("worker-0", "STOP", "mid", 0), proc, out, stop_s=3 * LIVENESS_S)
+        inflict(Cell("worker-0", "STOP", "mid", 0), proc, out, stop_s=2.5 * LIVENESS_S)
         proc.wait(timeout=240)
     finally:
         if proc.poll() is None:

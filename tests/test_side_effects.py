@@ -48,3 +48,33 @@ def test_stop_signals_are_declared_once():
     declared = [p.relative_to(ROOT).as_posix() for package in PACKAGES for p in (ROOT / package).rglob("*.py")
                 if "STOP_SIGNALS =" in p.read_text()]
     assert declared == ["protocol/signals.py"]
+
+
+def test_the_command_gives_ctrl_c_to_python_only_inside_typers_main_and_ends_quietly_after(tmp_path, monkeypatch):
+    """A Ctrl-C while the command imports or once it has ended is a quiet exit 130; Python's own (a
+    KeyboardInterrupt, which typer's main makes 130) only from inside that main: given back when the module
+    ended, a Ctrl-C before typer's try was a traceback and a death by SIGINT (a fault-matrix cell saw it)."""
+    import signal
+
+    from batchlab.cli import main as cli
+    from batchlab.protocol import signals
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal gives it (xdist ignores it)
+    seen = []
+    invoke = cli._OneLineErrors.invoke
+    monkeypatch.setattr(cli._OneLineErrors, "invoke",
+                        lambda self, ctx: seen.append(signal.getsignal(signal.SIGINT)) or invoke(self, ctx))
+    monkeypatch.setattr(sys, "argv", ["batchlab", "keys", "generate", str(tmp_path / "keys")])
+    try:
+        signals.exit_on_sigint_while_importing()  # what the command's import does
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        try:
+            cli.main()
+        except SystemExit as exc:
+            assert exc.code in (0, None)
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert seen == [signal.default_int_handler]  # Python's own while the command ran
+    assert after is not signal.default_int_handler and callable(after)  # quiet again once it ended
+    assert (tmp_path / "keys").is_dir()
