@@ -10,7 +10,8 @@ import contextlib
 import sys
 from pathlib import Path
 
-from batchlab.protocol.signals import exit_on_sigint_while_importing, restore_sigint  # noqa: F401 (cli.main's)
+from batchlab.protocol.signals import (exit_on_sigint_while_importing, forget_handled_interrupt,  # noqa: F401
+                                      restore_sigint)  # (cli.main's)
 from batchlab.runner import SPAWNED
 
 # The batchlab command itself: its console script, or `python -m batchlab.cli.main` (argv[0] reads "-m" while

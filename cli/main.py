@@ -12,7 +12,8 @@ try:  # typer 0.29 vendors click: the usage errors it raises are typer._click's,
 except ImportError:  # a typer that uses click itself
     from click.exceptions import NoArgsIsHelpError, UsageError
 
-from batchlab.cli import exit_on_sigint_while_importing, report_cmd, restore_sigint, simulate_cmd, sweep_cmd
+from batchlab.cli import (exit_on_sigint_while_importing, forget_handled_interrupt, report_cmd, restore_sigint,
+                          simulate_cmd, sweep_cmd)
 from batchlab.runner.config import checked_config, replay_config
 from batchlab.cli.grammar import show_version
 from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
@@ -262,9 +263,12 @@ app.command(context_settings=vllm_cmd.PASSTHROUGH, add_help_option=False)(vllm_c
 def main() -> None:
     """The `batchlab` command (its console script and `python -m batchlab.cli.main`): app(), and once it has
     ended (its exit code chosen, SystemExit on its way out) a late Ctrl-C ends it quietly, as one while it
-    imported does."""
+    imported does, and a Ctrl-C it handled is not taken by Python for an unhandled one (forget_handled_interrupt)."""
     try:
         app()
+    except SystemExit:
+        forget_handled_interrupt()  # its exit code is the command's answer (130 for a Ctrl-C it stopped on)
+        raise
     finally:
         exit_on_sigint_while_importing()
 

@@ -83,6 +83,7 @@ class Terminated(KeyboardInterrupt):
 
 _TERMINATED: list[int] = []  # the signal once one came: a library (Ray) may re-raise it as a plain Ctrl-C
 _INTERRUPTED: list[int] = []  # SIGINT, once a Ctrl-C came while a command ran
+_COMMANDS: list[bool] = []  # one entry while a command runs (terminated_as_interrupt): raise_if_stopped's scope
 
 
 def _terminate(signum, _frame) -> None:
@@ -103,6 +104,17 @@ def stopped_by() -> int | None:
     that cut a lazy import short can surface as another error (a C extension's SystemError, a half-initialised
     module's AttributeError), which is then the stop, not a bug."""
     return (_TERMINATED or _INTERRUPTED or [None])[0]
+
+
+def raise_if_stopped() -> None:
+    """Raise again the stop a command got that never reached it: a library swallowed the KeyboardInterrupt (seen
+    mid-import, inside numpy's Cython module set-up under pandas; the run then went on to exit 0). The launcher
+    calls it before it spawns and on every tick of its watch; outside a command (nothing noted) it does nothing."""
+    signum = stopped_by() if _COMMANDS else None  # a command that ended (a test's) leaves its signals noted
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if signum is not None:
+        raise Terminated(signum)
 
 
 def stop_signal(exc: BaseException) -> signal.Signals:
@@ -128,9 +140,11 @@ def terminated_as_interrupt(spawned: bool = False) -> Iterator[None]:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         ours[signal.SIGINT] = _interrupt  # a Ctrl-C as Python's, noted (stopped_by)
     before = {sig: signal.signal(sig, handler) for sig, handler in ours.items()}
+    _COMMANDS.append(True)
     try:
         yield
     finally:
+        _COMMANDS.pop()
         for sig, handler in before.items():
             signal.signal(sig, handler)
 
@@ -148,6 +162,16 @@ def exit_on_sigint_while_importing() -> None:
     started it)."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_outside_the_command)
+
+
+def forget_handled_interrupt() -> None:
+    """CPython before 3.14 (gh-128130) marks a KeyboardInterrupt that passed through an exec() or eval() of a
+    string (a dataclass or a namedtuple being made as a module imports) as unhandled for good, even once caught:
+    under `python -m` the interpreter then kills itself with SIGINT as it exits, whatever exit code the command
+    chose (a Ctrl-C the command turned into 130 ended as a silent death by SIGINT). Called once the command has
+    chosen its code; where the flag is not a symbol of the interpreter (3.13's runtime struct) nothing happens."""
+    with contextlib.suppress(ValueError, AttributeError, OSError):
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
 
 
 def restore_sigint() -> None:

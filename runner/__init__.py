@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from batchlab.protocol.signals import (Terminated, die_with_parent, link_spawned_child,  # noqa: F401 (as they were)
-                                       stop_signal, stopped_by)
+                                       raise_if_stopped, stop_signal, stopped_by)
 from batchlab.protocol.signals import terminated_as_interrupt as _terminated_as_interrupt
 
 SPAWNED = "--multiprocessing-fork" in sys.argv  # a multiprocessing child (spawn start method)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from batchlab.runner import outcome, procs, remove_temp_of, roles
+from batchlab.runner import outcome, procs, raise_if_stopped, remove_temp_of, roles
 from batchlab.runner.cpu_meter import CpuMeter
 from batchlab.runner.procs import Child
 from batchlab.runner.outcome import post_process
@@ -104,6 +104,7 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
 def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits: Limits | None) -> Summary:
     """launch_run's processes, from start to the summary (post-processed: a sim/echo run's timing
     fidelity is computed here, once, so that no reader ever rewrites a run's files)."""
+    raise_if_stopped()  # a Ctrl-C that a library swallowed while the command imported: no process is started
     procs.clean_stale_temp()
     procs.start_resource_tracker()
     ctx = mp.get_context("spawn")  # fork is unsafe with torch/vLLM threads
@@ -214,6 +215,7 @@ def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock:
     and collector's."""
     children, reported = own + workers, set()
     while True:
+        raise_if_stopped()  # a Ctrl-C or SIGTERM whose exception a library swallowed stops the run all the same
         # the end is seen before the exit codes are read: a scheduler stopped while the run drains can end
         # within one poll of the collector (a loaded machine), and its death is still named
         ended = not any(c.proc.is_alive() for c in own if c.name in ("scheduler", "collector"))

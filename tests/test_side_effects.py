@@ -2,6 +2,7 @@
 pyplot's figures are left alone), and signal handlers are put in place by one module only (protocol/signals.py;
 runner/procs.py's launcher holds signals while a role spawns), each given back after."""
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,58 @@ def test_the_command_gives_ctrl_c_to_python_only_inside_typers_main_and_ends_qui
     assert seen == [signal.default_int_handler]  # Python's own while the command ran
     assert after is not signal.default_int_handler and callable(after)  # quiet again once it ended
     assert (tmp_path / "keys").is_dir()
+
+
+HANDLED_IN_EXEC = """
+import os, signal, sys
+from batchlab.protocol.signals import forget_handled_interrupt
+try:  # a Ctrl-C while a module's dataclass is being made: it passes through an exec() of a string
+    exec("import os, signal\\nos.kill(os.getpid(), signal.SIGINT)\\nfor _ in range(10 ** 7): pass")
+except KeyboardInterrupt:
+    pass  # handled: the command chooses its exit code
+if sys.argv[1] == "forget":
+    forget_handled_interrupt()
+sys.exit(130)
+"""
+
+
+def test_a_ctrl_c_handled_after_an_exec_keeps_the_commands_exit_code_under_python_m(tmp_path):
+    """CPython 3.11's flag (gh-128130): under `python -m` a KeyboardInterrupt caught after it passed through exec()
+    made the interpreter kill itself with SIGINT at exit; cli.main's main() forgets it once the code is chosen."""
+    import signal
+
+    (tmp_path / "handled_in_exec.py").write_text(HANDLED_IN_EXEC)
+    codes = {how: subprocess.run([sys.executable, "-m", "handled_in_exec", how], cwd=tmp_path, capture_output=True,
+                                 env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                                 timeout=60).returncode for how in ("keep", "forget")}
+    if sys.version_info < (3, 13):  # the flag is a symbol of the interpreter up to 3.12
+        assert codes["keep"] == -signal.SIGINT  # what a user's `python -m batchlab.cli.main run` met
+    assert codes["forget"] == 130
+
+
+def test_a_ctrl_c_a_library_swallowed_is_raised_again_where_the_launcher_checks():
+    """A library's bare except took the KeyboardInterrupt (numpy's Cython set-up, under pandas' import): the run
+    went on to exit 0. The noted signal is raised again at the launcher's checks, only while a command runs."""
+    import signal
+
+    import pytest
+
+    from batchlab.protocol.signals import Terminated, raise_if_stopped, terminated_as_interrupt
+
+    before = {sig: signal.signal(sig, handler) for sig, handler in
+              ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))}
+    try:
+        for sig, raised in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)):
+            with terminated_as_interrupt():
+                raise_if_stopped()  # nothing came yet
+                try:
+                    signal.raise_signal(sig)
+                except KeyboardInterrupt:  # Terminated is one too
+                    pass  # swallowed
+                with pytest.raises(raised):
+                    raise_if_stopped()
+            raise_if_stopped()  # the command ended: a later library call (a notebook's) is not stopped by it
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
