@@ -118,15 +118,19 @@ def read_schedule(out_dir: Path) -> pd.DataFrame | None:
     return pd.read_parquet(path, columns=[c for c in names if c not in SCHEDULE_SKIPPED_COLUMNS])
 
 
-def load_table(out_dir: Path, name: str, columns: list[str] | None = None) -> pd.DataFrame:
+def load_table(out_dir: Path, name: str, columns: list[str] | None = None,
+               categories: tuple[str, ...] = ()) -> pd.DataFrame:
     """A table from its final file, else from its part files (a killed run), else empty. Only requests
     keeps the run's identity columns (the others' rows are many, and the summary has the settings);
-    `columns`: only these of the final file's (a reader of a table with millions of rows: the tokens)."""
+    `columns`: only these of the final file's (a reader of a table with millions of rows: the tokens, the
+    steps); `categories`: these text columns of the final file read as categoricals (a worker's name on each of
+    millions of rows)."""
     final = RunDir(out_dir).table(name)
     if final.exists():
         names = pq.read_schema(final).names
         if columns is not None:
-            return pd.read_parquet(final, columns=[c for c in columns if c in names])
+            return pd.read_parquet(final, columns=[c for c in columns if c in names],
+                                   read_dictionary=[c for c in categories if c in names and c in columns] or None)
         return pd.read_parquet(final, columns=None if name == "requests" else
                                [c for c in names if c not in (*SETTINGS_COLUMNS, *RUN_COLUMNS)])
     return parts_table(out_dir, name)

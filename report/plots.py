@@ -13,7 +13,6 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from batchlab.collector.metrics import inter_token_latencies
 from batchlab.report.output import write_file
 from batchlab.report.points import Collection, RunData
 from batchlab.report.stats import FAILED_MARK_SHARE, PANELS, GroupStats, finished_requests, share_text
@@ -132,15 +131,16 @@ def itl_distribution(collection: Collection, stats: dict[tuple[str, float], Grou
     """Every inter-token gap from tokens.parquet at one rate: a histogram per strategy (log bins), each
     legend entry with its failed share."""
     fig, ax = subplots(figsize=(8, 4.5))
-    series = {lb: pd.concat([inter_token_latencies(r.tokens) for r in runs]) * 1e3
-              for lb, runs in collection.at_rate(rate).items()}
-    values = pd.concat(series.values()) if series else pd.Series(dtype="float64")
-    positive = values[values > 0]
-    if not positive.empty:
-        bins = np.geomspace(positive.min(), max(positive.max(), positive.min() * 1.01), 60)
-        for label, s in series.items():
-            ax.hist(s[s > 0], bins=bins, histtype="step",
-                    label=legend_label(f"{label} ({len(s)} gaps)", stats.get((label, rate))))
+    digests = {lb: [r.token_digest() for r in runs] for lb, runs in collection.at_rate(rate).items()}
+    ranges = [(p.min(), p.max()) for ds in digests.values() for d in ds for g in d.itl_chunks()
+              if (p := g[g > 0]).size]
+    if ranges:  # the positive gaps' range (a block at a time), then each label's counts in log bins
+        low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        bins = np.geomspace(low, max(high, low * 1.01), 60)  # s; drawn in ms
+        for label, ds in digests.items():
+            counts = sum(np.histogram(g[g > 0], bins=bins)[0] for d in ds for g in d.itl_chunks())
+            ax.stairs(counts, bins * 1e3, label=legend_label(f"{label} ({sum(d.n_gaps for d in ds)} gaps)",
+                                                            stats.get((label, rate))))
         ax.set_xscale("log")
         ax.legend()
     ax.set_xlabel("inter-token latency (ms)")
@@ -292,6 +292,30 @@ def arrival_rate(requests: pd.DataFrame, bin_s: float | None = None) -> tuple[np
     return np.arange(n_bins) * bin_s, counts / bin_s, bin_s
 
 
+PLOT_POINTS = 20_000  # a line's points drawn at most: a figure is ~1,000 pixels wide
+
+
+def envelope(x: pd.Series, y: pd.Series, points: int = PLOT_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """A line of more than `points` points (x ascending) as, in each of points ÷ 4 equal x bins, its first,
+    last, lowest and highest point, in x order: what the pixels show (a run's millions of steps cost ~0.5 KiB a
+    point to draw)."""
+    xs, ys = np.asarray(x, dtype="float64"), np.asarray(y, dtype="float64")
+    if len(xs) <= points:
+        return xs, ys
+    n_bins, span = points // 4, xs[-1] - xs[0]
+    bins = (np.minimum(((xs - xs[0]) / span * n_bins).astype(np.int64), n_bins - 1) if span > 0
+            else np.zeros(len(xs), np.int64))
+    starts = np.flatnonzero(np.concatenate([[True], bins[1:] != bins[:-1]]))
+    ends = np.append(starts[1:], len(xs))
+    seg = np.repeat(np.arange(len(starts)), ends - starts)
+    keep = [starts, ends - 1]
+    for extreme, blank in ((np.minimum, np.inf), (np.maximum, -np.inf)):
+        hit = ys == extreme.reduceat(np.where(np.isnan(ys), blank, ys), starts)[seg]
+        keep.append(np.flatnonzero(hit)[np.unique(seg[hit], return_index=True)[1]])  # the first in its bin
+    keep = np.unique(np.concatenate(keep))
+    return xs[keep], ys[keep]
+
+
 def load_over_time(collection: Collection, rate: float, path: Path) -> Path:
     """Batch size (or running rows), queue length and arrival rate over the whole run, one line per
     strategy (a trace's bursts show in the arrival rate, and the queue they build beside it)."""
@@ -302,7 +326,7 @@ def load_over_time(collection: Collection, rate: float, path: Path) -> Path:
         starts, rates, bin_s = arrival_rate(runs[0].requests)
         lines = ((act["start"], act["size"]), queue_length(runs[0].requests), (starts, rates))
         for ax, (x, y) in zip((top, middle, bottom), lines):
-            ax.step(x, y, where="post", label=label, linewidth=1)
+            ax.step(*envelope(x, y), where="post", label=label, linewidth=1)
     top.set_ylabel("batch size / running rows")
     middle.set_ylabel("queue length (requests)")
     bottom.set_ylabel(f"arrivals (req/s, {bin_s:.2g} s bins)")

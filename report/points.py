@@ -3,6 +3,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
 from batchlab.collector.layout import (CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of,
                                        rate_of)
@@ -10,6 +11,7 @@ from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table, run_label
 from batchlab.report.inputs import OPTIONAL, REQUIRED, check_capacity, inside, read_index, table_problem
 from batchlab.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
+from batchlab.report.tokens import TokenDigest, flags_for, frame_digest, read_digest
 from batchlab.collector.summary import Summary, SummaryError, read_summary
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 from batchlab.protocol.errors import ReportError, RunRefused
@@ -25,7 +27,7 @@ class RunData:
     folder: Path
     summary: Summary
     requests: pd.DataFrame
-    tokens: pd.DataFrame
+    tokens: TokenDigest | pd.DataFrame  # load_run reads the digest; a frame given by hand is reduced when read
     batches: pd.DataFrame
     steps: pd.DataFrame
 
@@ -33,6 +35,12 @@ class RunData:
     def settings(self) -> dict:
         """The run's settings (RunConfig fields plus host facts and worker facts)."""
         return self.summary.settings
+
+    def token_digest(self) -> TokenDigest:
+        """The run's tokens as the report reads them (report.tokens)."""
+        if isinstance(self.tokens, TokenDigest):
+            return self.tokens
+        return frame_digest(self.tokens, flags_for(self.requests, self.steps))
 
 
 @dataclass(slots=True)
@@ -110,7 +118,9 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
     if repeat is None:
         point = point_of(folder)
         repeat = point[2] if point else 0
-    tables = {name: _table(folder, name) for name in TABLE_NAMES}
+    tables = {name: _table(folder, name) for name in TABLE_NAMES if name != "tokens"}
+    tables["tokens"] = _tokens(folder, flags_for(tables["requests"], tables["steps"]))
+    pa.default_memory_pool().release_unused()  # Arrow keeps the read buffers for reuse: a report reads once
     if settings.get("concurrency"):  # closed loop: its load level is its clients (no planned rate)
         if not isinstance(settings["concurrency"], int):
             raise RunRefused(f"{RunDir(folder).summary}: settings.concurrency is not a number of clients")
@@ -123,14 +133,31 @@ def load_run(folder: Path, label: str | None = None, repeat: int | None = None,
 def _table(folder: Path, name: str) -> pd.DataFrame:
     """A run's table, checked for the columns the report reads; RunRefused (one line) when it cannot be."""
     path = RunDir(folder).table(name)
-    try:  # of a run's tokens (millions of rows) only the columns the report reads
-        df = load_table(folder, name, columns=[*REQUIRED[name], *OPTIONAL[name]] if name == "tokens" else None)
+    try:  # of the steps (a row per step: millions) only the columns the report reads
+        df = (load_table(folder, name, columns=[*REQUIRED[name], *OPTIONAL[name]], categories=("worker",))
+              if name == "steps" else load_table(folder, name))
     except (OSError, ValueError) as exc:  # pyarrow's errors on a file that is not Parquet are ValueErrors
         raise RunRefused(f"{path}: cannot read it ({' '.join(str(exc).split()) or type(exc).__name__})") from None
     problem = table_problem(name, df)
     if problem:
         raise RunRefused(f"{path}: {problem}")
     return df
+
+
+def _tokens(folder: Path, flags) -> TokenDigest:
+    """A run's tokens digest, each slice read checked as _table checks a table; RunRefused (one line) when it
+    cannot be read."""
+    path = RunDir(folder).table("tokens")
+
+    def check(df: pd.DataFrame) -> None:
+        problem = table_problem("tokens", df)
+        if problem:
+            raise RunRefused(f"{path}: {problem}")
+
+    try:
+        return read_digest(folder, check, flags)
+    except (OSError, ValueError) as exc:  # pyarrow's errors on a file that is not Parquet are ValueErrors
+        raise RunRefused(f"{path}: cannot read it ({' '.join(str(exc).split()) or type(exc).__name__})") from None
 
 
 def _first_error(requests: pd.DataFrame) -> str:

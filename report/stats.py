@@ -17,8 +17,10 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.intervals import PairedResult, between_repeats, quantile_ci, statistic
-from batchlab.collector.metrics import goodput, inter_token_latencies, percentiles, request_metrics
+from batchlab.collector.metrics import LATENCY_STATS, goodput, percentiles, request_metrics
+from batchlab.collector.quantiles import chunked_percentiles
 from batchlab.report.points import RunData
+from batchlab.report.tokens import CARRIED, PLAIN, TokenDigest
 
 CI_LEVEL = 0.95
 CI_METRICS = ("ttft", "e2e")  # request-level latencies that get percentile intervals
@@ -99,21 +101,30 @@ TOOL_FORMULAS = {  # each tool's name → its formula, as its source computes it
 }
 
 
-def tool_formulas(finished: pd.DataFrame, tokens: pd.DataFrame) -> dict:
+def gap_percentiles(digests: list[TokenDigest], request_ids: list | None = None) -> dict:
+    """metrics.percentiles of the runs' gaps (of each run's `request_ids`, None: all), a block at a time."""
+    return chunked_percentiles(lambda: (gaps for k, d in enumerate(digests)
+                                        for gaps in d.itl_chunks(None if request_ids is None else request_ids[k])),
+                               LATENCY_STATS)
+
+
+def tool_formulas(finished: list[pd.DataFrame], digests: list[TokenDigest]) -> dict:
     """TPOT / ITL as vLLM (vllm/benchmarks/serve.py calculate_metrics), GuideLLM (schemas/base/request_stats.py,
     benchmark/schemas/metrics.py) and AIPerf (metrics/types/inter_token_latency_metric.py) compute them, over
-    these finished requests of more than one token."""
-    multi = finished[finished["output_len"] > 1]
-    tok = tokens[tokens["request_id"].isin(multi["request_id"])].sort_values(["request_id", "token_index"])
-    by_request = tok.groupby("request_id")["time"]
-    steps = multi.set_index("request_id")["output_len"] - 1
-    span = ((by_request.max() - by_request.min()) / steps).dropna()
+    each run's finished requests of more than one token (its digest's tokens)."""
+    multis = [f[f["output_len"] > 1] for f in finished]
+    multi = pd.concat(multis, ignore_index=True)
+    spans, weights = [np.empty(0)], [np.empty(0)]
+    for d, m in zip(digests, multis):
+        steps = m.set_index("request_id")["output_len"] - 1
+        span = (d.spans() / steps).dropna()
+        spans.append(span.to_numpy(dtype="float64"))
+        weights.append(steps.loc[span.index].to_numpy(dtype="float64"))
     decode = (multi["e2e"] - multi["ttft"]) / (multi["output_len"] - 1)  # latency − TTFT: last − first token
     return {
         TOOL_FORMULAS["vllm_tpot"]: percentiles(decode),
-        TOOL_FORMULAS["vllm_itl"]: percentiles(inter_token_latencies(tok)),
-        TOOL_FORMULAS["guidellm_itl"]: weighted_percentiles(span.to_numpy(dtype="float64"),
-                                                            steps.loc[span.index].to_numpy(dtype="float64")),
+        TOOL_FORMULAS["vllm_itl"]: gap_percentiles(digests, [m["request_id"] for m in multis]),
+        TOOL_FORMULAS["guidellm_itl"]: weighted_percentiles(np.concatenate(spans), np.concatenate(weights)),
         TOOL_FORMULAS["aiperf_itl"]: percentiles(decode),
     }
 
@@ -139,31 +150,24 @@ def _goodput(runs: list[RunData], slos: dict | None) -> float | None:
     return sum(p["met"] for p in parts) / submitted if submitted else None
 
 
-def _keyed(df: pd.DataFrame, repeat: int) -> pd.DataFrame:
-    """Request ids and worker names made distinct per repeat (pooling repeats keeps them apart)."""
-    out = df.assign(request_id=df["request_id"] + (repeat << 32)) if "request_id" in df else df
-    return out.assign(worker=out["worker"].astype(str) + f"#{repeat}") if "worker" in out else out
-
-
 def group_stats(runs: list[RunData], slos: dict | None = None) -> GroupStats:
     """Pool the repeats of one strategy at one rate."""
     summaries = [r.summary for r in runs]
     finished = [finished_requests(r) for r in runs]
     pooled = pd.concat(finished, ignore_index=True)
-    itl = pd.concat([inter_token_latencies(r.tokens, f["request_id"]) for r, f in zip(runs, finished)])
-    latency = {m: percentiles(itl if m == "itl" else pooled[m]) for m in ("ttft", "tpot", "itl", "e2e")}
+    digests = [r.token_digest() for r in runs]
+    latency = {m: gap_percentiles(digests, [f["request_id"] for f in finished]) if m == "itl"
+               else percentiles(pooled[m]) for m in ("ttft", "tpot", "itl", "e2e")}
     ci = {f"{m}_p{q}": percentile_ci([f[m].dropna().to_numpy() for f in finished], q)
           for m in CI_METRICS for q in CI_QUANTILES}
-    tokens = pd.concat([_keyed(r.tokens, k) for k, r in enumerate(runs)], ignore_index=True)
-    keyed = pd.concat([_keyed(f, k) for k, f in enumerate(finished)])
-    steps = [_keyed(r.steps, k) for k, r in enumerate(runs) if not r.steps.empty]
+    steps = [r.steps for r in runs if not r.steps.empty]
     return GroupStats(
         runs[0].label, runs[0].rate, len(runs),
         float(np.mean([s.throughput_tok_s for s in summaries])), float(np.mean([s.requests_per_s for s in summaries])),
         sum(s.scheduled for s in summaries), sum(s.failed for s in summaries),
         latency, ci, _peak_memory(runs), _useful_fraction(runs), _goodput(runs, slos),
-        tool_formulas(keyed, tokens),
-        split(keyed, tokens, pd.concat(steps, ignore_index=True)) if steps else None)
+        tool_formulas(finished, digests),
+        split(finished, digests, pd.concat(steps, ignore_index=True)) if steps else None)
 
 
 def all_stats(collection, slos: dict | None = None) -> dict[tuple[str, float], GroupStats]:
@@ -199,37 +203,36 @@ def paired_latency(runs_a: list[RunData], runs_b: list[RunData], metric: str = "
     return between_repeats(ratios, level, n_pairs) if ratios else None
 
 
-def _carried(tokens: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
-    """Whether the step that produced each token (its worker's step whose span holds the token's time)
-    carried prompt tokens; NA where no step holds it."""
-    carried = pd.Series(pd.NA, index=tokens.index, dtype="boolean")
-    for worker, own in steps.groupby("worker"):
-        own = own.sort_values("start_time")
-        mine = (tokens["worker"] == worker).to_numpy()
-        times = tokens["time"].to_numpy()[mine]
-        i = np.searchsorted(own["start_time"].to_numpy(), times, side="right") - 1
-        j = np.clip(i, 0, None)
-        flags = pd.array(own["prefill_tokens"].to_numpy()[j] > 0, dtype="boolean")
-        flags[~((i >= 0) & (times <= own["end_time"].to_numpy()[j]))] = pd.NA
-        carried.loc[mine] = flags
-    return carried
-
-
-def split(finished: pd.DataFrame, tokens: pd.DataFrame, steps: pd.DataFrame) -> dict | None:
-    """For finished requests of more than one token: TPOT over decode-only gaps (per request, then
-    percentiles), the share of gaps that ended in a step carrying prompt tokens and both kinds' mean gap (s)."""
-    if ("worker" not in finished or steps.empty or "prefill_tokens" not in steps
+def split(finished: list[pd.DataFrame], digests: list[TokenDigest], steps: pd.DataFrame) -> dict | None:
+    """For each run's finished requests of more than one token: TPOT over decode-only gaps (per request, then
+    percentiles), the share of gaps that ended in a step carrying prompt tokens and both kinds' mean gap (s).
+    A gap's step is its later token's (report.tokens.StepFlags); `steps`, the runs' steps, say whether any
+    step carried prompt tokens."""
+    if (not any("worker" in f for f in finished) or steps.empty or "prefill_tokens" not in steps
             or not (steps["prefill_tokens"] > 0).any()):
         return None
-    multi = finished.loc[finished["output_len"] > 1, ["request_id", "worker"]]
-    tok = tokens.merge(multi, on="request_id").sort_values(["request_id", "token_index"], ignore_index=True)
-    tok["carried"] = _carried(tok, steps)
-    tok["gap"] = tok.groupby("request_id")["time"].diff()
-    gaps = tok[tok["gap"].notna() & tok["carried"].notna()]
-    if gaps.empty:
+    means = [np.empty(0)]
+    n_chunk = n_plain = 0
+    chunk_sum = plain_sum = 0.0
+    for f, d in zip(finished, digests):
+        if not d.flagged:
+            continue
+        ids = f.loc[f["output_len"] > 1, "request_id"].to_numpy(dtype="int64")
+        for b in d.blocks:  # whole requests a block: the per-request means need no other block
+            mine = b.mask(ids)
+            chunk, plain = mine & (b.flags == CARRIED), mine & (b.flags == PLAIN)
+            n_chunk, n_plain = n_chunk + int(chunk.sum()), n_plain + int(plain.sum())
+            chunk_sum += float(b.gaps[chunk].sum())
+            plain_sum += float(b.gaps[plain].sum())
+            owners = np.repeat(np.arange(len(b.request_ids)), b.gap_counts)[plain]  # ascending
+            if owners.size:
+                starts = np.flatnonzero(np.concatenate([[True], owners[1:] != owners[:-1]]))
+                counts = np.diff(np.append(starts, owners.size))
+                means.append(np.add.reduceat(b.gaps[plain], starts) / counts)
+    total = n_chunk + n_plain
+    if not total:
         return None
-    chunk, plain = gaps[gaps["carried"].astype(bool)], gaps[~gaps["carried"].astype(bool)]
-    return {"decode_only_tpot": percentiles(plain.groupby("request_id")["gap"].mean()),
-            "chunk_share": len(chunk) / len(gaps),
-            "chunk_gap_mean": float(chunk["gap"].mean()) if len(chunk) else None,
-            "plain_gap_mean": float(plain["gap"].mean()) if len(plain) else None}
+    return {"decode_only_tpot": percentiles(np.concatenate(means), mine=True),
+            "chunk_share": n_chunk / total,
+            "chunk_gap_mean": chunk_sum / n_chunk if n_chunk else None,
+            "plain_gap_mean": plain_sum / n_plain if n_plain else None}

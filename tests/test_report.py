@@ -8,6 +8,7 @@ import pytest
 from batchlab.report.build import parse_slos
 from batchlab.report.points import ReportError, load_collection
 from batchlab.report.stats import TOOL_FORMULAS, GroupStats, tool_formulas, weighted_percentiles
+from batchlab.report.tokens import frame_digest
 from tests.summaries import make_summary
 from batchlab.report.plots import queue_length
 
@@ -31,7 +32,7 @@ def test_tool_formulas_differ_where_the_tools_differ():
     tokens = pd.DataFrame({"request_id": [0, 0, 0, 1, 1, 1, 1, 1], "token_index": [0, 1, 2, 0, 1, 2, 3, 4],
                            "time": [0, 1, 2, 0, .1, .2, .3, 2.3]})
     finished = pd.DataFrame({"request_id": [0, 1], "output_len": [3, 5], "ttft": [0.5, 0.5], "e2e": [2.5, 2.8]})
-    f = tool_formulas(finished, tokens)
+    f = tool_formulas([finished], [frame_digest(tokens)])
     assert f[TOOL_FORMULAS["vllm_tpot"]]["mean"] == pytest.approx((1.0 + 0.575) / 2)
     assert f[TOOL_FORMULAS["vllm_itl"]]["mean"] == pytest.approx(4.3 / 6)  # pooled: 6 gaps
     assert f[TOOL_FORMULAS["vllm_itl"]]["p50"] == pytest.approx(0.55)  # gaps .1 .1 .1 1 1 2

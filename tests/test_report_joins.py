@@ -3,7 +3,13 @@ the later token carried prompt tokens (other requests' prefill)."""
 import pandas as pd
 import pytest
 
-from batchlab.report.stats import split
+from batchlab.report import stats
+from batchlab.report.tokens import flags_for, frame_digest
+
+
+def split(finished: pd.DataFrame, tokens: pd.DataFrame, steps: pd.DataFrame) -> dict | None:
+    """stats.split over one run: its tokens' digest with its steps' flags."""
+    return stats.split([finished], [frame_digest(tokens, flags_for(finished, steps))], steps)
 
 
 def steps(*rows) -> pd.DataFrame:
