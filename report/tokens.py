@@ -72,10 +72,6 @@ class TokenDigest:
                          index=np.concatenate([b.request_ids for b in self.blocks]))
 
 
-class _Unsorted(Exception):
-    """The rows are not in (request_id, token_index) order."""
-
-
 class StepFlags:
     """Whether the step that produced a token carried prompt tokens: its worker's step whose span holds the
     token's time (the worker is its request's, from the requests table); NA where no step holds it."""
@@ -128,8 +124,8 @@ def _block(rid: np.ndarray, times: np.ndarray, flags: StepFlags | None) -> Block
                  None if flags is None else flags(rid[1:][same], times[1:][same]))
 
 
-def digest(chunks: Iterator[pd.DataFrame], flags: StepFlags | None = None) -> TokenDigest:
-    """Reduce tokens given in (request_id, token_index) order, a frame at a time; _Unsorted when they are not.
+def digest(chunks: Iterator[pd.DataFrame], flags: StepFlags | None = None) -> TokenDigest | None:
+    """Reduce tokens given in (request_id, token_index) order, a frame at a time; None when they are not in it.
     A chunk's last request waits for the next chunk (its tokens may go on there): blocks hold whole requests."""
     out = TokenDigest(flagged=flags is not None)
     held = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))  # the last request's rows so far
@@ -140,7 +136,7 @@ def digest(chunks: Iterator[pd.DataFrame], flags: StepFlags | None = None) -> To
                              for h, c in zip(held, COLUMNS))
         same = rid[1:] == rid[:-1]
         if not np.all((rid[1:] > rid[:-1]) | (same & (index[1:] > index[:-1]))):
-            raise _Unsorted
+            return None
         cut = int(np.flatnonzero(np.concatenate([[True], ~same]))[-1])  # where the last request starts
         if cut:
             out.blocks.append(_block(rid[:cut], times[:cut], flags))
@@ -154,11 +150,11 @@ def frame_digest(tokens: pd.DataFrame, flags: StepFlags | None = None) -> TokenD
     """A tokens frame's digest, in any row order (a stable sort when it is not in order)."""
     if tokens.empty:
         return TokenDigest(flagged=flags is not None)
-    try:
-        return digest(iter([tokens]), flags)
-    except _Unsorted:
-        order = np.lexsort((tokens["token_index"].to_numpy(), tokens["request_id"].to_numpy()))
-        return digest(iter([tokens.iloc[order]]), flags)
+    in_order = digest(iter([tokens]), flags)
+    if in_order is not None:
+        return in_order
+    order = np.lexsort((tokens["token_index"].to_numpy(), tokens["request_id"].to_numpy()))
+    return digest(iter([tokens.iloc[order]]), flags)
 
 
 def read_digest(folder: Path, check: Callable[[pd.DataFrame], None], flags: StepFlags | None = None,
@@ -181,10 +177,9 @@ def read_digest(folder: Path, check: Callable[[pd.DataFrame], None], flags: Step
             if not read:  # no row: its columns are still checked
                 check(source.schema_arrow.empty_table().select(columns).to_pandas())
 
-        try:
-            return digest(slices(), flags)
-        except _Unsorted:
-            pass
+        in_order = digest(slices(), flags)
+        if in_order is not None:
+            return in_order
     tokens = load_table(folder, "tokens", columns=COLUMNS)
     check(tokens)
     return frame_digest(tokens, flags)
