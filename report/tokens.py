@@ -124,9 +124,10 @@ def _block(rid: np.ndarray, times: np.ndarray, flags: StepFlags | None) -> Block
                  None if flags is None else flags(rid[1:][same], times[1:][same]))
 
 
-def digest(chunks: Iterator[pd.DataFrame], flags: StepFlags | None = None) -> TokenDigest | None:
-    """Reduce tokens given in (request_id, token_index) order, a frame at a time; None when they are not in it.
-    A chunk's last request waits for the next chunk (its tokens may go on there): blocks hold whole requests."""
+def digest(chunks: Iterator[pd.DataFrame], flags: StepFlags | None = None, ordered: bool = False) -> TokenDigest | None:
+    """Reduce tokens given in (request_id, token_index) order, a frame at a time; None when they are not in it
+    (`ordered`: sorted here, a token index given twice kept as it is). A chunk's last request waits for the next
+    chunk (its tokens may go on there): blocks hold whole requests."""
     out = TokenDigest(flagged=flags is not None)
     held = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))  # the last request's rows so far
     for frame in chunks:
@@ -135,7 +136,7 @@ def digest(chunks: Iterator[pd.DataFrame], flags: StepFlags | None = None) -> To
         rid, index, times = (np.concatenate([h, frame[c].to_numpy(dtype=h.dtype)])
                              for h, c in zip(held, COLUMNS))
         same = rid[1:] == rid[:-1]
-        if not np.all((rid[1:] > rid[:-1]) | (same & (index[1:] > index[:-1]))):
+        if not (ordered or np.all((rid[1:] > rid[:-1]) | (same & (index[1:] > index[:-1])))):
             return None
         cut = int(np.flatnonzero(np.concatenate([[True], ~same]))[-1])  # where the last request starts
         if cut:
@@ -154,7 +155,7 @@ def frame_digest(tokens: pd.DataFrame, flags: StepFlags | None = None) -> TokenD
     if in_order is not None:
         return in_order
     order = np.lexsort((tokens["token_index"].to_numpy(), tokens["request_id"].to_numpy()))
-    return digest(iter([tokens.iloc[order]]), flags)
+    return digest(iter([tokens.iloc[order]]), flags, ordered=True)
 
 
 def read_digest(folder: Path, check: Callable[[pd.DataFrame], None], flags: StepFlags | None = None,

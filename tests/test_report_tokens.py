@@ -55,6 +55,14 @@ def test_a_table_out_of_order_is_sorted_first(tmp_path):
     assert np.array_equal(np.concatenate(list(got.itl_chunks())), inter_token_latencies(tokens).to_numpy())
 
 
+def test_a_token_index_given_twice_counts_as_the_whole_table_counts_it(tmp_path):
+    tokens = table(seed=3)
+    doubled = pd.concat([tokens, tokens.iloc[[5]]], ignore_index=True)  # a row written twice, at the end
+    got = read_digest(write(tmp_path / "run", doubled), no_check, chunk_rows=4)
+    assert np.array_equal(np.concatenate(list(got.itl_chunks())), inter_token_latencies(doubled).to_numpy())
+    assert 0.0 in np.concatenate(list(got.itl_chunks()))
+
+
 def test_a_bad_slice_after_good_ones_refuses_the_run_in_one_line(tmp_path):
     tokens = table(seed=2)
     tokens.loc[len(tokens) - 1, "token_index"] = -1  # a count below 0 in the last rows
