@@ -138,7 +138,8 @@ def itl_distribution(collection: Collection, stats: dict[tuple[str, float], Grou
         low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
         bins = np.geomspace(low, max(high, low * 1.01), 60)  # s; drawn in ms
         for label, ds in digests.items():
-            counts = sum(np.histogram(g[g > 0], bins=bins)[0] for d in ds for g in d.itl_chunks())
+            counts = sum((np.histogram(g[g > 0], bins=bins)[0] for d in ds for g in d.itl_chunks()),
+                         np.zeros(len(bins) - 1, np.int64))  # a label with no gap: an empty line
             ax.stairs(counts, bins * 1e3, label=legend_label(f"{label} ({sum(d.n_gaps for d in ds)} gaps)",
                                                             stats.get((label, rate))))
         ax.set_xscale("log")

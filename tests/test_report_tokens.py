@@ -9,7 +9,7 @@ import pytest
 from batchlab.collector.metrics import inter_token_latencies, percentiles
 from batchlab.protocol.errors import RunRefused
 from batchlab.protocol.run_dir import RunDir
-from batchlab.report.plots import envelope
+from batchlab.report.plots import envelope, itl_distribution
 from batchlab.report.points import _tokens
 from batchlab.report.stats import gap_percentiles
 from batchlab.report.tokens import CARRIED, NA, PLAIN, flags_for, frame_digest, read_digest
@@ -91,3 +91,26 @@ def test_the_envelope_keeps_each_bins_ends_and_extremes_in_order():
     assert np.all(np.diff(ex) > 0)
     short_x, short_y = envelope(pd.Series([0.0, 1.0]), pd.Series([2.0, 3.0]))
     assert short_x.tolist() == [0.0, 1.0] and short_y.tolist() == [2.0, 3.0]
+
+
+class _Run:
+    def __init__(self, tokens: pd.DataFrame) -> None:
+        self.digest = frame_digest(tokens)
+
+    def token_digest(self):
+        return self.digest
+
+
+class _Collection:
+    def __init__(self, runs: dict) -> None:
+        self.runs = runs
+
+    def at_rate(self, rate: float) -> dict:
+        return self.runs
+
+
+def test_the_itl_plot_draws_a_label_without_a_token_beside_one_with_gaps(tmp_path):
+    gaps = _Run(pd.DataFrame({"request_id": [0, 0, 0], "token_index": [0, 1, 2], "time": [0.0, 0.1, 0.3]}))
+    none = _Run(pd.DataFrame(columns=["request_id", "token_index", "time"]))  # no token at all
+    path = itl_distribution(_Collection({"a": [gaps], "b": [none]}), {}, 1.0, tmp_path / "itl.png")
+    assert path.exists() and path.stat().st_size > 0
