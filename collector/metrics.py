@@ -5,7 +5,6 @@ same columns. Every time is in seconds since the run's t0; latency is measured f
 arrival time, and failed requests stay in the tables (they count as SLO misses).
 """
 import math
-from itertools import chain
 
 import numpy as np
 import pandas as pd
@@ -16,7 +15,6 @@ NOT_SENT = "not sent: traffic stopped before its planned time"
 NO_TERMINAL = "no terminal record: run ended before it completed"
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "queue_wait")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")  # each latency metric's summary
-SUM_CHUNK = 1 << 20  # values turned into Python floats at a time for the exact sum (a list of all: ~32 B a value)
 
 
 def request_metrics(df: pd.DataFrame) -> pd.DataFrame:
@@ -38,21 +36,17 @@ def useful_fraction(output_lens: list[int]) -> float:
     return sum(output_lens) / (len(output_lens) * max(output_lens))
 
 
-def percentiles(series: pd.Series, stats: tuple[str, ...] = LATENCY_STATS, mine: bool = False) -> dict:
+def percentiles(series: pd.Series, stats: tuple[str, ...] = LATENCY_STATS) -> dict:
     """The named statistics of the non-NaN values, in `stats` order (None each when there are none):
     "mean" (from the exact sum, as quantiles.chunked_percentiles gives it for values on disk), "pNN"
-    (the NN-th percentile) or "max_abs" (the largest magnitude). `mine`: the caller's float64 array may be
-    reordered (a run's millions of gaps are not copied)."""
+    (the NN-th percentile) or "max_abs" (the largest magnitude)."""
     values = _numbers(series)
     if values.size == 0:
         return dict.fromkeys(stats)
-    # before the reorder: the mean from the exact sum (SUM_CHUNK values made Python floats at a time), the
-    # largest magnitude
-    chunks = (values[i:i + SUM_CHUNK].tolist() for i in range(0, len(values), SUM_CHUNK))
-    out = {"mean": exact_sum(chain.from_iterable(chunks)) / len(values),
-           "max_abs": max(abs(values.max()), abs(values.min()))}
+    # before the reorder: the mean from the exact sum, the largest magnitude
+    out = {"mean": exact_sum(values.tolist()) / len(values), "max_abs": max(abs(values.max()), abs(values.min()))}
     ranks = [s for s in stats if s.startswith("p")]
-    owned = mine or values is not series  # a float64 array of the caller's is used as it is, not copied
+    owned = values is not series  # a float64 array of the caller's is used as it is, not copied
     if ranks:  # in place on our own copy (a million-row ITL array is not copied again)
         out |= dict(zip(ranks, np.percentile(values, [float(s[1:]) for s in ranks], overwrite_input=owned)))
     return {s: float(out[s]) for s in stats}

@@ -16,6 +16,7 @@ from matplotlib.patches import Patch
 from batchlab.report.output import write_file
 from batchlab.report.points import Collection, RunData
 from batchlab.report.stats import FAILED_MARK_SHARE, PANELS, GroupStats, finished_requests, share_text
+from batchlab.report.tokens import starts_of
 from batchlab.report.text import figure
 
 DPI = 110
@@ -306,7 +307,7 @@ def envelope(x: pd.Series, y: pd.Series, points: int = PLOT_POINTS) -> tuple[np.
     n_bins, span = points // 4, xs[-1] - xs[0]
     bins = (np.minimum(((xs - xs[0]) / span * n_bins).astype(np.int64), n_bins - 1) if span > 0
             else np.zeros(len(xs), np.int64))
-    starts = np.flatnonzero(np.concatenate([[True], bins[1:] != bins[:-1]]))
+    starts = starts_of(bins)
     ends = np.append(starts[1:], len(xs))
     seg = np.repeat(np.arange(len(starts)), ends - starts)
     keep = [starts, ends - 1]

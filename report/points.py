@@ -137,7 +137,7 @@ def _table(folder: Path, name: str) -> pd.DataFrame:
         df = (load_table(folder, name, columns=[*REQUIRED[name], *OPTIONAL[name]], categories=("worker",))
               if name == "steps" else load_table(folder, name))
     except (OSError, ValueError) as exc:  # pyarrow's errors on a file that is not Parquet are ValueErrors
-        raise RunRefused(f"{path}: cannot read it ({' '.join(str(exc).split()) or type(exc).__name__})") from None
+        raise _unreadable(path, exc) from None
     problem = table_problem(name, df)
     if problem:
         raise RunRefused(f"{path}: {problem}")
@@ -156,8 +156,13 @@ def _tokens(folder: Path, flags) -> TokenDigest:
 
     try:
         return read_digest(folder, check, flags)
-    except (OSError, ValueError) as exc:  # pyarrow's errors on a file that is not Parquet are ValueErrors
-        raise RunRefused(f"{path}: cannot read it ({' '.join(str(exc).split()) or type(exc).__name__})") from None
+    except (OSError, ValueError) as exc:
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: Path, exc: Exception) -> RunRefused:
+    """The one line for a table file pyarrow could not read."""
+    return RunRefused(f"{path}: cannot read it ({' '.join(str(exc).split()) or type(exc).__name__})")
 
 
 def _first_error(requests: pd.DataFrame) -> str:

@@ -20,7 +20,7 @@ from batchlab.collector.intervals import PairedResult, between_repeats, quantile
 from batchlab.collector.metrics import LATENCY_STATS, goodput, percentiles, request_metrics
 from batchlab.collector.quantiles import chunked_percentiles
 from batchlab.report.points import RunData
-from batchlab.report.tokens import CARRIED, PLAIN, TokenDigest
+from batchlab.report.tokens import CARRIED, PLAIN, TokenDigest, starts_of
 
 CI_LEVEL = 0.95
 CI_METRICS = ("ttft", "e2e")  # request-level latencies that get percentile intervals
@@ -215,10 +215,10 @@ def split(finished: list[pd.DataFrame], digests: list[TokenDigest], steps: pd.Da
     n_chunk = n_plain = 0
     chunk_sum = plain_sum = 0.0
     for f, d in zip(finished, digests):
-        if not d.flagged:
-            continue
         ids = f.loc[f["output_len"] > 1, "request_id"].to_numpy(dtype="int64")
         for b in d.blocks:  # whole requests a block: the per-request means need no other block
+            if b.flags is None:  # the run's steps do not say which carried prompt tokens
+                continue
             mine = b.mask(ids)
             chunk, plain = mine & (b.flags == CARRIED), mine & (b.flags == PLAIN)
             n_chunk, n_plain = n_chunk + int(chunk.sum()), n_plain + int(plain.sum())
@@ -226,13 +226,13 @@ def split(finished: list[pd.DataFrame], digests: list[TokenDigest], steps: pd.Da
             plain_sum += float(b.gaps[plain].sum())
             owners = np.repeat(np.arange(len(b.request_ids)), b.gap_counts)[plain]  # ascending
             if owners.size:
-                starts = np.flatnonzero(np.concatenate([[True], owners[1:] != owners[:-1]]))
+                starts = starts_of(owners)
                 counts = np.diff(np.append(starts, owners.size))
                 means.append(np.add.reduceat(b.gaps[plain], starts) / counts)
     total = n_chunk + n_plain
     if not total:
         return None
-    return {"decode_only_tpot": percentiles(np.concatenate(means), mine=True),
+    return {"decode_only_tpot": percentiles(np.concatenate(means)),
             "chunk_share": n_chunk / total,
             "chunk_gap_mean": chunk_sum / n_chunk if n_chunk else None,
             "plain_gap_mean": plain_sum / n_plain if n_plain else None}

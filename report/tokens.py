@@ -50,7 +50,6 @@ class TokenDigest:
     """A run's tokens as the report reads them: blocks of whole requests."""
 
     blocks: list[Block] = field(default_factory=list)
-    flagged: bool = False  # the gaps carry step flags (the run's steps say which carried prompt tokens)
 
     @property
     def n_gaps(self) -> int:
@@ -107,6 +106,11 @@ class StepFlags:
         return out
 
 
+def starts_of(values: np.ndarray) -> np.ndarray:
+    """Where each run of equal consecutive values starts (the first index is 0)."""
+    return np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+
+
 def flags_for(requests: pd.DataFrame, steps: pd.DataFrame) -> StepFlags | None:
     """The step flags of a run whose steps say which carried prompt tokens, else None."""
     if steps.empty or not {"worker", "prefill_tokens", "start_time", "end_time"} <= set(steps) \
@@ -117,7 +121,7 @@ def flags_for(requests: pd.DataFrame, steps: pd.DataFrame) -> StepFlags | None:
 
 def _block(rid: np.ndarray, times: np.ndarray, flags: StepFlags | None) -> Block:
     """Whole requests' rows, in order, as a block."""
-    starts = np.flatnonzero(np.concatenate([[True], rid[1:] != rid[:-1]]))
+    starts = starts_of(rid)
     same = rid[1:] == rid[:-1]
     return Block(rid[starts], np.minimum.reduceat(times, starts), np.maximum.reduceat(times, starts),
                  np.diff(np.append(starts, len(rid))) - 1, np.diff(times)[same],
@@ -128,7 +132,7 @@ def digest(chunks: Iterator[pd.DataFrame], flags: StepFlags | None = None, order
     """Reduce tokens given in (request_id, token_index) order, a frame at a time; None when they are not in it
     (`ordered`: sorted here, a token index given twice kept as it is). A chunk's last request waits for the next
     chunk (its tokens may go on there): blocks hold whole requests."""
-    out = TokenDigest(flagged=flags is not None)
+    out = TokenDigest()
     held = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))  # the last request's rows so far
     for frame in chunks:
         if frame.empty:
@@ -138,7 +142,7 @@ def digest(chunks: Iterator[pd.DataFrame], flags: StepFlags | None = None, order
         same = rid[1:] == rid[:-1]
         if not (ordered or np.all((rid[1:] > rid[:-1]) | (same & (index[1:] > index[:-1])))):
             return None
-        cut = int(np.flatnonzero(np.concatenate([[True], ~same]))[-1])  # where the last request starts
+        cut = int(starts_of(rid)[-1])  # where the last request starts
         if cut:
             out.blocks.append(_block(rid[:cut], times[:cut], flags))
         held = (rid[cut:], index[cut:], times[cut:])
@@ -149,8 +153,6 @@ def digest(chunks: Iterator[pd.DataFrame], flags: StepFlags | None = None, order
 
 def frame_digest(tokens: pd.DataFrame, flags: StepFlags | None = None) -> TokenDigest:
     """A tokens frame's digest, in any row order (a stable sort when it is not in order)."""
-    if tokens.empty:
-        return TokenDigest(flagged=flags is not None)
     in_order = digest(iter([tokens]), flags)
     if in_order is not None:
         return in_order
