@@ -10,7 +10,7 @@ cost. The objective is the sum of absolute log errors of the fit set's scored fi
 replayed in the simulator (simulator.published.replay); the search is a bounded pattern search in log space,
 block by block (the efficiencies, then each engine's terms). The check set is never read. The HF presets' terms
 come from the presets' vLLM terms plus the one published difference between HF generate() and vLLM per-token
-latency (HF_STEP_EXTRA_S). It takes about 5 minutes on a 2-core VM (an evaluation replays the 11 fit
+latency (HF_STEP_EXTRA_S). It takes 1.5 to 5 minutes on a 2-core VM (an evaluation replays the 14 fit
 configurations).
 """
 import argparse

@@ -181,4 +181,10 @@ def test_the_shipped_table_has_a_fit_and_a_check_set_over_enough_gpus_with_links
         m = by_id[name]
         assert (sum(m.prompts), sum(m.outputs)) == total, name
         assert m.prompts == lambda_a100.prompts[:len(m.prompts)], name  # the seed-0 sample's first N prompts
+    llama = {"lambda-h100-llama3-10-prompts": (1369, 1867), "lambda-h100-llama3-40-prompts": (8595, 7692),
+             "lambda-h100-llama3-320-prompts": (65578, 65331)}  # the Llama-3 tokenizer's lengths: the files' totals
+    for name, total in llama.items():
+        m = by_id[name]
+        assert (sum(m.prompts), sum(m.outputs), m.split, m.gpu) == (*total, "fit", "h100"), name
+        assert m.prompts == by_id["lambda-h100-llama3-320-prompts"].prompts[:len(m.prompts)], name
     assert not math.isinf(next(m for m in measurements if m.load == "open").rate)

@@ -18,12 +18,12 @@ output processing): an engine version's terms, shared by every GPU. η_mem and �
 datasheet figures, belong to the GPU's die (worker.gpus: the H200 shares the H100's, the L4 the RTX 4090's) and
 are shared by every engine, so a GPU no published run measured still gets a step model. An engine version whose
 scheduler runs a step's prompts and decodes as separate forwards (`fused: false`) pays both; vLLM's V0 engine
-(0.4–0.5, chunked prefill off: `prefill_alone`) runs them in separate steps, a step with waiting prompts that fit
-running only them, and pages its KV pool, preempting the newest row when it runs out (worker.vllm_v0).
+(0.4.1 and 0.6.0, chunked prefill off: `prefill_alone`) runs them in separate steps, a step with waiting prompts
+that fit running only them, and pages its KV pool, preempting the newest row when it runs out (worker.vllm_v0).
 An engine's serving front end also costs CPU time per request (HTTP, tokenization) before the request reaches
-the scheduler (`request_overhead_s`; with `front_end_blocks`, as in vLLM 0.4–0.5 whose server and engine share
-one event loop, no step runs while it takes a burst in): the published replays (simulator.published) apply it;
-it is not a step cost.
+the scheduler (`request_overhead_s`; with `front_end_blocks`, as in vLLM 0.4.1, whose server and engine share one
+event loop, and in Lambda's vLLM 0.6.0 files, no step runs while it takes a burst in): the published replays
+(simulator.published) apply it; it is not a step cost.
 
 Presets are named GPU-MODEL-KIND, e.g. `rtx3090-mistral-7b-vllm`, for the backend kinds a grid's entries run
 on (lab.simulate: `hf` static, `hf-loop`, `vllm`).

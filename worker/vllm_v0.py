@@ -1,8 +1,9 @@
 """vLLM V0's default scheduler in step time: prompt-only steps, a paged KV pool, preemption by recompute.
 
-The timing core for engines whose model says `prefill_alone` (vLLM 0.4–0.5, chunked prefill off, as their servers
-ran by default), for the live `sim` worker and the simulator alike; worker.sim.make_core picks it. The rules are
-vLLM's own (vllm/core/scheduler.py, Scheduler._schedule_default; vllm/core/block_manager_v1.py):
+The timing core for engines whose model says `prefill_alone` (vLLM 0.4.1 and 0.6.0, chunked prefill off: 0.4.1's
+server default, 0.6.0's with multi-step scheduling, whose ten-step decode rounds are not modelled), for the live
+`sim` worker and the simulator alike; worker.sim.make_core picks it. The rules are vLLM's own
+(vllm/core/scheduler.py, Scheduler._schedule_default; vllm/core/block_manager_v1.py):
 
 - a step first schedules waiting sequences, oldest first, as whole prompts, while each fits the step's token budget
   (--max-num-batched-tokens), the row cap (--max-num-seqs, running ones counted) and the free KV blocks (a
