@@ -7,7 +7,7 @@ The parameters (worker/gpu_presets.py): η_mem and η_flop per GPU die, shared b
 kernels' reach of the datasheet figures), and per engine version (a measurement's `terms`) the per-step
 overhead c_step, the per-row overhead c_row and, for runs through its HTTP server, the per-request front-end
 cost. The objective is the sum of absolute log errors of the fit set's scored figures, each configuration
-replayed in the simulator (simulator.published.replay); the search is a bounded pattern search in log space,
+replayed in the simulator (simulator.published.predict); the search is a bounded pattern search in log space,
 block by block (the efficiencies, then each engine's terms). The check set is never read. The HF presets' terms
 come from the presets' vLLM terms plus the one published difference between HF generate() and vLLM per-token
 latency (HF_STEP_EXTRA_S). It takes 1.5 to 5 minutes on a 2-core VM (an evaluation replays the 14 fit
@@ -26,8 +26,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batchlab.simulator.published import (Measurement, group_errors, load_measurements, replay,  # noqa: E402
-                                          rows_of, step_model)
+from batchlab.simulator.published import (Measurement, group_errors, load_measurements, predict,  # noqa: E402
+                                          rows_of)
 from batchlab.worker.gpu_presets import TERMS_FILE, Efficiency, EngineTerms, Terms  # noqa: E402
 from batchlab.worker.gpus import get_gpu  # noqa: E402
 
@@ -79,7 +79,7 @@ class Fit:
             eff, t = terms.efficiency[get_gpu(m.gpu).chip], terms.engines[m.terms]
             key = (m.id, eff, t)
             if key not in self.cache:
-                self.cache[key] = rows_of(m, replay(m, step_model(m, terms), t.request_overhead_s, t.front_end_blocks))
+                self.cache[key] = rows_of(m, predict(m, terms))
             out += self.cache[key]
         return out
 
@@ -143,9 +143,10 @@ def terms_document(fit: Fit, values: dict[str, float], objective: float, measure
     and the fit's record."""
     terms = fit.terms(values)
     ref = terms.engines[PRESET_ENGINE]
-    v1 = replace(ref, name="vllm-v1", request_overhead_s=0.0, fused=True, step_tokens=0, front_end_blocks=False)
+    v1 = replace(ref, name="vllm-v1", request_overhead_s=0.0, fused=True, step_tokens=0, front_end_blocks=False,
+                 async_output=False)
     hf = replace(ref, name="hf-eager", step_overhead_s=ref.step_overhead_s + HF_STEP_EXTRA_S, request_overhead_s=0.0,
-                 padded=True, fused=False, step_tokens=0, front_end_blocks=False)
+                 padded=True, fused=False, step_tokens=0, front_end_blocks=False, async_output=False)
     errors = group_errors(fit.rows(terms, fit.fit), "fit")
     return {"efficiency": {c: {"mem": round(e.mem, 4), "flop": round(e.flop, 4)} for c, e in terms.efficiency.items()},
             "engines": {e: _plain(t) for e, t in {**terms.engines, "vllm-v1": v1, "hf-eager": hf}.items()},
@@ -169,6 +170,8 @@ def _plain(t: EngineTerms) -> dict:
         out["prefill_alone"] = True
     if t.front_end_blocks:
         out["front_end_blocks"] = True
+    if t.async_output:
+        out["async_output"] = True
     if t.padded:
         out["padded"] = True
     return out

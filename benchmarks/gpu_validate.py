@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batchlab.simulator.published import (GroupError, Row, group_errors, load_measurements, meets,  # noqa: E402
-                                          replay, rows_of, step_model)
+                                          predict, rows_of)
 from batchlab.worker.gpu_presets import TERMS_FILE, load_terms  # noqa: E402
 
 MEASUREMENTS = ROOT / "benchmarks" / "published" / "measurements.yaml"
@@ -37,8 +37,7 @@ def validate(measurements_path: Path = MEASUREMENTS, terms_path: Path = TERMS_FI
     terms = load_terms(terms_path)
     rows = []
     for m in load_measurements(measurements_path):
-        engine = terms.engines[m.terms]
-        rows += rows_of(m, replay(m, step_model(m, terms), engine.request_overhead_s, engine.front_end_blocks))
+        rows += rows_of(m, predict(m, terms))
     return rows
 
 

@@ -226,6 +226,13 @@ def step_model(m: Measurement, terms: Terms) -> StepModel:
     return StepModel(**step_model_for(f"{m.gpu}-{m.model}-{m.terms}", m.gpu, m.model, m.terms, terms))
 
 
+def predict(m: Measurement, terms: Terms) -> Prediction:
+    """`m` replayed under a terms file's values: its GPU die's efficiency, its engine version's step terms and front
+    end."""
+    engine = terms.engines[m.terms]
+    return replay(m, step_model(m, terms), engine.request_overhead_s, engine.front_end_blocks, engine.async_output)
+
+
 def arrivals(m: Measurement) -> np.ndarray:
     """When each request was sent (s): all at 0, or Poisson at the rate, the first at 0 (vLLM's benchmark_serving),
     seeded; a closed loop's first requests at 0."""
@@ -282,11 +289,13 @@ def run_config(m: Measurement, preset: Path, think_s: float = 0.0) -> RunConfig:
     return RunConfig(**values)
 
 
-def replay(m: Measurement, model: StepModel, request_overhead_s: float = 0.0, blocks: bool = False) -> Prediction:
+def replay(m: Measurement, model: StepModel, request_overhead_s: float = 0.0, blocks: bool = False,
+           async_output: bool = False) -> Prediction:
     """Simulate the configuration with `model` (and, serving, its engine's front end); the published metrics as
     its benchmark computes them. The front end delays each request by its CPU time before the scheduler sees it
     (front_end): in arrival order for a burst or an open loop; for a closed loop as each client's wait before it
-    sends (one client's request never queues behind another's there)."""
+    sends (one client's request never queues behind another's there). `async_output`: the engine's outputs reach
+    the client as `delivered` says."""
     overhead_s = request_overhead_s if m.serving else 0.0
     sent_s = arrivals(m)
     seen_s = sent_s + overhead_s if m.load == "closed" else front_end(sent_s, overhead_s, blocks)
@@ -296,8 +305,39 @@ def replay(m: Measurement, model: StepModel, request_overhead_s: float = 0.0, bl
         offsets = np.zeros(len(sent_s)) if m.load == "closed" else seen_s
         tables = simulate(run_config(m, preset, overhead_s if m.load == "closed" else 0.0),
                           schedule_of(m, offsets))
+    requests = delivered(tables.requests, tables.steps) if async_output else tables.requests
     delay_s = np.full(len(sent_s), overhead_s) if m.load == "closed" else seen_s - sent_s
-    return Prediction(metrics_of(tables.requests, m, delay_s), float(tables.requests["completion_time"].max()))
+    return Prediction(metrics_of(requests, m, delay_s), float(requests["completion_time"].max()))
+
+
+def delivered(requests: pd.DataFrame, steps: pd.DataFrame, tolerance_s: float = 1e-9) -> pd.DataFrame:
+    """A copy of a simulated run's requests table with the first and last token times (and TTFT, E2E) as the client
+    of an engine with vLLM 0.6.0's asynchronous output processing sees them: the tokens of a step that prefilled
+    reach it when the next step ends, when that next step prefilled too and began as this one ended; otherwise at
+    their own step's end (before a decode step, or an idle engine, and every decode step's).
+
+    0.6.0 processes a step's outputs while the next step runs, and its engine loop returns them when that step is
+    done. The rule is read from Lambda's per-request first-token times (benchmarks/published/README.md): bursts of
+    20 prompts (two prompt-only steps) get every first token in one group, and 40-prompt bursts in groups one step
+    late, the last two steps' together; how 0.6.0 hands the last prompt step's outputs over before a multi-step
+    decode round was not traced in its source. A run's requests are closed by the engine at their step's end
+    (the scheduler's and a closed loop's view); only the client's times move."""
+    out = requests.copy()
+    for worker, s in steps.sort_values(["worker", "step"]).groupby("worker"):
+        prompt = s["prefill_tokens"].to_numpy() > 0
+        start, end = s["start_time"].to_numpy(), s["end_time"].to_numpy()
+        late = prompt[:-1] & prompt[1:] & (np.abs(start[1:] - end[:-1]) <= tolerance_s)
+        source, target = end[:-1][late], end[1:][late]  # ascending: a worker's steps end in order
+        if not len(source):
+            continue
+        mine = (out["worker"] == worker).to_numpy()
+        for time_col, latency_col in (("first_token_time", "ttft"), ("completion_time", "e2e")):
+            t = out.loc[mine, time_col].to_numpy()
+            i = np.clip(np.searchsorted(source, t - tolerance_s), 0, len(source) - 1)
+            moved = np.where(np.abs(source[i] - t) <= tolerance_s, target[i], t)  # NaN (no token) stays NaN
+            out.loc[mine, latency_col] = out.loc[mine, latency_col].to_numpy() + (moved - t)
+            out.loc[mine, time_col] = moved
+    return out
 
 
 def metrics_of(requests: pd.DataFrame, m: Measurement, delay_s: np.ndarray | None = None) -> dict[str, float]:

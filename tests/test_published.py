@@ -5,14 +5,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
 from batchlab.models.archs import ARCHS, kv_bytes_per_token
 from batchlab.protocol import RequestMsg
 from batchlab.scheduler.policies import Capacity
-from batchlab.simulator.published import (Direct, DirectParams, Measurement, PublishedError, Row, front_end,
-                                          group_errors, load_measurements, meets, replay)
+from batchlab.simulator.published import (Direct, DirectParams, Measurement, PublishedError, Row, delivered,
+                                          front_end, group_errors, load_measurements, meets, replay)
 from batchlab.worker.stepmodel import StepModel
 
 SHIPPED = Path(__file__).resolve().parent.parent / "benchmarks" / "published" / "measurements.yaml"
@@ -117,6 +118,41 @@ def test_a_v0_replay_admits_prompts_by_blocks_and_preempts_where_a_reservation_w
     assert p["ttft_median_s"] == pytest.approx(prefill_s)  # one prompt-only step for all four
     roomy = replay(_measurement(prompts=[96] * 4, outputs=[64] * 4), v0).metrics
     assert p["tpot_mean_s"] > roomy["tpot_mean_s"]  # a preempted row waits and is prefilled again
+
+
+def test_async_output_hands_a_prompt_steps_tokens_over_when_the_next_prompt_step_ends():
+    # worker a: prompt steps 0 and 1 back to back, then decode step 2; after an idle gap prompt steps 3 and 4 back
+    # to back, and prompt step 5 after another gap. Worker b: one prompt step ending at 1.0, as a's step 0 does.
+    steps = pd.DataFrame({"worker": ["a"] * 6 + ["b"], "step": [0, 1, 2, 3, 4, 5, 0],
+                          "start_time": [0.0, 1.0, 2.0, 5.0, 6.0, 9.0, 0.0],
+                          "end_time": [1.0, 2.0, 3.0, 6.0, 7.0, 10.0, 1.0], "prefill_tokens": [9, 9, 0, 9, 9, 9, 9]})
+    # r0: step 0's first token; r1: step 1's (a decode step next); r2: a decode step's; r3: step 3's, its only
+    # token; r4: step 4's (the next prompt step began later); r5: b's step; r6: no token
+    first = [1.0, 2.0, 3.0, 6.0, 7.0, 1.0, np.nan]
+    last = [3.0, 2.0, 3.0, 6.0, 10.0, 1.0, np.nan]
+    arrival = [0.0, 0.0, 0.5, 4.0, 4.0, 0.0, 0.0]
+    requests = pd.DataFrame({"request_id": range(7), "worker": ["a"] * 5 + ["b", "a"], "arrival_time": arrival,
+                             "first_token_time": first, "completion_time": last,
+                             "ttft": np.subtract(first, arrival), "e2e": np.subtract(last, arrival)})
+    out = delivered(requests, steps)
+    assert out["first_token_time"].tolist()[:6] == [2.0, 2.0, 3.0, 7.0, 7.0, 1.0]
+    assert out["completion_time"].tolist()[:6] == [3.0, 2.0, 3.0, 7.0, 10.0, 1.0]  # a one-token request ends late
+    assert out["ttft"].tolist()[:6] == [2.0, 2.0, 2.5, 3.0, 3.0, 1.0]
+    assert out["e2e"].tolist()[:6] == [3.0, 2.0, 2.5, 3.0, 6.0, 1.0]
+    assert out.loc[6, ["first_token_time", "ttft"]].isna().all()
+    assert requests["first_token_time"].tolist()[:6] == first[:6]  # the run's own table is left as it was
+
+
+def test_a_burst_over_three_prompt_steps_gets_its_first_tokens_one_step_late_the_last_two_together():
+    kv = kv_bytes_per_token(ARCHS["mistral-7b-v0.1"], 2)
+    v0 = replace(KNOWN, prefill_alone=True, fused=False, kv_bytes_per_token=kv, step_tokens=200)
+    m = _measurement(prompts=[100] * 6, outputs=[10] * 6)  # 2 prompts a step: three prompt-only steps
+    step = 0.002 + 0.001 + 200 * 1e-5
+    plain, late = replay(m, v0).metrics, replay(m, v0, async_output=True).metrics
+    assert plain["ttft_mean_s"] == pytest.approx(2 * step)  # 1, 2 and 3 steps
+    assert late["ttft_mean_s"] == pytest.approx((2 * 2 + 4 * 3) * step / 6)  # 2, 3 and 3 steps
+    assert late["batch_latency_s"] == pytest.approx(plain["batch_latency_s"])  # the decodes' tokens as before
+    assert late["throughput_out_tok_s"] == pytest.approx(plain["throughput_out_tok_s"])
 
 
 def _write(tmp_path, configurations, samples=None) -> Path:

@@ -22,8 +22,10 @@ scheduler runs a step's prompts and decodes as separate forwards (`fused: false`
 that fit running only them, and pages its KV pool, preempting the newest row when it runs out (worker.vllm_v0).
 An engine's serving front end also costs CPU time per request (HTTP, tokenization) before the request reaches
 the scheduler (`request_overhead_s`; with `front_end_blocks`, as in vLLM 0.4.1, whose server and engine share one
-event loop, and in Lambda's vLLM 0.6.0 files, no step runs while it takes a burst in): the published replays
-(simulator.published) apply it; it is not a step cost.
+event loop, and in Lambda's vLLM 0.6.0 files, no step runs while it takes a burst in), and vLLM 0.6.0's
+asynchronous output processing hands a prompt step's first tokens to the client only when the next prompt step
+ends (`async_output`, simulator.published.delivered): the published replays (simulator.published) apply both;
+neither is a step cost.
 
 Presets are named GPU-MODEL-KIND, e.g. `rtx3090-mistral-7b-vllm`, for the backend kinds a grid's entries run
 on (lab.simulate: `hf` static, `hf-loop`, `vllm`).
@@ -62,6 +64,7 @@ class EngineTerms:
     row_overhead_s: float  # c_row: CPU cost per row per step
     request_overhead_s: float = 0.0  # its HTTP front end's CPU time per request (serving, not offline)
     front_end_blocks: bool = False  # the front end and the engine share one event loop: no step while it ingests
+    async_output: bool = False  # a prompt step's tokens reach the client one prompt step late (0.6.0's async output)
     step_tokens: int = 0  # the engine's default per-step token budget (0: prompts prefilled whole)
     padded: bool = False  # rows padded to the widest (HF) rather than packed (vLLM)
     fused: bool = True  # a step's decodes and prefill run as one forward
