@@ -3,6 +3,7 @@ fitted engine terms; their names, kinds and shapes, and the per-kind check a sim
 from pathlib import Path
 
 import pytest
+import yaml
 
 from batchlab.lab.simulate import plan_simulation
 from batchlab.models.archs import ARCHS, kv_bytes_per_token, weights_bytes
@@ -70,6 +71,19 @@ def test_the_shipped_terms_name_an_engine_for_every_kind_and_a_bad_file_is_one_l
     with pytest.raises(ValueError, match="cannot read GPU engine terms") as info:
         load_terms(bad)
     assert "\n" not in str(info.value)
+
+
+def test_the_fit_writes_every_engine_flag_the_terms_file_reads_back(tmp_path):
+    from benchmarks.gpu_fit import _plain
+
+    engine = EngineTerms("e", 0.002, 3e-5, request_overhead_s=0.002, front_end_blocks=True, async_output=True,
+                         step_tokens=2048, padded=True, fused=False, prefill_alone=True)
+    path = tmp_path / "engines.yaml"
+    path.write_text(yaml.safe_dump({"efficiency": {"ga100": {"mem": 0.8, "flop": 0.5}},
+                                    "engines": {"e": _plain(engine)}, "presets": {}}))
+    assert load_terms(path).engines["e"] == engine
+    # the shipped file: only vLLM 0.6.0 delivers late (0.4.1 and V1 hand a step's tokens over at its end)
+    assert {k for k, e in shipped_terms().engines.items() if e.async_output} == {"vllm-0.6"}
 
 
 def test_a_grid_takes_each_kinds_gpu_preset_and_refuses_one_of_another_kind():
