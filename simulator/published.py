@@ -323,6 +323,8 @@ def delivered(requests: pd.DataFrame, steps: pd.DataFrame, tolerance_s: float = 
     decode round was not traced in its source. A run's requests are closed by the engine at their step's end
     (the scheduler's and a closed loop's view); only the client's times move."""
     out = requests.copy()
+    if steps is None or steps.empty:  # no continuous step ran
+        return out
     for worker, s in steps.sort_values(["worker", "step"]).groupby("worker"):
         prompt = s["prefill_tokens"].to_numpy() > 0
         start, end = s["start_time"].to_numpy(), s["end_time"].to_numpy()

@@ -141,6 +141,8 @@ def test_async_output_hands_a_prompt_steps_tokens_over_when_the_next_prompt_step
     assert out["e2e"].tolist()[:6] == [3.0, 2.0, 2.5, 3.0, 6.0, 1.0]
     assert out.loc[6, ["first_token_time", "ttft"]].isna().all()
     assert requests["first_token_time"].tolist()[:6] == first[:6]  # the run's own table is left as it was
+    for none in (None, steps.iloc[:0]):  # a run with no continuous step: nothing moves
+        assert delivered(requests, none).equals(requests)
 
 
 def test_a_burst_over_three_prompt_steps_gets_its_first_tokens_one_step_late_the_last_two_together():
