@@ -26,8 +26,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batchlab.simulator.published import (Measurement, group_errors, load_measurements, predict,  # noqa: E402
-                                          rows_of)
+from batchlab.simulator.measurements import Measurement, load_measurements  # noqa: E402
+from batchlab.simulator.published import group_errors, predict, rows_of  # noqa: E402
 from batchlab.worker.gpu_presets import TERMS_FILE, Efficiency, EngineTerms, Terms  # noqa: E402
 from batchlab.worker.gpus import get_gpu  # noqa: E402
 

@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batchlab.simulator.published import (GroupError, Row, group_errors, load_measurements, meets,  # noqa: E402
-                                          predict, rows_of)
+from batchlab.simulator.measurements import load_measurements  # noqa: E402
+from batchlab.simulator.published import GroupError, Row, group_errors, meets, predict, rows_of  # noqa: E402
 from batchlab.worker.gpu_presets import TERMS_FILE, load_terms  # noqa: E402
 
 MEASUREMENTS = ROOT / "benchmarks" / "published" / "measurements.yaml"

@@ -65,7 +65,7 @@ class CalibrateError(BatchlabError, ValueError):
 
 
 class PublishedError(BatchlabError, ValueError):
-    """A file of published GPU measurements that cannot be read as configurations (simulator.published)."""
+    """A file of published GPU measurements that cannot be read as configurations (simulator.measurements)."""
 
 
 # Files batchlab reads back.

@@ -1,5 +1,6 @@
-"""simulator/published.py: reading published configurations, replaying them in the simulator with known step models,
-the front end, the benchmark's metrics, and the validation table's arithmetic on a small fixed set."""
+"""simulator/measurements.py and simulator/published.py: reading published configurations, replaying them in the
+simulator with known step models, the front end, the benchmark's metrics, and the validation table's arithmetic
+on a small fixed set."""
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -12,8 +13,8 @@ import yaml
 from batchlab.models.archs import ARCHS, kv_bytes_per_token
 from batchlab.protocol import RequestMsg
 from batchlab.scheduler.policies import Capacity
-from batchlab.simulator.published import (Direct, DirectParams, Measurement, PublishedError, Row, delivered,
-                                          front_end, group_errors, load_measurements, meets, replay)
+from batchlab.simulator.measurements import Measurement, PublishedError, load_measurements
+from batchlab.simulator.published import Direct, DirectParams, Row, delivered, front_end, group_errors, meets, replay
 from batchlab.worker.stepmodel import StepModel
 
 SHIPPED = Path(__file__).resolve().parent.parent / "benchmarks" / "published" / "measurements.yaml"
