@@ -80,7 +80,7 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     settings (search_duration_s, saturated_duration_s, saturated_repeats, width, max_probes, ...: the grid's
     rates.auto ones are the defaults)."""
     from batchlab.collector.layout import CAPACITY_FILE, WORKERS_DIR
-    from batchlab.lab.capacity_search import run_capacity
+    from batchlab.lab.capacity_study import run_capacity
     from batchlab.lab.sweep_plan import checked_auto, interleaved, plan_from
     from batchlab.protocol.files import write_json_atomic
     from batchlab.protocol.study_settings import AutoRates

@@ -22,6 +22,8 @@ WORKERS_DIR = "_workers"  # a sweep's warm workers' own output (start-up, betwee
 CAPACITY_DIR = "_capacity"  # a capacity search's probes: _capacity/<point_dir> (bursts: _probe/<point_dir>)
 SATURATED_DIR = "_saturated"  # each strategy's saturated runs (μ): _saturated/<saturated_dir>
 CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes
+TWIN_DIR = "_twin"  # the study's twin (lab.twin): presets/, its curves (a simulated sweep) and TWIN_ERRORS_FILE
+TWIN_ERRORS_FILE = "errors.json"  # the twin against every live grid point (lab.twin_curves)
 
 LABEL_KEY, RATE_KEY, REPEAT_KEY = "sweep_label", "sweep_rate", "sweep_repeat"  # a point's keys, outermost first
 CONCURRENCY_KEY = "sweep_concurrency"  # in a closed-loop sweep, the middle key instead of the rate

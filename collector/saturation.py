@@ -13,6 +13,7 @@ import pandas as pd
 
 from batchlab.collector.intervals import log_interval, mean_interval
 
+WINDOW, BUSY = "window", "busy"  # μ's two estimators a study measures (choose_estimator picks one)
 WARMUP_SHARE = 0.25  # of the traffic, excluded: the first batches form, caches and allocators warm up
 BATCHES = 10  # blocks of the steady window (batch means)
 EVENT_GAP_S = 1e-3  # completions closer than this are one event (one batch's rows, reported row by row)
@@ -57,6 +58,20 @@ class SaturatedRun:
     completions: int
     folder: str = ""
     interference: dict | None = None  # the other work beside the run (its summary's; None: not metered)
+    busy: dict | None = None  # the same run's μ over the worker's busy time (busy_run's fields), None: not read
+
+    @property
+    def bounded(self) -> bool:
+        """Whether this run bounds μ by either estimator: its window's interval, or its busy time's, is finite."""
+        return math.isfinite(self.req_s_hi) or bool(self.busy and math.isfinite(self.busy["req_s_hi"]))
+
+    def by(self, estimator: str) -> "SaturatedRun | None":
+        """This run as `estimator` reads it ("window": itself; "busy": its busy-time figures), None: not read."""
+        if estimator == WINDOW:
+            return self
+        if not self.busy:
+            return None
+        return SaturatedRun(**{**self.busy, "interference": self.interference, "folder": self.folder})
 
 
 def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0, folder: str = "",
@@ -96,22 +111,58 @@ def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0,
     return SaturatedRun(repeat, *req, *tok, [start, end], completions, folder)
 
 
-def pooled(runs: list[SaturatedRun]) -> dict | None:
+READS = {WINDOW: "completions over each run's steady window",
+         BUSY: "requests completed over the worker's busy time (its batches or steps)"}
+
+
+def pooled(runs: list[SaturatedRun], estimator: str = WINDOW) -> dict | None:
     """capacity.json's `saturated` entry: every run, and μ with its interval: a t-interval over the runs'
-    rates with 2 or more repeats (the spread between runs), else the one run's batch-means interval."""
+    rates with 2 or more repeats (the spread between runs), else the one run's batch-means interval.
+    `estimator`: how the runs read μ (WINDOW or BUSY), said in `method`."""
     if not runs:
         return None
-    entry: dict = {"runs": [asdict(r) for r in runs]}
+    entry: dict = {"runs": [asdict(r) for r in runs], "estimator": estimator}
     for unit in ("req_s", "tok_s"):
         if len(runs) >= 2:
             mean, lo, hi = log_interval([getattr(r, unit) for r in runs])
             entry |= {unit: mean, f"{unit}_lo": lo, f"{unit}_hi": hi}
         else:
             entry |= {k: getattr(runs[0], k) for k in (unit, f"{unit}_lo", f"{unit}_hi")}
-    entry["method"] = (f"geometric mean of {len(runs)} repeats' saturated rates, 95% t-interval on their logs"
-                       if len(runs) >= 2 else f"one run: 95% batch-means interval (on the log scale) over up to "
-                       f"{BATCHES} blocks of its steady window (run-to-run variation not measured)")
+    entry["method"] = (f"geometric mean of {len(runs)} repeats' saturated rates ({READS[estimator]}), 95% "
+                       "t-interval on their logs" if len(runs) >= 2 else
+                       f"one run ({READS[estimator]}): 95% batch-means interval (on the log scale) over up to "
+                       f"{BATCHES} blocks (run-to-run variation not measured)")
     return entry
+
+
+def with_busy(run: SaturatedRun | None, busy: SaturatedRun | None) -> SaturatedRun | None:
+    """`run` (the window's μ) carrying the busy-time μ of the same run beside it."""
+    if run is not None and busy is not None:
+        run.busy = {k: v for k, v in asdict(busy).items() if k not in ("interference", "busy", "folder")}
+    return run
+
+
+def choose_estimator(runs: dict[str, list[SaturatedRun]]) -> str:
+    """The estimator a study's μ uses: BUSY where every run of every strategy has it and the strategies' pooled
+    intervals (log width, summed) are narrower that way, else WINDOW. One for every strategy, so that a
+    throughput ratio never sets one estimator against the other (docs/capacity.md, "Two estimators")."""
+    def width(estimator: str) -> float:
+        total = 0.0
+        for rs in runs.values():
+            read = [r.by(estimator) for r in rs]
+            if not read or any(r is None for r in read):
+                return math.inf
+            sat = pooled(read)
+            lo, hi = sat["req_s_lo"], sat["req_s_hi"]
+            total += math.log(hi / lo) if lo > 0 and math.isfinite(hi) else math.inf
+        return total
+
+    return BUSY if runs and width(BUSY) < width(WINDOW) else WINDOW
+
+
+def estimated(runs: list[SaturatedRun], estimator: str) -> list[SaturatedRun]:
+    """The runs as `estimator` reads them (a run it cannot read is left out)."""
+    return [r for r in (run.by(estimator) for run in runs) if r is not None]
 
 
 def busy_run(requests: pd.DataFrame, batches: pd.DataFrame | None, steps: pd.DataFrame | None, duration_s: float,

@@ -209,17 +209,28 @@ def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str
     is written."""
     started = time.monotonic()
     runs, facts = chosen_runs(dirs, kind)
-    form = form if form != "auto" else ("memory" if "cuda" in facts["device"] else "compute")
-    steps = pd.concat([_run_steps(r, facts["constants"].padded) for r in runs], ignore_index=True)
     say = say or (lambda line: None)
-    say(f"calibrating {facts['kind']} from {len(runs)} run(s): {len(steps)} executed steps, form {form}")
-    model, table = fit_runs(steps, name, form, facts["constants"], weigh)
-    record = {**_record(facts, runs, table, total_time_error(model, steps), started), "weigh": weigh}
+    model, table, record = fit_folders(runs, facts, form, name, weigh, started, say)
     if show is not None:
         show(table, record)
     save_preset(model, out, record)
     say(f"wrote {out} (use {said('preset')} {facts['kind']}={out})")
     return record
+
+
+def fit_folders(runs: list[Path], facts: dict, form: str, name: str, weigh: str = "steps",
+                started: float | None = None, say: Callable[[str], None] | None = None
+                ) -> tuple[StepModel, pd.DataFrame, dict]:
+    """The step model fitted to these run folders' executed steps (one backend kind, `facts`: run_facts of
+    one of them), its per-shape table and the record a preset keeps; CalibrateError when they cannot give it."""
+    started = time.monotonic() if started is None else started
+    form = form if form != "auto" else ("memory" if "cuda" in facts["device"] else "compute")
+    steps = pd.concat([_run_steps(r, facts["constants"].padded) for r in runs], ignore_index=True)
+    if say is not None:
+        say(f"calibrating {facts['kind']} from {len(runs)} run(s): {len(steps)} executed steps, form {form}")
+    model, table = fit_runs(steps, name, form, facts["constants"], weigh)
+    record = {**_record(facts, runs, table, total_time_error(model, steps), started), "weigh": weigh}
+    return model, table, record
 
 
 def _run_steps(run: Path, padded: bool) -> pd.DataFrame:

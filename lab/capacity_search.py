@@ -6,7 +6,6 @@ First the saturated runs (μ: collector.saturation), then collector.capacity.sea
 below μ; docs/capacity.md gives both, the folders they write (OUT/_saturated/, OUT/_capacity/) and
 capacity.json.
 """
-import json
 import math
 from pathlib import Path
 
@@ -18,13 +17,15 @@ from batchlab.lab.sweep_point import execute, reused  # the sweep's one way to r
 from batchlab.collector.capacity import WARMUP_SHARE as CAPACITY_WARMUP_SHARE
 from batchlab.collector.capacity import (Capacity, Probe, Verdict, arrival_cv2, search, start_below, sustain,
                                         tokens_per_request)
-from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, SATURATED_DIR, point_dir, saturated_dir
+from batchlab.collector.layout import CAPACITY_DIR, SATURATED_DIR, point_dir, saturated_dir
 from batchlab.collector.interference import read as read_interference
-from batchlab.collector.saturation import SaturatedRun, pooled, saturated_run
+from batchlab.collector.intervals import PairedResult, between_repeats
+from batchlab.collector.saturation import (WINDOW, SaturatedRun, busy_run, choose_estimator, estimated, pooled,
+                                           saturated_run, with_busy)
 from batchlab.collector.summary import SummaryError, read_summary
-from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.setting_groups import said
 from batchlab.protocol.study_settings import CapacitySettings
+from batchlab.report.headline import BASELINE
 
 SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
 OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them
@@ -74,13 +75,14 @@ def durations(s: AutoRates) -> list[float]:
 
 
 def extended(label: str, tries: list[float], once, view=None) -> SaturatedRun:
-    """The first of `once(duration_s)` (a saturated run's μ) over `tries` that bounds μ: a run whose steady
-    window holds fewer than 2 completion events gives None, and one too short for two blocks an unbounded
-    interval (a point estimate from one gap between two batches). The last try's μ when none bounds it;
+    """The first of `once(duration_s)` (a saturated run's μ) over `tries` that bounds μ by either estimator
+    (SaturatedRun.bounded): a run whose steady window holds fewer than 2 completion events gives None, and one
+    too short for two blocks an unbounded interval (a point estimate from one gap between two batches), unless
+    its busy time bounds μ. The last try's μ when none bounds it;
     SweepError when the last gave none."""
     for k, duration_s in enumerate(tries):
         run = once(duration_s)
-        if (run is not None and math.isfinite(run.req_s_hi)) or k + 1 == len(tries):
+        if (run is not None and run.bounded) or k + 1 == len(tries):
             break
         if view is not None:
             why = "fewer than 2 completion events" if run is None else "too few completions for an interval of μ"
@@ -103,6 +105,23 @@ def _own_interval(run: SaturatedRun) -> str:
     return "(too few batches in this run for an interval of its own; the repeats' spread gives μ's) "
 
 
+def _busy_text(run: SaturatedRun) -> str:
+    """'; over the worker's busy time 3.9 [3.7, 4.1]' (the run's other estimate of μ), '' without one."""
+    b = run.by("busy")
+    return f"; over the worker's busy time {b.req_s:.3g} {_own_interval(b)}".rstrip() if b else ""
+
+
+def measured(folder: Path, duration_s: float, repeat: int, where: str) -> SaturatedRun | None:
+    """A saturated run folder's μ by both estimators: over its steady window, the busy time's beside it."""
+    from batchlab.collector.parts import load_table
+
+    requests = load_table(folder, "requests")
+    steps = load_table(folder, "steps")
+    busy = busy_run(requests, load_table(folder, "batches"), steps if len(steps) else None, duration_s,
+                    repeat=repeat, folder=where)
+    return with_busy(saturated_run(requests, duration_s, repeat=repeat, folder=where), busy)
+
+
 def _interference(folder: Path) -> dict | None:
     """The other work beside a run (its summary's; None when it has none to read)."""
     try:
@@ -111,9 +130,10 @@ def _interference(folder: Path) -> dict | None:
         return None
 
 
-def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates) -> tuple[Point, dict]:
+def _probe_point(plan: Plan, entry: Entry, out: Path, rate: float, s: AutoRates,
+                 duration_s: float | None = None) -> tuple[Point, dict]:
     point = Point(entry, rate, 0, plan.seed, out / CAPACITY_DIR / point_dir(entry.label, rate, 0))
-    return point, {**plan.base, "duration_s": probe_duration_s(rate, s)}
+    return point, {**plan.base, "duration_s": duration_s or probe_duration_s(rate, s)}
 
 
 def probe_duration_s(rate: float, s: AutoRates) -> float:
@@ -142,15 +162,13 @@ class LiveSearch:
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
         """One saturated run's μ, extended while it finished too little; SweepError when it failed or even the
         longest finished too little. A resumed search starts from the extension the folder holds."""
-        from batchlab.collector.parts import load_table
 
         def once(duration_s: float) -> SaturatedRun | None:
             point, base = _saturated_point(self.plan, entry, self.out, repeat, self.s, duration_s)
             record = self._run(point, base, "saturated", extension=duration_s > self.s.saturated_duration_s)
             if record["status"] not in ("done", "skipped"):
                 raise SweepError(f"the saturated run of {entry.label} failed: {record['reason'].splitlines()[0]}")
-            run = saturated_run(load_table(point.folder, "requests"), duration_s, repeat=repeat,
-                                folder=str(point.folder.relative_to(self.out)))
+            run = measured(point.folder, duration_s, repeat, str(point.folder.relative_to(self.out)))
             if run is not None:
                 run.interference = _interference(point.folder)
             return run
@@ -162,15 +180,17 @@ class LiveSearch:
         if self.view:
             beside = read_interference(run.interference)
             busy = f"; ⚠ {beside.text()}" if beside is not None and beside.disturbed else ""
-            self.view.note(f"saturated {entry.label} repeat {repeat}: μ = {run.req_s:.3g} {_own_interval(run)}req/s{busy}")
+            self.view.note(f"saturated {entry.label} repeat {repeat}: μ = {run.req_s:.3g} {_own_interval(run)}req/s"
+                           f"{_busy_text(run)}{busy}")
         return run
 
-    def measure(self, entry: Entry, saturated: dict | None = None):
-        """collector.capacity.Measure for this entry: one point of duration_s at the rate."""
+    def measure(self, entry: Entry, saturated: dict | None = None, duration_s: float | None = None):
+        """collector.capacity.Measure for this entry: one point at the rate, of `duration_s` traffic (None: the
+        search's probe_duration_s)."""
         from batchlab.collector.parts import load_table
 
         def measure(rate: float) -> Probe:
-            point, base = _probe_point(self.plan, entry, self.out, rate, self.s)
+            point, base = _probe_point(self.plan, entry, self.out, rate, self.s, duration_s)
             record = self._run(point, base, "capacity")
             where = str(point.folder.relative_to(self.out))
             if record["status"] not in ("done", "skipped"):
@@ -191,28 +211,41 @@ class SimulatedSearch:
     def __init__(self, plan: Plan, settings: AutoRates) -> None:
         self.plan, self.s = plan, settings
 
-    def _requests(self, point: Point, base: dict):
-        """The simulated run's requests table and its config."""
+    def _tables(self, point: Point, base: dict):
+        """The simulated run's tables (collector.tables.Tables) and its config."""
         from batchlab.simulator.run import simulate
         from batchlab.traffic.run_schedule import make_schedule
 
         cfg = point.config(base)
-        return simulate(cfg, make_schedule(cfg)).requests, cfg
+        return simulate(cfg, make_schedule(cfg)), cfg
+
+    def _requests(self, point: Point, base: dict):
+        """The simulated run's requests table and its config."""
+        tables, cfg = self._tables(point, base)
+        return tables.requests, cfg
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
         """One saturated run's μ in virtual time, extended as a live one is."""
 
         def once(duration_s: float) -> SaturatedRun | None:
             point, base = _saturated_point(self.plan, entry, Path("."), repeat, self.s, duration_s)
-            return saturated_run(self._requests(point, base)[0], duration_s, repeat=repeat)
+            tables = self._tables(point, base)[0]
+            steps = tables.steps if tables.steps is not None and len(tables.steps) else None
+            busy = busy_run(tables.requests, tables.batches, steps,
+                            duration_s, repeat=repeat)
+            return with_busy(saturated_run(tables.requests, duration_s, repeat=repeat), busy)
 
         return extended(f"{entry.label} (simulated)", durations(self.s), once)
+
+    def probe_s(self, entry: Entry, rate: float, saturated: dict | None) -> float:
+        """A probe's traffic at `rate`: the search's probe_duration_s (lab.twin's search makes it longer)."""
+        return probe_duration_s(rate, self.s)
 
     def measure(self, entry: Entry, saturated: dict | None = None):
         """collector.capacity.Measure for this entry, in virtual time."""
 
         def measure(rate: float) -> Probe:
-            point, base = _probe_point(self.plan, entry, Path("."), rate, self.s)
+            point, base = _probe_point(self.plan, entry, Path("."), rate, self.s, self.probe_s(entry, rate, saturated))
             requests, cfg = self._requests(point, base)
             return probe_of(rate, requests, base["duration_s"], cfg, saturated=saturated)
 
@@ -225,12 +258,15 @@ def serpentine(entries: list[Entry], repeat: int) -> list[Entry]:
     return entries[::-1] if repeat % 2 else entries
 
 
-def saturate_all(plan: Plan, runner, entries: list[Entry],
-                 settings: AutoRates) -> dict[str, list[SaturatedRun] | str]:
-    """label → its saturated runs, one per repeat (the grid's repeats, at least saturated_repeats; strategies
-    interleaved within a repeat, in serpentine order), or why none."""
+def saturate_all(plan: Plan, runner, entries: list[Entry], settings: AutoRates,
+                 view=None) -> dict[str, list[SaturatedRun] | str]:
+    """label → its saturated runs, one per repeat (strategies interleaved within a repeat, in serpentine
+    order), or why none: at least saturated_min_repeats (or the grid's repeats, when more), then one more
+    repeat at a time until every throughput comparison is decided (`decided`), or saturated_repeats ran."""
     runs: dict[str, list[SaturatedRun] | str] = {e.label: [] for e in entries}
-    for repeat in range(max(plan.repeats, settings.saturated_repeats)):
+    most = max(plan.repeats, settings.saturated_repeats)
+    least = min(most, max(plan.repeats, settings.saturated_min_repeats))
+    for repeat in range(most):
         for entry in serpentine(entries, repeat):
             if isinstance(runs[entry.label], str):
                 continue
@@ -238,53 +274,98 @@ def saturate_all(plan: Plan, runner, entries: list[Entry],
                 runs[entry.label].append(runner.saturated(entry, repeat))
             except SweepError as exc:
                 runs[entry.label] = str(exc)  # this strategy stays unmeasured, not the others
+        if repeat + 1 >= least and repeat + 1 < most:
+            found = comparisons(runs)
+            if all(decided(r, settings.decided_pct) for r in found.values()):
+                break
+            if view is not None:
+                view.note(f"saturated: after {repeat + 1} repeats, throughput against {BASELINE} still undecided "
+                          f"for {', '.join(lb for lb, r in found.items() if not decided(r, settings.decided_pct))}"
+                          f"; one more repeat")
     return runs
 
 
-def search_one(entry: Entry, runner, settings: AutoRates, runs: list[SaturatedRun] | str) -> Capacity:
-    """One entry's search from its saturated runs; a saturated run that failed leaves that entry unmeasured
-    (with the reason), not the others."""
+def measured_runs(runs: dict[str, list[SaturatedRun] | str]) -> dict[str, list[SaturatedRun]]:
+    """The strategies that have saturated runs, and those runs."""
+    return {lb: rs for lb, rs in runs.items() if not isinstance(rs, str) and rs}
+
+
+def comparisons(runs: dict[str, list[SaturatedRun] | str], upto: int | None = None) -> dict[str, PairedResult | None]:
+    """Each strategy's saturated μ against the baseline's (report.headline.BASELINE), paired by repeat, as the
+    headline states it, with the estimator the study would choose now; `upto`: over the first `upto` repeats.
+    {} without a baseline."""
+    found = measured_runs(runs)
+    if upto is not None:
+        found = {lb: [r for r in rs if r.repeat < upto] for lb, rs in found.items()}
+    if BASELINE not in found:
+        return {}
+    estimator = choose_estimator(found)
+    rates = {lb: {r.repeat: r.req_s for r in estimated(rs, estimator)} for lb, rs in found.items()}
+    base = rates.pop(BASELINE)
+    return {lb: between_repeats([mine[k] / base[k] for k in sorted(mine.keys() & base.keys())])
+            if mine.keys() & base.keys() else None for lb, mine in rates.items()}
+
+
+def decided(result: PairedResult | None, within_pct: float) -> bool:
+    """Whether a throughput comparison needs no more repeats: its interval excludes zero, or lies within
+    ±within_pct (no difference that matters)."""
+    if result is None or not result.measured:
+        return False
+    return result.significant or (result.lo >= -within_pct and result.hi <= within_pct)
+
+
+def saturation_record(runs: dict[str, list[SaturatedRun] | str], settings: AutoRates) -> dict:
+    """capacity.json's `saturation`: the estimator chosen, the repeats run, and per comparison its change,
+    interval and how many repeats it needed to be decided (None: not decided)."""
+    found = measured_runs(runs)
+    repeats = max((len(rs) for rs in found.values()), default=0)
+    final = comparisons(runs)
+    entry = {"estimator": choose_estimator(found), "repeats": repeats, "decided_pct": settings.decided_pct,
+             "comparisons": {}}
+    for label, result in final.items():
+        needed = next((k for k in range(2, repeats + 1) if decided(comparisons(runs, k).get(label),
+                                                                   settings.decided_pct)), None)
+        entry["comparisons"][label] = {
+            "change_pct": None if result is None else result.estimate,
+            "lo_pct": None if result is None or not result.measured else result.lo,
+            "hi_pct": None if result is None or not result.measured else result.hi,
+            "decided": decided(result, settings.decided_pct), "repeats_needed": needed}
+    return entry
+
+
+def saturation_lines(record: dict) -> list[str]:
+    """What the terminal says of the saturated phase: the estimator, and each comparison's repeats."""
+    lines = [f"saturated: μ {'over the worker busy time' if record['estimator'] == 'busy' else 'over each run window'}"
+             f" (the tighter of the two), {record['repeats']} repeats"]
+    for label, c in record["comparisons"].items():
+        how = (f"decided after {c['repeats_needed']} repeats" if c["decided"] and c["repeats_needed"] else
+               f"not decided in {record['repeats']} repeats")
+        change = "" if c["change_pct"] is None else f" {c['change_pct']:+.0f}%"
+        interval = "" if c["lo_pct"] is None else f" [{c['lo_pct']:+.0f}%, {c['hi_pct']:+.0f}%]"
+        lines.append(f"  throughput {label} vs {BASELINE}:{change}{interval}, {how}")
+    return lines
+
+
+def search_one(entry: Entry, runner, settings: AutoRates, runs: list[SaturatedRun] | str,
+               estimator: str = WINDOW) -> Capacity:
+    """One entry's search from its saturated runs (as `estimator` reads μ); a saturated run that failed
+    leaves that entry unmeasured (with the reason), not the others."""
     if isinstance(runs, str) or not runs:
         return Capacity(entry.label, None, None, note=runs if isinstance(runs, str) else "no saturated run")
-    saturated = pooled(runs)
+    saturated = pooled(estimated(runs, estimator) or runs, estimator if estimated(runs, estimator) else WINDOW)
     return search(entry.label, start_below(saturated, settings.width), runner.measure(entry, saturated),
                   width=settings.width, max_probes=settings.max_probes, saturated=saturated)
 
 
-def search_all(plan: Plan, runner, settings: AutoRates, labels: list[str] | None = None) -> dict[str, Capacity]:
+def search_all(plan: Plan, runner, settings: AutoRates, labels: list[str] | None = None,
+               view=None) -> dict[str, Capacity]:
     """Each entry's (or each labelled one's) μ and capacity, in grid order."""
     entries = [e for e in plan.entries if labels is None or e.label in labels]
-    runs = saturate_all(plan, runner, entries, settings)
-    return {e.label: search_one(e, runner, settings, runs[e.label]) for e in entries}
+    runs = saturate_all(plan, runner, entries, settings, view)
+    estimator = choose_estimator(measured_runs(runs))
+    return {e.label: search_one(e, runner, settings, runs[e.label], estimator) for e in entries}
 
 
 def capacity_document(capacities: dict[str, Capacity], settings: AutoRates) -> dict:
     """capacity.json's content."""
     return {"search": settings.model_dump(include=SEARCH_KEYS), "strategies": {lb: c.as_dict() for lb, c in capacities.items()}}
-
-
-def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
-                 labels: list[str] | None = None, disturbed: Disturbances | None = None) -> dict:
-    """Live searches into `out`; writes and returns OUT/capacity.json (kept on resume when its search
-    settings are the same and it holds every strategy asked for)."""
-    path = out / CAPACITY_FILE
-    wanted = labels or [e.label for e in plan.entries]
-    if path.exists():
-        doc = json.loads(path.read_text())
-        if (doc.get("search") == settings.model_dump(include=SEARCH_KEYS) and doc.get("plan_hash") == plan_hash(plan)
-                and set(wanted) <= set(doc.get("strategies", {}))):
-            return doc
-    searches = LiveSearch(plan, out, settings, pools, view, disturbed)
-    doc = capacity_document(search_all(plan, searches, settings, labels), settings) | {
-        "plan_hash": plan_hash(plan), "reran": searches.disturbed.reran}
-    write_json_atomic(path, doc, default=str)
-    return doc
-
-
-def plan_hash(plan: Plan) -> str:
-    """What the searches measured: the base settings, every entry's and the repeats (a change searches again)."""
-    import hashlib
-
-    text = json.dumps({"base": plan.base, "entries": [[e.label, e.overrides] for e in plan.entries],
-                       "repeats": plan.repeats}, sort_keys=True, default=str)  # a saturated run per repeat
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

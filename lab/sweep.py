@@ -18,11 +18,13 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from batchlab.collector.layout import CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, WORKERS_DIR, point_dir
+from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, TWIN_DIR, WORKERS_DIR,
+                                      point_dir)
 from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, plan_points, span_rates,
                                      warm_order)
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.sweep_point import execute, load_text, preflight, refuse_old_layout, reused
+from batchlab.lab.twin_curves import play_curves, twin_errors
 from batchlab.protocol.files import write_json_atomic
 from batchlab.report.headline import BASELINE, Headline
 from batchlab.runner.pool import PoolKeeper, worker_key
@@ -31,19 +33,33 @@ from batchlab.runner.pool import PoolKeeper, worker_key
 def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view,
                   disturbed: Disturbances | None = None) -> tuple[dict, list[float]]:
     """Every strategy's capacity searched live (OUT/capacity.json), and the rates placed from it."""
-    from batchlab.lab.capacity_search import run_capacity
+    from batchlab.lab.capacity_study import run_capacity
 
     doc = run_capacity(plan, out, plan.auto, pools, view, disturbed=disturbed)
     estimates = {lb: placing_rate(c) for lb, c in doc["strategies"].items()}
     known = [v for v in estimates.values() if v]
     if not known:
         raise SweepError("no strategy's capacity could be bracketed: every probe failed")
+    if plan.auto.spanned and doc.get("method") == "twin":
+        return doc, live_loads(known, plan.auto)
     if plan.auto.spanned:
         return doc, span_rates(known, plan.auto)
     wanted = plan.auto.probe or ("dynamic" if "dynamic" in estimates else plan.entries[0].label)
     if not estimates.get(wanted):
         raise SweepError(f"grid.rates.auto.probe: no capacity measured for a strategy labelled {wanted!r}")
     return doc, auto_rates(estimates[wanted], plan.auto.fractions)
+
+
+def live_loads(capacities_req_s: list[float], auto) -> list[float]:
+    """With a twin: the live grid's rates, `live_loads` × the lowest capacity, rounded down to 3 significant
+    digits (0.8 stays at or below the headline's common load, 0.8 × the lower capacity of every comparison)."""
+    lowest = min(capacities_req_s)
+    return sorted({_floor3(f * lowest) for f in auto.live_loads})
+
+
+def _floor3(value: float) -> float:
+    digits = 2 - math.floor(math.log10(value))
+    return float(f"{math.floor(value * 10 ** digits) / 10 ** digits:.3g}")
 
 
 def placing_rate(c: dict) -> float | None:
@@ -69,7 +85,7 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
     refuse_old_layout(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
-        for stale in (PROBE_DIR, CAPACITY_DIR):
+        for stale in (PROBE_DIR, CAPACITY_DIR, TWIN_DIR):
             shutil.rmtree(out_dir / stale, ignore_errors=True)
         (out_dir / CAPACITY_FILE).unlink(missing_ok=True)
     mixed = interleaved(plan)
@@ -79,6 +95,8 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
         if capacity:
             view.note("capacity (req/s): " + ", ".join(f"{lb} {_bracket_text(c)}" for lb, c in
                                                       capacity["strategies"].items()) + f" → rates {rates}")
+        if capacity and capacity.get("method") == "twin":  # 3. the twin's curves, in virtual time
+            play_curves(plan, out_dir, capacity, view)
         points = plan_points(plan, rates, out_dir)
         if not mixed:
             points = warm_order(points, plan.base, worker_key, first=plan.entries[-1].label if capacity else None)
@@ -97,6 +115,8 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
                                      lambda p: _run_point(p, plan, pools, view, resume, "repeat", disturbed),
                                      lambda doc: write_json_atomic(out_dir / INDEX_FILE,
                                                                    doc | {"reran": disturbed.reran}, default=str))
+        if capacity and capacity.get("method") == "twin":  # 5. the twin against the live points
+            twin_errors(out_dir, index, capacity, view)
     return index | {"reran": disturbed.reran}
 
 

@@ -32,8 +32,13 @@ class CapacitySettings(Section, title="Capacity search"):
                                           flag="--saturated-s", gt=0, le=MAX_STUDY_RUN_S)
     # the headline's throughput claim is paired by repeat: 5 short repeats (t = 2.78) find on a busy machine a
     # difference 3 long ones (t = 4.30) miss, in the same time (benchmarks/throughput_power.py, docs/capacity.md)
-    saturated_repeats: int = setting(5, "saturated runs per strategy (at least; the grid's repeats when more)",
+    saturated_repeats: int = setting(5, "the most saturated runs per strategy (the grid's repeats when more)",
                                      gt=0)
+    saturated_min_repeats: int = setting(3, "saturated runs per strategy before the throughput comparisons may "
+                                         "stop them (each strategy against naive decided: its interval excludes "
+                                         "zero or lies within ±decided_pct)", gt=0)
+    decided_pct: float = setting(10.0, "a throughput comparison whose interval lies within ±this is decided "
+                                 "(no difference that matters)", unit="%", gt=0)
     saturated_clients: int = setting(0, "closed-loop clients of a saturated run (0: 2 × the batch cap × the "
                                      "workers)", unit="clients", ge=0)
     search_duration_s: float = setting(10.0, "traffic per capacity probe (its queue drains after)", unit="s",
@@ -43,6 +48,12 @@ class CapacitySettings(Section, title="Capacity search"):
                                    le=MAX_SEARCH_REQUESTS)
     width: float = setting(WIDTH, "stop when hi / lo ≤ 1 + width", gt=0)
     max_probes: int = setting(MAX_PROBES, "at most this many probes per strategy", gt=0)
+    twin: bool = setting(True, "search each capacity on the study's twin (the simulator calibrated from the "
+                         "saturated runs, virtual probes as long as deciding takes), then confirm it with one live "
+                         "probe; false: the live search alone (docs/capacity.md)")
+    confirm_max_s: float = setting(30.0, "with twin: the live confirmation probe's traffic, at most (deciding "
+                                   "close to capacity can take minutes: the verdict is then undecided, said)",
+                                   unit="s", gt=0, le=MAX_STUDY_RUN_S)
 
 
 class AutoRates(CapacitySettings):
@@ -51,7 +62,10 @@ class AutoRates(CapacitySettings):
     those fractions of the `probe` entry's burst."""
 
     fractions: list[PositiveFloat] | None = setting(None, "rates as fractions of the probe entry's capacity")
-    points: int = setting(5, "rates log-spaced between low and high", ge=2)
+    points: int = setting(5, "rates log-spaced between low and high: the live grid's, or with twin the twin's "
+                          "curves'", ge=2)
+    live_loads: list[PositiveFloat] = setting([0.8], "with twin: the live grid's rates, as fractions of the lowest "
+                                              "capacity (0.8: the headline's common load)")
     low: float = setting(0.3, "the lowest rate, × the lowest capacity", gt=0)
     high: float = setting(1.3, "the highest rate, × the highest capacity", gt=0)
     probe: str | None = setting(None, "the entry whose burst the fractions scale (default: dynamic, else the first)")

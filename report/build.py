@@ -79,6 +79,10 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     from batchlab.report.markdown import render
     from batchlab.report.setup import hardware, setup_lines
     from batchlab.report.stats import all_stats
+    from batchlab.report.twin import PLOT_FILE as TWIN_PLOT
+    from batchlab.report.twin import curves_plot as twin_plot
+    from batchlab.report.twin import load_twin
+    from batchlab.report.twin import section as twin_section
 
     collection = load_collection(folder)
     root = Path(out) if out else collection.root
@@ -100,7 +104,11 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
                  plots.itl_distribution(collection, stats, at, root / "itl_distribution.png"),
                  plots.batch_timeline(collection, at, root / "batch_timeline.png"),
                  plots.load_over_time(collection, at, root / "batch_size_queue.png")]
-    text = render(collection, stats, lines, [p.name for p in made], at, slos, capacities, source)
+    twin = load_twin(collection.root, capacities)
+    drawn = twin_plot(twin, stats, root / TWIN_PLOT) if twin else None
+    made += [drawn] if drawn else []
+    text = render(collection, stats, lines, [p.name for p in made if p != drawn], at, slos, capacities, source,
+                  twin_section(twin, drawn.name if drawn else None))
     text += "\n".join(section(external)) + ("\n" if external else "")
     write_text(root / REPORT_FILE, text)
     write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines, stats=stats,

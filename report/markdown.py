@@ -128,7 +128,7 @@ CLOSED_LOOP_CAVEAT = (
 
 def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], headlines: list[str],
            plots: list[str], chosen_rate: float | None, slos: dict | None, capacities: dict | None = None,
-           capacity_source: str = "") -> str:
+           capacity_source: str = "", twin_lines: list[str] | None = None) -> str:
     """The whole REPORT.md text: the capacity table, then the headline, then the curves and the details."""
     groups = list(stats.values())
     out = [f"# batchlab report: {collection.root}", "", "## Capacity", ""]
@@ -137,6 +137,7 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
     else:
         out += (capacity_table(capacities) + ["", criterion_text(capacity_source)]) if capacities else [
             "Capacity was not measured: no run to judge."]
+    out += twin_lines or []
     out += ["", "## Result", ""]
     none = ("- No capacity headline in closed loop: compare strategies' capacity with an open-loop sweep."
             if collection.closed_loop else "- No naive run to compare the other strategies with.")

@@ -168,7 +168,8 @@ def test_a_live_saturated_run_is_extended_into_its_folder_and_a_resume_starts_fr
     monkeypatch.setattr(LiveSearch, "_run", lambda self, point, base, what, extension: ran.append(
         (point.folder, base["duration_s"], extension)) or {"status": "done"})
     monkeypatch.setattr("batchlab.collector.parts.load_table", lambda folder, name: virtual._requests(
-        *capacity_search._saturated_point(plan, entry, tmp_path, 0, slow, ran[-1][1]))[0])
+        *capacity_search._saturated_point(plan, entry, tmp_path, 0, slow, ran[-1][1]))[0] if name == "requests"
+        else pd.DataFrame())  # no batches or steps: μ's busy-time estimate reads none
     monkeypatch.setattr(capacity_search, "reused", lambda point, base, resume: base["duration_s"] in done or None)
     notes = Notes()
     run = LiveSearch(plan, tmp_path, slow, view=notes).saturated(entry, 0)

@@ -190,9 +190,28 @@ def _read_cache(path: Path) -> ParseResult:
     )
 
 
+# Pairs parsed in this process, by the source's cache key: a study builds dozens of schedules (saturated runs,
+# probes, the twin's virtual probes and curves), and reading the cache file again cost ~0.8 s each. Read-only.
+_PARSED: dict[Path, ParseResult] = {}
+PARSED_KEEP = 2  # sources kept in memory (the packaged ShareGPT file is ~125 MB of text)
+
+
 def _parse_cached(source: Path) -> ParseResult:
-    """Parse `source`, or load the pairs cached from an identical earlier parse."""
+    """Parse `source`, or load the pairs parsed earlier in this process or cached on disk from an identical
+    earlier parse."""
     cached = _cache_path(source)
+    if cached in _PARSED:
+        return _PARSED[cached]
+    result = _parse_or_read(source, cached)
+    if result.prompts:
+        while len(_PARSED) >= PARSED_KEEP:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[cached] = result
+    return result
+
+
+def _parse_or_read(source: Path, cached: Path) -> ParseResult:
+    """The pairs from the cache file `cached`, else parsed from `source` (and cached)."""
     if cached.exists():
         try:
             return _read_cache(cached)

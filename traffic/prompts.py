@@ -64,6 +64,23 @@ def _tokenize_pair(prompt: str, reply: str, tokenizer: Tokenizer,
     return tokens, reply_len
 
 
+# Conversations tokenized in this process, per (pairs, tokenizer, length limits): request k's prompt is the
+# same at every rate, so a study's schedules (saturated runs, probes, the twin's long virtual probes) tokenize
+# each conversation once. The pairs and the tokenizer are kept beside their memo so their ids stay theirs.
+_TOKENIZED: dict[tuple, tuple[ParseResult, Tokenizer, dict[int, tuple[list[int], int] | None]]] = {}
+TOKENIZED_KEEP = 4
+
+
+def _memo(pairs: ParseResult, tokenizer: Tokenizer, cfg: TrafficConfig) -> dict[int, tuple[list[int], int] | None]:
+    """The process-wide memo of tokenized conversations for these pairs, tokenizer and length limits."""
+    key = (id(pairs), id(tokenizer), cfg.min_prompt_len, cfg.max_prompt_len, cfg.max_new_tokens)
+    if key not in _TOKENIZED:
+        while len(_TOKENIZED) >= TOKENIZED_KEEP:
+            _TOKENIZED.pop(next(iter(_TOKENIZED)))
+        _TOKENIZED[key] = (pairs, tokenizer, {})
+    return _TOKENIZED[key][2]
+
+
 def sharegpt_prompts(pairs: ParseResult, n: int, tokenizer: Tokenizer, cfg: TrafficConfig,
                      rng: np.random.Generator) -> Prompts:
     """`n` prompts walking a seeded permutation of the conversations (repeating it if n is larger).
@@ -73,7 +90,7 @@ def sharegpt_prompts(pairs: ParseResult, n: int, tokenizer: Tokenizer, cfg: Traf
     tokenized.
     """
     order = rng.permutation(len(pairs.prompts)).tolist()
-    memo: dict[int, tuple[list[int], int] | None] = {}
+    memo = _memo(pairs, tokenizer, cfg)
     out = Prompts(source="sharegpt")
     visited = 0
     while len(out.texts) < n:
@@ -88,7 +105,7 @@ def sharegpt_prompts(pairs: ParseResult, n: int, tokenizer: Tokenizer, cfg: Traf
             continue
         tokens, reply_len = memo[idx]
         out.texts.append(pairs.prompts[idx])
-        out.tokens.append(tokens)
+        out.tokens.append(list(tokens))  # a copy: the memo's lists are shared by every schedule
         out.output_lens.append(min(reply_len, cfg.max_new_tokens))
         out.capped_outputs += reply_len > cfg.max_new_tokens
     return out

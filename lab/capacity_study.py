@@ -1,0 +1,101 @@
+"""A study's capacities, live: every strategy's saturated runs (μ, repeats until the throughput comparisons are
+decided: lab.capacity_search.saturate_all), then each capacity searched on the study's twin and confirmed by one
+live probe (lab.twin), or, with `twin: false`, searched by live probes alone. Writes OUT/capacity.json
+(docs/capacity.md gives its fields)."""
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from batchlab.collector.capacity import Capacity
+from batchlab.collector.layout import CAPACITY_FILE
+from batchlab.collector.saturation import estimated, pooled
+from batchlab.lab.capacity_search import (SEARCH_KEYS, LiveSearch, saturate_all, saturation_lines,
+                                          saturation_record, search_one)
+from batchlab.lab.disturbance import Disturbances
+from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
+from batchlab.lab.twin import confirm, confirmation_rate, fit_twin, twin_capacity, widened
+from batchlab.protocol.errors import CalibrateError
+from batchlab.protocol.files import write_json_atomic
+
+
+def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
+                 labels: list[str] | None = None, disturbed: Disturbances | None = None) -> dict:
+    """Every strategy's (or each labelled one's) μ and capacity into `out`; writes and returns
+    OUT/capacity.json (kept on resume when its search settings are the same and it holds every strategy asked
+    for)."""
+    path = out / CAPACITY_FILE
+    wanted = labels or [e.label for e in plan.entries]
+    if path.exists():
+        doc = json.loads(path.read_text())
+        if (doc.get("search") == settings.model_dump(include=SEARCH_KEYS) and doc.get("plan_hash") == plan_hash(plan)
+                and set(wanted) <= set(doc.get("strategies", {}))):
+            return doc
+    live = LiveSearch(plan, out, settings, pools, view, disturbed)
+    entries = [e for e in plan.entries if e.label in wanted]
+    # 1. saturated runs, repeated until every throughput comparison is decided
+    runs = saturate_all(plan, live, entries, settings, view)
+    saturation = saturation_record(runs, settings)
+    for line in saturation_lines(saturation) if view else []:
+        view.note(line)
+    # 2. each capacity: on the twin, confirmed live; or searched live
+    strategies = {e.label: (twin_entry if settings.twin else live_entry)(plan, out, live, e, runs[e.label],
+                                                                         saturation["estimator"], settings, view)
+                  for e in entries}
+    doc = {"search": settings.model_dump(include=SEARCH_KEYS), "method": "twin" if settings.twin else "live",
+           "saturation": saturation, "strategies": strategies, "plan_hash": plan_hash(plan),
+           "reran": live.disturbed.reran}
+    write_json_atomic(path, doc, default=str)
+    return doc
+
+
+def live_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, estimator: str, settings: AutoRates,
+               view=None) -> dict:
+    """One strategy's capacity searched by live probes (collector.capacity.search)."""
+    return search_one(entry, live, settings, runs, estimator).as_dict()
+
+
+def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, estimator: str, settings: AutoRates,
+               view=None) -> dict:
+    """One strategy's capacity on its twin, with the live confirmation beside it (`confirmation`); the live
+    search instead, said, when its runs cannot give a twin."""
+    if isinstance(runs, str) or not runs:
+        return Capacity(entry.label, None, None, note=runs if isinstance(runs, str) else "no saturated run").as_dict()
+    read = estimated(runs, estimator)
+    saturated = pooled(read, estimator) if read else pooled(runs)
+    try:
+        fit = fit_twin(out, entry.label, runs)
+        cap, twin = twin_capacity(plan, fit, settings)
+    except CalibrateError as exc:
+        if view:
+            view.note(f"twin {entry.label}: {exc}; its capacity is searched live instead")
+        return live_entry(plan, out, live, entry, runs, estimator, settings) | {"twin_failed": str(exc)}
+    doc = widened(cap.as_dict(), twin["spread_pct"]) | {"saturated": saturated, "twin": twin, "probes": [],
+                                                        "method": "twin"}
+    if view:
+        spread = f" ± {twin['spread_pct']:.1f}% (its repeats' spread)" if twin["spread_pct"] is not None else ""
+        view.note(f"twin {entry.label}: μ {twin['saturated']['req_s']:.3g} req/s (live {saturated['req_s']:.3g}), "
+                  f"capacity {_num(doc['estimate_req_s'])} [{_num(doc['lo_req_s'])}, {_num(doc['hi_req_s'])}] "
+                  f"req/s{spread}")
+    rate = confirmation_rate(doc)
+    if rate is not None:
+        check = confirm(live, entry, rate, saturated, settings, fit.preset, twin["saturated"])
+        doc["confirmation"] = check.as_dict()
+        doc["probes"] = [{"rate_req_s": check.probe.rate_req_s, "folder": check.probe.folder,
+                          "tokens_per_request": check.probe.tokens_per_request, "live": True,
+                          **asdict(check.probe.verdict)}]
+        if view:
+            mark = {True: "agrees", False: "⚠ disagrees", None: "undecided"}[check.agrees]
+            view.note(f"confirm {entry.label}: {check.text()} ({mark} with the twin); {check.twin_text()}")
+    return doc
+
+
+def _num(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}"
+
+
+def plan_hash(plan: Plan) -> str:
+    """What the searches measured: the base settings, every entry's and the repeats (a change searches again)."""
+    text = json.dumps({"base": plan.base, "entries": [[e.label, e.overrides] for e in plan.entries],
+                       "repeats": plan.repeats}, sort_keys=True, default=str)  # a saturated run per repeat
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

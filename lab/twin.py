@@ -1,0 +1,261 @@
+"""The study's twin: each strategy's step model fitted to its own saturated runs (lab.calibrate_runs), played
+by the simulator where live runs are too short to decide, and checked live (docs/capacity.md, "The twin").
+
+1. **Fit** (`fit_twin`): the executed steps of a strategy's saturated runs, every repeat together, give its
+   twin's step model (OUT/_twin/presets/<label>.yaml, a preset `batchlab simulate --preset KIND=FILE` replays);
+   each repeat alone gives one more model, whose saturated rate in virtual time is one sample of the twin's
+   speed: their spread (a t-interval of the mean on the log scale) is the twin's uncertainty.
+2. **Capacity in virtual time** (`TwinSearch`): collector.capacity's search and verdict, on probes as long as
+   deciding at the load probed takes (the queue's settle time, twice, after the warm-up quarter), and at least
+   TWIN_PROBE_MIN_S and at most TWIN_PROBE_MAX_S of virtual traffic; the interval is the search's own, widened by the
+   twin's uncertainty.
+3. **Confirmed live** (`confirmation`): one live probe at the twin's capacity, as long as deciding there takes,
+   at most confirm_max_s; its verdict stands beside the twin's, a disagreement marked.
+
+The curves and the twin's error against the live points are lab.twin_curves'.
+"""
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from batchlab.collector.capacity import (SETTLE_TIMES, WARMUP_SHARE, Capacity, Probe, arrival_cv2, search,
+                                        settle_time_s, start_below)
+from batchlab.collector.intervals import mean_interval
+from batchlab.collector.layout import TWIN_DIR
+from batchlab.collector.saturation import SaturatedRun, pooled
+from batchlab.lab.capacity_search import SimulatedSearch, probe_duration_s
+from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
+from batchlab.protocol.errors import CalibrateError
+
+PRESETS_DIR = "presets"
+TWIN_SATURATED_S = 120.0  # a twin's saturated run, virtual: long enough that its μ is its model's, not luck
+# A twin's capacity probe, virtual traffic: at least TWIN_PROBE_MIN_S (a queue limit's refusals near μ are rare
+# events that the settle time does not foresee: 60 s probes on a constant-step model with a limit of 16 judged
+# sustained what 600 s probes refuse, tests/test_twin.py), at most TWIN_PROBE_MAX_S (closer to μ: undecided, said)
+TWIN_PROBE_MIN_S = 600.0
+TWIN_PROBE_MAX_S = 1200.0
+TWIN_WIDTH = 0.02  # the twin's search stops at a bracket this narrow (virtual probes cost little) ...
+TWIN_MAX_PROBES = 12  # ... or after this many probes
+
+
+@dataclass(slots=True)
+class TwinFit:
+    """A strategy's twin: its fitted preset, the backend kind it models, and each repeat's own preset."""
+
+    label: str
+    preset: Path
+    kind: str
+    repeat_presets: list[Path] = field(default_factory=list)
+    record: dict = field(default_factory=dict)  # the fit's record (lab.calibrate_runs: its errors per shape kind)
+
+
+def preset_path(out: Path, label: str, repeat: int | None = None) -> Path:
+    """Where a strategy's twin preset goes (a repeat's own fit: -repeat<k>)."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+    return out / TWIN_DIR / PRESETS_DIR / (f"{safe}.yaml" if repeat is None else f"{safe}-repeat{repeat}.yaml")
+
+
+def fit_twin(out: Path, label: str, runs: list[SaturatedRun]) -> TwinFit:
+    """The twin of one strategy from its saturated runs' folders (relative to `out`); CalibrateError when the
+    runs cannot give a step model (a failed read, too few step shapes)."""
+    from batchlab.lab.calibrate_runs import fit_folders, run_facts
+    from batchlab.worker.stepmodel import save_preset
+
+    folders = [out / r.folder for r in runs if r.folder]
+    if not folders:
+        raise CalibrateError(f"{label}: no saturated run folder to fit its twin to")
+    facts = run_facts(folders[0])
+    model, _, record = fit_folders(folders, facts, "auto", f"twin-{label}")
+    path = preset_path(out, label)
+    save_preset(model, path, {**record, "twin_of": label})
+    fit = TwinFit(label, path, facts["kind"], record=record)
+    for run, folder in zip(runs, folders):
+        try:
+            one, _, one_record = fit_folders([folder], facts, "auto", f"twin-{label}-repeat{run.repeat}")
+        except CalibrateError:
+            continue  # a repeat too short for a fit of its own: the spread comes from the others
+        save_preset(one, preset_path(out, label, run.repeat), {**one_record, "twin_of": label})
+        fit.repeat_presets.append(preset_path(out, label, run.repeat))
+    return fit
+
+
+def twin_plan(plan: Plan, presets: dict[str, Path]) -> Plan:
+    """The plan with each labelled entry playing its twin's preset (the others left out)."""
+    from dataclasses import replace
+
+    entries = [Entry(e.label, {**e.overrides, "preset": str(presets[e.label])}) for e in plan.entries
+               if e.label in presets]
+    return replace(plan, entries=entries)
+
+
+def decide_s(rate: float, mu: float | None, s: AutoRates, limited: bool, cv2: float = 1.0) -> float:
+    """A probe's traffic long enough to decide at `rate`: the search's own length, and, where the queue's level
+    decides (a queue limit or SLOs) and μ is known, SETTLE_TIMES settle times after the warm-up quarter."""
+    base = probe_duration_s(rate, s)
+    if not (limited and mu):
+        return base
+    return max(base, SETTLE_TIMES * settle_time_s(rate, mu, cv2) / (1 - WARMUP_SHARE))
+
+
+class TwinSearch(SimulatedSearch):
+    """The capacity search in virtual time on the twin's presets: one long saturated run, and probes as long as
+    deciding at their load takes (TWIN_PROBE_MIN_S to TWIN_PROBE_MAX_S)."""
+
+    def __init__(self, plan: Plan, settings: AutoRates) -> None:
+        super().__init__(plan, settings.model_copy(update={
+            "saturated_duration_s": TWIN_SATURATED_S, "width": min(settings.width, TWIN_WIDTH),
+            "max_probes": max(settings.max_probes, TWIN_MAX_PROBES)}))
+        self.asked = settings
+
+    def probe_s(self, entry: Entry, rate: float, saturated: dict | None) -> float:
+        """A virtual probe's traffic at `rate`."""
+        cfg = self._config(entry)
+        limited = bool(cfg.max_queue or cfg.max_queue_tokens or cfg.slos())
+        need = decide_s(rate, (saturated or {}).get("req_s"), self.s, limited, arrival_cv2(cfg.arrival, cfg.burstiness))
+        return min(max(need, TWIN_PROBE_MIN_S), TWIN_PROBE_MAX_S)
+
+    def _config(self, entry: Entry):
+        from batchlab.lab.sweep_plan import Point
+
+        return Point(entry, 1.0, 0, self.plan.seed, Path(".")).config(self.plan.base)
+
+
+def twin_capacity(plan: Plan, fit: TwinFit, settings: AutoRates) -> tuple[Capacity, dict]:
+    """A strategy's capacity on its twin, and the twin's record: its μ in virtual time, each repeat's, the
+    spread they give (`spread_pct`, the half-width of the mean's 95% interval) and the search's own interval
+    before that spread widened it."""
+    entry = next(e for e in twin_plan(plan, {fit.label: fit.preset}).entries)
+    twin = TwinSearch(twin_plan(plan, {fit.label: fit.preset}), settings)
+    saturated = pooled([twin.saturated(entry, 0)])
+    cap = search(fit.label, start_below(saturated, twin.s.width), twin.measure(entry, saturated), width=twin.s.width,
+                 max_probes=twin.s.max_probes, saturated=saturated)
+    repeat_mu = []
+    for path in fit.repeat_presets:
+        one = TwinSearch(twin_plan(plan, {fit.label: path}), settings)
+        repeat_mu.append(one.saturated(next(iter(one.plan.entries)), 0).req_s)
+    half = mean_interval([math.log(v) for v in repeat_mu])[1] if len(repeat_mu) >= 2 else math.nan
+    record = {"preset": str(fit.preset), "kind": fit.kind, "saturated": saturated, "repeat_req_s": repeat_mu,
+              "spread_pct": (math.exp(half) - 1) * 100 if math.isfinite(half) else None,
+              "search": cap.as_dict(), "fit_error": fit.record.get("fit_error"),
+              "total_time_error": fit.record.get("total_time_error")}
+    return cap, record
+
+
+def widened(doc: dict, spread_pct: float | None) -> dict:
+    """A capacity entry's interval (req/s and tok/s) widened by the twin's uncertainty (× e^±h); unchanged
+    without one."""
+    if not spread_pct:
+        return doc
+    factor = 1 + spread_pct / 100
+    out = dict(doc)
+    for unit in ("req_s", "tok_s"):
+        if out.get(f"lo_{unit}") is not None:
+            out[f"lo_{unit}"] = out[f"lo_{unit}"] / factor
+        if out.get(f"hi_{unit}") is not None:
+            out[f"hi_{unit}"] = out[f"hi_{unit}"] * factor
+    return out
+
+
+@dataclass(slots=True)
+class Confirmation:
+    """The live probe at a twin's capacity: its verdict, how long deciding there takes and how long it ran."""
+
+    probe: Probe
+    needs_s: float
+    ran_s: float
+    twin: Probe | None = None  # the same probe's schedule played on the twin (its verdict beside the live one)
+
+    @property
+    def agrees(self) -> bool | None:
+        """Whether the live verdict agrees with the twin's capacity: True sustained; False judged not sustained
+        (a disagreement); None undecided, unless the twin, on the same schedule, judged what the live run could
+        not (then False: they differ)."""
+        v = self.probe.verdict
+        if v.sustained:
+            return True
+        if v.judged:
+            return False
+        return None
+
+    def text(self) -> str:
+        """One line: the verdict, with why where it is not a plain ✓."""
+        p, v = self.probe, self.probe.verdict
+        where = f"λ = {p.rate_req_s:.3g} (offered {p.offered_req_s:.3g}) req/s, {self.ran_s:.0f} s"
+        if v.sustained:
+            return f"sustained at {where}"
+        if v.judged:
+            return f"not sustained at {where}: {'; '.join(v.reasons)}"
+        return f"undecided at {where} (deciding there takes about {self.needs_s:.0f} s of traffic)"
+
+    def twin_text(self) -> str:
+        """The twin on the same schedule: its mark, served share and queue trend beside the live run's."""
+        if self.twin is None:
+            return ""
+        t, v = self.twin.verdict, self.probe.verdict
+        return (f"same schedule on the twin: {t.mark} served {t.served_share:.0%}, queue {t.queue_growth:+.2f}/s "
+                f"(live {v.mark} served {v.served_share:.0%}, queue {v.queue_growth:+.2f}/s)")
+
+    def as_dict(self) -> dict:
+        """capacity.json's `confirmation`."""
+        from dataclasses import asdict
+
+        return {"rate_req_s": self.probe.rate_req_s, "offered_req_s": self.probe.offered_req_s,
+                "folder": self.probe.folder, "needs_s": self.needs_s, "ran_s": self.ran_s, "agrees": self.agrees,
+                "text": self.text(), "twin_text": self.twin_text(), **asdict(self.probe.verdict),
+                "twin_verdict": asdict(self.twin.verdict) if self.twin else None}
+
+
+def confirmation_rate(doc: dict) -> float | None:
+    """The live probe's rate: the twin's capacity estimate (3 significant digits, rounded down: at or just
+    below it), else the highest rate its twin sustained."""
+    value = doc.get("estimate_req_s") or (doc.get("bracket_req_s") or [None])[0]
+    if not value:
+        return None
+    digits = 2 - math.floor(math.log10(value))
+    return math.floor(value * 10 ** digits) / 10 ** digits
+
+
+def confirm(live, entry: Entry, target_req_s: float, saturated: dict, settings: AutoRates,
+            preset: Path | None = None, twin_saturated: dict | None = None) -> Confirmation:
+    """The live probe offering `target_req_s` on `live` (a lab.capacity_search.LiveSearch), as long as deciding
+    there takes and at most confirm_max_s, judged against the live μ."""
+    from batchlab.lab.sweep_plan import Point
+
+    cfg = Point(entry, target_req_s, 0, live.plan.seed, Path(".")).config(live.plan.base)
+    limited = bool(cfg.max_queue or cfg.max_queue_tokens or cfg.slos())
+    cv2 = arrival_cv2(cfg.arrival, cfg.burstiness)
+    ran = min(decide_s(target_req_s, saturated.get("req_s"), settings, limited, cv2), settings.confirm_max_s)
+    rate = nominal_for(target_req_s, ran, cfg)
+    probe = live.measure(entry, saturated, duration_s=ran)(rate)
+    needs = decide_s(probe.offered_req_s, saturated.get("req_s"), settings, limited, cv2)
+    return Confirmation(probe, needs, ran, on_twin(live.out / probe.folder, preset, twin_saturated, ran)
+                        if preset and probe.folder else None)
+
+
+def on_twin(folder: Path, preset: Path, saturated: dict | None, duration_s: float) -> Probe | None:
+    """A live probe's schedule played on the twin, judged as the live probe was (against the twin's μ)."""
+    from batchlab.lab.capacity_search import probe_of
+    from batchlab.lab.twin_replay import replayed
+
+    if not (folder / "schedule.parquet").exists():
+        return None
+    tables, cfg = replayed(folder, preset)
+    return probe_of(cfg.rate, tables.requests, duration_s, cfg, str(folder), saturated)
+
+
+def nominal_for(target_req_s: float, duration_s: float, cfg) -> float:
+    """The nominal rate whose seeded schedule offers `target_req_s` over its first `duration_s` (a seeded
+    Poisson schedule of half a minute is several percent off its nominal rate), 4 significant digits."""
+    from batchlab.traffic.arrivals import arrival_offsets
+
+    rate = target_req_s
+    for _ in range(3):
+        offsets = arrival_offsets(cfg.arrival, rate, duration_s, np.random.default_rng([cfg.seed, 0]),
+                                  burstiness=cfg.burstiness)
+        offered = np.count_nonzero(offsets <= duration_s) / duration_s
+        if offered <= 0:
+            break
+        rate *= target_req_s / offered
+    return float(f"{rate:.4g}")

@@ -1,0 +1,153 @@
+"""The study's twin in the report (docs/capacity.md, "The twin"): its curves drawn as lines with the live points
+and their intervals on top (twin_curves.png), and a section stating what it is, how it agreed with the live
+confirmation at each capacity, and its error against every live grid point (OUT/_twin/errors.json).
+Only reads: the twin's files are lab.twin's and lab.twin_curves'."""
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from batchlab.collector.layout import TWIN_DIR, TWIN_ERRORS_FILE as ERRORS_FILE
+from batchlab.report.points import ReportError, load_collection
+from batchlab.report.stats import GroupStats, all_stats
+from batchlab.report.text import md_table
+
+FIGURES = {"ttft_p50": "TTFT p50", "e2e_p50": "E2E p50", "throughput": "throughput"}
+PLOT_FILE = "twin_curves.png"
+MARKS = {True: "✓ agrees", False: "⚠ disagrees", None: "? undecided"}
+
+
+@dataclass(slots=True)
+class Twin:
+    """What a study's twin left: the capacities it found (capacity.json's entries with a `twin`), its curves'
+    statistics by (label, rate), and its errors against the live points (None: none computed)."""
+
+    capacities: dict[str, dict]
+    curves: dict[tuple[str, float], GroupStats] = field(default_factory=dict)
+    errors: dict | None = None
+
+
+def load_twin(root: Path, capacities: dict[str, dict]) -> Twin | None:
+    """The twin of the study in `root` (None: its capacities were not found on a twin)."""
+    found = {lb: c for lb, c in capacities.items() if c.get("twin")}
+    if not found:
+        return None
+    folder = Path(root) / TWIN_DIR
+    curves: dict = {}
+    if (folder / "sweep.json").exists():
+        try:
+            curves = all_stats(load_collection(folder))
+        except ReportError:
+            curves = {}
+    path = folder / ERRORS_FILE
+    errors = json.loads(path.read_text()) if path.exists() else None
+    return Twin(found, curves, errors)
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.0%}"
+
+
+def _errors_cell(scopes: dict | None, key: str) -> str:
+    s = (scopes or {}).get("low", {}).get(key)
+    return f"{_pct(s['median'])} / {_pct(s['worst'])} ({s['points']})" if s else "—"
+
+
+def twin_rows(twin: Twin) -> list[list[str]]:
+    """One row per strategy: twin μ against the live μ, the fit's time error, the capacity the twin found with
+    its repeats' spread, the live confirmation, and the twin's error at ρ ≤ the summary's load."""
+    errors = (twin.errors or {}).get("strategies", {})
+    rows = []
+    for label, c in twin.capacities.items():
+        t, live = c["twin"], c.get("saturated") or {}
+        spread = f" ± {t['spread_pct']:.1f}%" if t.get("spread_pct") is not None else ""
+        fit = t.get("total_time_error")
+        confirm = c.get("confirmation") or {}
+        check = f"{MARKS[confirm.get('agrees')]}: {confirm.get('text', '')}" if confirm else "not run"
+        rows.append([label, f"{t['saturated']['req_s']:.3g} / {live.get('req_s', math.nan):.3g}",
+                     "—" if fit is None else f"{fit:+.1%}",
+                     f"{c['estimate_req_s']:.3g} [{c['lo_req_s']:.3g}, {c['hi_req_s']:.3g}]{spread}"
+                     if c.get("estimate_req_s") and c.get("lo_req_s") and c.get("hi_req_s") else "not bracketed",
+                     check, *(_errors_cell(errors.get(label), k) for k in FIGURES)])
+    return rows
+
+
+def section(twin: Twin | None, plot: str | None = None) -> list[str]:
+    """REPORT.md's section on the twin ([] without one)."""
+    if twin is None:
+        return []
+    rho = (twin.errors or {}).get("rho_max", 0.8)
+    head = ["strategy", "μ twin / live (req/s)", "twin's step-time error", "capacity on the twin (req/s)",
+            "live probe at that capacity", *(f"{name} error at ρ ≤ {rho:g}" for name in FIGURES.values())]
+    lines = ["", "## The twin", "",
+             "Each strategy's step model fitted to the steps its own saturated runs executed (every repeat together; "
+             "`_twin/presets/`), played by the simulator with the same policy classes: its capacity was searched "
+             "on virtual probes as long as deciding at each load takes, its interval widened by the spread of the "
+             "repeats' own fits; one live probe at that capacity, as long as deciding there takes (at most the "
+             "study's confirm_max_s: undecided is said), stands beside it, and the same schedule played on the "
+             "twin beside that. Errors are |twin ÷ live − 1| over the live grid points, each replayed on the twin "
+             "with the schedule the live run sent: median / worst (points); ρ = rate ÷ the strategy's capacity.",
+             ""]
+    lines += md_table(head, twin_rows(twin))
+    if plot:
+        lines += ["", f"![{plot}]({plot})"]
+    points = (twin.errors or {}).get("points", [])
+    if points:
+        lines += ["", "Every live point against the twin (TTFT p50 and E2E p50 in ms, throughput in output tok/s):",
+                  ""]
+        lines += md_table(["strategy", "λ", "repeat", "ρ", *(f"{n} live / twin" for n in FIGURES.values())],
+                          [[p["label"], f"{p['rate']:g}", str(p["repeat"]), _rho(p["rho"]),
+                            *(_pair(p, k) for k in FIGURES)] for p in points])
+    return lines
+
+
+def _rho(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _pair(point: dict, key: str) -> str:
+    live, twin = point["live"][key], point["twin"][key]
+    scale = 1e3 if key != "throughput" else 1.0
+    if live is None or twin is None or not (math.isfinite(live) and math.isfinite(twin)):
+        return "—"
+    return f"{live * scale:.4g} / {twin * scale:.4g}"
+
+
+def curves_plot(twin: Twin, live: dict[tuple[str, float], GroupStats], path: Path) -> Path | None:
+    """TTFT p50 and E2E p50 against the offered rate: the twin's curves as lines, the live grid points with their
+    95% intervals on top, each capacity on the twin as a dotted line (None: no curve to draw)."""
+    if not twin.curves:
+        return None
+    from batchlab.report.plots import save, subplots
+
+    fig, axes = subplots(1, 2, figsize=(12, 4.8), sharex=True)
+    labels = list(dict.fromkeys(lb for lb, _ in twin.curves))
+    for ax, metric in zip(axes, ("ttft", "e2e")):
+        for i, label in enumerate(labels):
+            color = f"C{i}"
+            groups = sorted((g for (lb, _), g in twin.curves.items() if lb == label and g.latency[metric]["p50"]),
+                            key=lambda g: g.rate)
+            ax.plot([g.rate for g in groups], [g.latency[metric]["p50"] * 1e3 for g in groups], color=color,
+                    label=f"{label} (twin)")
+            points = sorted((g for (lb, _), g in live.items() if lb == label and g.latency[metric]["p50"]),
+                            key=lambda g: g.rate)
+            if points:
+                y = np.array([g.latency[metric]["p50"] * 1e3 for g in points])
+                ci = [g.ci.get(f"{metric}_p50") for g in points]
+                lo = np.array([y[k] - c[0] * 1e3 if c else 0.0 for k, c in enumerate(ci)])
+                hi = np.array([c[1] * 1e3 - y[k] if c else 0.0 for k, c in enumerate(ci)])
+                ax.errorbar([g.rate for g in points], y, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], fmt="o",
+                            color=color, capsize=3, label=f"{label} (live)")
+            cap = twin.capacities.get(label, {}).get("estimate_req_s")
+            if cap:
+                ax.axvline(cap, color=color, linestyle=":", alpha=0.7)
+        ax.set_yscale("log")
+        ax.set_xscale("log")
+        ax.set_title(f"{metric.upper()} p50: twin (lines), live (95% CI), capacity (dotted)", fontsize=10)
+        ax.set_xlabel("arrival rate (req/s)")
+        ax.set_ylabel("ms")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    return save(fig, path)

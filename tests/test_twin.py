@@ -1,0 +1,139 @@
+"""The study's twin (lab.twin, lab.twin_curves) and the saturated phase that feeds it: a twin fitted to a
+constant-step model's saturated runs finds the capacity a ten-times-longer search finds, repeats stop once every
+throughput comparison is decided, μ's estimator is the tighter one, and the live confirmation's verdicts."""
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from batchlab.collector.capacity import Probe, Verdict
+from batchlab.collector.intervals import PairedResult
+from batchlab.collector.saturation import BUSY, WINDOW, SaturatedRun, choose_estimator, pooled
+from batchlab.lab.capacity_search import (SimulatedSearch, _saturated_point, comparisons, decided, measured,
+                                          saturate_all, saturation_record, search_all)
+from batchlab.lab.sweep_plan import Entry, load_plan
+from batchlab.lab.twin import Confirmation, fit_twin, nominal_for, twin_capacity, widened
+from batchlab.protocol.study_settings import AutoRates
+from tests.test_saturation import constant_step_config
+
+
+def saturated_folders(tmp_path, plan, label: str, repeats: int, duration_s: float) -> list[SaturatedRun]:
+    """`repeats` saturated runs of the entry labelled `label`, simulated and written as a live run's folders."""
+    from batchlab.lab.simulate import simulate_run
+
+    entry = next(e for e in plan.entries if e.label == label)
+    runs = []
+    for k in range(repeats):
+        point, base = _saturated_point(plan, entry, tmp_path, k, plan.auto, duration_s)
+        simulate_run(point.config(base))
+        runs.append(measured(point.folder, duration_s, k, str(point.folder.relative_to(tmp_path))))
+    return runs
+
+
+@pytest.mark.slow
+def test_the_twin_of_a_constant_step_model_finds_what_a_ten_times_longer_search_finds(tmp_path):
+    """μ = 11.94 req/s exactly, a queue limit of 16 (docs/capacity.md: 12 s probes cannot see the limit's
+    refusals near μ, 600 s probes find capacity near 10.6). The twin, fitted to three 12 s saturated runs'
+    steps, places capacity within 5% of the 600 s search's estimate, and the 12 s search's interval holds it."""
+    plan = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, 12, max_queue=16))
+    runs = saturated_folders(tmp_path, plan, "naive", 3, 12.0)
+    fit = fit_twin(tmp_path, "naive", runs)
+    assert fit.preset.is_file() and len(fit.repeat_presets) == 3
+    cap, twin = twin_capacity(plan, fit, plan.auto)
+    assert twin["saturated"]["req_s"] == pytest.approx(11.94, rel=0.02)
+    assert twin["spread_pct"] == pytest.approx(0.0, abs=1.0)  # a constant model: every repeat fits the same
+    found = {}
+    for probe_s in (12, 600):
+        other = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, probe_s, max_queue=16))
+        found[probe_s] = search_all(other, SimulatedSearch(other, other.auto), other.auto, ["naive"])["naive"]
+    long_, short = found[600].as_dict(), found[12].as_dict()
+    assert cap.estimate_req_s == pytest.approx(long_["estimate_req_s"], rel=0.05)
+    assert short["lo_req_s"] <= cap.estimate_req_s <= short["hi_req_s"]
+    doc = widened(cap.as_dict(), twin["spread_pct"])
+    assert doc["lo_req_s"] <= doc["estimate_req_s"] <= doc["hi_req_s"]
+    assert doc["hi_req_s"] / doc["lo_req_s"] < 1.3  # within ±15% of the estimate
+
+
+def run(repeat: int, req_s: float, busy: float | None = None, half: float = 0.3) -> SaturatedRun:
+    """A saturated run of `req_s` with a window interval ±half and, given `busy`, a tight busy-time μ."""
+    r = SaturatedRun(repeat, req_s, req_s * (1 - half), req_s * (1 + half), 30 * req_s, 0.0, math.inf, [1.0, 9.0], 20)
+    if busy is not None:
+        r.busy = {"repeat": repeat, "req_s": busy, "req_s_lo": busy * 0.98, "req_s_hi": busy * 1.02,
+                  "tok_s": 30 * busy, "tok_s_lo": 0.0, "tok_s_hi": math.inf, "window_s": [1.0, 9.0],
+                  "completions": 20}
+    return r
+
+
+class Runner:
+    """saturate_all's runner: each strategy's μ per repeat from a table, counting the runs asked for."""
+
+    def __init__(self, table: dict[str, list[float]]) -> None:
+        self.table, self.asked = table, []
+
+    def saturated(self, entry, repeat):
+        self.asked.append((entry.label, repeat))
+        return run(repeat, self.table[entry.label][repeat])
+
+
+def test_saturated_repeats_stop_once_every_throughput_comparison_is_decided():
+    """Continuous is clearly faster and dynamic within ±10% of naive after 3 repeats: no 4th or 5th; a
+    comparison whose interval straddles zero beyond ±10% takes every repeat up to the most."""
+    settings = AutoRates(saturated_repeats=5, saturated_min_repeats=3, decided_pct=10)
+    entries = [Entry(lb, {}) for lb in ("naive", "dynamic", "continuous")]
+    clear = Runner({"naive": [3.0, 3.1, 2.9, 3.0, 3.0], "dynamic": [3.02, 3.08, 2.93, 3, 3],
+                    "continuous": [5.0, 5.2, 4.8, 5, 5]})
+    runs = saturate_all(SimpleNamespace(repeats=1), clear, entries, settings)
+    assert {len(rs) for rs in runs.values()} == {3} and len(clear.asked) == 9
+    record = saturation_record(runs, settings)
+    assert record["repeats"] == 3 and all(c["decided"] for c in record["comparisons"].values())
+    assert record["comparisons"]["continuous"]["repeats_needed"] == 2  # its interval excluded zero at 2 already
+    noisy = Runner({"naive": [3.0, 3.0, 3.0, 3.0, 3.0], "dynamic": [2.0, 4.5, 2.2, 4.4, 3.0],
+                    "continuous": [5.0, 5.2, 4.8, 5, 5]})
+    runs = saturate_all(SimpleNamespace(repeats=1), noisy, entries, settings)
+    assert {len(rs) for rs in runs.values()} == {5}
+    record = saturation_record(runs, settings)
+    assert not record["comparisons"]["dynamic"]["decided"] and record["comparisons"]["dynamic"]["repeats_needed"] is None
+
+
+@pytest.mark.parametrize("lo, hi, expected", [(5.0, 40.0, True), (-6.0, 6.0, True), (-4.0, 25.0, False),
+                                               (-30.0, -12.0, True), (-12.0, 3.0, False)])
+def test_a_throughput_comparison_is_decided_when_it_excludes_zero_or_lies_within_the_margin(lo, hi, expected):
+    result = PairedResult((lo + hi) / 2, lo, hi, 0, not lo <= 0 <= hi, 3)
+    assert decided(result, 10.0) is expected
+    assert not decided(PairedResult(5.0, math.nan, math.nan, 0, False, 1), 10.0)  # one repeat: no interval
+    assert not decided(None, 10.0)
+
+
+def test_mu_uses_the_busy_time_only_where_it_is_tighter_for_every_strategy():
+    tight = {"a": [run(k, 3.0 + 0.3 * k, busy=3.0) for k in range(3)],
+             "b": [run(k, 5.0 - 0.4 * k, busy=5.0) for k in range(3)]}
+    assert choose_estimator(tight) == BUSY
+    assert pooled([r.by(BUSY) for r in tight["a"]], BUSY)["req_s"] == pytest.approx(3.0)
+    missing = {"a": tight["a"], "b": [run(k, 5.0) for k in range(3)]}  # b's runs have no busy time read
+    assert choose_estimator(missing) == WINDOW
+    wide = {"a": [run(k, 3.0, busy=3.0 + k) for k in range(3)]}  # the window's repeats agree, the busy ones do not
+    assert choose_estimator(wide) == WINDOW
+    assert comparisons({"naive": tight["a"], "b": tight["b"]})["b"].estimate == pytest.approx(5 / 3 * 100 - 100)
+
+
+def verdict(sustained: bool, judged: bool = True) -> Verdict:
+    return Verdict(sustained, [] if sustained else ["undecided: the queue needs longer"], 1.0, 0.0, judged=judged)
+
+
+def test_the_live_confirmation_agrees_disagrees_or_says_it_could_not_decide():
+    assert Confirmation(Probe(5.0, verdict(True)), 20.0, 20.0).agrees is True
+    failed = Confirmation(Probe(5.0, Verdict(False, ["served 91% < 99%"], 0.91, 0.4)), 20.0, 20.0)
+    assert failed.agrees is False and "not sustained" in failed.text() and "served 91%" in failed.text()
+    open_ = Confirmation(Probe(5.0, verdict(False, judged=False)), 540.0, 30.0)
+    assert open_.agrees is None and "deciding there takes about 540 s" in open_.text()
+
+
+def test_the_confirmation_asks_for_the_nominal_rate_whose_schedule_offers_the_target():
+    cfg = SimpleNamespace(arrival="poisson", seed=0, burstiness=1.0)
+    from batchlab.traffic.arrivals import arrival_offsets
+
+    for target, duration_s in ((11.3, 30.0), (2.4, 20.0)):
+        rate = nominal_for(target, duration_s, cfg)
+        offsets = arrival_offsets("poisson", rate, duration_s, np.random.default_rng([0, 0]))
+        assert np.count_nonzero(offsets <= duration_s) / duration_s == pytest.approx(target, rel=0.05)
