@@ -12,11 +12,11 @@ OnProgress = Callable[[Event], None]
 
 
 def log_progress(event: Event) -> None:
-    """A ready callback: every note, start and finished point as a line on the `batchlab` logger (INFO);
-    ticks are left out."""
+    """A ready callback: every note, start, finished point and study progress line as a line on the `batchlab`
+    logger (INFO); ticks are left out."""
     if event.kind == EventKind.START:
         log.info("%s", _start_line(event))
-    elif event.kind in (EventKind.NOTE, EventKind.FINISHED):
+    elif event.kind in (EventKind.NOTE, EventKind.FINISHED, EventKind.STUDY):
         log.info("%s", event.text)
 
 
@@ -24,7 +24,7 @@ def print_progress(event: Event) -> None:
     """A ready callback: the same lines as log_progress, printed on stderr (a script's or CI job's log)."""
     if event.kind == EventKind.START:
         print(_start_line(event), file=sys.stderr, flush=True)
-    elif event.kind in (EventKind.NOTE, EventKind.FINISHED):
+    elif event.kind in (EventKind.NOTE, EventKind.FINISHED, EventKind.STUDY):
         print(event.text, file=sys.stderr, flush=True)
 
 

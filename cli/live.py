@@ -177,8 +177,8 @@ class SweepView:
         self.console, self.figures = Console(stderr=True), figures
         self.progress = Bars(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                              console=self.console)
-        self.status = Text("")
-        self.live = Live(Group(self.progress, self.status), console=self.console, refresh_per_second=4,
+        self.status, self.study = Text(""), Text("")
+        self.live = Live(Group(self.study, self.progress, self.status), console=self.console, refresh_per_second=4,
                          transient=True) if self.console.is_terminal else None
         self.task = None
         self.counts = {"done": 0, "skipped": 0, "failed": 0}
@@ -217,6 +217,13 @@ class SweepView:
         return (f"{head}  {elapsed_s:5.1f}s  queue {peek.queue_len}  batch {peek.batch_size}  "
                 f"{peek.throughput_tok_s():7.1f} tok/s  |  {counts}")
 
+    def study_line(self, line: str) -> None:
+        """The whole study's progress: the line above the status line on a terminal, a plain line otherwise."""
+        if self.live is not None:
+            self.study.plain = line
+        else:
+            print(line, file=sys.stderr, flush=True)
+
     def note(self, line: str) -> None:
         """A log line above the bar (a plain stderr line off a terminal)."""
         if self.live is not None:
@@ -243,6 +250,8 @@ class SweepView:
             self.note(event.text)
         elif event.kind == "finished":
             self.finished(event.point, event.record)
+        elif event.kind == "study":
+            self.study_line(event.text)
         elif event.kind == "tick":
             if self._ticking[:2] != (event.point, event.phase):  # a new run: its own part files to peek at
                 self._ticking = (event.point, event.phase, self.ticker(event.point, event.phase))

@@ -7,6 +7,7 @@ below μ; docs/capacity.md gives both, the folders they write (OUT/_saturated/, 
 capacity.json.
 """
 import math
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -74,15 +75,16 @@ def durations(s: AutoRates) -> list[float]:
     return [s.saturated_duration_s * 2**k for k in range(EXTENSIONS + 1)]
 
 
-def extended(label: str, tries: list[float], once, view=None) -> SaturatedRun:
+def extended(label: str, tries: list[float], once, view=None, own_interval: bool = True) -> SaturatedRun:
     """The first of `once(duration_s)` (a saturated run's μ) over `tries` that bounds μ by either estimator
     (SaturatedRun.bounded): a run whose steady window holds fewer than 2 completion events gives None, and one
     too short for two blocks an unbounded interval (a point estimate from one gap between two batches), unless
-    its busy time bounds μ. The last try's μ when none bounds it;
-    SweepError when the last gave none."""
+    its busy time bounds μ. Without `own_interval` (a study of 2 or more repeats: μ's interval is the repeats'
+    spread, never one run's) any μ will do. The last try's μ when none bounds it; SweepError when the last gave
+    none."""
     for k, duration_s in enumerate(tries):
         run = once(duration_s)
-        if (run is not None and run.bounded) or k + 1 == len(tries):
+        if (run is not None and (run.bounded or not own_interval)) or k + 1 == len(tries):
             break
         if view is not None:
             why = "fewer than 2 completion events" if run is None else "too few completions for an interval of μ"
@@ -147,17 +149,22 @@ class LiveSearch:
     of other work disturbed runs again (`disturbed`: the sweep's lab.disturbance.Disturbances)."""
 
     def __init__(self, plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
-                 disturbed: Disturbances | None = None) -> None:
+                 disturbed: Disturbances | None = None, progress=None) -> None:
         self.plan, self.out, self.s, self.pools, self.view = plan, out, settings, pools, view
         self.disturbed = disturbed or Disturbances.measured(plan.rerun_disturbed)
+        self.progress = progress  # lab.progress.StudyProgress: the study's line (None: none)
 
     def _run(self, point: Point, base: dict, what: str, extension: bool = False) -> dict:
         tick = self.view.ticker(point, what) if self.view else None  # resume: a probe that measured what
         stale_note = None if extension else self.view  # an extension says why it runs the point again
         name = f"{what} {point.entry.label} " + (f"repeat {point.repeat}" if what == "saturated" else
                                                  f"λ={point.rate:g}")
-        return reused(point, base, True, stale_note) or self.disturbed.run(
+        started = time.monotonic()
+        record = reused(point, base, True, stale_note) or self.disturbed.run(
             name, lambda: execute(point, base, tick, self.plan.limits(), self.pools), self.view)
+        if self.progress is not None:
+            self.progress.ran(what, time.monotonic() - started, float(base.get("duration_s") or 0.0))
+        return record
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
         """One saturated run's μ, extended while it finished too little; SweepError when it failed or even the
@@ -176,7 +183,8 @@ class LiveSearch:
         tries = durations(self.s)
         done = [k for k, d in enumerate(tries)
                 if reused(*_saturated_point(self.plan, entry, self.out, repeat, self.s, d), True)]
-        run = extended(f"{entry.label} repeat {repeat}", tries[done[0] if done else 0:], once, self.view)
+        run = extended(f"{entry.label} repeat {repeat}", tries[done[0] if done else 0:], once, self.view,
+                       own_interval=least_repeats(self.plan, self.s) < 2)
         if self.view:
             beside = read_interference(run.interference)
             busy = f"; ⚠ {beside.text()}" if beside is not None and beside.disturbed else ""
@@ -235,7 +243,8 @@ class SimulatedSearch:
                             duration_s, repeat=repeat)
             return with_busy(saturated_run(tables.requests, duration_s, repeat=repeat), busy)
 
-        return extended(f"{entry.label} (simulated)", durations(self.s), once)
+        return extended(f"{entry.label} (simulated)", durations(self.s), once,
+                        own_interval=least_repeats(self.plan, self.s) < 2)
 
     def probe_s(self, entry: Entry, rate: float, saturated: dict | None) -> float:
         """A probe's traffic at `rate`: the search's probe_duration_s (lab.twin's search makes it longer)."""
@@ -264,9 +273,11 @@ def saturate_all(plan: Plan, runner, entries: list[Entry], settings: AutoRates,
     order), or why none: at least saturated_min_repeats (or the grid's repeats, when more), then one more
     repeat at a time until every throughput comparison is decided (`decided`), or saturated_repeats ran."""
     runs: dict[str, list[SaturatedRun] | str] = {e.label: [] for e in entries}
-    most = max(plan.repeats, settings.saturated_repeats)
-    least = min(most, max(plan.repeats, settings.saturated_min_repeats))
+    most, least = max(plan.repeats, settings.saturated_repeats), least_repeats(plan, settings)
+    progress = getattr(runner, "progress", None)
     for repeat in range(most):
+        if progress is not None and repeat >= least:  # one more repeat than planned
+            progress.plan("saturated", [settings.saturated_duration_s] * len(entries))
         for entry in serpentine(entries, repeat):
             if isinstance(runs[entry.label], str):
                 continue
@@ -283,6 +294,13 @@ def saturate_all(plan: Plan, runner, entries: list[Entry], settings: AutoRates,
                           f"for {', '.join(lb for lb, r in found.items() if not decided(r, settings.decided_pct))}"
                           f"; one more repeat")
     return runs
+
+
+def least_repeats(plan: Plan, settings: AutoRates) -> int:
+    """The saturated repeats a study runs at least: saturated_min_repeats or the grid's repeats, whichever is
+    more, never more than the most (saturated_repeats, or the grid's)."""
+    most = max(plan.repeats, settings.saturated_repeats)
+    return min(most, max(plan.repeats, settings.saturated_min_repeats))
 
 
 def measured_runs(runs: dict[str, list[SaturatedRun] | str]) -> dict[str, list[SaturatedRun]]:

@@ -13,6 +13,7 @@ from batchlab.collector.saturation import estimated, pooled
 from batchlab.lab.capacity_search import (SEARCH_KEYS, LiveSearch, saturate_all, saturation_lines,
                                           saturation_record, search_one)
 from batchlab.lab.disturbance import Disturbances
+from batchlab.lab.progress import StudyProgress
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
 from batchlab.lab.twin import confirm, confirmation_rate, fit_twin, twin_capacity, widened
 from batchlab.protocol.errors import CalibrateError
@@ -20,7 +21,8 @@ from batchlab.protocol.files import write_json_atomic
 
 
 def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
-                 labels: list[str] | None = None, disturbed: Disturbances | None = None) -> dict:
+                 labels: list[str] | None = None, disturbed: Disturbances | None = None,
+                 progress: StudyProgress | None = None) -> dict:
     """Every strategy's (or each labelled one's) μ and capacity into `out`; writes and returns
     OUT/capacity.json (kept on resume when its search settings are the same and it holds every strategy asked
     for)."""
@@ -31,8 +33,11 @@ def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=No
         if (doc.get("search") == settings.model_dump(include=SEARCH_KEYS) and doc.get("plan_hash") == plan_hash(plan)
                 and set(wanted) <= set(doc.get("strategies", {}))):
             return doc
-    live = LiveSearch(plan, out, settings, pools, view, disturbed)
     entries = [e for e in plan.entries if e.label in wanted]
+    if progress is None:
+        progress = StudyProgress(view)
+        plan_study(progress, plan, len(entries), grid=False)
+    live = LiveSearch(plan, out, settings, pools, view, disturbed, progress)
     # 1. saturated runs, repeated until every throughput comparison is decided
     runs = saturate_all(plan, live, entries, settings, view)
     saturation = saturation_record(runs, settings)
@@ -47,6 +52,22 @@ def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=No
            "reran": live.disturbed.reran}
     write_json_atomic(path, doc, default=str)
     return doc
+
+
+def plan_study(progress: StudyProgress, plan: Plan, entries: int, grid: bool = True) -> None:
+    """The live runs a study with automatic rates will make, as far as known before it starts: its saturated
+    runs (the least repeats), its capacity probes (with a twin: one confirmation each, at most confirm_max_s;
+    else up to max_probes of search_duration_s) and, with `grid`, its live grid and the headline's repeats."""
+    s = plan.auto
+    least = max(plan.repeats, s.saturated_min_repeats)
+    progress.plan("saturated", [s.saturated_duration_s] * (entries * least))
+    progress.plan("capacity", [s.confirm_max_s] * entries if s.twin else [s.search_duration_s] * (entries * s.max_probes))
+    if grid:
+        rates = len(s.live_loads) if s.twin else s.points
+        duration_s = float(plan.base.get("duration_s") or 0.0)
+        progress.plan("run", [duration_s] * (entries * rates * plan.repeats))
+        if plan.repeats_auto:
+            progress.plan("repeat", [duration_s] * (entries * len(s.live_loads) * (plan.repeats_auto.max - plan.repeats)))
 
 
 def live_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, estimator: str, settings: AutoRates,

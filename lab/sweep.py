@@ -15,6 +15,7 @@ own. The headline's throughput comes from the capacity search's saturated runs, 
 """
 import math
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, 
 from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, plan_points, span_rates,
                                      warm_order)
 from batchlab.lab.disturbance import Disturbances
+from batchlab.lab.progress import StudyProgress
 from batchlab.lab.sweep_point import execute, load_text, preflight, refuse_old_layout, reused
 from batchlab.lab.twin_curves import play_curves, twin_errors
 from batchlab.protocol.files import write_json_atomic
@@ -31,11 +33,12 @@ from batchlab.runner.pool import PoolKeeper, worker_key
 
 
 def auto_capacity(plan: Plan, out: Path, pools: PoolKeeper | None, view,
-                  disturbed: Disturbances | None = None) -> tuple[dict, list[float]]:
+                  disturbed: Disturbances | None = None, progress: StudyProgress | None = None
+                  ) -> tuple[dict, list[float]]:
     """Every strategy's capacity searched live (OUT/capacity.json), and the rates placed from it."""
     from batchlab.lab.capacity_study import run_capacity
 
-    doc = run_capacity(plan, out, plan.auto, pools, view, disturbed=disturbed)
+    doc = run_capacity(plan, out, plan.auto, pools, view, disturbed=disturbed, progress=progress)
     estimates = {lb: placing_rate(c) for lb, c in doc["strategies"].items()}
     known = [v for v in estimates.values() if v]
     if not known:
@@ -90,8 +93,17 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
         (out_dir / CAPACITY_FILE).unlink(missing_ok=True)
     mixed = interleaved(plan)
     disturbed = Disturbances.measured(plan.rerun_disturbed)
+    progress = StudyProgress(view)
+    if plan.auto:
+        from batchlab.lab.capacity_study import plan_study
+
+        plan_study(progress, plan, len(plan.entries))
+    else:
+        progress.plan("run", [float(plan.base.get("duration_s") or 0.0)] * (len(plan.entries) * len(plan.rates)
+                                                                           * plan.repeats))
     with PoolKeeper(out_dir / WORKERS_DIR, keep_all=mixed) as pools:
-        capacity, rates = auto_capacity(plan, out_dir, pools, view, disturbed) if plan.auto else (None, plan.rates)
+        capacity, rates = (auto_capacity(plan, out_dir, pools, view, disturbed, progress) if plan.auto
+                           else (None, plan.rates))
         if capacity:
             view.note("capacity (req/s): " + ", ".join(f"{lb} {_bracket_text(c)}" for lb, c in
                                                       capacity["strategies"].items()) + f" → rates {rates}")
@@ -106,13 +118,15 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
                  "seed": plan.seed, "capacity": capacity, "points": [p.record("pending") for p in points],
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))
+        progress.plan("run", [float(point.config(plan.base).duration_s or 0.0) for point in points])
         for i, point in enumerate(points):
-            index["points"][i] = _run_point(point, plan, pools, view, resume, disturbed=disturbed)
+            index["points"][i] = _run_point(point, plan, pools, view, resume, disturbed=disturbed, progress=progress)
             index["reran"] = disturbed.reran
             write_json_atomic(out_dir / INDEX_FILE, index, default=str)
         if plan.repeats_auto:  # extra repeats of the headline's comparisons (run_more_repeats)
             index = run_more_repeats(plan, out_dir, index,
-                                     lambda p: _run_point(p, plan, pools, view, resume, "repeat", disturbed),
+                                     lambda p: _run_point(p, plan, pools, view, resume, "repeat", disturbed,
+                                                          progress),
                                      lambda doc: write_json_atomic(out_dir / INDEX_FILE,
                                                                    doc | {"reran": disturbed.reran}, default=str))
         if capacity and capacity.get("method") == "twin":  # 5. the twin against the live points
@@ -121,15 +135,18 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
 
 
 def _run_point(point: Point, plan: Plan, pools: PoolKeeper, view, resume: bool, phase: str = "run",
-               disturbed: Disturbances | None = None) -> dict:
+               disturbed: Disturbances | None = None, progress: StudyProgress | None = None) -> dict:
     """The point run (or, on resume, its earlier record reused), again when a burst of other work disturbed
     it (`disturbed`: the sweep's Disturbances), shown as finished; its record."""
     def once() -> dict:
         return execute(point, plan.base, view.ticker(point, phase), plan.limits(), pools)
 
     name = f"{point.entry.label} {load_text(point, '')} rep {point.repeat}"
+    started = time.monotonic()
     record = reused(point, plan.base, resume, view) or (disturbed.run(name, once, view) if disturbed else once())
     view.finished(point, record)
+    if progress is not None:
+        progress.ran(phase, time.monotonic() - started, float(point.config(plan.base).duration_s or 0.0))
     return record
 
 

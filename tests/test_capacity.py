@@ -137,11 +137,12 @@ def test_a_saturated_run_too_short_to_bound_mu_runs_again_twice_as_long(tmp_path
     from batchlab.lab.capacity_search import EXTENSIONS, durations, extended
 
     plan = load_plan(fixed_service_config(tmp_path, duration_s=10, prefill_s=1.0 - (OUT - 1) * DECODE_S))
-    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.2})
+    one = {"saturated_repeats": 1, "saturated_min_repeats": 1}  # one repeat: μ's interval must be the run's own
+    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.2, **one})
     assert durations(slow) == [1.2, 2.4, 4.8] and EXTENSIONS == 2
     run = SimulatedSearch(plan, slow).saturated(entry, 0)
     assert run.req_s == pytest.approx(1.0) and math.isfinite(run.req_s_hi) and run.window_s[1] > 2.4
-    short = plan.auto.model_copy(update={"saturated_duration_s": 0.2})
+    short = plan.auto.model_copy(update={"saturated_duration_s": 0.2, **one})
     with pytest.raises(SweepError, match=r"too few requests in its steady window, even over 0.8 s"):
         SimulatedSearch(plan, short).saturated(entry, 0)
     unbounded = SaturatedRun(0, 3.0, 0.0, math.inf, 9.0, 0.0, math.inf, [1.0, 2.0], 3)
@@ -153,6 +154,9 @@ def test_a_saturated_run_too_short_to_bound_mu_runs_again_twice_as_long(tmp_path
         "saturated x: fewer than 2 completion events in the steady window of 1 s; running it again for 2 s",
         "saturated x: too few completions for an interval of μ in the steady window of 2 s; running it again for 4 s"]
     assert extended("x", [1.0, 2.0], lambda d: unbounded) is unbounded  # the last try's μ, its interval says so
+    tried.clear()  # with repeats, μ's interval is their spread: a run's own point estimate is enough
+    assert extended("x", [1.0, 2.0], lambda d: tried.append(d) or unbounded, own_interval=False) is unbounded
+    assert tried == [1.0]
 
 
 def test_a_live_saturated_run_is_extended_into_its_folder_and_a_resume_starts_from_the_extension(tmp_path,
@@ -163,7 +167,8 @@ def test_a_live_saturated_run_is_extended_into_its_folder_and_a_resume_starts_fr
     from batchlab.lab.capacity_search import LiveSearch
 
     plan = load_plan(fixed_service_config(tmp_path, duration_s=10, prefill_s=1.0 - (OUT - 1) * DECODE_S))
-    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.2})
+    one = {"saturated_repeats": 1, "saturated_min_repeats": 1}  # one repeat: μ's interval must be the run's own
+    entry, slow = plan.entries[0], plan.auto.model_copy(update={"saturated_duration_s": 1.2, **one})
     virtual, ran, done = SimulatedSearch(plan, slow), [], set()
     monkeypatch.setattr(LiveSearch, "_run", lambda self, point, base, what, extension: ran.append(
         (point.folder, base["duration_s"], extension)) or {"status": "done"})
