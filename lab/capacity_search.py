@@ -110,7 +110,10 @@ def _own_interval(run: SaturatedRun) -> str:
 def _busy_text(run: SaturatedRun) -> str:
     """'; over the worker's busy time 3.9 [3.7, 4.1]' (the run's other estimate of μ), '' without one."""
     b = run.by("busy")
-    return f"; over the worker's busy time {b.req_s:.3g} {_own_interval(b)}".rstrip() if b else ""
+    if b is None:
+        return ""
+    own = f" [{b.req_s_lo:.3g}, {b.req_s_hi:.3g}]" if b.req_s_lo > 0 and b.req_s_hi / b.req_s_lo <= WIDE_RATIO else ""
+    return f"; over the worker's busy time {b.req_s:.3g}{own}"
 
 
 def measured(folder: Path, duration_s: float, repeat: int, where: str) -> SaturatedRun | None:

@@ -149,7 +149,24 @@ def capacity_rows(capacities: dict[str, dict]) -> list[tuple[str, str, str, str,
 
 
 def _warnings(capacities: dict[str, dict]) -> list[str]:
-    return [f"⚠ {note}" for c in capacities.values() for note in c.get("checks", [])]
+    return [f"⚠ {note}" for c in capacities.values() for note in c.get("checks", []) + disagreement(c)]
+
+
+def disagreement(c: dict) -> list[str]:
+    """A live confirmation judged not sustained at the capacity its twin found: both figures (lab.twin)."""
+    confirm = c.get("confirmation") or {}
+    if confirm.get("agrees") is not False:
+        return []
+    return [f"{c.get('label', '')}: the twin's capacity {bracket_text(c)} req/s, but the live probe "
+            f"{confirm.get('text', '')}; {confirm.get('twin_text', '')}".rstrip("; ")]
+
+
+def confirmation_lines(capacities: dict[str, dict]) -> list[str]:
+    """Per strategy found on a twin: the live probe at its capacity, and the twin on the same schedule."""
+    marks = {True: "✓", False: "⚠", None: "?"}
+    return [f"{lb}: twin μ {sig(c['twin']['saturated']['req_s'])} req/s; live probe {marks[c['confirmation'].get('agrees')]} "
+            f"{c['confirmation'].get('text', '')}" for lb, c in capacities.items()
+            if c.get("twin") and c.get("confirmation")]
 
 
 def capacity_table(capacities: dict[str, dict]) -> list[str]:
@@ -168,13 +185,15 @@ def capacity_text(capacities: dict[str, dict]) -> list[str]:
     rows += [(r[0], r[1], r[3], r[4], r[6]) for r in capacity_rows(capacities)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return (["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-            + _warnings(capacities))
+            + confirmation_lines(capacities) + _warnings(capacities))
 
 
 def criterion_text(source: str) -> str:
     """How the capacities were found, in one paragraph."""
     how = ("a search per strategy from just below its saturated rate μ (geometric steps down while nothing is "
-           "sustained, then bisection in log space)" if source == SEARCHED else "the sweep's own rates (no search "
+           "sustained, then bisection in log space), on the study's twin where one was fitted (virtual probes of "
+           "600 s or more, the interval widened by its repeats' spread; the one live probe at that capacity in "
+           "the rates measured; section The twin)" if source == SEARCHED else "the sweep's own rates (no search "
            "ran: the bracket is as coarse as the grid, and μ was not measured)")
     return (f"μ = the completion rate of a saturated run (a closed loop with twice the batch cap in clients; "
             "warm-up and drain excluded), with a 95% interval from the spread between repeats, or from batch "
