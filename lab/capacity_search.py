@@ -274,14 +274,16 @@ def saturate_all(plan: Plan, runner, entries: list[Entry], settings: AutoRates,
                  view=None) -> dict[str, list[SaturatedRun] | str]:
     """label → its saturated runs, one per repeat (strategies interleaved within a repeat, in serpentine
     order), or why none: at least saturated_min_repeats (or the grid's repeats, when more), then one more
-    repeat at a time until every throughput comparison is decided (`decided`), or saturated_repeats ran."""
+    repeat at a time, of the baseline and the strategies whose throughput comparison is still undecided
+    (`decided`), until none is or saturated_repeats ran."""
     runs: dict[str, list[SaturatedRun] | str] = {e.label: [] for e in entries}
     most, least = max(plan.repeats, settings.saturated_repeats), least_repeats(plan, settings)
     progress = getattr(runner, "progress", None)
+    todo = list(entries)
     for repeat in range(most):
         if progress is not None and repeat >= least:  # one more repeat than planned
-            progress.plan("saturated", [settings.saturated_duration_s] * len(entries))
-        for entry in serpentine(entries, repeat):
+            progress.plan("saturated", [settings.saturated_duration_s] * len(todo))
+        for entry in serpentine(todo, repeat):
             if isinstance(runs[entry.label], str):
                 continue
             try:
@@ -290,12 +292,13 @@ def saturate_all(plan: Plan, runner, entries: list[Entry], settings: AutoRates,
                 runs[entry.label] = str(exc)  # this strategy stays unmeasured, not the others
         if repeat + 1 >= least and repeat + 1 < most:
             found = comparisons(runs)
-            if all(decided(r, settings.decided_pct) for r in found.values()):
+            open_ = [lb for lb, r in found.items() if not decided(r, settings.decided_pct)]
+            if not open_:
                 break
+            todo = [e for e in entries if e.label in (BASELINE, *open_)]
             if view is not None:
                 view.note(f"saturated: after {repeat + 1} repeats, throughput against {BASELINE} still undecided "
-                          f"for {', '.join(lb for lb, r in found.items() if not decided(r, settings.decided_pct))}"
-                          f"; one more repeat")
+                          f"for {', '.join(open_)}; one more repeat of {', '.join(e.label for e in todo)}")
     return runs
 
 
@@ -342,7 +345,7 @@ def saturation_record(runs: dict[str, list[SaturatedRun] | str], settings: AutoR
     repeats = max((len(rs) for rs in found.values()), default=0)
     final = comparisons(runs)
     entry = {"estimator": choose_estimator(found), "repeats": repeats, "decided_pct": settings.decided_pct,
-             "comparisons": {}}
+             "runs": {lb: len(rs) for lb, rs in found.items()}, "comparisons": {}}
     for label, result in final.items():
         needed = next((k for k in range(2, repeats + 1) if decided(comparisons(runs, k).get(label),
                                                                    settings.decided_pct)), None)

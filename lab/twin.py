@@ -2,9 +2,11 @@
 by the simulator where live runs are too short to decide, and checked live (docs/capacity.md, "The twin").
 
 1. **Fit** (`fit_twin`): the executed steps of a strategy's saturated runs, every repeat together, give its
-   twin's step model (OUT/_twin/presets/<label>.yaml, a preset `batchlab simulate --preset KIND=FILE` replays);
-   each repeat alone gives one more model, whose saturated rate in virtual time is one sample of the twin's
-   speed: their spread (a t-interval of the mean on the log scale) is the twin's uncertainty.
+   twin's step model (OUT/_twin/presets/<label>.yaml, a preset `batchlab simulate --preset KIND=FILE` replays).
+   Each saturated run is then replayed on the twin with the very schedule it sent: the live μ ÷ the twin's μ over
+   the same requests is one sample of how fast the machine ran against the twin (its speed that minute, the
+   harness's turn the steps leave out), free of which prompts the run happened to draw; their mean (`bias_pct`)
+   and the half-width of its 95% t-interval on the log scale (`spread_pct`) are the twin's uncertainty.
 2. **Capacity in virtual time** (`TwinSearch`): collector.capacity's search and verdict, on probes as long as
    deciding at the load probed takes (the queue's settle time, twice, after the warm-up quarter), and at least
    TWIN_PROBE_MIN_S and at most TWIN_PROBE_MAX_S of virtual traffic; the interval is the search's own, widened by the
@@ -42,19 +44,20 @@ TWIN_MAX_PROBES = 12  # ... or after this many probes
 
 @dataclass(slots=True)
 class TwinFit:
-    """A strategy's twin: its fitted preset, the backend kind it models, and each repeat's own preset."""
+    """A strategy's twin: its fitted preset, the backend kind it models, and the live runs it was fitted to."""
 
     label: str
     preset: Path
     kind: str
-    repeat_presets: list[Path] = field(default_factory=list)
+    runs: list[SaturatedRun] = field(default_factory=list)
+    folders: list[Path] = field(default_factory=list)
     record: dict = field(default_factory=dict)  # the fit's record (lab.calibrate_runs: its errors per shape kind)
 
 
-def preset_path(out: Path, label: str, repeat: int | None = None) -> Path:
-    """Where a strategy's twin preset goes (a repeat's own fit: -repeat<k>)."""
+def preset_path(out: Path, label: str) -> Path:
+    """Where a strategy's twin preset goes."""
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
-    return out / TWIN_DIR / PRESETS_DIR / (f"{safe}.yaml" if repeat is None else f"{safe}-repeat{repeat}.yaml")
+    return out / TWIN_DIR / PRESETS_DIR / f"{safe}.yaml"
 
 
 def fit_twin(out: Path, label: str, runs: list[SaturatedRun]) -> TwinFit:
@@ -63,22 +66,33 @@ def fit_twin(out: Path, label: str, runs: list[SaturatedRun]) -> TwinFit:
     from batchlab.lab.calibrate_runs import fit_folders, run_facts
     from batchlab.worker.stepmodel import save_preset
 
-    folders = [out / r.folder for r in runs if r.folder]
+    kept = [r for r in runs if r.folder]
+    folders = [out / r.folder for r in kept]
     if not folders:
         raise CalibrateError(f"{label}: no saturated run folder to fit its twin to")
     facts = run_facts(folders[0])
     model, _, record = fit_folders(folders, facts, "auto", f"twin-{label}")
     path = preset_path(out, label)
     save_preset(model, path, {**record, "twin_of": label})
-    fit = TwinFit(label, path, facts["kind"], record=record)
-    for run, folder in zip(runs, folders):
-        try:
-            one, _, one_record = fit_folders([folder], facts, "auto", f"twin-{label}-repeat{run.repeat}")
-        except CalibrateError:
-            continue  # a repeat too short for a fit of its own: the spread comes from the others
-        save_preset(one, preset_path(out, label, run.repeat), {**one_record, "twin_of": label})
-        fit.repeat_presets.append(preset_path(out, label, run.repeat))
-    return fit
+    return TwinFit(label, path, facts["kind"], kept, folders, record)
+
+
+def speed_ratios(fit: TwinFit) -> list[float]:
+    """Each saturated run's live μ ÷ the twin's μ on the very schedule it sent (both over the worker's busy time
+    where both have one, else over the window): how fast the machine ran against the twin, run by run."""
+    from batchlab.collector.saturation import busy_run, saturated_run
+    from batchlab.lab.twin_replay import replayed
+
+    ratios = []
+    for run, folder in zip(fit.runs, fit.folders):
+        tables, cfg = replayed(folder, fit.preset)
+        steps = tables.steps if tables.steps is not None and len(tables.steps) else None
+        twin = busy_run(tables.requests, tables.batches, steps, cfg.duration_s) if run.busy else None
+        live = run.by("busy") if twin is not None else run
+        twin = twin or saturated_run(tables.requests, cfg.duration_s)
+        if twin is not None and live is not None and twin.req_s > 0 and live.req_s > 0:
+            ratios.append(live.req_s / twin.req_s)
+    return ratios
 
 
 def twin_plan(plan: Plan, presets: dict[str, Path]) -> Plan:
@@ -123,20 +137,20 @@ class TwinSearch(SimulatedSearch):
 
 
 def twin_capacity(plan: Plan, fit: TwinFit, settings: AutoRates) -> tuple[Capacity, dict]:
-    """A strategy's capacity on its twin, and the twin's record: its μ in virtual time, each repeat's, the
-    spread they give (`spread_pct`, the half-width of the mean's 95% interval) and the search's own interval
-    before that spread widened it."""
-    entry = next(e for e in twin_plan(plan, {fit.label: fit.preset}).entries)
-    twin = TwinSearch(twin_plan(plan, {fit.label: fit.preset}), settings)
+    """A strategy's capacity on its twin, and the twin's record: its μ in virtual time, the live ÷ twin speed of
+    each saturated run on its own requests (speed_ratios), their mean (`bias_pct`) and the half-width of its 95%
+    interval (`spread_pct`), and the search's own record before that spread widened it."""
+    plan = twin_plan(plan, {fit.label: fit.preset})
+    entry = next(iter(plan.entries))
+    twin = TwinSearch(plan, settings)
     saturated = pooled([twin.saturated(entry, 0)])
     cap = search(fit.label, start_below(saturated, twin.s.width), twin.measure(entry, saturated), width=twin.s.width,
                  max_probes=twin.s.max_probes, saturated=saturated)
-    repeat_mu = []
-    for path in fit.repeat_presets:
-        one = TwinSearch(twin_plan(plan, {fit.label: path}), settings)
-        repeat_mu.append(one.saturated(next(iter(one.plan.entries)), 0).req_s)
-    half = mean_interval([math.log(v) for v in repeat_mu])[1] if len(repeat_mu) >= 2 else math.nan
-    record = {"preset": str(fit.preset), "kind": fit.kind, "saturated": saturated, "repeat_req_s": repeat_mu,
+    ratios = speed_ratios(fit)
+    logs = [math.log(r) for r in ratios]
+    half = mean_interval(logs)[1] if len(logs) >= 2 else math.nan
+    record = {"preset": str(fit.preset), "kind": fit.kind, "saturated": saturated, "speed_ratios": ratios,
+              "bias_pct": (math.exp(sum(logs) / len(logs)) - 1) * 100 if logs else None,
               "spread_pct": (math.exp(half) - 1) * 100 if math.isfinite(half) else None,
               "search": cap.as_dict(), "fit_error": fit.record.get("fit_error"),
               "total_time_error": fit.record.get("total_time_error")}

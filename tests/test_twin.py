@@ -39,10 +39,11 @@ def test_the_twin_of_a_constant_step_model_finds_what_a_ten_times_longer_search_
     plan = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, 12, max_queue=16))
     runs = saturated_folders(tmp_path, plan, "naive", 3, 12.0)
     fit = fit_twin(tmp_path, "naive", runs)
-    assert fit.preset.is_file() and len(fit.repeat_presets) == 3
+    assert fit.preset.is_file() and len(fit.folders) == 3
     cap, twin = twin_capacity(plan, fit, plan.auto)
     assert twin["saturated"]["req_s"] == pytest.approx(11.94, rel=0.02)
-    assert twin["spread_pct"] == pytest.approx(0.0, abs=1.0)  # a constant model: every repeat fits the same
+    assert len(twin["speed_ratios"]) == 3 and twin["bias_pct"] == pytest.approx(0.0, abs=1.0)  # its own runs, replayed
+    assert twin["spread_pct"] == pytest.approx(0.0, abs=1.0)
     found = {}
     for probe_s in (12, 600):
         other = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, probe_s, max_queue=16))
@@ -91,7 +92,7 @@ def test_saturated_repeats_stop_once_every_throughput_comparison_is_decided():
     noisy = Runner({"naive": [3.0, 3.0, 3.0, 3.0, 3.0], "dynamic": [2.0, 4.5, 2.2, 4.4, 3.0],
                     "continuous": [5.0, 5.2, 4.8, 5, 5]})
     runs = saturate_all(SimpleNamespace(repeats=1), noisy, entries, settings)
-    assert {len(rs) for rs in runs.values()} == {5}
+    assert {lb: len(rs) for lb, rs in runs.items()} == {"naive": 5, "dynamic": 5, "continuous": 3}  # only the open one
     record = saturation_record(runs, settings)
     assert not record["comparisons"]["dynamic"]["decided"] and record["comparisons"]["dynamic"]["repeats_needed"] is None
 
@@ -137,3 +138,29 @@ def test_the_confirmation_asks_for_the_nominal_rate_whose_schedule_offers_the_ta
         rate = nominal_for(target, duration_s, cfg)
         offsets = arrival_offsets("poisson", rate, duration_s, np.random.default_rng([0, 0]))
         assert np.count_nonzero(offsets <= duration_s) / duration_s == pytest.approx(target, rel=0.05)
+
+
+@pytest.mark.slow
+def test_a_live_study_on_the_sim_backend_fits_a_twin_that_finds_the_long_searchs_capacity(tmp_path):
+    """The same constant-step model served by live processes (the sim worker sleeps each step): the study's twin,
+    fitted to its live saturated runs' steps, finds capacity within 5% of the 600 s virtual search's; the live
+    probe at it is judged or said undecided, and capacity.json keeps the twin, the saturation record and the
+    confirmation."""
+    import json
+
+    from batchlab import api
+
+    config = constant_step_config(tmp_path, 4, 4 / 11.94, 12, max_queue=16)
+    out = tmp_path / "study"
+    api.capacity(config, out, strategies=["naive"], saturated_duration_s=6, saturated_min_repeats=3,
+                 saturated_repeats=3, confirm_max_s=6)
+    doc = json.loads((out / "capacity.json").read_text())
+    naive = doc["strategies"]["naive"]
+    assert doc["method"] == "twin" and doc["saturation"]["repeats"] == 3 and naive["method"] == "twin"
+    long_plan = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, 600, max_queue=16))
+    long_ = search_all(long_plan, SimulatedSearch(long_plan, long_plan.auto), long_plan.auto, ["naive"])["naive"]
+    assert naive["estimate_req_s"] == pytest.approx(long_.estimate_req_s, rel=0.05)
+    assert naive["lo_req_s"] <= naive["estimate_req_s"] <= naive["hi_req_s"]
+    assert (out / "_twin" / "presets" / "naive.yaml").is_file()
+    confirm = naive["confirmation"]
+    assert confirm["ran_s"] <= 6 and confirm["agrees"] in (True, None) and naive["probes"][0]["live"]
