@@ -84,15 +84,35 @@ def features(sh: pd.DataFrame, form: str, c: Constants, shared: str = "overhead_
     return np.column_stack([cols[n] for n in (MEMORY if form == "memory" else COMPUTE)])
 
 
-def _solve(sh: pd.DataFrame, form: str, c: Constants, weigh: str = "steps") -> dict[str, float]:
-    """The terms; for a fused model, the fit whose shared overhead is the smaller one (as fused_s pays)."""
+Ties = dict[str, float]  # terms fitted as one, in these proportions (a term: its weight)
+
+
+def tie_matrix(names: tuple[str, ...], ties: list[Ties]) -> np.ndarray:
+    """[terms × free coefficients]: each tie's terms share one coefficient, in the tie's proportions; every
+    other term is its own."""
+    tied = {t for tie in ties for t in tie}
+    free = [n for n in names if n not in tied]
+    m = np.zeros((len(names), len(free) + len(ties)))
+    for j, n in enumerate(free):
+        m[names.index(n), j] = 1.0
+    for k, tie in enumerate(ties):
+        for t, weight in tie.items():
+            m[names.index(t), len(free) + k] = weight
+    return m
+
+
+def _solve(sh: pd.DataFrame, form: str, c: Constants, weigh: str = "steps",
+           ties: list[Ties] | None = None) -> dict[str, float]:
+    """The terms; for a fused model, the fit whose shared overhead is the smaller one (as fused_s pays).
+    `ties`: groups of terms the steps cannot tell apart, fitted as one in given proportions (fit_twin's)."""
     y, n = sh["seconds"].to_numpy(), sh["steps"].to_numpy()
     w = np.sqrt(n * y / np.average(y, weights=n)) if weigh == "time" else np.sqrt(n)
     names = MEMORY if form == "memory" else COMPUTE
+    tie = tie_matrix(names, ties or [])
     fits = []  # (inconsistent, residual, terms)
     for shared in (("overhead_s", "prefill_overhead_s") if c.fused else ("overhead_s",)):
         a = features(sh, form, c, shared)
-        terms = dict(zip(names, map(float, nnls(a * (w / y)[:, None], w))))
+        terms = dict(zip(names, map(float, tie @ nnls((a @ tie) * (w / y)[:, None], w))))
         residual = float(np.sum(((a @ np.array(list(terms.values()))) / y - 1) ** 2 * w ** 2))
         other = "prefill_overhead_s" if shared == "overhead_s" else "overhead_s"
         fits.append((c.fused and terms[shared] > terms[other] + 1e-12, residual, terms))
@@ -100,29 +120,31 @@ def _solve(sh: pd.DataFrame, form: str, c: Constants, weigh: str = "steps") -> d
 
 
 def fit_runs(steps: pd.DataFrame, name: str, form: str, c: Constants,
-             weigh: str = "steps") -> tuple[StepModel, pd.DataFrame]:
-    """The fitted model and its per-shape table (measured, model, fit error, held-out error)."""
+             weigh: str = "steps", ties: list[Ties] | None = None) -> tuple[StepModel, pd.DataFrame]:
+    """The fitted model and its per-shape table (measured, model, fit error, held-out error); `ties`: see
+    _solve."""
     if weigh not in WEIGHS:
         raise CalibrateError(f"{said('weigh', schema=CalibrateSettings)} must be one of {', '.join(WEIGHS)}, not "
                              f"{weigh!r}")
     sh = shapes(steps)
     if len(sh) < 2:
         raise CalibrateError(f"{len(sh)} step shape(s) in these runs: too few to fit a step model")
-    model = model_from_terms(_solve(sh, form, c, weigh), name, form, c)
+    model = model_from_terms(_solve(sh, form, c, weigh, ties), name, form, c)
     table = sh.assign(model_s=predict_steps(model, sh))
     table["fit_error"] = table["model_s"] / table["seconds"] - 1
-    table["held_out_error"] = held_out(sh, name, form, c, weigh)
+    table["held_out_error"] = held_out(sh, name, form, c, weigh, ties)
     return model, table
 
 
-def held_out(sh: pd.DataFrame, name: str, form: str, c: Constants, weigh: str = "steps") -> np.ndarray:
+def held_out(sh: pd.DataFrame, name: str, form: str, c: Constants, weigh: str = "steps",
+             ties: list[Ties] | None = None) -> np.ndarray:
     """Each shape predicted by a fit to the others (NaN with fewer than 3 shapes)."""
     if len(sh) < 3:
         return np.full(len(sh), np.nan)
     out = np.empty(len(sh))
     for i in range(len(sh)):
         rest = sh.drop(sh.index[i])
-        model = model_from_terms(_solve(rest, form, c, weigh), name, form, c)
+        model = model_from_terms(_solve(rest, form, c, weigh, ties), name, form, c)
         out[i] = predict_steps(model, sh.iloc[[i]])[0] / sh["seconds"].iloc[i] - 1
     return out
 
@@ -219,18 +241,37 @@ def calibrate_from(dirs: list[str], *, kind: str, form: str, out: str, name: str
 
 
 def fit_folders(runs: list[Path], facts: dict, form: str, name: str, weigh: str = "steps",
-                started: float | None = None, say: Callable[[str], None] | None = None
-                ) -> tuple[StepModel, pd.DataFrame, dict]:
+                started: float | None = None, say: Callable[[str], None] | None = None,
+                tie_rows: StepModel | None = None) -> tuple[StepModel, pd.DataFrame, dict]:
     """The step model fitted to these run folders' executed steps (one backend kind, `facts`: run_facts of
-    one of them), its per-shape table and the record a preset keeps; CalibrateError when they cannot give it."""
+    one of them), its per-shape table and the record a preset keeps; CalibrateError when they cannot give it.
+    `tie_rows` (a prior model of the same kind, compute form): where every decode (or prefill) step held the same
+    number of rows, its fixed cost and its cost per row cannot be told apart; they are fitted as one, in the
+    prior's proportions (the record says so under `tied`)."""
     started = time.monotonic() if started is None else started
     form = form if form != "auto" else ("memory" if "cuda" in facts["device"] else "compute")
     steps = pd.concat([_run_steps(r, facts["constants"].padded) for r in runs], ignore_index=True)
     if say is not None:
         say(f"calibrating {facts['kind']} from {len(runs)} run(s): {len(steps)} executed steps, form {form}")
-    model, table = fit_runs(steps, name, form, facts["constants"], weigh)
-    record = {**_record(facts, runs, table, total_time_error(model, steps), started), "weigh": weigh}
+    ties = row_ties(steps, tie_rows) if tie_rows is not None and form == "compute" else []
+    model, table = fit_runs(steps, name, form, facts["constants"], weigh, ties)
+    record = {**_record(facts, runs, table, total_time_error(model, steps), started), "weigh": weigh,
+              **({"tied": {"prior": tie_rows.name, "terms": ties}} if ties else {})}
     return model, table, record
+
+
+def row_ties(steps: pd.DataFrame, prior: StepModel) -> list[Ties]:
+    """The tied terms where the steps hold one row count only: (overhead_s, decode_s_per_row) when every decode
+    step held the same rows, (prefill_overhead_s, prefill_s_per_row) when every prefill did; in `prior`'s
+    proportions."""
+    ties = []
+    decode, prefill = steps["decode_rows"][steps["decode_rows"] > 0], steps["prefill_rows"][steps["prefill_rows"] > 0]
+    if decode.nunique() == 1:
+        ties.append({"overhead_s": prior.overhead_s, "decode_s_per_row": prior.decode_s_per_row})
+    if prefill.nunique() == 1:
+        fixed = prior.overhead_s if prior.prefill_overhead_s is None else prior.prefill_overhead_s
+        ties.append({"prefill_overhead_s": fixed, "prefill_s_per_row": prior.prefill_s_per_row})
+    return [t for t in ties if sum(t.values()) > 0]
 
 
 def _run_steps(run: Path, padded: bool) -> pd.DataFrame:

@@ -71,10 +71,27 @@ def fit_twin(out: Path, label: str, runs: list[SaturatedRun]) -> TwinFit:
     if not folders:
         raise CalibrateError(f"{label}: no saturated run folder to fit its twin to")
     facts = run_facts(folders[0])
-    model, _, record = fit_folders(folders, facts, "auto", f"twin-{label}")
+    model, _, record = fit_folders(folders, facts, "auto", f"twin-{label}", tie_rows=prior_of(facts))
     path = preset_path(out, label)
     save_preset(model, path, {**record, "twin_of": label})
     return TwinFit(label, path, facts["kind"], kept, folders, record)
+
+
+def prior_of(facts: dict):
+    """The shipped preset calibrated for this kind, model and device (its `calibration` record says so), whose
+    proportions tie the terms full batches cannot tell apart (lab.calibrate_runs.row_ties); None without one."""
+    import yaml
+
+    from batchlab.lab.simulate import CALIBRATED_KIND
+    from batchlab.worker.stepmodel import PRESET_DIR, load_preset
+
+    for path in sorted(PRESET_DIR.glob("*.yaml")):
+        record = (yaml.safe_load(path.read_text()) or {}).get("calibration") or {}
+        kind = CALIBRATED_KIND.get((record.get("backend"), record.get("mode")))
+        if (kind == facts["kind"] and record.get("model") == facts["model"]
+                and str(record.get("device", "")) == facts["device"]):
+            return load_preset(path)
+    return None
 
 
 def speed_ratios(fit: TwinFit) -> list[float]:

@@ -164,3 +164,34 @@ def test_a_live_study_on_the_sim_backend_fits_a_twin_that_finds_the_long_searchs
     assert (out / "_twin" / "presets" / "naive.yaml").is_file()
     confirm = naive["confirmation"]
     assert confirm["ran_s"] <= 6 and confirm["agrees"] in (True, None) and naive["probes"][0]["live"]
+
+
+def test_terms_full_batches_cannot_tell_apart_are_fitted_in_the_priors_proportions():
+    """Every decode step of 8 rows: a step's fixed cost and its cost per row are one number to the data. Tied in
+    a prior's proportions (20 ms + 2 ms a row), the fit keeps the measured time of 8 rows and gives 1 row the
+    prior's share of it, where an untied fit may put it all on the rows (1 row: an eighth of the time)."""
+    import pandas as pd
+
+    from batchlab.lab.calibrate import Constants
+    from batchlab.lab.calibrate_runs import fit_runs, row_ties
+    from batchlab.worker.stepmodel import StepModel
+
+    rows = []
+    t = 0.0
+    for batch in range(20):
+        prompt = 40 + 10 * (batch % 5)
+        rows.append((t, t + 0.1 + 0.0005 * 8 * prompt, 0, 0, 8, 8 * prompt, 8 * prompt * prompt))
+        t = rows[-1][1]
+        for k in range(30):
+            rows.append((t, t + 0.036 + 1e-5 * 8 * (prompt + k), 8, 8 * (prompt + k), 0, 0, 0))
+            t = rows[-1][1]
+    steps = pd.DataFrame(rows, columns=["start_s", "end_s", "decode_rows", "decode_context", "prefill_rows",
+                                        "prefill_tokens", "prefill_pairs"])
+    c = Constants(1e8, 1000, 1e10, True, False, 0)
+    prior = StepModel("prior", 1e8, 1000, 0.0, 0.0005, overhead_s=0.020, decode_s_per_row=0.002)
+    ties = row_ties(steps, prior)
+    assert ties[0] == {"overhead_s": 0.020, "decode_s_per_row": 0.002}
+    model, table = fit_runs(steps, "tied", "compute", c, ties=ties)
+    assert model.decode_step_s(8 * 50, 8) == pytest.approx(0.036 + 1e-5 * 400, rel=0.05)
+    assert model.overhead_s / model.decode_s_per_row == pytest.approx(10.0, rel=1e-6)
+    assert model.decode_step_s(50, 1) == pytest.approx(0.036 * 22 / 36 + 1e-5 * 50, rel=0.05)
