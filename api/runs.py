@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress, run_ticker
 from batchlab.api.results import PointRecord, RunResult, SweepResult, TuneResult
 from batchlab.protocol.errors import ConfigError, term
@@ -55,6 +56,7 @@ def run(settings: "RunConfig | Mapping | str | Path", out: str | Path | None = N
     starts, RunFailed when a role died (the summary is in the folder when the collector wrote one), RunTimeout
     past a limit; KeyboardInterrupt stops every process first. A run that lost requests to a fault still
     returns: see Summary.role_deaths."""
+    refuse_unguarded_main()
     from batchlab.protocol.settings import refuse_ignored
     from batchlab.runner.launcher import launch_run
     from batchlab.runner.preflight import check_before_start, check_launch
@@ -83,6 +85,7 @@ def tune(settings: "RunConfig | Mapping | str | Path", out: str | Path = "result
     {"max_batch_size": [2, 8]} (or ["max_batch_size=2,8"]) replaces a knob's default range. ConfigError
     without an SLO. `on_ranked`: the result once searched (before any live run); `on_progress`: a note as each
     live run starts, its ticks. OUT/tune.json holds the record."""
+    refuse_unguarded_main()
     from batchlab.lab.fanout import Fanout
     from batchlab.lab.tune import run_tune
     from batchlab.protocol.files import output_folder
@@ -136,6 +139,7 @@ def calibrate(settings: "CalibrateSettings | Mapping | str | Path | None" = None
     sweep, simulate, load), fitted to the steps their live workers executed. `settings`: `batchlab calibrate`'s
     (protocol.study_settings.CalibrateSettings, a mapping of them or a YAML file), `changes` laid over them.
     A note Event per line the command prints."""
+    refuse_unguarded_main()
     from batchlab.api.calibration import run_calibration
 
     return run_calibration(settings, out, runs, CallbackView(on_progress), changes)
@@ -147,6 +151,7 @@ def report(folder: str | Path, *, rate: float | None = None, slos: dict[str, flo
     the runs' own files are only read): where they went, the capacity table's lines and the headlines.
     `slos`: {"ttft": 0.5} in seconds, or ["ttft=500ms", ...]. ReportError (its `lines`, one per file it
     refused) when a file cannot be read; nothing is written then. ConfigError for an argument that is none."""
+    refuse_unguarded_main()
     from batchlab.protocol.files import output_folder
     from batchlab.report.build import checked_slos, run_report
 

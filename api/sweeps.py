@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress
 from batchlab.api.results import CapacityResult, PointRecord, SimulationResult, SweepResult
 from batchlab.protocol.errors import ConfigError, SweepError, term
@@ -48,6 +49,7 @@ def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
     group's workers kept warm (interleaved), or group after group (grouped). A failed point is recorded, never
     raised; SweepError when no strategy's capacity could be bracketed. `ray`: run the points on a Ray cluster
     instead (docs/ray.md): its address ("local": a new local Ray) or its RaySettings (or a mapping of them)."""
+    refuse_unguarded_main()
     from batchlab.lab.sweep import run_sweep
     from batchlab.lab.sweep_plan import plan_from
     from batchlab.runner.run_folder import held
@@ -79,6 +81,7 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     preset: one name or file, or "hf=P,hf-loop=P,vllm=P" for a grid on several backends), and the search's own
     settings (search_duration_s, saturated_duration_s, saturated_repeats, width, max_probes, ...: the grid's
     rates.auto ones are the defaults)."""
+    refuse_unguarded_main()
     from batchlab.collector.layout import CAPACITY_FILE, WORKERS_DIR
     from batchlab.lab.capacity_search import run_capacity
     from batchlab.lab.sweep_plan import checked_auto, interleaved, plan_from
@@ -114,6 +117,7 @@ def simulate(plan: "Plan | Mapping | str | Path | None" = None, out: str | Path 
     over it (e.g. strategies=["naive", MyStrategy], rates=[5, 20], preset="3090-mistral-7b"); `out` (default
     results/<the YAML's name> for a sweep's YAML, else runs/simulated): a sweep's folder (sweep.json and a
     folder per point), or for one point its run's folder. A "finished" Event per point."""
+    refuse_unguarded_main()
     from batchlab.lab.fanout import Fanout
     from batchlab.lab.simulate import plan_simulation, run_simulation
 

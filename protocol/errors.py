@@ -31,6 +31,11 @@ def command_line_vocabulary() -> Iterator[None]:
         _VOCABULARY.reset(token)
 
 
+UNGUARDED_MAIN_EXIT = 66  # a spawned process that found itself re-running the caller's script (api.guard)
+UNGUARDED_MAIN = ("a process batchlab spawned re-ran your script's top level (spawning imports the script): put "
+                  "the script's batchlab calls under `if __name__ == \"__main__\":` (docs/processes.md)")
+
+
 class BatchlabError(Exception):
     """The root of every error a user's input or a run's fault causes (batchlab.api's one hierarchy)."""
 
