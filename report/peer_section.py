@@ -83,6 +83,10 @@ def blocks(points: list[ExternalPoint]) -> list[Block]:
     if unplaced:
         out += [Block("Figures these files hold that the report does not show (read them in the file):"),
                 Block(items=unplaced, id="external-unshown")]
+    odd = [f"{p.source.name}: {field} (shown as '-')" for p in points for field in p.not_finite]
+    if odd:
+        out += [Block("⚠ Fields these files hold as inf or NaN where a figure belongs (not a measurement; each cell "
+                      "that would show it says '-'):"), Block(items=odd, id="external-not-finite")]
     return out
 
 
