@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress, run_ticker
 from batchlab.api.results import PointRecord, RunResult, SweepResult, TuneResult
-from batchlab.protocol.errors import ConfigError, term
+from batchlab.protocol.errors import ConfigError, shown, term
 
 if TYPE_CHECKING:
     from batchlab.api.calibration import CalibrateResult
@@ -39,7 +39,7 @@ def run_config(settings: "RunConfig | Mapping | str | Path", **changes) -> "RunC
         values = {str(k).replace("-", "_"): v for k, v in settings.items()}
     else:
         raise ConfigError(f"settings are a RunConfig, a mapping of settings ({{}}: the defaults) or a YAML file's "
-                          f"path, not {type(settings).__name__} {settings!r:.60}")
+                          f"path, not {shown(settings)}")
     overrides = {str(k).replace("-", "_"): v for k, v in changes.items()}
     cfg = checked_config(values, overrides)
     return replay_config(cfg, overrides) if cfg.schedule else cfg
@@ -129,7 +129,7 @@ def _knob_items(knobs: object) -> list[str]:
         return [f"{k}={','.join(map(str, v if isinstance(v, (list, tuple)) else [v]))}" for k, v in knobs.items()]
     if isinstance(knobs, (list, tuple)) and all(isinstance(k, str) for k in knobs):
         return list(knobs)
-    raise ConfigError(f"knobs are a mapping (knob → values to search) or ['KNOB=V1,V2', ...], not {knobs!r:.60}")
+    raise ConfigError(f"knobs are a mapping (knob → values to search) or ['KNOB=V1,V2', ...], not {shown(knobs)}")
 
 
 def calibrate(settings: "CalibrateSettings | Mapping | str | Path | None" = None, out: str | Path | None = None, *,
@@ -156,7 +156,7 @@ def report(folder: str | Path, *, rate: float | None = None, slos: dict[str, flo
     from batchlab.report.build import checked_slos, run_report
 
     if not isinstance(folder, (str, Path)):
-        raise ConfigError(f"a report's folder is a path, not {type(folder).__name__} {folder!r:.60}")
+        raise ConfigError(f"a report's folder is a path, not {shown(folder)}")
     if rate is not None and not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0):
         raise ConfigError(f"{term('--rate', 'rate')} must be a number of requests/s > 0, got {rate!r}")
     if out is not None:
@@ -169,7 +169,7 @@ def _paths(items: object, name: str) -> list[str | Path]:
     """A list of paths (one path alone too); ConfigError for anything else."""
     items = [items] if isinstance(items, (str, Path)) else items
     if not isinstance(items, (list, tuple)) or not all(isinstance(i, (str, Path)) for i in items):
-        raise ConfigError(f"{name} is a list of paths, not {items!r:.60}")
+        raise ConfigError(f"{name} is a list of paths, not {shown(items)}")
     return list(items)
 
 
@@ -184,7 +184,7 @@ def load(folder: str | Path) -> SweepResult:
     from batchlab.protocol.errors import ReportError
 
     if not isinstance(folder, (str, Path)):
-        raise ConfigError(f"a folder is a path, not {type(folder).__name__} {folder!r:.60}")
+        raise ConfigError(f"a folder is a path, not {shown(folder)}")
     root = Path(folder)
     if (root / INDEX_FILE).is_file():
         try:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress
 from batchlab.api.results import CapacityResult, PointRecord, SimulationResult, SweepResult
-from batchlab.protocol.errors import ConfigError, SweepError, term
+from batchlab.protocol.errors import ConfigError, SweepError, shown, term
 
 if TYPE_CHECKING:
     from batchlab.lab.sweep_plan import Plan
@@ -36,7 +36,7 @@ def _out_dir(out: object, source: str, suffix: str = "", *, make: bool = True) -
             raise SweepError(f"{term('--out', 'out')}: a plan given as a mapping or Plan needs an output folder")
         out = Path("results") / f"{Path(source).stem}{suffix}"
     if not isinstance(out, (str, Path)):
-        raise ConfigError(f"{term('--out', 'out')} is a folder's path, not {type(out).__name__} {out!r:.60}")
+        raise ConfigError(f"{term('--out', 'out')} is a folder's path, not {shown(out)}")
     return output_folder(out) if make else Path(out)
 
 
@@ -89,7 +89,7 @@ def _sweep(parsed, source, out_dir: Path, view, resume: bool, ray: object) -> Sw
         from batchlab.protocol.study_settings import RaySettings
 
         if not isinstance(ray, (RaySettings, Mapping, str)):
-            raise ConfigError(f"ray is an address, RaySettings or a mapping of them, not {ray!r:.60}")
+            raise ConfigError(f"ray is an address, RaySettings or a mapping of them, not {shown(ray)}")
         opts = ray if isinstance(ray, RaySettings) else checked_group(
             RaySettings, {"address": ray} if isinstance(ray, str) else dict(ray))
         with held(out_dir, "sweep"):  # one sweep in a folder at a time: a second one would delete its points
