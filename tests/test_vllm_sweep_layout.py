@@ -45,6 +45,7 @@ def test_the_layout_is_refused_where_vllm_would_read_the_sweeps_own_summaries(tm
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # vLLM's import alone takes ~10 s
 def test_vllms_error_is_vllms_exit_code_and_one_line_not_a_bug_in_batchlab(simulated, tmp_path):
     pytest.importorskip("vllm")
     files = tmp_path / "results"  # --save-result files side by side: no summary.json, which vLLM refuses
