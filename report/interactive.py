@@ -186,8 +186,8 @@ def timeline_html(collection: Collection, rate: float) -> str:
     fig.update_xaxes(range=[t0, t1], title_text="time since the run's t0 (s)")
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=f"Batches (static) and steps (continuous) at λ = {rate:g} req/s; bar thickness ∝ "
-                            f"batch size (largest: {top:g})", barmode="overlay", legend={"title": {"text": "launch reason"}},
-                      height=200 + 90 * max(len(runs), 1), margin={"t": 50, "l": 100, "r": 20, "b": 50})
+                            f"batch size (largest: {top:g})", barmode="overlay",
+                      legend={"title": {"text": "launch reason"}}, height=200 + 90 * max(len(runs), 1), margin={"t": 50, "l": 100, "r": 20, "b": 50})
     return _fragment(fig, "batch-timeline")
 
 
@@ -204,8 +204,8 @@ def load_html(collection: Collection, rate: float) -> str:
         lines = ((act["start"], act["size"]), plots.queue_length(runs[0].requests), (starts, rates))
         for k, (x, y) in enumerate(lines):
             xs, ys = plots.envelope(x, y, CURVE_POINTS)
-            fig.add_trace(go.Scatter(x=xs.tolist(), y=ys.tolist(), mode="lines", line={"shape": "hv", "color": _color(i)},
-                                     name=label, legendgroup=label, showlegend=k == 0,
+            fig.add_trace(go.Scatter(x=xs.tolist(), y=ys.tolist(), mode="lines",
+                                     line={"shape": "hv", "color": _color(i)}, name=label, legendgroup=label, showlegend=k == 0,
                                      hovertemplate=f"{label}: %{{y:g}} at %{{x:.2f}} s<extra></extra>"),
                           row=k + 1, col=1)
     for k, title in enumerate(("batch size / running rows", "queue length (requests)",
