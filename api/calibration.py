@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchlab.protocol.errors import ConfigError, term
+from batchlab.protocol.errors import ConfigError, shown, term
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,7 +52,7 @@ def run_calibration(settings: object, out: object, runs: object, view: "Callback
         values = {str(k).replace("-", "_"): v for k, v in (settings or {}).items()}
     else:
         raise ConfigError(f"calibrate's settings are CalibrateSettings, a mapping or a YAML file's path, not "
-                          f"{type(settings).__name__} {settings!r:.60}")
+                          f"{shown(settings)}")
     s = checked_group(CalibrateSettings, {**values, **changes, **({"out": str(out)} if out is not None else {})})
     name = s.name or Path(s.out).stem
     if runs is not None:
@@ -102,7 +102,7 @@ def _folders(runs: object) -> list[str]:
         path = item if isinstance(item, (str, Path)) else getattr(item, "out", None) or getattr(item, "folder", None)
         if not isinstance(path, (str, Path)):
             raise ConfigError(f"{term('--from', 'runs')}: a run or sweep folder (a path, or a result holding one), "
-                              f"not {item!r:.60}")
+                              f"not {shown(item)}")
         found.append(str(path))
     if not found:
         raise ConfigError(f"{term('--from', 'runs')}: no folder given")

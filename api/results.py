@@ -205,12 +205,18 @@ class SimulationResult(SweepResult):
 
 @dataclass(frozen=True, slots=True)
 class CapacityProbe:
-    """One rate a capacity search ran, and whether it was sustained."""
+    """One rate a capacity search ran (nominal, and what its arrivals offered), and whether it was sustained."""
 
-    rate_req_s: float
+    rate_req_s: float  # the nominal rate asked for (the schedule's λ)
     sustained: bool
     folder: str = ""  # relative to the search's folder ("" in virtual time)
     reason: str = ""
+    offered_req_s: float | None = None  # arrivals ÷ duration, the rate the verdict judged (None: not recorded)
+
+
+def _rate(value: object) -> float | None:
+    """A probe's recorded rate as a float (None: absent)."""
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +242,8 @@ class StrategyCapacity:
         """From capacity.json's entry."""
         sat = entry.get("saturated") or {}
         probes = [CapacityProbe(float(p["rate_req_s"]), bool(p.get("sustained")), str(p.get("folder") or ""),
-                                str(p.get("reason") or "")) for p in entry.get("probes") or []]
+                                str(p.get("reason") or ""), _rate(p.get("offered_req_s")))
+                  for p in entry.get("probes") or []]
         return cls(label, *(entry.get(k) for k in ("estimate_req_s", "lo_req_s", "hi_req_s", "estimate_tok_s",
                                                    "lo_tok_s", "hi_tok_s")),
                    sat.get("req_s"), sat.get("req_s_lo"), sat.get("req_s_hi"), probes, str(entry.get("note") or ""))
@@ -276,11 +283,12 @@ class CapacityResult(Runs):
                 if p.folder and (self.out / p.folder).is_dir()]
 
     def points(self) -> "pd.DataFrame":
-        """One row per probe: label, rate_req_s, sustained, reason, folder."""
+        """One row per probe: label, rate_req_s (nominal), offered_req_s (what its arrivals offered, the rate its
+        verdict judged), sustained, folder, reason."""
         import pandas as pd
 
         return pd.DataFrame([{"label": c.label, **asdict(p)} for c in self.strategies.values() for p in c.probes],
-                            columns=["label", "rate_req_s", "sustained", "folder", "reason"])
+                            columns=["label", "rate_req_s", "offered_req_s", "sustained", "folder", "reason"])
 
 
 @dataclass(frozen=True, slots=True)

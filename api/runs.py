@@ -7,9 +7,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress, run_ticker
 from batchlab.api.results import PointRecord, RunResult, SweepResult, TuneResult
-from batchlab.protocol.errors import ConfigError, term
+from batchlab.protocol.errors import ConfigError, shown, term
 
 if TYPE_CHECKING:
     from batchlab.api.calibration import CalibrateResult
@@ -38,7 +39,7 @@ def run_config(settings: "RunConfig | Mapping | str | Path", **changes) -> "RunC
         values = {str(k).replace("-", "_"): v for k, v in settings.items()}
     else:
         raise ConfigError(f"settings are a RunConfig, a mapping of settings ({{}}: the defaults) or a YAML file's "
-                          f"path, not {type(settings).__name__} {settings!r:.60}")
+                          f"path, not {shown(settings)}")
     overrides = {str(k).replace("-", "_"): v for k, v in changes.items()}
     cfg = checked_config(values, overrides)
     return replay_config(cfg, overrides) if cfg.schedule else cfg
@@ -55,6 +56,7 @@ def run(settings: "RunConfig | Mapping | str | Path", out: str | Path | None = N
     starts, RunFailed when a role died (the summary is in the folder when the collector wrote one), RunTimeout
     past a limit; KeyboardInterrupt stops every process first. A run that lost requests to a fault still
     returns: see Summary.role_deaths."""
+    refuse_unguarded_main()
     from batchlab.protocol.settings import refuse_ignored
     from batchlab.runner.launcher import launch_run
     from batchlab.runner.preflight import check_before_start, check_launch
@@ -83,6 +85,7 @@ def tune(settings: "RunConfig | Mapping | str | Path", out: str | Path = "result
     {"max_batch_size": [2, 8]} (or ["max_batch_size=2,8"]) replaces a knob's default range. ConfigError
     without an SLO. `on_ranked`: the result once searched (before any live run); `on_progress`: a note as each
     live run starts, its ticks. OUT/tune.json holds the record."""
+    refuse_unguarded_main()
     from batchlab.lab.fanout import Fanout
     from batchlab.lab.tune import run_tune
     from batchlab.protocol.files import output_folder
@@ -126,7 +129,7 @@ def _knob_items(knobs: object) -> list[str]:
         return [f"{k}={','.join(map(str, v if isinstance(v, (list, tuple)) else [v]))}" for k, v in knobs.items()]
     if isinstance(knobs, (list, tuple)) and all(isinstance(k, str) for k in knobs):
         return list(knobs)
-    raise ConfigError(f"knobs are a mapping (knob → values to search) or ['KNOB=V1,V2', ...], not {knobs!r:.60}")
+    raise ConfigError(f"knobs are a mapping (knob → values to search) or ['KNOB=V1,V2', ...], not {shown(knobs)}")
 
 
 def calibrate(settings: "CalibrateSettings | Mapping | str | Path | None" = None, out: str | Path | None = None, *,
@@ -136,6 +139,7 @@ def calibrate(settings: "CalibrateSettings | Mapping | str | Path | None" = None
     sweep, simulate, load), fitted to the steps their live workers executed. `settings`: `batchlab calibrate`'s
     (protocol.study_settings.CalibrateSettings, a mapping of them or a YAML file), `changes` laid over them.
     A note Event per line the command prints."""
+    refuse_unguarded_main()
     from batchlab.api.calibration import run_calibration
 
     return run_calibration(settings, out, runs, CallbackView(on_progress), changes)
@@ -147,11 +151,12 @@ def report(folder: str | Path, *, rate: float | None = None, slos: dict[str, flo
     the runs' own files are only read): where they went, the capacity table's lines and the headlines.
     `slos`: {"ttft": 0.5} in seconds, or ["ttft=500ms", ...]. ReportError (its `lines`, one per file it
     refused) when a file cannot be read; nothing is written then. ConfigError for an argument that is none."""
+    refuse_unguarded_main()
     from batchlab.protocol.files import output_folder
     from batchlab.report.build import checked_slos, run_report
 
     if not isinstance(folder, (str, Path)):
-        raise ConfigError(f"a report's folder is a path, not {type(folder).__name__} {folder!r:.60}")
+        raise ConfigError(f"a report's folder is a path, not {shown(folder)}")
     if rate is not None and not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0):
         raise ConfigError(f"{term('--rate', 'rate')} must be a number of requests/s > 0, got {rate!r}")
     if out is not None:
@@ -164,7 +169,7 @@ def _paths(items: object, name: str) -> list[str | Path]:
     """A list of paths (one path alone too); ConfigError for anything else."""
     items = [items] if isinstance(items, (str, Path)) else items
     if not isinstance(items, (list, tuple)) or not all(isinstance(i, (str, Path)) for i in items):
-        raise ConfigError(f"{name} is a list of paths, not {items!r:.60}")
+        raise ConfigError(f"{name} is a list of paths, not {shown(items)}")
     return list(items)
 
 
@@ -179,7 +184,7 @@ def load(folder: str | Path) -> SweepResult:
     from batchlab.protocol.errors import ReportError
 
     if not isinstance(folder, (str, Path)):
-        raise ConfigError(f"a folder is a path, not {type(folder).__name__} {folder!r:.60}")
+        raise ConfigError(f"a folder is a path, not {shown(folder)}")
     root = Path(folder)
     if (root / INDEX_FILE).is_file():
         try:

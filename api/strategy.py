@@ -32,9 +32,17 @@ __all__ = ["Policy", "Decision", "Capacity", "Request", "MODES", "check", "at_le
 
 
 def check(cls: type) -> type:
-    """`cls` when it is a strategy batchlab can run (name, mode, decide, on_batch_done; a dataclass Params if any),
-    else ConfigError saying what it lacks: the check a run makes before it starts."""
-    from batchlab.scheduler.strategies import typed_args
+    """`cls` when it is a strategy batchlab can run (name, mode, decide, on_batch_done; a dataclass Params if any;
+    built from its defaults where it can be, its decide answers an empty queue), else ConfigError saying what it
+    lacks or what raised: the check a run makes before it starts."""
+    from batchlab.protocol.errors import ConfigError
+    from batchlab.protocol.settings import RunConfig
+    from batchlab.scheduler.strategies import check_decides, resolve, typed_args
 
     typed_args(load_class(cls), {})
+    try:
+        strategy = resolve(RunConfig(strategy=cls))
+    except ConfigError:  # its parameters need a run's settings (edf: an SLO): its run checks decide
+        return cls
+    check_decides(strategy)
     return cls

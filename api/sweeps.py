@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress
 from batchlab.api.results import CapacityResult, PointRecord, SimulationResult, SweepResult
-from batchlab.protocol.errors import ConfigError, SweepError, term
+from batchlab.protocol.errors import ConfigError, SweepError, shown, term
 
 if TYPE_CHECKING:
     from batchlab.lab.sweep_plan import Plan
@@ -35,32 +36,60 @@ def _out_dir(out: object, source: str, suffix: str = "", *, make: bool = True) -
             raise SweepError(f"{term('--out', 'out')}: a plan given as a mapping or Plan needs an output folder")
         out = Path("results") / f"{Path(source).stem}{suffix}"
     if not isinstance(out, (str, Path)):
-        raise ConfigError(f"{term('--out', 'out')} is a folder's path, not {type(out).__name__} {out!r:.60}")
+        raise ConfigError(f"{term('--out', 'out')} is a folder's path, not {shown(out)}")
     return output_folder(out) if make else Path(out)
 
 
 def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *, resume: bool = True,
           on_progress: OnProgress | None = None, ray: "RaySettings | Mapping | str | None" = None,
-          **changes) -> SweepResult:
+          save_result: str | Path | None = None, **changes) -> SweepResult:
     """Every point of the grid, one live run each (skipping those done before when `resume`): its folder
     (default results/<the YAML's name>) and a record per point; its tables: requests(), points(), ...
     Points that share their workers' settings run on the same warm workers: in the plan's order with every
     group's workers kept warm (interleaved), or group after group (grouped). A failed point is recorded, never
     raised; SweepError when no strategy's capacity could be bracketed. `ray`: run the points on a Ray cluster
-    instead (docs/ray.md): its address ("local": a new local Ray) or its RaySettings (or a mapping of them)."""
-    from batchlab.lab.sweep import run_sweep
+    instead (docs/ray.md): its address ("local": a new local Ray) or its RaySettings (or a mapping of them).
+    `save_result`: a folder to write the points' results into in `vllm bench sweep`'s layout as well (a
+    summary.json per point; collector.vllm_sweep), for `vllm bench sweep plot` / `plot_pareto`."""
+    refuse_unguarded_main()
     from batchlab.lab.sweep_plan import plan_from
-    from batchlab.runner.run_folder import held
 
     parsed, source = plan_from(plan, changes)
+    vllm_dir = _vllm_layout_dir(save_result, _out_dir(out, source, make=False))  # before any folder is made
     out_dir, view = _out_dir(out, source, make=ray is None), CallbackView(on_progress)  # on Ray: made once it may
+    result = _sweep(parsed, source, out_dir, view, resume, ray)
+    if vllm_dir is not None:
+        from batchlab.collector.vllm_sweep import write_vllm_sweep
+
+        write_vllm_sweep(result.records, vllm_dir)
+    return result
+
+
+def _vllm_layout_dir(save_result: object, out_dir: Path) -> Path | None:
+    """The --save-result folder, refused where vLLM would read batchlab's own summary.json files in it."""
+    if save_result is None:
+        return None
+    if not isinstance(save_result, (str, Path)):
+        raise ConfigError(f"{term('--save-result', 'save_result')} is a folder, not a {type(save_result).__name__}")
+    dest = Path(save_result).resolve()
+    if dest == out_dir.resolve() or out_dir.resolve().is_relative_to(dest):
+        raise ConfigError(f"{term('--save-result', 'save_result')} {save_result} holds the sweep's own folder "
+                          f"{out_dir}: vLLM would read its runs' summary.json; give a folder of its own")
+    return dest
+
+
+def _sweep(parsed, source, out_dir: Path, view, resume: bool, ray: object) -> SweepResult:
+    """The sweep itself, here or on Ray."""
+    from batchlab.lab.sweep import run_sweep
+    from batchlab.runner.run_folder import held
+
     if ray is not None:
         from batchlab.lab.ray_sweep import run_ray_sweep
         from batchlab.protocol.settings import checked_group
         from batchlab.protocol.study_settings import RaySettings
 
         if not isinstance(ray, (RaySettings, Mapping, str)):
-            raise ConfigError(f"ray is an address, RaySettings or a mapping of them, not {ray!r:.60}")
+            raise ConfigError(f"ray is an address, RaySettings or a mapping of them, not {shown(ray)}")
         opts = ray if isinstance(ray, RaySettings) else checked_group(
             RaySettings, {"address": ray} if isinstance(ray, str) else dict(ray))
         with held(out_dir, "sweep"):  # one sweep in a folder at a time: a second one would delete its points
@@ -79,6 +108,7 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     preset: one name or file, or "hf=P,hf-loop=P,vllm=P" for a grid on several backends), and the search's own
     settings (search_duration_s, saturated_duration_s, saturated_repeats, width, max_probes, ...: the grid's
     rates.auto ones are the defaults)."""
+    refuse_unguarded_main()
     from batchlab.collector.layout import CAPACITY_FILE, WORKERS_DIR
     from batchlab.lab.capacity_study import run_capacity
     from batchlab.lab.sweep_plan import checked_auto, interleaved, plan_from
@@ -114,6 +144,7 @@ def simulate(plan: "Plan | Mapping | str | Path | None" = None, out: str | Path 
     over it (e.g. strategies=["naive", MyStrategy], rates=[5, 20], preset="3090-mistral-7b"); `out` (default
     results/<the YAML's name> for a sweep's YAML, else runs/simulated): a sweep's folder (sweep.json and a
     folder per point), or for one point its run's folder. A "finished" Event per point."""
+    refuse_unguarded_main()
     from batchlab.lab.fanout import Fanout
     from batchlab.lab.simulate import plan_simulation, run_simulation
 

@@ -24,6 +24,9 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
           ray: Annotated[Optional[str], ray_option(
               help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "
                    "alone: a local Ray); see docs/ray.md")] = None,
+          save_result: Annotated[Optional[str], typer.Option(
+              help="also write the points' results into this folder in `vllm bench sweep`'s layout (a "
+                   "summary.json per point), for `batchlab vllm bench sweep plot_pareto DIR`")] = None,
           cluster: dict) -> None:
     """Run a grid of strategies × backends × rates × repeats, one real run per point."""
     from batchlab import api
@@ -34,9 +37,11 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
     sets = parse_sets(set_)  # a bad --set or --ray-* option: one line before the live view starts
     opts = None if ray is None else checked_group(RaySettings, {**cluster, "address": ray})
     with resumable(out), SweepView(figures=True) as view:
-        result = api.sweep(config, out, resume=resume, on_progress=view, ray=opts, **sets)
+        result = api.sweep(config, out, resume=resume, on_progress=view, ray=opts, save_result=save_result, **sets)
     typer.echo(f"sweep in {out}: {result.measured} of {len(result.records)} points done, {result.failed} failed "
                f"(see {Path(out) / INDEX_FILE})")
+    if save_result:
+        typer.echo(f"vllm bench sweep layout: {save_result}")
     if result.measured == 0:
         raise typer.Exit(code=1)
     from batchlab.cli.report_cmd import echo_report

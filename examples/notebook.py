@@ -25,7 +25,8 @@ from batchlab import api
 PLAN = {"base": {"backend": "sim", "dataset": "synthetic", "duration_s": 2, "max_new_tokens": 32},
         "grid": {"strategies": ["naive", "dynamic"], "rates": [4, 8]}}
 
-if __name__ == "__main__":  # a script's runs start their processes with spawn: keep the guard (a notebook needs none)
+if __name__ == "__main__":  # runs start their processes with spawn: keep the guard (a notebook needs none; without
+    # it each spawned process stops with one line naming the guard, docs/processes.md)
     result = api.sweep(PLAN, "results/py")               # SweepResult: the folder, a record per point
     points = result.points()                             # one row per point: label, rate, ..., its figures
     print(points[["label", "rate", "throughput_tok_s", "ttft_p50", "e2e_p99"]])

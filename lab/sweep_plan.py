@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from batchlab.runner.config import checked_config
 from batchlab.collector.layout import POINT_DEPTH, point_dir
-from batchlab.protocol.errors import SweepError, term
+from batchlab.protocol.errors import SweepError, shown, term
 from batchlab.protocol.settings import DEFAULT_RATE, VLLM, ConfigError, RunConfig, load_yaml, vllm_rule
 from batchlab.protocol.study_settings import GRID_KEYS, AutoRates, AutoRepeats, Grid, underscored
 from batchlab.scheduler.strategies import label as strategy_label
@@ -204,7 +204,7 @@ def plan_from(given: object, changes: dict | None = None) -> tuple[Plan, str]:
         plan = _mapping_plan(copy.deepcopy(dict(given)), "the plan")
     else:
         raise ConfigError(f"a plan is a sweep's mapping (base: and grid:), a run's settings (a mapping or a "
-                          f"RunConfig), a Plan or a YAML file's path, not {type(given).__name__} {given!r:.60}")
+                          f"RunConfig), a Plan or a YAML file's path, not {shown(given)}")
     return changed(plan, changes or {}), source
 
 

@@ -31,6 +31,22 @@ def command_line_vocabulary() -> Iterator[None]:
         _VOCABULARY.reset(token)
 
 
+SHOWN_REPR_CHARS = 40  # a value's repr shown beside its type in a message at most this long, on one line
+
+
+def shown(value: object) -> str:
+    """A wrong argument as a message names it: its type, with its repr only where that is short and one line
+    ('int 3', 'DataFrame': a frame's repr is many lines)."""
+    text = repr(value)
+    brief = "\n" not in text and len(text) <= SHOWN_REPR_CHARS
+    return f"{type(value).__name__} {text}" if brief else type(value).__name__
+
+
+UNGUARDED_MAIN_EXIT = 66  # a spawned process that found itself re-running the caller's script (api.guard)
+UNGUARDED_MAIN = ("a process batchlab spawned re-ran your script's top level (spawning imports the script): put "
+                  "the script's batchlab calls under `if __name__ == \"__main__\":` (docs/processes.md)")
+
+
 class BatchlabError(Exception):
     """The root of every error a user's input or a run's fault causes (batchlab.api's one hierarchy)."""
 

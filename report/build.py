@@ -71,13 +71,14 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     read. `extra`: other tools' result files to place beside the strategies (with those found in the
     folder, report.external)."""
     from batchlab.report.external import load_external
-    from batchlab.report.peer_section import section
+    from batchlab.report.blocks import parse
+    from batchlab.report.peer_section import blocks, section
     from batchlab.report import plots
     from batchlab.report.capacities import capacity_text, load_capacities
     from batchlab.report.headline import headlines
     from batchlab.report.html import HTML_FILE, write_html
     from batchlab.report.markdown import render
-    from batchlab.report.setup import hardware, setup_lines
+    from batchlab.report.setup import hardware
     from batchlab.report.stats import all_stats
     from batchlab.report.twin import PLOT_FILE as TWIN_PLOT
     from batchlab.report.twin import curves_plot as twin_plot
@@ -107,15 +108,27 @@ def run_report(folder: str, *, rate: float | None = None, slos: dict | None = No
     twin = load_twin(collection.root, capacities)
     drawn = twin_plot(twin, stats, root / TWIN_PLOT) if twin else None
     made += [drawn] if drawn else []
-    text = render(collection, stats, lines, [p.name for p in made if p != drawn], at, slos, capacities, source,
+    body = render(collection, stats, lines, [p.name for p in made if p != drawn], at, slos, capacities, source,
                   twin_section(twin, drawn.name if drawn else None))
-    text += "\n".join(section(external)) + ("\n" if external else "")
+    text = body + "\n".join(section(external)) + ("\n" if external else "")
     write_text(root / REPORT_FILE, text)
-    write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", headlines=lines, stats=stats,
-               labels=collection.labels(), rates=collection.rates(),
-               setup=setup_lines(collection.runs[0]) if collection.runs else [], external=external)
+    write_html(root / HTML_FILE, title=f"batchlab report: {collection.root}", parts=parse(body) + blocks(external),
+               figures=interactive_figures(collection, stats, at, external))
     return Report(root / REPORT_FILE, made, lines, capacity_text(capacities) if capacities else [],
                   machine_lines(collection, capacities))
+
+
+def interactive_figures(collection: Collection, stats: dict, at: float | None, external: list) -> dict:
+    """Plot file name → a function drawing its interactive figure for REPORT.html (report.interactive)."""
+    from batchlab.report import interactive as fig
+
+    figures = {"latency_vs_throughput.png": lambda: fig.curves_html(stats, collection.labels(), external)}
+    if at is not None:
+        figures |= {"latency_cdf.png": lambda: fig.cdfs_html(collection, stats, at),
+                    "itl_distribution.png": lambda: fig.itl_html(collection, stats, at),
+                    "batch_timeline.png": lambda: fig.timeline_html(collection, at),
+                    "batch_size_queue.png": lambda: fig.load_html(collection, at)}
+    return figures
 
 
 def machine_lines(collection: Collection, capacities: dict) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from batchlab.protocol.run_dir import RunDir
 from batchlab.report import peer_aiperf, peer_guidellm, peer_vllm
-from batchlab.report.peer_point import ExternalPoint, Figure
+from batchlab.report.peer_point import ExternalPoint, Figure, not_finite_lines
 from batchlab.report.points import ReportError
 
 __all__ = ["ExternalPoint", "Figure", "load_external", "points_of", "DEFINITIONS", "ACCEPTED"]
@@ -106,6 +106,8 @@ def _points(path: Path, origin: str, found: bool) -> list[ExternalPoint]:
         raise ReportError(f"{origin} {path}: a corrupt {_what(data)} ({type(exc).__name__}: {exc})") from None
     if points is None and not found:
         raise ReportError(f"{origin} {path}: {_unknown(data)}; batchlab reads {ACCEPTED}")
+    if points and (bad := not_finite_lines(data)):  # a figure of inf or NaN: said, never a silent '-'
+        points[0].not_finite = bad
     return points or []
 
 

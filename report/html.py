@@ -1,18 +1,19 @@
-"""REPORT.html: one self-contained page (no network needed) beside REPORT.md.
+"""REPORT.html: the whole report on one self-contained page (no network needed), rendered from the blocks
+REPORT.md is made of (report.blocks), so the page shows every heading, table, list and line the Markdown does.
 
-Interactive curves (hover a point for its figures and failed share, click a legend entry to toggle a
-strategy; plotly, inlined), the per-rate table, the one-line results and the setup. Page-side errors are collected into
-the page itself (#page-errors), so a headless browser's DOM dump shows them.
+Each plot is interactive where a person would hover or toggle (report.interactive: the latency curves, CDFs,
+ITL histogram, batch timeline and queue panels; plotly's JavaScript inlined once); any other plot is the PNG
+itself, inlined. Page-side errors are collected into the page (#page-errors), so a headless browser's DOM dump
+shows them.
 """
+import base64
 import html
-import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
-from batchlab.report.peer_section import Block, blocks
+from batchlab.report.blocks import Block
 from batchlab.report.output import write_text
-from batchlab.report.stats import PANELS, GroupStats, share_text
-from batchlab.report.text import figure, ms, p50_p99
 
 HTML_FILE = "REPORT.html"
 ERRORS_JS = """<script>
@@ -30,157 +31,77 @@ table { border-collapse: collapse; margin: .5em 0 1.5em; font-size: 90%; }
 th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f3f3f3; } .note { color: #555; font-size: 90%; } #page-errors { display: none; }
+img { max-width: 100%; } code { background: #f3f3f3; padding: 0 .2em; }
 </style>"""
-COLUMNS = ("strategy", "repeats", "throughput tok/s", "requests/s", "TTFT p50 / p99 ms", "TPOT p50 ms",
-           "ITL p50 ms", "E2E p50 / p99 ms", "failed", "goodput")
+# the id of the first list or table after a heading, where tests and readers look for it
+IDS_AFTER = {"Capacity": "capacity", "Result": "headline", "Setup": "setup", "Confidence intervals": "ci",
+             "Settings": "settings"}
 
 
-def _row(g: GroupStats) -> list[str]:
-    lat = g.latency
-    return [g.label, str(g.repeats), f"{g.throughput_tok_s:.1f}", f"{g.requests_per_s:.2f}",
-            p50_p99(lat, "ttft", "–"), ms(lat["tpot"]["p50"], "–"), ms(lat["itl"]["p50"], "–"),
-            p50_p99(lat, "e2e", "–"), g.failed_text(), "–" if g.goodput is None else f"{g.goodput:.1%}"]
+def inline(text: str) -> str:
+    """A Markdown line's text as HTML: escaped, with **bold** and `code` kept as such."""
+    out = html.escape(text, quote=False)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", out)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
 
 
-def _table(head: list[str] | tuple, rows: list[list[str]], table_id: str) -> str:
-    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+def _table(head: tuple[str, ...], rows: list[list[str]], table_id: str) -> str:
+    cells = "".join(f"<th>{inline(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f'<table id="{table_id}"><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def rate_tables(stats: dict, rates: list[float]) -> str:
-    """One table per rate, a row per strategy."""
-    parts = []
-    for i, rate in enumerate(rates):
-        groups = [g for g in stats.values() if g.rate == rate]
-        parts.append(f"<h3>λ = {rate:g} req/s</h3>" + _table(COLUMNS, [_row(g) for g in groups], f"rate-{i}"))
-    return "".join(parts)
+def _image(b: Block, root: Path, figures: dict[str, Callable[[], str]]) -> str:
+    """A plot: its interactive figure where there is one, else its PNG inlined."""
+    if b.image in figures:
+        return f'<div class="plot" data-plot="{html.escape(b.image)}">{figures[b.image]()}</div>'
+    path = root / b.image
+    if not path.is_file():
+        return f"<p class='note'>(plot {html.escape(b.image)} was not drawn)</p>"
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(b.text)}" src="data:image/png;base64,{data}">'
 
 
-def _block(b: Block) -> str:
-    """One block of the other tools' section as HTML."""
+def _block(b: Block, root: Path, figures: dict) -> str:
+    """One block as HTML."""
     if b.rows is not None:
         return _table(b.head, b.rows, b.id)
     if b.items is not None:
-        return f'<ul class="note" id="{b.id}">' + "".join(f"<li>{html.escape(i)}</li>" for i in b.items) + "</ul>"
+        return f'<ul id="{b.id}">' + "".join(f"<li>{inline(i)}</li>" for i in b.items) + "</ul>"
+    if b.image:
+        return _image(b, root, figures)
     if b.level:
-        return f"<h{b.level}>{html.escape(b.text)}</h{b.level}>"
-    return f"<p class='note'>{html.escape(b.text)}</p>"
+        return f"<h{b.level}>{inline(b.text)}</h{b.level}>"
+    return f"<p>{inline(b.text)}</p>"
 
 
-def _external_section(external: list) -> str:
-    """Other tools' runs: the blocks REPORT.md shows too (report.peer_section), nothing less."""
-    return "".join(_block(b) for b in blocks(external))
+def with_ids(parts: list[Block]) -> list[Block]:
+    """The blocks with an element id on each table and list that has none: the first after a known heading by
+    its name (IDS_AFTER), a rate's table under 'Results per rate' as rate-0, rate-1, ..., others by position."""
+    section, heading, rate_tables, n = "", "", 0, 0
+    for b in parts:
+        if b.level:
+            heading = b.text
+            section = b.text if b.level <= 2 else section
+            continue
+        if b.id or (b.rows is None and b.items is None):
+            continue
+        if heading in IDS_AFTER and not any(p.id == IDS_AFTER[heading] for p in parts):
+            b.id = IDS_AFTER[heading]
+        elif section == "Results per rate" and b.rows is not None:
+            b.id, rate_tables = f"rate-{rate_tables}", rate_tables + 1
+        else:
+            b.id, n = f"block-{n}", n + 1
+    return parts
 
 
-def _plain(markdown_line: str) -> str:
-    """A REPORT.md line as escaped HTML text (bullets, bold and code marks dropped)."""
-    text = re.sub(r"^\s*-\s+", "", markdown_line).replace("**", "").replace("`", "")
-    return html.escape(text)
+def write_html(path: Path, *, title: str, parts: list[Block], figures: dict[str, Callable[[], str]]) -> Path:
+    """Write REPORT.html: every block, each plot named in `figures` (file name → its interactive fragment)
+    drawn by it, the others' PNGs (beside `path`) inlined."""
+    from batchlab.report.interactive import plotly_js
 
-
-def _list(lines: list[str], list_id: str) -> str:
-    return f'<ul id="{list_id}">' + "".join(f"<li>{_plain(line)}</li>" for line in lines) + "</ul>"
-
-
-def write_html(path: Path, *, title: str, headlines: list[str], stats: dict, labels: list[str],
-               rates: list[float], setup: list[str], external: list | None = None) -> Path:
-    """Write REPORT.html (the curves with plotly's JavaScript inlined)."""
-    external = external or []
-    body = [f"<h1>{html.escape(title)}</h1>", "<h2>Result</h2>",
-            _list(headlines or ["No naive run completed at a rate another strategy completed."], "headline"),
-            "<h2>Latency against throughput</h2>",
-            "<p class='note'>Hover a point for its figures and failed share; click a strategy in the legend to "
-            "hide or show it. Latencies cover finished requests only; an x marks points where more than 5% "
-            "failed.</p>", curves_html(stats, labels, external),
-            "<h2>Results per rate</h2>", rate_tables(stats, rates), _external_section(external),
-            "<h2>Setup</h2>", _list(setup, "setup"), '<pre id="page-errors" data-count="-1"></pre>']
+    body = "".join(_block(b, path.parent, figures) for b in with_ids(parts))
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>{html.escape(title)}</title>{ERRORS_JS}{STYLE}</head><body>" + "".join(body) + "</body></html>")
+            f"<title>{html.escape(title)}</title>{ERRORS_JS}<script>{plotly_js()}</script>{STYLE}</head><body>"
+            + body + '<pre id="page-errors" data-count="-1"></pre></body></html>')
     return write_text(path, page)
-
-
-def _ms(seconds: float | None) -> str:
-    return ms(seconds, "–", " ms")
-
-
-def hover_text(g: GroupStats) -> str:
-    """A curve point's hover box: its rate, throughput, latencies and failed share."""
-    lat = g.latency
-    lines = [f"<b>{g.label}</b> at λ = {g.rate:g} req/s ({g.repeats} repeat{'s' * (g.repeats != 1)})",
-             f"throughput {g.throughput_tok_s:.1f} tok/s, {g.requests_per_s:.2f} req/s",
-             f"TTFT p50 {_ms(lat['ttft']['p50'])}, p99 {_ms(lat['ttft']['p99'])}",
-             f"TPOT p50 {_ms(lat['tpot']['p50'])}, ITL p50 {_ms(lat['itl']['p50'])}",
-             f"E2E p50 {_ms(lat['e2e']['p50'])}, p99 {_ms(lat['e2e']['p99'])}",
-             f"failed {g.failed_text()}"]
-    if g.goodput is not None:
-        lines.append(f"goodput {g.goodput:.1%}")
-    return "<br>".join(lines)
-
-
-def _external_text(p) -> str:
-    lat = p.latency
-    return "<br>".join([f"<b>{p.label}</b> ({p.kind}) at λ = {figure(p.rate, 'g')} req/s",
-                        f"throughput {figure(p.throughput_tok_s, '.1f')} tok/s, "
-                        f"{figure(p.requests_per_s, '.2f')} req/s",
-                        f"TTFT p50 {_ms(lat['ttft']['p50'])}, p99 {_ms(lat['ttft']['p99'])}",
-                        f"E2E p50 {_ms(lat['e2e']['p50'])}, p99 {_ms(lat['e2e']['p99'])}",
-                        f"failed {p.failed} / {p.completed + p.failed} ({share_text(p.failed_share)})"])
-
-
-def _strategy_traces(fig, stats: dict, labels: list[str]) -> None:
-    """One line per strategy in each panel; one legend entry toggles it in all four."""
-    import plotly.graph_objects as go
-
-    for i, label in enumerate(labels):
-        for k, (metric, q) in enumerate(PANELS):
-            groups = sorted((g for (lb, _), g in stats.items() if lb == label and g.latency[metric][q] is not None),
-                            key=lambda g: g.rate)
-            if not groups:
-                continue
-            fig.add_trace(go.Scatter(
-                x=[g.throughput_tok_s for g in groups], y=[g.latency[metric][q] * 1e3 for g in groups],
-                mode="lines+markers", name=label, legendgroup=label, showlegend=k == 0,
-                marker={"color": _color(i), "symbol": ["x" if g.failed_share > 0.05 else "circle" for g in groups],
-                        "size": 9},
-                line={"color": _color(i)}, text=[hover_text(g) for g in groups],
-                hovertemplate="%{text}<extra></extra>"), row=k // 2 + 1, col=k % 2 + 1)
-
-
-def _external_traces(fig, external: list) -> None:
-    """Other tools' runs as stars, one legend entry each."""
-    import plotly.graph_objects as go
-
-    for j, p in enumerate(external):
-        for k, (metric, q) in enumerate(PANELS):
-            value = p.latency[metric][q]
-            if value is None or math.isnan(p.throughput_tok_s):
-                continue
-            fig.add_trace(go.Scatter(
-                x=[p.throughput_tok_s], y=[value * 1e3], mode="markers", name=f"{p.label} ({p.kind})",
-                legendgroup=f"external-{j}", showlegend=k == 0,
-                marker={"symbol": "star", "size": 15, "color": _color(j + 7)}, text=[_external_text(p)],
-                hovertemplate="%{text}<extra></extra>"), row=k // 2 + 1, col=k % 2 + 1)
-
-
-def _color(i: int) -> str:
-    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf")
-    return palette[i % len(palette)]
-
-
-def curves_html(stats: dict, labels: list[str], external: list) -> str:
-    """The four panels as an HTML fragment with plotly's JavaScript inlined (no network needed)."""
-    from plotly.subplots import make_subplots
-
-    titles = [f"{m.upper()} {q}" for m, q in PANELS]
-    fig = make_subplots(rows=2, cols=2, shared_xaxes=True, subplot_titles=titles,
-                        vertical_spacing=0.1, horizontal_spacing=0.08)
-    _strategy_traces(fig, stats, labels)
-    _external_traces(fig, external)
-    fig.update_yaxes(type="log", title_text="ms")
-    fig.update_xaxes(title_text="throughput (output tokens/s)", row=2)
-    fig.update_layout(height=760, hovermode="closest", legend={"title": {"text": "click to toggle"}},
-                      margin={"t": 60, "l": 60, "r": 20, "b": 50})
-    return fig.to_html(full_html=False, include_plotlyjs=True, div_id="curves",
-                       config={"displaylogo": False, "responsive": True})

@@ -38,6 +38,7 @@ class ExternalPoint:
     figures: list[Figure] = field(default_factory=list)  # every figure its console prints, in its order
     warnings: list[str] = field(default_factory=list)  # the tool's own warnings about this run
     unplaced: tuple[str, ...] = ()  # the file's figures shown nowhere in the report, named there
+    not_finite: tuple[str, ...] = ()  # the file's fields holding inf or NaN where a figure belongs (shown as '-')
     where: str = ""  # which part of the file (e.g. "line 2"), when a file holds several runs
     label: str = ""  # unique among the report's points (report.external.unique_labels)
 
@@ -57,6 +58,31 @@ def number(value: object) -> float | None:
     except OverflowError:
         return None
     return value if math.isfinite(value) else None
+
+
+ENDLESS_OK = frozenset({"request_rate", "rate", "burstiness"})  # +inf means something here: all at once, constant
+NOT_FINITE_SHOWN = 10  # a file's non-finite fields named at most; the rest counted
+
+
+def not_finite(data: object, path: str = "") -> list[str]:
+    """Every field of a file's JSON holding a non-finite number ('mean_ttft_ms = inf', 'benchmarks[0].metrics.
+    ...median = nan'), but for a rate or burstiness of +inf (all at once, constant spacing)."""
+    if isinstance(data, dict):
+        return [f for k, v in data.items() for f in not_finite(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(data, list):
+        return [f for i, v in enumerate(data) for f in
+                (not_finite(v[1], f"line {v[0]}") if isinstance(v, tuple) else not_finite(v, f"{path}[{i}]"))]
+    if isinstance(data, float) and not math.isfinite(data):
+        key = path.rpartition(".")[2]
+        return [] if data == math.inf and key in ENDLESS_OK else [f"{path} = {data}"]
+    return []
+
+
+def not_finite_lines(data: object) -> tuple[str, ...]:
+    """not_finite's fields, at most NOT_FINITE_SHOWN named and the rest counted."""
+    found = not_finite(data)
+    more = len(found) - NOT_FINITE_SHOWN
+    return tuple(found[:NOT_FINITE_SHOWN]) + ((f"and {more} more",) if more > 0 else ())
 
 
 def count(value: object, what: str) -> int:

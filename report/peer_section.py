@@ -3,27 +3,14 @@ and REPORT.html both render, so neither shows less than the other: each run's lo
 latencies in the column of batchlab's metric of the same definition (under the tool's own name where that
 differs), every figure the tool's console printed with its value, the tool's own warnings, and the file's
 figures shown nowhere else, by name."""
-from dataclasses import dataclass
-
+from batchlab.report.blocks import Block, markdown
 from batchlab.report.external import DEFINITIONS
 from batchlab.report.peer_point import POINT_METRICS, POINT_QUANTILES, ExternalPoint, Figure
-from batchlab.report.text import figure, md_table, ms
+from batchlab.report.text import figure, ms
 
 TABLE_HEAD = ("run", "tool", "load as the tool set it", "rate req/s", "completed", "failed", "incomplete", "req/s",
               "out tok/s")
 MISSING = "-"
-
-
-@dataclass(slots=True)
-class Block:
-    """One part of the section: a heading (level 2 or 3), a paragraph (level 0), a table or a list."""
-
-    text: str = ""
-    level: int = 0
-    head: tuple[str, ...] = ()  # a table's columns
-    rows: list[list[str]] | None = None  # a table's rows
-    items: list[str] | None = None  # a list's lines
-    id: str = ""  # the HTML element's id
 
 
 def _named(point: ExternalPoint, metric: str, cell: str) -> str:
@@ -96,19 +83,10 @@ def blocks(points: list[ExternalPoint]) -> list[Block]:
     if unplaced:
         out += [Block("Figures these files hold that the report does not show (read them in the file):"),
                 Block(items=unplaced, id="external-unshown")]
-    return out
-
-
-def markdown(parts: list[Block]) -> list[str]:
-    """REPORT.md lines of the blocks."""
-    out = []
-    for b in parts:
-        if b.rows is not None:
-            out += [""] + md_table(list(b.head), [[c.replace("|", "\\|") for c in r] for r in b.rows])
-        elif b.items is not None:
-            out += [""] + [f"- {item}" for item in b.items]
-        else:
-            out += ["", f"{'#' * b.level} {b.text}" if b.level else b.text]
+    odd = [f"{p.source.name}: {field} (shown as '-')" for p in points for field in p.not_finite]
+    if odd:
+        out += [Block("⚠ Fields these files hold as inf or NaN where a figure belongs (not a measurement; each cell "
+                      "that would show it says '-'):"), Block(items=odd, id="external-not-finite")]
     return out
 
 

@@ -132,23 +132,35 @@ def itl_distribution(collection: Collection, stats: dict[tuple[str, float], Grou
     """Every inter-token gap from tokens.parquet at one rate: a histogram per strategy (log bins), each
     legend entry with its failed share."""
     fig, ax = subplots(figsize=(8, 4.5))
-    digests = {lb: [r.token_digest() for r in runs] for lb, runs in collection.at_rate(rate).items()}
-    ranges = [(p.min(), p.max()) for ds in digests.values() for d in ds for g in d.itl_chunks()
-              if (p := g[g > 0]).size]
-    if ranges:  # the positive gaps' range (a block at a time), then each label's counts in log bins
-        low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        bins = np.geomspace(low, max(high, low * 1.01), 60)  # s; drawn in ms
-        for label, ds in digests.items():
-            counts = sum((np.histogram(g[g > 0], bins=bins)[0] for d in ds for g in d.itl_chunks()),
-                         np.zeros(len(bins) - 1, np.int64))  # a label with no gap: an empty line
-            ax.stairs(counts, bins * 1e3, label=legend_label(f"{label} ({sum(d.n_gaps for d in ds)} gaps)",
-                                                            stats.get((label, rate))))
+    bins, counts = itl_histograms(collection, rate)
+    for label, (n_gaps, hist) in counts.items():
+        ax.stairs(hist, bins * 1e3, label=legend_label(f"{label} ({n_gaps} gaps)", stats.get((label, rate))))
+    if counts:
         ax.set_xscale("log")
         ax.legend()
     ax.set_xlabel("inter-token latency (ms)")
     ax.set_ylabel("gaps")
     ax.set_title(f"ITL distribution at λ = {rate:g} req/s (all gaps, tokens.parquet)")
     return save(fig, path)
+
+
+ITL_BINS = 60
+
+
+def itl_histograms(collection: Collection, rate: float) -> tuple[np.ndarray, dict[str, tuple[int, np.ndarray]]]:
+    """(log bin edges in s, label → (its gaps, its counts per bin)) of every positive gap at one rate
+    ({} when no run has one): the positive gaps' range a block at a time, then each label's counts."""
+    digests = {lb: [r.token_digest() for r in runs] for lb, runs in collection.at_rate(rate).items()}
+    ranges = [(p.min(), p.max()) for ds in digests.values() for d in ds for g in d.itl_chunks()
+              if (p := g[g > 0]).size]
+    if not ranges:
+        return np.zeros(0), {}
+    low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    bins = np.geomspace(low, max(high, low * 1.01), ITL_BINS)
+    return bins, {label: (sum(d.n_gaps for d in ds),
+                          sum((np.histogram(g[g > 0], bins=bins)[0] for d in ds for g in d.itl_chunks()),
+                              np.zeros(len(bins) - 1, np.int64)))  # a label with no gap: an empty line
+                  for label, ds in digests.items()}
 
 
 X_LABEL = "concurrency (clients)"

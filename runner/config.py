@@ -4,12 +4,14 @@ from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig, b
 
 
 def checked_config(file_values: dict, overrides: dict) -> RunConfig:
-    """build_config, then the strategy resolved (an unknown name or a bad parameter is a ConfigError);
+    """build_config, then the strategy resolved and its decide called once on an empty queue (an unknown name,
+    a bad parameter or a decide that raises is a ConfigError);
     its strategy_args are kept typed (--strategy-arg gives text)."""
-    from batchlab.scheduler.strategies import resolve
+    from batchlab.scheduler.strategies import check_decides, resolve
 
     cfg = build_config(file_values, overrides)
     strategy = resolve(cfg)
+    check_decides(strategy)  # a class without decide, or one that raises on its first look: before any process
     cfg.strategy_args = strategy.args
     for name in ("prompt_lengths", "output_lengths"):  # one text form, whatever the YAML held
         setattr(cfg, name, _lengths_text(name, getattr(cfg, name)))

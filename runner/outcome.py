@@ -11,6 +11,7 @@ from pathlib import Path
 
 from batchlab.collector.summary import Summary
 from batchlab.protocol.run_dir import RunDir
+from batchlab.protocol.errors import UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT
 
 OK_EXIT = 0
 FAULT_EXIT = 2
@@ -55,6 +56,8 @@ def death_line(name: str, exitcode: int, *, started: bool = True, cause: str = "
     signal N): `started` False while the traffic had no Start yet (start-up); `cause`: the exception it
     crashed with (exception_line), when it wrote one."""
     when = "mid-run" if started else "during start-up"
+    if exitcode == UNGUARDED_MAIN_EXIT:  # api.guard: the child re-ran the caller's script
+        return f"{name} stopped during start-up: {UNGUARDED_MAIN}"
     if exitcode == 1 and cause:  # a crash on an exception other than an OSError's errno (exit_code_for)
         return f"{name} crashed {when}: {cause}; see its log in the out folder's logs/"
     if 2 <= exitcode <= ERRNO_EXIT_MAX:

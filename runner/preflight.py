@@ -24,14 +24,27 @@ def check_before_start(cfg: RunConfig) -> None:
     if cfg.backend == "sim":
         check_preset(cfg.preset)
     if cfg.backend not in BACKENDS:  # a plugin: importable, a Backend, running the strategy's mode
-        from batchlab.scheduler.strategies import resolve
-        from batchlab.worker.factory import backend_class
-
-        backend_class(cfg.backend, resolve(cfg).mode)
+        check_plugin_backend(cfg)
     # a model backend loads the model; traffic tokenizes real prompts with its tokenizer (an openai server's
     # model name is the server's business)
     if cfg.backend != "openai" and (cfg.backend in ("hf", "vllm") or cfg.dataset != "synthetic"):
         check_model(cfg.model)
+
+
+def check_plugin_backend(cfg: RunConfig) -> None:
+    """A plugin backend importable, a Backend running the strategy's mode, and its own check (Backend.check)
+    passed in this process: anything that raises there is a ConfigError naming the class."""
+    from batchlab.scheduler.strategies import resolve
+    from batchlab.worker.factory import backend_class
+
+    mode = resolve(cfg).mode
+    cls = backend_class(cfg.backend, mode)
+    try:
+        cls.check(cfg, mode)
+    except Exception as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(f"backend {cfg.backend} ({cls.__module__}:{cls.__qualname__}) refused the settings: "
+                          f"{type(exc).__name__}" + (f": {why}" if why else "")) from None
 
 
 def check_launch(cfg: RunConfig, save_result: str | None = None) -> None:

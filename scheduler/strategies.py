@@ -30,7 +30,7 @@ from batchlab.protocol.plugins import STRATEGY_GROUP, Registry, from_code
 from batchlab.protocol.settings import VLLM, ConfigError, RunConfig, said, vllm_rule
 from batchlab.scheduler.ordered import ORDERED
 from batchlab.scheduler.policies import BUILTINS as BASIC
-from batchlab.scheduler.policies import Policy
+from batchlab.scheduler.policies import Capacity, Policy
 
 ENTRY_POINT_GROUP = STRATEGY_GROUP
 BUILTINS: dict[str, type] = {**BASIC, **ORDERED}  # naive, dynamic, continuous, sjf, edf
@@ -79,6 +79,23 @@ def resolve(cfg: RunConfig) -> Strategy:
     if mode not in MODES:
         raise ConfigError(f"strategy {cls.name}: mode must be one of {', '.join(MODES)}, got {mode!r}")
     return Strategy(cls.name, mode, int(rows), {**own_defaults(params, cfg, args), **args}, build)
+
+
+PROBE_KV_BYTES = 2**40  # the empty-queue probe's KV room: any strategy's first look sees room to spare
+
+
+def check_decides(strategy: Strategy) -> None:
+    """`decide` called once on an empty queue in this process, as the scheduler calls it on its first event:
+    anything it raises (a missing decide, a bug) is a ConfigError naming the class, before a process starts."""
+    policy = strategy.policy()
+    cls = type(policy)
+    cap = Capacity(free_slots=strategy.rows, kv_free_bytes=PROBE_KV_BYTES, kv_bytes_per_token=1, idle=True)
+    try:
+        policy.decide([], 0.0, cap, False)
+    except Exception as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(f"strategy {strategy.name} ({cls.__module__}:{cls.__qualname__}): decide on an empty "
+                          f"queue raised {type(exc).__name__}" + (f": {why}" if why else "")) from None
 
 
 def strategy_class(cfg: RunConfig) -> type:

@@ -104,8 +104,12 @@ def test_a_simulated_capacity_search_brackets_every_strategy_below_its_mu(tmp_pa
     assert result.simulated and set(result.estimates) == {"naive", "dynamic"}
     for label, c in result.strategies.items():
         assert 0 < result.estimates[label] <= c.saturated_req_s * 1.000001
-    assert json.loads((tmp_path / "capacity.json").read_text())["strategies"].keys() == {"naive", "dynamic"}
+    recorded = json.loads((tmp_path / "capacity.json").read_text())["strategies"]
+    assert recorded.keys() == {"naive", "dynamic"}
     assert any("naive" in line for line in result.lines())
+    points = result.points()  # each probe's nominal rate beside what its arrivals offered, as capacity.json has it
+    offered = [p["offered_req_s"] for c in recorded.values() for p in c["probes"]]
+    assert points["offered_req_s"].tolist() == offered and points["rate_req_s"].tolist() != offered
 
 
 def test_tune_ranks_the_grid_it_was_given_by_goodput(tmp_path):

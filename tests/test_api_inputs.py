@@ -19,6 +19,18 @@ def test_anything_but_settings_a_mapping_or_a_path_is_a_config_error(job, given,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("job", [api.run, api.tune, api.sweep, api.simulate, api.calibrate])
+def test_a_data_frame_given_as_settings_is_named_by_its_type_on_one_line(job, tmp_path):
+    import pandas as pd
+
+    frame = pd.DataFrame({"rate": [4, 8], "strategy": ["naive", "dynamic"]})
+    with pytest.raises(api.ConfigError) as refused:
+        job(frame, tmp_path / "out")
+    message = str(refused.value)
+    assert "\n" not in message and message.endswith("not DataFrame") and "naive" not in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_folder_given_as_the_yaml_is_a_config_error(tmp_path):
     for job in (api.run, api.sweep, api.simulate):
         with pytest.raises(api.ConfigError, match="is a folder, not a YAML file"):

@@ -103,3 +103,23 @@ def test_the_example_backend_runs_live_from_outside_the_package(tmp_path, strate
     assert summary["settings"]["backend"] == PLUGIN
     assert [w["backend"] for w in summary["settings"]["workers"].values()] == ["fixed_latency"]
     assert [s["steps"] > 0 for s in summary["worker_stats"].values()] == [True]  # its run_facts, in the bye
+
+
+class NeedsDevice(StaticOnly):
+    """A plugin whose own check refuses a setting before anything starts."""
+
+    @classmethod
+    def check(cls, cfg, mode: str) -> None:
+        if cfg.device != "tpu":
+            raise ValueError(f"runs on a tpu only, not {cfg.device}")
+
+
+def test_a_plugin_backends_own_check_refuses_the_settings_before_anything_starts(monkeypatch):
+    point = metadata.EntryPoint("needs_device", f"{__name__}:NeedsDevice", BACKEND_GROUP)
+    real = metadata.entry_points
+    monkeypatch.setattr(metadata, "entry_points",
+                        lambda **kw: [point] if kw.get("group") == BACKEND_GROUP else real(**kw))
+    with pytest.raises(ConfigError, match=r"backend needs_device \(\S*test_backend_plugins:NeedsDevice\) refused "
+                                          r"the settings: ValueError: runs on a tpu only, not auto"):
+        check_before_start(RunConfig(backend="needs_device", dataset="synthetic", strategy="naive"))
+    check_before_start(RunConfig(backend="needs_device", dataset="synthetic", strategy="naive", device="tpu"))

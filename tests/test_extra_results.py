@@ -219,3 +219,27 @@ def test_vllms_jsonl_and_sweep_summary_lying_in_the_folder_are_read(own_run):
     table = (own_run / "REPORT.md").read_text().split("## Other tools' runs")[1]
     assert "| openai tiny-mistral [vllm-0.32.0_append-result, line 2] | vllm bench serve |" in table
     assert "| openai tiny-mistral [vllm-0.32.0_sweep_summary] | vllm bench serve |" in table
+
+
+def test_a_latency_of_inf_is_named_with_its_file_and_field_never_a_silent_dash(own_run, tmp_path):
+    vllm = json.loads((DATA / "real" / "vllm-0.32.0_sweep_summary.json").read_text())[0]
+    (tmp_path / "vllm_inf.json").write_text(json.dumps(vllm).replace(
+        f'"mean_ttft_ms": {json.dumps(vllm["mean_ttft_ms"])}', '"mean_ttft_ms": 1e999'))
+    guidellm = json.loads(GUIDELLM.read_text())
+    guidellm["benchmarks"][0]["metrics"]["time_to_first_token_ms"]["successful"]["median"] = float("inf")
+    (tmp_path / "guidellm_inf.json").write_text(json.dumps(guidellm))
+    result = _report(own_run, tmp_path / "vllm_inf.json", tmp_path / "guidellm_inf.json")
+    assert result.exit_code == 0, result.output
+    text = (own_run / "REPORT.md").read_text()
+    assert "- vllm_inf.json: mean_ttft_ms = inf (shown as '-')" in text
+    assert ("- guidellm_inf.json: benchmarks[0].metrics.time_to_first_token_ms.successful.median = inf "
+            "(shown as '-')") in text
+    assert 'id="external-not-finite"' in (own_run / "REPORT.html").read_text()
+
+
+def test_an_endless_rate_means_all_at_once_and_is_no_warning():
+    from batchlab.report.peer_point import not_finite
+
+    assert not_finite({"request_rate": float("inf"), "burstiness": float("inf")}) == []
+    assert not_finite({"request_rate": float("nan"), "p99_e2el_ms": float("-inf")}) == [
+        "request_rate = nan", "p99_e2el_ms = -inf"]

@@ -96,7 +96,7 @@ def test_sweep_passes_its_sets_to_the_sweep(monkeypatch, tmp_path):
                         api.SweepResult(Path(out), []))
     runner.invoke(app, ["sweep", "x.yaml", "--set", "duration_s=2", "--set", "grid.repeats=3",
                         "--out", str(tmp_path)])
-    assert calls == [{"resume": True, "duration_s": 2, "grid.repeats": 3, "ray": None}]
+    assert calls == [{"resume": True, "duration_s": 2, "grid.repeats": 3, "ray": None, "save_result": None}]
 
 
 def test_a_ctrl_c_inside_a_c_extensions_import_is_interrupted_not_a_traceback(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ by value when no other process can import it (a notebook's class: tests/test_not
 Jupyter kernel), built with its own Params defaults unless the run's settings give a same-named setting
 explicitly; batchlab.api.strategy holds what its author needs."""
 import dataclasses
+import time
 
 import pytest
 
@@ -10,7 +11,7 @@ from batchlab import api
 from batchlab.api.strategy import Decision, Policy, check
 from batchlab.protocol.plugins import class_digest
 from batchlab.runner.config import checked_config
-from batchlab.scheduler.strategies import resolve
+from batchlab.scheduler.strategies import check_decides, resolve
 
 SIM = {"backend": "sim", "dataset": "synthetic", "max_new_tokens": 16,  # the default preset: steps of ms
        "max_prompt_len": 128}
@@ -89,3 +90,35 @@ def test_a_class_is_simulated_with_its_own_cap(tmp_path):
     [summary] = result.summaries().values()
     sizes = result.batches()["size"]
     assert summary.finished > 0 and sizes.max() == 8 and set(result.batches()["label"]) == {"greedy"}
+
+
+class NoDecide(Policy):
+    """A strategy its author forgot to finish: Policy's decide raises NotImplementedError."""
+
+    mode = "static"
+
+
+class FirstInLine(Policy):
+    """Reads queue[0] without looking: IndexError on an empty queue, the scheduler's first event."""
+
+    mode = "static"
+
+    def decide(self, queue, now, cap, end_of_stream):
+        return Decision(1, "first") if queue[0] else Decision()
+
+
+@pytest.mark.parametrize(("cls", "error"), [(NoDecide, "NotImplementedError: NoDecide.decide"),
+                                            (FirstInLine, "IndexError")])
+def test_a_strategy_whose_decide_raises_is_refused_before_a_process_starts(tmp_path, cls, error):
+    started = time.monotonic()
+    with pytest.raises(api.ConfigError, match=rf"{cls.__name__}\): decide on an empty queue raised {error}"):
+        api.run({**SIM, "strategy": cls}, out=tmp_path / "run")
+    assert time.monotonic() - started < 2.0  # not a run that crashes ~30 s later
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(api.ConfigError, match="decide on an empty queue"):
+        check(cls)
+
+
+def test_the_built_in_strategies_decide_on_an_empty_queue():
+    for name in ("naive", "dynamic", "continuous", "sjf", "edf"):
+        check_decides(resolve(checked_config({**SIM, "strategy": name, "slo": ["ttft=500ms"]}, {})))

@@ -92,6 +92,11 @@ class Backend:
     modes: tuple[str, ...] = ("static", "continuous")  # the worker modes it runs
 
     @classmethod
+    def check(cls, cfg, mode: str) -> None:
+        """The settings checks a backend can make without loading anything, run in the calling process before
+        any process starts (runner.preflight): raise (ConfigError, ValueError, ...) to refuse `cfg`."""
+
+    @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "Backend":
         """Build from a RunConfig, in `mode`, running at most `rows` rows."""
         return cls(cfg, mode, rows)
