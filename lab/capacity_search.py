@@ -61,12 +61,12 @@ def clients(plan: Plan, entry: Entry, s: AutoRates) -> int:
 
 
 def _saturated_point(plan: Plan, entry: Entry, out: Path, repeat: int, s: AutoRates,
-                     duration_s: float) -> tuple[Point, dict]:
+                     duration_s: float, pool_req_s: float = POOL_REQ_S) -> tuple[Point, dict]:
     n_clients = clients(plan, entry, s)
     point = Point(entry, float("inf"), repeat, plan.seed, out / SATURATED_DIR / saturated_dir(entry.label, repeat),
                   n_clients)
     base = {k: v for k, v in plan.base.items() if k not in OPEN_LOOP_KEYS}
-    pool = max(POOL_PER_CLIENT * n_clients, math.ceil(POOL_REQ_S * duration_s))
+    pool = max(POOL_PER_CLIENT * n_clients, math.ceil(pool_req_s * duration_s))
     return point, {**base, "duration_s": duration_s, "max_queue": 0, "max_queue_tokens": 0, "num_requests": pool}
 
 
@@ -219,8 +219,8 @@ class LiveSearch:
 class SimulatedSearch:
     """The same searches in virtual time (simulator): nothing is written."""
 
-    def __init__(self, plan: Plan, settings: AutoRates) -> None:
-        self.plan, self.s = plan, settings
+    def __init__(self, plan: Plan, settings: AutoRates, pool_req_s: float = POOL_REQ_S) -> None:
+        self.plan, self.s, self.pool_req_s = plan, settings, pool_req_s
 
     def _tables(self, point: Point, base: dict):
         """The simulated run's tables (collector.tables.Tables) and its config."""
@@ -239,7 +239,7 @@ class SimulatedSearch:
         """One saturated run's μ in virtual time, extended as a live one is."""
 
         def once(duration_s: float) -> SaturatedRun | None:
-            point, base = _saturated_point(self.plan, entry, Path("."), repeat, self.s, duration_s)
+            point, base = _saturated_point(self.plan, entry, Path("."), repeat, self.s, duration_s, self.pool_req_s)
             tables = self._tables(point, base)[0]
             steps = tables.steps if tables.steps is not None and len(tables.steps) else None
             busy = busy_run(tables.requests, tables.batches, steps,

@@ -33,12 +33,15 @@ from batchlab.protocol.errors import CalibrateError
 
 PRESETS_DIR = "presets"
 TWIN_SATURATED_S = 120.0  # a twin's saturated run, virtual: long enough that its μ is its model's, not luck
+# its closed loop's pool of requests, per second of traffic (the live runs' 200 a second would tokenize 24,000
+# ShareGPT prompts for 120 s, about 15 s on 2 cores; a pool that runs dry ends the traffic and μ's window with it)
+TWIN_POOL_REQ_S = 50.0
 # A twin's capacity probe, virtual traffic: at least TWIN_PROBE_MIN_S (a queue limit's refusals near μ are rare
 # events that the settle time does not foresee: 60 s probes on a constant-step model with a limit of 16 judged
 # sustained what 600 s probes refuse, tests/test_twin.py), at most TWIN_PROBE_MAX_S (closer to μ: undecided, said)
 TWIN_PROBE_MIN_S = 600.0
 TWIN_PROBE_MAX_S = 1200.0
-TWIN_WIDTH = 0.02  # the twin's search stops at a bracket this narrow (virtual probes cost little) ...
+TWIN_WIDTH = 0.03  # the twin's search stops at a bracket this narrow (virtual probes cost little) ...
 TWIN_MAX_PROBES = 12  # ... or after this many probes
 
 
@@ -137,7 +140,7 @@ class TwinSearch(SimulatedSearch):
     def __init__(self, plan: Plan, settings: AutoRates) -> None:
         super().__init__(plan, settings.model_copy(update={
             "saturated_duration_s": TWIN_SATURATED_S, "width": min(settings.width, TWIN_WIDTH),
-            "max_probes": max(settings.max_probes, TWIN_MAX_PROBES)}))
+            "max_probes": max(settings.max_probes, TWIN_MAX_PROBES)}), TWIN_POOL_REQ_S)
         self.asked = settings
 
     def probe_s(self, entry: Entry, rate: float, saturated: dict | None) -> float:

@@ -23,7 +23,7 @@ from batchlab.protocol.files import write_json_atomic
 
 RHO_MAX = 0.8  # the twin's error is summarised over the live points at or below this load, and over all
 FIGURES = {"ttft_p50": "TTFT p50", "e2e_p50": "E2E p50", "throughput": "output throughput"}
-CURVE_REPEATS = 3  # seeds per curve rate (seed, seed + 1, ...: the live grid's first repeats' schedules)
+CURVE_REPEATS = 2  # seeds per curve rate (seed, seed + 1: the live grid's first repeats' schedules)
 
 
 def twin_presets(capacity: dict) -> dict[str, Path]:
