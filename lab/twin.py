@@ -75,9 +75,31 @@ def fit_twin(out: Path, label: str, runs: list[SaturatedRun]) -> TwinFit:
         raise CalibrateError(f"{label}: no saturated run folder to fit its twin to")
     facts = run_facts(folders[0])
     model, _, record = fit_folders(folders, facts, "auto", f"twin-{label}", tie_rows=prior_of(facts))
+    model, record = level(model, record)
     path = preset_path(out, label)
     save_preset(model, path, {**record, "twin_of": label})
     return TwinFit(label, path, facts["kind"], kept, folders, record)
+
+
+TIME_TERMS = ("prefill_s_per_token", "overhead_s", "decode_s_per_row", "decode_s_per_context_token",
+              "prefill_s_per_row", "prefill_s_per_token_pair", "prefill_overhead_s", "gemm_s_per_token")
+
+
+def level(model, record: dict):
+    """The fitted model scaled so that its steps take the runs' total time (the record's `total_time_error`, the
+    fit's, is then undone; `levelled_by` says by what factor): a fit on relative error weighs a rare long step (a
+    prompt's) as much as a common short one, and read `make run`'s HF continuous steps 10% short in total, which a
+    twin would carry into every throughput and capacity."""
+    from dataclasses import replace
+
+    error = record.get("total_time_error")
+    if not error or not math.isfinite(error) or error <= -1:
+        return model, record
+    factor = 1 / (1 + error)
+    terms = {k: getattr(model, k) * factor for k in TIME_TERMS if getattr(model, k) is not None}
+    if model.bandwidth_Bps:
+        terms["bandwidth_Bps"] = model.bandwidth_Bps / factor
+    return replace(model, **terms), {**record, "levelled_by": factor}
 
 
 def prior_of(facts: dict):
@@ -173,7 +195,7 @@ def twin_capacity(plan: Plan, fit: TwinFit, settings: AutoRates) -> tuple[Capaci
               "bias_pct": (math.exp(sum(logs) / len(logs)) - 1) * 100 if logs else None,
               "spread_pct": (math.exp(half) - 1) * 100 if math.isfinite(half) else None,
               "search": cap.as_dict(), "fit_error": fit.record.get("fit_error"),
-              "total_time_error": fit.record.get("total_time_error")}
+              "total_time_error": fit.record.get("total_time_error"), "levelled_by": fit.record.get("levelled_by")}
     return cap, record
 
 

@@ -67,7 +67,8 @@ def twin_rows(twin: Twin) -> list[list[str]]:
         confirm = c.get("confirmation") or {}
         check = f"{MARKS[confirm.get('agrees')]} {confirm.get('text', '')}" if confirm else "not run"
         rows.append([label, f"{t['saturated']['req_s']:.3g} / {live.get('req_s', math.nan):.3g}",
-                     "—" if fit is None else f"{fit:+.1%}",
+                     "—" if fit is None else f"{fit:+.1%}" + (f" (levelled × {t['levelled_by']:.3f})"
+                                                                if t.get("levelled_by") else ""),
                      f"{c['estimate_req_s']:.3g} [{c['lo_req_s']:.3g}, {c['hi_req_s']:.3g}]{spread}"
                      if c.get("estimate_req_s") and c.get("lo_req_s") and c.get("hi_req_s") else "not bracketed",
                      check, *(_errors_cell(errors.get(label), k) for k in FIGURES)])
@@ -79,7 +80,7 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
     if twin is None:
         return []
     rho = (twin.errors or {}).get("rho_max", 0.8)
-    head = ["strategy", "μ twin / live (req/s)", "twin's step-time error", "capacity on the twin (req/s)",
+    head = ["strategy", "μ twin / live (req/s)", "fit's total step-time error", "capacity on the twin (req/s)",
             "live probe at that capacity", *(f"{name} error at ρ ≤ {rho:g}" for name in FIGURES.values())]
     lines = ["", "## The twin", "",
              "Each strategy's step model fitted to the steps its own saturated runs executed (every repeat together; "

@@ -57,8 +57,9 @@ def test_the_headline_holds_on_a_busy_simulated_machine(tmp_path, seed):
     from batchlab.report.setup import hardware
 
     plan = yaml.safe_load((Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml").read_text())
-    plan["base"].update(BUSY)
+    plan["base"].update(BUSY, duration_s=6)  # points of 6 s, whatever the smoke's own budget sets
     plan["grid"].update(seed=seed, repeats=3)
+    plan["grid"]["rates"]["auto"].update(points=3)
     config = tmp_path / "busy.yaml"
     config.write_text(yaml.safe_dump(plan))
     result = CliRunner().invoke(app, ["simulate", str(config), "--out", str(tmp_path / "out")])

@@ -195,3 +195,18 @@ def test_terms_full_batches_cannot_tell_apart_are_fitted_in_the_priors_proportio
     assert model.decode_step_s(8 * 50, 8) == pytest.approx(0.036 + 1e-5 * 400, rel=0.05)
     assert model.overhead_s / model.decode_s_per_row == pytest.approx(10.0, rel=1e-6)
     assert model.decode_step_s(50, 1) == pytest.approx(0.036 * 22 / 36 + 1e-5 * 50, rel=0.05)
+
+
+def test_the_twin_keeps_the_runs_total_step_time():
+    """A fit 10% short in total (relative-error fits underweigh rare long steps) is scaled back: every time term
+    × 1/0.9, the factor recorded; a fit with no total error is left as it is."""
+    from batchlab.lab.twin import level
+    from batchlab.worker.stepmodel import StepModel
+
+    fitted = StepModel("t", 1e8, 1000, 0.0, 0.0005, overhead_s=0.02, decode_s_per_row=0.002,
+                       prefill_overhead_s=0.05)
+    model, record = level(fitted, {"total_time_error": -0.1})
+    assert model.overhead_s == pytest.approx(0.02 / 0.9) and model.prefill_s_per_token == pytest.approx(0.0005 / 0.9)
+    assert model.prefill_overhead_s == pytest.approx(0.05 / 0.9) and record["levelled_by"] == pytest.approx(1 / 0.9)
+    assert model.decode_step_s(100, 4) == pytest.approx(fitted.decode_step_s(100, 4) / 0.9)
+    assert level(fitted, {"total_time_error": 0.0}) == (fitted, {"total_time_error": 0.0})
