@@ -9,7 +9,7 @@ RULE = re.compile(r"^\|(\s*:?-+:?\s*\|)+$")
 
 
 @dataclass(slots=True)
-class Block:
+class ReportBlock:
     """One part of the report: a heading (level 1 to 3), a paragraph (level 0), a table, a list or a plot."""
 
     text: str = ""
@@ -21,7 +21,7 @@ class Block:
     image: str = ""  # a plot's file name, beside REPORT.md
 
 
-def markdown(parts: list[Block]) -> list[str]:
+def markdown(parts: list[ReportBlock]) -> list[str]:
     """REPORT.md lines of the blocks."""
     from batchlab.report.text import md_table
 
@@ -47,15 +47,15 @@ def _cells(line: str) -> list[str]:
     return [c.strip().replace("\\|", "|") for c in cells]
 
 
-def _heading(line: str) -> Block | None:
+def _heading(line: str) -> ReportBlock | None:
     match = re.match(r"^(#{1,6}) (.*)$", line)
-    return Block(match[2], len(match[1])) if match else None
+    return ReportBlock(match[2], len(match[1])) if match else None
 
 
-def parse(text: str) -> list[Block]:
+def parse(text: str) -> list[ReportBlock]:
     """REPORT.md's text as blocks: a run of '- ' lines is a list, of '|' lines a table, a line '![n](f)' a plot,
     a '#' line a heading; any other run of lines is a paragraph."""
-    out: list[Block] = []
+    out: list[ReportBlock] = []
     lines = text.splitlines()
     i = 0
     while i < len(lines):
@@ -66,14 +66,14 @@ def parse(text: str) -> list[Block]:
             out.append(heading)
             i += 1
         elif image := IMAGE.match(line.strip()):
-            out.append(Block(image[1], image=image[2]))
+            out.append(ReportBlock(image[1], image=image[2]))
             i += 1
         else:
             i = _run(lines, i, out)
     return out
 
 
-def _run(lines: list[str], i: int, out: list[Block]) -> int:
+def _run(lines: list[str], i: int, out: list[ReportBlock]) -> int:
     """A list, a table or a paragraph starting at line i, appended to `out`; the index after it."""
     j = i
     kind = "list" if lines[i].lstrip().startswith("- ") else "table" if lines[i].lstrip().startswith("|") else "text"
@@ -81,12 +81,12 @@ def _run(lines: list[str], i: int, out: list[Block]) -> int:
         j += 1
     run = lines[i:j]
     if kind == "list":
-        out.append(Block(items=[re.sub(r"^\s*-\s+", "", line) for line in run]))
+        out.append(ReportBlock(items=[re.sub(r"^\s*-\s+", "", line) for line in run]))
     elif kind == "table":
         body = [line for line in run[1:] if not RULE.match(line.strip())]
-        out.append(Block(head=tuple(_cells(run[0])), rows=[_cells(line) for line in body]))
+        out.append(ReportBlock(head=tuple(_cells(run[0])), rows=[_cells(line) for line in body]))
     else:
-        out.append(Block(" ".join(line.strip() for line in run)))
+        out.append(ReportBlock(" ".join(line.strip() for line in run)))
     return j
 
 

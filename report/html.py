@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from batchlab.report.blocks import Block
+from batchlab.report.blocks import ReportBlock
 from batchlab.report.output import write_text
 
 HTML_FILE = "REPORT.html"
@@ -51,7 +51,7 @@ def _table(head: tuple[str, ...], rows: list[list[str]], table_id: str) -> str:
     return f'<table id="{table_id}"><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _image(b: Block, root: Path, figures: dict[str, Callable[[], str]]) -> str:
+def _image(b: ReportBlock, root: Path, figures: dict[str, Callable[[], str]]) -> str:
     """A plot: its interactive figure where there is one, else its PNG inlined."""
     if b.image in figures:
         return f'<div class="plot" data-plot="{html.escape(b.image)}">{figures[b.image]()}</div>'
@@ -62,7 +62,7 @@ def _image(b: Block, root: Path, figures: dict[str, Callable[[], str]]) -> str:
     return f'<img alt="{html.escape(b.text)}" src="data:image/png;base64,{data}">'
 
 
-def _block(b: Block, root: Path, figures: dict) -> str:
+def _block(b: ReportBlock, root: Path, figures: dict) -> str:
     """One block as HTML."""
     if b.rows is not None:
         return _table(b.head, b.rows, b.id)
@@ -75,7 +75,7 @@ def _block(b: Block, root: Path, figures: dict) -> str:
     return f"<p>{inline(b.text)}</p>"
 
 
-def with_ids(parts: list[Block]) -> list[Block]:
+def with_ids(parts: list[ReportBlock]) -> list[ReportBlock]:
     """The blocks with an element id on each table and list that has none: the first after a known heading by
     its name (IDS_AFTER), a rate's table under 'Results per rate' as rate-0, rate-1, ..., others by position."""
     section, heading, rate_tables, n = "", "", 0, 0
@@ -95,7 +95,7 @@ def with_ids(parts: list[Block]) -> list[Block]:
     return parts
 
 
-def write_html(path: Path, *, title: str, parts: list[Block], figures: dict[str, Callable[[], str]]) -> Path:
+def write_html(path: Path, *, title: str, parts: list[ReportBlock], figures: dict[str, Callable[[], str]]) -> Path:
     """Write REPORT.html: every block, each plot named in `figures` (file name → its interactive fragment)
     drawn by it, the others' PNGs (beside `path`) inlined."""
     from batchlab.report.interactive import plotly_js

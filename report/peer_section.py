@@ -3,7 +3,7 @@ and REPORT.html both render, so neither shows less than the other: each run's lo
 latencies in the column of batchlab's metric of the same definition (under the tool's own name where that
 differs), every figure the tool's console printed with its value, the tool's own warnings, and the file's
 figures shown nowhere else, by name."""
-from batchlab.report.blocks import Block, markdown
+from batchlab.report.blocks import ReportBlock, markdown
 from batchlab.report.external import DEFINITIONS
 from batchlab.report.peer_point import POINT_METRICS, POINT_QUANTILES, ExternalPoint, Figure
 from batchlab.report.text import figure, ms
@@ -59,34 +59,34 @@ def figure_rows(points: list[ExternalPoint]) -> list[list[str]]:
     return [[p.label, f.name, f.unit or MISSING, figure_cells(f)] for p in points for f in p.figures]
 
 
-def blocks(points: list[ExternalPoint]) -> list[Block]:
+def blocks(points: list[ExternalPoint]) -> list[ReportBlock]:
     """The section's blocks ([] when there are no points)."""
     if not points:
         return []
     kinds = sorted({p.kind for p in points})
-    out = [Block("Other tools' runs", 2),
-           Block("Result files of other tools, drawn as stars in the latency plots. Their figures are the tool's own, "
+    out = [ReportBlock("Other tools' runs", 2),
+           ReportBlock("Result files of other tools, drawn as stars in the latency plots. Their figures are the tool's own, "
                  "measured by it; latencies in ms as p50 / p99, '-' where the file has no such figure, each in the "
                  "column of batchlab's metric of the same definition, with the tool's name for it where that "
                  "differs. Where the definitions differ from batchlab's:"),
-           Block(items=[f"{kind}: {DEFINITIONS[kind]}." for kind in kinds], id="external-definitions"),
-           Block(head=(*TABLE_HEAD, *(m.upper() for m in POINT_METRICS)), rows=run_rows(points), id="external"),
-           Block("Each run's latencies in full, ms (mean / p50 / p90 / p95 / p99; '-' where the file has none):"),
-           Block(head=("run", *(m.upper() for m in POINT_METRICS)), rows=latency_rows(points), id="external-latency"),
-           Block("Every figure each tool printed on its console", 3),
-           Block("As the tool names them, in its units, read from its file (a time in UTC):"),
-           Block(head=("run", "figure", "unit", "values"), rows=figure_rows(points), id="external-figures")]
+           ReportBlock(items=[f"{kind}: {DEFINITIONS[kind]}." for kind in kinds], id="external-definitions"),
+           ReportBlock(head=(*TABLE_HEAD, *(m.upper() for m in POINT_METRICS)), rows=run_rows(points), id="external"),
+           ReportBlock("Each run's latencies in full, ms (mean / p50 / p90 / p95 / p99; '-' where the file has none):"),
+           ReportBlock(head=("run", *(m.upper() for m in POINT_METRICS)), rows=latency_rows(points), id="external-latency"),
+           ReportBlock("Every figure each tool printed on its console", 3),
+           ReportBlock("As the tool names them, in its units, read from its file (a time in UTC):"),
+           ReportBlock(head=("run", "figure", "unit", "values"), rows=figure_rows(points), id="external-figures")]
     warned = [f"{p.label}: {w}" for p in points for w in p.warnings]
     if warned:
-        out += [Block("The tools' own warnings about these runs:"), Block(items=warned, id="external-warnings")]
+        out += [ReportBlock("The tools' own warnings about these runs:"), ReportBlock(items=warned, id="external-warnings")]
     unplaced = [f"{p.label}: {', '.join(p.unplaced)}" for p in points if p.unplaced]
     if unplaced:
-        out += [Block("Figures these files hold that the report does not show (read them in the file):"),
-                Block(items=unplaced, id="external-unshown")]
+        out += [ReportBlock("Figures these files hold that the report does not show (read them in the file):"),
+                ReportBlock(items=unplaced, id="external-unshown")]
     odd = [f"{p.source.name}: {field} (shown as '-')" for p in points for field in p.not_finite]
     if odd:
-        out += [Block("⚠ Fields these files hold as inf or NaN where a figure belongs (not a measurement; each cell "
-                      "that would show it says '-'):"), Block(items=odd, id="external-not-finite")]
+        out += [ReportBlock("⚠ Fields these files hold as inf or NaN where a figure belongs (not a measurement; each cell "
+                      "that would show it says '-'):"), ReportBlock(items=odd, id="external-not-finite")]
     return out
 
 

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app
-from batchlab.report.blocks import Block, markdown, parse
+from batchlab.report.blocks import ReportBlock, markdown, parse
 from benchmarks.report_page import browser, check, expected, problems
 
 runner = CliRunner()
@@ -66,8 +66,8 @@ def test_a_block_missing_from_the_page_is_named(report):
 
 
 def test_markdown_read_back_into_blocks_is_the_same_text():
-    parts = [Block("Capacity", 2), Block(head=("strategy", "req/s"), rows=[["a | b", "1.5"]]),
-             Block("a paragraph"), Block(items=["one", "two"]), Block("p.png", image="p.png")]
+    parts = [ReportBlock("Capacity", 2), ReportBlock(head=("strategy", "req/s"), rows=[["a | b", "1.5"]]),
+             ReportBlock("a paragraph"), ReportBlock(items=["one", "two"]), ReportBlock("p.png", image="p.png")]
     again = parse("\n".join(markdown(parts)))
     assert [(b.text, b.level, b.head, b.rows, b.items, b.image) for b in again] == [
         (b.text, b.level, b.head, b.rows, b.items, b.image) for b in parts]
