@@ -65,28 +65,30 @@ def blocks(points: list[ExternalPoint]) -> list[ReportBlock]:
         return []
     kinds = sorted({p.kind for p in points})
     out = [ReportBlock("Other tools' runs", 2),
-           ReportBlock("Result files of other tools, drawn as stars in the latency plots. Their figures are the tool's own, "
-                 "measured by it; latencies in ms as p50 / p99, '-' where the file has no such figure, each in the "
-                 "column of batchlab's metric of the same definition, with the tool's name for it where that "
-                 "differs. Where the definitions differ from batchlab's:"),
+           ReportBlock("Result files of other tools, drawn as stars in the latency plots. Their figures are the tool's "
+                       "own, measured by it; latencies in ms as p50 / p99, '-' where the file has no such figure, "
+                       "each in the column of batchlab's metric of the same definition, with the tool's name for it "
+                       "where that differs. Where the definitions differ from batchlab's:"),
            ReportBlock(items=[f"{kind}: {DEFINITIONS[kind]}." for kind in kinds], id="external-definitions"),
            ReportBlock(head=(*TABLE_HEAD, *(m.upper() for m in POINT_METRICS)), rows=run_rows(points), id="external"),
            ReportBlock("Each run's latencies in full, ms (mean / p50 / p90 / p95 / p99; '-' where the file has none):"),
-           ReportBlock(head=("run", *(m.upper() for m in POINT_METRICS)), rows=latency_rows(points), id="external-latency"),
+           ReportBlock(head=("run", *(m.upper() for m in POINT_METRICS)), rows=latency_rows(points),
+                       id="external-latency"),
            ReportBlock("Every figure each tool printed on its console", 3),
            ReportBlock("As the tool names them, in its units, read from its file (a time in UTC):"),
            ReportBlock(head=("run", "figure", "unit", "values"), rows=figure_rows(points), id="external-figures")]
     warned = [f"{p.label}: {w}" for p in points for w in p.warnings]
     if warned:
-        out += [ReportBlock("The tools' own warnings about these runs:"), ReportBlock(items=warned, id="external-warnings")]
+        out += [ReportBlock("The tools' own warnings about these runs:"),
+                ReportBlock(items=warned, id="external-warnings")]
     unplaced = [f"{p.label}: {', '.join(p.unplaced)}" for p in points if p.unplaced]
     if unplaced:
         out += [ReportBlock("Figures these files hold that the report does not show (read them in the file):"),
                 ReportBlock(items=unplaced, id="external-unshown")]
     odd = [f"{p.source.name}: {field} (shown as '-')" for p in points for field in p.not_finite]
     if odd:
-        out += [ReportBlock("⚠ Fields these files hold as inf or NaN where a figure belongs (not a measurement; each cell "
-                      "that would show it says '-'):"), ReportBlock(items=odd, id="external-not-finite")]
+        out += [ReportBlock("⚠ Fields these files hold as inf or NaN where a figure belongs (not a measurement; each "
+                            "cell that would show it says '-'):"), ReportBlock(items=odd, id="external-not-finite")]
     return out
 
 
