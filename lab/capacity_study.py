@@ -61,13 +61,15 @@ def plan_study(progress: StudyProgress, plan: Plan, entries: int, grid: bool = T
     s = plan.auto
     least = max(plan.repeats, s.saturated_min_repeats)
     progress.plan("saturated", [s.saturated_duration_s] * (entries * least))
-    progress.plan("capacity", [s.confirm_max_s] * entries if s.twin else [s.search_duration_s] * (entries * s.max_probes))
+    probes = [s.confirm_max_s] * entries if s.twin else [s.search_duration_s] * (entries * s.max_probes)
+    progress.plan("capacity", probes)
     if grid:
         rates = len(s.live_loads) if s.twin else s.points
         duration_s = float(plan.base.get("duration_s") or 0.0)
         progress.plan("run", [duration_s] * (entries * rates * plan.repeats))
         if plan.repeats_auto:
-            progress.plan("repeat", [duration_s] * (entries * len(s.live_loads) * (plan.repeats_auto.max - plan.repeats)))
+            more = plan.repeats_auto.max - plan.repeats
+            progress.plan("repeat", [duration_s] * (entries * len(s.live_loads) * more))
 
 
 def live_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, estimator: str, settings: AutoRates,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, TWIN_DIR, WORKERS_DIR,
                                       point_dir)
-from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, interleaved, plan_points, span_rates,
-                                     warm_order)
+from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, floor_3g, interleaved, plan_points,
+                                     span_rates, warm_order)
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.progress import StudyProgress
 from batchlab.lab.sweep_point import execute, load_text, preflight, refuse_old_layout, reused
@@ -57,12 +57,7 @@ def live_loads(capacities_req_s: list[float], auto) -> list[float]:
     """With a twin: the live grid's rates, `live_loads` × the lowest capacity, rounded down to 3 significant
     digits (0.8 stays at or below the headline's common load, 0.8 × the lower capacity of every comparison)."""
     lowest = min(capacities_req_s)
-    return sorted({_floor3(f * lowest) for f in auto.live_loads})
-
-
-def _floor3(value: float) -> float:
-    digits = 2 - math.floor(math.log10(value))
-    return float(f"{math.floor(value * 10 ** digits) / 10 ** digits:.3g}")
+    return sorted({floor_3g(f * lowest) for f in auto.live_loads})
 
 
 def placing_rate(c: dict) -> float | None:

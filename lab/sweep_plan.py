@@ -342,6 +342,12 @@ def probe_point(plan: Plan, folder: Path) -> tuple[Point, float]:
     return Point(entry, rate, 0, plan.seed, folder / point_dir(entry.label, rate, 0)), auto.probe_duration_s
 
 
+def floor_3g(value: float) -> float:
+    """`value` rounded down to 3 significant digits (a rate that must stay at or below the one it came from)."""
+    digits = 2 - math.floor(math.log10(value))
+    return float(f"{math.floor(value * 10 ** digits) / 10 ** digits:.3g}")
+
+
 def span_rates(capacities_req_s: list[float], auto: AutoRates) -> list[float]:
     """Rates that show every knee: `points` log-spaced from low × the lowest capacity to high × the highest
     (3 significant digits, distinct)."""

@@ -28,7 +28,7 @@ from batchlab.collector.intervals import mean_interval
 from batchlab.collector.layout import TWIN_DIR
 from batchlab.collector.saturation import SaturatedRun, pooled
 from batchlab.lab.capacity_search import SimulatedSearch, probe_duration_s
-from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
+from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, floor_3g
 from batchlab.protocol.errors import CalibrateError
 
 PRESETS_DIR = "presets"
@@ -226,8 +226,7 @@ class Confirmation:
     @property
     def agrees(self) -> bool | None:
         """Whether the live verdict agrees with the twin's capacity: True sustained; False judged not sustained
-        (a disagreement); None undecided, unless the twin, on the same schedule, judged what the live run could
-        not (then False: they differ)."""
+        (a disagreement); None undecided (the twin's verdict on the same schedule stands beside it: twin_text)."""
         v = self.probe.verdict
         if v.sustained:
             return True
@@ -267,10 +266,7 @@ def confirmation_rate(doc: dict) -> float | None:
     """The live probe's rate: the twin's capacity estimate (3 significant digits, rounded down: at or just
     below it), else the highest rate its twin sustained."""
     value = doc.get("estimate_req_s") or (doc.get("bracket_req_s") or [None])[0]
-    if not value:
-        return None
-    digits = 2 - math.floor(math.log10(value))
-    return math.floor(value * 10 ** digits) / 10 ** digits
+    return floor_3g(value) if value else None
 
 
 def confirm(live, entry: Entry, target_req_s: float, saturated: dict, settings: AutoRates,

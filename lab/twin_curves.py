@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab.collector.layout import INDEX_FILE, TWIN_DIR
+from batchlab.collector.layout import TWIN_DIR
 from batchlab.collector.layout import TWIN_ERRORS_FILE as ERRORS_FILE
 from batchlab.lab.sweep_plan import Plan, span_rates
 from batchlab.lab.twin import twin_plan
@@ -104,7 +104,8 @@ def twin_errors(out: Path, index: dict, capacity: dict, view=None) -> dict | Non
 
 
 def summarise(rows: list[dict]) -> dict:
-    """label → figure → {median, worst} of |error|, over the points at ρ ≤ RHO_MAX (`low`) and over all (`all`)."""
+    """label → figure → {median, worst} of |error|, over the points at ρ ≤ RHO_MAX (`low`) and over all
+    (`all`)."""
     out: dict = {}
     for label in dict.fromkeys(r["label"] for r in rows):
         mine = [r for r in rows if r["label"] == label]
@@ -129,8 +130,3 @@ def error_lines(doc: dict) -> list[str]:
                  if (s := scopes["low"].get(k))]
         lines.append(f"  {label}: " + (", ".join(parts) if parts else "no live point at that load"))
     return lines
-
-
-def curves_index(out: Path) -> Path:
-    """The twin's curves' index (sweep.json) in a study folder."""
-    return out / TWIN_DIR / INDEX_FILE

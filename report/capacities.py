@@ -161,12 +161,14 @@ def disagreement(c: dict) -> list[str]:
             f"{confirm.get('text', '')}; {confirm.get('twin_text', '')}".rstrip("; ")]
 
 
+AGREES = {True: "✓", False: "⚠", None: "?"}  # a live confirmation's `agrees`: sustained, disagrees, undecided
+
+
 def confirmation_lines(capacities: dict[str, dict]) -> list[str]:
     """Per strategy found on a twin: the live probe at its capacity, and the twin on the same schedule."""
-    marks = {True: "✓", False: "⚠", None: "?"}
-    return [f"{lb}: twin μ {sig(c['twin']['saturated']['req_s'])} req/s; live probe {marks[c['confirmation'].get('agrees')]} "
-            f"{c['confirmation'].get('text', '')}" for lb, c in capacities.items()
-            if c.get("twin") and c.get("confirmation")]
+    return [f"{lb}: twin μ {sig(c['twin']['saturated']['req_s'])} req/s; live probe "
+            f"{AGREES[c['confirmation'].get('agrees')]} {c['confirmation'].get('text', '')}"
+            for lb, c in capacities.items() if c.get("twin") and c.get("confirmation")]
 
 
 def capacity_table(capacities: dict[str, dict]) -> list[str]:

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.collector.layout import TWIN_DIR, TWIN_ERRORS_FILE as ERRORS_FILE
+from batchlab.report.capacities import AGREES
 from batchlab.report.points import ReportError, load_collection
 from batchlab.report.stats import GroupStats, all_stats
 from batchlab.report.text import md_table
 
 FIGURES = {"ttft_p50": "TTFT p50", "e2e_p50": "E2E p50", "throughput": "throughput"}
 PLOT_FILE = "twin_curves.png"
-MARKS = {True: "✓", False: "⚠", None: "?"}
 
 
 @dataclass(slots=True)
@@ -65,7 +65,7 @@ def twin_rows(twin: Twin) -> list[list[str]]:
         spread = f" ± {t['spread_pct']:.1f}%" if t.get("spread_pct") is not None else ""
         fit = t.get("total_time_error")
         confirm = c.get("confirmation") or {}
-        check = f"{MARKS[confirm.get('agrees')]} {confirm.get('text', '')}" if confirm else "not run"
+        check = f"{AGREES[confirm.get('agrees')]} {confirm.get('text', '')}" if confirm else "not run"
         rows.append([label, f"{t['saturated']['req_s']:.3g} / {live.get('req_s', math.nan):.3g}",
                      "—" if fit is None else f"{fit:+.1%}" + (f" (levelled × {t['levelled_by']:.3f})"
                                                                 if t.get("levelled_by") else ""),
@@ -86,8 +86,9 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
              "Each strategy's step model fitted to the steps its own saturated runs executed (every repeat together; "
              "`_twin/presets/`), played by the simulator with the same policy classes: its capacity was searched "
              "on virtual probes as long as deciding at each load takes, its interval widened by how much the "
-             "live saturated runs' speed varied against the twin on their own requests (± its 95% interval); one live probe at that capacity, as long as deciding there takes (at most the "
-             "study's confirm_max_s: undecided is said), stands beside it, and the same schedule played on the "
+             "live saturated runs' speed varied against the twin on their own requests (± its 95% interval); "
+             "one live probe at that capacity, as long as deciding there takes (at most the study's "
+             "confirm_max_s: undecided is said), stands beside it, and the same schedule played on the "
              "twin beside that. Errors are |twin ÷ live − 1| over the live grid points, each replayed on the twin "
              "with the schedule the live run sent: median / worst (points); ρ = rate ÷ the strategy's capacity.",
              ""]

@@ -94,7 +94,8 @@ def test_saturated_repeats_stop_once_every_throughput_comparison_is_decided():
     runs = saturate_all(SimpleNamespace(repeats=1), noisy, entries, settings)
     assert {lb: len(rs) for lb, rs in runs.items()} == {"naive": 5, "dynamic": 5, "continuous": 3}  # only the open one
     record = saturation_record(runs, settings)
-    assert not record["comparisons"]["dynamic"]["decided"] and record["comparisons"]["dynamic"]["repeats_needed"] is None
+    dynamic = record["comparisons"]["dynamic"]
+    assert not dynamic["decided"] and dynamic["repeats_needed"] is None
 
 
 @pytest.mark.parametrize("lo, hi, expected", [(5.0, 40.0, True), (-6.0, 6.0, True), (-4.0, 25.0, False),
@@ -210,3 +211,15 @@ def test_the_twin_keeps_the_runs_total_step_time():
     assert model.prefill_overhead_s == pytest.approx(0.05 / 0.9) and record["levelled_by"] == pytest.approx(1 / 0.9)
     assert model.decode_step_s(100, 4) == pytest.approx(fitted.decode_step_s(100, 4) / 0.9)
     assert level(fitted, {"total_time_error": 0.0}) == (fitted, {"total_time_error": 0.0})
+
+
+@pytest.mark.parametrize("value, floored", [(2.4189, 2.41), (12.349, 12.3), (0.98765, 0.987), (3.0, 3.0)])
+def test_a_rate_that_must_stay_at_or_below_its_source_is_rounded_down(value, floored):
+    """The live grid's load (0.8 × the lowest capacity) and the confirmation's rate never round up past it."""
+    from batchlab.lab.sweep import live_loads
+    from batchlab.lab.sweep_plan import floor_3g
+    from batchlab.lab.twin import confirmation_rate
+
+    assert floor_3g(value) == pytest.approx(floored) and floor_3g(value) <= value
+    assert confirmation_rate({"estimate_req_s": value}) == pytest.approx(floored)
+    assert live_loads([value / 0.8, 50.0], AutoRates(live_loads=[0.8])) == [pytest.approx(floor_3g(value))]
