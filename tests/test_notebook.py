@@ -20,7 +20,7 @@ README = (ROOT / "README.md").read_text()
 
 def readme_scripts() -> list[str]:
     """README's "From Python" code blocks, in order."""
-    section = README[README.index("## From Python"):README.index("| function |")]
+    section = README[README.index("## From Python"):README.index("The functions (`run`")]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
