@@ -32,7 +32,7 @@ from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, floor_3g
 from batchlab.protocol.errors import CalibrateError
 
 PRESETS_DIR = "presets"
-TWIN_SATURATED_S = 120.0  # a twin's saturated run, virtual: long enough that its μ is its model's, not luck
+TWIN_SATURATED_S = 120.0  # a twin's saturated run (one per live repeat's seed), virtual: its μ the model's, not luck
 # its closed loop's pool of requests, per second of traffic (the live runs' 200 a second would tokenize 24,000
 # ShareGPT prompts for 120 s, about 15 s on 2 cores; a pool that runs dry ends the traffic and μ's window with it)
 TWIN_POOL_REQ_S = 50.0
@@ -185,7 +185,9 @@ def twin_capacity(plan: Plan, fit: TwinFit, settings: AutoRates) -> tuple[Capaci
     plan = twin_plan(plan, {fit.label: fit.preset})
     entry = next(iter(plan.entries))
     twin = TwinSearch(plan, settings)
-    saturated = pooled([twin.saturated(entry, 0)])
+    # one virtual saturated run per live repeat, on that repeat's seed: a seed's prompts alone move a padded
+    # static worker's μ by ±10% even over 120 s (docs/capacity.md), and the live μ pools these very seeds
+    saturated = pooled([twin.saturated(entry, r) for r in sorted({run.repeat for run in fit.runs} or {0})])
     cap = search(fit.label, start_below(saturated, twin.s.width), twin.measure(entry, saturated), width=twin.s.width,
                  max_probes=twin.s.max_probes, saturated=saturated)
     ratios = speed_ratios(fit)
