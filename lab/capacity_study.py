@@ -96,7 +96,7 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
     doc = widened(cap.as_dict(), twin["spread_pct"]) | {"saturated": saturated, "twin": twin, "probes": [],
                                                         "method": "twin"}
     if view:
-        spread = (f" ± {twin['spread_pct']:.1f}% (live ÷ twin on each saturated run's own requests: "
+        spread = (f" ± {twin['spread_pct']:.1f}% (live ÷ twin on each saturated run's own steps: "
                   f"{twin['bias_pct']:+.1f}%)" if twin["spread_pct"] is not None else "")
         view.note(f"twin {entry.label}: μ {twin['saturated']['req_s']:.3g} req/s (live {saturated['req_s']:.3g}), "
                   f"capacity {_num(doc['estimate_req_s'])} [{_num(doc['lo_req_s'])}, {_num(doc['hi_req_s'])}] "

@@ -3,10 +3,10 @@ by the simulator where live runs are too short to decide, and checked live (docs
 
 1. **Fit** (`fit_twin`): the executed steps of a strategy's saturated runs, every repeat together, give its
    twin's step model (OUT/_twin/presets/<label>.yaml, a preset `batchlab simulate --preset KIND=FILE` replays).
-   Each saturated run is then replayed on the twin with the very schedule it sent: the live μ ÷ the twin's μ over
-   the same requests is one sample of how fast the machine ran against the twin (its speed that minute, the
-   harness's turn the steps leave out), free of which prompts the run happened to draw; their mean (`bias_pct`)
-   and the half-width of its 95% t-interval on the log scale (`spread_pct`) are the twin's uncertainty.
+   Each saturated run's executed steps are then timed on the twin: the twin's time for them ÷ their live time is
+   one sample of how fast the machine ran against the twin (its speed that minute), free of which prompts the run
+   drew; their mean (`bias_pct`, near 0: the fit is levelled to the runs' total step time) and the half-width of
+   its 95% t-interval on the log scale (`spread_pct`) are the twin's uncertainty.
 2. **Capacity in virtual time** (`TwinSearch`): collector.capacity's search and verdict, on probes as long as
    deciding at the load probed takes (the queue's settle time, twice, after the warm-up quarter), and at least
    TWIN_PROBE_MIN_S and at most TWIN_PROBE_MAX_S of virtual traffic; the interval is the search's own, widened by the
@@ -120,20 +120,22 @@ def prior_of(facts: dict):
 
 
 def speed_ratios(fit: TwinFit) -> list[float]:
-    """Each saturated run's live μ ÷ the twin's μ on the very schedule it sent (both over the worker's busy time
-    where both have one, else over the window): how fast the machine ran against the twin, run by run."""
-    from batchlab.collector.saturation import busy_run, saturated_run
-    from batchlab.lab.twin_replay import replayed
+    """Each saturated run's speed against its twin: the twin's time for the run's own executed steps ÷ the time
+    they took live (> 1: the machine ran faster than the twin). The very steps, so neither which prompts the run
+    drew nor which few batches a 9 s run's window or busy time counted moves it (a replay's μ did: on make run's
+    naive runs its ratios ran opposite to the steps' own, 1.09 where the steps took 9% longer than the twin's)."""
+    from batchlab.lab.calibrate_runs import total_time_error
+    from batchlab.worker.run_steps import RunStepsError, read_run_steps
+    from batchlab.worker.stepmodel import load_preset
 
-    ratios = []
-    for run, folder in zip(fit.runs, fit.folders):
-        tables, cfg = replayed(folder, fit.preset)
-        steps = tables.steps if tables.steps is not None and len(tables.steps) else None
-        twin = busy_run(tables.requests, tables.batches, steps, cfg.duration_s) if run.busy else None
-        live = run.by("busy") if twin is not None else run
-        twin = twin or saturated_run(tables.requests, cfg.duration_s)
-        if twin is not None and live is not None and twin.req_s > 0 and live.req_s > 0:
-            ratios.append(live.req_s / twin.req_s)
+    model, ratios = load_preset(fit.preset), []
+    for folder in fit.folders:
+        try:
+            error = total_time_error(model, read_run_steps(folder, model.padded).steps)
+        except RunStepsError:
+            continue
+        if math.isfinite(error) and error > -1:
+            ratios.append(1 + error)
     return ratios
 
 
@@ -180,7 +182,7 @@ class TwinSearch(SimulatedSearch):
 
 def twin_capacity(plan: Plan, fit: TwinFit, settings: AutoRates) -> tuple[Capacity, dict]:
     """A strategy's capacity on its twin, and the twin's record: its μ in virtual time, the live ÷ twin speed of
-    each saturated run on its own requests (speed_ratios), their mean (`bias_pct`) and the half-width of its 95%
+    each saturated run on its own steps (speed_ratios), their mean (`bias_pct`) and the half-width of its 95%
     interval (`spread_pct`), and the search's own record before that spread widened it."""
     plan = twin_plan(plan, {fit.label: fit.preset})
     entry = next(iter(plan.entries))

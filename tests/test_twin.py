@@ -42,7 +42,7 @@ def test_the_twin_of_a_constant_step_model_finds_what_a_ten_times_longer_search_
     assert fit.preset.is_file() and len(fit.folders) == 3
     cap, twin = twin_capacity(plan, fit, plan.auto)
     assert twin["saturated"]["req_s"] == pytest.approx(11.94, rel=0.02)
-    assert len(twin["speed_ratios"]) == 3 and twin["bias_pct"] == pytest.approx(0.0, abs=1.0)  # its own runs, replayed
+    assert len(twin["speed_ratios"]) == 3 and twin["bias_pct"] == pytest.approx(0.0, abs=1.0)  # its own steps
     assert twin["spread_pct"] == pytest.approx(0.0, abs=1.0)
     found = {}
     for probe_s in (12, 600):
