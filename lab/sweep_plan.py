@@ -342,10 +342,11 @@ def probe_point(plan: Plan, folder: Path) -> tuple[Point, float]:
     return Point(entry, rate, 0, plan.seed, folder / point_dir(entry.label, rate, 0)), auto.probe_duration_s
 
 
-def floor_3g(value: float) -> float:
-    """`value` rounded down to 3 significant digits (a rate that must stay at or below the one it came from)."""
-    digits = 2 - math.floor(math.log10(value))
-    return float(f"{math.floor(value * 10 ** digits) / 10 ** digits:.3g}")
+def floor_3g(value: float, significant: int = 3) -> float:
+    """`value` rounded down to 3 (or `significant`) significant digits (a rate that must stay at or below the one
+    it came from)."""
+    digits = significant - 1 - math.floor(math.log10(value))
+    return float(f"{math.floor(value * 10 ** digits) / 10 ** digits:.{significant}g}")
 
 
 def span_rates(capacities_req_s: list[float], auto: AutoRates) -> list[float]:

@@ -302,16 +302,23 @@ def on_twin(folder: Path, preset: Path, saturated: dict | None, duration_s: floa
 
 
 def nominal_for(target_req_s: float, duration_s: float, cfg) -> float:
-    """The nominal rate whose seeded schedule offers `target_req_s` over its first `duration_s` (a seeded
-    Poisson schedule of half a minute is several percent off its nominal rate), 4 significant digits."""
+    """The nominal rate whose seeded schedule offers the most it can at or below `target_req_s` over its first
+    `duration_s` (a seeded Poisson schedule of a few seconds is several percent off its nominal rate, and offers
+    whole arrivals: 4 s offer multiples of 0.25 req/s), 4 significant digits, rounded down. Bisected: a seeded schedule's
+    arrivals only move earlier as its rate rises (its gaps are one draw, scaled by 1 ÷ the rate)."""
     from batchlab.traffic.arrivals import arrival_offsets
 
-    rate = target_req_s
-    for _ in range(3):
+    def offered(rate: float) -> float:
         offsets = arrival_offsets(cfg.arrival, rate, duration_s, np.random.default_rng([cfg.seed, 0]),
                                   burstiness=cfg.burstiness)
-        offered = np.count_nonzero(offsets <= duration_s) / duration_s
-        if offered <= 0:
+        return np.count_nonzero(offsets <= duration_s) / duration_s
+
+    lo, hi = target_req_s / 4, target_req_s * 4  # offered(lo) ≤ target < offered(hi), else lo is the best there is
+    if offered(lo) > target_req_s:
+        return floor_3g(lo, 4)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if offered(mid) <= target_req_s else (lo, mid)
+        if hi - lo < lo * 1e-5:
             break
-        rate *= target_req_s / offered
-    return float(f"{rate:.4g}")
+    return floor_3g(lo, 4)  # rounded down: still at or below the target

@@ -135,10 +135,11 @@ def test_the_confirmation_asks_for_the_nominal_rate_whose_schedule_offers_the_ta
     cfg = SimpleNamespace(arrival="poisson", seed=0, burstiness=1.0)
     from batchlab.traffic.arrivals import arrival_offsets
 
-    for target, duration_s in ((11.3, 30.0), (2.4, 20.0)):
+    for target, duration_s in ((11.3, 30.0), (2.4, 20.0), (11.2, 4.0), (17.1, 4.0), (20.7, 4.0)):
         rate = nominal_for(target, duration_s, cfg)
-        offsets = arrival_offsets("poisson", rate, duration_s, np.random.default_rng([0, 0]))
-        assert np.count_nonzero(offsets <= duration_s) / duration_s == pytest.approx(target, rel=0.05)
+        offered = np.count_nonzero(arrival_offsets("poisson", rate, duration_s, np.random.default_rng([0, 0]))
+                                   <= duration_s) / duration_s
+        assert target - 1 / duration_s < offered <= target  # at or just below it: within one arrival
 
 
 @pytest.mark.slow
