@@ -26,6 +26,7 @@ from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_atomic
 from batchlab.protocol.run_dir import RunDir
+from batchlab.protocol.status import RequestStatus
 
 if TYPE_CHECKING:
     from batchlab.collector.store import RunStore
@@ -196,7 +197,7 @@ def merge_tokens(out_dir: Path, gaps: GapSpill, run: dict) -> None:
         return
     metadata = pq.read_schema(paths[0]).metadata
     done = pq.read_table(folder.table("requests"), columns=["request_id", "status"])
-    finished = np.sort(done["request_id"].filter(pc.equal(done["status"], "finished")).to_numpy())
+    finished = np.sort(done["request_id"].filter(pc.equal(done["status"], RequestStatus.FINISHED.value)).to_numpy())
 
     def build(lo: int, hi: int, parts: list[pa.Table]) -> pa.Table:
         chunk = pa.concat_tables([p.replace_schema_metadata(metadata) for p in parts]).sort_by(TOKEN_ORDER)

@@ -11,10 +11,11 @@ from operator import attrgetter
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import NOT_SENT, request_metrics
+from batchlab.collector.metrics import request_metrics
 from batchlab.collector.parts import SETTINGS_COLUMNS
 from batchlab.protocol import Arrival
 from batchlab.protocol.ids import IdSet as EndedIds  # noqa: F401  (the ids of requests that left memory)
+from batchlab.protocol.status import FailureReason, RequestStatus
 
 NAN = float("nan")
 SCHEDULE_OFFSET_COLUMN = "arrival_offset_s"  # traffic.schedule's planned arrival, s since t0
@@ -27,7 +28,7 @@ class RequestState:
     request_id: int
     arrival: Arrival | None = None
     batches: list[int] = field(default_factory=list)  # batch ids it was launched in, in order
-    status: str = ""  # "" until terminal, then "finished" | "failed"
+    status: RequestStatus | None = None  # None until terminal
     error: str = ""
     terminal_batch: int | None = None  # the batch whose BatchDone made it terminal
     # once its token rows went to a part: the counting batch and its tokens' count, first and last
@@ -74,7 +75,7 @@ class RequestOutcome:
     columns come the run's settings (parts.SETTINGS_COLUMNS), then any engine_* figures."""
 
     request_id: int
-    status: str  # "finished" | "failed"
+    status: RequestStatus
     error: str  # why it failed ("" when finished)
     prompt_len: int = 0
     output_len: int = 0  # planned
@@ -97,7 +98,8 @@ class RequestOutcome:
     submitted: bool = False  # the scheduler received it
 
 
-_DTYPE_OF = {int: "int64", float: "float64", str: "str", bool: "bool"}  # a field's type → its column's dtype
+# a field's type → its column's dtype
+_DTYPE_OF = {int: "int64", float: "float64", str: "str", RequestStatus: "str", bool: "bool"}
 DTYPES = {f.name: _DTYPE_OF[f.type] for f in fields(RequestOutcome)}  # the record's columns, in order
 COLUMNS = [*DTYPES, *SETTINGS_COLUMNS]  # requests.parquet's columns before any engine_* ones
 _values = attrgetter(*DTYPES)
@@ -124,8 +126,8 @@ def columns_table(n: int, **given: object) -> pd.DataFrame:
 def unsent_table(schedule: pd.DataFrame, seen: object) -> pd.DataFrame:
     """The schedule's rows whose request id is not in `seen` (never sent), as failed request rows."""
     rows = schedule[~schedule["request_id"].isin(np.fromiter(seen, dtype=np.int64))]
-    return columns_table(len(rows), request_id=rows["request_id"].to_numpy(dtype=np.int64), status="failed",
-                         error=NOT_SENT, prompt_len=_column(rows, "prompt_len", 0, np.int64),
+    return columns_table(len(rows), request_id=rows["request_id"].to_numpy(dtype=np.int64), status=RequestStatus.FAILED,
+                         error=FailureReason.NOT_SENT, prompt_len=_column(rows, "prompt_len", 0, np.int64),
                          output_len=_column(rows, "output_len", 0, np.int64),
                          # an offset from t0 is a table time
                          arrival_time=_column(rows, SCHEDULE_OFFSET_COLUMN, NAN, np.float64))

@@ -22,6 +22,7 @@ from batchlab.collector.request import NAN, EndedIds, RequestState, TokenBuffer
 from batchlab.collector.parts import SETTINGS_COLUMNS
 from batchlab.collector.tables import Tables
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye
+from batchlab.protocol.status import RequestStatus
 
 SCALARS = (type(None), bool, int, float, str)  # what a settings column of the tables may hold
 KEEP_TAKES = 10  # takes a written request stays for late events (the collector takes once a second)
@@ -154,9 +155,9 @@ class RunStore:
                 self.engine_metrics[int(rid)] = m
                 self.engine_keys.update(m)
         for rid in msg.finished:
-            self._terminate(rid, "finished", "", msg.batch_id)
+            self._terminate(rid, RequestStatus.FINISHED, "", msg.batch_id)
         for row in msg.failed:
-            self._terminate(row.request_id, "failed", row.reason, msg.batch_id)
+            self._terminate(row.request_id, RequestStatus.FAILED, row.reason, msg.batch_id)
 
     def _discard_tokens(self, batch_id: int) -> None:
         launch = self.launches.get(batch_id)
@@ -165,9 +166,9 @@ class RunStore:
             self.tokens.pop((rid, batch_id), None)
 
     def _on_request_failed(self, msg: RequestFailed) -> None:
-        self._terminate(msg.request_id, "failed", msg.reason, None)
+        self._terminate(msg.request_id, RequestStatus.FAILED, msg.reason, None)
 
-    def _terminate(self, rid: int, status: str, error: str, batch_id: int | None) -> None:
+    def _terminate(self, rid: int, status: RequestStatus, error: str, batch_id: int | None) -> None:
         state = self._request(rid)
         if state is None or state.status:  # exactly one terminal record per request: the first one wins
             self.counters["duplicate_terminals"] += 1
@@ -175,7 +176,7 @@ class RunStore:
         state.status, state.error, state.terminal_batch = status, error, batch_id
         self.taking.terminal(rid)
         self.progress[status] += 1
-        self.progress["failed_unlaunched"] += status == "failed" and not state.batches
+        self.progress["failed_unlaunched"] += status == RequestStatus.FAILED and not state.batches
 
     def _on_run_end(self, msg: RunEnd) -> None:
         self.run_end = msg

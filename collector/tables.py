@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector import request
-from batchlab.collector.metrics import NO_TERMINAL, summarize, useful_fraction
+from batchlab.collector.metrics import summarize, useful_fraction
 from batchlab.collector.request import NAN, RequestOutcome, RequestState
 from batchlab.collector.summary import Summary
+from batchlab.protocol.status import FailureReason, RequestStatus
 
 if TYPE_CHECKING:
     from batchlab.collector.store import RunStore
@@ -59,12 +60,12 @@ def _request_row(store: "RunStore", state: RequestState, t0: float) -> RequestOu
     """A request's row as known now, its counting attempt's; one without a terminal record is failed."""
     bid = store.counting_batch(state)
     n_tokens, first, last = store.token_stats(state, bid)
-    launch, status = store.launches.get(bid), state.status or "failed"
+    launch, status = store.launches.get(bid), state.status or RequestStatus.FAILED
     row = RequestOutcome(
-        request_id=state.request_id, status=status, error=state.error if state.status else NO_TERMINAL,
+        request_id=state.request_id, status=status, error=state.error if state.status else FailureReason.NO_TERMINAL,
         scheduled_time=launch.scheduled_time - t0 if launch else NAN,
         first_token_time=first - t0 if n_tokens else NAN,
-        completion_time=last - t0 if n_tokens and status == "finished" else NAN,
+        completion_time=last - t0 if n_tokens and status == RequestStatus.FINISHED else NAN,
         n_tokens=n_tokens, batch_id=bid, worker=_worker_of(store, bid), attempts=len(state.batches), submitted=True)
     if state.arrival is not None:  # else its Arrival is still on its way: the fields' defaults
         a = state.arrival.request

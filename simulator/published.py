@@ -25,6 +25,7 @@ from batchlab.simulator.run import simulate
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.gpu_presets import Terms, step_model_for
 from batchlab.worker.stepmodel import StepModel, save_preset
+from batchlab.protocol.status import RequestStatus
 
 GROUP_ORDER = ("throughput", "tpot", "ttft")
 NEVER_S = 1e9  # a closed loop's traffic duration: every request of the sample is sent
@@ -218,7 +219,7 @@ def delivered(requests: pd.DataFrame, steps: pd.DataFrame, tolerance_s: float = 
 def metrics_of(requests: pd.DataFrame, m: Measurement, delay_s: np.ndarray | None = None) -> dict[str, float]:
     """The published metrics of a simulated run's requests table; `delay_s`: each request's time between being
     sent and reaching the scheduler (the front end), added to its TTFT and E2E."""
-    done = requests[requests["status"] == "finished"].sort_values("request_id")
+    done = requests[requests["status"] == RequestStatus.FINISHED].sort_values("request_id")
     if len(done) < len(m.prompts):
         raise RuntimeError(f"{m.id}: {len(m.prompts) - len(done)} of {len(m.prompts)} requests did not finish")
     ids = done["request_id"].to_numpy()

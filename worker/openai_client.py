@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 from batchlab.protocol.clock import now
+from batchlab.protocol.status import FailureKind, detailed
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
 from batchlab.worker.openai_count import Chunk, Tally, count_chunk, parse_prefix_cache_counters, settle
 
@@ -134,7 +135,8 @@ class OpenAIBackend(Backend):
             for chunk in settle(tally, now()):
                 streams.chunks.put(chunk)
         except Exception as exc:  # a cut or refused stream fails this request, never the worker
-            streams.chunks.put(Chunk(row.request_id, now(), [], f"stream error: {type(exc).__name__}: {exc}"))
+            reason = detailed(FailureKind.STREAM_ERROR, f"{type(exc).__name__}: {exc}")
+            streams.chunks.put(Chunk(row.request_id, now(), [], reason))
         finally:
             streams.sockets.pop(row.request_id, None)
 

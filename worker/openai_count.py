@@ -12,6 +12,7 @@ server sends no usage). A request whose total differs from its output_len fails 
 """
 from dataclasses import dataclass, field
 
+from batchlab.protocol.status import FailureKind, detailed
 from batchlab.worker.backend import Row
 
 
@@ -69,7 +70,8 @@ def settle(tally: Tally, t: float) -> list[Chunk]:
             diff += 1
     out = [c for c in held if c.token_ids] or [Chunk(tally.row.request_id, t, [])]
     want = tally.row.output_len
-    out[-1].end = "ok" if total == want else f"stream error: server returned {total} of {want} tokens"
+    short = detailed(FailureKind.STREAM_ERROR, f"server returned {total} of {want} tokens")
+    out[-1].end = "ok" if total == want else short
     return out
 
 

@@ -18,6 +18,7 @@ from batchlab.models import folders
 from batchlab.models.archs import facts, kv_token_bytes, random_arch
 from batchlab.protocol.clock import now
 from batchlab.protocol.setting_groups import SchedulerSettings, VLLMBackendSettings, WorkerSettings, default_of
+from batchlab.protocol.status import FailureKind, detailed
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
 
 log = logging.getLogger("batchlab.vllm")
@@ -155,7 +156,8 @@ class VLLMBackend(Backend):
                                         self._params(row.output_len))
                 self.live[row.request_id] = _Live(row)
             except Exception as exc:  # e.g. prompt longer than max_model_len: fail the row, not the worker
-                self.failed.append((row.request_id, f"vllm rejected: {type(exc).__name__}: {exc}"))
+                reason = detailed(FailureKind.VLLM_REJECTED, f"{type(exc).__name__}: {exc}")
+                self.failed.append((row.request_id, reason))
 
     def has_work(self) -> bool:
         """True while a request runs in the engine or a rejection waits to be reported."""

@@ -29,6 +29,7 @@ recompute (a row's context keeps its generated tokens); a row that cannot run al
 from dataclasses import dataclass, replace
 
 from batchlab.protocol.clock import now
+from batchlab.protocol.status import FailureReason
 from batchlab.worker.backend import Backend, BackendError, Row, StepOutput
 from batchlab.worker.hf.chunks import Live, chunks_of, plan_chunks, step_budget
 from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, sliding_window
@@ -248,7 +249,7 @@ class HFContinuousBackend(Backend):
         self.base.free()
         joiners = self._unprefill()
         if len(joiners) == 1 and not self.running:
-            out.failed.append((joiners[0].row.request_id, "out of memory: the prompt does not fit alone"))
+            out.failed.append((joiners[0].row.request_id, FailureReason.OOM_PROMPT_ALONE))
             return
         self.cap.halve(len(self.running) + len(joiners))
         self.stats["oom_requeues"] += len(joiners)
@@ -268,7 +269,7 @@ class HFContinuousBackend(Backend):
         self.kv.clear()
         self.base.free()
         if len(self.running) == 1:
-            out.failed.append((self.running[0].row.request_id, "out of memory: the row does not fit alone"))
+            out.failed.append((self.running[0].row.request_id, FailureReason.OOM_ROW_ALONE))
         else:
             self.cap.halve(len(self.running))
             self.stats["preempted_rows"] += len(self.running)
