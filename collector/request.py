@@ -7,6 +7,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from operator import attrgetter
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,21 @@ class RequestState:
     taken_batch: int | None = None
     taken: tuple[int, float, float] = (0, NAN, NAN)
     taken_at: int = 0  # the take (RunStore.take_parts call) that last wrote its request row
+
+
+class HeldTokens(Protocol):
+    """The token layout a RunStore holds for one attempt until its rows are taken: [(time, token_id), ...] in
+    arrival order, over parallel `times` (scheduler-clock s) and `ids` (TokenBuffer; the simulator's views)."""
+
+    @property
+    def times(self) -> Sequence[float]: ...
+
+    @property
+    def ids(self) -> Sequence[int]: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index): ...
 
 
 class TokenBuffer(Sequence):

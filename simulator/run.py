@@ -268,6 +268,6 @@ def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None, no
     store = sim.run()
     tokens = sim.recorder.attach(store)
     # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
-    tables = build_tables(store, None, slos if slos is not None else cfg.slos() or None, tokens=tokens)  # as live
+    tables = build_tables(store.view(), None, slos if slos is not None else cfg.slos() or None, tokens=tokens)  # as live
     tables.summary.end_reason = END_REASON
     return tables
