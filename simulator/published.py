@@ -40,7 +40,7 @@ class Prediction:
 
 
 @dataclass(slots=True)
-class Row:
+class PublishedPrediction:
     """One published figure beside its prediction."""
 
     measurement: str
@@ -241,9 +241,10 @@ def metrics_of(requests: pd.DataFrame, m: Measurement, delay_s: np.ndarray | Non
             "batch_latency_s": float(e2e.mean())}
 
 
-def rows_of(m: Measurement, prediction: Prediction) -> list[Row]:
+def rows_of(m: Measurement, prediction: Prediction) -> list[PublishedPrediction]:
     """Each published figure of `m` beside its prediction."""
-    return [Row(m.id, m.source, m.gpu, m.split, f.metric, f.value, prediction.metrics[f.metric], f.scored)
+    return [PublishedPrediction(m.id, m.source, m.gpu, m.split, f.metric, f.value, prediction.metrics[f.metric],
+                                f.scored)
             for f in m.figures]
 
 
@@ -259,7 +260,7 @@ class GroupError:
     worst_row: str
 
 
-def group_errors(rows: list[Row], split: str) -> list[GroupError]:
+def group_errors(rows: list[PublishedPrediction], split: str) -> list[GroupError]:
     """Median and worst |predicted ÷ published − 1| per group over the scored rows of `split` (groups with no
     row are left out)."""
     out = []

@@ -37,7 +37,8 @@ from batchlab.scheduler.strategies import Strategy, resolve
 from batchlab.simulator.record import Recorder
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
-from batchlab.worker.backend import Row, worker_hello  # worker_hello: the one hello builder (one sim BackendInfo)
+# worker_hello: the one hello builder (one sim BackendInfo)
+from batchlab.worker.backend import BackendRequest, worker_hello
 from batchlab.worker.sim import SimBackend, StepPlan, make_core, static_step_durations, step_ends
 from batchlab.worker.stepmodel import StepModel
 
@@ -191,7 +192,7 @@ class Simulation:
     # --- worker side ------------------------------------------------------------------------------
     def _run_static(self, launch: Launch, t: float) -> None:
         """worker.sim.SimBackend.run_batch: step ends are the launch time plus the step durations."""
-        rows = [Row.of(r) for r in launch.rows]  # a static launch is one batch
+        rows = [BackendRequest.of(r) for r in launch.rows]  # a static launch is one batch
         batch_id = rows[0].batch_id
         ends_s = np.array(step_ends(t, static_step_durations(rows, self.model), self.noise))
         self.recorder.static_batch(batch_id, [(r.request_id, r.output_len) for r in rows], ends_s)

@@ -16,7 +16,7 @@ from batchlab.protocol.sockets import (HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS
                                       RECORDS_SEND_TIMEOUT_MS, make_socket)
 from batchlab.protocol.status import FailureKind, FailureReason, detailed
 from batchlab.worker.admission import OpenBatch, admit
-from batchlab.worker.backend import Backend, OutOfMemory, Row, StepOutput, worker_hello
+from batchlab.worker.backend import Backend, OutOfMemory, BackendRequest, StepOutput, worker_hello
 from batchlab.worker.outbox import HeartbeatThread, Outbox
 
 log = logging.getLogger("batchlab.worker")
@@ -147,7 +147,7 @@ class Worker:
             for done in admission.answers:  # refused: each row fails with the reason
                 self._batch_done(done)
             for batch_id, requests in admission.accepted:  # a static pass's one batch, or a continuous one's
-                rows = [Row.of(r) for r in requests]
+                rows = [BackendRequest.of(r) for r in requests]
                 if self.backend.info.mode == "continuous":
                     self._admit(batch_id, rows)
                 else:
@@ -158,7 +158,7 @@ class Worker:
             log.info("shutdown: %s", msg.reason)
             self.stopping = True
 
-    def _run_static(self, batch_id: int, rows: list[Row]) -> None:
+    def _run_static(self, batch_id: int, rows: list[BackendRequest]) -> None:
         start, finished, failed, oom = now(), [], [], False
         batch_of = {r.request_id: batch_id for r in rows}
 
@@ -185,7 +185,7 @@ class Worker:
                                    oom, self.backend.peak_memory_bytes()))
         self.out.flush()
 
-    def _admit(self, batch_id: int, rows: list[Row]) -> None:
+    def _admit(self, batch_id: int, rows: list[BackendRequest]) -> None:
         self.open[batch_id] = OpenBatch({r.request_id for r in rows}, now())
         self.batch_of.update((r.request_id, batch_id) for r in rows)
         self.backend.admit(rows)
