@@ -53,8 +53,9 @@ def _request_row(view: StoreView, state: RequestState, t0: float) -> RequestOutc
         n_tokens=n_tokens, batch_id=bid, worker=_worker_of(view, bid), attempts=len(state.batches), submitted=True)
     if state.arrival is not None:  # else its Arrival is still on its way: the fields' defaults
         a = state.arrival.request
-        row.prompt_len, row.output_len = a.prompt_len, a.output_len
-        row.arrival_time, row.send_time = a.arrival_time - t0, a.send_time - t0
+        for name in request.REQUEST_COLUMNS:  # as its RequestMsg declares them; a message's time → a table's
+            value = getattr(a, name)
+            setattr(row, name, value - t0 if name.endswith("_time") else value)
         row.recv_time = state.arrival.recv_time - t0  # at the scheduler
     return row
 

@@ -44,6 +44,7 @@ class FailureKind(StrEnum):
     STALLED = "stalled"  # the strategy launched nothing on idle workers for too long; text: how long, how many
     VLLM_REJECTED = "vllm rejected"  # text: the exception's type and message
     STREAM_ERROR = "stream error"  # an OpenAI-compatible server's stream; text: what went wrong
+    SCHEDULER_STOPPED = "scheduler stopped"  # it stopped with the request queued; text: why
 
 
 def detailed(kind: FailureKind, text: str) -> str:
