@@ -31,6 +31,7 @@ class FailureReason(StrEnum):
     REJECTED = "rejected by the strategy"  # a strategy rejected it without a reason of its own
     NOT_STARTED = "worker stopped before the request started"  # a deferred Dispatch never ran
     STOPPED = "worker stopped before the batch finished"  # a signal or Shutdown abandoned its batch
+    UNFINISHED = "worker stopped before the request finished"  # a continuous worker stopped with it running
     OOM_PROMPT_ALONE = "out of memory: the prompt does not fit alone"  # continuous hf, prefilling alone
     OOM_ROW_ALONE = "out of memory: the row does not fit alone"  # continuous hf, decoding alone
 

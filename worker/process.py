@@ -86,7 +86,7 @@ class Worker:
         """Fail what is still running, say goodbye to the collector, then close sockets and context
         (and the backend, unless it stays warm for the next run)."""
         for rid in list(self.batch_of):  # continuous rows cut off by a stop: terminal, never silent
-            self._close_row(rid, "worker stopped before the request finished")
+            self._close_row(rid, FailureReason.UNFINISHED)
         self._fail_deferred(FailureReason.NOT_STARTED)
         try:
             stats = {**self.inbox.counters, "cpu_s": time.process_time() - self.cpu_start_s,
