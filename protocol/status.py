@@ -5,8 +5,8 @@ Both are `StrEnum`s: a member is the very string a file holds (and compares equa
 written stay what they were and an old folder's plain strings still match. A failure reason is either
 one of `FailureReason`'s fixed texts, or a `FailureKind` followed by free text that only the moment of
 failure knows (an exception's message, a worker's name, a count): `detailed(kind, text)` writes it as
-"<kind>: <text>", and `kind_of(reason)` reads the kind back. A backend's own message (vLLM's, a server's)
-stays free text.
+"<kind>: <text>". A backend's own message (vLLM's "returned n of m tokens", hf's sliding window refusal) and a
+plugin strategy's reject reason stay free text.
 """
 from enum import StrEnum
 
@@ -52,12 +52,3 @@ def detailed(kind: FailureKind, text: str) -> str:
     """A failure reason of `kind` with its free text."""
     return f"{kind}: {text}"
 
-
-def kind_of(reason: str) -> FailureKind | None:
-    """The kind a free-text reason was written with (None: a fixed reason, or a backend's own text)."""
-    head = reason.partition(": ")[0]
-    return FailureKind(head) if head in _KINDS and reason not in _FIXED else None
-
-
-_KINDS = frozenset(k.value for k in FailureKind)
-_FIXED = frozenset(r.value for r in FailureReason)  # "worker lost: no worker left" is fixed, not WORKER_LOST
