@@ -142,8 +142,8 @@ class VLLMBackend(Backend):
     # --- the Backend interface (continuous; static batches by the default run_batch) ---------------
     def warmup(self) -> None:
         """A couple of short requests through the engine; their stats are forgotten."""
-        prompt = list(range(100, 100 + WARMUP_PROMPT_LEN))
-        rows = [BackendRequest.new(-1 - i, WARMUP_PROMPT_LEN, WARMUP_OUTPUT_LEN, prompt, -1)
+        rows = [BackendRequest.new(-1 - i, WARMUP_PROMPT_LEN, WARMUP_OUTPUT_LEN,
+                                   list(range(100, 100 + WARMUP_PROMPT_LEN)), -1)
                 for i in range(self.settings.warmup_requests)]
         self.run_batch(rows, lambda _out: None)
         self.usage.reset()
