@@ -11,6 +11,8 @@ from batchlab.lab.sweep_plan import AutoRates, SweepError, load_plan, span_rates
 from batchlab.collector.capacity import Probe, Verdict, bracket, from_runs, next_rate, search, sustain, waiting
 from batchlab.protocol.status import FailureReason
 
+NO_TERMINAL = FailureReason.NO_TERMINAL
+
 # naive, batch size 1, a step model whose prefill costs PREFILL_S and each decode step DECODE_S whatever the
 # shape: every request takes PREFILL_S + (OUT − 1) × DECODE_S, so one worker serves 1 / that req/s (M/D/1)
 PREFILL_S, DECODE_S, OUT = 0.05, 0.01, 6
@@ -69,7 +71,7 @@ def test_rejected_requests_leave_the_queue_but_fail_the_served_share():
 
 
 def test_requests_still_waiting_at_the_end_count_as_waiting():
-    table = requests_table([1.0, 2.0], [math.nan, 2.5], error=[FailureReason.NO_TERMINAL, ""])
+    table = requests_table([1.0, 2.0], [math.nan, 2.5], error=[NO_TERMINAL, ""])
     assert waiting(table, np.array([0.5, 1.5, 2.2, 3.0])).tolist() == [0, 1, 2, 1]
 
 

@@ -13,14 +13,16 @@ import pytest
 import zmq
 
 from batchlab.collector.metrics import goodput, percentiles, summarize
-from batchlab.protocol.status import FailureReason
 from batchlab.collector import merge
 from batchlab.collector.parts import PartWriter, load_table, write_final
 from batchlab.collector.process import finish_run, run_collector
 from batchlab.collector.store import RunStore
 from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, FailedRow, Heartbeat, RequestFailed, RequestMsg,
                                RunEnd, RunInfo, Step, Tokens, WorkerBye, encode)
+from batchlab.protocol.status import FailureReason
 from tests.wire_cases import launch, tokens
+
+NO_TERMINAL, NOT_SENT = FailureReason.NO_TERMINAL, FailureReason.NOT_SENT
 
 T0 = 1000.0
 SETTINGS = {"strategy": "static", "backend": "sim", "model": "m", "rate": 2.0, "arrival": "poisson",
@@ -88,7 +90,7 @@ def test_failures_are_kept_with_their_reasons():
 
 def test_request_without_terminal_record_fails_with_reason():
     req = by_id(run_store(script()).finish().requests)
-    assert (req[4]["status"], req[4]["error"]) == ("failed", FailureReason.NO_TERMINAL)
+    assert (req[4]["status"], req[4]["error"]) == ("failed", NO_TERMINAL)
 
 
 def test_oom_batch_tokens_are_discarded_and_retry_counts():
@@ -124,14 +126,14 @@ def test_schedule_rows_never_sent_become_failed():
                              "prompt_len": [10, 20, 5, 5, 5, 8], "output_len": [3, 4, 2, 2, 2, 9]})
     tables = run_store(script()).finish(schedule)
     r6 = by_id(tables.requests)[6]
-    assert (r6["status"], r6["error"], r6["arrival_time"], r6["output_len"]) == ("failed", FailureReason.NOT_SENT, 5.0, 9)
+    assert (r6["status"], r6["error"], r6["arrival_time"], r6["output_len"]) == ("failed", NOT_SENT, 5.0, 9)
     assert (tables.summary.scheduled, tables.summary.submitted) == (6, 5)
 
 
 def test_summary_counts_window_and_throughput():
     summary = run_store(script()).finish().summary
     assert (summary.finished, summary.failed) == (2, 3)
-    assert summary.failure_reasons == {"decode error": 1, "queue full": 1, FailureReason.NO_TERMINAL: 1}
+    assert summary.failure_reasons == {"decode error": 1, "queue full": 1, NO_TERMINAL: 1}
     assert summary.window_s == pytest.approx(2.0)  # first arrival 0 → r3's last token at 2.0
     assert summary.throughput_tok_s == pytest.approx(5 / 2.0)
     assert (summary.peak_memory_bytes, summary.memory_kind) == (1000, "cpu_peak_rss")
@@ -241,7 +243,7 @@ def test_idle_timeout_ends_run_and_fails_unfinished(tmp_path):
     thread.join(timeout=20)
     summary = result[0]
     assert summary.end_reason == "idle timeout"
-    assert summary.failure_reasons == {FailureReason.NO_TERMINAL: 5}
+    assert summary.failure_reasons == {NO_TERMINAL: 5}
 
 
 def test_sigterm_stops_loop_and_writes_what_is_known(tmp_path):
@@ -259,7 +261,7 @@ def test_sigterm_stops_loop_and_writes_what_is_known(tmp_path):
     summary = run_collector(address, tmp_path)  # main thread: its handlers are installed here
     pusher.join()
     assert summary.end_reason.startswith("signal")
-    assert load_table(tmp_path, "requests")["error"].tolist() == [FailureReason.NO_TERMINAL] * 5
+    assert load_table(tmp_path, "requests")["error"].tolist() == [NO_TERMINAL] * 5
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
 
 
@@ -273,7 +275,7 @@ def test_unsent_rows_come_from_traffic_schedule_file(tmp_path):
     push_all(address, [encode(m) for m in script()])
     thread.join(timeout=20)
     requests = load_table(tmp_path, "requests")
-    unsent = requests[requests["error"] == FailureReason.NOT_SENT]
+    unsent = requests[requests["error"] == NOT_SENT]
     assert unsent["request_id"].tolist() == [6, 7] and unsent["arrival_time"].tolist() == [5.0, 6.0]
     assert (result[0].scheduled, result[0].submitted) == (7, 5)
 
@@ -373,7 +375,7 @@ def test_tables_merged_from_parts_equal_the_tables_built_in_memory(tmp_path, mon
     assert streamed.summary.itl.p50 is not None and streamed.summary.prefix_cache
     assert "engine_first_token_time" in in_memory.requests
     assert extra or in_memory.requests.engine_queued_time.notna().sum() == 1  # (the script replaces the bye)
-    assert (in_memory.requests.error == FailureReason.NOT_SENT).sum() == 5 + (5 if extra else 10)  # ids 70-74 and below 10
+    assert (in_memory.requests.error == NOT_SENT).sum() == 5 + (5 if extra else 10)  # ids 70-74 and below 10
 
 
 def test_ended_requests_leave_memory_and_their_late_events_are_counted(tmp_path, monkeypatch):

@@ -16,6 +16,8 @@ from batchlab.collector.layout import point_dir
 from batchlab.collector.metrics import summarize
 from batchlab.collector.summary import Summary, write_summary
 
+NOT_SENT = FailureReason.NOT_SENT
+
 DIED = "worker-0 died: CUDA out of memory"
 
 
@@ -32,7 +34,7 @@ def write_run(folder: Path, rate: float | None, finished: int, failed: int, ttft
         "arrival_time": arrival, "scheduled_time": [a + ttft_s / 2 if k else float("nan") for a, k in zip(arrival, ok)],
         "first_token_time": [a + ttft_s if k else float("nan") for a, k in zip(arrival, ok)],
         "completion_time": [a + ttft_s + 0.02 if k else float("nan") for a, k in zip(arrival, ok)],
-        "n_tokens": [3 if k else 0 for k in ok], "submitted": [error != FailureReason.NOT_SENT or k for k in ok]})
+        "n_tokens": [3 if k else 0 for k in ok], "submitted": [error != NOT_SENT or k for k in ok]})
     tokens = pd.DataFrame({"request_id": [i for i in range(finished) for _ in range(3)],
                            "token_index": [j for _ in range(finished) for j in range(3)],
                            "time": [arrival[i] + ttft_s + 0.01 * j for i in range(finished) for j in range(3)]})
@@ -83,9 +85,9 @@ def test_a_point_that_measured_nothing_is_a_failed_point_with_its_first_error(sw
 
 
 def test_a_point_whose_requests_were_never_sent_names_that_and_never_gets_rate_zero(tmp_path):
-    write_sweep(tmp_path, [("naive", 4.0, 10, 0, {}), ("vllm", 4.0, 0, 30, {"error": FailureReason.NOT_SENT})])
+    write_sweep(tmp_path, [("naive", 4.0, 10, 0, {}), ("vllm", 4.0, 0, 30, {"error": NOT_SENT})])
     [point] = load_collection(tmp_path).failed
-    assert point.rate == 4.0 and point.reason == f"measured nothing: 0 of 30 requests finished; {FailureReason.NOT_SENT}"
+    assert point.rate == 4.0 and point.reason == f"measured nothing: 0 of 30 requests finished; {NOT_SENT}"
 
 
 def test_rate_comes_from_the_planned_folder_not_the_settings(tmp_path):
