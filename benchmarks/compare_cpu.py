@@ -134,8 +134,7 @@ class Driver:
         decisions = self.core.schedule(self._clock())
         self.wake_at = decisions.wake_at
         for launch in decisions.launches:
-            rows = [BackendRequest.new(r.request.request_id, r.request.prompt_len, r.request.output_len,
-                        self.requests[r.request.request_id][3], r.batch_id) for r in launch.rows]
+            rows = [BackendRequest(r.request, r.batch_id, self.requests[r.request.request_id][3]) for r in launch.rows]
             if self.backend.info.mode == "continuous":
                 self.batch_of.update((r.request_id, r.batch_id) for r in rows)
                 self.backend.admit(rows)
