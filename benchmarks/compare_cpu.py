@@ -26,7 +26,7 @@ from batchlab.scheduler.policies import Continuous, Dynamic, Naive
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.lengths import LengthSpec
 from batchlab.traffic.schedule import Schedule, build_schedule
-from batchlab.worker.backend import OutOfMemory, Row, StepOutput, worker_hello
+from batchlab.worker.backend import OutOfMemory, BackendRequest, StepOutput, worker_hello
 
 IDLE_SLEEP_S = 0.05  # longest nap while nothing is queued or running
 WORKER = "worker-0"
@@ -134,8 +134,7 @@ class Driver:
         decisions = self.core.schedule(self._clock())
         self.wake_at = decisions.wake_at
         for launch in decisions.launches:
-            rows = [Row(r.request.request_id, r.request.prompt_len, r.request.output_len,
-                        self.requests[r.request.request_id][3], r.batch_id) for r in launch.rows]
+            rows = [BackendRequest(r.request, r.batch_id, self.requests[r.request.request_id][3]) for r in launch.rows]
             if self.backend.info.mode == "continuous":
                 self.batch_of.update((r.request_id, r.batch_id) for r in rows)
                 self.backend.admit(rows)
@@ -143,7 +142,7 @@ class Driver:
                 self._run_static(launch, rows)
         return bool(decisions.launches)
 
-    def _run_static(self, launch: Launch, rows: list[Row]) -> None:
+    def _run_static(self, launch: Launch, rows: list[BackendRequest]) -> None:
         oom = False
         try:
             self.backend.run_batch(rows, lambda out: self.tally.take(out, self.t0))

@@ -23,27 +23,29 @@ import statistics
 from dataclasses import astuple, dataclass
 
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import Row, StepOutput
+from batchlab.worker.backend import BackendRequest, StepOutput
 from batchlab.worker.hf.continuous import HFContinuousBackend
 from batchlab.worker.hf.static import HFBackend, HFSettings
 
 SKIP_DECODE_STEPS = 1  # the first decode step after a prefill is not measured (step_time.py does the same)
 
 
-def make_rows(batch: int, context: int, steps: int, prefix: int, spread: float, rng: random.Random) -> list[Row]:
+def make_rows(batch: int, context: int, steps: int, prefix: int, spread: float,
+              rng: random.Random) -> list[BackendRequest]:
     """`batch` rows of `context` tokens (BOS included), shorter by up to `spread` × context, `steps` out each."""
     bodies = [context - prefix - round(spread * context * i / max(batch - 1, 1)) for i in range(batch)]
-    return [Row(i, n, steps, [rng.randrange(100, 32000) for _ in range(n)], 0) for i, n in enumerate(bodies)]
+    return [BackendRequest.new(i, n, steps, [rng.randrange(100, 32000) for _ in range(n)], 0)
+            for i, n in enumerate(bodies)]
 
 
-def generate_step_s(backend: HFBackend, rows: list[Row]) -> float:
+def generate_step_s(backend: HFBackend, rows: list[BackendRequest]) -> float:
     """Fastest decode step of one generate() run (streamer stamps: step 0 is the prefill)."""
     outs: list[StepOutput] = []
     backend.run_batch(rows, outs.append)
     return min(o.time - o.start_time for o in outs[1 + SKIP_DECODE_STEPS:])
 
 
-def continuous_step_s(backend: HFContinuousBackend, rows: list[Row]) -> float:
+def continuous_step_s(backend: HFContinuousBackend, rows: list[BackendRequest]) -> float:
     """Fastest decode step of the continuous loop over the same rows, admitted together."""
     backend.admit(rows)
     outs: list[StepOutput] = []
@@ -61,7 +63,8 @@ class Stall:
     running_done_s: float  # the join → the last running row's last token
 
 
-def stall_run(loop: HFContinuousBackend, running: list[Row], joiner: Row, warm_steps: int) -> Stall:
+def stall_run(loop: HFContinuousBackend, running: list[BackendRequest], joiner: BackendRequest,
+              warm_steps: int) -> Stall:
     """`running` decode for `warm_steps` steps, then `joiner` is admitted; step until all are done."""
     loop.admit(running)
     for _ in range(warm_steps):
@@ -97,7 +100,7 @@ def measure_stall(loop: HFContinuousBackend, args, prefix: int, budgets: list[in
     return best
 
 
-def measure(methods: dict, rows: list[Row], rounds: int) -> dict[str, float]:
+def measure(methods: dict, rows: list[BackendRequest], rounds: int) -> dict[str, float]:
     """Fastest decode step (s) per method over `rounds` runs of `rows` each."""
     best = {name: float("inf") for name in methods}
     for _ in range(rounds):

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batchlab.simulator.measurements import load_measurements  # noqa: E402
-from batchlab.simulator.published import GroupError, Row, group_errors, meets, predict, rows_of  # noqa: E402
+from batchlab.simulator.published import (GroupError, PublishedPrediction, group_errors, meets,  # noqa: E402
+                                          predict, rows_of)
 from batchlab.worker.gpu_presets import TERMS_FILE, load_terms  # noqa: E402
 
 MEASUREMENTS = ROOT / "benchmarks" / "published" / "measurements.yaml"
@@ -32,7 +33,7 @@ UNITS = {"throughput_req_s": ("req/s", 1), "throughput_out_tok_s": ("tok/s", 1),
          "ttft_mean_s": ("ms", 1e3)}
 
 
-def validate(measurements_path: Path = MEASUREMENTS, terms_path: Path = TERMS_FILE) -> list[Row]:
+def validate(measurements_path: Path = MEASUREMENTS, terms_path: Path = TERMS_FILE) -> list[PublishedPrediction]:
     """Every published figure beside its prediction."""
     terms = load_terms(terms_path)
     rows = []
@@ -47,7 +48,7 @@ def value(metric: str, v: float) -> str:
     return f"{v * scale:.4g} {unit}"
 
 
-def table_lines(rows: list[Row], markdown: bool) -> list[str]:
+def table_lines(rows: list[PublishedPrediction], markdown: bool) -> list[str]:
     """The per-source table (a figure that is not scored is marked with *)."""
     head = ["source", "configuration", "split", "metric", "published", "predicted", "error"]
     cells = [[r.source.split(",")[0], r.measurement, r.split, r.metric + ("" if r.scored else " *"),
@@ -65,7 +66,7 @@ def table_lines(rows: list[Row], markdown: bool) -> list[str]:
     return lines
 
 
-def summary_lines(rows: list[Row]) -> list[str]:
+def summary_lines(rows: list[PublishedPrediction]) -> list[str]:
     """Median and worst |error| per group, check set then fit set, and the bar."""
     lines = []
     for split, title in (("check", "held-back check set"), ("fit", "fit set")):
@@ -82,12 +83,13 @@ def summary_lines(rows: list[Row]) -> list[str]:
     return lines
 
 
-def as_json(rows: list[Row]) -> dict:
+def as_json(rows: list[PublishedPrediction]) -> dict:
     """Rows and per-split group errors as plain JSON."""
     def groups(split: str) -> list[dict]:
         return [vars(e) if not hasattr(e, "__slots__") else {s: getattr(e, s) for s in GroupError.__slots__}
                 for e in group_errors(rows, split)]
-    return {"rows": [{s: getattr(r, s) for s in Row.__slots__} | {"error": r.error, "group": r.group} for r in rows],
+    return {"rows": [{s: getattr(r, s) for s in PublishedPrediction.__slots__} | {"error": r.error, "group": r.group}
+                     for r in rows],
             "check": groups("check"), "fit": groups("fit"),
             "meets_bar": meets(group_errors(rows, "check"), MEDIAN_BAR, WORST_BAR),
             "bar": {"median": MEDIAN_BAR, "worst": WORST_BAR}}

@@ -18,7 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from batchlab.worker.backend import Row, StepOutput
+from batchlab.worker.backend import BackendRequest, StepOutput
 from batchlab.worker.hf.static import HFBackend, HFSettings
 from batchlab.worker.stepmodel import StepModel
 
@@ -43,7 +43,8 @@ def measure(backend: HFBackend, batch_size: int, prompt_len: int, steps: int, re
     (kernels, allocator blocks), then `repeats` times. The fastest prefill and the fastest decode step count: other load on the
     machine only ever adds time, so the minimum is the estimate of the model's own cost."""
     body = prompt_len - len(backend.prefix)
-    rows = [Row(i, body, steps, [rng.randrange(100, 32000) for _ in range(body)], 0) for i in range(batch_size)]
+    rows = [BackendRequest.new(i, body, steps, [rng.randrange(100, 32000) for _ in range(body)], 0)
+            for i in range(batch_size)]
     backend.run_batch(rows, lambda _out: None)
     prefill_s, decode_s = [], []
     for _ in range(repeats):

@@ -39,7 +39,7 @@ def child(policy: str, mode: str, rows: int, prompt: int, new: int) -> None:
     import torch
 
     threads.apply_torch(plan)
-    from batchlab.worker.backend import Row
+    from batchlab.worker.backend import BackendRequest
     from batchlab.worker.hf.continuous import HFContinuousBackend
     from batchlab.worker.hf.static import HFBackend, HFSettings
 
@@ -53,7 +53,7 @@ def child(policy: str, mode: str, rows: int, prompt: int, new: int) -> None:
     backend.warmup()
     rng = random.Random(0)
     body = prompt - 1  # BOS
-    batch = [Row(i, body, new, [rng.randrange(100, 32000) for _ in range(body)], 0) for i in range(rows)]
+    batch = [BackendRequest.new(i, body, new, [rng.randrange(100, 32000) for _ in range(body)], 0) for i in range(rows)]
     print(MARK + json.dumps({"ready": True, "threads": torch.get_num_threads(), **plan.facts()}), flush=True)
     for _line in sys.stdin:
         started = time.perf_counter()

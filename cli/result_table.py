@@ -5,6 +5,7 @@ from rich.table import Table
 
 from batchlab.collector.interference import DISTURBED_CORES, read as read_interference
 from batchlab.collector.summary import Latency, Summary
+from batchlab.protocol.status import FailureReason
 
 OVERLOAD_SERVED_SHARE = 0.9  # served rate under this share of the offered rate: the worker did not keep up
 SEND_LAG_WARN_S = 1e-3  # traffic sent its p99 request this late: arrival times are not what was planned
@@ -74,7 +75,7 @@ def warnings(summary: Summary) -> list[str]:
     if offered and served < OVERLOAD_SERVED_SHARE * offered:
         out.append(f"overloaded: served {served:.2f} of the {offered:.2f} req/s offered; latencies grow with "
                    "the run's length here, and are not a steady state")
-    elif any("queue full" in r for r in reasons):
+    elif any(FailureReason.QUEUE_FULL in r for r in reasons):
         out.append("overloaded: requests were rejected because the queue was full")
     lag = summary.harness_lag.get("p99")
     closed = bool(summary.settings.get("concurrency"))  # no planned times to lag behind

@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted_mask
+from batchlab.collector.metrics import goodput, submitted_mask
 from batchlab.collector.intervals import LEVEL, t_quantile
 from batchlab.protocol.study_settings import MAX_PROBES, WIDTH  # the search's defaults, declared with its knobs
+from batchlab.protocol.status import FailureReason, RequestStatus
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90
@@ -81,7 +82,8 @@ def _leave_times(sub: pd.DataFrame) -> np.ndarray:
     left = sub["scheduled_time"].to_numpy(dtype="float64").copy()
     error = sub["error"].astype(str).to_numpy() if "error" in sub else np.full(len(sub), "")
     unlaunched = np.isnan(left)
-    at_once = unlaunched & (sub["status"].to_numpy() != "finished") & ~np.isin(error, [NO_TERMINAL, NOT_SENT])
+    waited_out = np.isin(error, [FailureReason.NO_TERMINAL, FailureReason.NOT_SENT])
+    at_once = unlaunched & (sub["status"].to_numpy() != RequestStatus.FINISHED) & ~waited_out
     left[at_once] = sub["arrival_time"].to_numpy(dtype="float64")[at_once]
     left[unlaunched & ~at_once] = np.inf
     return left
@@ -147,7 +149,7 @@ def sustain(requests: pd.DataFrame, duration_s: float, slos: dict | None = None,
     no rule is still undecided when fewer than MIN_JUDGED requests arrived after the warm-up, or when its
     queue needs longer than the run's judged window to settle."""
     n = len(requests)
-    served = float((requests["status"] == "finished").sum() / n) if n else 0.0
+    served = float((requests["status"] == RequestStatus.FINISHED).sum() / n) if n else 0.0
     slope, lo, hi = queue_trend(requests, duration_s) if n else (0.0, -math.inf, math.inf)
     arrivals = requests["arrival_time"].to_numpy(dtype="float64")
     offered = float(((arrivals >= 0) & (arrivals <= duration_s)).sum() / duration_s) if duration_s > 0 else None
@@ -357,7 +359,7 @@ def start_below(saturated: dict, width: float = WIDTH) -> float:
 
 def tokens_per_request(requests: pd.DataFrame) -> float | None:
     """Mean output tokens of the finished requests (None when none finished)."""
-    done = requests[requests["status"] == "finished"]
+    done = requests[requests["status"] == RequestStatus.FINISHED]
     return float(done["n_tokens"].mean()) if len(done) else None
 
 

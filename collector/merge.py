@@ -10,7 +10,6 @@ float64 values, written while the tokens are merged (quantiles: exact, in bounde
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -22,13 +21,12 @@ from batchlab.collector import request, tables
 from batchlab.collector.metrics import LATENCY_STATS, RequestFigures
 from batchlab.collector.parts import read_schedule, run_values, stamped, write_parquet
 from batchlab.collector.quantiles import chunked_percentiles
+from batchlab.collector.store_view import StoreView
 from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_atomic
 from batchlab.protocol.run_dir import RunDir
-
-if TYPE_CHECKING:
-    from batchlab.collector.store import RunStore
+from batchlab.protocol.status import RequestStatus
 
 TOKEN_CHUNK_ROWS = 200_000  # token rows sorted in memory at once (5 columns × 8 bytes each)
 REQUEST_CHUNK_ROWS = 50_000  # request rows (about 30 columns) merged at once
@@ -144,16 +142,16 @@ class GapSpill:
         self.path.unlink(missing_ok=True)
 
 
-def merge_requests(store: "RunStore", out_dir: Path, schedule: pd.DataFrame | None) -> None:
+def merge_requests(view: StoreView, out_dir: Path, schedule: pd.DataFrame | None) -> None:
     """out_dir/requests.parquet: each request's last part row, plus the schedule's unsent rows, by id,
     with every engine_* column (older workers' figures from their bye where a row has none)."""
     sources = [_file_source(p, "request_id") for p in RunDir(out_dir).parts("requests")]
     ids = pa.table({"request_id": schedule["request_id"].to_numpy(np.int64)}) if schedule is not None else None
     unsent = _memory_source(ids, "request_id") if ids is not None else None
-    bye = tables.bye_engine_metrics(store)
-    keys = sorted(store.engine_keys | {k for m in bye.values() for k in m})
+    bye = tables.bye_engine_metrics(view)
+    keys = sorted(view.engine_keys | {k for m in bye.values() for k in m})
     columns = request.COLUMNS + [tables.engine_column(k) for k in keys]
-    t0 = store.t0()
+    t0 = view.t0
 
     def build(lo: int, hi: int, parts: list[pa.Table]) -> pa.Table:
         sent = [p for p in parts if p.schema.names != ["request_id"]]
@@ -161,7 +159,7 @@ def merge_requests(store: "RunStore", out_dir: Path, schedule: pd.DataFrame | No
         if schedule is not None:
             rows = schedule[schedule["request_id"].between(lo, hi)]
             seen = df["request_id"] if df is not None else []
-            new = request.with_settings(request.unsent_table(rows, seen), store.settings)
+            new = request.with_settings(request.unsent_table(rows, seen), view.settings)
             df = new if df is None else pd.concat([df, new], ignore_index=True).sort_values(
                 "request_id", kind="stable", ignore_index=True)
         df = df.reindex(columns=columns)
@@ -169,9 +167,9 @@ def merge_requests(store: "RunStore", out_dir: Path, schedule: pd.DataFrame | No
             _fill_from_bye(df, bye, keys, t0)
         return pa.Table.from_pandas(df, preserve_index=False)
 
-    run = run_values(store.settings)
+    run = run_values(view.settings)
     if not any(sources) and unsent is None:
-        write_parquet(tables.requests_frame(store, [], t0), RunDir(out_dir).table("requests"), run)
+        write_parquet(tables.requests_frame(view, [], t0), RunDir(out_dir).table("requests"), run)
         return
     _merge(RunDir(out_dir).table("requests"), [*sources, unsent], REQUEST_CHUNK_ROWS, build, run)
 
@@ -196,7 +194,7 @@ def merge_tokens(out_dir: Path, gaps: GapSpill, run: dict) -> None:
         return
     metadata = pq.read_schema(paths[0]).metadata
     done = pq.read_table(folder.table("requests"), columns=["request_id", "status"])
-    finished = np.sort(done["request_id"].filter(pc.equal(done["status"], "finished")).to_numpy())
+    finished = np.sort(done["request_id"].filter(pc.equal(done["status"], RequestStatus.FINISHED.value)).to_numpy())
 
     def build(lo: int, hi: int, parts: list[pa.Table]) -> pa.Table:
         chunk = pa.concat_tables([p.replace_schema_metadata(metadata) for p in parts]).sort_by(TOKEN_ORDER)
@@ -214,12 +212,12 @@ def _sorted_gaps(chunk: pa.Table, finished: np.ndarray) -> np.ndarray:
     return (times[1:] - times[:-1])[rids[1:] == rids[:-1]]
 
 
-def merge_batches(store: "RunStore", out_dir: Path) -> None:
+def merge_batches(view: StoreView, out_dir: Path) -> None:
     """out_dir/batches.parquet: each batch's last part row, by batch id."""
-    folder, run = RunDir(out_dir), run_values(store.settings)
+    folder, run = RunDir(out_dir), run_values(view.settings)
     paths = folder.parts("batches")
     if not paths:
-        write_parquet(tables.batches_frame(store, [], store.t0()), folder.table("batches"), run)
+        write_parquet(tables.batches_frame(view, [], view.t0), folder.table("batches"), run)
         return
     _merge(folder.table("batches"), [_file_source(p, "batch_id") for p in paths], REQUEST_CHUNK_ROWS,
            lambda lo, hi, parts: pa.Table.from_pandas(_last_rows(parts, "batch_id"), preserve_index=False), run)
@@ -244,7 +242,7 @@ def merge_steps(out_dir: Path, run: dict) -> None:
     _write_groups(RunDir(out_dir).table("steps"), groups(), run)
 
 
-def summary_from_files(store: "RunStore", out_dir: Path, slos: dict | None, gaps: GapSpill) -> Summary:
+def summary_from_files(view: StoreView, out_dir: Path, slos: dict | None, gaps: GapSpill) -> Summary:
     """build_tables' summary, from requests.parquet read in slices and the inter-token gaps in `gaps`."""
     path = RunDir(out_dir).table("requests")
     figures = RequestFigures(slos)
@@ -253,20 +251,20 @@ def summary_from_files(store: "RunStore", out_dir: Path, slos: dict | None, gaps
     itl = chunked_percentiles(gaps.chunks, LATENCY_STATS)
     cached = [c for c in ("prompt_len", "engine_cached_tokens") if c in pq.read_schema(path).names]
     prefix = tables.prefix_cache(pd.read_parquet(path, columns=cached))
-    return Summary.model_validate(figures.summary(store.settings, itl) | tables.run_facts(store) | prefix)
+    return Summary.model_validate(figures.summary(view.settings, itl) | tables.run_facts(view) | prefix)
 
 
-def merge_run(store: "RunStore", out_dir: Path, slos: dict | None) -> Tables:
+def merge_run(view: StoreView, out_dir: Path, slos: dict | None) -> Tables:
     """Every final table file merged from the part files (the store's last rows must be in them); the
     summary. Every table in the result is None: they are on disk."""
     out_dir = Path(out_dir)
-    merge_requests(store, out_dir, read_schedule(out_dir))
-    gaps, run = GapSpill(RunDir(out_dir).gaps), run_values(store.settings)
+    merge_requests(view, out_dir, read_schedule(out_dir))
+    gaps, run = GapSpill(RunDir(out_dir).gaps), run_values(view.settings)
     try:
         merge_tokens(out_dir, gaps, run)
-        merge_batches(store, out_dir)
+        merge_batches(view, out_dir)
         merge_steps(out_dir, run)
-        summary = summary_from_files(store, out_dir, slos, gaps)
+        summary = summary_from_files(view, out_dir, slos, gaps)
     finally:
         gaps.close()
     return Tables(None, None, None, None, summary)

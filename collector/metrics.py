@@ -1,4 +1,5 @@
-"""Metric formulas over the run's tables: pure functions (numpy/pandas only, no zmq, no protocol).
+"""Metric formulas over the run's tables: pure functions (numpy/pandas only, no zmq, no messages:
+only protocol.status's enums).
 
 The live collector, the report and the discrete-event simulator all call these on tables with the
 same columns. Every time is in seconds since the run's t0; latency is measured from the *planned*
@@ -10,9 +11,8 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.quantiles import exact_sum
+from batchlab.protocol.status import FailureReason, RequestStatus
 
-NOT_SENT = "not sent: traffic stopped before its planned time"
-NO_TERMINAL = "no terminal record: run ended before it completed"
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "queue_wait")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")  # each latency metric's summary
 
@@ -80,7 +80,7 @@ def submitted_mask(requests: pd.DataFrame) -> pd.Series:
     """Rows the scheduler received (schedule rows never sent are excluded)."""
     if "submitted" in requests.columns:
         return requests["submitted"].astype(bool)
-    return requests["error"] != NOT_SENT
+    return requests["error"] != FailureReason.NOT_SENT
 
 
 def goodput(requests: pd.DataFrame, slos: dict) -> dict:
@@ -92,7 +92,7 @@ def goodput(requests: pd.DataFrame, slos: dict) -> dict:
 def _goodput_counts(df: pd.DataFrame, slos: dict) -> tuple[int, int]:
     """(met, submitted) over a requests table that has its metric columns."""
     df = df[submitted_mask(df)]
-    ok = df["status"] == "finished"
+    ok = df["status"] == RequestStatus.FINISHED
     for name, limit_s in slos.items():
         values = df[name]
         if name == "tpot":  # a one-token request has no decode step: nothing to miss
@@ -121,7 +121,7 @@ class RequestFigures:
         """Fold in one slice of the requests table."""
         df = request_metrics(requests)
         submitted = submitted_mask(df)
-        is_finished = df["status"] == "finished"
+        is_finished = df["status"] == RequestStatus.FINISHED
         finished = df[is_finished]
         self.scheduled += len(df)
         self.submitted += int(submitted.sum())
@@ -171,6 +171,6 @@ def summarize(requests: pd.DataFrame, tokens: pd.DataFrame | None, settings: dic
     figures = RequestFigures(slos)
     figures.add(requests)
     if itl is None:
-        finished = requests.loc[requests["status"] == "finished", "request_id"]
+        finished = requests.loc[requests["status"] == RequestStatus.FINISHED, "request_id"]
         itl = inter_token_latencies(tokens, finished)
     return figures.summary(settings, percentiles(itl))

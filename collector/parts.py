@@ -9,22 +9,19 @@ columns are dictionary-encoded (one value, and an index of zeros that Parquet st
 """
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchlab.collector.summary import write_summary
+from batchlab.collector.summary import Summary, write_summary
 from batchlab.protocol.files import write_atomic
 from batchlab.protocol.identity import config_hash, identity
 from batchlab.protocol.run_dir import TABLE_NAMES, RunDir
 from batchlab.protocol.settings import vllm_rule
-
-if TYPE_CHECKING:
-    from batchlab.collector.tables import Tables
 
 SCHEDULE_SKIPPED_COLUMNS = ("prompt", "prompt_tokens")  # bulky, and the collector needs neither
 ROW_KEYS = {"requests": "request_id", "batches": "batch_id"}  # tables whose rows may be rewritten
@@ -33,6 +30,19 @@ SETTINGS_COLUMNS = ("strategy", "backend", "model", "rate", "concurrency", "arri
 RUN_COLUMNS = ("label", "strategy_args", "repeat", "config_hash")
 TYPES = {"rate": pa.float64(), "concurrency": pa.int64(), "seed": pa.int64(), "repeat": pa.int64()}  # the others: text
 TEXT = pa.dictionary(pa.int32(), pa.string())
+
+
+@dataclass(slots=True)
+class Tables:
+    """The run's final tables (times in s since t0) and its summary, as write_final writes them (built by
+    collector.tables, or merged by collector.merge)."""
+
+    # None: merged to its file from the part files already (the collector), or no rows (steps)
+    requests: pd.DataFrame | None
+    tokens: pd.DataFrame | None
+    batches: pd.DataFrame | None
+    steps: pd.DataFrame | None
+    summary: Summary
 
 
 def run_label(settings: dict) -> str:
@@ -96,7 +106,7 @@ class PartWriter:
         self._seq += 1
 
 
-def write_final(out_dir: Path, tables: "Tables") -> None:
+def write_final(out_dir: Path, tables: Tables) -> None:
     """The final table files and summary.json; then the part files are removed (a table that is None
     was merged to its final file already, or has no rows); each with the run's identity columns."""
     folder = RunDir(out_dir)

@@ -147,7 +147,7 @@ def finish_run(store: RunStore, writer: PartWriter, out_dir: Path, slos: dict | 
     """The last rows to a part, then every table file merged from the parts; returns the summary (the
     tables are None: they are on disk already)."""
     writer.write(store.take_parts(final=True))  # the end of the run is on disk before merging
-    return merge_run(store, out_dir, slos)
+    return merge_run(store.view(), out_dir, slos)
 
 
 def _on_signal(signum: int, store: RunStore, loop: _Loop, stop: threading.Event, stop_run) -> None:
@@ -177,7 +177,7 @@ def run_collector(address: str, out_dir: Path, *, slos: dict | None = None, grac
             tables = finish_run(store, writer, out_dir, slos)
             summary = tables.summary
             summary.end_reason, summary.stop_signal = reason, loop.stop_signal
-            summary.harness_cpu = harness_cpu(store, time.process_time() - cpu_start_s)
+            summary.harness_cpu = harness_cpu(store.view(), time.process_time() - cpu_start_s)
             if notes := schedule_notes(out_dir):
                 summary.schedule = notes
             write_final(out_dir, tables)

@@ -5,16 +5,18 @@ it becomes in requests.parquet (RequestOutcome, whose fields are that table's co
 """
 from array import array
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from operator import attrgetter
+from typing import Protocol, get_type_hints
 
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import NOT_SENT, request_metrics
+from batchlab.collector.metrics import request_metrics
 from batchlab.collector.parts import SETTINGS_COLUMNS
-from batchlab.protocol import Arrival
+from batchlab.protocol import Arrival, RequestMsg
 from batchlab.protocol.ids import IdSet as EndedIds  # noqa: F401  (the ids of requests that left memory)
+from batchlab.protocol.status import FailureReason, RequestStatus
 
 NAN = float("nan")
 SCHEDULE_OFFSET_COLUMN = "arrival_offset_s"  # traffic.schedule's planned arrival, s since t0
@@ -27,7 +29,7 @@ class RequestState:
     request_id: int
     arrival: Arrival | None = None
     batches: list[int] = field(default_factory=list)  # batch ids it was launched in, in order
-    status: str = ""  # "" until terminal, then "finished" | "failed"
+    status: RequestStatus | None = None  # None until terminal
     error: str = ""
     terminal_batch: int | None = None  # the batch whose BatchDone made it terminal
     # once its token rows went to a part: the counting batch and its tokens' count, first and last
@@ -35,6 +37,21 @@ class RequestState:
     taken_batch: int | None = None
     taken: tuple[int, float, float] = (0, NAN, NAN)
     taken_at: int = 0  # the take (RunStore.take_parts call) that last wrote its request row
+
+
+class HeldTokens(Protocol):
+    """The token layout a RunStore holds for one attempt until its rows are taken: [(time, token_id), ...] in
+    arrival order, over parallel `times` (scheduler-clock s) and `ids` (TokenBuffer; the simulator's views)."""
+
+    @property
+    def times(self) -> Sequence[float]: ...
+
+    @property
+    def ids(self) -> Sequence[int]: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index): ...
 
 
 class TokenBuffer(Sequence):
@@ -67,37 +84,52 @@ class TokenBuffer(Sequence):
     __hash__ = None  # mutable
 
 
-@dataclass(slots=True, kw_only=True)
-class RequestOutcome:
-    """What became of one request: its row of requests.parquet, its fields the table's columns in order (times
-    in s since the run's t0). A default is what a row says when nothing is known (a request traffic never sent). After these
-    columns come the run's settings (parts.SETTINGS_COLUMNS), then any engine_* figures."""
-
-    request_id: int
-    status: str  # "finished" | "failed"
-    error: str  # why it failed ("" when finished)
-    prompt_len: int = 0
-    output_len: int = 0  # planned
-    arrival_time: float = NAN  # planned: latencies are measured from it
-    send_time: float = NAN
-    recv_time: float = NAN  # at the scheduler
-    scheduled_time: float = NAN  # its counting batch's launch
-    first_token_time: float = NAN
-    completion_time: float = NAN  # its last token, when finished
-    # derived from the times above whenever records become a table (metrics.request_metrics, the
-    # formulas the report uses too): NaN on a record
-    queue_wait: float = NAN
-    ttft: float = NAN
-    tpot: float = NAN
-    e2e: float = NAN
-    n_tokens: int = 0  # its counting attempt's
-    batch_id: int = -1  # its counting attempt (-1: never launched)
-    worker: str = ""
-    attempts: int = 0  # batches it was launched in
-    submitted: bool = False  # the scheduler received it
+_BLANK = {int: 0, float: NAN, str: "", bool: False}  # a column's value when nothing is known, by its type
 
 
-_DTYPE_OF = {int: "int64", float: "float64", str: "str", bool: "bool"}  # a field's type → its column's dtype
+def request_fields(request_type: type = RequestMsg) -> list[tuple[str, type, object]]:
+    """The columns a request message declares (every field but its id and those marked `column: False`), as
+    make_dataclass fields: its counts, then its times, each in declaration order (requests.parquet's order)."""
+    hints = get_type_hints(request_type)  # Annotated stripped: Length → int
+    names = [f.name for f in fields(request_type) if f.name != "request_id" and f.metadata.get("column", True)]
+    return [(n, hints[n], field(default=_BLANK[hints[n]])) for n in sorted(names, key=lambda n: n.endswith("_time"))]
+
+
+def outcome_type(request_type: type = RequestMsg) -> type:
+    """The record type of requests.parquet's rows: its id, status and error, the request's own columns
+    (request_fields), then what the run made of it."""
+    own = [  # name, type, default (what a row says when nothing is known: a request traffic never sent)
+        ("recv_time", float, NAN),  # at the scheduler
+        ("scheduled_time", float, NAN),  # its counting batch's launch
+        ("first_token_time", float, NAN),
+        ("completion_time", float, NAN),  # its last token, when finished
+        # derived from the times above whenever records become a table (metrics.request_metrics, the
+        # formulas the report uses too): NaN on a record
+        ("queue_wait", float, NAN), ("ttft", float, NAN), ("tpot", float, NAN), ("e2e", float, NAN),
+        ("n_tokens", int, 0),  # its counting attempt's
+        ("batch_id", int, -1),  # its counting attempt (-1: never launched)
+        ("worker", str, ""),
+        ("attempts", int, 0),  # batches it was launched in
+        ("submitted", bool, False),  # the scheduler received it
+    ]
+    head = [("request_id", int), ("status", RequestStatus), ("error", str)]  # error: why it failed ("" if not)
+    record = make_dataclass("RequestOutcome", [*head, *request_fields(request_type),
+                                               *[(n, t, field(default=d)) for n, t, d in own]],
+                            slots=True, kw_only=True)
+    record.__module__ = __name__
+    record.__doc__ = ("What became of one request: its row of requests.parquet, its fields the table's columns in "
+                      "order (times in s since the run's t0); then come the run's settings, then engine_* figures.")
+    return record
+
+
+# A request's row; its columns copied from its RequestMsg are REQUEST_COLUMNS (a `*_time` one shifted to t0).
+RequestOutcome = outcome_type()
+REQUEST_COLUMNS = tuple(name for name, _, _ in request_fields())
+SCHEDULE_SOURCE = {"arrival_time": SCHEDULE_OFFSET_COLUMN}  # a request column → the schedule's, where it differs
+
+
+# a field's type → its column's dtype
+_DTYPE_OF = {int: "int64", float: "float64", str: "str", RequestStatus: "str", bool: "bool"}
 DTYPES = {f.name: _DTYPE_OF[f.type] for f in fields(RequestOutcome)}  # the record's columns, in order
 COLUMNS = [*DTYPES, *SETTINGS_COLUMNS]  # requests.parquet's columns before any engine_* ones
 _values = attrgetter(*DTYPES)
@@ -124,11 +156,11 @@ def columns_table(n: int, **given: object) -> pd.DataFrame:
 def unsent_table(schedule: pd.DataFrame, seen: object) -> pd.DataFrame:
     """The schedule's rows whose request id is not in `seen` (never sent), as failed request rows."""
     rows = schedule[~schedule["request_id"].isin(np.fromiter(seen, dtype=np.int64))]
-    return columns_table(len(rows), request_id=rows["request_id"].to_numpy(dtype=np.int64), status="failed",
-                         error=NOT_SENT, prompt_len=_column(rows, "prompt_len", 0, np.int64),
-                         output_len=_column(rows, "output_len", 0, np.int64),
-                         # an offset from t0 is a table time
-                         arrival_time=_column(rows, SCHEDULE_OFFSET_COLUMN, NAN, np.float64))
+    # the request's columns the schedule has (its offset from t0 is a table time), the others' defaults
+    planned = {name: _column(rows, SCHEDULE_SOURCE.get(name, name), spec.default, kind)
+               for name, kind, spec in request_fields()}
+    return columns_table(len(rows), request_id=rows["request_id"].to_numpy(dtype=np.int64),
+                         status=RequestStatus.FAILED, error=FailureReason.NOT_SENT, **planned)
 
 
 def _column(df: pd.DataFrame, name: str, default: float, dtype: type) -> np.ndarray:

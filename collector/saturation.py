@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.intervals import log_interval, mean_interval
+from batchlab.protocol.status import RequestStatus
 
 WINDOW, BUSY = "window", "busy"  # μ's two estimators a study measures (choose_estimator picks one)
 WARMUP_SHARE = 0.25  # of the traffic, excluded: the first batches form, caches and allocators warm up
@@ -80,7 +81,7 @@ def saturated_run(requests: pd.DataFrame, duration_s: float, *, repeat: int = 0,
     drained): the completions in [warmup_share × duration_s, duration_s] (or to the last request sent, when
     the traffic ended sooner), counted from the first of them to the last (so a static batch's completions,
     B at a time every T s, read exactly B / T); None with fewer than 2 distinct completion times there."""
-    done = requests[requests["status"] == "finished"]
+    done = requests[requests["status"] == RequestStatus.FINISHED]
     times = done["completion_time"].to_numpy(dtype="float64")
     sent = requests["arrival_time"].to_numpy(dtype="float64") if "arrival_time" in requests else np.array([])
     sent = sent[np.isfinite(sent)]
@@ -191,7 +192,7 @@ def busy_run(requests: pd.DataFrame, batches: pd.DataFrame | None, steps: pd.Dat
     pieces = [(d.sum(), b.sum()) for d, b in zip(np.split(done, cut), np.split(busy, cut)) if b.sum() > 0]
     rates, weights = np.array([d / b for d, b in pieces]), np.array([b for _, b in pieces])
     req = batch_means(rates, rates.size, weights, log=True)
-    finished = requests[requests["status"] == "finished"]
+    finished = requests[requests["status"] == RequestStatus.FINISHED]
     per_request = float(finished["n_tokens"].mean()) if len(finished) else 0.0
     tok = tuple(v * per_request for v in req)
     return SaturatedRun(repeat, *req, *tok, [float(start[0]), float(end[-1])], int(done.sum()), folder)

@@ -13,15 +13,15 @@ merged from the part files (collector.merge).
 """
 import math
 from collections import deque
-from collections.abc import Sequence
 
 import pandas as pd
 
 from batchlab.collector import tables
-from batchlab.collector.request import NAN, EndedIds, RequestState, TokenBuffer
-from batchlab.collector.parts import SETTINGS_COLUMNS
-from batchlab.collector.tables import Tables
+from batchlab.collector.parts import SETTINGS_COLUMNS, Tables
+from batchlab.collector.request import EndedIds, HeldTokens, RequestState, TokenBuffer
+from batchlab.collector.store_view import StoreView
 from batchlab.protocol import Arrival, BatchDone, BatchLaunch, RequestFailed, RunEnd, RunInfo, Step, Tokens, WorkerBye
+from batchlab.protocol.status import RequestStatus
 
 SCALARS = (type(None), bool, int, float, str)  # what a settings column of the tables may hold
 KEEP_TAKES = 10  # takes a written request stays for late events (the collector takes once a second)
@@ -35,7 +35,7 @@ class RunStore:
         self.requests: dict[int, RequestState] = {}  # in flight, or written less than KEEP_TAKES takes ago
         self.ended = EndedIds()  # requests that left memory
         # (request_id, batch_id) -> its tokens in arrival order, until the request's rows are taken
-        self.tokens: dict[tuple[int, int], Sequence] = {}
+        self.tokens: dict[tuple[int, int], HeldTokens] = {}
         self.batch_requests: dict[int, set[int]] = {}  # batch_id -> request ids seen in its tokens
         self.launches: dict[int, BatchLaunch] = {}
         self.dones: dict[int, BatchDone] = {}
@@ -154,9 +154,9 @@ class RunStore:
                 self.engine_metrics[int(rid)] = m
                 self.engine_keys.update(m)
         for rid in msg.finished:
-            self._terminate(rid, "finished", "", msg.batch_id)
+            self._terminate(rid, RequestStatus.FINISHED, "", msg.batch_id)
         for row in msg.failed:
-            self._terminate(row.request_id, "failed", row.reason, msg.batch_id)
+            self._terminate(row.request_id, RequestStatus.FAILED, row.reason, msg.batch_id)
 
     def _discard_tokens(self, batch_id: int) -> None:
         launch = self.launches.get(batch_id)
@@ -165,9 +165,9 @@ class RunStore:
             self.tokens.pop((rid, batch_id), None)
 
     def _on_request_failed(self, msg: RequestFailed) -> None:
-        self._terminate(msg.request_id, "failed", msg.reason, None)
+        self._terminate(msg.request_id, RequestStatus.FAILED, msg.reason, None)
 
-    def _terminate(self, rid: int, status: str, error: str, batch_id: int | None) -> None:
+    def _terminate(self, rid: int, status: RequestStatus, error: str, batch_id: int | None) -> None:
         state = self._request(rid)
         if state is None or state.status:  # exactly one terminal record per request: the first one wins
             self.counters["duplicate_terminals"] += 1
@@ -175,7 +175,7 @@ class RunStore:
         state.status, state.error, state.terminal_batch = status, error, batch_id
         self.taking.terminal(rid)
         self.progress[status] += 1
-        self.progress["failed_unlaunched"] += status == "failed" and not state.batches
+        self.progress["failed_unlaunched"] += status == RequestStatus.FAILED and not state.batches
 
     def _on_run_end(self, msg: RunEnd) -> None:
         self.run_end = msg
@@ -206,31 +206,22 @@ class RunStore:
             return float(self.settings["t0"])
         return 0.0 if math.isinf(self._first_arrival) else self._first_arrival
 
-    def counting_batch(self, state: RequestState) -> int:
-        """The attempt that counts: the batch that made it terminal, else its last non-OOM batch."""
-        if state.terminal_batch is not None:
-            return state.terminal_batch
-        for bid in reversed(state.batches):
-            done = self.dones.get(bid)
-            if done is None or not done.oom:
-                return bid
-        return -1
+    def view(self) -> StoreView:
+        """Its state as the tables read it, now."""
+        return StoreView(self.settings, self.t0(), self.requests, self.tokens, self.launches, self.dones, self.steps,
+                         self.run_end, self.byes, self.engine_metrics, self.engine_keys, self.counters, self.arrivals,
+                         self.peak_memory_bytes)
 
-    def token_stats(self, state: RequestState, bid: int) -> tuple[int, float, float]:
-        """Attempt `bid` of a request: its tokens' count, first and last time (scheduler clock)."""
-        n, first, last = state.taken if bid == state.taken_batch else (0, NAN, NAN)
-        buf = self.tokens.get((state.request_id, bid))
-        if buf:
-            times = buf.times
-            first = first if n else float(times[0])
-            n, last = n + len(times), float(times[-1])
-        return n, first, last
+    def hold(self, request_id: int, batch_id: int, tokens: HeldTokens) -> None:
+        """Hold an attempt's tokens given whole (the simulator's views over its step times), as if streamed."""
+        self.tokens[(request_id, batch_id)] = tokens
+        self.batch_requests.setdefault(batch_id, set()).add(request_id)
 
     def finish(self, schedule: pd.DataFrame | None = None, *, slos: dict | None = None) -> Tables:
         """The final tables built from memory: unfinished requests failed, unsent schedule rows added,
         summary built. Only for a store whose rows were never taken (the simulator, tests); the
         collector merges its part files instead (collector.merge.merge_run)."""
-        return tables.build_tables(self, schedule, slos)
+        return tables.build_tables(self.view(), schedule, slos)
 
 
 class PartTaking:
@@ -261,7 +252,8 @@ class PartTaking:
         takes every row still in memory); what was written long enough ago leaves the store."""
         if "t0" not in store.settings and not final:
             return {}
-        t0, self.takes = store.t0(), self.takes + 1
+        view, self.takes = store.view(), self.takes + 1
+        t0 = view.t0
         rids = self._ready_requests(store, final)
         written = rids + sorted(r for r in self._late.difference(rids) if r in store.requests)
         self._late = set()
@@ -270,12 +262,12 @@ class PartTaking:
         del store.steps[:]
         store.steps_taken += len(steps)
         engine = {r: store.engine_metrics[r] for r in written if r in store.engine_metrics}
-        parts = {"requests": tables.engine_columns(tables.requests_frame(store, written, t0), engine, t0),
-                 "tokens": tables.tokens_frame(store, written, t0),
-                 "batches": tables.batches_frame(store, bids, t0),
+        parts = {"requests": tables.engine_columns(tables.requests_frame(view, written, t0), engine, t0),
+                 "tokens": tables.tokens_frame(view, written, t0),
+                 "batches": tables.batches_frame(view, bids, t0),
                  "steps": tables.steps_frame(steps, t0)}
         for rid in written:
-            self._fold_tokens(store, store.requests[rid])
+            self._fold_tokens(store, view, store.requests[rid])
         self._retained.append((self.takes, written))
         self._forget(store, bids)
         return {name: df for name, df in parts.items() if not df.empty}
@@ -305,10 +297,10 @@ class PartTaking:
         self._pending_batches = [b for b in self._pending_batches if b not in taken]
         return bids
 
-    def _fold_tokens(self, store: RunStore, state: RequestState) -> None:
+    def _fold_tokens(self, store: RunStore, view: StoreView, state: RequestState) -> None:
         """Keep the counting attempt's count and first/last time; drop every held token of the request."""
-        bid = store.counting_batch(state)
-        state.taken, state.taken_batch, state.taken_at = store.token_stats(state, bid), bid, self.takes
+        bid = view.counting_batch(state)
+        state.taken, state.taken_batch, state.taken_at = view.token_stats(state, bid), bid, self.takes
         for b in {bid, *state.batches}:
             store.tokens.pop((state.request_id, b), None)
 

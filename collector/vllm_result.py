@@ -20,6 +20,7 @@ from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.environment import batchlab_version
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
+from batchlab.protocol.status import RequestStatus
 
 Decode = Callable[[list[int]], str]  # token ids → text (the model's tokenizer; collector imports no model)
 PERCENTILES = (50, 90, 99)  # vLLM's --metric-percentiles (its default is 99 alone)
@@ -128,7 +129,7 @@ def _detailed(requests: pd.DataFrame, tokens: pd.DataFrame, decode: Decode | Non
     tok = tokens.sort_values(["request_id", "token_index"])
     gaps = {rid: np.diff(t.to_numpy(dtype="float64")).tolist() for rid, t in tok.groupby("request_id")["time"]}
     ids = {rid: t.astype("int64").tolist() for rid, t in tok.groupby("request_id")["token_id"]}
-    finished = requests["status"] == "finished"
+    finished = requests["status"] == RequestStatus.FINISHED
     return {"input_lens": requests["prompt_len"].astype(int).tolist(),
             "output_lens": requests["n_tokens"].where(finished, 0).astype(int).tolist(),
             "ttfts": _known(requests["ttft"]),
@@ -145,7 +146,8 @@ def vllm_result(folder: str | Path, detailed: bool = False, decode: Decode | Non
     generated_texts are null, `why_not` says why)."""
     run, summary = RunDir(folder), read_summary(folder)
     requests = request_metrics(pd.read_parquet(run.table("requests"))).sort_values("request_id", ignore_index=True)
-    finished = requests[requests["status"] == "finished"]
+    finished_rows = requests["status"] == RequestStatus.FINISHED
+    finished = requests[finished_rows]
     columns = ["request_id", "token_index", "time", *(["token_id"] if detailed else [])]
     tokens = pd.read_parquet(run.table("tokens"), columns=columns)
     duration_s = summary.window_s
@@ -156,7 +158,7 @@ def vllm_result(folder: str | Path, detailed: bool = False, decode: Decode | Non
         "total_input_tokens": n_in, "total_output_tokens": n_out, "request_throughput": summary.requests_per_s,
         "request_goodput": summary.goodput.met * per_s if summary.goodput else None,
         "output_throughput": summary.throughput_tok_s, "total_token_throughput": (n_in + n_out) * per_s,
-        "latencies": requests["e2e"].where(requests["status"] == "finished").astype("float64").fillna(0.0).tolist(),
+        "latencies": requests["e2e"].where(finished_rows).astype("float64").fillna(0.0).tolist(),
         "queue_times": _known(requests["queue_wait"]),
     } | _peaks(finished, tokens) | {"rtfx": 0.0}
     itl = inter_token_latencies(tokens, finished["request_id"]).to_numpy(dtype="float64")

@@ -25,7 +25,7 @@ import numpy as np
 
 from batchlab.protocol.clock import now
 from batchlab.protocol.errors import CalibrateError
-from batchlab.worker.backend import Row, StepOutput
+from batchlab.worker.backend import BackendRequest, StepOutput
 from batchlab.worker.stepmodel import StepModel, save_preset
 
 FORMS = ("compute", "memory")
@@ -209,12 +209,13 @@ QUICK = Grid([1, 2, 4, 8], [16, 64, 192], steps=8, max_tokens=1536, min_rounds=3
 FULL = Grid([1, 2, 4, 8, 16, 32], [16, 64, 256, 512], steps=12, max_tokens=4096, min_rounds=3, max_rounds=9)
 
 
-def _rows(rows: int, prompt_len: int, steps: int, rng: random.Random, first_id: int) -> list[Row]:
-    return [Row(first_id + i, prompt_len, steps, [rng.randrange(100, 32000) for _ in range(prompt_len)], 0)
+def _rows(rows: int, prompt_len: int, steps: int, rng: random.Random, first_id: int) -> list[BackendRequest]:
+    return [BackendRequest.new(first_id + i, prompt_len, steps,
+                               [rng.randrange(100, 32000) for _ in range(prompt_len)], 0)
             for i in range(rows)]
 
 
-def static_round(backend, rows: list[Row]) -> dict[str, float]:
+def static_round(backend, rows: list[BackendRequest]) -> dict[str, float]:
     """One lockstep batch: {"prefill": launch → first token, "decode": median gap between later steps}."""
     outs: list[StepOutput] = []
     start = now()
@@ -224,7 +225,7 @@ def static_round(backend, rows: list[Row]) -> dict[str, float]:
     return {"prefill": ends[0] - start, "decode": statistics.median(gaps)}
 
 
-def stepping_round(backend, rows: list[Row]) -> dict[str, float]:
+def stepping_round(backend, rows: list[BackendRequest]) -> dict[str, float]:
     """Every row admitted at once, then stepped: prefill = admit → every row's first token."""
     start = now()
     backend.admit(rows)

@@ -20,6 +20,7 @@ from batchlab.lab.sweep_plan import Plan, span_rates
 from batchlab.lab.twin import twin_plan
 from batchlab.lab.twin_replay import replayed
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.status import RequestStatus
 
 RHO_MAX = 0.8  # the twin's error is summarised over the live points at or below this load, and over all
 FIGURES = {"ttft_p50": "TTFT p50", "e2e_p50": "E2E p50", "throughput": "output throughput"}
@@ -58,7 +59,7 @@ def play_curves(plan: Plan, out: Path, capacity: dict, view=None) -> Path | None
 
 def point_figures(requests, summary) -> dict[str, float]:
     """A run's figures the twin is judged on: TTFT p50, E2E p50 (s, finished requests) and output tok/s."""
-    done = requests[requests["status"] == "finished"]
+    done = requests[requests["status"] == RequestStatus.FINISHED]
     return {"ttft_p50": float(np.median(done["ttft"])) if len(done) else math.nan,
             "e2e_p50": float(np.median(done["e2e"])) if len(done) else math.nan,
             "throughput": float(summary.throughput_tok_s or math.nan)}

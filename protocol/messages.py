@@ -4,7 +4,8 @@ protocol.records, kinds and the version in protocol.wire (all re-exported from t
 On the wire a message is a MessagePack array `[PROTOCOL_VERSION, kind, *fields]`, fields in the order
 declared here; a nested row (RequestRow, FailedRow, a RequestMsg inside one) is the array of its fields.
 One request along its hops: RequestMsg (traffic → scheduler, which holds it as sent) → RequestRow (the
-scheduler → a worker: the RequestMsg and the batch it runs in) → worker.backend.Row (what a backend runs).
+scheduler → a worker: the RequestMsg and the batch it runs in) → worker.backend.BackendRequest (what a backend
+runs: the RequestMsg, its batch and its prompt unpacked).
 All times are seconds on the scheduler host's monotonic clock (see protocol.clock).
 """
 from dataclasses import dataclass, field

@@ -11,7 +11,8 @@ from batchlab.protocol.wire import BatchId, Count, Kind, Length, RequestId, Toke
 @dataclass(slots=True)
 class RequestMsg:
     """One request as traffic submits it, and as the scheduler holds it. `arrival_time` is the planned
-    time (t0 + offset)."""
+    time (t0 + offset). Each field is a column of requests.parquet (collector.request.RequestOutcome) unless
+    its metadata says `column: False`; a new field reaches that table by being declared here."""
 
     KIND = Kind.REQUEST
     request_id: RequestId
@@ -19,7 +20,7 @@ class RequestMsg:
     send_time: float
     prompt_len: Length
     output_len: Length
-    prompt_tokens: TokenBytes = b""
+    prompt_tokens: TokenBytes = field(default=b"", metadata={"column": False})  # bulky: schedule.parquet has them
 
     def is_valid(self) -> bool:
         """The packed prompt holds exactly prompt_len tokens (none at all: an Arrival's copy, which the

@@ -7,7 +7,6 @@ import pyarrow as pa
 
 from batchlab.collector.layout import (CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of,
                                        rate_of)
-from batchlab.collector.metrics import NOT_SENT
 from batchlab.collector.parts import load_table, run_label
 from batchlab.report.inputs import OPTIONAL, REQUIRED, check_capacity, inside, read_index, table_problem
 from batchlab.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
@@ -15,6 +14,7 @@ from batchlab.report.tokens import TokenDigest, flags_for, frame_digest, read_di
 from batchlab.collector.summary import Summary, SummaryError, read_summary
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 from batchlab.protocol.errors import ReportError, RunRefused
+from batchlab.protocol.status import FailureReason, RequestStatus
 
 
 @dataclass(slots=True)
@@ -169,8 +169,8 @@ def _first_error(requests: pd.DataFrame) -> str:
     """The first failure reason in the table, preferring a cause over 'not sent' (its consequence)."""
     if "error" not in requests or "status" not in requests:
         return "requests.parquet holds no failure reason"
-    errors = [str(e) for e in requests.loc[requests["status"] != "finished", "error"].dropna() if str(e)]
-    causes = [e for e in errors if e != NOT_SENT]
+    errors = [str(e) for e in requests.loc[requests["status"] != RequestStatus.FINISHED, "error"].dropna() if str(e)]
+    causes = [e for e in errors if e != FailureReason.NOT_SENT]
     return (causes or errors or ["no failure reason recorded"])[0].splitlines()[0]
 
 

@@ -21,6 +21,7 @@ from batchlab.collector.metrics import LATENCY_STATS, goodput, percentiles, requ
 from batchlab.collector.quantiles import chunked_percentiles
 from batchlab.report.points import RunData
 from batchlab.report.tokens import CARRIED, PLAIN, TokenDigest, starts_of
+from batchlab.protocol.status import RequestStatus
 
 CI_LEVEL = 0.95
 CI_METRICS = ("ttft", "e2e")  # request-level latencies that get percentile intervals
@@ -66,7 +67,7 @@ def share_text(share: float) -> str:
 def finished_requests(run: RunData) -> pd.DataFrame:
     """The run's finished requests, with their latency columns."""
     df = request_metrics(run.requests)
-    return df[df["status"] == "finished"]
+    return df[df["status"] == RequestStatus.FINISHED]
 
 
 def percentile_ci(samples: list[np.ndarray], q: float, level: float = CI_LEVEL) -> tuple[float, float] | None:

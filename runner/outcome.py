@@ -12,6 +12,7 @@ from pathlib import Path
 from batchlab.collector.summary import Summary
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.errors import UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT
+from batchlab.protocol.status import FailureKind
 
 OK_EXIT = 0
 FAULT_EXIT = 2
@@ -20,7 +21,8 @@ SIGNAL_EXIT_BASE = 128  # a role stopped by a signal exits 128 + the signal's nu
 MAX_CAUSE_CHARS = 300  # a crashed role's exception, as its verdict line quotes it
 
 # Failure reasons that are faults, by prefix: a request lost to a role's end, a stall or a stop. Every
-# other reason is a result the run's own rules produced.
+# other reason is a result the run's own rules produced. Prefixes of protocol.status's reasons and kinds, so
+# that a reason's variant text (an older folder's) still counts.
 FAULT_PREFIXES = ("worker lost", "worker rejoined", "worker stopped", "worker error", "scheduler stopped",
                   "stalled", "not sent", "no terminal record")
 
@@ -89,7 +91,7 @@ def verdict(summary: Summary | None, deaths: list[str]) -> tuple[int, str]:
     reasons = {r: n for r, n in summary.failure_reasons.items() if is_fault(r)}
     if not reasons:
         return OK_EXIT, ""
-    stalled = [r for r in reasons if str(r).startswith("stalled")]
+    stalled = [r for r in reasons if str(r).startswith(FailureKind.STALLED)]
     top = stalled[0] if stalled else max(reasons, key=lambda r: reasons[r])
     more = f" ({len(reasons)} fault reasons: see failure_reasons in summary.json)" if len(reasons) > 1 else ""
     return FAULT_EXIT, f"{top}{tail}{more}"

@@ -14,6 +14,7 @@ import itertools
 
 from batchlab.protocol import RequestFailed, RequestMsg, RequestRow, WorkerHello
 from batchlab.protocol.ids import IdSet
+from batchlab.protocol.status import FailureKind, FailureReason, detailed
 from batchlab.scheduler.launch import Decisions, Launch
 from batchlab.scheduler.policies import Decision, Policy
 from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
@@ -21,11 +22,7 @@ from batchlab.scheduler.workers import PendingQueue, WorkerState, least_loaded
 MAX_LOSSES = 1  # a request lost with its worker is requeued this often, then failed
 WORKER_REJOIN_GRACE_S = 10.0  # with no worker left, queued requests wait this long for one to (re)join
 
-QUEUE_FULL = "queue full"
-NO_WORKER_LEFT = "worker lost: no worker left"
-OOM_ALONE = "out of memory: does not fit alone"
-REJOINED = "worker rejoined: its running requests were lost"
-STALLED = "stalled: policy launched nothing for {limit_s:g} s with {queued} queued and every worker idle"
+STALLED = "policy launched nothing for {limit_s:g} s with {queued} queued and every worker idle"  # FailureKind.STALLED
 
 
 class SchedulerCore:
@@ -57,7 +54,7 @@ class SchedulerCore:
         self.lost.pop(worker_id, None)  # a new process: what a stalled one ran is gone with it
         if old is not None:  # a restarted worker: what its last process ran is gone with it
             self.stats["workers_rejoined"] += 1
-            self._drop_inflight(old, REJOINED, now)
+            self._drop_inflight(old, FailureReason.REJOINED, now)
         self.workers[worker_id] = WorkerState(hello)
         self.orphaned_since = None
         return None if old is None else old.running
@@ -94,10 +91,10 @@ class SchedulerCore:
         self.stats["submitted"] += 1
         if self.queue.is_full_for(request.prompt_len + request.output_len, self.max_queue, self.max_queue_tokens):
             self.stats["queue_full"] += 1
-            self._fail(request, QUEUE_FULL, now)
+            self._fail(request, FailureReason.QUEUE_FULL, now)
             return False
         if self._grace_over(now):
-            self._fail(request, NO_WORKER_LEFT, now)
+            self._fail(request, FailureReason.NO_WORKER_LEFT, now)
             return False
         self.queue.append(request)
         self.stats["max_queue_len"] = max(self.stats["max_queue_len"], len(self.queue))
@@ -115,7 +112,7 @@ class SchedulerCore:
         if oom:
             self.stats["oom_batches"] += 1
             if len(batch) == 1:  # it does not fit even alone: retrying cannot help
-                self._fail(batch[0], OOM_ALONE, now)
+                self._fail(batch[0], FailureReason.OOM_ALONE, now)
             else:
                 self._requeue(batch)  # the policy's cap has halved
         return batch
@@ -137,7 +134,7 @@ class SchedulerCore:
         self.lost[worker_id] = dict(state.inflight)
         if not self.workers:
             self.orphaned_since = now
-        self._drop_inflight(state, f"worker lost: {worker_id}", now)
+        self._drop_inflight(state, detailed(FailureKind.WORKER_LOST, worker_id), now)
 
     def on_send_failed(self, unsent: list[Launch], now: float) -> None:
         """These launches (of one worker, in order) never reached it: they go back to the front, not
@@ -161,14 +158,15 @@ class SchedulerCore:
         """With no worker back within the grace, every queued request fails; so do they when the stream
         ended and the policy launched nothing on idle workers for stall_limit_s (it is stalled)."""
         if self._grace_over(now):
-            self.fail_queue(NO_WORKER_LEFT, now)
+            self.fail_queue(FailureReason.NO_WORKER_LEFT, now)
         if not self._idle_with_queue():
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = now
         elif self.stall_limit_s and now - self.idle_since >= self.stall_limit_s:
             self.stats["stalled"] = len(self.queue)
-            self.fail_queue(STALLED.format(limit_s=self.stall_limit_s, queued=len(self.queue)), now)
+            stalled = STALLED.format(limit_s=self.stall_limit_s, queued=len(self.queue))
+            self.fail_queue(detailed(FailureKind.STALLED, stalled), now)
             self.idle_since = None
 
     def _idle_with_queue(self) -> bool:
@@ -229,7 +227,7 @@ class SchedulerCore:
                              f"must be distinct positions of the {shown} queued requests it was shown")
         taken = self._take(positions)
         for r in taken[len(decision.pick):]:
-            self._fail(r, decision.reject_reason or "rejected by the strategy", now)
+            self._fail(r, decision.reject_reason or FailureReason.REJECTED, now)
         return taken[:len(decision.pick)]
 
     def _within_room(self, batch: list[RequestMsg], free_slots: int) -> list[RequestMsg]:

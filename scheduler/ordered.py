@@ -27,11 +27,11 @@ from typing import ClassVar
 from batchlab.protocol import RequestMsg
 from batchlab.protocol.errors import term
 from batchlab.protocol.settings import parse_slos
+from batchlab.protocol.status import FailureReason
 from batchlab.scheduler.policies import Capacity, Continuous, Decision, Dynamic, Policy, at_least
 
 MODES = ("static", "continuous")
 PREDICTORS = ("oracle", "prompt", "noisy")
-DEADLINE = "deadline"  # the failure reason of a request edf rejects
 _MASK = (1 << 64) - 1
 
 
@@ -89,7 +89,7 @@ class Ranked:
         if decision.n:  # the first n of the ranked order are positions of the queue shown
             decision.pick, decision.n = tuple(order[:decision.n]), 0
         if reject:
-            decision.reject, decision.reject_reason = reject, DEADLINE
+            decision.reject, decision.reject_reason = reject, FailureReason.DEADLINE
         return decision
 
     def on_batch_done(self, size: int, oom: bool) -> None:

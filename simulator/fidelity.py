@@ -27,6 +27,7 @@ from batchlab.collector.summary import SummaryError, read_summary, write_summary
 from batchlab.protocol.settings import RunConfig, build_config
 from batchlab.simulator.run import simulate
 from batchlab.traffic.schedule import Schedule
+from batchlab.protocol.status import RequestStatus
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,8 @@ def config_from_settings(settings: dict, strategy_code: bytes = b"") -> RunConfi
 def compare(live: pd.DataFrame, sim: pd.DataFrame) -> dict:
     """Per-request live − simulated metrics over the requests finished in both tables."""
     cols = ["request_id", *METRICS]
-    live_ok = live.loc[live["status"] == "finished", cols]
-    sim_ok = sim.loc[sim["status"] == "finished", cols]
+    live_ok = live.loc[live["status"] == RequestStatus.FINISHED, cols]
+    sim_ok = sim.loc[sim["status"] == RequestStatus.FINISHED, cols]
     both = live_ok.merge(sim_ok, on="request_id", suffixes=("_live", "_sim"))
     out = {"matched": len(both), "live_only": len(live_ok) - len(both), "sim_only": len(sim_ok) - len(both)}
     for name in METRICS:

@@ -25,6 +25,7 @@ from batchlab.simulator.run import simulate
 from batchlab.traffic.schedule import Schedule
 from batchlab.worker.gpu_presets import Terms, step_model_for
 from batchlab.worker.stepmodel import StepModel, save_preset
+from batchlab.protocol.status import RequestStatus
 
 GROUP_ORDER = ("throughput", "tpot", "ttft")
 NEVER_S = 1e9  # a closed loop's traffic duration: every request of the sample is sent
@@ -39,7 +40,7 @@ class Prediction:
 
 
 @dataclass(slots=True)
-class Row:
+class PublishedPrediction:
     """One published figure beside its prediction."""
 
     measurement: str
@@ -218,7 +219,7 @@ def delivered(requests: pd.DataFrame, steps: pd.DataFrame, tolerance_s: float = 
 def metrics_of(requests: pd.DataFrame, m: Measurement, delay_s: np.ndarray | None = None) -> dict[str, float]:
     """The published metrics of a simulated run's requests table; `delay_s`: each request's time between being
     sent and reaching the scheduler (the front end), added to its TTFT and E2E."""
-    done = requests[requests["status"] == "finished"].sort_values("request_id")
+    done = requests[requests["status"] == RequestStatus.FINISHED].sort_values("request_id")
     if len(done) < len(m.prompts):
         raise RuntimeError(f"{m.id}: {len(m.prompts) - len(done)} of {len(m.prompts)} requests did not finish")
     ids = done["request_id"].to_numpy()
@@ -240,9 +241,10 @@ def metrics_of(requests: pd.DataFrame, m: Measurement, delay_s: np.ndarray | Non
             "batch_latency_s": float(e2e.mean())}
 
 
-def rows_of(m: Measurement, prediction: Prediction) -> list[Row]:
+def rows_of(m: Measurement, prediction: Prediction) -> list[PublishedPrediction]:
     """Each published figure of `m` beside its prediction."""
-    return [Row(m.id, m.source, m.gpu, m.split, f.metric, f.value, prediction.metrics[f.metric], f.scored)
+    return [PublishedPrediction(m.id, m.source, m.gpu, m.split, f.metric, f.value, prediction.metrics[f.metric],
+                                f.scored)
             for f in m.figures]
 
 
@@ -258,7 +260,7 @@ class GroupError:
     worst_row: str
 
 
-def group_errors(rows: list[Row], split: str) -> list[GroupError]:
+def group_errors(rows: list[PublishedPrediction], split: str) -> list[GroupError]:
     """Median and worst |predicted ÷ published − 1| per group over the scored rows of `split` (groups with no
     row are left out)."""
     out = []

@@ -1,9 +1,9 @@
 """Token times of a simulated run, kept as array slices, and the run's tokens table built from them.
 
-A live worker streams one Tokens message per step and the collector's RunStore keeps a Python list per
-request; at 50 req/s × 60 s that is ~10⁶ tuples per point. Here a request's token times are a slice
-of its batch's step-end times (static) or of its worker's step-end times (continuous), so the tokens
-table is built with numpy, and RunStore sees each request's tokens through a read-only `TokenView`.
+A live worker streams one Tokens message per step and the collector's RunStore holds each attempt's tokens
+in a TokenBuffer (collector.request.HeldTokens, the layout it declares). Here a request's token times are a
+slice of its batch's step-end times (static) or of its worker's step-end times (continuous), so the tokens
+table is built with numpy, and RunStore holds each request's tokens as a read-only `TokenView` of that layout.
 Everything else in the tables comes from the collector's own functions.
 """
 from collections.abc import Sequence
@@ -20,12 +20,17 @@ from batchlab.worker.sim import fake_token
 
 
 class TokenView(Sequence):
-    """A request's tokens as RunStore holds them — [(time, token_id), ...] — over an array of times."""
+    """A request's tokens in the layout RunStore holds (collector.request.HeldTokens), over an array of times."""
 
     __slots__ = ("times", "request_id")
 
     def __init__(self, times: np.ndarray, request_id: int) -> None:
         self.times, self.request_id = times, request_id
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Its token ids, in order (the sim backend's fake tokens)."""
+        return fake_token(self.request_id, np.arange(len(self.times), dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.times)
@@ -84,8 +89,7 @@ class Recorder:
         """Give `store` each request's tokens (as views); return the tokens table (times since t0)."""
         spans = self._times()
         for s, times in spans:
-            store.tokens[(s.request_id, s.batch_id)] = TokenView(times, s.request_id)
-            store.batch_requests.setdefault(s.batch_id, set()).add(s.request_id)
+            store.hold(s.request_id, s.batch_id, TokenView(times, s.request_id))
         return _tokens_frame(spans, store.t0())
 
     def token_messages(self) -> list[Tokens]:

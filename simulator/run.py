@@ -21,15 +21,18 @@ Not modelled: OOM (the `sim` backend has none, so no batch is requeued), lost wo
 """
 import heapq
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from batchlab.collector.store import RunStore
 from batchlab.collector.tables import Tables, build_tables
-from batchlab.protocol import Arrival, BatchDone, RequestMsg, RunEnd, RunInfo, Step, WorkerBye, WorkerHello
+from batchlab.protocol import (Arrival, BatchDone, RequestMsg, RequestRow, RunEnd, RunInfo, Step, WorkerBye,
+                               WorkerHello)
 from batchlab.protocol.identity import config_hash, run_settings
 from batchlab.protocol.settings import RunConfig
+from batchlab.protocol.status import FailureKind, detailed
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy
@@ -37,7 +40,8 @@ from batchlab.scheduler.strategies import Strategy, resolve
 from batchlab.simulator.record import Recorder
 from batchlab.traffic.closed_loop import ClientPool
 from batchlab.traffic.schedule import Schedule
-from batchlab.worker.backend import Row, worker_hello  # worker_hello: the one hello builder (one sim BackendInfo)
+# worker_hello: the one hello builder (one sim BackendInfo)
+from batchlab.worker.backend import BackendRequest, worker_hello
 from batchlab.worker.sim import SimBackend, StepPlan, make_core, static_step_durations, step_ends
 from batchlab.worker.stepmodel import StepModel
 
@@ -60,11 +64,14 @@ class Simulation:
         self.steppers = {h.worker_id: make_core(model, h.max_batch_size, h.kv_budget_bytes)
                          for h in hellos if h.mode == "continuous"}
         self.stepping: dict[str, tuple[float, StepPlan]] = {}  # worker -> (start_s, plan)
-        self.admitted: dict[int, tuple[int, float, int]] = {}  # rid -> (batch_id, admit_s, output_len)
-        self.requests = list(zip(requests["request_id"].tolist(), requests["arrival_offset_s"].tolist(),
-                                 requests["prompt_len"].tolist(), requests["output_len"].tolist()))
+        self.admitted: dict[int, tuple[RequestRow, float]] = {}  # rid -> (its row, admit_s)
+        # as traffic would send them, planned (and sent) at their offsets (t0 = 0); a closed loop's, when it can
+        self.requests = [RequestMsg(rid, offset_s, offset_s, prompt_len, output_len)
+                         for rid, offset_s, prompt_len, output_len in zip(
+                             requests["request_id"].tolist(), requests["arrival_offset_s"].tolist(),
+                             requests["prompt_len"].tolist(), requests["output_len"].tolist())]
         self.clients = clients  # closed loop: arrivals decided as requests end
-        self.events = [] if clients else [(r[1], i, ARRIVAL, i) for i, r in enumerate(self.requests)]
+        self.events = [] if clients else [(r.arrival_time, i, ARRIVAL, i) for i, r in enumerate(self.requests)]
         heapq.heapify(self.events)
         self.seq = itertools.count(len(self.events))
         if clients is not None:
@@ -121,8 +128,7 @@ class Simulation:
 
     # --- scheduler side ---------------------------------------------------------------------------
     def _arrive(self, index: int, t: float) -> None:
-        rid, _, prompt_len, output_len = self.requests[index]
-        request = RequestMsg(rid, t, t, prompt_len, output_len)
+        request = replace(self.requests[index], arrival_time=t, send_time=t)
         self.store.handle(Arrival(request, t))
         if index == len(self.requests) - 1:  # traffic's EndOfStream follows its last request
             self.core.end_of_stream()
@@ -181,7 +187,7 @@ class Simulation:
         if self.core.stall_limit_s:
             self.core.tick(t)
             self.core.tick(t + self.core.stall_limit_s)
-        self.core.fail_queue("scheduler stopped: simulation ended", t)  # with the limit off (0)
+        self.core.fail_queue(detailed(FailureKind.SCHEDULER_STOPPED, "simulation ended"), t)  # with the limit off (0)
         self._forward()
         stats = {**self.core.stats, **self.stats}
         self.store.handle(RunEnd(self.core.stats["submitted"], list(self.core.workers), stats))
@@ -191,7 +197,7 @@ class Simulation:
     # --- worker side ------------------------------------------------------------------------------
     def _run_static(self, launch: Launch, t: float) -> None:
         """worker.sim.SimBackend.run_batch: step ends are the launch time plus the step durations."""
-        rows = [Row.of(r) for r in launch.rows]  # a static launch is one batch
+        rows = [BackendRequest.of(r) for r in launch.rows]  # a static launch is one batch
         batch_id = rows[0].batch_id
         ends_s = np.array(step_ends(t, static_step_durations(rows, self.model), self.noise))
         self.recorder.static_batch(batch_id, [(r.request_id, r.output_len) for r in rows], ends_s)
@@ -201,15 +207,15 @@ class Simulation:
         """worker.sim.SimBackend.admit: each row joins the worker's next step."""
         for row in launch.rows:
             r = row.request
-            self.admitted[r.request_id] = (row.batch_id, t, r.output_len)
+            self.admitted[r.request_id] = (row, t)
             self.steppers[launch.worker_id].admit(r.request_id, r.prompt_len, r.output_len)
 
     def _start_step(self, wid: str, t: float) -> None:
         stepper = self.steppers[wid]
         plan = stepper.plan_step()
         for rid in plan.joined if stepper.every_step else ():  # else its finishers' steps come with the plan
-            batch_id, _, output_len = self.admitted[rid]
-            self.recorder.joined(wid, rid, batch_id, output_len)
+            row, _ = self.admitted[rid]
+            self.recorder.joined(wid, rid, row.batch_id, row.request.output_len)
         self.stepping[wid] = (t, plan)
         self._push(step_ends(t, [plan.duration_s], self.noise)[0], STEP_END, wid)
 
@@ -219,10 +225,10 @@ class Simulation:
         self.store.handle(Step(wid, plan.step, start_s, t, plan.running, len(plan.joined), len(plan.finished),
                                plan.prefill_tokens))
         for rid in plan.finished:
-            batch_id, admit_s, _ = self.admitted.pop(rid)
+            row, admit_s = self.admitted.pop(rid)
             if rid in plan.token_steps:
-                self.recorder.at_steps(wid, rid, batch_id, plan.token_steps[rid])
-            self._done(BatchDone(batch_id, wid, admit_s, t, [rid]))
+                self.recorder.at_steps(wid, rid, row.batch_id, plan.token_steps[rid])
+            self._done(BatchDone(row.batch_id, wid, admit_s, t, [rid]))
         if self.steppers[wid].has_work():  # like worker/process.py: the next step starts at once, with the
             self._start_step(wid, t)  # rows dispatched before now; the scheduler's answer joins later
         return bool(plan.finished)
@@ -267,7 +273,7 @@ def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None, no
                      stall_limit_s=cfg.stall_limit_s, clients=clients, noise=noise)
     store = sim.run()
     tokens = sim.recorder.attach(store)
-    # every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
-    tables = build_tables(store, None, slos if slos is not None else cfg.slos() or None, tokens=tokens)  # as live
+    # as live; every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
+    tables = build_tables(store.view(), None, slos if slos is not None else cfg.slos() or None, tokens=tokens)
     tables.summary.end_reason = END_REASON
     return tables

@@ -5,7 +5,7 @@ nothing the scaled one does not: the code paths are the architecture's, the size
 import pytest
 
 from batchlab.models.archs import ARCHS, kv_bytes_per_token, n_params
-from batchlab.worker.backend import Row, worker_hello
+from batchlab.worker.backend import BackendRequest, worker_hello
 from tests.conftest import scaled_tinyllama, scaled_tinyllama_arch
 
 pytestmark = pytest.mark.slow
@@ -14,11 +14,12 @@ MAX_NEW_TOKENS = 4
 SHAPES = [(9, MAX_NEW_TOKENS), (40, 2), (64, 3)]
 
 
-def rows() -> list[Row]:
-    return [Row(i, p, o, [100 + (13 * i + j) % 900 for j in range(p)], 0) for i, (p, o) in enumerate(SHAPES)]
+def rows() -> list[BackendRequest]:
+    return [BackendRequest.new(i, p, o, [100 + (13 * i + j) % 900 for j in range(p)], 0)
+            for i, (p, o) in enumerate(SHAPES)]
 
 
-def assert_exact_lengths(outs, rows_: list[Row]) -> None:
+def assert_exact_lengths(outs, rows_: list[BackendRequest]) -> None:
     """Every row got exactly its output_len tokens, each a token of the 32,000-token vocabulary, and finished once."""
     counts = {}
     for o in outs:

@@ -14,7 +14,7 @@ from batchlab.cli.main import app
 from batchlab.runner.preflight import check_before_start
 from batchlab.protocol.plugins import BACKEND_GROUP
 from batchlab.protocol.settings import ConfigError, RunConfig
-from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row
+from batchlab.worker.backend import Backend, BackendError, BackendInfo, BackendRequest
 from batchlab.worker.factory import backend_class, make_backend
 from tests.conftest import ROOT
 
@@ -27,8 +27,8 @@ def examples_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
 
 
-def rows(*output_lens: int) -> list[Row]:
-    return [Row(i, 3, n, [1, 2, 3], 0) for i, n in enumerate(output_lens)]
+def rows(*output_lens: int) -> list[BackendRequest]:
+    return [BackendRequest.new(i, 3, n, [1, 2, 3], 0) for i, n in enumerate(output_lens)]
 
 
 class StaticOnly(Backend):

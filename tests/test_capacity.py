@@ -9,7 +9,9 @@ import pytest
 from batchlab.lab.capacity_search import SimulatedSearch, search_all
 from batchlab.lab.sweep_plan import AutoRates, SweepError, load_plan, span_rates
 from batchlab.collector.capacity import Probe, Verdict, bracket, from_runs, next_rate, search, sustain, waiting
-from batchlab.collector.metrics import NO_TERMINAL
+from batchlab.protocol.status import FailureReason
+
+NO_TERMINAL = FailureReason.NO_TERMINAL
 
 # naive, batch size 1, a step model whose prefill costs PREFILL_S and each decode step DECODE_S whatever the
 # shape: every request takes PREFILL_S + (OUT − 1) × DECODE_S, so one worker serves 1 / that req/s (M/D/1)

@@ -1,15 +1,15 @@
 """HFBackend on tiny-mistral (CPU): exact token counts, per-step stamps, greedy determinism, memory."""
 import pytest
 
-from batchlab.worker.backend import BackendError, OutOfMemory, Row, StepOutput
+from batchlab.worker.backend import BackendError, OutOfMemory, BackendRequest, StepOutput
 from batchlab.worker.hf.static import HFBackend, HFSettings, left_pad, special_prefix
 from tests.conftest import scaled_tinyllama
 
 
-def rows_of_mixed_lengths(batch_id: int = 0) -> list[Row]:
+def rows_of_mixed_lengths(batch_id: int = 0) -> list[BackendRequest]:
     prompts = [[100, 200, 300, 400, 500], list(range(1000, 1012)), [42]]
     outputs = [3, 6, 1]
-    return [Row(10 + i, len(p), n, p, batch_id) for i, (p, n) in enumerate(zip(prompts, outputs))]
+    return [BackendRequest.new(10 + i, len(p), n, p, batch_id) for i, (p, n) in enumerate(zip(prompts, outputs))]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def mixed_steps(backend) -> list[StepOutput]:
     return run(backend, rows_of_mixed_lengths())
 
 
-def run(backend: HFBackend, rows: list[Row]) -> list[StepOutput]:
+def run(backend: HFBackend, rows: list[BackendRequest]) -> list[StepOutput]:
     steps: list[StepOutput] = []
     backend.run_batch(rows, steps.append)
     return steps
@@ -153,7 +153,8 @@ def test_torch_compile_gives_the_same_tokens_from_one_shape_compiled_in_the_warm
     try:
         compiled.warmup()
         warm = counters["stats"]["unique_graphs"]
-        batches = [rows_of_mixed_lengths(), rows_of_mixed_lengths()[1:2], [Row(20, 30, 9, list(range(2000, 2030)), 2)]]
+        batches = [rows_of_mixed_lengths(), rows_of_mixed_lengths()[1:2],
+                   [BackendRequest.new(20, 30, 9, list(range(2000, 2030)), 2)]]
         for rows in batches:  # 3, 1 and 1 rows, prompts of 1 to 30 tokens: one padded shape
             assert tokens_by_row(run(compiled, rows)) == tokens_by_row(run(backend, rows))
         assert warm > before and counters["stats"]["unique_graphs"] == warm  # no recompile after the warm-up

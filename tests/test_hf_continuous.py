@@ -6,18 +6,18 @@ import pytest
 import torch
 
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import BackendError, Row, StepOutput
+from batchlab.worker.backend import BackendError, BackendRequest, StepOutput
 from batchlab.worker.hf.chunks import DEFAULT_BATCHED_TOKENS, plan_chunks, step_budget
 from batchlab.worker.hf.continuous import HFContinuousBackend
 from batchlab.worker.hf.layouts import PaddedKV
 from batchlab.worker.hf.static import HFSettings
 
 
-def mixed_rows() -> list[Row]:
+def mixed_rows() -> list[BackendRequest]:
     prompts = [list(range(300, 330)), [7, 8, 9, 10, 11, 12, 13], list(range(900, 950)), [42, 43, 44],
                list(range(5000, 5020))]
     outputs = [12, 5, 9, 1, 15]
-    return [Row(i, len(p), n, p, i) for i, (p, n) in enumerate(zip(prompts, outputs))]
+    return [BackendRequest.new(i, len(p), n, p, i) for i, (p, n) in enumerate(zip(prompts, outputs))]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,8 @@ def backend():
     b.close()
 
 
-def drive(b: HFContinuousBackend, arrivals: list[list[Row]]) -> tuple[dict[int, list[int]], list[StepOutput]]:
+def drive(b: HFContinuousBackend,
+          arrivals: list[list[BackendRequest]]) -> tuple[dict[int, list[int]], list[StepOutput]]:
     """Admit arrivals[k] before step k, then step until idle: (tokens by request, steps)."""
     tokens: dict[int, list[int]] = {}
     outs: list[StepOutput] = []
@@ -115,7 +116,7 @@ def test_rows_join_at_the_next_step_and_leave_when_done(backend):
 
 @pytest.mark.slow  # tiny-mistral on HF
 def test_a_short_request_finishes_while_a_long_one_runs(backend):
-    long, short = Row(0, 10, 40, list(range(10, 20)), 0), Row(1, 4, 3, [5, 6, 7, 8], 1)
+    long, short = BackendRequest.new(0, 10, 40, list(range(10, 20)), 0), BackendRequest.new(1, 4, 3, [5, 6, 7, 8], 1)
     tokens, outs = drive(backend, [[long], [], [short]])
     done_step = {rid: i for i, o in enumerate(outs) for rid in o.finished}
     assert done_step[1] == 4 < done_step[0] == 39 and len(tokens[0]) == 40
@@ -281,7 +282,8 @@ def test_the_padded_layout_gives_the_same_tokens_as_the_slot_layout(padded, solo
 
 @pytest.mark.slow  # tiny-mistral on HF
 def test_slot_decode_steps_write_in_place_without_growing_the_cache(backend):
-    backend.admit([Row(0, 10, 20, list(range(10, 20)), 0), Row(1, 4, 20, [5, 6, 7, 8], 1)])
+    backend.admit([BackendRequest.new(0, 10, 20, list(range(10, 20)), 0),
+                   BackendRequest.new(1, 4, 20, [5, 6, 7, 8], 1)])
     backend.step()
     slots = backend.kv  # the slot layout is the SlotKV
     storage, shape = slots.keys[0].data_ptr(), slots.keys[0].shape

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from batchlab.worker.backend import Row
+from batchlab.worker.backend import BackendRequest
 from batchlab.worker import openai_client
 from batchlab.worker.openai_client import READ_TIMEOUT_S, OpenAIBackend
 from batchlab.worker.openai_count import Chunk
@@ -74,13 +74,13 @@ def test_abort_all_cuts_a_stalled_stream_at_once_and_the_backend_serves_on(serve
     FakeServer.cut.clear()
     backend = OpenAIBackend(server, "fake", max_concurrency=4)
     try:
-        backend.admit([Row(1, 1, 4, [STALL], 0)])
+        backend.admit([BackendRequest.new(1, 1, 4, [STALL], 0)])
         drain(backend, lambda outs: any(1 in o.request_ids for o in outs))  # its first chunk came
         started = time.monotonic()
         backend.abort_all()
         assert time.monotonic() - started < READ_TIMEOUT_S / 10  # not a stalled read's timeout
         assert FakeServer.cut.wait(30) and not backend.has_work()
-        backend.admit([Row(2, 3, 3, [1, 2, 3], 0)])
+        backend.admit([BackendRequest.new(2, 3, 3, [1, 2, 3], 0)])
         outs = drain(backend, lambda outs: any(2 in o.finished for o in outs))
         assert [t for o in outs for t in o.token_ids] == [100, 101, 102]
         assert all(1 not in o.request_ids and not o.failed for o in outs)  # the aborted row stays gone

@@ -7,30 +7,30 @@ import time
 
 import pytest
 
-from batchlab.worker.backend import Row
+from batchlab.worker.backend import BackendRequest
 from batchlab.worker.openai_client import base_url
-from batchlab.worker.openai_count import Tally, count_chunk, settle
+from batchlab.worker.openai_count import OpenAIStreamRequest, count_chunk, settle
 from benchmarks.vllm_procs import free_port, kill_group, server_command, wait_healthy
 
 SERVER_START_TIMEOUT_S = 240.0
 
 
-def _row(output_len: int, request_id: int = 7) -> Row:
-    return Row(request_id, 3, output_len, [1, 2, 3], 0)
+def _row(output_len: int, request_id: int = 7) -> BackendRequest:
+    return BackendRequest.new(request_id, 3, output_len, [1, 2, 3], 0)
 
 
 def _text_chunk(text: str) -> dict:
     return {"choices": [{"index": 0, "text": text}]}
 
 
-def _feed(tally: Tally, chunks: list[dict]) -> list:
+def _feed(tally: OpenAIStreamRequest, chunks: list[dict]) -> list:
     emitted = [count_chunk(tally, c, float(i)) for i, c in enumerate(chunks)]
     return [c for c in emitted if c is not None] + settle(tally, 99.0)
 
 
 # --- the counting rule (no server) ----------------------------------------------------------------
 def test_token_ids_in_chunks_are_emitted_exactly():
-    tally = Tally(_row(3))
+    tally = OpenAIStreamRequest(_row(3))
     out = _feed(tally, [{"choices": [{"text": "a", "token_ids": [5, 6]}]},
                         {"choices": [{"text": "", "token_ids": [9]}]},
                         {"choices": [], "usage": {"completion_tokens": 3}}])
@@ -39,7 +39,7 @@ def test_token_ids_in_chunks_are_emitted_exactly():
 
 
 def test_continuous_usage_counts_the_increase_per_chunk():
-    tally = Tally(_row(5))
+    tally = OpenAIStreamRequest(_row(5))
     out = _feed(tally, [{"choices": [{"text": "ab"}], "usage": {"completion_tokens": 2}},
                         {"choices": [{"text": "c"}], "usage": {"completion_tokens": 5}},
                         {"choices": [], "usage": {"completion_tokens": 5}}])
@@ -48,7 +48,7 @@ def test_continuous_usage_counts_the_increase_per_chunk():
 
 
 def test_text_chunks_shortfall_goes_to_the_last_chunk():
-    tally = Tally(_row(6))
+    tally = OpenAIStreamRequest(_row(6))
     out = _feed(tally, [_text_chunk("a"), _text_chunk(""), _text_chunk("bc"),
                         {"choices": [], "usage": {"completion_tokens": 6}}])
     assert [(c.time, len(c.token_ids)) for c in out] == [(0.0, 1), (2.0, 5)]
@@ -56,14 +56,14 @@ def test_text_chunks_shortfall_goes_to_the_last_chunk():
 
 
 def test_text_chunks_excess_is_taken_from_the_latest_chunks():
-    tally = Tally(_row(2))
+    tally = OpenAIStreamRequest(_row(2))
     out = _feed(tally, [_text_chunk("a"), _text_chunk("b"), _text_chunk("c"),
                         {"choices": [], "usage": {"completion_tokens": 2}}])
     assert [(c.time, len(c.token_ids)) for c in out] == [(0.0, 1), (1.0, 1)]
 
 
 def test_a_short_completion_fails_with_the_counts():
-    out = _feed(Tally(_row(10)), [_text_chunk("a"), {"choices": [], "usage": {"completion_tokens": 4}}])
+    out = _feed(OpenAIStreamRequest(_row(10)), [_text_chunk("a"), {"choices": [], "usage": {"completion_tokens": 4}}])
     assert sum(len(c.token_ids) for c in out) == 4
     assert out[-1].end == "stream error: server returned 4 of 10 tokens"
 
@@ -122,7 +122,7 @@ def test_openai_streams_exact_token_counts_from_vllm(server):
     backend = OpenAIBackend(f"{server[0]}/v1", "tiny-mistral", max_concurrency=4)
     try:
         backend.warmup()
-        rows = [Row(i, 5 + 11 * i, 3 + 5 * i, [100 + j for j in range(5 + 11 * i)], 0) for i in range(6)]
+        rows = [BackendRequest.new(i, 5 + 11 * i, 3 + 5 * i, [100 + j for j in range(5 + 11 * i)], 0) for i in range(6)]
         backend.admit(rows)
         outs = _drain(backend)
     finally:
@@ -163,8 +163,8 @@ def test_openai_cut_streams_fail_and_finished_ones_stay_finished(server):
 
     url, proc = server
     backend = OpenAIBackend(url, "tiny-mistral", max_concurrency=8)
-    short, long = [Row(i, 8, 4, list(range(10, 18)), 0) for i in (0, 1)], \
-        [Row(i, 8, 4000, list(range(20, 28)), 0) for i in (2, 3, 4)]
+    short, long = [BackendRequest.new(i, 8, 4, list(range(10, 18)), 0) for i in (0, 1)], \
+        [BackendRequest.new(i, 8, 4000, list(range(20, 28)), 0) for i in (2, 3, 4)]
     backend.admit(short + long)
     outs, got = [], set()
     try:

@@ -14,7 +14,8 @@ from batchlab.models.archs import ARCHS, kv_bytes_per_token
 from batchlab.protocol import RequestMsg
 from batchlab.scheduler.policies import Capacity
 from batchlab.simulator.measurements import Measurement, PublishedError, load_measurements
-from batchlab.simulator.published import Direct, DirectParams, Row, delivered, front_end, group_errors, meets, replay
+from batchlab.simulator.published import (Direct, DirectParams, PublishedPrediction, delivered, front_end, group_errors,
+                                          meets, replay)
 from batchlab.worker.stepmodel import StepModel
 
 SHIPPED = Path(__file__).resolve().parent.parent / "benchmarks" / "published" / "measurements.yaml"
@@ -22,8 +23,9 @@ SHIPPED = Path(__file__).resolve().parent.parent / "benchmarks" / "published" / 
 KNOWN = StepModel("known", 1e9, 0, 1e12, 1e-5, 0.002, 80e9, decode_s_per_row=1e-4, fused=True)
 
 
-def _row(split: str, metric: str, published: float, predicted: float, scored: bool = True, name: str = "c") -> Row:
-    return Row(name, "src", "h100", split, metric, published, predicted, scored)
+def _row(split: str, metric: str, published: float, predicted: float, scored: bool = True,
+         name: str = "c") -> PublishedPrediction:
+    return PublishedPrediction(name, "src", "h100", split, metric, published, predicted, scored)
 
 
 def test_group_errors_take_median_and_worst_of_absolute_errors_per_group_and_split():
@@ -206,7 +208,7 @@ def test_the_shipped_table_has_a_fit_and_a_check_set_over_enough_gpus_with_links
     assert all(m.link.startswith("https://") and m.engine and m.figures for m in measurements)
     assert all(f.where for m in measurements for f in m.figures)
     for m in measurements:  # at most one scored figure per group and configuration
-        groups = [Row(m.id, "", m.gpu, m.split, f.metric, f.value, f.value, f.scored).group
+        groups = [PublishedPrediction(m.id, "", m.gpu, m.split, f.metric, f.value, f.value, f.scored).group
                   for f in m.figures if f.scored]
         assert len(groups) == len(set(groups)), m.id
     lambda_a100 = next(m for m in measurements if m.id == "lambda-a100-320-prompts")

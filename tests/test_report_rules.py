@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from batchlab.collector.metrics import NOT_SENT
+from batchlab.protocol.status import FailureReason
 from batchlab.report import plots
 from batchlab.report.build import run_report
 from batchlab.report.markdown import render
@@ -15,6 +15,8 @@ from batchlab.report.stats import all_stats
 from batchlab.collector.layout import point_dir
 from batchlab.collector.metrics import summarize
 from batchlab.collector.summary import Summary, write_summary
+
+NOT_SENT = FailureReason.NOT_SENT
 
 DIED = "worker-0 died: CUDA out of memory"
 

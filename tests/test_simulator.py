@@ -42,7 +42,7 @@ def simulate(policy, frame: pd.DataFrame | None = None, workers: int = 1):
     sim = Simulation(policy, UNIT, hellos, frame, settings={"strategy": policy.name})
     store = sim.run()
     tokens = sim.recorder.attach(store)
-    return sim, build_tables(store, frame, None, tokens=tokens)
+    return sim, build_tables(store.view(), frame, None, tokens=tokens)
 
 
 def launches(tables) -> list[tuple[float, str, str, float]]:
@@ -126,7 +126,7 @@ def test_fast_tables_equal_the_collectors_own_from_token_messages(policy, model)
     sim = Simulation(policy, model, hellos, frame, settings={"strategy": policy.name})
     sim.store = _LoggingStore()
     store = sim.run()
-    fast = build_tables(store, frame, {"ttft": 3.0}, tokens=sim.recorder.attach(store))
+    fast = build_tables(store.view(), frame, {"ttft": 3.0}, tokens=sim.recorder.attach(store))
     slow_store = RunStore()
     for msg in sim.store.log[:-2] + sim.recorder.token_messages() + sim.store.log[-2:]:
         slow_store.handle(msg)
@@ -141,7 +141,7 @@ def test_arrivals_beyond_max_queue_fail_as_queue_full_like_the_live_scheduler():
     policy = Dynamic(max_batch_size=4, max_wait_s=2.0, max_new_tokens=8)
     sim = Simulation(policy, UNIT, [hello("static")], seed_frame(), settings={}, max_queue=1)
     store = sim.run()
-    tables = build_tables(store, seed_frame(), None, tokens=sim.recorder.attach(store))
+    tables = build_tables(store.view(), seed_frame(), None, tokens=sim.recorder.attach(store))
     r = tables.requests.set_index("request_id")
     assert r["status"].tolist() == ["finished", "failed", "finished", "failed", "failed"]  # B, D, E find A or C queued
     assert set(r.loc[[1, 3, 4], "error"]) == {"queue full"}
@@ -153,7 +153,7 @@ def test_a_policy_that_never_launches_is_declared_stalled_in_virtual_time_like_a
 
     sim = Simulation(Never(), UNIT, [hello("static")], seed_frame(), settings={}, stall_limit_s=2.0)
     store = sim.run()
-    tables = build_tables(store, seed_frame(), None, tokens=sim.recorder.attach(store))
+    tables = build_tables(store.view(), seed_frame(), None, tokens=sim.recorder.attach(store))
     r = tables.requests
     assert set(r.status) == {"failed"} and set(r.error) == {
         "stalled: policy launched nothing for 2 s with 5 queued and every worker idle"}
@@ -183,7 +183,7 @@ def test_vllm_v0_steps_run_a_waiting_prompt_alone_and_the_running_rows_wait():
     sim = Simulation(Continuous(max_batch_size=ROOM), replace(UNIT, prefill_alone=True), hellos, frame,
                      settings={"strategy": "continuous"})
     store = sim.run()
-    tables = build_tables(store, frame, None, tokens=sim.recorder.attach(store))
+    tables = build_tables(store.view(), frame, None, tokens=sim.recorder.attach(store))
     r = tables.requests.set_index("request_id")
     assert r["first_token_time"].tolist() == [1.0, 3.0, 7.0, 8.0, 9.0]
     assert r["completion_time"].tolist() == [10.0, 5.0, 12.0, 10.0, 13.0]

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from batchlab.worker.backend import Row
+from batchlab.worker.backend import BackendRequest
 from batchlab.worker.sim import ContinuousCore, static_step_durations
 from batchlab.worker.stepmodel import PRESETS, StepModel
 
@@ -24,7 +24,7 @@ def test_the_seed_presets_keep_their_memory_bound_times():
 
 
 def test_a_static_batch_pays_for_every_row_padded_to_the_longest_prompt():
-    rows = [Row(0, 10, 3, [], 0), Row(1, 30, 2, [], 0)]
+    rows = [BackendRequest.new(0, 10, 3, [], 0), BackendRequest.new(1, 30, 2, [], 0)]
     assert static_step_durations(rows, CPU) == pytest.approx(
         [CPU.prefill_s(60, 2), CPU.decode_step_s(2 * 31, 2), CPU.decode_step_s(2 * 32, 2)])
 

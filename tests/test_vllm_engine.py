@@ -6,7 +6,7 @@ import pytest
 
 from batchlab.models.archs import kv_bytes_per_token
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import BackendError, Row
+from batchlab.worker.backend import BackendError, BackendRequest
 from tests.conftest import VLLM_KV_POOL_BYTES, scaled_tinyllama_arch
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -16,9 +16,9 @@ pytest.importorskip("vllm")
 SHAPES = [(5, 3), (17, 8), (40, 16), (90, 24)]
 
 
-def rows_of(shapes: list[tuple[int, int]], first_id: int = 0) -> list[Row]:
+def rows_of(shapes: list[tuple[int, int]], first_id: int = 0) -> list[BackendRequest]:
     """Rows with distinct prompts of the given lengths."""
-    return [Row(first_id + i, p, o, [100 + (7 * i + j) % 500 for j in range(p)], 0)
+    return [BackendRequest.new(first_id + i, p, o, [100 + (7 * i + j) % 500 for j in range(p)], 0)
             for i, (p, o) in enumerate(shapes)]
 
 
@@ -119,7 +119,7 @@ def test_vllm_reset_empties_the_prefix_cache_between_runs(backend):
     prompt = [300 + (11 * j) % 400 for j in range(2 * block + 8)]
 
     def cached_after_run(rid: int) -> int:
-        backend.run_batch([Row(rid, len(prompt), 4, prompt, 0)], lambda _out: None)
+        backend.run_batch([BackendRequest.new(rid, len(prompt), 4, prompt, 0)], lambda _out: None)
         return backend.request_metrics.pop(rid)["cached_tokens"]
 
     cached_after_run(900)

@@ -22,7 +22,7 @@ from batchlab.scheduler.policies import make_policy
 from batchlab.scheduler.process import Scheduler
 from tests.test_faults import free_port
 from batchlab.worker.hf import continuous
-from batchlab.worker.backend import Row
+from batchlab.worker.backend import BackendRequest
 from batchlab.worker.hf.static import HFSettings
 from batchlab.worker.process import Worker
 from batchlab.worker.sim import SimBackend
@@ -357,7 +357,7 @@ def test_an_oom_halves_the_hf_row_cap_and_clean_steps_probe_it_back_to_the_annou
         return model(*args, **kwargs)
 
     monkeypatch.setattr(b, "model", oom_once_in_decode)
-    b.admit([Row(i, len(PROMPT), 20, PROMPT, i) for i in range(4)])
+    b.admit([BackendRequest.new(i, len(PROMPT), 20, PROMPT, i) for i in range(4)])
     caps, tokens = [], {}
     while b.has_work():
         out = b.step()

@@ -20,11 +20,11 @@ from batchlab.traffic.datasets import DatasetError, load_conversations, load_sha
 from batchlab.traffic.prompts import Prompts, Tokenizer, exact_length_prompts, sharegpt_prompts, synthetic_prompts
 from batchlab.traffic.traces import Trace, is_trace_dataset, load_trace
 
-COLUMNS = ("request_id", "arrival_offset_s", "prompt", "prompt_len", "output_len", "prompt_tokens")
-SCHEMA = pa.schema([
+SCHEMA = pa.schema([  # a planned request: a schedule.parquet row; traffic sends each as a RequestMsg
     ("request_id", pa.int64()), ("arrival_offset_s", pa.float64()), ("prompt", pa.string()),
     ("prompt_len", pa.int64()), ("output_len", pa.int64()), ("prompt_tokens", pa.list_(pa.int32())),
 ])
+COLUMNS = tuple(SCHEMA.names)
 _HASH_TAG = b"batchlab-schedule-v1"
 _META_HASH, _META_CONFIG, _META_DURATION = b"batchlab.schedule_hash", b"batchlab.config", b"batchlab.duration_s"
 HASH_ROWS = 4096  # prompts hashed per slice (bounds the flat copy's memory)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from batchlab.protocol.clock import now
 from batchlab.protocol.messages import BatchDone, Dispatch, FailedRow, RequestRow
+from batchlab.protocol.status import FailureKind, detailed
 from batchlab.worker.backend import BackendInfo
 
 @dataclass
@@ -66,13 +67,14 @@ def _refusal(batch_id: int, rows: list[RequestRow], room: int, max_rows: int, op
              live_ids: Container[int], seen: set[int]) -> str | None:
     """Why this batch is refused (short: a refusal of 2**20 rows must fit one frame), or None."""
     if batch_id in open_batches:
-        return f"refused: batch {batch_id} runs already"
+        return detailed(FailureKind.REFUSED, f"batch {batch_id} runs already")
     ids = [r.request.request_id for r in rows]
     clash = next((rid for rid in ids if rid in live_ids or rid in seen), None)
     if clash is not None or len(set(ids)) != len(ids):
-        return f"refused: request id {clash if clash is not None else _repeated(ids)} is taken"
+        taken = clash if clash is not None else _repeated(ids)
+        return detailed(FailureKind.REFUSED, f"request id {taken} is taken")
     if len(rows) > room:
-        return f"refused: {len(rows)} rows > {max_rows} announced"
+        return detailed(FailureKind.REFUSED, f"{len(rows)} rows > {max_rows} announced")
     return None
 
 

@@ -2,7 +2,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batchlab.protocol import RequestRow, WorkerHello
+from batchlab.protocol import RequestMsg, RequestRow, WorkerHello
 from batchlab.protocol.wire import unpack_tokens
 from batchlab.protocol.errors import BackendError
 
@@ -12,21 +12,36 @@ class OutOfMemory(Exception):
 
 
 @dataclass(slots=True)
-class Row:
-    """One request as a backend runs it (the last hop of a request: a RequestRow with its token ids
-    unpacked): token ids in, exactly `output_len` tokens out."""
+class BackendRequest:
+    """One request as a backend runs it (the last hop of a request): the RequestMsg a Dispatch carried, the
+    batch it runs in, and its prompt's token ids unpacked. Token ids in, exactly `output_len` tokens out."""
 
-    request_id: int
-    prompt_len: int
-    output_len: int
-    prompt_tokens: list[int]
+    request: RequestMsg
     batch_id: int
+    prompt_tokens: list[int]  # request.prompt_tokens unpacked
+
+    @property
+    def request_id(self) -> int:
+        return self.request.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return self.request.prompt_len
+
+    @property
+    def output_len(self) -> int:
+        return self.request.output_len
 
     @classmethod
-    def of(cls, row: RequestRow) -> "Row":
+    def of(cls, row: RequestRow) -> "BackendRequest":
         """The row a Dispatch carried, its prompt tokens unpacked."""
-        r = row.request
-        return cls(r.request_id, r.prompt_len, r.output_len, unpack_tokens(r.prompt_tokens), row.batch_id)
+        return cls(row.request, row.batch_id, unpack_tokens(row.request.prompt_tokens))
+
+    @classmethod
+    def new(cls, request_id: int, prompt_len: int, output_len: int, prompt_tokens: list[int],
+            batch_id: int) -> "BackendRequest":
+        """One no traffic sent (a warm-up, a calibration, a benchmark): planned and sent at time 0."""
+        return cls(RequestMsg(request_id, 0.0, 0.0, prompt_len, output_len), batch_id, prompt_tokens)
 
 
 @dataclass(slots=True)
@@ -50,7 +65,7 @@ class StepOutput:
     times: list[float] | None = None  # per token, parallel to request_ids; None: every token at `time`
 
 
-def lockstep_output(rows: list[Row], step: int, token_of: Callable[[int, Row], int], time: float,
+def lockstep_output(rows: list[BackendRequest], step: int, token_of: Callable[[int, BackendRequest], int], time: float,
                     start_time: float) -> StepOutput:
     """Step `step` of a lockstep (static) batch: the rows still generating, each with `token_of(i, rows[i])`, and
     those whose last token this is."""
@@ -104,7 +119,7 @@ class Backend:
     def warmup(self) -> None:
         """Before the hello: load, compile, measure (nothing by default)."""
 
-    def admit(self, rows: list[Row]) -> None:
+    def admit(self, rows: list[BackendRequest]) -> None:
         """Rows join at the next step boundary."""
         raise BackendError(f"{type(self).__name__} runs static batches only (it has no admit/step)")
 
@@ -116,7 +131,7 @@ class Backend:
         """True while an admitted row has not ended."""
         return False
 
-    def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
+    def run_batch(self, rows: list[BackendRequest], on_step: Callable[[StepOutput], None]) -> None:
         """Run one static batch to its end, calling on_step after every step (OutOfMemory if it does not
         fit). Default: admit every row and step until all ended; rows that failed raise BackendError
         at the end (the worker then fails the unfinished rows)."""

@@ -21,8 +21,9 @@ import threading
 from collections.abc import Callable
 
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
-from batchlab.worker.openai_count import Chunk, Tally, count_chunk, parse_prefix_cache_counters, settle
+from batchlab.protocol.status import FailureKind, detailed
+from batchlab.worker.backend import Backend, BackendError, BackendInfo, BackendRequest, StepOutput
+from batchlab.worker.openai_count import Chunk, OpenAIStreamRequest, count_chunk, parse_prefix_cache_counters, settle
 
 log = logging.getLogger("batchlab.openai")
 
@@ -39,7 +40,7 @@ def base_url(endpoint: str) -> str:
     return endpoint.rstrip("/").removesuffix("/v1")
 
 
-def request_body(model: str, row: Row) -> dict:
+def request_body(model: str, row: BackendRequest) -> dict:
     """Greedy, exactly output_len tokens (ignore_eos/min_tokens are vLLM extensions, ignored elsewhere)."""
     return {"model": model, "prompt": row.prompt_tokens, "max_tokens": row.output_len,
             "min_tokens": row.output_len, "ignore_eos": True, "temperature": 0.0, "stream": True,
@@ -57,9 +58,9 @@ def new_client(max_connections: int):
 class _Streams:
     """One generation of stream threads (see the module docstring): rows in, chunks out."""
 
-    def __init__(self, threads: int, run: Callable[[Row, "_Streams"], None]) -> None:
+    def __init__(self, threads: int, run: Callable[[BackendRequest, "_Streams"], None]) -> None:
         self.client = new_client(threads)
-        self.rows: queue.Queue[Row | None] = queue.Queue()
+        self.rows: queue.Queue[BackendRequest | None] = queue.Queue()
         self.chunks: queue.Queue[Chunk] = queue.Queue()
         self.stopping = threading.Event()
         self.sockets: dict[int, socket.socket] = {}  # request_id -> its open response's socket
@@ -68,7 +69,7 @@ class _Streams:
         for t in self.threads:
             t.start()
 
-    def _serve(self, run: Callable[[Row, "_Streams"], None]) -> None:
+    def _serve(self, run: Callable[[BackendRequest, "_Streams"], None]) -> None:
         while (row := self.rows.get()) is not None and not self.stopping.is_set():
             run(row, self)
 
@@ -127,18 +128,19 @@ class OpenAIBackend(Backend):
         return ids[0]
 
     # --- stream threads ---------------------------------------------------------------------------
-    def _stream(self, row: Row, streams: _Streams) -> None:
-        tally = Tally(row)
+    def _stream(self, row: BackendRequest, streams: _Streams) -> None:
+        tally = OpenAIStreamRequest(row)
         try:
             self._read_stream(tally, streams)
             for chunk in settle(tally, now()):
                 streams.chunks.put(chunk)
         except Exception as exc:  # a cut or refused stream fails this request, never the worker
-            streams.chunks.put(Chunk(row.request_id, now(), [], f"stream error: {type(exc).__name__}: {exc}"))
+            reason = detailed(FailureKind.STREAM_ERROR, f"{type(exc).__name__}: {exc}")
+            streams.chunks.put(Chunk(row.request_id, now(), [], reason))
         finally:
             streams.sockets.pop(row.request_id, None)
 
-    def _read_stream(self, tally: Tally, streams: _Streams) -> None:
+    def _read_stream(self, tally: OpenAIStreamRequest, streams: _Streams) -> None:
         body = request_body(self.served_model, tally.row)
         with streams.client.stream("POST", f"{self.base}/v1/completions", json=body) as resp:
             streams.opened(tally.row.request_id, resp)
@@ -162,7 +164,7 @@ class OpenAIBackend(Backend):
     def warmup(self) -> None:
         """A couple of short completions (BackendError if the endpoint cannot serve them), then the
         server's prefix cache is emptied where its API allows, and its cache counters are read."""
-        rows = [Row(-1 - i, len(WARMUP_PROMPT), WARMUP_OUTPUT_LEN, WARMUP_PROMPT, -1) for i in range(2)]
+        rows = [BackendRequest.new(-1 - i, len(WARMUP_PROMPT), WARMUP_OUTPUT_LEN, WARMUP_PROMPT, -1) for i in range(2)]
         self.run_batch(rows, lambda _out: None)
         self.info.facts["prefix_cache_reset"] = self._reset_prefix_cache()
         self.cache_start = self._prefix_cache_counters()
@@ -197,7 +199,7 @@ class OpenAIBackend(Backend):
         return {"server_prefix_cache": {"queried_tokens": queries, "hit_tokens": hits,
                                         "hit_rate": hits / queries if queries else None}}
 
-    def admit(self, rows: list[Row]) -> None:
+    def admit(self, rows: list[BackendRequest]) -> None:
         """Start a stream per row (queued beyond --max-concurrency)."""
         for row in rows:
             self.open[row.request_id] = now()

@@ -12,7 +12,8 @@ server sends no usage). A request whose total differs from its output_len fails 
 """
 from dataclasses import dataclass, field
 
-from batchlab.worker.backend import Row
+from batchlab.protocol.status import FailureKind, detailed
+from batchlab.worker.backend import BackendRequest
 
 
 @dataclass(slots=True)
@@ -26,16 +27,16 @@ class Chunk:
 
 
 @dataclass(slots=True)
-class Tally:
+class OpenAIStreamRequest:
     """Counting one stream under the rule in the module docstring."""
 
-    row: Row
+    row: BackendRequest
     seen: int = 0  # tokens emitted or held so far
     held: list[Chunk] = field(default_factory=list)  # rule-3 chunks awaiting the usage report
     usage_total: int | None = None
 
 
-def count_chunk(tally: Tally, obj: dict, t: float) -> Chunk | None:
+def count_chunk(tally: OpenAIStreamRequest, obj: dict, t: float) -> Chunk | None:
     """Apply the counting rule to one parsed chunk; returns a chunk to emit now, or None."""
     choices, usage = obj.get("choices") or [], obj.get("usage")
     if not choices:  # the final usage-only chunk
@@ -56,7 +57,7 @@ def count_chunk(tally: Tally, obj: dict, t: float) -> Chunk | None:
     return Chunk(tally.row.request_id, t, ids) if ids else None
 
 
-def settle(tally: Tally, t: float) -> list[Chunk]:
+def settle(tally: OpenAIStreamRequest, t: float) -> list[Chunk]:
     """Correct the held chunks against the usage report; the last returned chunk carries `end`."""
     total = tally.usage_total if tally.usage_total is not None else tally.seen
     diff, held = total - tally.seen, tally.held
@@ -69,7 +70,8 @@ def settle(tally: Tally, t: float) -> list[Chunk]:
             diff += 1
     out = [c for c in held if c.token_ids] or [Chunk(tally.row.request_id, t, [])]
     want = tally.row.output_len
-    out[-1].end = "ok" if total == want else f"stream error: server returned {total} of {want} tokens"
+    short = detailed(FailureKind.STREAM_ERROR, f"server returned {total} of {want} tokens")
+    out[-1].end = "ok" if total == want else short
     return out
 
 

@@ -14,8 +14,9 @@ from batchlab.protocol.inbox import Inbox, wait_for_ack
 from batchlab.protocol.signals import on_stop_signal
 from batchlab.protocol.sockets import (HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, RECORDS_HWM,
                                       RECORDS_SEND_TIMEOUT_MS, make_socket)
+from batchlab.protocol.status import FailureKind, FailureReason, detailed
 from batchlab.worker.admission import OpenBatch, admit
-from batchlab.worker.backend import Backend, OutOfMemory, Row, StepOutput, worker_hello
+from batchlab.worker.backend import Backend, OutOfMemory, BackendRequest, StepOutput, worker_hello
 from batchlab.worker.outbox import HeartbeatThread, Outbox
 
 log = logging.getLogger("batchlab.worker")
@@ -85,8 +86,8 @@ class Worker:
         """Fail what is still running, say goodbye to the collector, then close sockets and context
         (and the backend, unless it stays warm for the next run)."""
         for rid in list(self.batch_of):  # continuous rows cut off by a stop: terminal, never silent
-            self._close_row(rid, "worker stopped before the request finished")
-        self._fail_deferred("worker stopped before the request started")
+            self._close_row(rid, FailureReason.UNFINISHED)
+        self._fail_deferred(FailureReason.NOT_STARTED)
         try:
             stats = {**self.inbox.counters, "cpu_s": time.process_time() - self.cpu_start_s,
                      "records_send_s": self.out.records.send_s,  # waiting on a collector behind: it slowed us
@@ -146,7 +147,7 @@ class Worker:
             for done in admission.answers:  # refused: each row fails with the reason
                 self._batch_done(done)
             for batch_id, requests in admission.accepted:  # a static pass's one batch, or a continuous one's
-                rows = [Row.of(r) for r in requests]
+                rows = [BackendRequest.of(r) for r in requests]
                 if self.backend.info.mode == "continuous":
                     self._admit(batch_id, rows)
                 else:
@@ -157,7 +158,7 @@ class Worker:
             log.info("shutdown: %s", msg.reason)
             self.stopping = True
 
-    def _run_static(self, batch_id: int, rows: list[Row]) -> None:
+    def _run_static(self, batch_id: int, rows: list[BackendRequest]) -> None:
         start, finished, failed, oom = now(), [], [], False
         batch_of = {r.request_id: batch_id for r in rows}
 
@@ -167,24 +168,24 @@ class Worker:
             finished.extend(out.finished)
             self._take_mid_batch()
             if self.stopping:  # a signal or Shutdown: abandon the batch (generate() ends by this raise)
-                raise WorkerStopping("worker stopped before the batch finished")
+                raise WorkerStopping(FailureReason.STOPPED)
 
         try:
             self.backend.run_batch(rows, on_step)
         except OutOfMemory:
             oom = True
         except Exception as exc:  # a stop, or a backend failure: it fails this batch, never the worker
-            reason = str(exc)
+            reason = FailureReason.STOPPED
             if not isinstance(exc, WorkerStopping):
                 log.exception("batch %d failed", batch_id)
-                reason = f"worker error: {type(exc).__name__}: {exc}"
+                reason = detailed(FailureKind.WORKER_ERROR, f"{type(exc).__name__}: {exc}")
             done = set(finished)
             failed = [FailedRow(r.request_id, reason) for r in rows if r.request_id not in done]
         self._batch_done(BatchDone(batch_id, self.worker_id, start, now(), [] if oom else finished, failed,
                                    oom, self.backend.peak_memory_bytes()))
         self.out.flush()
 
-    def _admit(self, batch_id: int, rows: list[Row]) -> None:
+    def _admit(self, batch_id: int, rows: list[BackendRequest]) -> None:
         self.open[batch_id] = OpenBatch({r.request_id for r in rows}, now())
         self.batch_of.update((r.request_id, batch_id) for r in rows)
         self.backend.admit(rows)
@@ -215,7 +216,7 @@ class Worker:
             self.backend.abort_all()
         except Exception:  # the rows fail below either way
             log.exception("aborting the backend's rows failed")
-        reason = f"worker error: {type(exc).__name__}: {exc}"
+        reason = detailed(FailureKind.WORKER_ERROR, f"{type(exc).__name__}: {exc}")
         for rid in list(self.batch_of):
             self._close_row(rid, reason)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.settings import parse_bytes
-from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput, lockstep_output
+from batchlab.worker.backend import Backend, BackendInfo, BackendRequest, StepOutput, lockstep_output
 from batchlab.worker.hf.chunks import plan_chunks
 from batchlab.worker.machine_noise import MachineNoise, of_config
 from batchlab.worker.step_plan import StepPlan
@@ -24,7 +24,7 @@ def fake_token(request_id: int, index: int) -> int:
     return (request_id * 7919 + index * 104729) % FAKE_VOCAB
 
 
-def static_step_durations(rows: list[Row], model: StepModel) -> list[float]:
+def static_step_durations(rows: list[BackendRequest], model: StepModel) -> list[float]:
     """Durations of a padded lockstep batch (generate()): step 0 is the prefill (first token), then decode
     steps; every row, padded to the longest prompt, rides along until the longest output ends."""
     b, p_max = len(rows), max(r.prompt_len for r in rows)
@@ -218,7 +218,7 @@ class SimBackend(Backend):
             self.origin_s = t
         return self.origin_s
 
-    def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
+    def run_batch(self, rows: list[BackendRequest], on_step: Callable[[StepOutput], None]) -> None:
         """Play a lockstep batch: row r gets a token at steps 0 .. output_len-1."""
         t = now()
         ends = step_ends(t, static_step_durations(rows, self.model), self.noise, self._origin(t))
@@ -227,7 +227,7 @@ class SimBackend(Backend):
             sleep_until(t)
             on_step(lockstep_output(rows, step, lambda _i, r: fake_token(r.request_id, step), now(), start))
 
-    def admit(self, rows: list[Row]) -> None:
+    def admit(self, rows: list[BackendRequest]) -> None:
         """Rows join at the next step boundary."""
         for r in rows:
             self.core.admit(r.request_id, r.prompt_len, r.output_len)

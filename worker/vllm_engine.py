@@ -18,7 +18,8 @@ from batchlab.models import folders
 from batchlab.models.archs import facts, kv_token_bytes, random_arch
 from batchlab.protocol.clock import now
 from batchlab.protocol.setting_groups import SchedulerSettings, VLLMBackendSettings, WorkerSettings, default_of
-from batchlab.worker.backend import Backend, BackendError, BackendInfo, Row, StepOutput
+from batchlab.protocol.status import FailureKind, detailed
+from batchlab.worker.backend import Backend, BackendError, BackendInfo, BackendRequest, StepOutput
 
 log = logging.getLogger("batchlab.vllm")
 
@@ -44,8 +45,10 @@ class VLLMSettings:
 
 
 @dataclass(slots=True)
-class _Live:
-    row: Row
+class VLLMRequest:
+    """A request inside the vLLM engine: the row it runs, and the tokens it returned so far."""
+
+    row: BackendRequest
     generated: int = 0
 
 
@@ -104,7 +107,7 @@ class VLLMBackend(Backend):
         started = now()
         self.engine = LLMEngine.from_engine_args(_engine_args(settings, self.on_cpu),
                                                  stat_loggers=[stats_tap(self.usage)])
-        self.live: dict[int, _Live] = {}
+        self.live: dict[int, VLLMRequest] = {}
         self.failed: list[tuple[int, str]] = []
         self.request_metrics: dict[int, dict] = {}  # request_id -> vLLM's own timestamps (engine_metrics)
         self.clock_offset_s = now() - time.monotonic()
@@ -139,13 +142,14 @@ class VLLMBackend(Backend):
     # --- the Backend interface (continuous; static batches by the default run_batch) ---------------
     def warmup(self) -> None:
         """A couple of short requests through the engine; their stats are forgotten."""
-        rows = [Row(-1 - i, WARMUP_PROMPT_LEN, WARMUP_OUTPUT_LEN, list(range(100, 100 + WARMUP_PROMPT_LEN)), -1)
+        rows = [BackendRequest.new(-1 - i, WARMUP_PROMPT_LEN, WARMUP_OUTPUT_LEN,
+                                   list(range(100, 100 + WARMUP_PROMPT_LEN)), -1)
                 for i in range(self.settings.warmup_requests)]
         self.run_batch(rows, lambda _out: None)
         self.usage.reset()
         self.request_metrics.clear()
 
-    def admit(self, rows: list[Row]) -> None:
+    def admit(self, rows: list[BackendRequest]) -> None:
         """Hand each row to the engine now (token ids in, no re-tokenization)."""
         from vllm import TokensPrompt
 
@@ -153,9 +157,10 @@ class VLLMBackend(Backend):
             try:
                 self.engine.add_request(str(row.request_id), TokensPrompt(prompt_token_ids=row.prompt_tokens),
                                         self._params(row.output_len))
-                self.live[row.request_id] = _Live(row)
+                self.live[row.request_id] = VLLMRequest(row)
             except Exception as exc:  # e.g. prompt longer than max_model_len: fail the row, not the worker
-                self.failed.append((row.request_id, f"vllm rejected: {type(exc).__name__}: {exc}"))
+                reason = detailed(FailureKind.VLLM_REJECTED, f"{type(exc).__name__}: {exc}")
+                self.failed.append((row.request_id, reason))
 
     def has_work(self) -> bool:
         """True while a request runs in the engine or a rejection waits to be reported."""

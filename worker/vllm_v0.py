@@ -34,7 +34,7 @@ WATERMARK = 0.01  # BlockSpaceManagerV1's watermark: the share of the blocks a n
 
 
 @dataclass(slots=True)
-class _Seq:
+class V0Sequence:
     """One request in the engine. A running row's segment started with a prefill of `computed` tokens (its prompt
     and the tokens it had generated before a preemption) at step `prefill_step`, then decodes from decode index
     `d0`; `generated` counts its tokens up to and including that prefill's."""
@@ -71,8 +71,8 @@ class V0Core:
         self.watermark_blocks = int(WATERMARK * self.total_blocks)
         self.step_no = 0
         self.keys = 0
-        self.waiting: deque[_Seq] = deque()
-        self.running: dict[int, _Seq] = {}  # key -> row
+        self.waiting: deque[V0Sequence] = deque()
+        self.running: dict[int, V0Sequence] = {}  # key -> row
         self.decode_steps: list[int] = []  # the step number of each decode step, by decode index
         self.finishing: dict[int, list[int]] = {}  # decode index -> keys whose last token it yields
         self.starting_block: list[set[int]] = [set() for _ in range(KV_BLOCK_TOKENS)]  # by decode index mod 16
@@ -80,7 +80,7 @@ class V0Core:
 
     def admit(self, request_id: int, prompt_len: int, output_len: int) -> None:
         """The request joins the waiting queue's back."""
-        self.waiting.append(_Seq(request_id, self.keys, prompt_len, max(output_len, 1)))
+        self.waiting.append(V0Sequence(request_id, self.keys, prompt_len, max(output_len, 1)))
         self.keys += 1
 
     def has_work(self) -> bool:
@@ -100,7 +100,7 @@ class V0Core:
         self.__post_init__()
 
     # --- prompt-only steps ------------------------------------------------------------------------------------
-    def _schedule_prompts(self) -> list[_Seq]:
+    def _schedule_prompts(self) -> list[V0Sequence]:
         """The waiting sequences this step prefills (Scheduler._schedule_prefills, chunking off)."""
         budget, chosen, tokens = self.model.step_tokens, [], 0
         while self.waiting:
@@ -120,7 +120,7 @@ class V0Core:
             tokens += n
         return chosen
 
-    def _prefill(self, chosen: list[_Seq], tokens: bool) -> StepPlan:
+    def _prefill(self, chosen: list[V0Sequence], tokens: bool) -> StepPlan:
         """Run the chosen prompts alone; each yields its next token; those with all their tokens leave."""
         lengths = [s.length() for s in chosen]
         duration = self.model.prefill_s(sum(lengths), len(chosen), sum(n * n for n in lengths))
@@ -191,7 +191,7 @@ class V0Core:
         self.waiting.appendleft(seq)
         self.preempted += 1
 
-    def _leave(self, seq: _Seq, decodes: int, plan: StepPlan) -> None:
+    def _leave(self, seq: V0Sequence, decodes: int, plan: StepPlan) -> None:
         """A row yielded its last token in this step, `decodes` decodes into its segment (0: in its prefill)."""
         plan.finished.append(seq.request_id)
         seq.segments.append((seq.prefill_step, seq.d0, decodes))
@@ -201,7 +201,7 @@ class V0Core:
         elif self.total_blocks:  # it never ran a decode: only its prefill's blocks
             self.free_blocks += math.ceil(seq.computed / KV_BLOCK_TOKENS)
 
-    def _release(self, seq: _Seq, decodes: int) -> None:
+    def _release(self, seq: V0Sequence, decodes: int) -> None:
         """Give back a running row's blocks, its context and its block-bucket entry, `decodes` decodes in."""
         written = seq.computed + decodes
         if self.total_blocks:
@@ -209,7 +209,7 @@ class V0Core:
         self.context_tokens -= written + 1
         self.starting_block[(seq.d0 - seq.computed) % KV_BLOCK_TOKENS].discard(seq.key)
 
-    def _steps(self, seq: _Seq) -> list[int]:
+    def _steps(self, seq: V0Sequence) -> list[int]:
         """The step numbers of a row's tokens, segment by segment: its prefill's, then its decodes'."""
         out = []
         for prefill_step, d0, decodes in seq.segments:

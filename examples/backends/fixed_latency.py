@@ -8,7 +8,7 @@ has_work); static batches come from the base class's run_batch. Run it:
     PYTHONPATH=examples/backends batchlab run --backend fixed_latency:FixedLatency --strategy continuous
 """
 from batchlab.protocol.clock import now, sleep_until
-from batchlab.worker.backend import Backend, BackendInfo, Row, StepOutput
+from batchlab.worker.backend import Backend, BackendInfo, BackendRequest, StepOutput
 
 VOCAB = 32000
 
@@ -30,7 +30,7 @@ class FixedLatency(Backend):
         """Only the worker's mode and row cap matter here (cfg is the run's RunConfig)."""
         return cls(mode, rows)
 
-    def admit(self, rows: list[Row]) -> None:
+    def admit(self, rows: list[BackendRequest]) -> None:
         """Rows join at the next step."""
         for r in rows:
             self.left[r.request_id] = r.output_len

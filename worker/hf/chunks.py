@@ -16,7 +16,7 @@ This module is the pure part: the row record and the plan of one step's chunks.
 from dataclasses import dataclass
 from itertools import accumulate
 
-from batchlab.worker.backend import BackendError, Row
+from batchlab.worker.backend import BackendError, BackendRequest
 
 # the HF continuous loop's budget (tokens per step) when the run sets none (0), by device type: 256 as
 # measured on CPU (see above); on CUDA 2048, vLLM's chunked-prefill default (not measured here: a smaller
@@ -25,11 +25,11 @@ DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 2048}
 
 
 @dataclass(slots=True)
-class Live:
+class HFContinuousRequest:
     """A row in flight: `context` (prefix + prompt + tokens so far) is what a (re)prefill reads; `filled`
     tokens of it are in the cache while the row is prefilled."""
 
-    row: Row
+    row: BackendRequest
     context: list[int]
     generated: int = 0
     filled: int = 0
@@ -64,6 +64,6 @@ def plan_chunks(tokens: int | None, unfilled: list[int]) -> list[int]:
     return [min(n, tokens - planned) for n, planned in zip(unfilled, before) if planned < tokens]
 
 
-def chunks_of(lives: list[Live], counts: list[int]) -> list[list[int]]:
+def chunks_of(lives: list[HFContinuousRequest], counts: list[int]) -> list[list[int]]:
     """The token ids of each row's next chunk (its `counts[j]` tokens after what is filled)."""
     return [lv.context[lv.filled:lv.filled + n] for lv, n in zip(lives, counts)]

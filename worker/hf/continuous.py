@@ -29,8 +29,9 @@ recompute (a row's context keeps its generated tokens); a row that cannot run al
 from dataclasses import dataclass, replace
 
 from batchlab.protocol.clock import now
-from batchlab.worker.backend import Backend, BackendError, Row, StepOutput
-from batchlab.worker.hf.chunks import Live, chunks_of, plan_chunks, step_budget
+from batchlab.protocol.status import FailureReason
+from batchlab.worker.backend import Backend, BackendError, BackendRequest, StepOutput
+from batchlab.worker.hf.chunks import HFContinuousRequest, chunks_of, plan_chunks, step_budget
 from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, sliding_window
 from batchlab.worker.hf.static import HFBackend, HFSettings, settings_from_config
 
@@ -60,11 +61,11 @@ class HFContinuousBackend(Backend):
         self.fuse = fuse and callable(self.kv.fused)  # decodes and chunks in one forward (the slot layout)
         self.eos = self.torch.tensor(eos_ids(self.model, self.base.tokenizer), dtype=self.torch.long,
                                      device=self.device)  # [E]
-        self.pending: list[Live] = []  # admitted, waiting for a slot
-        self.prefilling: list[Live] = []  # in a slot, prompt partly in the cache (oldest first)
+        self.pending: list[HFContinuousRequest] = []  # admitted, waiting for a slot
+        self.prefilling: list[HFContinuousRequest] = []  # in a slot, prompt partly in the cache (oldest first)
         self.refused: list[tuple[int, str]] = []  # rows admit() could not take, failed at the next step
         self.window = 0  # a sliding-window model's window (tokens); 0: full attention
-        self.running: list[Live] = []
+        self.running: list[HFContinuousRequest] = []
         self.cap = RowCap(self.info.max_batch_size, CLEAN_STEPS_TO_PROBE)  # what the worker reports to the scheduler
         self.stats = {"row_steps_waiting": 0, "preempted_rows": 0, "oom_requeues": 0}
 
@@ -89,11 +90,11 @@ class HFContinuousBackend(Backend):
         self.stats = dict.fromkeys(self.stats, 0)
         self.info.facts["continuous_warmup_s"] = round(now() - started, 3)
 
-    def admit(self, rows: list[Row]) -> None:
+    def admit(self, rows: list[BackendRequest]) -> None:
         """Rows join at the next step boundary; a row longer than a sliding-window model's window is
         refused (reported failed at the next step): the loop attends over every key it keeps."""
         for r in rows:
-            lv = Live(r, self.base.prefix + list(r.prompt_tokens))
+            lv = HFContinuousRequest(r, self.base.prefix + list(r.prompt_tokens))
             if self.window and len(lv.context) + r.output_len > self.window:
                 self.refused.append((r.request_id, f"longer than the model's sliding window ({self.window} tokens): "
                                                    "continuous hf attends over the whole context"))
@@ -194,7 +195,7 @@ class HFContinuousBackend(Backend):
             self.kv.add(len(joiners))
             self.prefilling += joiners
 
-    def _fits(self, joiners: list[Live]) -> bool:
+    def _fits(self, joiners: list[HFContinuousRequest]) -> bool:
         """Upper bound of the padded cache at its widest: rows × (width now + longest remaining)."""
         lives = self.running + self.prefilling + joiners
         width = max([self.kv.widest()] + [len(lv.context) for lv in self.prefilling + joiners])
@@ -206,7 +207,7 @@ class HFContinuousBackend(Backend):
         left = None if self.budget is None else self.budget - len(self.running)
         return plan_chunks(left, [lv.unfilled() for lv in self.prefilling])
 
-    def _prefill(self, out: StepOutput, counts: list[int], fused: bool) -> list[Live]:
+    def _prefill(self, out: StepOutput, counts: list[int], fused: bool) -> list[HFContinuousRequest]:
         """One forward over the planned chunks, and with `fused` over the running rows' decodes too (the slot
         layout's fused step): the rows whose last chunk ran get their first tokens (returned: they run from the
         next step), the running rows (fused) their next, all stamped when they reach the host."""
@@ -234,7 +235,7 @@ class HFContinuousBackend(Backend):
         self.prefilling = self.prefilling[len(done):]
         return done
 
-    def _retire(self, joiners: list[Live]) -> None:
+    def _retire(self, joiners: list[HFContinuousRequest]) -> None:
         """Finished rows leave the running set and the cache; unfinished joiners join it."""
         lives = self.running + joiners
         done = [i for i, lv in enumerate(lives) if lv.remaining() <= 0]
@@ -248,13 +249,13 @@ class HFContinuousBackend(Backend):
         self.base.free()
         joiners = self._unprefill()
         if len(joiners) == 1 and not self.running:
-            out.failed.append((joiners[0].row.request_id, "out of memory: the prompt does not fit alone"))
+            out.failed.append((joiners[0].row.request_id, FailureReason.OOM_PROMPT_ALONE))
             return
         self.cap.halve(len(self.running) + len(joiners))
         self.stats["oom_requeues"] += len(joiners)
         self.pending = joiners + self.pending
 
-    def _unprefill(self) -> list[Live]:
+    def _unprefill(self) -> list[HFContinuousRequest]:
         """Take the prefilling rows out of their slots, nothing of them cached."""
         self.kv.drop_prefilling()
         lives, self.prefilling = self.prefilling, []
@@ -268,7 +269,7 @@ class HFContinuousBackend(Backend):
         self.kv.clear()
         self.base.free()
         if len(self.running) == 1:
-            out.failed.append((self.running[0].row.request_id, "out of memory: the row does not fit alone"))
+            out.failed.append((self.running[0].row.request_id, FailureReason.OOM_ROW_ALONE))
         else:
             self.cap.halve(len(self.running))
             self.stats["preempted_rows"] += len(self.running)
@@ -333,7 +334,7 @@ def pick(eos, logits):
     return tokens, tokens.tolist()  # the host read (a CUDA sync): the tokens exist from here
 
 
-def emit(lives: list[Live], tokens: list[int], t: float, out: StepOutput) -> None:
+def emit(lives: list[HFContinuousRequest], tokens: list[int], t: float, out: StepOutput) -> None:
     """Append each row's token, stamped `t` (when it reached the host), and note rows now done."""
     for lv, token in zip(lives, tokens):
         lv.context.append(token)
@@ -345,7 +346,7 @@ def emit(lives: list[Live], tokens: list[int], t: float, out: StepOutput) -> Non
             out.finished.append(lv.row.request_id)
 
 
-def filled(lives: list[Live], counts: list[int], out: StepOutput) -> list[Live]:
+def filled(lives: list[HFContinuousRequest], counts: list[int], out: StepOutput) -> list[HFContinuousRequest]:
     """Count the chunks that ran; the rows now fully prefilled (the oldest: only the last chunk can be
     partial)."""
     for lv, n in zip(lives, counts):

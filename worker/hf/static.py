@@ -20,7 +20,8 @@ from batchlab.models.archs import RANDOM_SEED, build_random_model, facts, kv_tok
 from batchlab.models.folders import resolve_model
 from batchlab.protocol.clock import now
 from batchlab.protocol.setting_groups import HFBackendSettings, SchedulerSettings, WorkerSettings, default_of
-from batchlab.worker.backend import Backend, BackendError, BackendInfo, OutOfMemory, Row, StepOutput, lockstep_output
+from batchlab.worker.backend import (Backend, BackendError, BackendInfo, BackendRequest, OutOfMemory, StepOutput,
+                                    lockstep_output)
 from batchlab.worker.hf.head import FORMS, MAX_TIMED_ROWS, HeadPlan, head_times, plan_table
 from batchlab.worker.memory import (batch_kv_bytes, cpu_budget_bytes, cpu_peak_rss_bytes, reset_cpu_peak_rss,
                                     cuda_free_bytes, cuda_reserve_bytes, kv_shape)
@@ -206,13 +207,13 @@ class HFBackend(Backend):
                                            if (form, k) != ("linear", m)}  # only the counts that changed
         self.info.facts["lm_head_ms"] = {form: [round(t * 1e3, 2) for t in ts] for form, ts in times.items()}
 
-    def warmup_rows(self) -> list[Row]:
+    def warmup_rows(self) -> list[BackendRequest]:
         """The warm-up batch: WARMUP_TEXT at two lengths, outputs WARMUP_OUTPUT_LENS."""
         ids = self.tokenizer.encode(WARMUP_TEXT, add_special_tokens=False)
-        return [Row(-1 - i, len(ids) // (i + 1), n, ids[: len(ids) // (i + 1)], -1)
+        return [BackendRequest.new(-1 - i, len(ids) // (i + 1), n, ids[: len(ids) // (i + 1)], -1)
                 for i, n in enumerate(WARMUP_OUTPUT_LENS)]
 
-    def _measure_cuda_budget(self, rows: list[Row], before_bytes: int) -> None:
+    def _measure_cuda_budget(self, rows: list[BackendRequest], before_bytes: int) -> None:
         peak = self.torch.cuda.max_memory_allocated(self.device)
         kv = batch_kv_bytes(len(rows), max(r.prompt_len for r in rows) + len(self.prefix),
                             max(r.output_len for r in rows), self.info.kv_bytes_per_token)
@@ -222,7 +223,7 @@ class HFBackend(Backend):
             self.info.kv_budget_bytes = max(0, cuda_free_bytes(self.device) - reserve)
         self.torch.cuda.reset_peak_memory_stats(self.device)
 
-    def run_batch(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
+    def run_batch(self, rows: list[BackendRequest], on_step: Callable[[StepOutput], None]) -> None:
         """Run one static batch to its longest target; OutOfMemory when it does not fit."""
         self._check_strict_memory(rows)
         try:
@@ -232,7 +233,7 @@ class HFBackend(Backend):
             self.free()
             raise OutOfMemory(f"{len(rows)} rows did not fit: {str(exc).splitlines()[0]}") from None
 
-    def _check_strict_memory(self, rows: list[Row]) -> None:
+    def _check_strict_memory(self, rows: list[BackendRequest]) -> None:
         """--strict-memory: refuse a multi-row batch whose KV estimate exceeds the budget.
 
         A single row always runs (a request that fits alone must never fail for OOM; if it truly
@@ -245,7 +246,7 @@ class HFBackend(Backend):
         if need > self.info.kv_budget_bytes:
             raise OutOfMemory(f"{len(rows)} rows need ~{need} B of KV > budget {self.info.kv_budget_bytes} B")
 
-    def _generate(self, rows: list[Row], on_step: Callable[[StepOutput], None]) -> None:
+    def _generate(self, rows: list[BackendRequest], on_step: Callable[[StepOutput], None]) -> None:
         torch = self.torch
         contexts = [self.prefix + list(r.prompt_tokens) for r in rows]
         steps = max(r.output_len for r in rows)
@@ -295,7 +296,8 @@ class HFBackend(Backend):
 class StepStreamer:
     """A generate() streamer that turns each decode step's tokens into one StepOutput."""
 
-    def __init__(self, rows: list[Row], on_step: Callable[[StepOutput], None], sync: Callable[[], None]) -> None:
+    def __init__(self, rows: list[BackendRequest], on_step: Callable[[StepOutput], None],
+                 sync: Callable[[], None]) -> None:
         self.rows, self.on_step, self.sync = rows, on_step, sync
         self.step = -1  # -1: the next put() carries the prompt ids [B, S]
         self.last_time = now()
