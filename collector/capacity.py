@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted_mask
-from batchlab.collector.intervals import LEVEL, t_quantile
 from batchlab.protocol.study_settings import MAX_PROBES, WIDTH  # the search's defaults, declared with its knobs
+from batchlab.stats.intervals import LEVEL, t_quantile
+from batchlab.stats.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted_mask
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90
@@ -189,10 +189,10 @@ def undecided(arrivals: np.ndarray, duration_s: float, offered: float | None, mu
 
 def kept_up(requests: pd.DataFrame, duration_s: float) -> tuple[float, float] | None:
     """(the upper bound of the steady completion rate during the traffic, the arrival rate over the same
-    window), by collector.saturation's window and interval; None when too few requests completed there to
+    window), by stats.saturation's window and interval; None when too few requests completed there to
     tell. With no saturated rate to compare against (a grid of fixed rates), a worker completing clearly less
     than arrived is overloaded however short the run."""
-    from batchlab.collector.saturation import saturated_run
+    from batchlab.stats.saturation import saturated_run
 
     run = saturated_run(requests, duration_s)
     if run is None or not math.isfinite(run.req_s_hi):
@@ -230,7 +230,7 @@ class Capacity:
     probes: list[Probe] = field(default_factory=list)
     start_req_s: float | None = None
     note: str = ""  # why there is no bracket (the saturated run that places the first probe failed)
-    saturated: dict | None = None  # collector.saturation.pooled: μ with its interval, and its runs
+    saturated: dict | None = None  # stats.saturation.pooled: μ with its interval, and its runs
     undecided_req_s: float | None = None  # the lowest rate in the bracket a probe could not judge (offered)
 
     @property

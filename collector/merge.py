@@ -19,13 +19,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchlab.collector import request, tables
-from batchlab.collector.metrics import LATENCY_STATS, RequestFigures
 from batchlab.collector.parts import read_schedule, run_values, stamped, write_parquet
-from batchlab.collector.quantiles import chunked_percentiles
 from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_atomic
 from batchlab.protocol.run_dir import RunDir
+from batchlab.stats.metrics import LATENCY_STATS, RequestFigures
+from batchlab.stats.quantiles import chunked_percentiles
 
 if TYPE_CHECKING:
     from batchlab.collector.store import RunStore

@@ -11,10 +11,10 @@ from operator import attrgetter
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import NOT_SENT, request_metrics
 from batchlab.collector.parts import SETTINGS_COLUMNS
 from batchlab.protocol import Arrival
 from batchlab.protocol.ids import IdSet as EndedIds  # noqa: F401  (the ids of requests that left memory)
+from batchlab.stats.metrics import NOT_SENT, request_metrics
 
 NAN = float("nan")
 SCHEDULE_OFFSET_COLUMN = "arrival_offset_s"  # traffic.schedule's planned arrival, s since t0

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector import request
-from batchlab.collector.metrics import NO_TERMINAL, summarize, useful_fraction
 from batchlab.collector.request import NAN, RequestOutcome, RequestState
 from batchlab.collector.summary import Summary
+from batchlab.stats.metrics import NO_TERMINAL, summarize, useful_fraction
 
 if TYPE_CHECKING:
     from batchlab.collector.store import RunStore

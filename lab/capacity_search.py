@@ -2,7 +2,7 @@
 folder, run by lab.sweep_point.execute on the sweep's warm workers) or in virtual time (the simulator, no
 files).
 
-First the saturated runs (μ: collector.saturation), then collector.capacity.search's probes from just
+First the saturated runs (μ: stats.saturation), then collector.capacity.search's probes from just
 below μ; docs/capacity.md gives both, the folders they write (OUT/_saturated/, OUT/_capacity/) and
 capacity.json.
 """
@@ -12,21 +12,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from batchlab.collector.capacity import WARMUP_SHARE as CAPACITY_WARMUP_SHARE
+from batchlab.collector.capacity import (Capacity, Probe, Verdict, arrival_cv2, search, start_below, sustain,
+                                         tokens_per_request)
+from batchlab.collector.layout import CAPACITY_DIR, SATURATED_DIR, point_dir, saturated_dir
+from batchlab.collector.summary import SummaryError, read_summary
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
 from batchlab.lab.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
-from batchlab.collector.capacity import WARMUP_SHARE as CAPACITY_WARMUP_SHARE
-from batchlab.collector.capacity import (Capacity, Probe, Verdict, arrival_cv2, search, start_below, sustain,
-                                        tokens_per_request)
-from batchlab.collector.layout import CAPACITY_DIR, SATURATED_DIR, point_dir, saturated_dir
-from batchlab.collector.interference import read as read_interference
-from batchlab.collector.intervals import PairedResult, between_repeats
-from batchlab.collector.saturation import (WINDOW, SaturatedRun, busy_run, choose_estimator, estimated, pooled,
-                                           saturated_run, with_busy)
-from batchlab.collector.summary import SummaryError, read_summary
 from batchlab.protocol.setting_groups import said
 from batchlab.protocol.study_settings import CapacitySettings
 from batchlab.report.headline import BASELINE
+from batchlab.stats.interference import read as read_interference
+from batchlab.stats.intervals import PairedResult, between_repeats
+from batchlab.stats.saturation import (WINDOW, SaturatedRun, busy_run, choose_estimator, estimated, pooled,
+                                       saturated_run, with_busy)
 
 SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
 OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from batchlab.collector.capacity import Capacity
 from batchlab.collector.layout import CAPACITY_FILE
-from batchlab.collector.saturation import estimated, pooled
 from batchlab.lab.capacity_search import (SEARCH_KEYS, LiveSearch, saturate_all, saturation_lines,
                                           saturation_record, search_one)
 from batchlab.lab.disturbance import Disturbances
@@ -18,6 +17,7 @@ from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
 from batchlab.lab.twin import confirm, confirmation_rate, fit_twin, twin_capacity, widened
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.files import write_json_atomic
+from batchlab.stats.saturation import estimated, pooled
 
 
 def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,

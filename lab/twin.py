@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.collector.capacity import (SETTLE_TIMES, WARMUP_SHARE, Capacity, Probe, arrival_cv2, search,
-                                        settle_time_s, start_below)
-from batchlab.collector.intervals import mean_interval
+                                         settle_time_s, start_below)
 from batchlab.collector.layout import TWIN_DIR
-from batchlab.collector.saturation import SaturatedRun, pooled
 from batchlab.lab.capacity_search import SimulatedSearch, probe_duration_s
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, floor_3g
 from batchlab.protocol.errors import CalibrateError
+from batchlab.stats.intervals import mean_interval
+from batchlab.stats.saturation import SaturatedRun, pooled
 
 PRESETS_DIR = "presets"
 TWIN_SATURATED_S = 120.0  # a twin's saturated run, virtual: long enough that its μ is its model's, not luck
@@ -122,8 +122,8 @@ def prior_of(facts: dict):
 def speed_ratios(fit: TwinFit) -> list[float]:
     """Each saturated run's live μ ÷ the twin's μ on the very schedule it sent (both over the worker's busy time
     where both have one, else over the window): how fast the machine ran against the twin, run by run."""
-    from batchlab.collector.saturation import busy_run, saturated_run
     from batchlab.lab.twin_replay import replayed
+    from batchlab.stats.saturation import busy_run, saturated_run
 
     ratios = []
     for run, folder in zip(fit.runs, fit.folders):

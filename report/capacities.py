@@ -5,11 +5,11 @@ what the same sweep's points completed at steady state; and the capacity table, 
 import json
 
 from batchlab.collector.capacity import (GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, Verdict, arrival_cv2, from_runs,
-                                        sustain)
+                                         sustain)
 from batchlab.collector.layout import CAPACITY_FILE
-from batchlab.collector.saturation import saturated_run
 from batchlab.report.points import Collection
 from batchlab.report.text import md_table
+from batchlab.stats.saturation import saturated_run
 
 SEARCHED = "searched"  # a bracketing search measured it
 FROM_GRID = "from the grid"  # the grid's fixed rates, judged with the same criterion

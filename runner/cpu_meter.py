@@ -1,6 +1,6 @@
 """A meter of the machine's CPU beside a run: a thread that samples, every INTERVAL_S, the whole machine's busy
 and steal CPU time (psutil.cpu_times) and the CPU time of a process tree (the launcher and every process it
-started: roles, warm workers, an engine's own processes). collector.interference turns the samples into the
+started: roles, warm workers, an engine's own processes). stats.interference turns the samples into the
 rest of the machine's share."""
 import os
 import threading
@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from batchlab.collector.interference import Interference, Sample, interference
+from batchlab.stats.interference import Interference, Sample, interference
 
 INTERVAL_S = 0.5
 

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from batchlab.collector.capacity import Probe, Verdict, bracket, from_runs, next_rate, search, sustain, waiting
 from batchlab.lab.capacity_search import SimulatedSearch, search_all
 from batchlab.lab.sweep_plan import AutoRates, SweepError, load_plan, span_rates
-from batchlab.collector.capacity import Probe, Verdict, bracket, from_runs, next_rate, search, sustain, waiting
-from batchlab.collector.metrics import NO_TERMINAL
+from batchlab.stats.metrics import NO_TERMINAL
 
 # naive, batch size 1, a step model whose prefill costs PREFILL_S and each decode step DECODE_S whatever the
 # shape: every request takes PREFILL_S + (OUT − 1) × DECODE_S, so one worker serves 1 / that req/s (M/D/1)
@@ -133,8 +133,8 @@ def test_a_saturated_run_too_short_to_bound_mu_runs_again_twice_as_long(tmp_path
     its steady window [0.3, 1.2] s (no μ); 2.4 s, two in [0.6, 2.4] s (μ from one gap, interval unbounded); 4.8 s,
     three: μ exactly 1 req/s, its interval bounded. A run that stays too short after two extensions (0.2, 0.4,
     0.8 s: no completion) is refused with the longest tried; one whose last try still cannot bound μ keeps it."""
-    from batchlab.collector.saturation import SaturatedRun
     from batchlab.lab.capacity_search import EXTENSIONS, durations, extended
+    from batchlab.stats.saturation import SaturatedRun
 
     plan = load_plan(fixed_service_config(tmp_path, duration_s=10, prefill_s=1.0 - (OUT - 1) * DECODE_S))
     one = {"saturated_repeats": 1, "saturated_min_repeats": 1}  # one repeat: μ's interval must be the run's own
@@ -249,7 +249,7 @@ def test_a_strategy_whose_saturated_run_failed_is_left_unmeasured_without_stoppi
 
     from batchlab.lab.capacity_search import saturate_all, search_one
     from batchlab.lab.sweep_plan import Entry
-    from batchlab.collector.saturation import SaturatedRun
+    from batchlab.stats.saturation import SaturatedRun
 
     class Runner:
         def saturated(self, entry, repeat):

@@ -12,13 +12,13 @@ import pandas as pd
 import pytest
 import zmq
 
-from batchlab.collector.metrics import NO_TERMINAL, NOT_SENT, goodput, percentiles, summarize
 from batchlab.collector import merge
 from batchlab.collector.parts import PartWriter, load_table, write_final
 from batchlab.collector.process import finish_run, run_collector
 from batchlab.collector.store import RunStore
 from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, FailedRow, Heartbeat, RequestFailed, RequestMsg,
                                RunEnd, RunInfo, Step, Tokens, WorkerBye, encode)
+from batchlab.stats.metrics import NO_TERMINAL, NOT_SENT, goodput, percentiles, summarize
 from tests.wire_cases import launch, tokens
 
 T0 = 1000.0

@@ -1,4 +1,4 @@
-"""The rest of the machine's CPU beside a run: the pure figures from samples (collector.interference), the
+"""The rest of the machine's CPU beside a run: the pure figures from samples (stats.interference), the
 meter's accounting of a process tree against the whole machine (runner.cpu_meter), and the worker's thread
 plans (worker.threads)."""
 import os
@@ -9,9 +9,9 @@ import time
 import psutil
 import pytest
 
-from batchlab.collector.interference import (BURST_CORES, DISTURBED_CORES, Interference, Sample, interference,
-                                             is_burst, read)
 from batchlab.runner.cpu_meter import CpuMeter
+from batchlab.stats.interference import (BURST_CORES, DISTURBED_CORES, Interference, Sample, interference,
+                                         is_burst, read)
 from batchlab.worker import threads
 
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.quantiles import exact_sum
+from batchlab.stats.quantiles import exact_sum
 
 NOT_SENT = "not sent: traffic stopped before its planned time"
 NO_TERMINAL = "no terminal record: run ended before it completed"
