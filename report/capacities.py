@@ -1,15 +1,15 @@
 """Each strategy's capacity for the report: the searched capacities with their saturated rate μ (a sweep's
 sweep.json `capacity` entry, or a `batchlab capacity` folder's capacity.json), else brackets derived from
-the grid's own rates with the same sustain criterion (collector.capacity.from_runs); each checked against
+the grid's own rates with the same sustain criterion (stats.capacity.from_runs); each checked against
 what the same sweep's points completed at steady state; and the capacity table, in Markdown and as text."""
 import json
 
-from batchlab.collector.capacity import (GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, Verdict, arrival_cv2, from_runs,
-                                         sustain)
 from batchlab.collector.layout import CAPACITY_FILE
 from batchlab.report.points import Collection
 from batchlab.report.text import md_table
+from batchlab.stats.capacity import from_runs
 from batchlab.stats.saturation import saturated_run
+from batchlab.stats.verdict import GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, Verdict, arrival_cv2, sustain
 
 SEARCHED = "searched"  # a bracketing search measured it
 FROM_GRID = "from the grid"  # the grid's fixed rates, judged with the same criterion

@@ -6,10 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.collector.capacity import Probe, Verdict, bracket, from_runs, next_rate, search, sustain, waiting
 from batchlab.lab.capacity_search import SimulatedSearch, search_all
+from batchlab.lab.rate_search import next_rate, search
 from batchlab.lab.sweep_plan import AutoRates, SweepError, load_plan, span_rates
+from batchlab.stats.capacity import Probe, bracket, from_runs
 from batchlab.stats.metrics import NO_TERMINAL
+from batchlab.stats.verdict import Verdict, sustain, waiting
 
 # naive, batch size 1, a step model whose prefill costs PREFILL_S and each decode step DECODE_S whatever the
 # shape: every request takes PREFILL_S + (OUT − 1) × DECODE_S, so one worker serves 1 / that req/s (M/D/1)
@@ -277,9 +279,11 @@ def test_the_search_never_places_capacity_above_the_saturated_rate():
 
 
 def test_a_capacity_held_below_its_bracket_by_mu_keeps_its_estimate_inside_its_interval():
-    from batchlab.collector.capacity import Capacity, Probe, Verdict
+    from batchlab.stats.capacity import CapacityEstimate, Probe
+    from batchlab.stats.verdict import Verdict
 
     sustained = Probe(3.56, Verdict(True, [], 1.0, 0.1, None, 3.08, -0.2, 0.3))
-    cap = Capacity("naive", 3.08, 3.67, [sustained], saturated={"req_s": 2.47, "req_s_lo": 1.27, "req_s_hi": 3.67})
+    cap = CapacityEstimate("naive", 3.08, 3.67, [sustained],
+                           saturated={"req_s": 2.47, "req_s_lo": 1.27, "req_s_hi": 3.67})
     lo, hi = cap.interval_req_s
     assert cap.estimate_req_s == pytest.approx(2.47) and lo <= cap.estimate_req_s <= hi == 3.67

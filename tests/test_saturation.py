@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from batchlab.collector.capacity import sustain
 from batchlab.lab.capacity_search import SimulatedSearch, search_all
 from batchlab.lab.sweep_plan import load_plan
 from batchlab.stats.saturation import SaturatedRun, batch_means, pooled, saturated_run
+from batchlab.stats.verdict import sustain
 
 OUT = 6  # output tokens of every request
 
