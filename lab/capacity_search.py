@@ -20,6 +20,7 @@ from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
 from batchlab.lab.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
 from batchlab.protocol.setting_groups import said
 from batchlab.protocol.study_settings import CapacitySettings
+from batchlab.protocol.verdicts import Sustain
 from batchlab.report.headline import BASELINE
 from batchlab.stats.capacity import CapacityEstimate, Probe, tokens_per_request
 from batchlab.stats.interference import read as read_interference
@@ -211,7 +212,7 @@ class LiveSearch:
                              where, saturated)
             if self.view:
                 self.view.note(f"capacity {entry.label} λ={rate:g}: "
-                               + ("sustained" if probe.verdict.sustained else "; ".join(probe.verdict.reasons)))
+                               + (Sustain.SUSTAINED if probe.verdict.sustained else "; ".join(probe.verdict.reasons)))
             return probe
 
         return measure

@@ -16,6 +16,7 @@ from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
 from batchlab.lab.twin import confirm, confirmation_rate, fit_twin, twin_capacity, widened
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.verdicts import Agreement
 from batchlab.stats.capacity import CapacityEstimate
 from batchlab.stats.saturation import estimated, pooled
 
@@ -110,8 +111,8 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
                           "tokens_per_request": check.probe.tokens_per_request, "live": True,
                           **asdict(check.probe.verdict)}]
         if view:
-            mark = {True: "agrees", False: "⚠ disagrees", None: "undecided"}[check.agrees]
-            view.note(f"confirm {entry.label}: {check.text()} ({mark} with the twin); {check.twin_text()}")
+            agreement = Agreement.of(check.agrees).said
+            view.note(f"confirm {entry.label}: {check.text()} ({agreement} with the twin); {check.twin_text()}")
     return doc
 
 

@@ -27,6 +27,7 @@ from batchlab.lab.capacity_search import SimulatedSearch, probe_duration_s
 from batchlab.lab.rate_search import search, start_below
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, floor_3g
 from batchlab.protocol.errors import CalibrateError
+from batchlab.protocol.verdicts import Sustain
 from batchlab.stats.capacity import CapacityEstimate, Probe
 from batchlab.stats.intervals import mean_interval
 from batchlab.stats.saturation import SaturatedRun, pooled
@@ -228,22 +229,17 @@ class Confirmation:
     def agrees(self) -> bool | None:
         """Whether the live verdict agrees with the twin's capacity: True sustained; False judged not sustained
         (a disagreement); None undecided (the twin's verdict on the same schedule stands beside it: twin_text)."""
-        v = self.probe.verdict
-        if v.sustained:
-            return True
-        if v.judged:
-            return False
-        return None
+        return self.probe.verdict.outcome.agreement.flag
 
     def text(self) -> str:
         """One line: the verdict, with why where it is not a plain ✓."""
         p, v = self.probe, self.probe.verdict
         where = f"λ = {p.rate_req_s:.3g} (offered {p.offered_req_s:.3g}) req/s, {self.ran_s:.0f} s"
-        if v.sustained:
-            return f"sustained at {where}"
-        if v.judged:
-            return f"not sustained at {where}: {'; '.join(v.reasons)}"
-        return f"undecided at {where} (deciding there takes about {self.needs_s:.0f} s of traffic)"
+        if v.outcome is Sustain.SUSTAINED:
+            return f"{v.outcome} at {where}"
+        if v.outcome is Sustain.NOT_SUSTAINED:
+            return f"{v.outcome} at {where}: {'; '.join(v.reasons)}"
+        return f"{v.outcome} at {where} (deciding there takes about {self.needs_s:.0f} s of traffic)"
 
     def twin_text(self) -> str:
         """The twin on the same schedule: its mark, served share and queue trend beside the live run's."""

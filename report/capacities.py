@@ -5,6 +5,7 @@ what the same sweep's points completed at steady state; and the capacity table, 
 import json
 
 from batchlab.collector.layout import CAPACITY_FILE
+from batchlab.protocol.verdicts import Agreement, Sustain
 from batchlab.report.points import Collection
 from batchlab.report.text import md_table
 from batchlab.stats.capacity import from_runs
@@ -133,7 +134,7 @@ def bracket_text(c: dict, unit: str = "req_s") -> str:
 
 
 def _probes_text(c: dict) -> str:
-    return ", ".join(f"{p['rate_req_s']:g}{'✓' if p['sustained'] else '✗' if p.get('judged', True) else '?'}"
+    return ", ".join(f"{p['rate_req_s']:g}{Sustain.of(p['sustained'], p.get('judged', True)).mark}"
                      for p in c.get("probes", []))
 
 
@@ -161,13 +162,10 @@ def disagreement(c: dict) -> list[str]:
             f"{confirm.get('text', '')}; {confirm.get('twin_text', '')}".rstrip("; ")]
 
 
-AGREES = {True: "✓", False: "⚠", None: "?"}  # a live confirmation's `agrees`: sustained, disagrees, undecided
-
-
 def confirmation_lines(capacities: dict[str, dict]) -> list[str]:
     """Per strategy found on a twin: the live probe at its capacity, and the twin on the same schedule."""
     return [f"{lb}: twin μ {sig(c['twin']['saturated']['req_s'])} req/s; live probe "
-            f"{AGREES[c['confirmation'].get('agrees')]} {c['confirmation'].get('text', '')}"
+            f"{Agreement.of(c['confirmation'].get('agrees')).mark} {c['confirmation'].get('text', '')}"
             for lb, c in capacities.items() if c.get("twin") and c.get("confirmation")]
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from batchlab.protocol.verdicts import Sustain
 from batchlab.stats.intervals import LEVEL, t_quantile
 from batchlab.stats.metrics import NO_TERMINAL, NOT_SENT, goodput, submitted_mask
 
@@ -54,9 +55,14 @@ class Verdict:
         return self.judged and not self.sustained
 
     @property
+    def outcome(self) -> Sustain:
+        """Sustained, not sustained or undecided."""
+        return Sustain.of(self.sustained, self.judged)
+
+    @property
     def mark(self) -> str:
         """✓ sustained, ✗ not, ? undecided (the report's list of rates measured)."""
-        return "✓" if self.sustained else "✗" if self.judged else "?"
+        return self.outcome.mark
 
 
 def settle_time_s(offered_req_s: float, mu_req_s: float, arrival_cv2: float = 1.0) -> float:
