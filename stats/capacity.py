@@ -1,6 +1,6 @@
 """A strategy's capacity from the verdicts of its probes: the bracket [highest rate sustained, lowest not], the
-estimate in it and its interval, in the arrival rates the runs offered (docs/capacity.md, "The
-search"). Pure: probes in, numbers out; lab/rate_search.py chooses the rates, stats/verdict.py judges each."""
+estimate in it and its interval, in the arrival rates the runs offered (docs/capacity.md, "The search"). Pure:
+probes in, numbers out; lab/rate_search.py chooses the rates, stats/verdict.py judges each."""
 import math
 from dataclasses import asdict, dataclass, field
 
