@@ -5,7 +5,7 @@ this process: a small loop stands in for the scheduler process around the same S
 policies, so process and socket overheads are left out and only batching and the engine differ. Rows are
 random token ids (prompt 16..`--max-prompt-len`, output 4..`--max-new-tokens` tokens, greedy, exact
 lengths). Per point: output tokens/s (all tokens ÷ first arrival → last token) and TTFT p50/p99 (first
-token − arrival; collector.metrics.percentiles). The summary gives continuous(HF) ÷ vLLM per rate and at
+token − arrival; stats.metrics.percentiles). The summary gives continuous(HF) ÷ vLLM per rate and at
 each column's knee (best tokens/s).
 
     python benchmarks/compare_cpu.py --rates 2,4,8,16 --duration 10 [--json out.json]
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from batchlab.collector.metrics import percentiles
 from batchlab.protocol import RequestMsg
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.scheduler.core import SchedulerCore
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Continuous, Dynamic, Naive
+from batchlab.stats.metrics import percentiles
 from batchlab.traffic.config import TrafficConfig
 from batchlab.traffic.lengths import LengthSpec
 from batchlab.traffic.schedule import Schedule, build_schedule

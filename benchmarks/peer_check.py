@@ -28,7 +28,7 @@ the suffix to pick its CPU platform) and then calls vLLM's CLI main with `bench 
 Definitions (the same for both tools, computed here from per-request data with numpy's linear
 percentiles):
 - TPOT = (last token − first token) ÷ (output tokens − 1), per request, over requests with more than
-  one token. batchlab: requests.parquet `tpot` (collector/metrics.py: (completion_time −
+  one token. batchlab: requests.parquet `tpot` (stats/metrics.py: (completion_time −
   first_token_time) ÷ (output_len − 1)). vllm bench: its own TPOT is (latency − ttft) ÷ (output − 1),
   latency being the last token chunk's time, i.e. sum(itl) ÷ (output − 1), which is what is computed
   here from `--save-detailed`'s per-request `itls`. (vLLM's ITL, the gaps between chunks, is not TPOT.)
@@ -40,7 +40,7 @@ percentiles):
   planned offset, less the smallest such difference over the run, since vllm bench saves no origin).
 - E2E: batchlab: completion − planned arrival; vllm bench: ttft + sum(itl) (its `e2el`).
 - Output tok/s: batchlab's summary throughput_tok_s (output tokens of finished requests ÷ the window
-  from the first submitted arrival to the last completion, collector/metrics.py); vllm bench's
+  from the first submitted arrival to the last completion, stats/metrics.py); vllm bench's
   `output_throughput` (tokens ÷ its benchmark duration).
 Differences left: batchlab asks for `continuous_usage_stats` (usage on every chunk) and `min_tokens`;
 vllm bench asks for usage once at the end.

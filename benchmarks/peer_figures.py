@@ -75,8 +75,8 @@ def bench_figures(results: list[dict], offsets=None) -> dict:
 
 def batchlab_requests(run_dir: Path) -> pd.DataFrame:
     """Finished rows of a batchlab run with ttft, tpot, e2e and ttft from dispatch (s)."""
-    from batchlab.collector.metrics import request_metrics
     from batchlab.protocol.run_dir import RunDir
+    from batchlab.stats.metrics import request_metrics
 
     df = request_metrics(pd.read_parquet(RunDir(run_dir).table("requests")))
     df["ttft_dispatch"] = df["first_token_time"] - df["scheduled_time"]
@@ -85,7 +85,7 @@ def batchlab_requests(run_dir: Path) -> pd.DataFrame:
 
 def batchlab_figures(run_dirs: list[Path]) -> dict:
     """Figures over the pooled finished requests of one or more batchlab runs; output tok/s: the mean of the
-    runs' summary throughput_tok_s (collector.metrics: finished output tokens ÷ window_s)."""
+    runs' summary throughput_tok_s (stats.metrics: finished output tokens ÷ window_s)."""
     from batchlab.collector.summary import read_summary
 
     tok_s = [read_summary(d).throughput_tok_s for d in run_dirs]

@@ -5,7 +5,7 @@ continuous on the HF loop's, vLLM on vLLM's, each fitted to this CPU) run satura
 ShareGPT lengths), one after another along ONE simulated machine's timeline (worker.machine_noise: a slow
 drift of the machine's speed between runs, a fast one within them, and a neighbour taking a share of the
 time in bursts), so that two runs close in time see nearly the same machine, as on a real box. For each
-design (repeats × seconds per run, the order within a repeat) and each μ estimator (collector.saturation),
+design (repeats × seconds per run, the order within a repeat) and each μ estimator (stats.saturation),
 over many seeds: how often the paired throughput comparison against naive is significant in the right
 direction, how often its 95% interval covers the noise-free ratio, and its median width.
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchlab.collector.intervals import between_repeats
-from batchlab.collector.saturation import ESTIMATORS
 from batchlab.protocol.settings import RunConfig
 from batchlab.simulator.run import simulate
+from batchlab.stats.intervals import between_repeats
+from batchlab.stats.saturation import ESTIMATORS
 from batchlab.traffic.run_schedule import make_schedule
 from batchlab.worker.machine_noise import MachineNoise
 

@@ -3,9 +3,9 @@ a warning line when the run was overloaded or the harness itself lagged."""
 from rich.console import Console
 from rich.table import Table
 
-from batchlab.collector.interference import DISTURBED_CORES, read as read_interference
 from batchlab.collector.summary import Latency, Summary
 from batchlab.protocol.status import FailureReason
+from batchlab.stats.interference import DISTURBED_CORES, read as read_interference
 
 OVERLOAD_SERVED_SHARE = 0.9  # served rate under this share of the offered rate: the worker did not keep up
 SEND_LAG_WARN_S = 1e-3  # traffic sent its p99 request this late: arrival times are not what was planned

@@ -18,15 +18,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchlab.collector import request, tables
-from batchlab.collector.metrics import LATENCY_STATS, RequestFigures
 from batchlab.collector.parts import read_schedule, run_values, stamped, write_parquet
-from batchlab.collector.quantiles import chunked_percentiles
 from batchlab.collector.store_view import StoreView
 from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables
 from batchlab.protocol.files import write_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.status import RequestStatus
+from batchlab.stats.metrics import LATENCY_STATS, RequestFigures
+from batchlab.stats.quantiles import chunked_percentiles
 
 TOKEN_CHUNK_ROWS = 200_000  # token rows sorted in memory at once (5 columns × 8 bytes each)
 REQUEST_CHUNK_ROWS = 50_000  # request rows (about 30 columns) merged at once

@@ -12,11 +12,11 @@ from typing import Protocol, get_type_hints
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import request_metrics
 from batchlab.collector.parts import SETTINGS_COLUMNS
 from batchlab.protocol import Arrival, RequestMsg
 from batchlab.protocol.ids import IdSet as EndedIds  # noqa: F401  (the ids of requests that left memory)
 from batchlab.protocol.status import FailureReason, RequestStatus
+from batchlab.stats.metrics import request_metrics
 
 NAN = float("nan")
 SCHEDULE_OFFSET_COLUMN = "arrival_offset_s"  # traffic.schedule's planned arrival, s since t0

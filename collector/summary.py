@@ -66,7 +66,7 @@ class Summary(BaseModel):
     stop_signal: int = 0
     harness_cpu: dict = {}
     harness_lag: dict = {}
-    interference: dict | None = None  # the rest of the machine's CPU while the run ran (collector.interference)
+    interference: dict | None = None  # the rest of the machine's CPU while the run ran (stats.interference)
     role_deaths: list = []
     schedule: dict = {}  # the schedule's notes (prompt source, capped lengths, a trace's own rate)
     timing_fidelity: dict | None = None

@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector import request
-from batchlab.collector.metrics import summarize, useful_fraction
 from batchlab.collector.parts import Tables  # declared with its writer; built here
 from batchlab.collector.request import NAN, RequestOutcome, RequestState
 from batchlab.collector.store_view import StoreView
 from batchlab.collector.summary import Summary
 from batchlab.protocol.status import FailureReason, RequestStatus
+from batchlab.stats.metrics import summarize, useful_fraction
 
 ENGINE_METRICS = "request_metrics"  # WorkerBye.stats key: {request_id (str): {name: value}}
 TOKEN_DTYPES = {"request_id": "int64", "token_index": "int64", "token_id": "int64", "time": "float64",

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import inter_token_latencies, request_metrics
 from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.environment import batchlab_version
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.status import RequestStatus
+from batchlab.stats.metrics import inter_token_latencies, request_metrics
 
 Decode = Callable[[list[int]], str]  # token ids → text (the model's tokenizer; collector imports no model)
 PERCENTILES = (50, 90, 99)  # vLLM's --metric-percentiles (its default is 99 alone)

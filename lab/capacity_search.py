@@ -2,7 +2,7 @@
 folder, run by lab.sweep_point.execute on the sweep's warm workers) or in virtual time (the simulator, no
 files).
 
-First the saturated runs (μ: collector.saturation), then collector.capacity.search's probes from just
+First the saturated runs (μ: stats.saturation), then lab.rate_search.search's probes from just
 below μ; docs/capacity.md gives both, the folders they write (OUT/_saturated/, OUT/_capacity/) and
 capacity.json.
 """
@@ -12,21 +12,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from batchlab.collector.layout import CAPACITY_DIR, SATURATED_DIR, point_dir, saturated_dir
+from batchlab.collector.summary import SummaryError, read_summary
 from batchlab.lab.disturbance import Disturbances
+from batchlab.lab.rate_search import search, start_below
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
 from batchlab.lab.sweep_point import execute, reused  # the sweep's one way to run a point, or reuse it
-from batchlab.collector.capacity import WARMUP_SHARE as CAPACITY_WARMUP_SHARE
-from batchlab.collector.capacity import (Capacity, Probe, Verdict, arrival_cv2, search, start_below, sustain,
-                                        tokens_per_request)
-from batchlab.collector.layout import CAPACITY_DIR, SATURATED_DIR, point_dir, saturated_dir
-from batchlab.collector.interference import read as read_interference
-from batchlab.collector.intervals import PairedResult, between_repeats
-from batchlab.collector.saturation import (WINDOW, SaturatedRun, busy_run, choose_estimator, estimated, pooled,
-                                           saturated_run, with_busy)
-from batchlab.collector.summary import SummaryError, read_summary
 from batchlab.protocol.setting_groups import said
 from batchlab.protocol.study_settings import CapacitySettings
+from batchlab.protocol.verdicts import Sustain
 from batchlab.report.headline import BASELINE
+from batchlab.stats.capacity import CapacityEstimate, Probe, tokens_per_request
+from batchlab.stats.interference import read as read_interference
+from batchlab.stats.intervals import PairedResult, between_repeats
+from batchlab.stats.saturation import (WINDOW, SaturatedRun, busy_run, choose_estimator, estimated, pooled,
+                                       saturated_run, with_busy)
+from batchlab.stats.verdict import WARMUP_SHARE as CAPACITY_WARMUP_SHARE
+from batchlab.stats.verdict import Verdict, arrival_cv2, sustain
 
 SEARCH_KEYS = set(CapacitySettings.model_fields)  # capacity.json's "search": what a resume must match
 OPEN_LOOP_KEYS = ("rate", "arrival", "burstiness")  # a closed loop refuses them
@@ -196,7 +198,7 @@ class LiveSearch:
         return run
 
     def measure(self, entry: Entry, saturated: dict | None = None, duration_s: float | None = None):
-        """collector.capacity.Measure for this entry: one point at the rate, of `duration_s` traffic (None: the
+        """lab.rate_search.Measure for this entry: one point at the rate, of `duration_s` traffic (None: the
         search's probe_duration_s)."""
         from batchlab.collector.parts import load_table
 
@@ -210,7 +212,7 @@ class LiveSearch:
                              where, saturated)
             if self.view:
                 self.view.note(f"capacity {entry.label} λ={rate:g}: "
-                               + ("sustained" if probe.verdict.sustained else "; ".join(probe.verdict.reasons)))
+                               + (Sustain.SUSTAINED if probe.verdict.sustained else "; ".join(probe.verdict.reasons)))
             return probe
 
         return measure
@@ -254,7 +256,7 @@ class SimulatedSearch:
         return probe_duration_s(rate, self.s)
 
     def measure(self, entry: Entry, saturated: dict | None = None):
-        """collector.capacity.Measure for this entry, in virtual time."""
+        """lab.rate_search.Measure for this entry, in virtual time."""
 
         def measure(rate: float) -> Probe:
             point, base = _probe_point(self.plan, entry, Path("."), rate, self.s, self.probe_s(entry, rate, saturated))
@@ -371,18 +373,19 @@ def saturation_lines(record: dict) -> list[str]:
 
 
 def search_one(entry: Entry, runner, settings: AutoRates, runs: list[SaturatedRun] | str,
-               estimator: str = WINDOW) -> Capacity:
+               estimator: str = WINDOW) -> CapacityEstimate:
     """One entry's search from its saturated runs (as `estimator` reads μ); a saturated run that failed
     leaves that entry unmeasured (with the reason), not the others."""
     if isinstance(runs, str) or not runs:
-        return Capacity(entry.label, None, None, note=runs if isinstance(runs, str) else "no saturated run")
+        note = runs if isinstance(runs, str) else "no saturated run"
+        return CapacityEstimate(entry.label, None, None, note=note)
     saturated = pooled(estimated(runs, estimator) or runs, estimator if estimated(runs, estimator) else WINDOW)
     return search(entry.label, start_below(saturated, settings.width), runner.measure(entry, saturated),
                   width=settings.width, max_probes=settings.max_probes, saturated=saturated)
 
 
 def search_all(plan: Plan, runner, settings: AutoRates, labels: list[str] | None = None,
-               view=None) -> dict[str, Capacity]:
+               view=None) -> dict[str, CapacityEstimate]:
     """Each entry's (or each labelled one's) μ and capacity, in grid order."""
     entries = [e for e in plan.entries if labels is None or e.label in labels]
     runs = saturate_all(plan, runner, entries, settings, view)
@@ -390,6 +393,6 @@ def search_all(plan: Plan, runner, settings: AutoRates, labels: list[str] | None
     return {e.label: search_one(e, runner, settings, runs[e.label], estimator) for e in entries}
 
 
-def capacity_document(capacities: dict[str, Capacity], settings: AutoRates) -> dict:
+def capacity_document(capacities: dict[str, CapacityEstimate], settings: AutoRates) -> dict:
     """capacity.json's content."""
     return {"search": settings.model_dump(include=SEARCH_KEYS), "strategies": {lb: c.as_dict() for lb, c in capacities.items()}}

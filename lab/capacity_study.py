@@ -7,9 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from batchlab.collector.capacity import Capacity
 from batchlab.collector.layout import CAPACITY_FILE
-from batchlab.collector.saturation import estimated, pooled
 from batchlab.lab.capacity_search import (SEARCH_KEYS, LiveSearch, saturate_all, saturation_lines,
                                           saturation_record, search_one)
 from batchlab.lab.disturbance import Disturbances
@@ -18,6 +16,9 @@ from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
 from batchlab.lab.twin import confirm, confirmation_rate, fit_twin, twin_capacity, widened
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.verdicts import Agreement
+from batchlab.stats.capacity import CapacityEstimate
+from batchlab.stats.saturation import estimated, pooled
 
 
 def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
@@ -74,7 +75,7 @@ def plan_study(progress: StudyProgress, plan: Plan, entries: int, grid: bool = T
 
 def live_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, estimator: str, settings: AutoRates,
                view=None) -> dict:
-    """One strategy's capacity searched by live probes (collector.capacity.search)."""
+    """One strategy's capacity searched by live probes (lab.rate_search.search)."""
     return search_one(entry, live, settings, runs, estimator).as_dict()
 
 
@@ -83,7 +84,8 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
     """One strategy's capacity on its twin, with the live confirmation beside it (`confirmation`); the live
     search instead, said, when its runs cannot give a twin."""
     if isinstance(runs, str) or not runs:
-        return Capacity(entry.label, None, None, note=runs if isinstance(runs, str) else "no saturated run").as_dict()
+        note = runs if isinstance(runs, str) else "no saturated run"
+        return CapacityEstimate(entry.label, None, None, note=note).as_dict()
     read = estimated(runs, estimator)
     saturated = pooled(read, estimator) if read else pooled(runs)
     try:
@@ -109,8 +111,8 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
                           "tokens_per_request": check.probe.tokens_per_request, "live": True,
                           **asdict(check.probe.verdict)}]
         if view:
-            mark = {True: "agrees", False: "⚠ disagrees", None: "undecided"}[check.agrees]
-            view.note(f"confirm {entry.label}: {check.text()} ({mark} with the twin); {check.twin_text()}")
+            agreement = Agreement.of(check.agrees).said
+            view.note(f"confirm {entry.label}: {check.text()} ({agreement} with the twin); {check.twin_text()}")
     return doc
 
 

@@ -1,13 +1,13 @@
 """Runs that a burst of other work disturbed, run again: a sweep's points, saturated runs and probes (each
-run's summary.json `interference`, collector.interference). A neighbour that stays for the whole sweep bends
+run's summary.json `interference`, stats.interference). A neighbour that stays for the whole sweep bends
 every run alike and is reported, not chased: only a run disturbed beyond the sweep's usual background
-(collector.interference.is_burst, against the median of the runs so far, or before three runs the background
+(stats.interference.is_burst, against the median of the runs so far, or before three runs the background
 read just before the sweep) runs again, at most `tries` times, and the sweep says that it did (the view's
 note, sweep.json's `reran`)."""
 import statistics
 from collections.abc import Callable
 
-from batchlab.collector.interference import is_burst, read
+from batchlab.stats.interference import is_burst, read
 
 MIN_USUAL = 3  # runs seen before their median counts as the sweep's usual background
 BASELINE_S = 2.0  # before a sweep that reruns disturbed runs, the machine's background is read this long

@@ -7,8 +7,8 @@ by the simulator where live runs are too short to decide, and checked live (docs
    one sample of how fast the machine ran against the twin (its speed that minute), free of which prompts the run
    drew; their mean (`bias_pct`, near 0: the fit is levelled to the runs' total step time) and the half-width of
    its 95% t-interval on the log scale (`spread_pct`) are the twin's uncertainty.
-2. **Capacity in virtual time** (`TwinSearch`): collector.capacity's search and verdict, on probes as long as
-   deciding at the load probed takes (the queue's settle time, twice, after the warm-up quarter), and at least
+2. **Capacity in virtual time** (`TwinSearch`): lab.rate_search's search and stats.verdict's verdict, on probes as
+   long as deciding at the load probed takes (the queue's settle time, twice, after the warm-up quarter), and at least
    TWIN_PROBE_MIN_S and at most TWIN_PROBE_MAX_S of virtual traffic; the interval is the search's own, widened by the
    twin's uncertainty.
 3. **Confirmed live** (`confirmation`): one live probe at the twin's capacity, as long as deciding there takes,
@@ -22,14 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab.collector.capacity import (SETTLE_TIMES, WARMUP_SHARE, Capacity, Probe, arrival_cv2, search,
-                                        settle_time_s, start_below)
-from batchlab.collector.intervals import mean_interval
 from batchlab.collector.layout import TWIN_DIR
-from batchlab.collector.saturation import SaturatedRun, pooled
 from batchlab.lab.capacity_search import SimulatedSearch, probe_duration_s
+from batchlab.lab.rate_search import search, start_below
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, floor_3g
 from batchlab.protocol.errors import CalibrateError
+from batchlab.protocol.verdicts import Sustain
+from batchlab.stats.capacity import CapacityEstimate, Probe
+from batchlab.stats.intervals import mean_interval
+from batchlab.stats.saturation import SaturatedRun, pooled
+from batchlab.stats.verdict import SETTLE_TIMES, WARMUP_SHARE, arrival_cv2, settle_time_s
 
 PRESETS_DIR = "presets"
 TWIN_SATURATED_S = 120.0  # a twin's saturated run (one per live repeat's seed), virtual: its μ the model's, not luck
@@ -180,7 +182,7 @@ class TwinSearch(SimulatedSearch):
         return Point(entry, 1.0, 0, self.plan.seed, Path(".")).config(self.plan.base)
 
 
-def twin_capacity(plan: Plan, fit: TwinFit, settings: AutoRates) -> tuple[Capacity, dict]:
+def twin_capacity(plan: Plan, fit: TwinFit, settings: AutoRates) -> tuple[CapacityEstimate, dict]:
     """A strategy's capacity on its twin, and the twin's record: its μ in virtual time, the live ÷ twin speed of
     each saturated run on its own steps (speed_ratios), their mean (`bias_pct`) and the half-width of its 95%
     interval (`spread_pct`), and the search's own record before that spread widened it."""
@@ -231,22 +233,17 @@ class Confirmation:
     def agrees(self) -> bool | None:
         """Whether the live verdict agrees with the twin's capacity: True sustained; False judged not sustained
         (a disagreement); None undecided (the twin's verdict on the same schedule stands beside it: twin_text)."""
-        v = self.probe.verdict
-        if v.sustained:
-            return True
-        if v.judged:
-            return False
-        return None
+        return self.probe.verdict.outcome.agreement.flag
 
     def text(self) -> str:
         """One line: the verdict, with why where it is not a plain ✓."""
         p, v = self.probe, self.probe.verdict
         where = f"λ = {p.rate_req_s:.3g} (offered {p.offered_req_s:.3g}) req/s, {self.ran_s:.0f} s"
-        if v.sustained:
-            return f"sustained at {where}"
-        if v.judged:
-            return f"not sustained at {where}: {'; '.join(v.reasons)}"
-        return f"undecided at {where} (deciding there takes about {self.needs_s:.0f} s of traffic)"
+        if v.outcome is Sustain.SUSTAINED:
+            return f"{v.outcome} at {where}"
+        if v.outcome is Sustain.NOT_SUSTAINED:
+            return f"{v.outcome} at {where}: {'; '.join(v.reasons)}"
+        return f"{v.outcome} at {where} (deciding there takes about {self.needs_s:.0f} s of traffic)"
 
     def twin_text(self) -> str:
         """The twin on the same schedule: its mark, served share and queue trend beside the live run's."""

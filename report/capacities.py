@@ -1,15 +1,16 @@
 """Each strategy's capacity for the report: the searched capacities with their saturated rate μ (a sweep's
 sweep.json `capacity` entry, or a `batchlab capacity` folder's capacity.json), else brackets derived from
-the grid's own rates with the same sustain criterion (collector.capacity.from_runs); each checked against
+the grid's own rates with the same sustain criterion (stats.capacity.from_runs); each checked against
 what the same sweep's points completed at steady state; and the capacity table, in Markdown and as text."""
 import json
 
-from batchlab.collector.capacity import (GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, Verdict, arrival_cv2, from_runs,
-                                        sustain)
 from batchlab.collector.layout import CAPACITY_FILE
-from batchlab.collector.saturation import saturated_run
+from batchlab.protocol.verdicts import Agreement, Sustain
 from batchlab.report.points import Collection
 from batchlab.report.text import md_table
+from batchlab.stats.capacity import from_runs
+from batchlab.stats.saturation import saturated_run
+from batchlab.stats.verdict import GOODPUT_MIN, GROWTH_SHARE, SERVED_MIN, Verdict, arrival_cv2, sustain
 
 SEARCHED = "searched"  # a bracketing search measured it
 FROM_GRID = "from the grid"  # the grid's fixed rates, judged with the same criterion
@@ -133,7 +134,7 @@ def bracket_text(c: dict, unit: str = "req_s") -> str:
 
 
 def _probes_text(c: dict) -> str:
-    return ", ".join(f"{p['rate_req_s']:g}{'✓' if p['sustained'] else '✗' if p.get('judged', True) else '?'}"
+    return ", ".join(f"{p['rate_req_s']:g}{Sustain.of(p['sustained'], p.get('judged', True)).mark}"
                      for p in c.get("probes", []))
 
 
@@ -161,13 +162,10 @@ def disagreement(c: dict) -> list[str]:
             f"{confirm.get('text', '')}; {confirm.get('twin_text', '')}".rstrip("; ")]
 
 
-AGREES = {True: "✓", False: "⚠", None: "?"}  # a live confirmation's `agrees`: sustained, disagrees, undecided
-
-
 def confirmation_lines(capacities: dict[str, dict]) -> list[str]:
     """Per strategy found on a twin: the live probe at its capacity, and the twin on the same schedule."""
     return [f"{lb}: twin μ {sig(c['twin']['saturated']['req_s'])} req/s; live probe "
-            f"{AGREES[c['confirmation'].get('agrees')]} {c['confirmation'].get('text', '')}"
+            f"{Agreement.of(c['confirmation'].get('agrees')).mark} {c['confirmation'].get('text', '')}"
             for lb, c in capacities.items() if c.get("twin") and c.get("confirmation")]
 
 

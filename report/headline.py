@@ -5,9 +5,9 @@ interval includes zero reads as no significant difference."""
 from dataclasses import dataclass
 
 from batchlab.report.capacities import bracket_text, contradicts, mu_text
-from batchlab.collector.intervals import UNMEASURED, PairedResult, between_repeats, describe, pct_text
 from batchlab.report.points import Collection
 from batchlab.report.stats import paired_latency
+from batchlab.stats.intervals import UNMEASURED, PairedResult, between_repeats, describe, pct_text
 
 BASELINE = "naive"
 NAMES = {"dynamic": "Dynamic batching", "continuous": "Continuous batching",

@@ -62,14 +62,14 @@ class Strict(Loose):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-class CapacityProbe(Strict):
+class ProbeEntry(Strict):
     """One rate a capacity search measured, and whether it was sustained."""
 
     rate_req_s: float
     sustained: bool
 
 
-class SaturatedRun(Strict):
+class SaturatedRunEntry(Strict):
     """One repeat's saturated run: its completion rate (req/s)."""
 
     repeat: NonNegativeInt
@@ -82,7 +82,7 @@ class Saturated(Strict):
     req_s: float
     req_s_lo: float
     req_s_hi: float
-    runs: list[SaturatedRun] = []
+    runs: list[SaturatedRunEntry] = []
 
 
 class CapacityEntry(Strict):
@@ -95,7 +95,7 @@ class CapacityEntry(Strict):
     hi_tok_s: float | None = None
     estimate_tok_s: float | None = None
     note: str | None = None
-    probes: list[CapacityProbe] = []
+    probes: list[ProbeEntry] = []
     saturated: Saturated | None = None
 
     @model_validator(mode="after")

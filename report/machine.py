@@ -1,10 +1,10 @@
 """The machine while the runs ran: how much CPU other work took beside them (each run's summary.json
 `interference`, a saturated run's in capacity.json), shown beside the figures it can bend, and a warning
-when it passed the documented threshold (collector.interference: DISTURBED_CORES)."""
+when it passed the documented threshold (stats.interference: DISTURBED_CORES)."""
 import statistics
 
-from batchlab.collector.interference import DISTURBED_CORES, DISTURBED_STEAL, Interference, read
 from batchlab.report.points import Collection, RunData
+from batchlab.stats.interference import DISTURBED_CORES, DISTURBED_STEAL, Interference, read
 
 
 def of_runs(runs: list[RunData]) -> list[Interference]:

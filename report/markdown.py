@@ -4,9 +4,9 @@ from batchlab.report.capacities import capacity_table, criterion_text
 from batchlab.report.headline import RULE
 from batchlab.report.points import Collection, RunData, index_load, load_text
 from batchlab.report.setup import knob_table, prefix_cache_line, schedule_lines, setup_lines
-from batchlab.collector.intervals import min_requests
 from batchlab.report.stats import CI_LEVEL, CI_METRICS, CI_QUANTILES, FAILED_MARK_SHARE, GroupStats
 from batchlab.report.text import figure, md_table, ms
+from batchlab.stats.intervals import min_requests
 
 QS = ("p50", "p90", "p99")
 

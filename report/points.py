@@ -8,12 +8,12 @@ import pyarrow as pa
 from batchlab.collector.layout import (CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of,
                                        rate_of)
 from batchlab.collector.parts import load_table, run_label
+from batchlab.collector.summary import Summary, SummaryError, read_summary
+from batchlab.protocol.errors import ReportError, RunRefused
+from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 from batchlab.report.inputs import OPTIONAL, REQUIRED, check_capacity, inside, read_index, table_problem
 from batchlab.report.pooling import PoolingError, refuse_mixed, split_mixed, unusable
 from batchlab.report.tokens import TokenDigest, flags_for, frame_digest, read_digest
-from batchlab.collector.summary import Summary, SummaryError, read_summary
-from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
-from batchlab.protocol.errors import ReportError, RunRefused
 from batchlab.protocol.status import FailureReason, RequestStatus
 
 

@@ -1,4 +1,4 @@
-"""Numbers per (strategy, rate) over its repeats: collector.metrics formulas, order-statistic intervals,
+"""Numbers per (strategy, rate) over its repeats: stats.metrics formulas, order-statistic intervals,
 goodput, the TPOT / ITL formulas other benchmarking tools use, and paired comparisons with repeats as units.
 
 How much of a continuous batch's TPOT is other requests' prefill (split, at the end): a static batch
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.intervals import PairedResult, between_repeats, quantile_ci, statistic
-from batchlab.collector.metrics import LATENCY_STATS, goodput, percentiles, request_metrics
-from batchlab.collector.quantiles import chunked_percentiles
 from batchlab.report.points import RunData
 from batchlab.report.tokens import CARRIED, PLAIN, TokenDigest, starts_of
 from batchlab.protocol.status import RequestStatus
+from batchlab.stats.intervals import PairedResult, between_repeats, quantile_ci, statistic
+from batchlab.stats.metrics import LATENCY_STATS, goodput, percentiles, request_metrics
+from batchlab.stats.quantiles import chunked_percentiles
 
 CI_LEVEL = 0.95
 CI_METRICS = ("ttft", "e2e")  # request-level latencies that get percentile intervals

@@ -7,7 +7,7 @@ the step that produced each gap's later token carried some (stats.split). tokens
 report took 3.9 GiB. `read_digest` reads the final file CHUNK_ROWS rows at a time in its (request_id,
 token_index) order (collector.merge writes it so) and keeps 8 bytes a gap (9 with the step flags) and a few
 numbers a request, in blocks of whole requests; the statistics over the gaps go a block at a time
-(collector.quantiles.chunked_percentiles: exact, in bounded memory). A table that is not in that order (a
+(stats.quantiles.chunked_percentiles: exact, in bounded memory). A table that is not in that order (a
 killed run's part files, a file another program wrote) is read whole and sorted first, as
 metrics.inter_token_latencies does.
 """

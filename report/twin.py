@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.collector.layout import TWIN_DIR, TWIN_ERRORS_FILE as ERRORS_FILE
-from batchlab.report.capacities import AGREES
+from batchlab.protocol.verdicts import Agreement
 from batchlab.report.points import ReportError, load_collection
 from batchlab.report.stats import GroupStats, all_stats
 from batchlab.report.text import md_table
@@ -65,7 +65,7 @@ def twin_rows(twin: Twin) -> list[list[str]]:
         spread = f" ± {t['spread_pct']:.1f}%" if t.get("spread_pct") is not None else ""
         fit = t.get("total_time_error")
         confirm = c.get("confirmation") or {}
-        check = f"{AGREES[confirm.get('agrees')]} {confirm.get('text', '')}" if confirm else "not run"
+        check = f"{Agreement.of(confirm.get('agrees')).mark} {confirm.get('text', '')}" if confirm else "not run"
         rows.append([label, f"{t['saturated']['req_s']:.3g} / {live.get('req_s', math.nan):.3g}",
                      "—" if fit is None else f"{fit:+.1%}" + (f" (levelled × {t['levelled_by']:.3f})"
                                                                 if t.get("levelled_by") else ""),

@@ -1,6 +1,6 @@
 """A meter of the machine's CPU beside a run: a thread that samples, every INTERVAL_S, the whole machine's busy
 and steal CPU time (psutil.cpu_times) and the CPU time of a process tree (the launcher and every process it
-started: roles, warm workers, an engine's own processes). collector.interference turns the samples into the
+started: roles, warm workers, an engine's own processes). stats.interference turns the samples into the
 rest of the machine's share."""
 import os
 import threading
@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from batchlab.collector.interference import Interference, Sample, interference
+from batchlab.stats.interference import CpuSample, Interference, interference
 
 INTERVAL_S = 0.5
 
@@ -26,7 +26,7 @@ class CpuMeter:
     def __init__(self, root_pid: int | None = None, interval_s: float = INTERVAL_S) -> None:
         self.root = psutil.Process(root_pid or os.getpid())
         self.interval_s = interval_s
-        self.samples: list[Sample] = []
+        self.samples: list[CpuSample] = []
         self._seen: dict[tuple[int, float], float] = {}  # (pid, create time) → its last CPU s: the dead keep it
         self._base: dict[tuple[int, float], float] = {}  # the tree's CPU at start, per process
         self._stop = threading.Event()
@@ -48,10 +48,10 @@ class CpuMeter:
                 continue
         return sum(v - self._base.get(k, 0.0) for k, v in self._seen.items())
 
-    def sample(self) -> Sample:
+    def sample(self) -> CpuSample:
         """One reading, kept."""
         busy, steal = machine_busy_s()
-        s = Sample(time.monotonic(), busy, steal, self._tree_cpu_s())
+        s = CpuSample(time.monotonic(), busy, steal, self._tree_cpu_s())
         self.samples.append(s)
         return s
 

@@ -114,7 +114,7 @@ def _launch(cfg: RunConfig, out: Path, slos: dict | None, on_tick, pool, limits:
     # workers that ended
     own: list[procs.Child] = []
     clock = _Clock(_limits(limits, cfg), traffic_started, out)
-    meter = CpuMeter().start()  # the rest of the machine's CPU beside this run (collector.interference)
+    meter = CpuMeter().start()  # the rest of the machine's CPU beside this run (stats.interference)
     tmp = procs.run_temp_folder()
     try:  # from the temp folder on: a Ctrl-C while the first roles spawn still removes it and stops them
         addrs = Addresses.ipc(tmp)

@@ -100,7 +100,7 @@ def verdict(summary: Summary | None, deaths: list[str]) -> tuple[int, str]:
 def post_process(out: Path, deaths: list, beside=None, strategy_code: bytes = b"") -> None:
     """What the summary needs beyond the collector's figures, added when the run ends: the roles that
     died (for outcome.verdict), the traffic's send lag, the rest of the machine's CPU while it ran
-    (`beside`: a collector.interference.Interference, None when not metered) and the simulator's replay of
+    (`beside`: a stats.interference.Interference, None when not metered) and the simulator's replay of
     a live sim/echo run (`timing_fidelity`; `strategy_code`: its strategy class when passed by value)."""
     from batchlab.collector.summary import read_summary, write_summary
     from batchlab.simulator.fidelity import add_run_fidelity

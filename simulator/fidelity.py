@@ -20,12 +20,12 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from batchlab.protocol.run_dir import RunDir
-from batchlab.collector.metrics import percentiles
 from batchlab.collector.parts import read_schedule
 from batchlab.collector.summary import SummaryError, read_summary, write_summary
+from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig, build_config
 from batchlab.simulator.run import simulate
+from batchlab.stats.metrics import percentiles
 from batchlab.traffic.schedule import Schedule
 from batchlab.protocol.status import RequestStatus
 

@@ -30,7 +30,7 @@ LOADS = ("batch", "closed", "open")
 
 
 @dataclass(slots=True)
-class Figure:
+class PublishedFigure:
     """One published figure: the metric, its value (s, req/s or tok/s) and where in the source it is."""
 
     metric: str
@@ -62,7 +62,7 @@ class Measurement:
     step_tokens: int = 0  # the run's per-step token budget (0: the engine terms' default)
     kv_tokens: int = 0  # KV cache size the source reports (0: the GPU's memory less the weights)
     serving: bool = True  # through the engine's HTTP server (its front end's per-request cost); False: offline
-    figures: list[Figure] = field(default_factory=list)
+    figures: list[PublishedFigure] = field(default_factory=list)
     notes: str = ""
 
 
@@ -96,7 +96,7 @@ def _measurement(spec: dict, source: dict, samples: dict) -> Measurement:
         int(load.get("seed", 0)), int(spec.get("max_num_seqs", source.get("max_num_seqs", 256))),
         int(spec.get("step_tokens", source.get("step_tokens", 0))), int(spec.get("kv_tokens", 0)),
         bool(source.get("serving", True)),
-        [Figure(f["metric"], float(f["value"]), f.get("where", ""), bool(f.get("scored", True)))
+        [PublishedFigure(f["metric"], float(f["value"]), f.get("where", ""), bool(f.get("scored", True)))
          for f in spec["figures"]],
         spec.get("notes", ""))
     _check(m)

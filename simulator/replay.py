@@ -12,7 +12,7 @@ import bisect
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import summarize
+from batchlab.stats.metrics import summarize
 from batchlab.worker.run_steps import RunSteps
 from batchlab.worker.stepmodel import StepModel
 

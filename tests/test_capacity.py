@@ -7,9 +7,11 @@ import pandas as pd
 import pytest
 
 from batchlab.lab.capacity_search import SimulatedSearch, search_all
+from batchlab.lab.rate_search import next_rate, search
 from batchlab.lab.sweep_plan import AutoRates, SweepError, load_plan, span_rates
-from batchlab.collector.capacity import Probe, Verdict, bracket, from_runs, next_rate, search, sustain, waiting
 from batchlab.protocol.status import FailureReason
+from batchlab.stats.capacity import Probe, bracket, from_runs
+from batchlab.stats.verdict import Verdict, sustain, waiting
 
 NO_TERMINAL = FailureReason.NO_TERMINAL
 
@@ -135,8 +137,8 @@ def test_a_saturated_run_too_short_to_bound_mu_runs_again_twice_as_long(tmp_path
     its steady window [0.3, 1.2] s (no μ); 2.4 s, two in [0.6, 2.4] s (μ from one gap, interval unbounded); 4.8 s,
     three: μ exactly 1 req/s, its interval bounded. A run that stays too short after two extensions (0.2, 0.4,
     0.8 s: no completion) is refused with the longest tried; one whose last try still cannot bound μ keeps it."""
-    from batchlab.collector.saturation import SaturatedRun
     from batchlab.lab.capacity_search import EXTENSIONS, durations, extended
+    from batchlab.stats.saturation import SaturatedRun
 
     plan = load_plan(fixed_service_config(tmp_path, duration_s=10, prefill_s=1.0 - (OUT - 1) * DECODE_S))
     one = {"saturated_repeats": 1, "saturated_min_repeats": 1}  # one repeat: μ's interval must be the run's own
@@ -251,7 +253,7 @@ def test_a_strategy_whose_saturated_run_failed_is_left_unmeasured_without_stoppi
 
     from batchlab.lab.capacity_search import saturate_all, search_one
     from batchlab.lab.sweep_plan import Entry
-    from batchlab.collector.saturation import SaturatedRun
+    from batchlab.stats.saturation import SaturatedRun
 
     class Runner:
         def saturated(self, entry, repeat):
@@ -279,9 +281,11 @@ def test_the_search_never_places_capacity_above_the_saturated_rate():
 
 
 def test_a_capacity_held_below_its_bracket_by_mu_keeps_its_estimate_inside_its_interval():
-    from batchlab.collector.capacity import Capacity, Probe, Verdict
+    from batchlab.stats.capacity import CapacityEstimate, Probe
+    from batchlab.stats.verdict import Verdict
 
     sustained = Probe(3.56, Verdict(True, [], 1.0, 0.1, None, 3.08, -0.2, 0.3))
-    cap = Capacity("naive", 3.08, 3.67, [sustained], saturated={"req_s": 2.47, "req_s_lo": 1.27, "req_s_hi": 3.67})
+    cap = CapacityEstimate("naive", 3.08, 3.67, [sustained],
+                           saturated={"req_s": 2.47, "req_s_lo": 1.27, "req_s_hi": 3.67})
     lo, hi = cap.interval_req_s
     assert cap.estimate_req_s == pytest.approx(2.47) and lo <= cap.estimate_req_s <= hi == 3.67

@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 import zmq
 
-from batchlab.collector.metrics import goodput, percentiles, summarize
 from batchlab.collector import merge
 from batchlab.collector.parts import PartWriter, load_table, write_final
 from batchlab.collector.process import finish_run, run_collector
@@ -20,6 +19,7 @@ from batchlab.collector.store import RunStore
 from batchlab.protocol import (Arrival, BatchDone, BatchLaunch, FailedRow, Heartbeat, RequestFailed, RequestMsg,
                                RunEnd, RunInfo, Step, Tokens, WorkerBye, encode)
 from batchlab.protocol.status import FailureReason
+from batchlab.stats.metrics import goodput, percentiles, summarize
 from tests.wire_cases import launch, tokens
 
 NO_TERMINAL, NOT_SENT = FailureReason.NO_TERMINAL, FailureReason.NOT_SENT

@@ -1,7 +1,7 @@
 """A sweep runs again what a burst of other work disturbed (lab.disturbance), and only that: a neighbour that
 stays for the whole sweep is reported, not chased."""
-from batchlab.collector.interference import Interference
 from batchlab.lab.disturbance import Disturbances
+from batchlab.stats.interference import Interference
 
 
 def record(other_cores: float, status: str = "done") -> dict:

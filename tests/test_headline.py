@@ -12,9 +12,9 @@ from batchlab.cli.main import app
 from batchlab.report.build import run_report
 from batchlab.report.capacities import FROM_GRID, SEARCHED, load_capacities
 from batchlab.report.headline import capacity_ratio, common_rate, headlines, throughput_ratio
-from batchlab.collector.intervals import between_repeats
 from batchlab.report.points import load_collection
 from batchlab.report.setup import hardware
+from batchlab.stats.intervals import between_repeats
 
 runner = CliRunner()
 # naive launches exactly 8: at 4 req/s a request waits for up to 7 more arrivals (about 0.9 s on average

@@ -1,4 +1,4 @@
-"""The rest of the machine's CPU beside a run: the pure figures from samples (collector.interference), the
+"""The rest of the machine's CPU beside a run: the pure figures from samples (stats.interference), the
 meter's accounting of a process tree against the whole machine (runner.cpu_meter), and the worker's thread
 plans (worker.threads)."""
 import os
@@ -9,15 +9,15 @@ import time
 import psutil
 import pytest
 
-from batchlab.collector.interference import (BURST_CORES, DISTURBED_CORES, Interference, Sample, interference,
-                                             is_burst, read)
 from batchlab.runner.cpu_meter import CpuMeter
+from batchlab.stats.interference import (BURST_CORES, DISTURBED_CORES, CpuSample, Interference, interference,
+                                         is_burst, read)
 from batchlab.worker import threads
 
 
 def test_other_work_is_the_machines_busy_time_less_the_runs_own():
     # 2 cores; each second the machine was busy 1.5 s, the run 0.5 s of it: 1 core of other work
-    samples = [Sample(t, 1.5 * t, 0.0, 0.5 * t) for t in range(11)]
+    samples = [CpuSample(t, 1.5 * t, 0.0, 0.5 * t) for t in range(11)]
     found = interference(samples, cores=2)
     assert found.window_s == 10 and found.other_cores == pytest.approx(1.0) and found.own_cores == pytest.approx(0.5)
     assert found.disturbed and "1.00 of 2 cores" in found.text()
@@ -25,7 +25,7 @@ def test_other_work_is_the_machines_busy_time_less_the_runs_own():
 
 def test_the_peak_is_the_busiest_interval_and_the_window_cuts_the_samples():
     busy = [0, 0.1, 0.2, 1.2, 1.3, 1.4]  # one second at a full core of other work, the rest at 0.1
-    samples = [Sample(float(t), b, 0.0, 0.0) for t, b in enumerate(busy)]
+    samples = [CpuSample(float(t), b, 0.0, 0.0) for t, b in enumerate(busy)]
     found = interference(samples, cores=4)
     assert found.other_peak_cores == pytest.approx(1.0) and found.other_cores == pytest.approx(1.4 / 5)
     assert interference(samples, cores=4, start_s=3).other_cores == pytest.approx(0.1)
@@ -33,9 +33,9 @@ def test_the_peak_is_the_busiest_interval_and_the_window_cuts_the_samples():
 
 
 def test_steal_alone_disturbs_a_run_and_a_quiet_one_is_not_disturbed():
-    quiet = interference([Sample(0, 0, 0, 0), Sample(10, 1.0, 0.0, 0.5)], cores=2)
+    quiet = interference([CpuSample(0, 0, 0, 0), CpuSample(10, 1.0, 0.0, 0.5)], cores=2)
     assert quiet.other_cores == pytest.approx(0.05) and not quiet.disturbed
-    stolen = interference([Sample(0, 0, 0, 0), Sample(10, 0.5, 2.0, 0.5)], cores=2)
+    stolen = interference([CpuSample(0, 0, 0, 0), CpuSample(10, 0.5, 2.0, 0.5)], cores=2)
     assert stolen.steal_share == pytest.approx(0.1) and stolen.disturbed
 
 
@@ -50,7 +50,7 @@ def test_a_burst_is_disturbance_above_the_sweeps_usual_not_a_neighbour_that_stay
 
 
 def test_the_summary_entry_reads_back_and_anything_else_is_none():
-    found = interference([Sample(0, 0, 0, 0), Sample(2, 3, 0, 1)], cores=2)
+    found = interference([CpuSample(0, 0, 0, 0), CpuSample(2, 3, 0, 1)], cores=2)
     assert read(found.as_dict()) == found and found.as_dict()["disturbed"]
     assert read(None) is None and read({"cores": 2}) is None and read("busy") is None
 

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from batchlab.collector.intervals import (
-    PairedResult, _resample_counts, _weighted_stat, describe, design_effect, min_requests, order_ranks,
-    between_repeats, paired_ratio, quantile_ci, t_quantile, unpaired_ratio)
 from batchlab.report.markdown import ci_table
 from batchlab.report.points import RunData
 from batchlab.report.stats import GroupStats, paired_latency, percentile_ci
+from batchlab.stats.intervals import (
+    PairedResult, _resample_counts, _weighted_stat, describe, design_effect, min_requests, order_ranks,
+    between_repeats, paired_ratio, quantile_ci, t_quantile, unpaired_ratio)
 from tests.summaries import make_summary
 
 

@@ -82,11 +82,11 @@ def test_sender_lag_counts_from_the_most_punctual_request():
 
 
 def test_batchlab_throughput_is_the_summarys_definition(tmp_path):
-    """Output tok/s over the window from the first arrival (collector.metrics), not from the run's t0."""
-    from batchlab.lab.simulate import simulate_run
-    from batchlab.collector.metrics import summarize
+    """Output tok/s over the window from the first arrival (stats.metrics), not from the run's t0."""
     from batchlab.collector.summary import write_summary
+    from batchlab.lab.simulate import simulate_run
     from batchlab.protocol.settings import RunConfig
+    from batchlab.stats.metrics import summarize
 
     pc = _peer_check()
     cfg = RunConfig(backend="sim", strategy="dynamic", dataset="synthetic", rate=20, duration_s=1.0,

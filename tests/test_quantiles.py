@@ -1,13 +1,13 @@
-"""Exact statistics in bounded memory (collector.quantiles) equal numpy's over the same values, however
+"""Exact statistics in bounded memory (stats.quantiles) equal numpy's over the same values, however
 the values are chunked, including when a selection needs several passes to narrow its bucket."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from batchlab.collector import quantiles
 from batchlab.collector.merge import GapSpill
-from batchlab.collector.metrics import percentiles
-from batchlab.collector.quantiles import chunked_percentiles, key_value, select_ranks, sortable_keys
+from batchlab.stats import quantiles
+from batchlab.stats.metrics import percentiles
+from batchlab.stats.quantiles import chunked_percentiles, key_value, select_ranks, sortable_keys
 
 STATS = ("mean", "p50", "p90", "p99", "max_abs", "p0", "p100", "p33.3")
 finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, width=64)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from batchlab.collector.metrics import request_metrics
+from batchlab.collector.layout import point_dir
 from batchlab.report import oracle
 from batchlab.report.points import Collection, FailedPoint, RunData
 from batchlab.report.stats import GroupStats
-from batchlab.collector.layout import point_dir
+from batchlab.stats.metrics import request_metrics
 from typer.testing import CliRunner
 
 from batchlab.cli.main import app

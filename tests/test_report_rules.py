@@ -6,15 +6,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from batchlab.collector.layout import point_dir
+from batchlab.collector.summary import Summary, write_summary
 from batchlab.protocol.status import FailureReason
 from batchlab.report import plots
 from batchlab.report.build import run_report
 from batchlab.report.markdown import render
 from batchlab.report.points import load_collection
 from batchlab.report.stats import all_stats
-from batchlab.collector.layout import point_dir
-from batchlab.collector.metrics import summarize
-from batchlab.collector.summary import Summary, write_summary
+from batchlab.stats.metrics import summarize
 
 NOT_SENT = FailureReason.NOT_SENT
 

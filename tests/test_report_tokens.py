@@ -6,13 +6,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchlab.collector.metrics import inter_token_latencies, percentiles
 from batchlab.protocol.errors import RunRefused
 from batchlab.protocol.run_dir import RunDir
 from batchlab.report.plots import envelope, itl_distribution
 from batchlab.report.points import _tokens
 from batchlab.report.stats import gap_percentiles
 from batchlab.report.tokens import CARRIED, NA, PLAIN, flags_for, frame_digest, read_digest
+from batchlab.stats.metrics import inter_token_latencies, percentiles
 
 
 def table(seed: int = 0, requests: int = 40) -> pd.DataFrame:

@@ -10,8 +10,8 @@ import yaml
 
 from batchlab.lab.capacity_search import SimulatedSearch, search_all
 from batchlab.lab.sweep_plan import load_plan
-from batchlab.collector.capacity import sustain
-from batchlab.collector.saturation import SaturatedRun, batch_means, pooled, saturated_run
+from batchlab.stats.saturation import SaturatedRun, batch_means, pooled, saturated_run
+from batchlab.stats.verdict import sustain
 
 OUT = 6  # output tokens of every request
 
@@ -220,8 +220,8 @@ def test_the_report_warns_when_a_capacity_sits_below_a_rate_the_same_sweep_susta
 
 
 def test_a_repeats_note_shows_its_own_interval_only_where_it_says_something():
-    from batchlab.collector.saturation import SaturatedRun
     from batchlab.lab.capacity_search import _own_interval
+    from batchlab.stats.saturation import SaturatedRun
 
     def run(lo: float, hi: float) -> SaturatedRun:
         return SaturatedRun(0, 4.0, lo, hi, 120.0, 100.0, 140.0, [1.0, 9.0], 30)

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from batchlab.collector.metrics import goodput, summarize
-from batchlab.report.stats import share_text
 from batchlab.collector.layout import point_dir
+from batchlab.report.stats import share_text
+from batchlab.stats.metrics import goodput, summarize
 
 pytestmark = pytest.mark.slow  # real sweeps: four processes per point
 from typer.testing import CliRunner

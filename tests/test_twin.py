@@ -7,14 +7,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from batchlab.collector.capacity import Probe, Verdict
-from batchlab.collector.intervals import PairedResult
-from batchlab.collector.saturation import BUSY, WINDOW, SaturatedRun, choose_estimator, pooled
 from batchlab.lab.capacity_search import (SimulatedSearch, _saturated_point, comparisons, decided, measured,
                                           saturate_all, saturation_record, search_all)
 from batchlab.lab.sweep_plan import Entry, load_plan
 from batchlab.lab.twin import Confirmation, fit_twin, nominal_for, twin_capacity, widened
 from batchlab.protocol.study_settings import AutoRates
+from batchlab.stats.capacity import Probe
+from batchlab.stats.intervals import PairedResult
+from batchlab.stats.saturation import BUSY, WINDOW, SaturatedRun, choose_estimator, pooled
+from batchlab.stats.verdict import Verdict
 from tests.test_saturation import constant_step_config
 
 

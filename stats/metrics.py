@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.quantiles import exact_sum
 from batchlab.protocol.status import FailureReason, RequestStatus
+from batchlab.stats.quantiles import exact_sum
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "queue_wait")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")  # each latency metric's summary

@@ -1,24 +1,22 @@
-"""A strategy's capacity: whether one run sustained its arrival rate (the verdict), and the bracketing
-search over rates that finds the highest rate sustained. Pure: tables in, numbers out; the search calls
-a `measure(rate)` it is given (a live point, or a simulated one) and opens nothing itself.
+"""Whether one run sustained its arrival rate: the sustain verdict and its reasons. Pure: a requests table in,
+a Verdict out (stats/capacity.py brackets a strategy's capacity from the verdicts of its probes; lab/rate_search.py
+chooses the rates to measure).
 
-docs/capacity.md ("The sustain verdict", "The search") gives the rules: served ≥ SERVED_MIN; the waiting
-queue's trend after WARMUP_SHARE, read just after each launch, with a Newey-West (HAC) interval since
-the queue length is autocorrelated, not wholly above GROWTH_SHARE of the offered rate; the offered rate
-not above μ's interval; goodput ≥ GOODPUT_MIN with SLOs. Then the search's steps (down geometrically,
-then bisect in log space until hi / lo ≤ 1 + width or max_probes) and the estimate's interval, in the
-arrival rates the runs offered."""
+docs/capacity.md ("The sustain verdict") gives the rules: served ≥ SERVED_MIN; the waiting queue's trend after
+WARMUP_SHARE, read just after each launch, with a Newey-West (HAC) interval since the queue length is
+autocorrelated, not wholly above GROWTH_SHARE of the offered rate; the offered rate not above μ's interval;
+goodput ≥ GOODPUT_MIN with SLOs; undecided when too few requests arrived after the warm-up, or when the queue
+needs longer than the run to settle."""
 import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.metrics import goodput, submitted_mask
-from batchlab.collector.intervals import LEVEL, t_quantile
-from batchlab.protocol.study_settings import MAX_PROBES, WIDTH  # the search's defaults, declared with its knobs
 from batchlab.protocol.status import FailureReason, RequestStatus
+from batchlab.protocol.verdicts import Sustain
+from batchlab.stats.intervals import LEVEL, t_quantile
+from batchlab.stats.metrics import goodput, submitted_mask
 
 SERVED_MIN = 0.99
 GOODPUT_MIN = 0.90
@@ -35,7 +33,6 @@ GROWTH_SHARE = 0.05
 WARMUP_SHARE = 0.25  # of the traffic, before the queue's trend is read: it fills to its steady level first
 QUEUE_SAMPLES = 256  # points of the queue-length curve the slope is fitted to (too few launches to read after)
 MIN_LAUNCHES = 4
-GROW_FACTOR = 1.5  # rate step while the bracket is open on one side
 
 
 @dataclass(slots=True)
@@ -59,9 +56,14 @@ class Verdict:
         return self.judged and not self.sustained
 
     @property
+    def outcome(self) -> Sustain:
+        """Sustained, not sustained or undecided."""
+        return Sustain.of(self.sustained, self.judged)
+
+    @property
     def mark(self) -> str:
         """✓ sustained, ✗ not, ? undecided (the report's list of rates measured)."""
-        return "✓" if self.sustained else "✗" if self.judged else "?"
+        return self.outcome.mark
 
 
 def settle_time_s(offered_req_s: float, mu_req_s: float, arrival_cv2: float = 1.0) -> float:
@@ -191,10 +193,10 @@ def undecided(arrivals: np.ndarray, duration_s: float, offered: float | None, mu
 
 def kept_up(requests: pd.DataFrame, duration_s: float) -> tuple[float, float] | None:
     """(the upper bound of the steady completion rate during the traffic, the arrival rate over the same
-    window), by collector.saturation's window and interval; None when too few requests completed there to
+    window), by stats.saturation's window and interval; None when too few requests completed there to
     tell. With no saturated rate to compare against (a grid of fixed rates), a worker completing clearly less
     than arrived is overloaded however short the run."""
-    from batchlab.collector.saturation import saturated_run
+    from batchlab.stats.saturation import saturated_run
 
     run = saturated_run(requests, duration_s)
     if run is None or not math.isfinite(run.req_s_hi):
@@ -204,175 +206,6 @@ def kept_up(requests: pd.DataFrame, duration_s: float) -> tuple[float, float] | 
     admitted = _leave_times(sub) > sub["arrival_time"].to_numpy(dtype="float64")  # not refused on arrival
     arrived = sub["arrival_time"].to_numpy(dtype="float64")[admitted]
     return run.req_s_hi, float(((arrived >= start) & (arrived <= end)).sum() / (end - start))
-
-
-@dataclass(slots=True)
-class Probe:
-    """One measured rate of a search."""
-
-    rate_req_s: float  # the nominal rate asked for (the schedule's λ)
-    verdict: Verdict
-    folder: str = ""
-    tokens_per_request: float | None = None  # mean output tokens of its finished requests
-
-    @property
-    def offered_req_s(self) -> float:
-        """The arrival rate the worker actually faced (the nominal rate when not measured)."""
-        return self.verdict.offered_req_s or self.rate_req_s
-
-
-@dataclass(slots=True)
-class Capacity:
-    """A strategy's capacity bracket [lo, hi] (offered req/s; None: open on that side), the probes behind it
-    and the saturated rate μ that bounds it."""
-
-    label: str
-    lo_req_s: float | None
-    hi_req_s: float | None  # the lowest rate not sustained, or μ's upper bound when that is lower
-    probes: list[Probe] = field(default_factory=list)
-    start_req_s: float | None = None
-    note: str = ""  # why there is no bracket (the saturated run that places the first probe failed)
-    saturated: dict | None = None  # collector.saturation.pooled: μ with its interval, and its runs
-    undecided_req_s: float | None = None  # the lowest rate in the bracket a probe could not judge (offered)
-
-    @property
-    def estimate_req_s(self) -> float | None:
-        """The geometric mean of the highest rate sustained and the lowest one not known to be (not sustained,
-        undecided, or μ's bound), never above μ (None while the bracket is open)."""
-        top = min(v for v in (self.hi_req_s, self.undecided_req_s) if v is not None) if self.hi_req_s else None
-        if not (self.lo_req_s and top):
-            return None
-        return min(math.sqrt(self.lo_req_s * top), self.saturated["req_s"] if self.saturated else math.inf)
-
-    @property
-    def interval_req_s(self) -> tuple[float | None, float | None]:
-        """(low, high): the bracket widened below by what the queue may still have been gaining at the highest
-        rate judged sustained (its trend's upper bound: the verdict's own uncertainty), and down to the
-        estimate when μ holds it below the bracket (a short probe judged a rate above μ's estimate sustained)."""
-        lo_probe = next((p for p in self.probes if p.offered_req_s == self.lo_req_s and p.verdict.sustained), None)
-        margin = max(lo_probe.verdict.queue_growth_hi, 0.0) if lo_probe else 0.0
-        if self.lo_req_s is None:
-            return None, self.hi_req_s
-        return min(max(self.lo_req_s - margin, 0.0), self.estimate_req_s or math.inf), self.hi_req_s
-
-    def tokens_per_request(self) -> float | None:
-        """Mean output tokens per finished request over the probes (the same trace for every strategy)."""
-        values = [p.tokens_per_request for p in self.probes if p.tokens_per_request]
-        return float(np.mean(values)) if values else None
-
-    def as_dict(self) -> dict:
-        """capacity.json's entry: the estimate and its interval (lo, hi) in req/s and tok/s, the search's
-        bracket, μ, and every probe."""
-        tpr = self.tokens_per_request()
-        lo, hi = self.interval_req_s
-        tok = {f"{k}_tok_s": (v * tpr if v is not None and tpr else None)
-               for k, v in (("lo", lo), ("hi", hi), ("estimate", self.estimate_req_s))}
-        probes = [{"rate_req_s": p.rate_req_s, "folder": p.folder, "tokens_per_request": p.tokens_per_request,
-                   **asdict(p.verdict)} for p in self.probes]
-        return {"label": self.label, "lo_req_s": lo, "hi_req_s": hi, "estimate_req_s": self.estimate_req_s, **tok,
-                "bracket_req_s": [self.lo_req_s, self.hi_req_s], "undecided_req_s": self.undecided_req_s,
-                "tokens_per_request": tpr,
-                "start_req_s": self.start_req_s, "saturated": self.saturated, "probes": probes,
-                **({"note": self.note} if self.note else {})}
-
-
-def bracket(probes: list[Probe], ceiling: float | None = None,
-            judged_only: bool = False) -> tuple[float | None, float | None]:
-    """(highest sustained nominal rate below the lowest one not known to be sustained, that lowest rate): a
-    rate not sustained, or one a probe could not judge (with `judged_only`: only a rate judged not sustained,
-    so an undecided rate neither bounds the bracket nor hides a sustained one above it); `ceiling`: an
-    offered rate known not to be sustained without measuring it (μ's upper bound), taken to nominal by the
-    probes' nominal ÷ offered (every probe replays the same schedule, scaled)."""
-    doubtful = [p.rate_req_s for p in probes if (p.verdict.failed if judged_only else not p.verdict.sustained)]
-    if ceiling:  # the nominal rate whose schedule offers it, as the probes' schedules did (1:1 before any)
-        nominal_share = [p.rate_req_s / p.offered_req_s for p in probes]
-        doubtful.append(ceiling * float(np.mean(nominal_share)) if probes else ceiling)
-    top = min(doubtful, default=None)
-    lo = max((p.rate_req_s for p in probes if p.verdict.sustained and (top is None or p.rate_req_s < top)),
-             default=None)
-    return lo, top
-
-
-def capacity_of(label: str, probes: list[Probe], start_req_s: float | None = None,
-                saturated: dict | None = None) -> Capacity:
-    """The bracket of these probes in the rates they offered (every strategy replays the same schedule, so
-    its arrivals are the same multiple of the nominal rate for all), closed above by μ's upper bound."""
-    offered = {p.rate_req_s: p.offered_req_s for p in probes}
-    lo, hi = bracket(probes, judged_only=True)
-    ceiling = saturated["req_s_hi"] if saturated else None
-    hi_offered = min((v for v in (offered.get(hi), ceiling) if v is not None), default=None)
-    lo_offered = offered.get(lo)
-    if lo_offered is not None and hi_offered is not None and lo_offered >= hi_offered:
-        lo_offered = None  # sustained only above μ's bound: the verdict had no ceiling (grid rates, no μ)
-    doubts = [p.offered_req_s for p in probes if not p.verdict.judged and (lo_offered is None or p.offered_req_s >
-                                                                           lo_offered)
-              and (hi_offered is None or p.offered_req_s < hi_offered)]
-    return Capacity(label, lo_offered, hi_offered, probes, start_req_s, saturated=saturated,
-                    undecided_req_s=min(doubts, default=None))
-
-
-def _rounded(rate: float) -> float:
-    return float(f"{rate:.3g}")
-
-
-def next_rate(probes: list[Probe], start_req_s: float, *, width: float = WIDTH, max_probes: int = MAX_PROBES,
-              factor: float = GROW_FACTOR, ceiling: float | None = None) -> float | None:
-    """The next rate to measure, or None when the bracket is narrow enough or the probes are spent."""
-    if len(probes) >= max_probes:
-        return None
-    if not probes:
-        return _rounded(start_req_s)
-    lo, hi = bracket(probes, ceiling)
-    if hi is None:
-        return _rounded(lo * factor)
-    if lo is None and ceiling and hi < min(p.rate_req_s for p in probes):
-        return _rounded(hi / math.sqrt(1 + width))  # only above μ failed: start again just below it
-    if lo is None:
-        return _rounded(hi / factor)
-    if hi / lo <= 1 + width:
-        return None
-    rate = _rounded(math.sqrt(lo * hi))
-    return rate if lo < rate < hi else None  # 3 significant digits leave nothing between them
-
-
-Measure = Callable[[float], Probe]
-
-
-def search(label: str, start_req_s: float, measure: Measure, *, width: float = WIDTH,
-           max_probes: int = MAX_PROBES, factor: float = GROW_FACTOR, saturated: dict | None = None) -> Capacity:
-    """Measure rates from start_req_s on until next_rate says stop; the bracket they give (closed above by
-    μ's upper bound when `saturated` gives it: measure's verdicts should use the same ceiling)."""
-    if not start_req_s > 0:
-        raise ValueError(f"a capacity search needs a positive start rate, got {start_req_s}")
-    ceiling = saturated["req_s_hi"] if saturated else None
-    probes: list[Probe] = []
-    while (rate := next_rate(probes, start_req_s, width=width, max_probes=max_probes, factor=factor,
-                             ceiling=ceiling)) is not None:
-        probes.append(measure(rate))
-    return capacity_of(label, probes, start_req_s, saturated)
-
-
-def start_below(saturated: dict, width: float = WIDTH) -> float:
-    """The first probe's rate: μ ÷ √(1 + width), so that, sustained, it closes the bracket with μ's bound."""
-    return saturated["req_s"] / math.sqrt(1 + width)
-
-
-def tokens_per_request(requests: pd.DataFrame) -> float | None:
-    """Mean output tokens of the finished requests (None when none finished)."""
-    done = requests[requests["status"] == RequestStatus.FINISHED]
-    return float(done["n_tokens"].mean()) if len(done) else None
-
-
-def from_runs(label: str, runs: list[tuple[float, pd.DataFrame, float]], slos: dict | None = None) -> Capacity:
-    """A bracket from fixed grid rates: (rate, requests table, duration_s) per run; a rate with several
-    repeats is sustained only when every repeat is."""
-    by_rate: dict[float, list[Probe]] = {}
-    for rate, requests, duration_s in runs:
-        by_rate.setdefault(rate, []).append(Probe(rate, sustain(requests, duration_s, slos),
-                                                  tokens_per_request=tokens_per_request(requests)))
-    probes = [next((p for p in ps if p.verdict.failed), next((p for p in ps if not p.verdict.judged), ps[0]))
-              for _, ps in sorted(by_rate.items())]  # a failed repeat decides; else one that could not tell
-    return capacity_of(label, probes)
 
 
 def arrival_cv2(arrival: str, burstiness: float = 1.0) -> float:

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from batchlab.collector.intervals import log_interval, mean_interval
 from batchlab.protocol.status import RequestStatus
+from batchlab.stats.intervals import log_interval, mean_interval
 
 WINDOW, BUSY = "window", "busy"  # μ's two estimators a study measures (choose_estimator picks one)
 WARMUP_SHARE = 0.25  # of the traffic, excluded: the first batches form, caches and allocators warm up

@@ -16,7 +16,7 @@ BURST_CORES = 0.5  # a sweep runs a point again when its other CPU exceeds the s
 
 
 @dataclass(slots=True)
-class Sample:
+class CpuSample:
     """Cumulative CPU seconds at one moment (monotonic s): the machine's busy and steal time, the run's own."""
 
     t: float
@@ -53,7 +53,7 @@ class Interference:
         return f"other work {self.other_cores:.2f} of {self.cores} cores (peak {self.other_peak_cores:.2f}){steal}"
 
 
-def interference(samples: list[Sample], cores: int, start_s: float = -math.inf,
+def interference(samples: list[CpuSample], cores: int, start_s: float = -math.inf,
                  end_s: float = math.inf) -> Interference | None:
     """The figures over the samples within [start_s, end_s] (None with fewer than two there)."""
     inside = [s for s in samples if start_s <= s.t <= end_s]
