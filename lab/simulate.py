@@ -23,7 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from batchlab.lab.sweep_plan import AutoRates, Plan, Point, auto_rates, plan_from, plan_points, probe_point, span_rates
+from batchlab.lab.sweep_plan import (AutoRates, Plan, Point, auto_rates, plan_from, plan_points, probe_point,
+                                     span_rates, study_folder)
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
 from batchlab.collector.parts import write_final
 from batchlab.collector.summary import Summary, headline
@@ -65,7 +66,7 @@ def plan_simulation(given: object, changes: dict) -> SimPlan:
     if isinstance(given, dict) and not swept:
         slos = given.pop("slos", None)  # a run's YAML may give the report's SLOs beside its settings
     plan, _ = plan_from({} if given is None else given, changes)
-    default_out = str(Path("results") / Path(source).stem) if swept and source else DEFAULT_OUT
+    default_out = str(study_folder(source)) if swept and source else DEFAULT_OUT
     out = Path(str(out or plan.base.pop("out", None) or default_out))
     plan.base.pop("out", None)
     layout = swept or len(plan.entries) * max(len(plan.rates), len(plan.concurrency), 1) * plan.repeats > 1

@@ -215,6 +215,24 @@ def _mapping_plan(raw: dict, where: object) -> Plan:
     return flat_plan(underscored(raw))
 
 
+CAPACITY_SUFFIX = "-capacity"  # a capacity search's default folder: results/<the YAML's name>-capacity
+
+
+def study_folder(source: str | Path, suffix: str = "") -> Path:
+    """A study's default folder: results/<its YAML's name><suffix> (a sweep's, or with CAPACITY_SUFFIX a
+    capacity search's)."""
+    return Path("results") / f"{Path(source).stem}{suffix}"
+
+
+def refuse_new_labels(plan: Plan, strategies: object) -> None:
+    """SweepError naming the strategies given by name that are no label of the plan's grid: a study of the grid's
+    entries (a capacity search) takes only its labels, a name is no new entry there."""
+    labels = {e.label for e in plan.entries}
+    unknown = sorted({i for i in _items(strategies) if isinstance(i, str)} - labels)
+    if unknown:
+        raise SweepError(f"{term('--strategy', 'strategies')}: no grid entry labelled {', '.join(unknown)}")
+
+
 def flat_plan(values: dict) -> Plan:
     """A run's settings as a one-entry, one-rate grid; checked as a sweep's base is."""
     values = dict(values)

@@ -19,6 +19,8 @@ from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.runner.config import value_text
 
+TUNE_FOLDER = "results/tune"  # tune's default output folder (the command's and api.tune's)
+
 MAX_CANDIDATES = 200
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # rows
 WAITS_MS = (0, 5, 10, 20, 50, 100, 200)
