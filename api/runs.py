@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress, run_ticker
 from batchlab.api.results import PointRecord, RunResult, SweepResult, TuneResult
@@ -229,5 +230,5 @@ def _run_record(folder: Path, summary: "Summary") -> PointRecord:
     rate = None if concurrency else s.get("rate")
     return PointRecord(str(s.get("label") or s.get("strategy") or ""), str(s.get("strategy") or ""),
                        str(s.get("backend") or ""), None if rate is None else float(rate), concurrency,
-                       int(s.get("repeat") or 0), int(s.get("seed") or 0), folder, "done")
+                       int(s.get("repeat") or 0), int(s.get("seed") or 0), folder, RunOutcome.DONE)
 

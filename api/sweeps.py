@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress
 from batchlab.api.results import CapacityResult, PointRecord, SimulationResult, SweepResult
@@ -161,10 +162,10 @@ def simulate(plan: "Plan | Mapping | str | Path | None" = None, out: str | Path 
     output_folder(sim.out)
     view = CallbackView(on_progress)
     results = run_simulation(sim, fanout=Fanout(processes, ray), on_point=lambda point, _summary, elapsed_s:
-                             view.finished(point, point.record("done", "", round(elapsed_s, 3))))
+                             view.finished(point, point.record(RunOutcome.DONE, "", round(elapsed_s, 3))))
     records = [PointRecord(p.entry.label, str(s.settings.get("strategy", "")), str(s.settings.get("backend", "")),
                            None if p.concurrency else p.rate, p.concurrency, p.repeat, p.seed + p.repeat, p.folder,
-                           "done") for p, s in results]
+                           RunOutcome.DONE) for p, s in results]
     index = _read_index(sim.out) if sim.layout else {}
     capacity = index.get("capacity")
     return SimulationResult(sim.out, records, None if not capacity else CapacityResult.of(capacity, None), index)

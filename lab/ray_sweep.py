@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.runner.pool import worker_key
 from batchlab.lab.ray_cluster import connect
 from batchlab.lab.ray_actor import Ask, ask, declares_gpu_memory, refusals
@@ -55,7 +56,7 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, pla
     refuse_old_layout(out_dir)
     points = plan_points(plan, plan.rates, out_dir)
     index = {"config": str(config), "base": plan.base, "rates": plan.rates, "repeats": plan.repeats,
-             "order": "ray", "seed": plan.seed, "probe": None, "points": [p.record("pending") for p in points],
+             "order": "ray", "seed": plan.seed, "probe": None, "points": [p.record(RunOutcome.PENDING) for p in points],
              "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
     ray = connect(opts.address)
     groups = _groups(points, plan.base, opts, ray.nodes())
@@ -66,7 +67,7 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, pla
             index["points"][i] = record
             view.finished(p, record)
     for g in groups:
-        g.todo = [i for i in g.todo if index["points"][i]["status"] != "skipped"]
+        g.todo = [i for i in g.todo if index["points"][i]["status"] != RunOutcome.SKIPPED]
     write_json_atomic(out_dir / INDEX_FILE, index, default=str)
     flight: dict = {}  # object ref → (group, point index)
     try:
@@ -144,7 +145,7 @@ def _give_up_unplaceable(ray, groups: list[Group], flight: dict, points: list[Po
             flight.pop(ref)
         _drop_actor(ray, g)
         for i in g.todo:
-            index["points"][i] = points[i].record("failed", f"no live node can hold it now: {reason}")
+            index["points"][i] = points[i].record(RunOutcome.FAILED, f"no live node can hold it now: {reason}")
             view.finished(points[i], index["points"][i])
         g.todo = []
 
@@ -160,16 +161,16 @@ def _landed(ray, ref, g: Group, i: int, point: Point, view) -> dict | None:
             ray.exceptions.WorkerCrashedError) as exc:
         where = "its node or its actor was lost"
         tries = g.tries.setdefault(i, [])
-        tries.append({"status": "failed", "reason": f"{where}: {type(exc).__name__}", "data": False})
+        tries.append({"status": RunOutcome.FAILED, "reason": f"{where}: {type(exc).__name__}", "data": False})
         _drop_actor(ray, g)
         if len(tries) < MAX_TRIES:
             view.note(f"{'/'.join(point.folder.parts[-3:])}: {where} mid-point; running it again on another "
                       f"node (try {len(tries) + 1} of {MAX_TRIES}); the lost try is recorded failed")
             return None
         shutil.rmtree(point.folder, ignore_errors=True)
-        return point.record("failed", f"{where} on each of {MAX_TRIES} tries")
+        return point.record(RunOutcome.FAILED, f"{where} on each of {MAX_TRIES} tries")
     except ray.exceptions.RayTaskError as exc:
-        return point.record("failed", f"on the cluster: {str(exc).strip().splitlines()[-1]}")
+        return point.record(RunOutcome.FAILED, f"on the cluster: {str(exc).strip().splitlines()[-1]}")
     if "tar" in reply:
         unpack(reply["tar"], point.folder)
     return reply["record"] | {"node": reply["node"]}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.lab.sweep_plan import (AutoRates, Plan, Point, auto_rates, plan_from, plan_points, probe_point,
                                      span_rates, study_folder)
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
@@ -267,7 +268,7 @@ def _record_point(point: Point, summary: Summary, elapsed_s: float) -> None:
     from batchlab.collector.vllm_result import point_result
 
     point_result(point.folder)  # vllm_result.json, as a live sweep's point has
-    record = point.record("done", "", round(elapsed_s, 3))
+    record = point.record(RunOutcome.DONE, "", round(elapsed_s, 3))
     write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline(summary), "simulated": True},
                       default=str)
 
@@ -278,6 +279,6 @@ def _write_index(sim: SimPlan, points: list[Point], probe: dict | None, capacity
     rates = [] if plan.concurrency else sorted({p.rate for p in points})
     index = {"config": sim.config, "base": plan.base, "rates": rates, "repeats": plan.repeats, "seed": plan.seed,
              **({"concurrency": plan.concurrency} if plan.concurrency else {}),
-             "probe": probe, "capacity": capacity, "points": [p.record("done") for p in points],
+             "probe": probe, "capacity": capacity, "points": [p.record(RunOutcome.DONE) for p in points],
              "entries": [{"label": e.label, **e.overrides} for e in plan.entries], "simulated": True}
     write_json_atomic(sim.out / INDEX_FILE, index, default=str)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.runner.config import checked_config
 from batchlab.collector.layout import POINT_DEPTH, point_dir
 from batchlab.protocol.errors import SweepError, shown, term
@@ -96,14 +97,14 @@ class Point:
                   "label": self.entry.label, "repeat": self.repeat}
         return checked_config(values, {})
 
-    def record(self, status: str, reason: str = "", elapsed_s: float | None = None) -> dict:
+    def record(self, status: RunOutcome, reason: str = "", elapsed_s: float | None = None) -> dict:
         """This point's row in sweep.json."""
         cfg = {**self.entry.overrides}
         return {"label": self.entry.label, "strategy": cfg.get("strategy"), "backend": cfg.get("backend"),
                 "rate": None if self.concurrency else self.rate,
                 **({"concurrency": self.concurrency} if self.concurrency else {}),
                 "repeat": self.repeat, "seed": self.seed + self.repeat,
-                "dir": "/".join(self.folder.parts[-POINT_DEPTH:]), "status": status, "reason": reason,
+                "dir": "/".join(self.folder.parts[-POINT_DEPTH:]), "status": RunOutcome(status).value, "reason": reason,
                 "elapsed_s": elapsed_s}
 
 
