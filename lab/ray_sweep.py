@@ -33,7 +33,7 @@ SETTLE_S = 5.0  # for the reply of a point the sweep stopped (its actor is stopp
 
 
 @dataclass(slots=True)
-class Group:
+class WorkerGroup:
     """One worker group: its points still to run, in order, and its actor."""
 
     label: str
@@ -78,7 +78,7 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, pla
     return index
 
 
-def _groups(points: list[Point], base: dict, opts: RaySettings, nodes: list[dict]) -> list[Group]:
+def _groups(points: list[Point], base: dict, opts: RaySettings, nodes: list[dict]) -> list[WorkerGroup]:
     """Points grouped by worker key (a bad point alone), each group's ask; SweepError when no node can
     hold a group (before any actor starts)."""
     known = declares_gpu_memory(nodes)
@@ -92,7 +92,7 @@ def _groups(points: list[Point], base: dict, opts: RaySettings, nodes: list[dict
         if key not in groups:
             a = ask(cfg, cpus=opts.cpus, gpu_resource=opts.gpu_resource, gpu_memory_known=known) if cfg \
                 else Ask({"CPU": opts.cpus})
-            groups[key] = Group(p.entry.label, a, [])
+            groups[key] = WorkerGroup(p.entry.label, a, [])
         groups[key].todo.append(i)
     refused = refusals({g.label: g.ask for g in groups.values()}, nodes)
     if refused:
@@ -100,7 +100,7 @@ def _groups(points: list[Point], base: dict, opts: RaySettings, nodes: list[dict
     return list(groups.values())
 
 
-def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out_dir: Path,
+def _drive(ray, groups: list[WorkerGroup], points: list[Point], plan, index: dict, out_dir: Path,
            opts: RaySettings, view, flight: dict) -> None:
     """The loop: 1. each group with work and no point in flight sends its next one to its actor;
     2. wait for any point to end; 3. a finished point's folder lands in --out and the index is written;
@@ -135,7 +135,7 @@ def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out
     write_json_atomic(out_dir / INDEX_FILE, index, default=str)
 
 
-def _give_up_unplaceable(ray, groups: list[Group], flight: dict, points: list[Point], index: dict, view) -> None:
+def _give_up_unplaceable(ray, groups: list[WorkerGroup], flight: dict, points: list[Point], index: dict, view) -> None:
     """A group that no live node can hold any more (its node was lost and no other has its resources)
     has its points recorded failed instead of waiting for a node forever."""
     lost = set(refusals({g.label: g.ask for g in groups if g.todo}, ray.nodes()))
@@ -150,7 +150,7 @@ def _give_up_unplaceable(ray, groups: list[Group], flight: dict, points: list[Po
         g.todo = []
 
 
-def _landed(ray, ref, g: Group, i: int, point: Point, view) -> dict | None:
+def _landed(ray, ref, g: WorkerGroup, i: int, point: Point, view) -> dict | None:
     """The point's record with its folder unpacked into --out; None when its node was lost and it is to
     run again (on a new actor), or a failed record after MAX_TRIES lost tries."""
     from batchlab.lab.ray_actor import unpack
@@ -176,7 +176,7 @@ def _landed(ray, ref, g: Group, i: int, point: Point, view) -> dict | None:
     return reply["record"] | {"node": reply["node"]}
 
 
-def _drop_actor(ray, g: Group) -> None:
+def _drop_actor(ray, g: WorkerGroup) -> None:
     if g.actor is not None:
         with contextlib.suppress(Exception):  # already gone with its node
             ray.kill(g.actor, no_restart=True)
@@ -192,7 +192,7 @@ def _settle(ray, flight: dict) -> None:
     flight.clear()
 
 
-def stop_all(ray, groups: list[Group]) -> None:
+def stop_all(ray, groups: list[WorkerGroup]) -> None:
     """Every group's actor stops what it started (its points' processes, its warm pool), then is killed.
     A Ctrl-C meanwhile cannot cut this short: it is held and raised again once every actor is stopped
     (mid-sweep, the sweep then stops; a SIGINT this process ignores stays ignored)."""
