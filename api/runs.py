@@ -27,7 +27,8 @@ def run_config(settings: "RunConfig | Mapping | str | Path", **changes) -> "RunC
     rest); a strategy may be the class itself; a replayed schedule brings its own traffic settings."""
     from batchlab.protocol.plugins import from_code
     from batchlab.protocol.settings import RunConfig, load_yaml
-    from batchlab.runner.config import checked_config, replay_config
+    from batchlab.runner.config import replay_config
+    from batchlab.runner.preflight import checked_config
 
     if isinstance(settings, RunConfig) and settings.checked() and not any(v is not None for v in changes.values()):
         return settings.model_copy()  # run_config's own result again (`batchlab run`'s): checked once, not twice

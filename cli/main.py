@@ -14,7 +14,8 @@ except ImportError:  # a typer that uses click itself
 
 from batchlab.cli import (exit_on_sigint_while_importing, forget_handled_interrupt, report_cmd, restore_sigint,
                           simulate_cmd, sweep_cmd)
-from batchlab.runner.config import checked_config, replay_config
+from batchlab.runner.config import replay_config
+from batchlab.runner.preflight import checked_config
 from batchlab.cli.grammar import show_version
 from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
 from batchlab.cli.model_cmd import model_app

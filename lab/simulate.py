@@ -34,7 +34,7 @@ from batchlab.protocol.setting_groups import said
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.scheduler.strategies import resolve
 from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule

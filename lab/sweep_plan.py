@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from batchlab.protocol.outcomes import RunOutcome
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.collector.layout import POINT_DEPTH, point_dir
 from batchlab.protocol.errors import SweepError, shown, term
 from batchlab.protocol.settings import DEFAULT_RATE, VLLM, ConfigError, RunConfig, load_yaml, vllm_rule

@@ -60,8 +60,7 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
 
 def preflight(plan: Plan) -> None:
     """Every strategy's settings checked (preset, model) before any process starts: ConfigError."""
-    from batchlab.runner.config import checked_config
-    from batchlab.runner.preflight import check_before_start
+    from batchlab.runner.preflight import check_before_start, checked_config
 
     for entry in plan.entries:
         try:

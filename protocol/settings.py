@@ -75,7 +75,7 @@ class RunConfig(*GROUPS, title="RunConfig"):
         return self
 
     def mark_checked(self) -> "RunConfig":
-        """Note that the whole check (runner.config.checked_config) passed these settings as they are now."""
+        """Note that the whole check (runner.preflight.checked_config) passed these settings as they are now."""
         self._checked_as = self.model_dump()
         return self
 

@@ -2,7 +2,7 @@
 gives them), tarballs of run folders, and the fan-out's map in order (in process and in processes)."""
 import pytest
 
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.lab.fanout import Fanout
 from batchlab.lab.ray_actor import GPU_MEMORY, Ask, ask, declares_gpu_memory, pack, refusals, unpack
 from batchlab.lab.ray_cluster import is_loopback
