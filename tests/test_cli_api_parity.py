@@ -164,6 +164,8 @@ CASES = {
     "simulate-negative-count": Case(lambda tmp: ["simulate", "--num-requests", "-3", "--out", str(tmp / "sim")],
                                     lambda tmp: api.simulate(None, tmp / "sim", num_requests=-3),
                                     "num_requests", "--num-requests"),
+    "simulate-concurrency-0": Case(lambda tmp: ["simulate", "--concurrency", "0", "--out", str(tmp / "sim")],
+                                   lambda tmp: api.simulate(None, tmp / "sim", concurrency=0)),
     "simulate-unknown-preset": Case(lambda tmp: ["simulate", "--preset", "h100-imaginary", "--out", str(tmp / "sim")],
                                     lambda tmp: api.simulate(None, tmp / "sim", preset="h100-imaginary"),
                                     "preset", "--preset"),
