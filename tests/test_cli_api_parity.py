@@ -173,6 +173,11 @@ CASES = {
         lambda tmp: ["simulate", grid_file(tmp, PRESETS_GRID), "--preset", "cpu-tiny-mistral", "--out",
                      str(tmp / "sim")],
         lambda tmp: api.simulate(grid_file(tmp, PRESETS_GRID), tmp / "sim", preset="cpu-tiny-mistral")),
+    # report (its options as a sweep's or a run's folder takes them)
+    "report-bad-slo": Case(lambda tmp: ["report", str(tmp), "--slo", "speed=1s"],
+                           lambda tmp: api.report(tmp, slos=["speed=1s"])),
+    "report-rate-0": Case(lambda tmp: ["report", str(tmp), "--rate", "0"], lambda tmp: api.report(tmp, rate=0.0),
+                          "rate", "--rate"),
     # tune and calibrate (test_tune, test_study_settings)
     "tune-without-slo": Case(lambda tmp: ["tune", "--out", str(tmp / "tune")],
                              lambda tmp: api.tune({}, tmp / "tune"), "slo", "--slo"),
