@@ -1,9 +1,10 @@
 """The command line and batchlab.api refuse the same input the same way: every bad input the CLI's tests feed
 (tests/test_cli_errors.py, test_setting_errors.py, test_e2e_sim.py, test_closed_loop_e2e.py, test_vllm_result.py,
 test_run_identity.py, test_backend_plugins.py, test_strategy_plugins.py, test_capacity.py, test_study_settings.py,
-test_api.py, test_grammar.py, test_load_stops.py, test_simulator_cli.py, test_sim_presets.py, test_tune.py) is fed
-through the API too, and both raise the same BatchlabError class with the same message; from Python the message
-names the setting by its Python name, inside a command by its option (one rule: protocol.errors.term).
+test_api.py, test_grammar.py, test_load_stops.py, test_simulator_cli.py, test_sim_presets.py, test_tune.py,
+test_calibrate_runs.py) is fed through the API too, and both raise the same BatchlabError class with the same
+message; from Python the message names the setting by its Python name, inside a command by its option (one
+rule: protocol.errors.term).
 
 Left out, having no API form: the command line's own grammar (`--rate abc`, an unknown option, `--set KEY`
 without `=`), and the inputs a command reads back from a run (report --extra, an older sweep layout).
@@ -185,6 +186,12 @@ CASES = {
                               lambda tmp: api.tune({}, tmp / "t", slo=["ttft=1s"], knobs=["rows=4"])),
     "tune-bad-slo": Case(lambda tmp: ["tune", "--slo", "speed=1s", "--out", str(tmp / "tune")],
                          lambda tmp: api.tune({}, tmp / "tune", slo=["speed=1s"]), "slo", "--slo"),
+    "calibrate-from-no-runs": Case(lambda tmp: ["calibrate", "--from", str(tmp), "--out", str(tmp / "x.yaml")],
+                                   lambda tmp: api.calibrate(out=tmp / "x.yaml", runs=[tmp])),
+    "calibrate-weigh": Case(lambda tmp: ["calibrate", "--from", str(tmp), "--weigh", "tokens", "--out",
+                                         str(tmp / "x.yaml")],
+                            lambda tmp: api.calibrate(out=tmp / "x.yaml", runs=[tmp], weigh="tokens"), "weigh",
+                            "--weigh"),
     "calibrate-sim": Case(lambda tmp: ["calibrate", "--backend", "sim"], lambda tmp: api.calibrate(backend="sim"),
                           "backend", "--backend"),
 }
