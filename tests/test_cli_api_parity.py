@@ -265,3 +265,22 @@ def test_a_long_temp_folder_is_refused_alike(tmp_path, monkeypatch, nothing_runs
     error = api_error(lambda: api.run(SIM, tmp_path / "out"))
     assert kind is type(error) and one_line(error) == line
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_batchlab_run_checks_its_settings_once(tmp_path, monkeypatch):
+    """The command builds the live view's settings with api.run_config and hands them to api.run, which takes
+    them as checked (RunConfig.checked) rather than checking them again; a change made since is checked."""
+    import batchlab.runner.preflight as preflight
+
+    checks = []
+    check = preflight.checked_config
+    monkeypatch.setattr(preflight, "checked_config", lambda *a: checks.append(a) or check(*a))
+    monkeypatch.setattr("batchlab.runner.launcher.launch_run", lambda *_a, **_k: (_ for _ in ()).throw(
+        api.RunFailed("stopped here")))
+    result = runner.invoke(cli_main.app, ["run", *SIM_ARGS, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "stopped here" in result.stderr, result.output
+    assert len(checks) == 1
+    cfg = api.run_config(SIM)
+    cfg.rate = -1.0  # edited after its check: checked again, and refused
+    with pytest.raises(api.ConfigError, match="rate"):
+        api.run_config(cfg)
