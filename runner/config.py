@@ -1,7 +1,7 @@
-"""The front end's part of a run's settings: a replayed schedule's own traffic settings (the checks of a whole
-config before anything starts are the preflight's: runner.preflight.checked_config)."""
-from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig, said
-from batchlab.runner.preflight import lengths_text
+"""The front end's part of a run's settings: a replayed schedule's own traffic settings (every check before
+anything starts is the preflight's: runner.preflight)."""
+from batchlab.protocol.settings import TRAFFIC_FIELDS, ConfigError, RunConfig
+from batchlab.runner.preflight import refuse_schedule_conflicts
 
 
 def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
@@ -18,23 +18,9 @@ def replay_config(cfg: RunConfig, given: dict) -> RunConfig:
         raise ConfigError(str(exc)) from None
     given = {k: v for k, v in given.items() if k in TRAFFIC_FIELDS and v is not None}
     if exact:
-        _refuse_conflicts(given, saved)
+        refuse_schedule_conflicts(given, saved)
     values = {k: v for k, v in {**saved, **({} if exact else given)}.items() if k in TRAFFIC_FIELDS}
     if cfg.concurrency:  # closed loop takes the schedule's requests in order: its own times are not replayed
         values = {k: v for k, v in values.items() if k not in ("rate", "arrival", "burstiness")}
     unknown = {k: None for k in TRAFFIC_FIELDS if k not in values and k != "max_new_tokens"}
     return cfg.model_copy(update={**values, "extra": {**unknown, **cfg.extra}})
-
-
-def _refuse_conflicts(given: dict, saved: dict) -> None:
-    """ConfigError for the first option given whose value differs from the schedule's."""
-    for name, value in given.items():
-        if name in ("prompt_lengths", "output_lengths"):
-            value = lengths_text(name, value)
-        if value != saved.get(name):
-            raise ConfigError(f"{said(name, value)} conflicts with the replayed schedule "
-                              f"({name} {value_text(saved.get(name))}); drop it or build a new schedule")
-
-
-def value_text(value: object) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)

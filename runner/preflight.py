@@ -80,6 +80,21 @@ def lengths_text(name: str, value: object) -> str:
         raise ConfigError(str(exc)) from None
 
 
+def refuse_schedule_conflicts(given: dict, saved: dict) -> None:
+    """ConfigError for the first option given whose value differs from the replayed schedule's (replay_config)."""
+    for name, value in given.items():
+        if name in ("prompt_lengths", "output_lengths"):
+            value = lengths_text(name, value)
+        if value != saved.get(name):
+            raise ConfigError(f"{said(name, value)} conflicts with the replayed schedule "
+                              f"({name} {value_text(saved.get(name))}); drop it or build a new schedule")
+
+
+def value_text(value: object) -> str:
+    """A setting's value as a message shows it (a float in %g)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def check_before_start(cfg: RunConfig) -> None:
     """ConfigError (one line) for a preset, plugin backend, model, key folder or socket folder that cannot
     work; nothing starts first."""
