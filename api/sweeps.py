@@ -30,9 +30,8 @@ def plan_of(plan: "Plan | Mapping | str | Path | None" = None, **changes) -> "Pl
 def _out_dir(out: object, source: str, suffix: str = "", *, make: bool = True) -> Path:
     """`out` (made, unless not `make`), else results/<the YAML's name><suffix>; a plan given as a mapping or Plan
     must name it."""
-    from batchlab.protocol.files import output_folder
-
     from batchlab.lab.sweep_plan import study_folder
+    from batchlab.protocol.files import output_folder
 
     if out is None:
         if not source:
