@@ -126,6 +126,14 @@ def _entry(item: object, base: dict) -> Entry:
     return Entry(label, overrides)
 
 
+def _distinct(entries: list[Entry], where: str) -> list[Entry]:
+    """The grid's entries, or SweepError when there are none or two share a label."""
+    labels = [e.label for e in entries]
+    if not labels or len(set(labels)) != len(labels):
+        raise SweepError(f"{where} must be non-empty with distinct labels, got {labels}")
+    return entries
+
+
 def parse_sets(items: list[str] | None) -> dict:
     """--set items ['duration_s=5', 'grid.repeats=2'] → {'duration_s': 5, 'grid.repeats': 2}; each value is
     read as YAML (5 → int, true → bool, [1, 2] → list); SweepError on an item that is no KEY=VALUE."""
@@ -172,10 +180,7 @@ def parse_plan(raw: dict, path: str | Path = "the plan", sets: dict | None = Non
         base["startup_limit_s"] = grid.pop("startup_timeout_s")
     grid = parse_grid(grid, path)
     checked_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
-    entries = [_entry(item, base) for item in grid.strategies]
-    labels = [e.label for e in entries]
-    if not entries or len(set(labels)) != len(labels):
-        raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
+    entries = _distinct([_entry(item, base) for item in grid.strategies], "grid.strategies")
     if grid.concurrency and ("rate" in base or "arrival" in base):
         raise SweepError("grid.concurrency sweeps closed-loop load: it does not go with base.rate or "
                          "base.arrival (open loop)")
@@ -264,10 +269,8 @@ def changed(plan: Plan, changes: dict) -> Plan:
     if "strategies" in grid:
         by_label = {e.label: e for e in plan.entries}
         items = _items(grid.pop("strategies"))
-        plan.entries = [by_label[i] if isinstance(i, str) and i in by_label else _entry(i, plan.base) for i in items]
-        labels = [e.label for e in plan.entries]
-        if not labels or len(set(labels)) != len(labels):
-            raise SweepError(f"strategies must be non-empty with distinct labels, got {labels}")
+        plan.entries = _distinct([by_label[i] if isinstance(i, str) and i in by_label else _entry(i, plan.base)
+                                  for i in items], "strategies")
     if "rates" in grid:
         rates = grid.pop("rates")
         checked = parse_grid({"rates": rates if isinstance(rates, dict) or rates == "auto" else _items(rates)},
