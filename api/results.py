@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from batchlab.protocol.outcomes import MEASURED, RunOutcome
 from batchlab.collector.summary import Summary
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class PointRecord:
     @property
     def measured(self) -> bool:
         """Its run returned and its folder holds what it measured."""
-        return self.status in ("done", "skipped")
+        return self.status in MEASURED
 
     @classmethod
     def of(cls, out: Path, record: dict) -> "PointRecord":
@@ -160,7 +161,7 @@ class SweepResult(Runs):
     @property
     def failed(self) -> int:
         """Points whose run failed (their reason in `records` and in the folder's FAILED.txt)."""
-        return sum(r.status == "failed" for r in self.records)
+        return sum(r.status == RunOutcome.FAILED for r in self.records)
 
     def folders(self) -> list[Path]:
         """The measured points' run folders, in the sweep's order."""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress, run_ticker
 from batchlab.api.results import PointRecord, RunResult, SweepResult, TuneResult
@@ -26,8 +27,11 @@ def run_config(settings: "RunConfig | Mapping | str | Path", **changes) -> "RunC
     rest); a strategy may be the class itself; a replayed schedule brings its own traffic settings."""
     from batchlab.protocol.plugins import from_code
     from batchlab.protocol.settings import RunConfig, load_yaml
-    from batchlab.runner.config import checked_config, replay_config
+    from batchlab.runner.config import replay_config
+    from batchlab.runner.preflight import checked_config
 
+    if isinstance(settings, RunConfig) and settings.checked() and not any(v is not None for v in changes.values()):
+        return settings.model_copy()  # run_config's own result again (`batchlab run`'s): checked once, not twice
     if isinstance(settings, RunConfig):
         values = settings.model_dump(include=settings.model_fields_set)
         if settings.strategy_code():  # the class itself again: its code is carried anew
@@ -42,11 +46,12 @@ def run_config(settings: "RunConfig | Mapping | str | Path", **changes) -> "RunC
                           f"path, not {shown(settings)}")
     overrides = {str(k).replace("-", "_"): v for k, v in changes.items()}
     cfg = checked_config(values, overrides)
-    return replay_config(cfg, overrides) if cfg.schedule else cfg
+    return (replay_config(cfg, overrides) if cfg.schedule else cfg).mark_checked()
 
 
 def run(settings: "RunConfig | Mapping | str | Path", out: str | Path | None = None, *,
-        overwrite: bool = False, on_progress: OnProgress | None = None, **changes) -> RunResult:
+        overwrite: bool = False, on_progress: OnProgress | None = None, save_result: str | Path | None = None,
+        save_detailed: bool = False, **changes) -> RunResult:
     """One run, traffic → scheduler → worker(s) → collector as processes, to its end: its Summary, as a
     RunResult (its tables too: result.requests(), ...). `settings` as run_config takes them, `changes` laid
     over them (e.g. strategy=MyStrategy, rate=20).
@@ -55,7 +60,9 @@ def run(settings: "RunConfig | Mapping | str | Path", out: str | Path | None = N
     `overwrite`. Progress: a "start" Event naming the folder, then ticks. Raises ConfigError before anything
     starts, RunFailed when a role died (the summary is in the folder when the collector wrote one), RunTimeout
     past a limit; KeyboardInterrupt stops every process first. A run that lost requests to a fault still
-    returns: see Summary.role_deaths."""
+    returns: see Summary.role_deaths. `save_result`: a JSON file to write the run's figures into as well, under
+    vllm bench serve's result keys and units (checked before the run starts); `save_detailed`: with it, each
+    request's lengths, TTFT, token gaps, start time and generated text too."""
     refuse_unguarded_main()
     from batchlab.protocol.settings import refuse_ignored
     from batchlab.runner.launcher import launch_run
@@ -65,17 +72,36 @@ def run(settings: "RunConfig | Mapping | str | Path", out: str | Path | None = N
     cfg = run_config(settings, **changes)
     refuse_ignored(cfg)  # a setting its backend ignores (another backend's own), as `batchlab run` does
     check_before_start(cfg)
-    check_launch(cfg)
+    check_launch(cfg, None if save_result is None else _result_file(save_result))
     cfg.out = str(out) if out is not None else cfg.out if "out" in cfg.model_fields_set else new_folder(cfg)
     claim(cfg.out, overwrite=overwrite)  # this process's until the run ends: a second run into it is refused
     try:
         CallbackView(on_progress).started(1, Path(cfg.out))
-        return RunResult.of(launch_run(cfg, on_tick=run_ticker(on_progress, Path(cfg.out))))
+        result = RunResult.of(launch_run(cfg, on_tick=run_ticker(on_progress, Path(cfg.out))))
     finally:
         release(cfg.out)
+    if save_result is not None:
+        _save_result(result, cfg, str(save_result), save_detailed)
+    return result
 
 
-def tune(settings: "RunConfig | Mapping | str | Path", out: str | Path = "results/tune", *,
+def _result_file(save_result: object) -> str:
+    """run's save_result as a path's text; ConfigError for anything else."""
+    if not isinstance(save_result, (str, Path)):
+        raise ConfigError(f"{term('--save-result', 'save_result')} is a file's path, not {shown(save_result)}")
+    return str(save_result)
+
+
+def _save_result(result: RunResult, cfg: "RunConfig", path: str, detailed: bool) -> None:
+    """The run's figures under vllm bench serve's result keys (collector.vllm_result), its texts when `detailed`."""
+    from batchlab.collector.vllm_result import save_result as write_result
+    from batchlab.models.tokenizers import decoder
+
+    decode, why_not = decoder(cfg.model) if detailed else (None, "")  # generated_texts
+    write_result(str(result.folder), path, detailed, decode, why_not)
+
+
+def tune(settings: "RunConfig | Mapping | str | Path", out: str | Path | None = None, *,
          knobs: Mapping[str, list] | list[str] | None = None, confirm: int = 0, processes: int = 1,
          ray: str | None = None, on_ranked: Callable[[TuneResult], None] | None = None,
          on_progress: OnProgress | None = None, **changes) -> TuneResult:
@@ -83,11 +109,11 @@ def tune(settings: "RunConfig | Mapping | str | Path", out: str | Path = "result
     schedule for every candidate); with `confirm` K, the best K run live on the same schedule. `settings` and
     `changes` as run takes them (one strategy at one rate; a plan of one entry and one rate too). `knobs`:
     {"max_batch_size": [2, 8]} (or ["max_batch_size=2,8"]) replaces a knob's default range. ConfigError
-    without an SLO. `on_ranked`: the result once searched (before any live run); `on_progress`: a note as each
-    live run starts, its ticks. OUT/tune.json holds the record."""
+    without an SLO. `out`: default results/tune. `on_ranked`: the result once searched (before any live run);
+    `on_progress`: a note as each live run starts, its ticks. OUT/tune.json holds the record."""
     refuse_unguarded_main()
     from batchlab.lab.fanout import Fanout
-    from batchlab.lab.tune import run_tune
+    from batchlab.lab.tune import TUNE_FOLDER, run_tune
     from batchlab.protocol.files import output_folder
     from batchlab.runner.launcher import launch_run
 
@@ -97,7 +123,7 @@ def tune(settings: "RunConfig | Mapping | str | Path", out: str | Path = "result
         raise ConfigError(f"tune needs an SLO to rank by, e.g. {example}")
     if not isinstance(confirm, int) or isinstance(confirm, bool) or confirm < 0:
         raise ConfigError(f"{term('--confirm', 'confirm')} must be a whole number ≥ 0, got {confirm!r}")
-    out = output_folder(out)
+    out = output_folder(TUNE_FOLDER if out is None else out)
     record = run_tune(cfg, _knob_items(knobs), out, confirm, Fanout(processes, ray),
                       on_ranked=None if on_ranked is None else (lambda r: on_ranked(TuneResult.of(out, r))),
                       say=CallbackView(on_progress).note,
@@ -205,5 +231,5 @@ def _run_record(folder: Path, summary: "Summary") -> PointRecord:
     rate = None if concurrency else s.get("rate")
     return PointRecord(str(s.get("label") or s.get("strategy") or ""), str(s.get("strategy") or ""),
                        str(s.get("backend") or ""), None if rate is None else float(rate), concurrency,
-                       int(s.get("repeat") or 0), int(s.get("seed") or 0), folder, "done")
+                       int(s.get("repeat") or 0), int(s.get("seed") or 0), folder, RunOutcome.DONE)
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.api.guard import refuse_unguarded_main
 from batchlab.api.progress import CallbackView, OnProgress
 from batchlab.api.results import CapacityResult, PointRecord, SimulationResult, SweepResult
@@ -29,12 +30,13 @@ def plan_of(plan: "Plan | Mapping | str | Path | None" = None, **changes) -> "Pl
 def _out_dir(out: object, source: str, suffix: str = "", *, make: bool = True) -> Path:
     """`out` (made, unless not `make`), else results/<the YAML's name><suffix>; a plan given as a mapping or Plan
     must name it."""
+    from batchlab.lab.sweep_plan import study_folder
     from batchlab.protocol.files import output_folder
 
     if out is None:
         if not source:
             raise SweepError(f"{term('--out', 'out')}: a plan given as a mapping or Plan needs an output folder")
-        out = Path("results") / f"{Path(source).stem}{suffix}"
+        out = study_folder(source, suffix)
     if not isinstance(out, (str, Path)):
         raise ConfigError(f"{term('--out', 'out')} is a folder's path, not {shown(out)}")
     return output_folder(out) if make else Path(out)
@@ -53,7 +55,9 @@ def sweep(plan: "Plan | Mapping | str | Path", out: str | Path | None = None, *,
     summary.json per point; collector.vllm_sweep), for `vllm bench sweep plot` / `plot_pareto`."""
     refuse_unguarded_main()
     from batchlab.lab.sweep_plan import plan_from
+    from batchlab.protocol.study_settings import ray_settings
 
+    ray = None if ray is None else ray_settings(ray)  # a bad Ray setting: before the plan is read
     parsed, source = plan_from(plan, changes)
     vllm_dir = _vllm_layout_dir(save_result, _out_dir(out, source, make=False))  # before any folder is made
     out_dir, view = _out_dir(out, source, make=ray is None), CallbackView(on_progress)  # on Ray: made once it may
@@ -78,22 +82,16 @@ def _vllm_layout_dir(save_result: object, out_dir: Path) -> Path | None:
     return dest
 
 
-def _sweep(parsed, source, out_dir: Path, view, resume: bool, ray: object) -> SweepResult:
+def _sweep(parsed, source, out_dir: Path, view, resume: bool, ray: "RaySettings | None") -> SweepResult:
     """The sweep itself, here or on Ray."""
     from batchlab.lab.sweep import run_sweep
     from batchlab.runner.run_folder import held
 
     if ray is not None:
         from batchlab.lab.ray_sweep import run_ray_sweep
-        from batchlab.protocol.settings import checked_group
-        from batchlab.protocol.study_settings import RaySettings
 
-        if not isinstance(ray, (RaySettings, Mapping, str)):
-            raise ConfigError(f"ray is an address, RaySettings or a mapping of them, not {shown(ray)}")
-        opts = ray if isinstance(ray, RaySettings) else checked_group(
-            RaySettings, {"address": ray} if isinstance(ray, str) else dict(ray))
         with held(out_dir, "sweep"):  # one sweep in a folder at a time: a second one would delete its points
-            return SweepResult.of(out_dir, run_ray_sweep(source, str(out_dir), opts, resume=resume, plan=parsed,
+            return SweepResult.of(out_dir, run_ray_sweep(source, str(out_dir), ray, resume=resume, plan=parsed,
                                                          view=view))
     with held(out_dir, "sweep"):
         return SweepResult.of(out_dir, run_sweep(parsed, out_dir, resume=resume, view=view, source=source))
@@ -111,14 +109,21 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     refuse_unguarded_main()
     from batchlab.collector.layout import CAPACITY_FILE, WORKERS_DIR
     from batchlab.lab.capacity_study import run_capacity
-    from batchlab.lab.sweep_plan import checked_auto, interleaved, plan_from
+    from batchlab.lab.sweep_plan import (CAPACITY_SUFFIX, changed, checked_auto, interleaved, plan_from,
+                                         refuse_new_labels)
     from batchlab.protocol.files import write_json_atomic
+    from batchlab.protocol.settings import checked_group
     from batchlab.protocol.study_settings import AutoRates
     from batchlab.runner.pool import PoolKeeper
     from batchlab.runner.run_folder import held
 
     search = {k: changes.pop(k) for k in list(changes) if k in AutoRates.model_fields}
+    checked_group(AutoRates, search)  # a bad search setting is named as given, before the plan is read
+    strategies = changes.pop("strategies", None) or changes.pop("strategy", None)
     parsed, source = plan_from(plan, changes)
+    if strategies is not None:  # only the grid's entries: a name that labels none is refused, not a new entry
+        refuse_new_labels(parsed, strategies)
+        parsed = changed(parsed, {"strategies": strategies})
     settings = checked_auto({**(parsed.auto.model_dump() if parsed.auto else {}),
                              **{k: v for k, v in search.items() if v is not None}}, "capacity options")
     if simulated:
@@ -129,7 +134,7 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
         if out is not None:  # what the live search writes there, less the probes' folders
             write_json_atomic(_out_dir(out, source) / CAPACITY_FILE, doc, default=str)
         return CapacityResult.of(doc, None if out is None else Path(out))
-    out_dir = _out_dir(out, source, "-capacity")
+    out_dir = _out_dir(out, source, CAPACITY_SUFFIX)
     with (held(out_dir, "capacity search"),
           PoolKeeper(out_dir / WORKERS_DIR, keep_all=interleaved(parsed)) as pools):
         doc = run_capacity(parsed, out_dir, settings, pools, CallbackView(on_progress))
@@ -156,10 +161,10 @@ def simulate(plan: "Plan | Mapping | str | Path | None" = None, out: str | Path 
     output_folder(sim.out)
     view = CallbackView(on_progress)
     results = run_simulation(sim, fanout=Fanout(processes, ray), on_point=lambda point, _summary, elapsed_s:
-                             view.finished(point, point.record("done", "", round(elapsed_s, 3))))
+                             view.finished(point, point.record(RunOutcome.DONE, "", round(elapsed_s, 3))))
     records = [PointRecord(p.entry.label, str(s.settings.get("strategy", "")), str(s.settings.get("backend", "")),
                            None if p.concurrency else p.rate, p.concurrency, p.repeat, p.seed + p.repeat, p.folder,
-                           "done") for p, s in results]
+                           RunOutcome.DONE) for p, s in results]
     index = _read_index(sim.out) if sim.layout else {}
     capacity = index.get("capacity")
     return SimulationResult(sim.out, records, None if not capacity else CapacityResult.of(capacity, None), index)

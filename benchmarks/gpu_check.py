@@ -43,11 +43,11 @@ def slug(model: str) -> str:
 
 def calibration_grid(dry_run: bool):
     """The shapes to measure: a GPU grid up to full.yaml's batch and prompt caps, or a tiny one."""
-    from batchlab.lab.calibrate import Grid
+    from batchlab.lab.calibrate import ShapeGrid
 
     if dry_run:
-        return Grid([1, 2], [8, 16], steps=4, max_tokens=64, min_rounds=2, max_rounds=2)
-    return Grid([1, 4, 16, 32], [64, 256, 1024], steps=8, max_tokens=32768, min_rounds=3, max_rounds=5)
+        return ShapeGrid([1, 2], [8, 16], steps=4, max_tokens=64, min_rounds=2, max_rounds=2)
+    return ShapeGrid([1, 4, 16, 32], [64, 256, 1024], steps=8, max_tokens=32768, min_rounds=3, max_rounds=5)
 
 
 def dataset_settings() -> dict:

@@ -11,7 +11,7 @@ import random
 import statistics
 import sys
 
-from batchlab.lab.calibrate import Grid, errors, measure_shape
+from batchlab.lab.calibrate import ShapeGrid, errors, measure_shape
 import yaml
 
 from batchlab.worker.stepmodel import PRESET_DIR, get_preset
@@ -19,7 +19,7 @@ from batchlab.worker.stepmodel import PRESET_DIR, get_preset
 # the static HF preset (this script measures generate()'s steps) -> the backend settings it was fitted on
 STATED = {"cpu-tiny-mistral": {"model": "tiny-mistral", "device": "cpu"}}
 SHAPES = [(1, 64), (4, 64), (2, 192)]  # (rows, prompt_len): inside the preset's fitted range
-GRID = Grid([1, 2, 4], [64, 192], steps=8, min_rounds=3, max_rounds=5)
+GRID = ShapeGrid([1, 2, 4], [64, 192], steps=8, min_rounds=3, max_rounds=5)
 QUIET_LOAD_PER_CPU = 0.75
 
 

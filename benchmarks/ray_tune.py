@@ -8,7 +8,7 @@ import argparse
 import os
 import time
 
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.lab.fanout import Fanout
 from batchlab.lab.ray_cluster import LocalCluster, connect
 from batchlab.lab.tune import search

@@ -1,14 +1,12 @@
 """`batchlab capacity CONFIG`: each strategy's saturated rate μ and capacity (the highest arrival rate it
 sustains), found by a search below μ; live (each run an ordinary point folder, on warm workers) or in
 virtual time."""
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from batchlab.cli.options import PRESET_PER_KIND, with_settings
-from batchlab.protocol.errors import SweepError
-from batchlab.protocol.settings import checked_group
+from batchlab.lab.sweep_plan import CAPACITY_SUFFIX, study_folder
 from batchlab.protocol.study_settings import CapacitySettings
 
 Config = Annotated[str, typer.Argument(help="sweep YAML (base: and grid:); its grid.rates are not used")]
@@ -28,12 +26,8 @@ def capacity(config: Config, *, overrides: dict, search: dict, out: Out = None, 
     from batchlab.cli import resumable
     from batchlab.cli.live import SweepView
 
-    out_given, out = out is not None, out or str(Path("results") / f"{Path(config).stem}-capacity")
+    out_given, out = out is not None, out or str(study_folder(config, CAPACITY_SUFFIX))
     labels = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
-    checked_group(CapacitySettings, search)  # a bad option is named as given, before the YAML is read
-    unknown = sorted(set(labels) - {e.label for e in api.plan_of(config).entries}) if labels else []
-    if unknown:  # only labels of the YAML's grid: a name is no new entry here
-        raise SweepError(f"--strategy: no grid entry labelled {', '.join(unknown)}")
     with resumable(out):
         if simulate:  # capacity.json goes to `out` only when it was given
             result = api.capacity(config, out if out_given else None, strategies=labels, simulated=True,

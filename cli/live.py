@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as Bars  # Progress here is the run's
 from rich.text import Text
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
 from batchlab.lab.sweep_point import finished_line, load_text
@@ -181,7 +182,7 @@ class SweepView:
         self.live = Live(Group(self.study, self.progress, self.status), console=self.console, refresh_per_second=4,
                          transient=True) if self.console.is_terminal else None
         self.task = None
-        self.counts = {"done": 0, "skipped": 0, "failed": 0}
+        self.counts = {RunOutcome.DONE: 0, RunOutcome.SKIPPED: 0, RunOutcome.FAILED: 0}
         self._ticking: tuple = (None, None, None)  # (point, phase, its ticker) of the run ticking now
 
     def __enter__(self) -> "SweepView":
@@ -238,7 +239,7 @@ class SweepView:
         self.note(finished_line(point, record))
         if self.task is not None:
             self.progress.advance(self.task)
-        if self.figures and status == "done":
+        if self.figures and status == RunOutcome.DONE:
             self._show_figures(point)
 
     def __call__(self, event) -> None:

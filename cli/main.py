@@ -14,7 +14,8 @@ except ImportError:  # a typer that uses click itself
 
 from batchlab.cli import (exit_on_sigint_while_importing, forget_handled_interrupt, report_cmd, restore_sigint,
                           simulate_cmd, sweep_cmd)
-from batchlab.runner.config import checked_config, replay_config
+from batchlab.runner.config import replay_config
+from batchlab.runner.preflight import checked_config
 from batchlab.cli.grammar import show_version
 from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
 from batchlab.cli.model_cmd import model_app
@@ -128,8 +129,6 @@ def _main(version: Annotated[bool, Opt("--version", is_eager=True, help="print b
 def _config(config: str | None, overrides: dict, *, replay: bool = False) -> RunConfig:
     """Defaults ← YAML ← options (with `replay`, a --schedule's own traffic settings); a bad setting is
     one line and exit 1."""
-    if overrides.get("concurrency") is not None and overrides["concurrency"] < 1:  # 0 is RunConfig's open loop
-        _fail("--concurrency must be ≥ 1 client (leave it out for open-loop --rate)")
     cfg = checked_config(load_yaml(config) if config else {}, overrides)
     refuse_ignored(cfg)  # --max-concurrency on the sim backend: refused, not recorded as if it applied
     return replay_config(cfg, overrides) if replay and cfg.schedule else cfg
@@ -151,30 +150,21 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
     from batchlab.cli.live import RunStatus
     from batchlab.cli.result_table import show
     from batchlab.runner.outcome import FAULT_EXIT, interrupted_exit, verdict
-    from batchlab.runner.preflight import check_result_file
 
-    if overrides.get("concurrency") is not None and overrides["concurrency"] < 1:  # 0 is RunConfig's open loop
-        _fail("--concurrency must be ≥ 1 client (leave it out for open-loop --rate)")
     out = overrides.pop("out")
-    cfg = api.run_config(config or {}, **overrides)  # the live view's settings; api.run checks them, starts it
-    if save_result:
-        check_result_file(save_result)
+    cfg = api.run_config(config or {}, **overrides)  # the live view's settings, checked once: api.run starts them
     status = RunStatus(cfg)
     try:
         with status:
-            summary = api.run(cfg, out=out, overwrite=overwrite, on_progress=status)
+            summary = api.run(cfg, out=out, overwrite=overwrite, on_progress=status,
+                              save_result=save_result or None, save_detailed=save_detailed)
     except KeyboardInterrupt as exc:
         _fail(f"interrupted; partial results in {status.folder or out}", code=interrupted_exit(exc))
     except (api.RunFailed, api.RunTimeout) as exc:
         _fail(exc, code=FAULT_EXIT)
     show(summary, str(summary.folder))
-    if save_result:  # the figures under vllm bench serve's result keys (collector.vllm_result)
-        from batchlab.collector.vllm_result import save_result as write_result
-        from batchlab.models.tokenizers import decoder
-
-        decode, why_not = decoder(cfg.model) if save_detailed else (None, "")  # generated_texts
-        saved = write_result(str(summary.folder), save_result, save_detailed, decode, why_not)
-        typer.echo(f"vllm-style result: {saved}")
+    if save_result:  # written by api.run: the figures under vllm bench serve's result keys
+        typer.echo(f"vllm-style result: {save_result}")
     code, line = verdict(summary, summary.role_deaths)  # a run that lost requests to a fault (runner/outcome.py)
     if code:
         _fail(line, code=code)

@@ -7,10 +7,9 @@ import typer
 
 from batchlab.cli.grammar import ray_option
 from batchlab.cli.options import with_settings
-from batchlab.lab.sweep_plan import parse_sets
+from batchlab.lab.sweep_plan import parse_sets, study_folder
 from batchlab.collector.layout import INDEX_FILE
-from batchlab.protocol.settings import checked_group
-from batchlab.protocol.study_settings import GRID_KEYS, RaySettings
+from batchlab.protocol.study_settings import GRID_KEYS, RaySettings, ray_settings
 
 
 @with_settings("cpus", "gpu_resource", "shared", schema=RaySettings, into="cluster")
@@ -33,9 +32,9 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
     from batchlab.cli import resumable
     from batchlab.cli.live import SweepView
 
-    out = out or str(Path("results") / Path(config).stem)
+    out = out or str(study_folder(config))
     sets = parse_sets(set_)  # a bad --set or --ray-* option: one line before the live view starts
-    opts = None if ray is None else checked_group(RaySettings, {**cluster, "address": ray})
+    opts = None if ray is None else ray_settings({**cluster, "address": ray})  # api.sweep's own check
     with resumable(out), SweepView(figures=True) as view:
         result = api.sweep(config, out, resume=resume, on_progress=view, ray=opts, save_result=save_result, **sets)
     typer.echo(f"sweep in {out}: {result.measured} of {len(result.records)} points done, {result.failed} failed "

@@ -8,9 +8,7 @@ from typing import Annotated, Optional
 
 from batchlab.cli.grammar import Processes, RayAddress
 from batchlab.cli.options import ConfigOpt, Opt, with_settings
-from batchlab.lab.tune import COMPARED, knobs_text as _knobs_text, value_text as _value
-
-DEFAULT_OUT = "results/tune"
+from batchlab.lab.tune import COMPARED, TUNE_FOLDER, knobs_text as _knobs_text, value_text as _value
 
 Grid = Annotated[Optional[list[str]], Opt("--grid", help="KEY=V1,V2,...: the values to search for one knob "
                                                          "(repeatable; replaces its default range)")]
@@ -21,15 +19,14 @@ Top = Annotated[int, Opt("--top", help="rows of the ranked table to print (all a
 
 @with_settings("strategy", "strategy_args", "slo", "rate", "duration_s", "dataset", "prompt_lengths", "output_lengths",
                "max_new_tokens", "preset", "seed", "backend", "model")
-def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confirm: Confirm = 0, out: Out = DEFAULT_OUT,
+def tune(*, overrides: dict, config: ConfigOpt = None, grid: Grid = None, confirm: Confirm = 0, out: Out = TUNE_FOLDER,
          top: Top = 20, processes: Processes = 1, ray: RayAddress = None) -> None:
     """Search a strategy's knobs in the simulator for the highest goodput under --slo (comma list or
     repeated); --confirm K runs the best K live and prints predicted vs measured."""
-    overrides["slo"] = [s for item in overrides["slo"] or [] for s in item.split(",") if s.strip()] or None
     from batchlab import api
     from batchlab.cli.live import RunsStatus
 
-    cfg = api.run_config(config or {}, **overrides)  # the live confirmations' view; api.tune checks the rest
+    cfg = api.run_config(config or {}, **overrides)  # the live confirmations' view, checked once
     with RunsStatus(cfg) as status:  # each live confirmation's progress
         result = api.tune(cfg, out, knobs=grid, confirm=confirm, processes=processes, ray=ray,
                           on_ranked=lambda r: _print_ranked(r.record, top, Path(out)), on_progress=status)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from batchlab.protocol.outcomes import MEASURED  # noqa: F401  (its readers')
 from batchlab.collector.layout import INDEX_FILE
 from batchlab.collector.parts import RUN_COLUMNS, SETTINGS_COLUMNS, parts_table, run_values
 from batchlab.collector.summary import read_summary
@@ -19,7 +20,6 @@ from batchlab.protocol.errors import ReportError
 from batchlab.protocol.run_dir import SUMMARY_FILE, TABLE_NAMES, RunDir
 
 IDENTITY_COLUMNS = (*SETTINGS_COLUMNS, *RUN_COLUMNS)
-MEASURED = ("done", "skipped")  # a sweep point's statuses whose folder holds what it measured
 TEXT_IDENTITY = ("label", "strategy", "strategy_args", "backend", "model", "arrival", "config_hash")
 
 

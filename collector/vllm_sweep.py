@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from batchlab.protocol.outcomes import MEASURED
 from batchlab.collector.vllm_result import save_result
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
@@ -34,7 +35,7 @@ def write_vllm_sweep(records: Iterable, dest: str | Path) -> list[Path]:
     status) in `dest`/<point_name>/summary.json, repeats in order; the summary files written."""
     groups: dict[str, list[dict]] = {}
     for r in sorted(records, key=lambda r: r.repeat):
-        if r.status not in ("done", "skipped"):
+        if r.status not in MEASURED:
             continue
         sweep = {"label": r.label, "backend": r.backend, "run_number": r.repeat,
                  **({"request_rate": r.rate} if r.rate is not None else {"max_concurrency": r.concurrency})}

@@ -190,7 +190,7 @@ def held_out_errors(samples: list[Sample], name: str, **fit_options) -> list[flo
 
 
 @dataclass(slots=True)
-class Grid:
+class ShapeGrid:
     """Shapes to measure: every rows × prompt_len with rows × prompt_len ≤ max_tokens."""
 
     rows: list[int]
@@ -205,8 +205,8 @@ class Grid:
         return [(b, p) for p in self.prompt_lens for b in self.rows if b * p <= self.max_tokens]
 
 
-QUICK = Grid([1, 2, 4, 8], [16, 64, 192], steps=8, max_tokens=1536, min_rounds=3, max_rounds=5)
-FULL = Grid([1, 2, 4, 8, 16, 32], [16, 64, 256, 512], steps=12, max_tokens=4096, min_rounds=3, max_rounds=9)
+QUICK = ShapeGrid([1, 2, 4, 8], [16, 64, 192], steps=8, max_tokens=1536, min_rounds=3, max_rounds=5)
+FULL = ShapeGrid([1, 2, 4, 8, 16, 32], [16, 64, 256, 512], steps=12, max_tokens=4096, min_rounds=3, max_rounds=9)
 
 
 def _rows(rows: int, prompt_len: int, steps: int, rng: random.Random, first_id: int) -> list[BackendRequest]:
@@ -243,7 +243,8 @@ def stepping_round(backend, rows: list[BackendRequest]) -> dict[str, float]:
     return {"prefill": prefill_s, "decode": statistics.median(gaps) if gaps else float("nan")}
 
 
-def measure_shape(backend, rows: int, prompt_len: int, grid: Grid, rng: random.Random, stepping: bool) -> list[Sample]:
+def measure_shape(backend, rows: int, prompt_len: int, grid: ShapeGrid, rng: random.Random,
+                  stepping: bool) -> list[Sample]:
     """A shape warmed once, then repeated until settled: its prefill and decode samples."""
     ids = iter(range(10**6, 10**9, 1000))
     one_round = stepping_round if stepping else static_round
@@ -256,7 +257,7 @@ def measure_shape(backend, rows: int, prompt_len: int, grid: Grid, rng: random.R
                    r.value, r.spread, r.rounds, r.settled) for kind, r in result.items()]
 
 
-def measure_grid(backend, grid: Grid, stepping: bool, on_shape: Callable[[list[Sample]], None] | None = None,
+def measure_grid(backend, grid: ShapeGrid, stepping: bool, on_shape: Callable[[list[Sample]], None] | None = None,
                  seed: int = 0) -> list[Sample]:
     """Every shape of the grid on a warm backend."""
     rng, samples = random.Random(seed), []

@@ -14,6 +14,7 @@ import pandas as pd
 
 from batchlab.collector.layout import CAPACITY_DIR, SATURATED_DIR, point_dir, saturated_dir
 from batchlab.collector.summary import SummaryError, read_summary
+from batchlab.protocol.outcomes import MEASURED
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.rate_search import search, start_below
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, Point, SweepError
@@ -178,7 +179,7 @@ class LiveSearch:
         def once(duration_s: float) -> SaturatedRun | None:
             point, base = _saturated_point(self.plan, entry, self.out, repeat, self.s, duration_s)
             record = self._run(point, base, "saturated", extension=duration_s > self.s.saturated_duration_s)
-            if record["status"] not in ("done", "skipped"):
+            if record["status"] not in MEASURED:
                 raise SweepError(f"the saturated run of {entry.label} failed: {record['reason'].splitlines()[0]}")
             run = measured(point.folder, duration_s, repeat, str(point.folder.relative_to(self.out)))
             if run is not None:
@@ -206,7 +207,7 @@ class LiveSearch:
             point, base = _probe_point(self.plan, entry, self.out, rate, self.s, duration_s)
             record = self._run(point, base, "capacity")
             where = str(point.folder.relative_to(self.out))
-            if record["status"] not in ("done", "skipped"):
+            if record["status"] not in MEASURED:
                 return Probe(rate, Verdict(False, [f"run failed: {record['reason'].splitlines()[0]}"], 0.0, 0.0), where)
             probe = probe_of(rate, load_table(point.folder, "requests"), base["duration_s"], point.config(base),
                              where, saturated)

@@ -7,6 +7,7 @@ note, sweep.json's `reran`)."""
 import statistics
 from collections.abc import Callable
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.stats.interference import is_burst, read
 
 MIN_USUAL = 3  # runs seen before their median counts as the sweep's usual background
@@ -47,7 +48,7 @@ class Disturbances:
         left; the last record, marked with how many times it ran again."""
         for attempt in range(self.tries + 1):
             record = once()
-            found = read(record.get("interference")) if record.get("status") == "done" else None
+            found = read(record.get("interference")) if record.get("status") == RunOutcome.DONE else None
             usual = self.usual()
             if found is not None:
                 self.seen.append(found.other_cores)

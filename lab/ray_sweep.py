@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.runner.pool import worker_key
 from batchlab.lab.ray_cluster import connect
 from batchlab.lab.ray_actor import Ask, ask, declares_gpu_memory, refusals
@@ -32,7 +33,7 @@ SETTLE_S = 5.0  # for the reply of a point the sweep stopped (its actor is stopp
 
 
 @dataclass(slots=True)
-class Group:
+class WorkerGroup:
     """One worker group: its points still to run, in order, and its actor."""
 
     label: str
@@ -55,7 +56,7 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, pla
     refuse_old_layout(out_dir)
     points = plan_points(plan, plan.rates, out_dir)
     index = {"config": str(config), "base": plan.base, "rates": plan.rates, "repeats": plan.repeats,
-             "order": "ray", "seed": plan.seed, "probe": None, "points": [p.record("pending") for p in points],
+             "order": "ray", "seed": plan.seed, "probe": None, "points": [p.record(RunOutcome.PENDING) for p in points],
              "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
     ray = connect(opts.address)
     groups = _groups(points, plan.base, opts, ray.nodes())
@@ -66,7 +67,7 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, pla
             index["points"][i] = record
             view.finished(p, record)
     for g in groups:
-        g.todo = [i for i in g.todo if index["points"][i]["status"] != "skipped"]
+        g.todo = [i for i in g.todo if index["points"][i]["status"] != RunOutcome.SKIPPED]
     write_json_atomic(out_dir / INDEX_FILE, index, default=str)
     flight: dict = {}  # object ref → (group, point index)
     try:
@@ -77,7 +78,7 @@ def run_ray_sweep(config: str, out: str, opts: RaySettings, *, resume: bool, pla
     return index
 
 
-def _groups(points: list[Point], base: dict, opts: RaySettings, nodes: list[dict]) -> list[Group]:
+def _groups(points: list[Point], base: dict, opts: RaySettings, nodes: list[dict]) -> list[WorkerGroup]:
     """Points grouped by worker key (a bad point alone), each group's ask; SweepError when no node can
     hold a group (before any actor starts)."""
     known = declares_gpu_memory(nodes)
@@ -91,7 +92,7 @@ def _groups(points: list[Point], base: dict, opts: RaySettings, nodes: list[dict
         if key not in groups:
             a = ask(cfg, cpus=opts.cpus, gpu_resource=opts.gpu_resource, gpu_memory_known=known) if cfg \
                 else Ask({"CPU": opts.cpus})
-            groups[key] = Group(p.entry.label, a, [])
+            groups[key] = WorkerGroup(p.entry.label, a, [])
         groups[key].todo.append(i)
     refused = refusals({g.label: g.ask for g in groups.values()}, nodes)
     if refused:
@@ -99,7 +100,7 @@ def _groups(points: list[Point], base: dict, opts: RaySettings, nodes: list[dict
     return list(groups.values())
 
 
-def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out_dir: Path,
+def _drive(ray, groups: list[WorkerGroup], points: list[Point], plan, index: dict, out_dir: Path,
            opts: RaySettings, view, flight: dict) -> None:
     """The loop: 1. each group with work and no point in flight sends its next one to its actor;
     2. wait for any point to end; 3. a finished point's folder lands in --out and the index is written;
@@ -134,7 +135,7 @@ def _drive(ray, groups: list[Group], points: list[Point], plan, index: dict, out
     write_json_atomic(out_dir / INDEX_FILE, index, default=str)
 
 
-def _give_up_unplaceable(ray, groups: list[Group], flight: dict, points: list[Point], index: dict, view) -> None:
+def _give_up_unplaceable(ray, groups: list[WorkerGroup], flight: dict, points: list[Point], index: dict, view) -> None:
     """A group that no live node can hold any more (its node was lost and no other has its resources)
     has its points recorded failed instead of waiting for a node forever."""
     lost = set(refusals({g.label: g.ask for g in groups if g.todo}, ray.nodes()))
@@ -144,12 +145,12 @@ def _give_up_unplaceable(ray, groups: list[Group], flight: dict, points: list[Po
             flight.pop(ref)
         _drop_actor(ray, g)
         for i in g.todo:
-            index["points"][i] = points[i].record("failed", f"no live node can hold it now: {reason}")
+            index["points"][i] = points[i].record(RunOutcome.FAILED, f"no live node can hold it now: {reason}")
             view.finished(points[i], index["points"][i])
         g.todo = []
 
 
-def _landed(ray, ref, g: Group, i: int, point: Point, view) -> dict | None:
+def _landed(ray, ref, g: WorkerGroup, i: int, point: Point, view) -> dict | None:
     """The point's record with its folder unpacked into --out; None when its node was lost and it is to
     run again (on a new actor), or a failed record after MAX_TRIES lost tries."""
     from batchlab.lab.ray_actor import unpack
@@ -160,22 +161,22 @@ def _landed(ray, ref, g: Group, i: int, point: Point, view) -> dict | None:
             ray.exceptions.WorkerCrashedError) as exc:
         where = "its node or its actor was lost"
         tries = g.tries.setdefault(i, [])
-        tries.append({"status": "failed", "reason": f"{where}: {type(exc).__name__}", "data": False})
+        tries.append({"status": RunOutcome.FAILED, "reason": f"{where}: {type(exc).__name__}", "data": False})
         _drop_actor(ray, g)
         if len(tries) < MAX_TRIES:
             view.note(f"{'/'.join(point.folder.parts[-3:])}: {where} mid-point; running it again on another "
                       f"node (try {len(tries) + 1} of {MAX_TRIES}); the lost try is recorded failed")
             return None
         shutil.rmtree(point.folder, ignore_errors=True)
-        return point.record("failed", f"{where} on each of {MAX_TRIES} tries")
+        return point.record(RunOutcome.FAILED, f"{where} on each of {MAX_TRIES} tries")
     except ray.exceptions.RayTaskError as exc:
-        return point.record("failed", f"on the cluster: {str(exc).strip().splitlines()[-1]}")
+        return point.record(RunOutcome.FAILED, f"on the cluster: {str(exc).strip().splitlines()[-1]}")
     if "tar" in reply:
         unpack(reply["tar"], point.folder)
     return reply["record"] | {"node": reply["node"]}
 
 
-def _drop_actor(ray, g: Group) -> None:
+def _drop_actor(ray, g: WorkerGroup) -> None:
     if g.actor is not None:
         with contextlib.suppress(Exception):  # already gone with its node
             ray.kill(g.actor, no_restart=True)
@@ -191,7 +192,7 @@ def _settle(ray, flight: dict) -> None:
     flight.clear()
 
 
-def stop_all(ray, groups: list[Group]) -> None:
+def stop_all(ray, groups: list[WorkerGroup]) -> None:
     """Every group's actor stops what it started (its points' processes, its warm pool), then is killed.
     A Ctrl-C meanwhile cannot cut this short: it is held and raised again once every actor is stopped
     (mid-sweep, the sweep then stops; a SIGINT this process ignores stays ignored)."""

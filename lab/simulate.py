@@ -23,7 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from batchlab.lab.sweep_plan import AutoRates, Plan, Point, auto_rates, plan_from, plan_points, probe_point, span_rates
+from batchlab.protocol.outcomes import RunOutcome
+from batchlab.lab.sweep_plan import (AutoRates, Plan, Point, auto_rates, plan_from, plan_points, probe_point,
+                                     span_rates, study_folder)
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
 from batchlab.collector.parts import write_final
 from batchlab.collector.summary import Summary, headline
@@ -32,7 +34,7 @@ from batchlab.protocol.setting_groups import said
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig, load_yaml
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.scheduler.strategies import resolve
 from batchlab.simulator.run import simulate
 from batchlab.traffic.run_schedule import make_schedule
@@ -65,7 +67,7 @@ def plan_simulation(given: object, changes: dict) -> SimPlan:
     if isinstance(given, dict) and not swept:
         slos = given.pop("slos", None)  # a run's YAML may give the report's SLOs beside its settings
     plan, _ = plan_from({} if given is None else given, changes)
-    default_out = str(Path("results") / Path(source).stem) if swept and source else DEFAULT_OUT
+    default_out = str(study_folder(source)) if swept and source else DEFAULT_OUT
     out = Path(str(out or plan.base.pop("out", None) or default_out))
     plan.base.pop("out", None)
     layout = swept or len(plan.entries) * max(len(plan.rates), len(plan.concurrency), 1) * plan.repeats > 1
@@ -266,7 +268,7 @@ def _record_point(point: Point, summary: Summary, elapsed_s: float) -> None:
     from batchlab.collector.vllm_result import point_result
 
     point_result(point.folder)  # vllm_result.json, as a live sweep's point has
-    record = point.record("done", "", round(elapsed_s, 3))
+    record = point.record(RunOutcome.DONE, "", round(elapsed_s, 3))
     write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline(summary), "simulated": True},
                       default=str)
 
@@ -277,6 +279,6 @@ def _write_index(sim: SimPlan, points: list[Point], probe: dict | None, capacity
     rates = [] if plan.concurrency else sorted({p.rate for p in points})
     index = {"config": sim.config, "base": plan.base, "rates": rates, "repeats": plan.repeats, "seed": plan.seed,
              **({"concurrency": plan.concurrency} if plan.concurrency else {}),
-             "probe": probe, "capacity": capacity, "points": [p.record("done") for p in points],
+             "probe": probe, "capacity": capacity, "points": [p.record(RunOutcome.DONE) for p in points],
              "entries": [{"label": e.label, **e.overrides} for e in plan.entries], "simulated": True}
     write_json_atomic(sim.out / INDEX_FILE, index, default=str)

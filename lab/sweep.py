@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, TWIN_DIR, WORKERS_DIR,
                                       point_dir)
 from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, floor_3g, interleaved, plan_points,
@@ -110,7 +111,7 @@ def run_sweep(plan: Plan, out: str | Path, *, resume: bool, view, source: str) -
         index = {"config": source, "base": plan.base, "rates": rates, "repeats": plan.repeats,
                  **({"concurrency": plan.concurrency} if plan.concurrency else {}),
                  "order": "interleaved" if mixed else "grouped",
-                 "seed": plan.seed, "capacity": capacity, "points": [p.record("pending") for p in points],
+                 "seed": plan.seed, "capacity": capacity, "points": [p.record(RunOutcome.PENDING) for p in points],
                  "entries": [{"label": e.label, **e.overrides} for e in plan.entries]}
         view.start(len(points))
         progress.plan("run", [float(point.config(plan.base).duration_s or 0.0) for point in points])

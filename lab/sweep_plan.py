@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from batchlab.runner.config import checked_config
+from batchlab.protocol.outcomes import RunOutcome
+from batchlab.runner.preflight import checked_config
 from batchlab.collector.layout import POINT_DEPTH, point_dir
 from batchlab.protocol.errors import SweepError, shown, term
 from batchlab.protocol.settings import DEFAULT_RATE, VLLM, ConfigError, RunConfig, load_yaml, vllm_rule
@@ -96,14 +97,14 @@ class Point:
                   "label": self.entry.label, "repeat": self.repeat}
         return checked_config(values, {})
 
-    def record(self, status: str, reason: str = "", elapsed_s: float | None = None) -> dict:
+    def record(self, status: RunOutcome, reason: str = "", elapsed_s: float | None = None) -> dict:
         """This point's row in sweep.json."""
         cfg = {**self.entry.overrides}
         return {"label": self.entry.label, "strategy": cfg.get("strategy"), "backend": cfg.get("backend"),
                 "rate": None if self.concurrency else self.rate,
                 **({"concurrency": self.concurrency} if self.concurrency else {}),
                 "repeat": self.repeat, "seed": self.seed + self.repeat,
-                "dir": "/".join(self.folder.parts[-POINT_DEPTH:]), "status": status, "reason": reason,
+                "dir": "/".join(self.folder.parts[-POINT_DEPTH:]), "status": RunOutcome(status).value, "reason": reason,
                 "elapsed_s": elapsed_s}
 
 
@@ -123,6 +124,14 @@ def _entry(item: object, base: dict) -> Entry:
         label = strategy if strategy == VLLM or "backend" not in overrides else f"{strategy}-{backend}"
     overrides.setdefault("backend", vllm_rule(str(overrides["strategy"]), backend or RunConfig().backend)[1])
     return Entry(label, overrides)
+
+
+def _distinct(entries: list[Entry], where: str) -> list[Entry]:
+    """The grid's entries, or SweepError when there are none or two share a label."""
+    labels = [e.label for e in entries]
+    if not labels or len(set(labels)) != len(labels):
+        raise SweepError(f"{where} must be non-empty with distinct labels, got {labels}")
+    return entries
 
 
 def parse_sets(items: list[str] | None) -> dict:
@@ -171,10 +180,7 @@ def parse_plan(raw: dict, path: str | Path = "the plan", sets: dict | None = Non
         base["startup_limit_s"] = grid.pop("startup_timeout_s")
     grid = parse_grid(grid, path)
     checked_config({**base, "out": "."}, {})  # a wrong name or value in base stops the sweep at once
-    entries = [_entry(item, base) for item in grid.strategies]
-    labels = [e.label for e in entries]
-    if not entries or len(set(labels)) != len(labels):
-        raise SweepError(f"grid.strategies must be non-empty with distinct labels, got {labels}")
+    entries = _distinct([_entry(item, base) for item in grid.strategies], "grid.strategies")
     if grid.concurrency and ("rate" in base or "arrival" in base):
         raise SweepError("grid.concurrency sweeps closed-loop load: it does not go with base.rate or "
                          "base.arrival (open loop)")
@@ -215,6 +221,24 @@ def _mapping_plan(raw: dict, where: object) -> Plan:
     return flat_plan(underscored(raw))
 
 
+CAPACITY_SUFFIX = "-capacity"  # a capacity search's default folder: results/<the YAML's name>-capacity
+
+
+def study_folder(source: str | Path, suffix: str = "") -> Path:
+    """A study's default folder: results/<its YAML's name><suffix> (a sweep's, or with CAPACITY_SUFFIX a
+    capacity search's)."""
+    return Path("results") / f"{Path(source).stem}{suffix}"
+
+
+def refuse_new_labels(plan: Plan, strategies: object) -> None:
+    """SweepError naming the strategies given by name that are no label of the plan's grid: a study of the grid's
+    entries (a capacity search) takes only its labels, a name is no new entry there."""
+    labels = {e.label for e in plan.entries}
+    unknown = sorted({i for i in _items(strategies) if isinstance(i, str)} - labels)
+    if unknown:
+        raise SweepError(f"{term('--strategy', 'strategies')}: no grid entry labelled {', '.join(unknown)}")
+
+
 def flat_plan(values: dict) -> Plan:
     """A run's settings as a one-entry, one-rate grid; checked as a sweep's base is."""
     values = dict(values)
@@ -245,10 +269,8 @@ def changed(plan: Plan, changes: dict) -> Plan:
     if "strategies" in grid:
         by_label = {e.label: e for e in plan.entries}
         items = _items(grid.pop("strategies"))
-        plan.entries = [by_label[i] if isinstance(i, str) and i in by_label else _entry(i, plan.base) for i in items]
-        labels = [e.label for e in plan.entries]
-        if not labels or len(set(labels)) != len(labels):
-            raise SweepError(f"strategies must be non-empty with distinct labels, got {labels}")
+        plan.entries = _distinct([by_label[i] if isinstance(i, str) and i in by_label else _entry(i, plan.base)
+                                  for i in items], "strategies")
     if "rates" in grid:
         rates = grid.pop("rates")
         checked = parse_grid({"rates": rates if isinstance(rates, dict) or rates == "auto" else _items(rates)},

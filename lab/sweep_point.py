@@ -5,6 +5,7 @@ import shutil
 import time
 from pathlib import Path
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.runner.launcher import Limits, RunTimeout, launch_run
 from batchlab.runner.outcome import verdict
 from batchlab.runner.pool import PoolKeeper
@@ -46,11 +47,11 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
         if not stopped or not RunDir(point.folder).summary.exists():
             reason = _failure_reason(exc, point.folder)
             (point.folder / FAILED_FILE).write_text(reason + "\n")
-            return point.record("failed", reason, round(time.monotonic() - started, 2))
+            return point.record(RunOutcome.FAILED, reason, round(time.monotonic() - started, 2))
         summary, note = read_summary(point.folder), str(exc)  # unfinished requests: failed
     note = note or verdict(summary, summary.role_deaths)[1]  # what `batchlab run` would say about a fault
     point_result(point.folder)  # vllm_result.json: the figures under vllm bench serve's keys
-    record = (point.record("done", note, round(time.monotonic() - started, 2)) | _timing(point.folder)
+    record = (point.record(RunOutcome.DONE, note, round(time.monotonic() - started, 2)) | _timing(point.folder)
               | {"config_hash": config_hash(cfg.as_settings())}
               | ({"interference": summary.interference} if summary.interference else {}))
     write_json_atomic(point.folder / DONE_FILE, {**record, "summary": headline(summary)}, default=str)
@@ -59,8 +60,7 @@ def execute(point: Point, base: dict, on_tick=None, limits: Limits | None = None
 
 def preflight(plan: Plan) -> None:
     """Every strategy's settings checked (preset, model) before any process starts: ConfigError."""
-    from batchlab.runner.config import checked_config
-    from batchlab.runner.preflight import check_before_start
+    from batchlab.runner.preflight import check_before_start, checked_config
 
     for entry in plan.entries:
         try:
@@ -89,7 +89,7 @@ def reused(point: Point, base: dict, resume: bool, view=None) -> dict | None:
         return None
     changed = stale_point(point, base)
     if not changed:
-        return json.loads(done_file.read_text()) | {"status": "skipped"}
+        return json.loads(done_file.read_text()) | {"status": RunOutcome.SKIPPED}
     if view is not None:
         view.note(f"{'/'.join(point.folder.parts[-3:])}: measured with another configuration "
                   f"({'; '.join(changed)}); measuring it again")
@@ -123,8 +123,8 @@ def _timing(folder: Path) -> dict:
 def finished_line(point, record: dict) -> str:
     """'dynamic λ=5 rep 0: done in 12.3s' (a failed point: its reason's first line)."""
     status = record["status"]
-    took = f" in {record['elapsed_s']:.1f}s" if status != "skipped" and record.get("elapsed_s") else ""
-    reason = f": {record['reason'].splitlines()[0]}" if status == "failed" and record.get("reason") else ""
+    took = f" in {record['elapsed_s']:.1f}s" if status != RunOutcome.SKIPPED and record.get("elapsed_s") else ""
+    reason = f": {record['reason'].splitlines()[0]}" if status == RunOutcome.FAILED and record.get("reason") else ""
     return f"{point.entry.label} {load_text(point, '')} rep {point.repeat}: {status}{took}{reason}"
 
 

@@ -17,7 +17,9 @@ from batchlab.protocol.errors import term
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig
-from batchlab.runner.config import value_text
+from batchlab.runner.preflight import value_text
+
+TUNE_FOLDER = "results/tune"  # tune's default output folder (the command's and api.tune's)
 
 MAX_CANDIDATES = 200
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # rows

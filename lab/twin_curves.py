@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.collector.layout import TWIN_DIR
 from batchlab.collector.layout import TWIN_ERRORS_FILE as ERRORS_FILE
 from batchlab.lab.sweep_plan import Plan, span_rates
@@ -86,7 +87,7 @@ def twin_errors(out: Path, index: dict, capacity: dict, view=None) -> dict | Non
     rows = []
     for point in index.get("points", []):
         label, folder = point.get("label"), out / str(point.get("dir", ""))
-        if point.get("status") != "done" or label not in presets or not (folder / "summary.json").exists():
+        if point.get("status") != RunOutcome.DONE or label not in presets or not (folder / "summary.json").exists():
             continue
         live, twin = live_figures(folder), replay(folder, presets[label])
         cap = capacity["strategies"][label].get("estimate_req_s")

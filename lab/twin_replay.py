@@ -8,7 +8,7 @@ def replayed(folder: Path, preset: Path):
     import yaml
 
     from batchlab.protocol.run_dir import RunDir
-    from batchlab.runner.config import checked_config
+    from batchlab.runner.preflight import checked_config
     from batchlab.simulator.run import simulate
     from batchlab.traffic.schedule import load_schedule
 

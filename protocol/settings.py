@@ -39,6 +39,7 @@ class RunConfig(*GROUPS, title="RunConfig"):
     settings were given (a file, an option, a mapping): a strategy's own parameter defaults hold for the rest."""
 
     _strategy_code: bytes = PrivateAttr(b"")  # a strategy class passed by value (strategy_sha256 names it)
+    _checked_as: dict | None = PrivateAttr(None)  # its settings when the front end's check passed them
 
     def __init__(self, **values: object) -> None:
         try:
@@ -72,6 +73,15 @@ class RunConfig(*GROUPS, title="RunConfig"):
             raise refuse(f"{said('backend', 'openai')} needs {said('endpoint', meta='URL')}")
         self.strategy, self.backend, _ = vllm_rule(self.strategy, self.backend)
         return self
+
+    def mark_checked(self) -> "RunConfig":
+        """Note that the whole check (runner.preflight.checked_config) passed these settings as they are now."""
+        self._checked_as = self.model_dump()
+        return self
+
+    def checked(self) -> bool:
+        """Whether the whole check passed these settings and none changed since (no second check needed)."""
+        return self._checked_as is not None and self._checked_as == self.model_dump()
 
     def validate(self) -> "RunConfig":
         """Check every setting again (after edits in place); ConfigError on the first impossible one."""
@@ -189,6 +199,7 @@ def load_yaml(path: str | Path) -> dict:
 
 def build_config(file_values: dict, overrides: dict) -> RunConfig:
     """Defaults ← file ← command line (only options the user gave), validated; None means not given."""
+    refuse_no_clients(overrides)
     merged = {k: v for values in (file_values, overrides) for k, v in values.items() if v is not None}
     args = [values.get("strategy_args") for values in (file_values, overrides)]
     if any(a is not None for a in args):  # the command line's parameters are laid over the file's, key by key
@@ -203,6 +214,14 @@ def build_config(file_values: dict, overrides: dict) -> RunConfig:
         merged["duration_s"] = count_duration_s(merged["num_requests"], merged.get("rate", DEFAULT_RATE),
                                                 merged.get("burstiness", 1.0))
     return RunConfig(**merged)
+
+
+def refuse_no_clients(overrides: dict) -> None:
+    """ConfigError for a client count given as an option or a change below 1: 0 means open loop only as a file's
+    value or the default, never as a count asked for."""
+    given = overrides.get("concurrency")
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and given < 1:
+        raise ConfigError(f"{said('concurrency')} must be ≥ 1 client (leave it out for open-loop {said('rate')})")
 
 
 def closed_loop_terms(merged: dict) -> bool:

@@ -3,11 +3,14 @@
 `capacity` command's options) and calibration's (the `calibrate` command's options). A grid's sections refuse
 unknown keys but read YAML as given (5 is a float rate); calibrate's group is strict as a run's groups are.
 """
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, model_validator
 
+from batchlab.protocol.errors import ConfigError, shown
 from batchlab.protocol.setting_groups import Group, WorkerSettings, setting
+from batchlab.protocol.settings import checked_group
 
 WIDTH = 0.08  # stop when hi / lo ≤ 1 + WIDTH: the estimate, their geometric mean, within 4% of either
 MAX_PROBES = 6
@@ -176,6 +179,16 @@ class RaySettings(Section, title="Ray"):
     cpus: float = setting(1.0, "--ray: CPUs each point reserves", flag="--ray-cpus", ge=0)
     gpu_resource: str = setting("GPU", "--ray: the resource GPUs are counted in", flag="--ray-gpu-resource")
     shared: bool = setting(False, "--ray: --out is on storage every node sees at the same path", flag="--ray-shared")
+
+
+def ray_settings(given: "RaySettings | Mapping | str") -> RaySettings:
+    """A sweep's Ray settings from what `batchlab sweep --ray ...` or api.sweep's `ray` gives: RaySettings, a
+    mapping of them or an address; ConfigError (the setting named as its reader names it) for anything else."""
+    if isinstance(given, RaySettings):
+        return given
+    if not isinstance(given, (Mapping, str)):
+        raise ConfigError(f"ray is an address, RaySettings or a mapping of them, not {shown(given)}")
+    return checked_group(RaySettings, {"address": given} if isinstance(given, str) else dict(given))
 
 
 def underscored(mapping: dict) -> dict:

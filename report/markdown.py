@@ -1,4 +1,5 @@
 """REPORT.md: the one-line results, a table per rate, intervals, tool formulas, failures and setup."""
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.report import machine, oracle
 from batchlab.report.capacities import capacity_table, criterion_text
 from batchlab.report.headline import RULE
@@ -189,7 +190,7 @@ def render(collection: Collection, stats: dict[tuple[str, float], GroupStats], h
 def failures(collection: Collection) -> list[str]:
     """Points that did not complete, with their reasons."""
     listed = {(f.label, f.rate, f.repeat) for f in collection.failed}  # a stopped point that measured nothing
-    stopped = [p for p in collection.index.get("points", []) if p["status"] != "failed" and p.get("reason")
+    stopped = [p for p in collection.index.get("points", []) if p["status"] != RunOutcome.FAILED and p.get("reason")
                and (p["label"], index_load(p), p["repeat"]) not in listed]
     if not collection.failed and not stopped:
         return []

@@ -5,6 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from batchlab.protocol.outcomes import MEASURED, RunOutcome
 from batchlab.collector.layout import (CAPACITY_FILE, FAILED_FILE, INDEX_FILE, PROBE_DIR, SATURATED_DIR, point_of,
                                        rate_of)
 from batchlab.collector.parts import load_table, run_label
@@ -212,11 +213,11 @@ def _from_index(root: Path, index: dict, refused: list[str]) -> Collection:
             refused.append(f"{root / 'sweep.json'}: the point {point['dir']!r} is not inside {root}; "
                            "the report pools only run folders within the folder it is given")
             continue
-        if point["status"] in ("done", "skipped") and RunDir(folder).summary.exists():
+        if point["status"] in MEASURED and RunDir(folder).summary.exists():
             run = _guarded(refused, load_run, folder, point["label"], point["repeat"], index_load(point))
             if run is not None:
                 _add(coll, run, (point.get("reason") or "").partition("\n")[0])
-        elif point["status"] != "pending":
+        elif point["status"] != RunOutcome.PENDING:
             reason = point.get("reason") or "no summary.json"
             coll.failed.append(FailedPoint(point["label"], index_load(point), point["repeat"], reason))
     return coll

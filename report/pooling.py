@@ -7,13 +7,14 @@ within one label (data measured under another configuration) is refused, naming 
 """
 import json
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.protocol.errors import PoolingError
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.identity import differences, identity
 
 CURVE_FREE = frozenset({"seed", "rate", "concurrency"})  # what may differ along one strategy's curve
 LABEL_KEYS_SHOWN = 3  # distinguishing settings put into a split label
-USABLE_STATUSES = ("done", "stopped")  # run.json statuses of a run that measured what it planned
+USABLE_STATUSES = (RunOutcome.DONE, RunOutcome.STOPPED)  # run.json statuses of a run that measured what it planned
 
 
 def curve_key(settings: dict) -> str:
@@ -34,7 +35,7 @@ def unusable(folder) -> str | None:
     status = record.get("status") if isinstance(record, dict) else None
     if status in USABLE_STATUSES or status is None:
         return None
-    if status == "running":
+    if status == RunOutcome.RUNNING:
         return "incomplete: its run.json still says running (the launcher was killed, or it is still going)"
     return f"the run {status}" + (f": {record['reason']}" if record.get("reason") else "")
 

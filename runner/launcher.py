@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.runner import outcome, procs, raise_if_stopped, remove_temp_of, roles
 from batchlab.runner.cpu_meter import CpuMeter
 from batchlab.runner.procs import Child
@@ -87,16 +88,16 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
         from batchlab.runner import stop_signal
 
         how = stop_signal(exc)
-        record.end("interrupted", "Ctrl-C" if how == signal.SIGINT else how.name)
+        record.end(RunOutcome.INTERRUPTED, "Ctrl-C" if how == signal.SIGINT else how.name)
         raise
     except RunTimeout as exc:
-        record.end("stopped" if exc.phase == "run" else "failed", str(exc))
+        record.end(RunOutcome.STOPPED if exc.phase == "run" else RunOutcome.FAILED, str(exc))
         raise
     except BaseException as exc:
-        record.end("failed", f"{type(exc).__name__}: {exc}")
+        record.end(RunOutcome.FAILED, f"{type(exc).__name__}: {exc}")
         raise
     code, line = outcome.verdict(summary, summary.role_deaths)  # what `batchlab run`'s exit code will say
-    record.end("done" if code == outcome.OK_EXIT else "failed", line, finished=summary.finished,
+    record.end(RunOutcome.DONE if code == outcome.OK_EXIT else RunOutcome.FAILED, line, finished=summary.finished,
                failed=summary.failed, role_deaths=summary.role_deaths)
     return summary
 

@@ -1,19 +1,98 @@
-"""Settings checked before any process starts: the sim preset, a plugin backend, the model (a local
-folder, a built-in name, or in the local Hugging Face cache; else the Hub must answer at once), the key
-folder, the run's socket paths (TMPDIR), a --save-result file. One line each."""
+"""The one preflight: a run's settings checked before any process starts, beyond what the settings models check
+alone. The whole config (checked_config: its strategy resolved and asked once, a batch within the frame limit,
+naive's batch within its clients, a trace readable, the lengths), then what a run needs: the sim preset, a plugin
+backend, the model (a local folder, a built-in name, or in the local Hugging Face cache; else the Hub must answer
+at once), the key folder, the run's socket paths (TMPDIR), a --save-result file. One line each (ConfigError)."""
 import os
 import tempfile
 from pathlib import Path
 
 from batchlab.protocol.setting_groups import BACKENDS
 from batchlab.protocol.errors import term
-from batchlab.protocol.settings import ConfigError, RunConfig, said
+from batchlab.protocol.settings import ConfigError, RunConfig, build_config, said
 
 HUB_TIMEOUT_S = 1.5  # one metadata request, never the 50 s of retries a from_pretrained would spend
 PATH_PREFIXES = ("/", "./", "../", "~")
 # An ipc:// socket's path must fit sockaddr_un.sun_path (108 bytes on Linux) with its closing NUL.
 IPC_PATH_MAX_BYTES = 107
 KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")  # keys generate's
+
+
+def checked_config(file_values: dict, overrides: dict) -> RunConfig:
+    """build_config, then the strategy resolved and its decide called once on an empty queue (an unknown name,
+    a bad parameter or a decide that raises is a ConfigError);
+    its strategy_args are kept typed (--strategy-arg gives text)."""
+    from batchlab.scheduler.strategies import check_decides, resolve
+
+    cfg = build_config(file_values, overrides)
+    strategy = resolve(cfg)
+    check_decides(strategy)  # a class without decide, or one that raises on its first look: before any process
+    cfg.strategy_args = strategy.args
+    for name in ("prompt_lengths", "output_lengths"):  # one text form, whatever the YAML held
+        setattr(cfg, name, lengths_text(name, getattr(cfg, name)))
+    _check_frame(strategy.rows if strategy.mode == "static" else 1, cfg.max_prompt_len)
+    if 0 < cfg.concurrency < strategy.rows and strategy.name == "naive":  # its batches would never fill
+        raise ConfigError(f"naive launches exactly {strategy.rows} requests at once, and {cfg.concurrency} "
+                          f"closed-loop clients never have that many out: use {said('batch_size')} ≤ "
+                          f"{said('concurrency')}")
+    _check_trace(cfg.dataset)
+    return cfg
+
+
+def _check_frame(rows: int, max_prompt_len: int) -> None:
+    """ConfigError when one batch's Dispatch could pass the frame limit: a static batch is one message
+    of `rows` prompts of up to max_prompt_len token ids (4 bytes each); a continuous one, one request."""
+    from batchlab.protocol.codec import MAX_MESSAGE_BYTES
+
+    size = rows * (max_prompt_len * 4 + ROW_OVERHEAD_BYTES)
+    if size > MAX_MESSAGE_BYTES:
+        raise ConfigError(f"a batch of {rows} rows × {max_prompt_len} prompt tokens is up to {size / 2**20:.1f} MiB "
+                          f"on the wire, over the {MAX_MESSAGE_BYTES / 2**20:g} MiB frame limit: lower the rows "
+                          f"({said('batch_size')}, {said('max_batch_size')} or the strategy's) or "
+                          f"{said('max_prompt_len')}")
+
+
+ROW_OVERHEAD_BYTES = 32  # a Dispatch row's id, lengths and headers besides its token ids
+
+
+def _check_trace(dataset: str) -> None:
+    """A trace that cannot be used is a ConfigError now, before any folder or process (read once: cached)."""
+    from batchlab.traffic.datasets import DatasetError
+    from batchlab.traffic.traces import is_trace_dataset, load_trace
+
+    if is_trace_dataset(dataset):
+        try:
+            load_trace(dataset)
+        except DatasetError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def lengths_text(name: str, value: object) -> str:
+    """A length setting (int, list, mapping or text) as the text traffic.lengths reads back; "" stays "";
+    ConfigError naming the setting when it describes no lengths."""
+    from batchlab.traffic.lengths import LengthSpec, parse_lengths
+
+    if value in (None, ""):
+        return ""
+    try:
+        return parse_lengths(value, LengthSpec(), name).text()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def refuse_schedule_conflicts(given: dict, saved: dict) -> None:
+    """ConfigError for the first option given whose value differs from the replayed schedule's (replay_config)."""
+    for name, value in given.items():
+        if name in ("prompt_lengths", "output_lengths"):
+            value = lengths_text(name, value)
+        if value != saved.get(name):
+            raise ConfigError(f"{said(name, value)} conflicts with the replayed schedule "
+                              f"({name} {value_text(saved.get(name))}); drop it or build a new schedule")
+
+
+def value_text(value: object) -> str:
+    """A setting's value as a message shows it (a float in %g)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def check_before_start(cfg: RunConfig) -> None:

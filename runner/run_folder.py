@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from batchlab.protocol.outcomes import RunOutcome
 from batchlab.protocol.run_dir import LOGS_DIR, RUN_FILE, SCHEDULE_FILE
 from batchlab.protocol.environment import batchlab_version, environment, utc_now
 from batchlab.protocol.files import output_folder, write_json_atomic
@@ -139,7 +140,7 @@ class RunRecord:
         self.path = Path(out) / RUN_FILE
         self.reserve = self.path.with_name(f".{RUN_FILE}.reserve")
         self.data = {"config_hash": config_hash(settings), "identity": identity(settings),
-                     "batchlab": batchlab_version(), "started_utc": utc_now(), "status": "running",
+                     "batchlab": batchlab_version(), "started_utc": utc_now(), "status": RunOutcome.RUNNING,
                      "launcher_environment": environment()}
         self._write()
         try:
@@ -147,10 +148,11 @@ class RunRecord:
         except OSError:  # no room even now: the collector's failure names the cause
             self.reserve.unlink(missing_ok=True)
 
-    def end(self, status: str, reason: str = "", **facts) -> None:
-        """The run returned: 'done', 'failed' (a role died, or a fault lost requests: the exit code 2's line is
-        the reason), 'stopped' (a limit) or 'interrupted'."""
-        self.data.update(status=status, ended_utc=utc_now(), **({"reason": reason} if reason else {}), **facts)
+    def end(self, status: RunOutcome, reason: str = "", **facts) -> None:
+        """The run returned: done, failed (a role died, or a fault lost requests: the exit code 2's line is the
+        reason), stopped (a limit) or interrupted (protocol.outcomes)."""
+        self.data.update(status=RunOutcome(status).value, ended_utc=utc_now(), **({"reason": reason} if reason else {}),
+                         **facts)
         self.reserve.unlink(missing_ok=True)
         self._write()
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import yaml
 
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.cli.result_table import table, warnings
 from tests.summaries import make_summary
 from batchlab.protocol.identity import config_hash

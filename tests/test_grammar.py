@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchlab import api
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.cli.grammar import bool_words
 from batchlab.cli.main import BUG_EXIT, app
 from batchlab.lab.sweep_plan import SweepError, load_plan, parse_sets

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.cli.main import app
 from batchlab.protocol.settings import ConfigError
 from batchlab.traffic.arrivals import arrival_offsets

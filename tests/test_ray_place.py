@@ -2,7 +2,7 @@
 gives them), tarballs of run folders, and the fan-out's map in order (in process and in processes)."""
 import pytest
 
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.lab.fanout import Fanout
 from batchlab.lab.ray_actor import GPU_MEMORY, Ask, ask, declares_gpu_memory, pack, refusals, unpack
 from batchlab.lab.ray_cluster import is_loopback
@@ -100,7 +100,7 @@ class _View:
 def test_a_group_no_live_node_can_hold_any_more_fails_its_points_instead_of_waiting(tmp_path):
     from types import SimpleNamespace
 
-    from batchlab.lab.ray_sweep import Group, _give_up_unplaceable
+    from batchlab.lab.ray_sweep import WorkerGroup, _give_up_unplaceable
     from batchlab.lab.sweep_plan import Entry, Point
 
     entry = Entry("big", {"strategy": "naive", "backend": "vllm"})
@@ -108,8 +108,8 @@ def test_a_group_no_live_node_can_hold_any_more_fails_its_points_instead_of_wait
     killed = []
     ray = SimpleNamespace(nodes=lambda: [node(CPU=4.0), node(alive=False, CPU=4.0, GPU=1.0)],
                           kill=lambda actor, no_restart: killed.append(actor))
-    fits = Group("small", Ask({"CPU": 1.0}), [])
-    lost = Group("big", Ask({"CPU": 1.0, "GPU": 1.0}), [0, 1], actor="actor-1")
+    fits = WorkerGroup("small", Ask({"CPU": 1.0}), [])
+    lost = WorkerGroup("big", Ask({"CPU": 1.0, "GPU": 1.0}), [0, 1], actor="actor-1")
     flight, index, view = {"ref": (lost, 0)}, {"points": [p.record("pending") for p in points]}, _View()
     _give_up_unplaceable(ray, [fits, lost], flight, points, index, view)
     assert flight == {} and killed == ["actor-1"] and lost.todo == [] and view.ended == ["failed", "failed"]

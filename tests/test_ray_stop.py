@@ -8,7 +8,7 @@ import pytest
 
 from batchlab.lab.ray_cluster import _kill_trees, _node_pids
 from batchlab.lab.ray_actor import Ask
-from batchlab.lab.ray_sweep import Group, stop_all
+from batchlab.lab.ray_sweep import WorkerGroup, stop_all
 
 
 class Method:
@@ -40,7 +40,7 @@ class FakeRay:
 
 
 def stop_one(calls: list[str]) -> list[str]:
-    stop_all(FakeRay(calls), [Group("naive", Ask({"CPU": 1.0}), [], actor=FakeActor(calls))])
+    stop_all(FakeRay(calls), [WorkerGroup("naive", Ask({"CPU": 1.0}), [], actor=FakeActor(calls))])
     return calls
 
 

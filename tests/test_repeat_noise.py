@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.report.headline import headlines
 from batchlab.report.points import Collection, RunData
 from batchlab.simulator.run import simulate

@@ -55,7 +55,7 @@ def test_an_empty_out_folder_is_refused_rather_than_writing_into_the_current_one
 
 
 def test_a_continuous_strategy_sends_one_request_per_batch_so_many_rows_of_long_prompts_are_fine():
-    from batchlab.runner.config import checked_config
+    from batchlab.runner.preflight import checked_config
     cfg = checked_config({"strategy": "continuous", "max_batch_size": 1100, "max_prompt_len": 16384}, {})
     assert cfg.max_batch_size == 1100
 

@@ -102,7 +102,7 @@ def test_the_run_speed_factor_is_seeded_by_the_run_and_differs_between_labels():
 
 
 def test_speed_noise_reaches_the_live_sim_worker_and_the_simulator_alike():
-    from batchlab.runner.config import checked_config
+    from batchlab.runner.preflight import checked_config
     from batchlab.runner.pool import worker_key
     from batchlab.scheduler.strategies import resolve
     from batchlab.simulator.run import sim_worker

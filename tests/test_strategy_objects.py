@@ -10,7 +10,7 @@ import pytest
 from batchlab import api
 from batchlab.api.strategy import Decision, Policy, check
 from batchlab.protocol.plugins import class_digest
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.scheduler.strategies import check_decides, resolve
 
 SIM = {"backend": "sim", "dataset": "synthetic", "max_new_tokens": 16,  # the default preset: steps of ms

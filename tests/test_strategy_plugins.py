@@ -12,7 +12,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.cli.main import app
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.scheduler.policies import Decision

@@ -1,7 +1,7 @@
 """The trace and length settings as a user gives them (YAML, options) reach the traffic layer."""
 import pytest
 
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.protocol.settings import ConfigError
 from batchlab.traffic.run_schedule import make_schedule, traffic_config
 

@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from batchlab import api
-from batchlab.runner.config import checked_config
+from batchlab.runner.preflight import checked_config
 from batchlab.cli.main import app
 from batchlab.lab.tune import MAX_CANDIDATES, SIZES, WAITS_MS, candidates, default_space, parse_grid, search_space
 from batchlab.protocol.settings import ConfigError
