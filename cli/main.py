@@ -17,6 +17,7 @@ from batchlab.cli import (exit_on_sigint_while_importing, forget_handled_interru
 from batchlab.runner.config import replay_config
 from batchlab.runner.preflight import checked_config
 from batchlab.cli.grammar import show_version
+from batchlab.protocol.addresses import DEFAULT
 from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
 from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import (CLI_FIELDS, ConfigOpt, Opt, Overwrite, SaveDetailed, SaveResult, fields_of,
@@ -172,7 +173,7 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
 
 @app.command()
 @with_settings(*fields_of(CollectorSettings), "keys")
-def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5558",
+def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (ROUTER)")] = DEFAULT.collector,
               overwrite: Overwrite = False) -> None:
     """Run the collector alone."""
     from batchlab.runner.roles import collector_role
@@ -208,8 +209,8 @@ def keys_generate(folder: Annotated[str, typer.Argument(help="where to write the
 @app.command()
 @with_settings(*fields_of(SchedulerSettings), "max_new_tokens", "workers", "out", "keys")
 def scheduler(*, overrides: dict, config: ConfigOpt = None,
-              address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5557",
-              collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558") -> None:
+              address: Annotated[str, Opt(help="bind address (ROUTER)")] = DEFAULT.scheduler,
+              collector: Annotated[str, Opt(help="collector address")] = DEFAULT.collector) -> None:
     """Run the scheduler alone (a new strategy in place of the old)."""
     from batchlab.runner.roles import scheduler_role
 
@@ -220,8 +221,8 @@ def scheduler(*, overrides: dict, config: ConfigOpt = None,
 @with_settings(*fields_of(WorkerSettings, *BACKEND_GROUPS), "strategy", "strategy_args", "batch_size",
                "max_batch_size", "out", "keys")
 def worker(*, overrides: dict, config: ConfigOpt = None,
-           scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557",
-           collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558",
+           scheduler: Annotated[str, Opt(help="scheduler address")] = DEFAULT.scheduler,
+           collector: Annotated[str, Opt(help="collector address")] = DEFAULT.collector,
            worker_id: Annotated[str, Opt(help="this worker's name")] = "worker-0") -> None:
     """Run one worker alone (e.g. on a remote GPU box)."""
     from batchlab.runner.preflight import check_before_start
@@ -235,7 +236,7 @@ def worker(*, overrides: dict, config: ConfigOpt = None,
 @app.command()
 @with_settings(*fields_of(TrafficSettings), "model", "out", "keys")
 def traffic(*, overrides: dict, config: ConfigOpt = None,
-            scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
+            scheduler: Annotated[str, Opt(help="scheduler address")] = DEFAULT.scheduler) -> None:
     """Run the traffic generator alone."""
     from batchlab.runner.roles import traffic_role
 

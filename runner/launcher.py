@@ -21,7 +21,7 @@ from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.files import write_text_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
-from batchlab.protocol.sockets import Addresses
+from batchlab.protocol.addresses import Addresses
 from batchlab.protocol.errors import RunFailed, RunTimeout
 
 log = logging.getLogger("batchlab.launcher")

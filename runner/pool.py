@@ -18,7 +18,7 @@ from batchlab.runner import procs, roles
 from batchlab.protocol.settings import RunConfig
 from batchlab.runner.launcher import STOP_GRACE_S, start_role
 from batchlab.runner.procs import Child
-from batchlab.protocol.sockets import Addresses
+from batchlab.protocol.addresses import Addresses
 from batchlab.scheduler.strategies import resolve
 from batchlab.worker.process import Session
 

@@ -96,7 +96,7 @@ def run_temp_folder() -> str:
 def run_socket_paths() -> list[str]:
     """The paths this process's run would give its ipc:// sockets (run_temp_folder, Addresses.ipc), with
     the longest random part mkdtemp adds, so their length can be checked before anything starts."""
-    from batchlab.protocol.sockets import Addresses
+    from batchlab.protocol.addresses import Addresses
 
     folder = os.path.join(tempfile.gettempdir(), f"{TEMP_PREFIX}{os.getpid()}-{'x' * MKDTEMP_RANDOM_CHARS}")
     addrs = Addresses.ipc(folder)

@@ -8,6 +8,7 @@ import zmq
 
 from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, FailedRow, Shutdown, Step, WorkerBye,
                                WorkerCapacity, encode, now)
+from batchlab.protocol.addresses import SCHEDULER_ID
 from batchlab.protocol.environment import environment
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.inbox import Inbox, wait_for_ack
@@ -21,7 +22,6 @@ from batchlab.worker.outbox import HeartbeatThread, Outbox
 
 log = logging.getLogger("batchlab.worker")
 WAITING_LOG_INTERVAL_S = 30.0  # before the scheduler first answers, say so this often
-SCHEDULER = "scheduler"  # the one peer a worker hears
 
 
 class WorkerStopping(Exception):
@@ -42,7 +42,7 @@ class Worker:
                                 hwm=RECORDS_HWM, send_timeout_ms=RECORDS_SEND_TIMEOUT_MS)  # a collector behind
         # slows us (a send waits, looking at our stop every RECORDS_SEND_TIMEOUT_MS) rather than growing our memory
         self.collector = Inbox(self.coll, log, peer="collector")  # its answer to our bye
-        self.inbox = Inbox(self.sched, log, peer=SCHEDULER)  # counts rejected_messages (refused rows too)
+        self.inbox = Inbox(self.sched, log, peer=SCHEDULER_ID)  # counts rejected_messages (refused rows too)
         self.open: dict[int, OpenBatch] = {}  # batch_id -> continuous bookkeeping
         self.batch_of: dict[int, int] = {}  # request_id -> batch_id (continuous)
         self.step_no = 0
@@ -271,7 +271,7 @@ class Worker:
     def _check_scheduler_alive(self) -> None:
         """Called after a poll that heard nothing; our own heartbeats go from a thread (outbox.HeartbeatThread)."""
         t = now()
-        if SCHEDULER not in self.inbox.heard:  # a scheduler that is not up yet gets our hello when it binds
+        if SCHEDULER_ID not in self.inbox.heard:  # a scheduler that is not up yet gets our hello when it binds
             if self._abandoned():
                 log.warning("the run ended before its scheduler was heard: leaving it")
                 self.stopping = True
@@ -279,7 +279,7 @@ class Worker:
                 log.warning("no word from the scheduler yet; still waiting")
                 self.waiting_logged_s = t
             return
-        silent_s = self.inbox.silent_s(SCHEDULER, t)
+        silent_s = self.inbox.silent_s(SCHEDULER_ID, t)
         if silent_s > self.liveness_s:
             log.error("scheduler silent for %.1f s: stopping", silent_s)
             self.stopping, self.exit_code = True, 1
@@ -291,7 +291,7 @@ class Worker:
 
     def _abandoned(self) -> bool:
         """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
-        return self.run_over is not None and SCHEDULER not in self.inbox.heard and self.run_over()
+        return self.run_over is not None and SCHEDULER_ID not in self.inbox.heard and self.run_over()
 
 
 def run_worker(backend: Backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",
