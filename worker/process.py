@@ -10,6 +10,7 @@ from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, Failed
                                WorkerCapacity, encode, now)
 from batchlab.protocol.addresses import SCHEDULER_ID
 from batchlab.protocol.environment import environment
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.inbox import Inbox, wait_for_ack
 from batchlab.protocol.signals import on_stop_signal
@@ -66,7 +67,7 @@ class Worker:
         self._hello()
         self._report_capacity()  # a warm-up OOM may already have lowered the cap the hello announced
         while not self.stopping:
-            busy = self.backend.info.mode == "continuous" and self.backend.has_work()
+            busy = self.backend.info.mode == BatchingMode.CONTINUOUS and self.backend.has_work()
             # 1. take what the scheduler sent (do not block while a continuous batch runs)
             msgs = self._receive(timeout_ms=0 if busy else int(HEARTBEAT_INTERVAL_S * 1000))
             for i, msg in enumerate(msgs):
@@ -148,7 +149,7 @@ class Worker:
                 self._batch_done(done)
             for batch_id, requests in admission.accepted:  # a static pass's one batch, or a continuous one's
                 rows = [BackendRequest.of(r) for r in requests]
-                if self.backend.info.mode == "continuous":
+                if self.backend.info.mode == BatchingMode.CONTINUOUS:
                     self._admit(batch_id, rows)
                 else:
                     self._run_static(batch_id, rows)
