@@ -1,4 +1,9 @@
 """The `batchlab` command. Each command is a thin wrapper; heavy imports happen inside commands."""
+if __name__ == "__main__":  # `python -m batchlab.cli.main`: the command's entry (as cli.entry's), before the imports
+    from batchlab.protocol.signals import exit_on_sigint_while_importing
+
+    exit_on_sigint_while_importing()  # a Ctrl-C until typer's main takes it back (restore_sigint): quiet, 130
+
 import signal
 import sys
 from typing import Annotated, NoReturn
@@ -12,13 +17,13 @@ try:  # typer 0.29 vendors click: the usage errors it raises are typer._click's,
 except ImportError:  # a typer that uses click itself
     from click.exceptions import NoArgsIsHelpError, UsageError
 
-from batchlab.cli import (exit_on_sigint_while_importing, forget_handled_interrupt, report_cmd, restore_sigint,
-                          simulate_cmd, sweep_cmd)
+from batchlab.cli import report_cmd, simulate_cmd, sweep_cmd
 from batchlab.runner.config import replay_config
 from batchlab.runner.preflight import checked_config
 from batchlab.cli.grammar import show_version
 from batchlab.protocol.addresses import DEFAULT
 from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
+from batchlab.protocol.signals import exit_on_sigint_while_importing, forget_handled_interrupt, restore_sigint
 from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import (CLI_FIELDS, ConfigOpt, Opt, Overwrite, SaveDetailed, SaveResult, fields_of,
                                   with_settings)
@@ -62,7 +67,7 @@ class _OneLineErrors(TyperGroup):
         that left (`| head`) or a closed terminal is no error (cli.streams)."""
         from batchlab.cli.streams import readers_may_leave
         from batchlab.protocol.errors import BatchlabError, command_line_vocabulary
-        from batchlab.runner import Terminated, stopped_by, terminated_as_interrupt
+        from batchlab.protocol.signals import Terminated, stopped_by, terminated_as_interrupt
 
         with readers_may_leave(), command_line_vocabulary():
             try:
