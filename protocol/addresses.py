@@ -2,9 +2,10 @@
 endpoints, and the routing ids a DEALER gives itself at a ROUTER. No zmq here, so the command line's options
 take their defaults from it without importing zmq (`batchlab --help` stays instant).
 
-The scheduler and the collector each bind a ROUTER: the scheduler's hears the traffic and the workers, the
-collector's hears the scheduler and the workers (and answers each by its routing id: CollectorAck, Heartbeat).
-Every other socket is a DEALER that connects to one of them.
+The scheduler and the collector each bind a ROUTER: the scheduler's hears the traffic, the workers and each
+worker's heartbeat thread, and sends to each by its routing id; the collector's hears the scheduler and the
+workers, and answers by it (CollectorAck, and Heartbeat to the scheduler). Every other socket is a DEALER that
+connects to one of them.
 """
 from dataclasses import dataclass
 
@@ -15,12 +16,12 @@ COLLECTOR_PORT = 5558
 # Routing ids (ZeroMQ identities) the peers are known by; a worker's own is its worker_id (settings).
 TRAFFIC_ID = "traffic"  # the traffic's DEALER at the scheduler (its heartbeats' name too)
 SCHEDULER_ID = "scheduler"  # the scheduler's DEALER at the collector, and the one peer a worker hears
-COLLECTOR_ID = "collector"  # the name the collector's heartbeats answer with
-HEARTBEAT_SUFFIX = ".hb"  # a worker's heartbeat DEALER at the collector: its worker_id and this
+COLLECTOR_ID = "collector"  # the collector's name in its heartbeats: the peer the scheduler hears on that link
+HEARTBEAT_SUFFIX = ".hb"  # a worker's heartbeat DEALER at the scheduler: its worker_id and this
 
 
 def heartbeat_id(worker_id: str) -> str:
-    """The routing id of `worker_id`'s heartbeat socket (worker.outbox's thread) at the collector."""
+    """The routing id of `worker_id`'s heartbeat socket (worker.outbox's thread) at the scheduler."""
     return f"{worker_id}{HEARTBEAT_SUFFIX}"
 
 
