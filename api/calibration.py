@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchlab.protocol.errors import ConfigError, shown, term
+from batchlab.protocol.modes import BatchingMode
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,7 +26,7 @@ class CalibrateResult:
     @property
     def kind(self) -> str:
         """The backend kind fitted: hf, hf-loop, vllm (or sim, from sim runs)."""
-        return {("hf", "continuous"): "hf-loop"}.get((self.record.get("backend"), self.record.get("mode")),
+        return {("hf", BatchingMode.CONTINUOUS): "hf-loop"}.get((self.record.get("backend"), self.record.get("mode")),
                                                       str(self.record.get("backend")))
 
     def points(self) -> "pd.DataFrame":

@@ -1,4 +1,9 @@
 """The `batchlab` command. Each command is a thin wrapper; heavy imports happen inside commands."""
+if __name__ == "__main__":  # `python -m batchlab.cli.main`: the command's entry (as cli.entry's), before the imports
+    from batchlab.protocol.signals import exit_on_sigint_while_importing
+
+    exit_on_sigint_while_importing()  # a Ctrl-C until typer's main takes it back (restore_sigint): quiet, 130
+
 import signal
 import sys
 from typing import Annotated, NoReturn
@@ -12,12 +17,13 @@ try:  # typer 0.29 vendors click: the usage errors it raises are typer._click's,
 except ImportError:  # a typer that uses click itself
     from click.exceptions import NoArgsIsHelpError, UsageError
 
-from batchlab.cli import (exit_on_sigint_while_importing, forget_handled_interrupt, report_cmd, restore_sigint,
-                          simulate_cmd, sweep_cmd)
+from batchlab.cli import report_cmd, simulate_cmd, sweep_cmd
 from batchlab.runner.config import replay_config
 from batchlab.runner.preflight import checked_config
 from batchlab.cli.grammar import show_version
+from batchlab.protocol.addresses import DEFAULT
 from batchlab.protocol.settings import RunConfig, load_yaml, refuse_ignored
+from batchlab.protocol.signals import exit_on_sigint_while_importing, forget_handled_interrupt, restore_sigint
 from batchlab.cli.model_cmd import model_app
 from batchlab.cli.options import (CLI_FIELDS, ConfigOpt, Opt, Overwrite, SaveDetailed, SaveResult, fields_of,
                                   with_settings)
@@ -61,7 +67,7 @@ class _OneLineErrors(TyperGroup):
         that left (`| head`) or a closed terminal is no error (cli.streams)."""
         from batchlab.cli.streams import readers_may_leave
         from batchlab.protocol.errors import BatchlabError, command_line_vocabulary
-        from batchlab.runner import Terminated, stopped_by, terminated_as_interrupt
+        from batchlab.protocol.signals import Terminated, stopped_by, terminated_as_interrupt
 
         with readers_may_leave(), command_line_vocabulary():
             try:
@@ -172,7 +178,7 @@ def run(*, overrides: dict, config: ConfigOpt = None, overwrite: Overwrite = Fal
 
 @app.command()
 @with_settings(*fields_of(CollectorSettings), "keys")
-def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5558",
+def collector(*, overrides: dict, address: Annotated[str, Opt(help="bind address (ROUTER)")] = DEFAULT.collector,
               overwrite: Overwrite = False) -> None:
     """Run the collector alone."""
     from batchlab.runner.roles import collector_role
@@ -208,8 +214,8 @@ def keys_generate(folder: Annotated[str, typer.Argument(help="where to write the
 @app.command()
 @with_settings(*fields_of(SchedulerSettings), "max_new_tokens", "workers", "out", "keys")
 def scheduler(*, overrides: dict, config: ConfigOpt = None,
-              address: Annotated[str, Opt(help="bind address (ROUTER)")] = "tcp://127.0.0.1:5557",
-              collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558") -> None:
+              address: Annotated[str, Opt(help="bind address (ROUTER)")] = DEFAULT.scheduler,
+              collector: Annotated[str, Opt(help="collector address")] = DEFAULT.collector) -> None:
     """Run the scheduler alone (a new strategy in place of the old)."""
     from batchlab.runner.roles import scheduler_role
 
@@ -220,8 +226,8 @@ def scheduler(*, overrides: dict, config: ConfigOpt = None,
 @with_settings(*fields_of(WorkerSettings, *BACKEND_GROUPS), "strategy", "strategy_args", "batch_size",
                "max_batch_size", "out", "keys")
 def worker(*, overrides: dict, config: ConfigOpt = None,
-           scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557",
-           collector: Annotated[str, Opt(help="collector address")] = "tcp://127.0.0.1:5558",
+           scheduler: Annotated[str, Opt(help="scheduler address")] = DEFAULT.scheduler,
+           collector: Annotated[str, Opt(help="collector address")] = DEFAULT.collector,
            worker_id: Annotated[str, Opt(help="this worker's name")] = "worker-0") -> None:
     """Run one worker alone (e.g. on a remote GPU box)."""
     from batchlab.runner.preflight import check_before_start
@@ -235,7 +241,7 @@ def worker(*, overrides: dict, config: ConfigOpt = None,
 @app.command()
 @with_settings(*fields_of(TrafficSettings), "model", "out", "keys")
 def traffic(*, overrides: dict, config: ConfigOpt = None,
-            scheduler: Annotated[str, Opt(help="scheduler address")] = "tcp://127.0.0.1:5557") -> None:
+            scheduler: Annotated[str, Opt(help="scheduler address")] = DEFAULT.scheduler) -> None:
     """Run the traffic generator alone."""
     from batchlab.runner.roles import traffic_role
 

@@ -15,6 +15,7 @@ from batchlab.collector.store import RunStore
 from batchlab.collector.summary import Summary
 from batchlab.collector.tables import Tables, harness_cpu
 from batchlab.protocol import CollectorAck, Heartbeat, RunEnd, WorkerBye, encode
+from batchlab.protocol.addresses import COLLECTOR_ID
 from batchlab.protocol.clock import now
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.inbox import Inbox
@@ -73,7 +74,7 @@ def _drain(inbox: Inbox, store: RunStore) -> None:
         if isinstance(msg, (RunEnd, WorkerBye)):
             _answer(inbox.sock, sender, CollectorAck(type(msg).__name__))
         elif isinstance(msg, Heartbeat):
-            _answer(inbox.sock, sender, Heartbeat("collector", now()))
+            _answer(inbox.sock, sender, Heartbeat(COLLECTOR_ID, now()))
 
 
 def _answer(sock: zmq.Socket, sender: bytes, msg: object) -> None:

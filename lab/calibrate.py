@@ -25,6 +25,7 @@ import numpy as np
 
 from batchlab.protocol.clock import now
 from batchlab.protocol.errors import CalibrateError
+from batchlab.protocol.modes import BatchingMode
 from batchlab.worker.backend import BackendRequest, StepOutput
 from batchlab.worker.stepmodel import StepModel, save_preset
 
@@ -278,7 +279,7 @@ def run_calibrate(backend: str, model: str, device: str, dtype: str, mode: str, 
     info = engine.info
     form = form if form != "auto" else ("compute" if "cuda" not in str(info.device) else "memory")
     (say or (lambda line: None))(
-        f"calibrating {backend} ({'continuous' if stepping else 'static'}) {model} on {info.device}, "
+        f"calibrating {backend} ({_mode(stepping)}) {model} on {info.device}, "
         f"form {form}: {len(grid.shapes())} shapes, load {os.getloadavg()[0]:.1f}")
     samples = measure_grid(engine, grid, stepping, on_shape=on_shape)
     engine.close()
@@ -306,7 +307,7 @@ def _open_backend(backend: str, model: str, device: str, dtype: str, mode: str, 
     from batchlab.worker.hf.static import HFBackend, HFSettings
 
     settings = HFSettings(model=model, dtype=dtype, device=device, max_batch_size=rows)
-    if mode == "continuous":
+    if mode == BatchingMode.CONTINUOUS:
         from batchlab.worker.hf.continuous import HFContinuousBackend
 
         loop = HFContinuousBackend(settings)
@@ -339,10 +340,15 @@ def _summary(table: list[dict], key: str) -> dict:
     return out
 
 
+def _mode(stepping: bool) -> BatchingMode:
+    """The mode a calibration measured: a backend that steps (joins at step boundaries) is continuous."""
+    return BatchingMode.CONTINUOUS if stepping else BatchingMode.STATIC
+
+
 def _record(backend: str, model: str, info, stepping: bool, grid, table: list[dict], started: float) -> dict:
     noisy = sum(not r["settled"] for r in table)
     return {"backend": backend, "model": model, "device": str(info.device),
-            "mode": "continuous" if stepping else "static", "measured": time.strftime("%Y-%m-%d %H:%M"),
+            "mode": _mode(stepping).value, "measured": time.strftime("%Y-%m-%d %H:%M"),
             "load_average_1m": round(os.getloadavg()[0], 2), "wall_s": round(time.monotonic() - started, 1),
             "grid": {"rows": grid.rows, "prompt_lens": grid.prompt_lens, "steps": grid.steps},
             "fit_error": _summary(table, "fit_error"), "held_out_error": _summary(table, "held_out_error"),

@@ -28,6 +28,7 @@ import pandas as pd
 
 from batchlab.collector.layout import CAPACITY_DIR, PROBE_DIR, SATURATED_DIR, WORKERS_DIR
 from batchlab.collector.summary import read_summary
+from batchlab.protocol.modes import BatchingMode
 from batchlab.lab.calibrate import Constants, model_from_terms, nnls
 from batchlab.lab.simulate import CALIBRATED_KIND
 from batchlab.protocol.run_dir import SUMMARY_FILE, RunDir
@@ -186,7 +187,7 @@ def _facts(run: Path) -> dict:
     if not isinstance(hello, dict):
         raise TypeError(f"settings.workers' entry is {type(hello).__name__}, not an object")
     backend, mode = hello.get("backend") or settings.get("backend"), hello.get("mode")
-    mode = mode or ("continuous" if RunDir(run).table("steps").is_file() else "static")
+    mode = mode or (BatchingMode.CONTINUOUS if RunDir(run).table("steps").is_file() else BatchingMode.STATIC).value
     kind = CALIBRATED_KIND.get((backend, mode), backend)
     preset = hello.get("preset") if isinstance(hello.get("preset"), dict) else {}
     n_params = hello.get("n_params") or 0

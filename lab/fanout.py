@@ -9,7 +9,8 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import batchlab.runner  # noqa: F401  a pool process imports it first: linked to its parent (runner.SPAWNED)
+from batchlab.protocol.signals import link_spawned_child
+from batchlab.runner import remove_temp_of
 
 _SHARED: dict = {}  # in a pool process: the shared argument, set once by the initializer
 
@@ -37,12 +38,18 @@ def _process_map(n: int, fn: Callable, items: list, shared: object) -> list:
     from concurrent.futures import ProcessPoolExecutor
 
     chunk = max(1, len(items) // (4 * n))  # a few chunks per process: even ends, little overhead
-    with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_set_shared,
+    with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_start_pool_process,
                              initargs=(shared,)) as pool:
         return list(pool.map(_call_shared, [fn] * len(items), items, chunksize=chunk))
 
 
-def _set_shared(shared: object) -> None:
+def _start_pool_process(shared: object) -> None:
+    """A pool process's entry: linked to its parent (SIGTERM when it ends, as a run's roles are), then the
+    shared argument kept."""
+    import multiprocessing as mp
+
+    parent = mp.parent_process().pid
+    link_spawned_child(parent, lambda: remove_temp_of(parent))
     _SHARED["value"] = shared
 
 

@@ -28,6 +28,7 @@ from batchlab.lab.sweep_plan import (AutoRates, Plan, Point, auto_rates, plan_fr
                                      span_rates, study_folder)
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
 from batchlab.collector.parts import write_final
+from batchlab.protocol.modes import BatchingMode
 from batchlab.collector.summary import Summary, headline
 from batchlab.collector.tables import Tables
 from batchlab.protocol.setting_groups import said
@@ -77,14 +78,15 @@ def plan_simulation(given: object, changes: dict) -> SimPlan:
 
 KINDS = ("hf", "hf-loop", "vllm", "sim", "echo", "openai")
 NEEDS_NO_PRESET = ("sim", "echo")  # the sim backend's own preset (RunConfig's default); echo: zero time
-CALIBRATED_KIND = {("hf", "static"): "hf", ("hf", "continuous"): "hf-loop", ("vllm", "continuous"): "vllm"}
+CALIBRATED_KIND = {("hf", BatchingMode.STATIC): "hf", ("hf", BatchingMode.CONTINUOUS): "hf-loop",
+                   ("vllm", BatchingMode.CONTINUOUS): "vllm"}
 
 
 def entry_kind(values: dict) -> str:
     """The backend kind a run with these settings plays on (hf splits by the strategy's mode)."""
     cfg = checked_config({**values, "out": "."}, {})
     if cfg.backend == "hf":
-        return "hf-loop" if resolve(cfg).mode == "continuous" else "hf"
+        return "hf-loop" if resolve(cfg).mode == BatchingMode.CONTINUOUS else "hf"
     return cfg.backend
 
 

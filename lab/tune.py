@@ -14,6 +14,7 @@ from pathlib import Path
 from batchlab.collector.summary import Summary
 from batchlab.lab.fanout import Fanout
 from batchlab.protocol.errors import term
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import ConfigError, RunConfig
@@ -44,7 +45,7 @@ def search_record(cfg: RunConfig, grid: list[str], out: Path,
     ranked = search(cfg, schedule, space, fanout)
     untuned = {k: v for k, v in _params(cfg).items() if k in space}
     record = {"strategy": cfg.strategy, "slos": cfg.slos(), "space": space, "held": held,
-              "notes": [NO_CHUNK_NOTE] if strategy_class(cfg).mode == "continuous" else [],
+              "notes": [NO_CHUNK_NOTE] if strategy_class(cfg).mode == BatchingMode.CONTINUOUS else [],
               "settings": cfg.as_settings(),
               "baseline": {"knobs": untuned, **figures(_simulate(cfg, schedule, untuned))},
               "candidates": [{"rank": i + 1, "knobs": knobs, **figs} for i, (knobs, figs) in enumerate(ranked)]}

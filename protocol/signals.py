@@ -1,11 +1,18 @@
-"""How batchlab reacts to signals, in one module: STOP_SIGNALS (a Ctrl-C, a kill, a closed terminal) end a
-role's loop through a flag (on_stop_signal; cleanup in `finally`), and a command like a Ctrl-C
-(terminated_as_interrupt: SIGTERM and SIGHUP as Terminated, a KeyboardInterrupt that exits 128 + the signal).
+"""A process's signal state and every handler batchlab puts in place, in one module; nothing here runs at import.
 
-Installed only by the commands (cli: while a command runs, and the command's import) and by the processes a
-run spawns (runner: linked to their launcher at once); importing the library installs nothing, and every
-handler put in place for a while is given back after. The launcher's own handling of a spawn in progress
-(blocked signals, a Ctrl-C held until a child leads its own group) is runner.procs's.
+- A role's loop (the collector, scheduler, worker and traffic processes): STOP_SIGNALS (a Ctrl-C, a kill, a
+  closed terminal) end it through a flag (on_stop_signal; cleanup in `finally`), last_stop_signal its exit code.
+- A process a run spawned (runner.procs.become_group_leader, first thing in the child): linked to its launcher
+  (link_spawned_child), it takes the signals held since its spawn (release_spawn_hold), then leads its group.
+- The launcher (runner.procs): signals held while a child spawns (signals_held, sigint_deferred), a second
+  Ctrl-C while it stops its children (Hurry), SIGINT ignored while it cleans up (sigint_ignored).
+- A command (the batchlab executable: cli.entry, cli.main): a SIGTERM or SIGHUP as a Ctrl-C of its own
+  (terminated_as_interrupt: Terminated, a KeyboardInterrupt that exits 128 + the signal), noted (stopped_by),
+  and a Ctrl-C while it imports or once it has ended a quiet exit 130 (exit_on_sigint_while_importing).
+
+Each is installed explicitly by a process's entry (the command's, a role's, the launcher's), never by an import:
+importing batchlab (a notebook, a test) changes no handler, and every handler put in place for a while is
+given back after.
 """
 import contextlib
 import ctypes
@@ -60,15 +67,104 @@ def die_with_parent() -> None:
 def link_spawned_child(parent_pid: int, on_orphaned: Callable[[], None]) -> None:
     """In a child a run spawned, first thing: SIGTERM when the launcher ends, and until the role takes the signal
     over, a SIGTERM ends it at once (after `on_orphaned()` when the launcher is gone: nobody else cleans up)."""
-    def terminated_while_importing(signum, _frame) -> None:
+    def terminated_before_the_role(signum, _frame) -> None:
         if os.getppid() != parent_pid:
             on_orphaned()
         os._exit(128 + signum)
 
     die_with_parent()
-    signal.signal(signal.SIGTERM, terminated_while_importing)
-    if os.getppid() != parent_pid:  # died between the two lines
-        terminated_while_importing(signal.SIGTERM, None)
+    signal.signal(signal.SIGTERM, terminated_before_the_role)
+    if os.getppid() != parent_pid:  # died before the prctl took effect, or between the two lines
+        terminated_before_the_role(signal.SIGTERM, None)
+
+
+HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP})  # blocked from a spawn until the child leads its group
+
+
+def release_spawn_hold(ends_on_held: bool) -> int | None:
+    """In a spawned child about to lead its own group: SIGINT ignored (a Ctrl-C held since the spawn is dropped:
+    the launcher got it too), then each SIGTERM or SIGHUP held since the spawn taken: with `ends_on_held`, the
+    first that this process does not ignore is returned (the caller ends the process; the rest stay held);
+    otherwise they are dropped, SIGINT, SIGTERM and SIGHUP unblocked, and None returned. SIGINT stays ignored
+    until sigint_as_python."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while held := HELD_SIGNALS & signal.sigpending():
+        info = signal.sigtimedwait(held, 0)  # a signal ignored here (nohup's SIGHUP) is held all the same
+        if info is not None and ends_on_held and signal.getsignal(info.si_signo) != signal.SIG_IGN:
+            return info.si_signo
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS | {signal.SIGINT})
+    return None
+
+
+def sigint_as_python() -> None:
+    """Python's own Ctrl-C (KeyboardInterrupt) again: a spawned child once the terminal's Ctrl-C cannot reach it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# The launcher, while it spawns and stops the processes of a run.
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGTERM and SIGHUP wait inside (blocked); a process started inside inherits them held."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Inside, a process started inherits SIGINT blocked (release_spawn_hold drops a Ctrl-C it got before it
+    led its own group), while this one's Ctrl-C is noted and raised again once the block ends: a spawn takes
+    a while on a busy machine, and a Ctrl-C then is still the user's (main thread only; whichever thread the
+    kernel hands the signal to, Python runs the handler in the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+    old = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # what a child started inside inherits
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C that waited here is noted now
+        signal.signal(signal.SIGINT, old)
+    if pressed:
+        signal.raise_signal(signal.SIGINT)  # to the handler we had: KeyboardInterrupt, unless it is ignored
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """SIGINT is ignored inside (main thread only; elsewhere Python allows no handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+class Hurry:
+    """While stopping: SIGINT (in the main thread) sets `pressed` instead of raising KeyboardInterrupt, so a
+    second Ctrl-C cannot leave a child group unreaped; the handler before is restored on exit."""
+
+    def __init__(self, on_press: Callable[[], None] = lambda: None) -> None:
+        self.pressed, self.before, self.on_press = False, None, on_press
+
+    def __enter__(self) -> "Hurry":
+        if threading.current_thread() is threading.main_thread():
+            self.before = signal.signal(signal.SIGINT, self._press)
+        return self
+
+    def _press(self, _signum, _frame) -> None:
+        self.pressed = True
+        self.on_press()
+
+    def __exit__(self, *exc) -> None:
+        if self.before is not None:
+            signal.signal(signal.SIGINT, self.before)
 
 
 # A command (the batchlab executable).
@@ -126,12 +222,12 @@ def stop_signal(exc: BaseException) -> signal.Signals:
 
 
 @contextlib.contextmanager
-def terminated_as_interrupt(spawned: bool = False) -> Iterator[None]:
-    """While a command runs (not in a spawned child: `spawned`), a SIGTERM or SIGHUP is a Ctrl-C too
+def terminated_as_interrupt() -> Iterator[None]:
+    """While a command runs (not in a child a run spawned), a SIGTERM or SIGHUP is a Ctrl-C too
     (Terminated), and each of them and a Ctrl-C is noted (stopped_by); the old handlers come back after, so a
     process that only imported the CLI (a test) keeps its own. A signal whose handler is not the default is
     left alone (a caller's own; nohup's ignored SIGHUP)."""
-    if spawned or threading.current_thread() is not threading.main_thread():
+    if _spawned() or threading.current_thread() is not threading.main_thread():
         yield
         return
     _TERMINATED.clear()  # a command starts unterminated (a test may run several in one process)
@@ -147,6 +243,11 @@ def terminated_as_interrupt(spawned: bool = False) -> Iterator[None]:
         _COMMANDS.pop()
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def _spawned() -> bool:
+    """Whether this process is a multiprocessing child (spawn start method): a run's role or a pool's process."""
+    return "--multiprocessing-fork" in sys.argv
 
 
 def _interrupted_outside_the_command(_signum, _frame) -> None:

@@ -1,10 +1,10 @@
-"""The one socket factory, the default (loopback) addresses, and sending in bundles: messages for one peer
+"""The one socket factory (bind or connect, options, CurveZMQ) and sending in bundles: messages for one peer
 kept and sent as one frame (a Bundle when several, protocol.codec.encode_many), the scheduler's and each
 worker's records for the collector. Times travel inside the messages, so holding them a few milliseconds
-costs no accuracy and spares the peer a wake-up per message."""
+costs no accuracy and spares the peer a wake-up per message. The addresses, ports and routing ids are
+protocol.addresses's."""
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import zmq
 
@@ -13,7 +13,8 @@ from batchlab.protocol.codec import MAX_MESSAGE_BYTES, split_frames
 from batchlab.protocol.errors import ConfigError
 from batchlab.protocol.security import check_bind, secure_client, secure_server
 
-SEND_HWM = 100_000  # messages queued per peer before send blocks (DEALER) or drops (ROUTER)
+SEND_HWM = 100_000  # messages queued per peer before a send blocks, or raises zmq.Again (NOBLOCK; a ROUTER's
+# too, never a silent drop: every ROUTER here is ROUTER_MANDATORY)
 RECV_HWM = 100_000
 # The collector's link: frames of bundled records (tens of KiB each), queued this deep on each side at most, so a
 # collector that falls behind (a loaded machine, a stall) slows its senders instead of holding their backlog in
@@ -29,19 +30,6 @@ LIVENESS_S = 30.0
 MAX_RECORDS_PER_FRAME = 4096  # a Bundler's frame goes early once this many are kept
 
 log = logging.getLogger("batchlab.protocol")
-
-
-@dataclass(slots=True)
-class Addresses:
-    """Where the scheduler (ROUTER) and the collector (PULL) listen. Override any of them."""
-
-    scheduler: str = "tcp://127.0.0.1:5557"
-    collector: str = "tcp://127.0.0.1:5558"
-
-    @classmethod
-    def ipc(cls, folder: str) -> "Addresses":
-        """Private ipc:// endpoints in `folder` (what `batchlab run` uses: no port clashes)."""
-        return cls(scheduler=f"ipc://{folder}/scheduler.sock", collector=f"ipc://{folder}/collector.sock")
 
 
 def make_socket(ctx: zmq.Context, kind: int, address: str, *, bind: bool,

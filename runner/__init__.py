@@ -1,27 +1,15 @@
 """Running one batchlab run: its roles as processes (launcher, roles, procs), warm worker pools (pool), its
 folder (run_folder), the checks before it starts (preflight, config) and what its end says (outcome, run_end).
 
-A child that a run spawned (multiprocessing imports this package first thing, before the role's code) is
-linked to its launcher at once (protocol.signals.link_spawned_child): it gets SIGTERM when the launcher ends,
-and a SIGTERM ends it at once until its role takes the signal over (removing the temp folders of a launcher
-that is gone). Until it leads its own process group (procs.become_group_leader) it holds SIGINT, SIGTERM and
-SIGHUP (procs.start): the collector outlives a signal sent to the launcher's whole group then (the launcher
-stops the roles in order and the collector writes every row). Importing this package in any other process
-installs no signal handler. The command's handling of its own signals is protocol.signals's.
+A child that a run spawned holds SIGINT, SIGTERM and SIGHUP from its spawn (procs.start) until, first thing
+in its entry, it is linked to its launcher and leads its own process group (procs.become_group_leader): the
+collector outlives a signal sent to the launcher's whole group then (the launcher stops the roles in order and
+the collector writes every row). Importing this package installs no signal handler; every handler is
+protocol.signals's.
 """
-import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
-
-from batchlab.protocol.signals import (Terminated, die_with_parent, link_spawned_child,  # noqa: F401 (as they were)
-                                       raise_if_stopped, stop_signal, stopped_by)
-from batchlab.protocol.signals import terminated_as_interrupt as _terminated_as_interrupt
-
-SPAWNED = "--multiprocessing-fork" in sys.argv  # a multiprocessing child (spawn start method)
-PARENT_PID = os.getppid()  # the launcher, unless it died before this line (procs.orphaned checks again)
-
 
 TEMP_PREFIX = "batchlab-"  # a run's temp folder: batchlab-<owner pid>-<random> (procs.run_temp_folder)
 TEMP_MARKER = ".batchlab-run-temp"  # written inside it at creation: its owner's pid
@@ -47,11 +35,3 @@ def remove_temp_of(owner_pid: int) -> None:
         if temp_owner(folder) == owner_pid:
             shutil.rmtree(folder, ignore_errors=True)
 
-
-def terminated_as_interrupt():
-    """protocol.signals.terminated_as_interrupt, left out in a spawned child."""
-    return _terminated_as_interrupt(spawned=SPAWNED)
-
-
-if SPAWNED:
-    link_spawned_child(PARENT_PID, lambda: remove_temp_of(PARENT_PID))

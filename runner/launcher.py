@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from batchlab.protocol.outcomes import RunOutcome
-from batchlab.runner import outcome, procs, raise_if_stopped, remove_temp_of, roles
+from batchlab.runner import outcome, procs, remove_temp_of, roles
 from batchlab.runner.cpu_meter import CpuMeter
 from batchlab.runner.procs import Child
 from batchlab.runner.outcome import post_process
@@ -21,7 +21,8 @@ from batchlab.collector.summary import Summary, read_summary
 from batchlab.protocol.files import write_text_atomic
 from batchlab.protocol.run_dir import RunDir
 from batchlab.protocol.settings import RunConfig
-from batchlab.protocol.sockets import Addresses
+from batchlab.protocol.signals import raise_if_stopped, sigint_ignored
+from batchlab.protocol.addresses import Addresses
 from batchlab.protocol.errors import RunFailed, RunTimeout
 
 log = logging.getLogger("batchlab.launcher")
@@ -85,7 +86,7 @@ def launch_run(cfg: RunConfig, *, slos: dict | None = None, on_tick=None, pool=N
     try:
         summary = _launch(_with_schedule(cfg, out), out, slos, on_tick, pool, limits)
     except KeyboardInterrupt as exc:
-        from batchlab.runner import stop_signal
+        from batchlab.protocol.signals import stop_signal
 
         how = stop_signal(exc)
         record.end(RunOutcome.INTERRUPTED, "Ctrl-C" if how == signal.SIGINT else how.name)
@@ -279,7 +280,7 @@ def _stop(children: list[Child], stalled: bool = False) -> None:
     order = {"traffic": 0, "scheduler": 1}
     producers = sorted((c for c in children if c.name != "collector"), key=lambda c: order.get(c.name, 2))
     collector = [c for c in children if c.name == "collector"]
-    with procs.sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
+    with sigint_ignored():  # a second Ctrl-C must not cut the clean-up short and leave processes behind
         for c in producers:
             procs.stop([c], signal.SIGTERM, STOP_GRACE_S)
         if stalled or any(procs.is_stopped(c) for c in collector):

@@ -30,7 +30,7 @@ FAULT_PREFIXES = ("worker lost", "worker rejoined", "worker stopped", "worker er
 def interrupted_exit(exc: BaseException) -> int:
     """The exit code of a command stopped by `exc` (a KeyboardInterrupt): 128 + its signal (runner.stop_signal),
     143 for a SIGTERM, 129 for a SIGHUP (its terminal closed), else 130 (a Ctrl-C)."""
-    from batchlab.runner import stop_signal
+    from batchlab.protocol.signals import stop_signal
 
     return SIGNAL_EXIT_BASE + stop_signal(exc)
 

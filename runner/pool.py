@@ -18,7 +18,7 @@ from batchlab.runner import procs, roles
 from batchlab.protocol.settings import RunConfig
 from batchlab.runner.launcher import STOP_GRACE_S, start_role
 from batchlab.runner.procs import Child
-from batchlab.protocol.sockets import Addresses
+from batchlab.protocol.addresses import Addresses
 from batchlab.scheduler.strategies import resolve
 from batchlab.worker.process import Session
 
@@ -38,7 +38,7 @@ def worker_key(cfg: RunConfig) -> tuple | None:
         return None
     values = {name: getattr(cfg, name) for name in RunConfig.model_fields if name not in RUN_ONLY}
     strategy = resolve(cfg)
-    values.update(mode=strategy.mode, rows=strategy.rows)
+    values.update(mode=str(strategy.mode), rows=strategy.rows)
     if cfg.speed_noise or cfg.speed_drift or cfg.neighbour_share:  # a sim worker's speed is drawn per run
         # (worker.sim.run_speed, worker.machine_noise): no run shares one
         values.update(seed=cfg.seed, repeat=cfg.repeat, label=cfg.label)

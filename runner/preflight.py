@@ -9,6 +9,7 @@ from pathlib import Path
 
 from batchlab.protocol.setting_groups import BACKENDS
 from batchlab.protocol.errors import term
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.settings import ConfigError, RunConfig, build_config, said
 
 HUB_TIMEOUT_S = 1.5  # one metadata request, never the 50 s of retries a from_pretrained would spend
@@ -30,7 +31,7 @@ def checked_config(file_values: dict, overrides: dict) -> RunConfig:
     cfg.strategy_args = strategy.args
     for name in ("prompt_lengths", "output_lengths"):  # one text form, whatever the YAML held
         setattr(cfg, name, lengths_text(name, getattr(cfg, name)))
-    _check_frame(strategy.rows if strategy.mode == "static" else 1, cfg.max_prompt_len)
+    _check_frame(strategy.rows if strategy.mode == BatchingMode.STATIC else 1, cfg.max_prompt_len)
     if 0 < cfg.concurrency < strategy.rows and strategy.name == "naive":  # its batches would never fill
         raise ConfigError(f"naive launches exactly {strategy.rows} requests at once, and {cfg.concurrency} "
                           f"closed-loop clients never have that many out: use {said('batch_size')} ≤ "

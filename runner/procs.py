@@ -13,13 +13,13 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchlab.runner import TEMP_MARKER, TEMP_PREFIX, die_with_parent, remove_temp_of, temp_owner
+from batchlab.protocol.signals import (Hurry, die_with_parent, link_spawned_child, release_spawn_hold,
+                                       sigint_as_python, sigint_deferred, signals_held)
+from batchlab.runner import TEMP_MARKER, TEMP_PREFIX, remove_temp_of, temp_owner
 
 log = logging.getLogger("batchlab.procs")
 REAP_WAIT_S = 5.0  # after SIGKILL to a group, how long to wait for its members to be gone
@@ -36,36 +36,34 @@ class Child:
     stop_asked: object = None  # a multiprocessing Event: the launcher's stop, for a child not yet leading its group
 
 
-# Held (blocked) from the spawn until the child leads its own group (`start`, `become_group_leader`).
-HELD_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP})
-
-
 def become_group_leader(stop_asked, *, outlives_group_signals: bool = False) -> None:
-    """In a child, first thing: die with the launcher (SIGTERM), then lead a new process group; SIGINT,
-    blocked since the spawn (`start`), drops a Ctrl-C that came meanwhile (the launcher got it too) and is
-    Python's own again once the terminal's Ctrl-C cannot reach us.
+    """In a child, first thing: linked to the launcher (protocol.signals.link_spawned_child: SIGTERM when it ends),
+    then lead a new process group; SIGINT, blocked since the spawn (`start`), drops a Ctrl-C that came meanwhile
+    (the launcher got it too) and is Python's own again once the terminal's Ctrl-C cannot reach us.
     A SIGTERM or SIGHUP that came while the child was still in its launcher's group waited (held since
     the spawn) and ends it now, as it would have then; but a child that `outlives_group_signals` (the
     collector: killed at spawn by a signal to the whole group, a terminal's hangup or `kill -TERM -PGID`,
     it would leave every request without a row) drops it: the launcher got it too and stops the roles
     in order. The launcher's own stop is `stop_asked` (an event), looked at once signals go through."""
-    die_with_parent()  # already done when this package was imported (runner/__init__.py); idempotent
-    if orphaned():  # the launcher died before the prctl took effect
-        remove_temp_of(launcher_pid())
-        os._exit(128 + signal.SIGTERM)
+    if launcher_pid() is None:  # not a multiprocessing child: only its death follows its parent's
+        die_with_parent()
+    else:  # ends it now when the launcher is already gone
+        link_spawned_child(launcher_pid(), _remove_launchers_temp)
     os.setpgid(0, 0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C held since the spawn: the launcher got it too
-    while held := HELD_SIGNALS & signal.sigpending():
-        info = signal.sigtimedwait(held, 0)  # a signal ignored here (nohup's SIGHUP) is held all the same
-        if info is not None and not outlives_group_signals and signal.getsignal(info.si_signo) != signal.SIG_IGN:
-            if orphaned():  # the held signal was its death's (PR_SET_PDEATHSIG): nobody else cleans up
-                remove_temp_of(launcher_pid())
-            os._exit(128 + info.si_signo)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS | {signal.SIGINT})
+    held = release_spawn_hold(ends_on_held=not outlives_group_signals)
+    if held is not None:  # a SIGTERM or SIGHUP to the launcher's group at spawn: it ends now, as it would have then
+        if orphaned():  # the held signal was its death's (PR_SET_PDEATHSIG): nobody else cleans up
+            _remove_launchers_temp()
+        os._exit(128 + held)
     if orphaned() or stop_asked.is_set():  # the launcher died or stopped us meanwhile: its signal was held
-        remove_temp_of(launcher_pid()) if orphaned() else None
+        _remove_launchers_temp() if orphaned() else None
         os._exit(128 + signal.SIGTERM)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sigint_as_python()
+
+
+def _remove_launchers_temp() -> None:
+    """The run temp folders of the launcher (a child outliving it removes them: nobody else will)."""
+    remove_temp_of(launcher_pid())
 
 
 def launcher_pid() -> int | None:
@@ -96,7 +94,7 @@ def run_temp_folder() -> str:
 def run_socket_paths() -> list[str]:
     """The paths this process's run would give its ipc:// sockets (run_temp_folder, Addresses.ipc), with
     the longest random part mkdtemp adds, so their length can be checked before anything starts."""
-    from batchlab.protocol.sockets import Addresses
+    from batchlab.protocol.addresses import Addresses
 
     folder = os.path.join(tempfile.gettempdir(), f"{TEMP_PREFIX}{os.getpid()}-{'x' * MKDTEMP_RANDOM_CHARS}")
     addrs = Addresses.ipc(folder)
@@ -154,50 +152,6 @@ def start_resource_tracker() -> None:
         resource_tracker.ensure_running()
 
 
-@contextmanager
-def signals_held():
-    """SIGTERM and SIGHUP wait inside (blocked); a process started inside inherits them held."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-@contextmanager
-def sigint_deferred():
-    """Inside, a process started inherits SIGINT blocked (become_group_leader drops a Ctrl-C it got before it
-    led its own group), while this one's Ctrl-C is noted and raised again once the block ends: a spawn takes
-    a while on a busy machine, and a Ctrl-C then is still the user's (main thread only; whichever thread the
-    kernel hands the signal to, Python runs the handler in the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pressed = []
-    old = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # what a child started inside inherits
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C that waited here is noted now
-        signal.signal(signal.SIGINT, old)
-    if pressed:
-        signal.raise_signal(signal.SIGINT)  # to the handler we had: KeyboardInterrupt, unless it is ignored
-
-
-@contextmanager
-def sigint_ignored():
-    """SIGINT is ignored inside (main thread only; elsewhere Python allows no handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
 def signal_group(child: Child, sig: int) -> None:
     """Send `sig` to the child's whole group (to the child alone before it has made its group)."""
     pid = child.proc.pid
@@ -252,7 +206,7 @@ def reap(children: list[Child]) -> None:
 def stop(children: list[Child], sig: int, grace_s: float) -> None:
     """Signal each live child, wait up to grace_s for all, then SIGKILL the rest and reap every group. A Ctrl-C
     meanwhile (an impatient second one) ends the grace at once; nothing cuts the reaping short."""
-    with _Hurry() as hurry:
+    with Hurry(lambda: log.warning("interrupted again: stopping without waiting")) as hurry:
         for c in children:
             if c.stop_asked is not None:  # first: a child still holding signals (at spawn) looks at it after
                 c.stop_asked.set()
@@ -263,24 +217,3 @@ def stop(children: list[Child], sig: int, grace_s: float) -> None:
             while c.proc.is_alive() and not hurry.pressed and time.monotonic() < deadline:
                 c.proc.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
         reap(children)
-
-
-class _Hurry:
-    """While stopping: SIGINT (in the main thread) sets `pressed` instead of raising KeyboardInterrupt, so a
-    second Ctrl-C cannot leave a child group unreaped; the handler before is restored on exit."""
-
-    def __init__(self) -> None:
-        self.pressed, self.before = False, None
-
-    def __enter__(self) -> "_Hurry":
-        if threading.current_thread() is threading.main_thread():
-            self.before = signal.signal(signal.SIGINT, self._press)
-        return self
-
-    def _press(self, signum, frame) -> None:
-        self.pressed = True
-        log.warning("interrupted again: stopping without waiting")
-
-    def __exit__(self, *exc) -> None:
-        if self.before is not None:
-            signal.signal(signal.SIGINT, self.before)

@@ -14,6 +14,7 @@ import itertools
 
 from batchlab.protocol import RequestFailed, RequestMsg, RequestRow, WorkerHello
 from batchlab.protocol.ids import IdSet
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.status import FailureKind, FailureReason, detailed
 from batchlab.scheduler.launch import Decisions, Launch
 from batchlab.scheduler.policies import Decision, Policy
@@ -254,7 +255,7 @@ class SchedulerCore:
         static worker's share one."""
         state = self.workers[wid]
         self.idle_since = None  # a launch: the policy is not stalled
-        groups = [[r] for r in batch] if state.hello.mode == "continuous" else [batch]
+        groups = [[r] for r in batch] if state.hello.mode == BatchingMode.CONTINUOUS else [batch]
         rows = []
         for group in groups:
             rows += [RequestRow(self.next_batch_id, r) for r in group]

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from batchlab.protocol import RequestMsg
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.errors import term
 from batchlab.protocol.settings import parse_slos
 from batchlab.protocol.status import FailureReason
 from batchlab.scheduler.policies import Capacity, Continuous, Decision, Dynamic, Policy, at_least
 
-MODES = ("static", "continuous")
+MODES = tuple(BatchingMode)
 PREDICTORS = ("oracle", "prompt", "noisy")
 _MASK = (1 << 64) - 1
 
@@ -39,7 +40,7 @@ _MASK = (1 << 64) - 1
 class RankedParams:
     """What sjf and edf share (each defaults to the run's setting of the same name where there is one)."""
 
-    mode: str = "static"  # static: batch-forming; continuous: admission order
+    mode: str = BatchingMode.STATIC.value  # static: batch-forming; continuous: admission order
     max_batch_size: int = 16  # rows per batch (static) or running at once (continuous); the worker's rows
     max_wait_ms: float = 50.0  # static: launch once the oldest queued request waited this long
     max_new_tokens: int = 128  # static: output tokens a padded batch reserves KV for, per row
@@ -56,7 +57,7 @@ class Ranked:
     """A policy that launches the best ranked queued requests (see the module docstring)."""
 
     name: ClassVar[str] = "ranked"
-    mode: ClassVar[str] = "static"  # the class's default; each policy's own comes from its `mode` parameter
+    mode: ClassVar[str] = BatchingMode.STATIC  # the class's default; each policy's own comes from its `mode` parameter
 
     def __init__(self, params: RankedParams) -> None:
         self.params = params
@@ -64,7 +65,7 @@ class Ranked:
         self.lookahead = params.window  # the core shows this many queued requests
         # what decides over the ranked requests: dynamic's triggers (its cap halves on OOM), or continuous's
         # credit rule (rows and KV)
-        self.rule: Policy = (Continuous(params.max_batch_size) if params.mode == "continuous" else
+        self.rule: Policy = (Continuous(params.max_batch_size) if params.mode == BatchingMode.CONTINUOUS else
                              Dynamic(params.max_batch_size, params.max_wait_ms / 1000.0, params.max_new_tokens))
 
     @property

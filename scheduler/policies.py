@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from batchlab.protocol import RequestMsg
+from batchlab.protocol.modes import BatchingMode
 
 OOM_CLEAN_BATCHES_TO_PROBE = 20  # clean batches after an OOM before the cap is probed up by one
 
@@ -46,7 +47,7 @@ class Policy:
     that does not inherit from this one works too (the built-ins do)."""
 
     name: ClassVar[str] = ""
-    mode: ClassVar[str] = "static"  # "static" (batch at a time) or "continuous" (join at step boundaries)
+    mode: ClassVar[str] = BatchingMode.STATIC  # or CONTINUOUS (protocol.modes): batch at a time, or join at steps
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -124,7 +125,7 @@ class Naive:
 
     batch_size: int
     name: ClassVar[str] = "naive"
-    mode: ClassVar[str] = "static"
+    mode: ClassVar[str] = BatchingMode.STATIC
     Params: ClassVar[type] = NaiveParams
 
     @classmethod
@@ -177,7 +178,7 @@ class Dynamic:
     max_wait_s: float
     max_new_tokens: int
     name: ClassVar[str] = "dynamic"
-    mode: ClassVar[str] = "static"
+    mode: ClassVar[str] = BatchingMode.STATIC
     Params: ClassVar[type] = DynamicParams
 
     @classmethod
@@ -234,7 +235,7 @@ class Continuous:
 
     max_batch_size: int
     name: ClassVar[str] = "continuous"
-    mode: ClassVar[str] = "continuous"
+    mode: ClassVar[str] = BatchingMode.CONTINUOUS
     Params: ClassVar[type] = ContinuousParams
 
     @classmethod

@@ -18,6 +18,7 @@ import zmq
 from batchlab.protocol import (Arrival, BatchDone, ClockPing, ClockPong, EndOfStream, EndOfStreamAck, Heartbeat,
                                RequestMsg, RequestsEnded, RunEnd, RunInfo, Shutdown, Start, TrafficHello,
                                WorkerCapacity, WorkerHello, encode, now)
+from batchlab.protocol.addresses import COLLECTOR_ID, SCHEDULER_ID
 from batchlab.protocol.inbox import Inbox, RateLimitedLog, wait_for_ack
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
@@ -34,8 +35,6 @@ MAX_MESSAGES_PER_POLL = 1_000  # then schedule and beat before reading on (a flo
 # The collector's records (Arrival, BatchLaunch, ...) go in one frame per interval, not one per request:
 # their times travel inside them, and a frame costs both processes' I/O threads more than its contents.
 RECORD_FLUSH_INTERVAL_S = 0.002  # below the workers' 5 ms: a launch mostly reaches the collector before its tokens
-COLLECTOR_ID = "scheduler"  # the scheduler's routing id at the collector (its answers come back by it)
-COLLECTOR_PEER = "collector"  # who the scheduler hears on its socket to the collector
 
 
 class Scheduler:
@@ -57,7 +56,7 @@ class Scheduler:
         self.ctx = zmq.Context()
         self.auth = start_authenticator(self.ctx, keys) if keys else None  # make_socket refuses a bare bind
         self.router = make_socket(self.ctx, zmq.ROUTER, scheduler_addr, bind=True, keys=keys)
-        self.coll = make_socket(self.ctx, zmq.DEALER, collector_addr, bind=False, identity=COLLECTOR_ID, keys=keys,
+        self.coll = make_socket(self.ctx, zmq.DEALER, collector_addr, bind=False, identity=SCHEDULER_ID, keys=keys,
                                 hwm=RECORDS_HWM, send_timeout_ms=RECORDS_SEND_TIMEOUT_MS)  # a collector behind
         # slows us (a send waits, looking at our stop every RECORDS_SEND_TIMEOUT_MS) rather than growing our memory
         self.traffic: bytes | None = None
@@ -68,7 +67,7 @@ class Scheduler:
         self.wake_at: float | None = None
         self.stats: dict = {}  # the edge's own counters (rejected_messages: the inbox's); the core keeps the rest
         self.inbox = Inbox(self.router, log, counters=self.stats, max_frames=MAX_MESSAGES_PER_POLL)
-        self.collector = Inbox(self.coll, log, peer=COLLECTOR_PEER, counters=self.stats)  # its answers
+        self.collector = Inbox(self.coll, log, peer=COLLECTOR_ID, counters=self.stats)  # its answers
         self.poller = zmq.Poller()
         for sock in (self.router, self.coll):
             self.poller.register(sock, zmq.POLLIN)
@@ -169,7 +168,7 @@ class Scheduler:
         ended = self.workers_ended.value if self.workers_ended is not None else 0
         if self.t0 is not None or self.traffic is None or len(self.core.workers) < max(1, self.min_workers - ended):
             return
-        if COLLECTOR_PEER not in self.collector.heard:  # its records would wait unread: start-up goes on
+        if COLLECTOR_ID not in self.collector.heard:  # its records would wait unread: start-up goes on
             return
         self.t0 = now() + START_LEAD_S
         self.gate.start(self.t0)
@@ -219,7 +218,7 @@ class Scheduler:
         if t - self.last_beat >= HEARTBEAT_INTERVAL_S:
             self.last_beat = t
             for wid in list(self.core.workers):
-                self._send_worker(wid, Heartbeat("scheduler", t))
+                self._send_worker(wid, Heartbeat(SCHEDULER_ID, t))
             self._beat_collector()
         for wid, state in list(self.core.workers.items()):
             if self.inbox.silent_s(wid, t) > self.liveness_s:
@@ -241,13 +240,13 @@ class Scheduler:
     def _beat_collector(self) -> None:
         """A Heartbeat the collector answers with its own (a full pipe to it: a stalled one, is left to wait)."""
         with contextlib.suppress(zmq.ZMQError):
-            self.coll.send(encode(Heartbeat("scheduler", now())), zmq.NOBLOCK)
+            self.coll.send(encode(Heartbeat(SCHEDULER_ID, now())), zmq.NOBLOCK)
 
     def _collector_heard(self) -> None:
         """The collector's answers: the first one may start the traffic."""
-        first = COLLECTOR_PEER not in self.collector.heard
+        first = COLLECTOR_ID not in self.collector.heard
         self.collector.drain()
-        if first and COLLECTOR_PEER in self.collector.heard:
+        if first and COLLECTOR_ID in self.collector.heard:
             log.info("the collector answered")
             self._maybe_start()
 

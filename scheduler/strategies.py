@@ -26,6 +26,7 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.plugins import STRATEGY_GROUP, Registry, from_code
 from batchlab.protocol.settings import VLLM, ConfigError, RunConfig, said, vllm_rule
 from batchlab.scheduler.ordered import ORDERED
@@ -36,7 +37,7 @@ ENTRY_POINT_GROUP = STRATEGY_GROUP
 BUILTINS: dict[str, type] = {**BASIC, **ORDERED}  # naive, dynamic, continuous, sjf, edf
 # vllm: continuous (settings.vllm_rule also moves it to the vllm backend)
 REGISTRY = Registry("strategy", ENTRY_POINT_GROUP, {**BUILTINS, VLLM: BUILTINS[vllm_rule(VLLM, VLLM)[0]]}, ConfigError)
-MODES = ("static", "continuous")
+MODES = tuple(BatchingMode)
 REQUIRED = ("name", "mode", "decide", "on_batch_done")
 KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 RUN_SETTINGS = frozenset(RunConfig.model_fields) - {"strategy", "strategy_args", "strategy_sha256", "extra"}
@@ -48,7 +49,7 @@ class Strategy:
     """A resolved strategy: `policy()` builds a fresh policy (one per run)."""
 
     name: str
-    mode: str  # "static" (batch at a time) or "continuous" (join at step boundaries)
+    mode: BatchingMode
     rows: int  # the most rows a worker runs at once: its hello's max_batch_size
     args: dict  # the run's strategy_args typed by the strategy's Params, and its own defaults that differ
     build: Callable[[], Policy]
@@ -78,7 +79,7 @@ def resolve(cfg: RunConfig) -> Strategy:
     mode = getattr(policy, "mode", cls.mode)  # a strategy may take its mode as a parameter (sjf, edf)
     if mode not in MODES:
         raise ConfigError(f"strategy {cls.name}: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    return Strategy(cls.name, mode, int(rows), {**own_defaults(params, cfg, args), **args}, build)
+    return Strategy(cls.name, BatchingMode(mode), int(rows), {**own_defaults(params, cfg, args), **args}, build)
 
 
 PROBE_KV_BYTES = 2**40  # the empty-queue probe's KV room: any strategy's first look sees room to spare

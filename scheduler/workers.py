@@ -3,6 +3,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from batchlab.protocol import RequestMsg, WorkerHello
+from batchlab.protocol.modes import BatchingMode
 from batchlab.scheduler.policies import Capacity
 
 
@@ -42,7 +43,7 @@ class WorkerState:
     def capacity(self) -> Capacity:
         """Free room: a static worker takes one batch at a time; a continuous one fills its slots."""
         h = self.hello
-        if h.mode != "continuous":
+        if h.mode != BatchingMode.CONTINUOUS:
             idle = not self.inflight
             return Capacity(self.max_rows if idle else 0, h.kv_budget_bytes, h.kv_bytes_per_token, idle)
         # below 0 when the cap fell under what runs: those rows finish, nothing new starts until then

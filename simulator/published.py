@@ -18,6 +18,7 @@ import pandas as pd
 
 from batchlab.models.archs import ARCHS, kv_bytes_per_token
 from batchlab.protocol import RequestMsg
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.settings import RunConfig
 from batchlab.scheduler.policies import Capacity, Decision
 from batchlab.simulator.measurements import GROUPS, Measurement
@@ -77,7 +78,7 @@ class Direct:
     admits it: a `prefill_alone` model's paged pool, worker.vllm_v0)."""
 
     name = "direct"
-    mode = "continuous"
+    mode = BatchingMode.CONTINUOUS
     Params = DirectParams
 
     def __init__(self, params: DirectParams) -> None:

@@ -30,6 +30,7 @@ from batchlab.collector.store import RunStore
 from batchlab.collector.tables import Tables, build_tables
 from batchlab.protocol import (Arrival, BatchDone, RequestMsg, RequestRow, RunEnd, RunInfo, Step, WorkerBye,
                                WorkerHello)
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.identity import config_hash, run_settings
 from batchlab.protocol.settings import RunConfig
 from batchlab.protocol.status import FailureKind, detailed
@@ -62,7 +63,7 @@ class Simulation:
         for h in hellos:
             self.core.on_hello(h.worker_id, h, 0.0)
         self.steppers = {h.worker_id: make_core(model, h.max_batch_size, h.kv_budget_bytes)
-                         for h in hellos if h.mode == "continuous"}
+                         for h in hellos if h.mode == BatchingMode.CONTINUOUS}
         self.stepping: dict[str, tuple[float, StepPlan]] = {}  # worker -> (start_s, plan)
         self.admitted: dict[int, tuple[RequestRow, float]] = {}  # rid -> (its row, admit_s)
         # as traffic would send them, planned (and sent) at their offsets (t0 = 0); a closed loop's, when it can

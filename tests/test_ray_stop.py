@@ -93,7 +93,7 @@ class SigtermTakingRay:
 
 def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch):
     from batchlab.lab import ray_cluster
-    from batchlab.runner import terminated_as_interrupt
+    from batchlab.protocol.signals import terminated_as_interrupt
 
     fake = SigtermTakingRay()
     monkeypatch.setattr(ray_cluster, "import_ray", lambda: fake)

@@ -2,7 +2,7 @@
 import pytest
 import zmq
 
-from batchlab.protocol import sockets
+from batchlab.protocol import addresses, sockets
 from batchlab.protocol.security import InsecureAddress, check_bind, generate_keys, is_loopback
 
 
@@ -22,7 +22,7 @@ def test_binding_off_loopback_without_keys_is_refused_before_any_socket_exists()
 
 
 def test_default_addresses_are_loopback():
-    a = sockets.Addresses()
+    a = addresses.Addresses()
     assert is_loopback(a.scheduler) and is_loopback(a.collector)
 
 

@@ -14,6 +14,7 @@ import zmq
 
 from batchlab.protocol import (EndOfStream, EndOfStreamAck, Heartbeat, RequestMsg, RequestsEnded, Shutdown, Start,
                                TrafficHello, encode)
+from batchlab.protocol.addresses import SCHEDULER_ID, TRAFFIC_ID
 from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.clock_sync import OffsetEstimate, measure
 from batchlab.protocol.inbox import Inbox
@@ -70,7 +71,7 @@ def _beat(sock: zmq.Socket, ctl: _Control) -> None:
     """Send a Heartbeat if nothing went out for HEARTBEAT_INTERVAL_S (the scheduler drops silent traffic)."""
     t = now()
     if t - ctl.last_send >= HEARTBEAT_INTERVAL_S:
-        sock.send(encode(Heartbeat("traffic", t)))
+        sock.send(encode(Heartbeat(TRAFFIC_ID, t)))
         ctl.last_send = t
 
 
@@ -249,8 +250,8 @@ def _announce_and_send(schedule: Schedule | SavedSchedule, scheduler_addr: str, 
                        liveness_s: float = LIVENESS_S) -> int:
     _punctual_sender()
     ctx = zmq.Context()
-    sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity="traffic", keys=keys)
-    ctl.inbox, sent = Inbox(sock, log, peer="scheduler"), 0
+    sock = make_socket(ctx, zmq.DEALER, scheduler_addr, bind=False, identity=TRAFFIC_ID, keys=keys)
+    ctl.inbox, sent = Inbox(sock, log, peer=SCHEDULER_ID), 0
     try:
         # 0. a scheduler on another host has another monotonic clock: measure the offset (as workers do)
         clock = _sync_clock(scheduler_addr, ctl)

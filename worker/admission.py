@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from batchlab.protocol.clock import now
 from batchlab.protocol.messages import BatchDone, Dispatch, FailedRow, RequestRow
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.status import FailureKind, detailed
 from batchlab.worker.backend import BackendInfo
 
@@ -38,7 +39,7 @@ def admit(msg: Dispatch, worker_id: str, info: BackendInfo, open_batches: Contai
     """Sort `msg`'s batches (its rows grouped by batch id): a static worker runs each batch alone, so each may hold the announced
     max_batch_size rows; a continuous one holds that many in all, those running (`live_ids`) included."""
     out, seen, t = Admission(), set(), now()
-    max_rows, continuous = info.max_batch_size, info.mode == "continuous"
+    max_rows, continuous = info.max_batch_size, info.mode == BatchingMode.CONTINUOUS
     room = max_rows - len(live_ids) if continuous else max_rows
     for batch_id, rows in by_batch(msg.requests).items():
         reason = _refusal(batch_id, rows, room, max_rows, open_batches, live_ids, seen)

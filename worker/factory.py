@@ -11,6 +11,7 @@ import os
 import sys
 
 from batchlab.protocol.plugins import BACKEND_GROUP, Registry
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.settings import ConfigError, RunConfig
 from batchlab.worker.backend import Backend
 from batchlab.worker.threads import place_worker
@@ -45,7 +46,7 @@ def make_backend(cfg: RunConfig, mode: str, rows: int) -> Backend:
     """The backend named by cfg.backend in `mode` (static | continuous), running at most `rows` rows."""
     if cfg.backend in ("hf", "vllm"):
         quiet_libraries()
-    spec = HF_LOOP if (cfg.backend, mode) == ("hf", "continuous") else cfg.backend
+    spec = HF_LOOP if cfg.backend == "hf" and mode == BatchingMode.CONTINUOUS else cfg.backend
     return backend_class(spec, mode).from_config(cfg, mode, rows)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 import zmq
 
 from batchlab.protocol import BatchDone, Heartbeat, Tokens, encode, now
+from batchlab.protocol.addresses import heartbeat_id
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S, Bundler, make_socket, send_split
 from batchlab.worker.backend import StepOutput
 
@@ -76,7 +77,7 @@ class HeartbeatThread:
             self.thread.join(timeout=5)
 
     def _run(self) -> None:
-        sock = make_socket(self.ctx, zmq.DEALER, self.addr, bind=False, identity=f"{self.worker_id}.hb",
+        sock = make_socket(self.ctx, zmq.DEALER, self.addr, bind=False, identity=heartbeat_id(self.worker_id),
                            keys=self.keys)
         sock.setsockopt(zmq.LINGER, 0)
         try:

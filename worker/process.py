@@ -8,7 +8,9 @@ import zmq
 
 from batchlab.protocol import (BatchDone, ClockPing, ClockPong, Dispatch, FailedRow, Shutdown, Step, WorkerBye,
                                WorkerCapacity, encode, now)
+from batchlab.protocol.addresses import SCHEDULER_ID
 from batchlab.protocol.environment import environment
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.clock_sync import RESYNC_INTERVAL_S, OffsetEstimate, measure
 from batchlab.protocol.inbox import Inbox, wait_for_ack
 from batchlab.protocol.signals import on_stop_signal
@@ -21,7 +23,6 @@ from batchlab.worker.outbox import HeartbeatThread, Outbox
 
 log = logging.getLogger("batchlab.worker")
 WAITING_LOG_INTERVAL_S = 30.0  # before the scheduler first answers, say so this often
-SCHEDULER = "scheduler"  # the one peer a worker hears
 
 
 class WorkerStopping(Exception):
@@ -42,7 +43,7 @@ class Worker:
                                 hwm=RECORDS_HWM, send_timeout_ms=RECORDS_SEND_TIMEOUT_MS)  # a collector behind
         # slows us (a send waits, looking at our stop every RECORDS_SEND_TIMEOUT_MS) rather than growing our memory
         self.collector = Inbox(self.coll, log, peer="collector")  # its answer to our bye
-        self.inbox = Inbox(self.sched, log, peer=SCHEDULER)  # counts rejected_messages (refused rows too)
+        self.inbox = Inbox(self.sched, log, peer=SCHEDULER_ID)  # counts rejected_messages (refused rows too)
         self.open: dict[int, OpenBatch] = {}  # batch_id -> continuous bookkeeping
         self.batch_of: dict[int, int] = {}  # request_id -> batch_id (continuous)
         self.step_no = 0
@@ -66,7 +67,7 @@ class Worker:
         self._hello()
         self._report_capacity()  # a warm-up OOM may already have lowered the cap the hello announced
         while not self.stopping:
-            busy = self.backend.info.mode == "continuous" and self.backend.has_work()
+            busy = self.backend.info.mode == BatchingMode.CONTINUOUS and self.backend.has_work()
             # 1. take what the scheduler sent (do not block while a continuous batch runs)
             msgs = self._receive(timeout_ms=0 if busy else int(HEARTBEAT_INTERVAL_S * 1000))
             for i, msg in enumerate(msgs):
@@ -148,7 +149,7 @@ class Worker:
                 self._batch_done(done)
             for batch_id, requests in admission.accepted:  # a static pass's one batch, or a continuous one's
                 rows = [BackendRequest.of(r) for r in requests]
-                if self.backend.info.mode == "continuous":
+                if self.backend.info.mode == BatchingMode.CONTINUOUS:
                     self._admit(batch_id, rows)
                 else:
                     self._run_static(batch_id, rows)
@@ -271,7 +272,7 @@ class Worker:
     def _check_scheduler_alive(self) -> None:
         """Called after a poll that heard nothing; our own heartbeats go from a thread (outbox.HeartbeatThread)."""
         t = now()
-        if SCHEDULER not in self.inbox.heard:  # a scheduler that is not up yet gets our hello when it binds
+        if SCHEDULER_ID not in self.inbox.heard:  # a scheduler that is not up yet gets our hello when it binds
             if self._abandoned():
                 log.warning("the run ended before its scheduler was heard: leaving it")
                 self.stopping = True
@@ -279,7 +280,7 @@ class Worker:
                 log.warning("no word from the scheduler yet; still waiting")
                 self.waiting_logged_s = t
             return
-        silent_s = self.inbox.silent_s(SCHEDULER, t)
+        silent_s = self.inbox.silent_s(SCHEDULER_ID, t)
         if silent_s > self.liveness_s:
             log.error("scheduler silent for %.1f s: stopping", silent_s)
             self.stopping, self.exit_code = True, 1
@@ -291,7 +292,7 @@ class Worker:
 
     def _abandoned(self) -> bool:
         """A warm worker whose run ended before its scheduler was ever heard (it never came up)."""
-        return self.run_over is not None and SCHEDULER not in self.inbox.heard and self.run_over()
+        return self.run_over is not None and SCHEDULER_ID not in self.inbox.heard and self.run_over()
 
 
 def run_worker(backend: Backend, scheduler_addr: str, collector_addr: str, worker_id: str = "worker-0",

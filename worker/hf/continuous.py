@@ -29,6 +29,7 @@ recompute (a row's context keeps its generated tokens); a row that cannot run al
 from dataclasses import dataclass, replace
 
 from batchlab.protocol.clock import now
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.status import FailureReason
 from batchlab.worker.backend import Backend, BackendError, BackendRequest, StepOutput
 from batchlab.worker.hf.chunks import HFContinuousRequest, chunks_of, plan_chunks, step_budget
@@ -55,7 +56,7 @@ class HFContinuousBackend(Backend):
         self.budget = (step_budget(max_num_batched_tokens, settings.max_batch_size, self.device.type)
                        if layout == "slots" else None)
         self.decode_fact = DESCRIPTIONS[layout]
-        self.info = replace(self.base.info, mode="continuous",
+        self.info = replace(self.base.info, mode=BatchingMode.CONTINUOUS,
                             facts={**self.base.info.facts, "decode": self.decode_fact, **self._budget_fact()})
         self.kv = LAYOUTS[layout](self.torch, self.model, self.device, self.info.max_batch_size)
         self.fuse = fuse and callable(self.kv.fused)  # decodes and chunks in one forward (the slot layout)
@@ -72,7 +73,7 @@ class HFContinuousBackend(Backend):
     @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "HFContinuousBackend":
         """Build from a RunConfig (continuous mode only), with `rows` slots."""
-        if mode != "continuous":
+        if mode != BatchingMode.CONTINUOUS:
             raise BackendError("HFContinuousBackend runs continuous mode only")
         return cls(settings_from_config(cfg, rows), max_num_batched_tokens=cfg.max_num_batched_tokens)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from batchlab.models.archs import RANDOM_SEED, build_random_model, facts, kv_token_bytes, random_arch
 from batchlab.models.folders import resolve_model
 from batchlab.protocol.clock import now
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.setting_groups import HFBackendSettings, SchedulerSettings, WorkerSettings, default_of
 from batchlab.worker.backend import (Backend, BackendError, BackendInfo, BackendRequest, OutOfMemory, StepOutput,
                                     lockstep_output)
@@ -118,7 +119,7 @@ class HFBackend(Backend):
     @classmethod
     def from_config(cls, cfg, mode: str, rows: int) -> "HFBackend":
         """Build from a RunConfig; continuous mode is worker.hf.continuous's job."""
-        if mode != "static":
+        if mode != BatchingMode.STATIC:
             raise BackendError("HFBackend runs static batches only; continuous mode is "
                                "batchlab.worker.hf.continuous.HFContinuousBackend")
         return cls(settings_from_config(cfg, rows))
@@ -166,7 +167,7 @@ class HFBackend(Backend):
                  + (", static cache, batches padded to the row cap, torch.compile" if self.settings.torch_compile
                     else "")}
         device = f"{self.device} ({self.torch.cuda.get_device_name(self.device)})" if is_cuda else str(self.device)
-        return BackendInfo(backend="hf", model=self.settings.model, mode="static",
+        return BackendInfo(backend="hf", model=self.settings.model, mode=BatchingMode.STATIC,
                            max_batch_size=self.settings.max_batch_size, kv_bytes_per_token=per_token,
                            kv_budget_bytes=self._initial_budget(), device=device,
                            memory_kind="cuda_max_allocated" if is_cuda else "cpu_peak_rss", facts=facts)
