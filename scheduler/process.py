@@ -22,6 +22,7 @@ from batchlab.protocol.addresses import COLLECTOR_ID, SCHEDULER_ID
 from batchlab.protocol.inbox import Inbox, RateLimitedLog, wait_for_ack
 from batchlab.protocol.security import start_authenticator
 from batchlab.protocol.signals import on_stop_signal
+from batchlab.protocol.status import FailureKind, detailed
 from batchlab.protocol.sockets import (HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, RECORDS_HWM,
                                       RECORDS_SEND_TIMEOUT_MS, Bundler, make_socket, send_routed)
 from batchlab.scheduler.core import SchedulerCore
@@ -270,7 +271,8 @@ class Scheduler:
                 self.core.on_worker_lost(wid, now())
 
     def _finish(self, why: str) -> None:
-        self.core.fail_queue(f"scheduler stopped: {why}", now())  # only when interrupted: nothing may vanish
+        # only when interrupted: nothing may vanish
+        self.core.fail_queue(detailed(FailureKind.SCHEDULER_STOPPED, why), now())
         self._forward()
         for wid in self.core.workers:
             self._send_worker(wid, Shutdown(why))

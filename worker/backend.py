@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from batchlab.protocol import RequestMsg, RequestRow, WorkerHello
 from batchlab.protocol.wire import unpack_tokens
 from batchlab.protocol.errors import BackendError
+from batchlab.protocol.modes import BatchingMode
 
 
 class OutOfMemory(Exception):
@@ -104,7 +105,7 @@ class Backend:
     static batches too). worker.factory finds it by name and builds it with `from_config`."""
 
     info: BackendInfo
-    modes: tuple[str, ...] = ("static", "continuous")  # the worker modes it runs
+    modes: tuple[str, ...] = tuple(BatchingMode)  # the worker modes it runs
 
     @classmethod
     def check(cls, cfg, mode: str) -> None:

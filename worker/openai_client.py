@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 from batchlab.protocol.clock import now
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.status import FailureKind, detailed
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, BackendRequest, StepOutput
 from batchlab.worker.openai_count import Chunk, OpenAIStreamRequest, count_chunk, parse_prefix_cache_counters, settle
@@ -96,7 +97,8 @@ class _Streams:
 class OpenAIBackend(Backend):
     """Streams completions from --endpoint with at most --max-concurrency requests in flight."""
 
-    def __init__(self, endpoint: str, model: str, max_concurrency: int = 64, mode: str = "continuous") -> None:
+    def __init__(self, endpoint: str, model: str, max_concurrency: int = 64,
+                 mode: str = BatchingMode.CONTINUOUS) -> None:
         self.base = base_url(endpoint)
         self.client = new_client(2)  # the server's model list, metrics and cache reset
         self.served_model = self._pick_model(model)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from batchlab.protocol.clock import now, sleep_until
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.settings import parse_bytes
 from batchlab.worker.backend import Backend, BackendInfo, BackendRequest, StepOutput, lockstep_output
 from batchlab.worker.hf.chunks import plan_chunks
@@ -191,7 +192,7 @@ def sim_info(model: StepModel, mode: str, max_batch_size: int, *, backend: str =
 class SimBackend(Backend):
     """Sleeps for the modelled step times; static (lockstep batches) or continuous mode."""
 
-    def __init__(self, preset: str = "a100-llama2-7b", mode: str = "static", max_batch_size: int = 64,
+    def __init__(self, preset: str = "a100-llama2-7b", mode: str = BatchingMode.STATIC, max_batch_size: int = 64,
                  model_name: str | None = None, backend: str = "sim", step_tokens: int = 0,
                  speed: float = 1.0) -> None:
         self.model = with_budget(get_preset(preset), step_tokens).scaled(speed)
@@ -266,5 +267,6 @@ class EchoBackend(SimBackend):
     """The harness-only backend: tokens come back at once (the zero-time `echo` preset, whatever the run's
     preset and step budget)."""
 
-    def __init__(self, _preset: str = "echo", mode: str = "static", max_batch_size: int = 1024, **_unused) -> None:
+    def __init__(self, _preset: str = "echo", mode: str = BatchingMode.STATIC, max_batch_size: int = 1024,
+                 **_unused) -> None:
         super().__init__("echo", mode=mode, max_batch_size=max_batch_size, backend="echo")

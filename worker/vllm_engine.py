@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from batchlab.models import folders
 from batchlab.models.archs import facts, kv_token_bytes, random_arch
 from batchlab.protocol.clock import now
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.setting_groups import SchedulerSettings, VLLMBackendSettings, WorkerSettings, default_of
 from batchlab.protocol.status import FailureKind, detailed
 from batchlab.worker.backend import Backend, BackendError, BackendInfo, BackendRequest, StepOutput
@@ -92,7 +93,7 @@ class VLLMBackend(Backend):
 
     fuse = True  # vLLM v1 runs a step's decodes and prefill tokens as one packed forward (step model: fused)
 
-    def __init__(self, settings: VLLMSettings, mode: str = "continuous") -> None:
+    def __init__(self, settings: VLLMSettings, mode: str = BatchingMode.CONTINUOUS) -> None:
         # In-process engine core: one step() = one iteration, and no EngineCore/Worker processes. With
         # the default multiprocessing the core loops on its own in another process, so step() only
         # collects what it produced meanwhile (tokens arriving together would share one time).
