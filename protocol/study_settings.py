@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, model_validator
 
 from batchlab.protocol.errors import ConfigError, shown
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.setting_groups import Group, WorkerSettings, setting
 from batchlab.protocol.settings import checked_group
 
@@ -155,8 +156,8 @@ class CalibrateSettings(Group, title="Calibrate"):
     model: str = WorkerSettings.model_fields["model"]  # the run's settings of the same names, as declared there
     device: str = WorkerSettings.model_fields["device"]
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = WorkerSettings.model_fields["dtype"]
-    mode: Literal["static", "continuous"] = setting("static", "static | continuous (hf; vllm is always "
-                                                    "continuous)")
+    mode: Literal[tuple(m.value for m in BatchingMode)] = setting(  # the enum's values, plain strings in settings
+        BatchingMode.STATIC.value, "static | continuous (hf; vllm is always continuous)")
     form: Literal["auto", "compute", "memory"] = setting("auto", "compute (a CPU) | memory (a GPU: the bandwidth "
                                                          "form) | auto (by device)")
     out: str = setting("presets/calibrated.yaml", "the preset file to write (.yaml)")
