@@ -13,7 +13,7 @@ from batchlab.lab.capacity_search import (SEARCH_KEYS, LiveSearch, saturate_all,
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.progress import StudyProgress
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
-from batchlab.lab.twin import confirm, confirmation_rate, fit_twin, twin_capacity, widened
+from batchlab.lab.twin import confirm, confirmation_rate, fit_twin, held_to, twin_capacity, widened
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.verdicts import Agreement
@@ -95,14 +95,14 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
         if view:
             view.note(f"twin {entry.label}: {exc}; its capacity is searched live instead")
         return live_entry(plan, out, live, entry, runs, estimator, settings) | {"twin_failed": str(exc)}
-    doc = widened(cap.as_dict(), twin["spread_pct"]) | {"saturated": saturated, "twin": twin, "probes": [],
-                                                        "method": "twin"}
+    doc = held_to(widened(cap.as_dict(), twin["spread_pct"]), saturated.get("req_s")) | {
+        "saturated": saturated, "twin": twin, "probes": [], "method": "twin"}
     if view:
         spread = (f" ± {twin['spread_pct']:.1f}% (live ÷ twin on each saturated run's own steps: "
                   f"{twin['bias_pct']:+.1f}%)" if twin["spread_pct"] is not None else "")
         view.note(f"twin {entry.label}: μ {twin['saturated']['req_s']:.3g} req/s (live {saturated['req_s']:.3g}), "
                   f"capacity {_num(doc['estimate_req_s'])} [{_num(doc['lo_req_s'])}, {_num(doc['hi_req_s'])}] "
-                  f"req/s{spread}")
+                  f"req/s{spread}" + (" (held to the live μ)" if doc.get("held_to_live_mu") else ""))
     rate = confirmation_rate(doc)
     if rate is not None:
         check = confirm(live, entry, rate, saturated, settings, fit.preset, twin["saturated"])

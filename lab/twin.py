@@ -220,6 +220,23 @@ def widened(doc: dict, spread_pct: float | None) -> dict:
     return out
 
 
+def held_to(doc: dict, live_mu_req_s: float | None) -> dict:
+    """A twin's capacity entry with its estimate (and the interval's low end) never above the live μ, as the live
+    search's estimate never is above its own: the twin's steps leave out the harness's turn between them, which
+    the live μ pays (beside a busy neighbour the twin's μ reads a few percent above it on a fixed step time)."""
+    estimate = doc.get("estimate_req_s")
+    if not (estimate and live_mu_req_s and estimate > live_mu_req_s):
+        return doc
+    share = live_mu_req_s / estimate
+    out = {**doc, "estimate_req_s": live_mu_req_s, "held_to_live_mu": True}
+    if out.get("estimate_tok_s") is not None:
+        out["estimate_tok_s"] = out["estimate_tok_s"] * share
+    for unit in ("req_s", "tok_s"):
+        if out.get(f"lo_{unit}") is not None and out.get(f"estimate_{unit}") is not None:
+            out[f"lo_{unit}"] = min(out[f"lo_{unit}"], out[f"estimate_{unit}"])
+    return out
+
+
 @dataclass(slots=True)
 class Confirmation:
     """The live probe at a twin's capacity: its verdict, how long deciding there takes and how long it ran."""

@@ -3,6 +3,7 @@ crash mid-write) never sees half a file. Every package writes its files through 
 import json
 import os
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 
 from batchlab.protocol.errors import ConfigError, term
@@ -46,3 +47,15 @@ def output_folder(path: str | Path, flag: str = "--out", name: str = "out") -> P
     except OSError as exc:
         raise ConfigError(f"{said} {path}: cannot make the folder ({exc.strerror or exc})") from None
     return folder
+
+
+def yaml_text(data: object) -> str:
+    """`data` as YAML of safe types, in its own key order; an enum (a request status, a batching mode) as its
+    value, which is what files hold (PyYAML's safe dumper refuses a StrEnum member)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_multi_representer(Enum, lambda dumper, value: dumper.represent_data(value.value))
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False)

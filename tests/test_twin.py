@@ -225,3 +225,16 @@ def test_a_rate_that_must_stay_at_or_below_its_source_is_rounded_down(value, flo
     assert floor_3g(value) == pytest.approx(floored) and floor_3g(value) <= value
     assert confirmation_rate({"estimate_req_s": value}) == pytest.approx(floored)
     assert live_loads([value / 0.8, 50.0], AutoRates(live_loads=[0.8])) == [pytest.approx(floor_3g(value))]
+
+
+def test_the_twins_estimate_is_held_to_the_live_mu():
+    """A twin's steps leave out the harness's turn between them: its capacity may read above the live μ, which
+    the entry then holds it to (the interval's low end too), as the live search's estimate is held to its μ."""
+    from batchlab.lab.twin import held_to
+
+    doc = {"estimate_req_s": 10.0, "lo_req_s": 9.9, "hi_req_s": 10.5, "estimate_tok_s": 320.0, "lo_tok_s": 316.8}
+    held = held_to(doc, 9.8)
+    assert held["estimate_req_s"] == 9.8 and held["held_to_live_mu"] and held["hi_req_s"] == 10.5
+    assert held["estimate_tok_s"] == pytest.approx(313.6) and held["lo_req_s"] == 9.8
+    assert held["lo_tok_s"] == pytest.approx(313.6)
+    assert held_to(doc, 10.2) == doc and held_to(doc, None) == doc

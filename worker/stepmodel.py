@@ -176,11 +176,11 @@ def load_preset(path: str | Path) -> StepModel:
 
 def save_preset(model: StepModel, path: str | Path, record: dict | None = None) -> None:
     """Write `model` as a preset file that get_preset(path) reads back; `record` goes under `calibration`."""
-    import yaml
+    from batchlab.protocol.files import yaml_text
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     body = {**model.as_dict(), **({"calibration": record} if record else {})}
-    Path(path).write_text(yaml.safe_dump(body, sort_keys=False))
+    Path(path).write_text(yaml_text(body))
 
 
 def get_preset(name: str) -> StepModel:
