@@ -3,16 +3,13 @@ routing id is written as a literal anywhere else in the packages, and the standa
 to protocol's addresses."""
 import ast
 import re
-from pathlib import Path
 
 import typer
 
 from batchlab.cli.main import app
 from batchlab.protocol.addresses import DEFAULT, Addresses, heartbeat_id
+from tests.test_layers import PACKAGES, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "cli", "collector", "lab", "models", "protocol", "report", "runner", "scheduler", "simulator",
-            "traffic", "worker")
 DECLARED_IN = "protocol/addresses.py"
 ADDRESS = re.compile(r"\b(tcp|ipc|inproc)://[\w\[*/{]")  # a scheme with a host or a path ({...}: an f-string's)
 

@@ -1,17 +1,14 @@
 """One error hierarchy in one module (protocol/errors.py): no other module defines an exception class a caller
 can meet, every class there is a BatchlabError, and a message names a setting in its reader's vocabulary."""
 import ast
-from pathlib import Path
 
 import pytest
 
 from batchlab import api
 from batchlab.protocol import errors
 from batchlab.protocol.errors import BatchlabError, ConfigError, command_line_vocabulary, term
+from tests.test_layers import PACKAGES, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "cli", "collector", "lab", "models", "protocol", "report", "runner", "scheduler", "simulator",
-            "traffic", "worker")
 # Exceptions that are control flow inside one process and never reach a caller: why each stays where it is.
 INTERNAL = {
     "worker/backend.py:OutOfMemory": "a batch that did not fit: the worker requeues it and carries on",

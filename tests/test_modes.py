@@ -1,16 +1,13 @@
 """A worker's batching mode is protocol.modes.BatchingMode: its values on the wire and in files are the old texts,
 and no module of the packages compares a mode with a bare "static" or "continuous"."""
 import ast
-from pathlib import Path
 
 import yaml
 
 from batchlab.protocol import WorkerHello, decode, encode
 from batchlab.protocol.modes import BatchingMode
+from tests.test_layers import PACKAGES, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "cli", "collector", "lab", "models", "protocol", "report", "runner", "scheduler", "simulator",
-            "traffic", "worker")
 DECLARED_IN = "protocol/modes.py"
 VALUES = {m.value for m in BatchingMode}
 

@@ -1,16 +1,14 @@
 """No global side effects from the library: the report draws on Figures of its own (a notebook's backend and
-pyplot's figures are left alone), and signal handlers are put in place by one module only (protocol/signals.py;
-runner/procs.py's launcher holds signals while a role spawns), each given back after."""
+pyplot's figures are left alone), and signal handlers are put in place by one module only (protocol/signals.py,
+which also holds signals while the launcher spawns a role), each given back after."""
 import ast
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "cli", "collector", "lab", "models", "protocol", "report", "runner", "scheduler", "simulator",
-            "traffic", "worker")
-SIGNAL_MODULES = {"protocol/signals.py", "runner/procs.py"}
+from tests.test_layers import PACKAGES, ROOT
+
+SIGNAL_MODULES = {"protocol/signals.py"}
 
 KEEPS_BACKEND = """
 import matplotlib, sys

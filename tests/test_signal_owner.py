@@ -4,13 +4,11 @@ import ast
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "cli", "collector", "lab", "models", "protocol", "report", "runner", "scheduler", "simulator",
-            "traffic", "worker")
+from tests.test_layers import PACKAGES, ROOT
+
 OWNER = "protocol/signals.py"
 SETS = {"signal", "pthread_sigmask", "sigtimedwait", "siginterrupt", "set_wakeup_fd"}  # what changes a handler/mask
 
