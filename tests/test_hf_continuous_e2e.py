@@ -92,6 +92,10 @@ def test_sim_continuous_starts_each_of_the_seed_requests_on_arrival_and_frees_it
     for rid, row in r.iterrows():  # its own prefill: in the first step begun after the worker got it, or the next
         later = steps[steps.start_time >= received[rid] - CLOCK_TOLERANCE_S]  # (it may land mid-step)
         assert row.first_token_time <= later.end_time.iloc[1] + CLOCK_TOLERANCE_S, rid
-    # each leaves when its own tokens are done, not the batch's longest: B, D finish before A
-    assert r.sort_values("completion_time").index.tolist() == [1, 3, 0, 2, 4]
+    # each leaves when its own tokens are done, not the batch's longest: B, D finish before A. Rows share steps,
+    # so request k ends at step (its arrival ÷ the step time) + its tokens: these pairs hold for any step time
+    # from 7.5 to 35 ms (planned ~9 ms; a busy machine stretches it), A against C only below 12.5 ms, so that
+    # pair is not asserted
+    done = r["completion_time"]
+    assert done[1] < done[0] and done[3] < done[0] and done[2] < done[4] and done[0] < done[4]
     assert s.joined.sum() == 5 and s.finished.sum() == 5 and s.running.max() <= 4
