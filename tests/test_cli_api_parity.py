@@ -21,18 +21,12 @@ from batchlab import api
 from batchlab.protocol.errors import BatchlabError, command_line_vocabulary
 from tests.test_cli_errors import long_temp_folder
 from tests.test_setting_errors import PLUGINS
+from tests.test_sim_presets import GRID as PRESETS_GRID  # a grid of the three kinds the presets separate
 
 runner = CliRunner()
 SIM = {"backend": "sim", "dataset": "synthetic", "duration_s": 1.0}
 SIM_ARGS = ["--backend", "sim", "--dataset", "synthetic", "--duration", "1"]
 GRID = "base: {backend: sim, dataset: synthetic, duration_s: 1}\ngrid: {strategies: [naive, dynamic], rates: [4]}\n"
-PRESETS_GRID = """base: {backend: hf, model: tiny-mistral, device: cpu, dataset: synthetic, duration_s: 2,
-       max_new_tokens: 16, batch_size: 8, max_batch_size: 8}
-grid:
-  strategies: [dynamic, {strategy: continuous, backend: hf, label: continuous},
-               {strategy: vllm, memory_budget: 1GiB, max_num_seqs: 8}]
-  rates: [4]
-"""
 NAN, INF = float("nan"), float("inf")
 
 
