@@ -318,8 +318,8 @@ def on_twin(folder: Path, preset: Path, saturated: dict | None, duration_s: floa
 def nominal_for(target_req_s: float, duration_s: float, cfg) -> float:
     """The nominal rate whose seeded schedule offers the most it can at or below `target_req_s` over its first
     `duration_s` (a seeded Poisson schedule of a few seconds is several percent off its nominal rate, and offers
-    whole arrivals: 4 s offer multiples of 0.25 req/s), 4 significant digits, rounded down. Bisected: a seeded schedule's
-    arrivals only move earlier as its rate rises (its gaps are one draw, scaled by 1 ÷ the rate)."""
+    whole arrivals: 4 s offer multiples of 0.25 req/s), 4 significant digits, rounded down. Bisected: a seeded
+    schedule's arrivals only move earlier as its rate rises (its gaps are one draw, scaled by 1 ÷ the rate)."""
     from batchlab.traffic.arrivals import arrival_offsets
 
     def offered(rate: float) -> float:
