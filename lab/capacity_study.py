@@ -95,8 +95,9 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
         if view:
             view.note(f"twin {entry.label}: {exc}; its capacity is searched live instead")
         return live_entry(plan, out, live, entry, runs, estimator, settings) | {"twin_failed": str(exc)}
-    doc = held_to(widened(cap.as_dict(), twin["spread_pct"]), saturated.get("req_s")) | {
-        "saturated": saturated, "twin": twin, "probes": [], "method": "twin"}
+    cap, held = held_to(cap, saturated)
+    doc = widened(cap.as_dict(), twin["spread_pct"]) | {"saturated": saturated, "twin": twin, "probes": [],
+                                                        "method": "twin", **({"held_to_live_mu": True} if held else {})}
     if view:
         spread = (f" ± {twin['spread_pct']:.1f}% (live ÷ twin on each saturated run's own steps: "
                   f"{twin['bias_pct']:+.1f}%)" if twin["spread_pct"] is not None else "")

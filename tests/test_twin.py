@@ -229,12 +229,12 @@ def test_a_rate_that_must_stay_at_or_below_its_source_is_rounded_down(value, flo
 
 def test_the_twins_estimate_is_held_to_the_live_mu():
     """A twin's steps leave out the harness's turn between them: its capacity may read above the live μ, which
-    the entry then holds it to (the interval's low end too), as the live search's estimate is held to its μ."""
+    then holds it (the interval's low end too, and the tok/s), as the live search's estimate is held to its μ."""
     from batchlab.lab.twin import held_to
+    from batchlab.stats.capacity import CapacityEstimate
 
-    doc = {"estimate_req_s": 10.0, "lo_req_s": 9.9, "hi_req_s": 10.5, "estimate_tok_s": 320.0, "lo_tok_s": 316.8}
-    held = held_to(doc, 9.8)
-    assert held["estimate_req_s"] == 9.8 and held["held_to_live_mu"] and held["hi_req_s"] == 10.5
-    assert held["estimate_tok_s"] == pytest.approx(313.6) and held["lo_req_s"] == 9.8
-    assert held["lo_tok_s"] == pytest.approx(313.6)
-    assert held_to(doc, 10.2) == doc and held_to(doc, None) == doc
+    cap = CapacityEstimate("naive", 9.9, 10.2, saturated={"req_s": 10.6, "req_s_hi": 10.9})  # estimate ≈ 10.05
+    held, was = held_to(cap, {"req_s": 9.8})
+    doc = held.as_dict()
+    assert was and doc["estimate_req_s"] == 9.8 and doc["lo_req_s"] == 9.8 and doc["hi_req_s"] == 10.2
+    assert held_to(cap, {"req_s": 10.2}) == (cap, False) and held_to(cap, None) == (cap, False)
