@@ -122,23 +122,36 @@ def prior_of(facts: dict):
 
 
 def speed_ratios(fit: TwinFit) -> list[float]:
-    """Each saturated run's speed against its twin: the twin's time for the run's own executed steps ÷ the time
-    they took live (> 1: the machine ran faster than the twin). The very steps, so neither which prompts the run
+    """Each saturated run's speed against its twin (run_speed). The very steps, so neither which prompts the run
     drew nor which few batches a 9 s run's window or busy time counted moves it (a replay's μ did: make run's
     dynamic runs read 1.02, 1.16, 0.96, 1.19 so, where their steps' own ratios were 1.04, 1.03, 0.96, 0.97)."""
-    from batchlab.lab.calibrate_runs import total_time_error
-    from batchlab.worker.run_steps import RunStepsError, read_run_steps
     from batchlab.worker.stepmodel import load_preset
 
-    model, ratios = load_preset(fit.preset), []
-    for folder in fit.folders:
-        try:
-            error = total_time_error(model, read_run_steps(folder, model.padded).steps)
-        except RunStepsError:
-            continue
-        if math.isfinite(error) and error > -1:
-            ratios.append(1 + error)
-    return ratios
+    model = load_preset(fit.preset)
+    return [r for r in (run_speed(model, folder) for folder in fit.folders) if r is not None]
+
+
+def run_speed(model, folder: Path) -> float | None:
+    """A live run's speed against a twin's model: the twin's time for the run's own executed steps ÷ the time
+    they took live (> 1: the machine ran faster than the twin); None when its steps cannot be read."""
+    from batchlab.lab.calibrate_runs import total_time_error
+    from batchlab.worker.run_steps import RunStepsError, read_run_steps
+
+    try:
+        error = total_time_error(model, read_run_steps(folder, model.padded).steps)
+    except RunStepsError:
+        return None
+    return 1 + error if math.isfinite(error) and error > -1 else None
+
+
+def at_speed(model, speed: float, path: Path) -> Path:
+    """The twin's model run at `speed` (run_speed's: every time term ÷ it), written as a preset to `path`: a
+    live run replayed at the speed its machine ran that minute, so only the model's shape is left to differ."""
+    from batchlab.worker.stepmodel import save_preset
+
+    levelled, _ = level(model, {"total_time_error": speed - 1})
+    save_preset(levelled, path, {"at_speed": speed})
+    return path
 
 
 def twin_plan(plan: Plan, presets: dict[str, Path]) -> Plan:
@@ -222,9 +235,10 @@ def widened(doc: dict, spread_pct: float | None) -> dict:
 
 def held_to(cap: CapacityEstimate, live: dict | None) -> tuple[CapacityEstimate, bool]:
     """A twin's capacity whose estimate (and the interval's low end) is never above the live μ, by the rule the live
-    search's estimate follows (CapacityEstimate: never above its `saturated` μ), and whether that held it: the twin's
-    steps leave out the harness's turn between them, which the live μ pays (beside a busy neighbour a fixed-step
-    twin read 10.01 req/s against a live μ of 9.96)."""
+    search's estimate follows (CapacityEstimate: never above its `saturated` μ), and whether that held it: the live
+    grid's short points replay the first prompts of each seed, which the live μ was measured on, and the twin's long
+    probes average many more (docs/capacity.md); beside a busy neighbour a fixed-step twin read 10.01 req/s against a
+    live μ of 9.96."""
     from dataclasses import replace
 
     estimate, mu = cap.estimate_req_s, (live or {}).get("req_s")

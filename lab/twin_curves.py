@@ -6,7 +6,11 @@
 - `twin_errors`: each live grid point replayed on its strategy's twin with the very schedule the live run sent
   (its schedule.parquet), its TTFT p50, E2E p50 and output throughput against the live run's: OUT/_twin/errors.json,
   a row per point and per strategy the median and worst error, over every point and over those at ρ ≤ RHO_MAX
-  (ρ = the rate ÷ the strategy's capacity).
+  (ρ = the rate ÷ the strategy's capacity). Twice: as the twin predicts each run (its mean speed), and the model's
+  own error: each run replayed at the speed its machine ran that minute (lab.twin.run_speed, the spread the
+  twin's capacity interval already holds), each rate's repeats pooled. An 8 s point at ρ 0.8 holds some 20
+  requests; a machine 10% slower that minute moves its TTFT p50 by a third, and which requests a static batch
+  takes by a step's jitter: make run's per-run errors swing ±40% about a pooled error of a few percent.
 """
 import math
 from dataclasses import replace
@@ -60,44 +64,79 @@ def play_curves(plan: Plan, out: Path, capacity: dict, view=None) -> Path | None
 
 def point_figures(requests, summary) -> dict[str, float]:
     """A run's figures the twin is judged on: TTFT p50, E2E p50 (s, finished requests) and output tok/s."""
+    return {**latency_p50(requests), "throughput": float(summary.throughput_tok_s or math.nan)}
+
+
+def latency_p50(requests) -> dict[str, float]:
+    """TTFT p50 and E2E p50 (s) over a requests table's finished requests."""
     done = requests[requests["status"] == RequestStatus.FINISHED]
     return {"ttft_p50": float(np.median(done["ttft"])) if len(done) else math.nan,
-            "e2e_p50": float(np.median(done["e2e"])) if len(done) else math.nan,
-            "throughput": float(summary.throughput_tok_s or math.nan)}
+            "e2e_p50": float(np.median(done["e2e"])) if len(done) else math.nan}
 
 
 def replay(folder: Path, preset: Path) -> dict[str, float]:
     """A live run folder's schedule played on a twin's preset, with the run's own settings: its figures."""
+    return _played(folder, preset)[1]
+
+
+def _played(folder: Path, preset: Path):
+    """(the requests table, the figures) of a live run folder's schedule played on `preset`."""
     tables, _ = replayed(folder, preset)
-    return point_figures(tables.requests, tables.summary)
+    return tables.requests, point_figures(tables.requests, tables.summary)
 
 
 def live_figures(folder: Path) -> dict[str, float]:
     """A live run folder's figures."""
+    return _live(folder)[1]
+
+
+def _live(folder: Path):
+    """(the requests table, the figures) of a live run folder."""
     from batchlab.collector.parts import load_table
     from batchlab.collector.summary import read_summary
 
-    return point_figures(load_table(folder, "requests"), read_summary(folder))
+    requests = load_table(folder, "requests")
+    return requests, point_figures(requests, read_summary(folder))
+
+
+def errors_of(live: dict[str, float], twin: dict[str, float]) -> dict[str, float | None]:
+    """twin ÷ live − 1 per figure (None where the live figure is missing or zero)."""
+    return {k: (twin[k] / live[k] - 1) if live[k] and math.isfinite(live[k]) else None for k in FIGURES}
 
 
 def twin_errors(out: Path, index: dict, capacity: dict, view=None) -> dict | None:
-    """Every live grid point of the sweep `index` (sweep.json) replayed on its twin; OUT/_twin/errors.json's
+    """Every live grid point of the sweep `index` (sweep.json) replayed on its twin, as the twin predicts it and
+    at the speed the run's machine ran (lab.twin.run_speed), and each rate's repeats pooled; OUT/_twin/errors.json's
     content (None: no twin or no live point)."""
+    import tempfile
+
+    from batchlab.lab.twin import at_speed, run_speed
+    from batchlab.worker.stepmodel import load_preset
+
     presets = twin_presets(capacity)
-    rows = []
-    for point in index.get("points", []):
-        label, folder = point.get("label"), out / str(point.get("dir", ""))
-        if point.get("status") != RunOutcome.DONE or label not in presets or not (folder / "summary.json").exists():
-            continue
-        live, twin = live_figures(folder), replay(folder, presets[label])
-        cap = capacity["strategies"][label].get("estimate_req_s")
-        rows.append({"label": label, "rate": point["rate"], "repeat": point.get("repeat", 0), "dir": point["dir"],
-                     "rho": point["rate"] / cap if cap else None, "live": live, "twin": twin,
-                     "error": {k: (twin[k] / live[k] - 1) if live[k] and math.isfinite(live[k]) else None
-                               for k in FIGURES}})
+    models = {label: load_preset(path) for label, path in presets.items()}
+    rows, played = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for point in index.get("points", []):
+            label, folder = point.get("label"), out / str(point.get("dir", ""))
+            if point.get("status") != RunOutcome.DONE or label not in presets or not (folder / "summary.json").exists():
+                continue
+            (live_requests, live), twin = _live(folder), replay(folder, presets[label])
+            speed = run_speed(models[label], folder)
+            requests, levelled = (_played(folder, at_speed(models[label], speed, Path(tmp) / "at_speed.yaml"))
+                                  if speed else (None, None))
+            cap = capacity["strategies"][label].get("estimate_req_s")
+            rows.append({"label": label, "rate": point["rate"], "repeat": point.get("repeat", 0), "dir": point["dir"],
+                         "rho": point["rate"] / cap if cap else None, "live": live, "twin": twin,
+                         "error": errors_of(live, twin), "speed": speed, "at_speed": levelled,
+                         "error_at_speed": errors_of(live, levelled) if levelled else None})
+            if requests is not None:
+                played.setdefault((label, point["rate"]), []).append((live_requests, requests, rows[-1]))
     if not rows:
         return None
-    doc = {"rho_max": RHO_MAX, "points": rows, "strategies": summarise(rows)}
+    rates = [pooled_rate(label, rate, runs) for (label, rate), runs in played.items()]
+    doc = {"rho_max": RHO_MAX, "points": rows, "rates": rates, "strategies": summarise(rows, rates)}
+    (out / TWIN_DIR).mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / TWIN_DIR / ERRORS_FILE, doc, default=str)
     if view is not None:
         for line in error_lines(doc):
@@ -105,17 +144,37 @@ def twin_errors(out: Path, index: dict, capacity: dict, view=None) -> dict | Non
     return doc
 
 
-def summarise(rows: list[dict]) -> dict:
-    """label → figure → {median, worst} of |error|, over the points at ρ ≤ RHO_MAX (`low`) and over all
-    (`all`)."""
+def pooled_rate(label: str, rate: float, runs: list) -> dict:
+    """One live rate's repeats pooled, each replayed at its own speed: TTFT and E2E p50 over every finished request
+    of the repeats, live and twin; throughput the repeats' mean; ρ the first repeat's."""
+    import pandas as pd
+
+    def figures(tables: list, key: str) -> dict[str, float]:
+        return {**latency_p50(pd.concat(tables)), "throughput": float(np.mean([row[key]["throughput"]
+                                                                               for _, _, row in runs]))}
+
+    live, twin = figures([r[0] for r in runs], "live"), figures([r[1] for r in runs], "at_speed")
+    return {"label": label, "rate": rate, "repeats": len(runs), "rho": runs[0][2]["rho"], "live": live,
+            "twin": twin, "error": errors_of(live, twin)}
+
+
+def summarise(rows: list[dict], rates: list[dict] | None = None) -> dict:
+    """label → figure → {median, worst} of |error|, over the points at ρ ≤ RHO_MAX (`low`) and over all (`all`),
+    as the twin predicts each run; and (`model`: `low`, `all`) over the rates, each run at its own speed and each
+    rate's repeats pooled."""
     out: dict = {}
     for label in dict.fromkeys(r["label"] for r in rows):
-        mine = [r for r in rows if r["label"] == label]
-        out[label] = {}
-        for scope, chosen in (("low", [r for r in mine if r["rho"] is not None and r["rho"] <= RHO_MAX]),
-                              ("all", mine)):
-            out[label][scope] = {k: _stats([r["error"][k] for r in chosen]) for k in FIGURES}
+        out[label] = _scopes([r for r in rows if r["label"] == label])
+        mine = [r for r in rates or [] if r["label"] == label]
+        if mine:
+            out[label]["model"] = _scopes(mine)
     return out
+
+
+def _scopes(rows: list[dict]) -> dict:
+    low = [r for r in rows if r["rho"] is not None and r["rho"] <= RHO_MAX]
+    return {scope: {k: _stats([r["error"][k] for r in chosen]) for k in FIGURES}
+            for scope, chosen in (("low", low), ("all", rows))}
 
 
 def _stats(errors: list[float | None]) -> dict | None:
@@ -125,10 +184,17 @@ def _stats(errors: list[float | None]) -> dict | None:
 
 
 def error_lines(doc: dict) -> list[str]:
-    """The terminal's lines: per strategy, the twin's median / worst error at ρ ≤ RHO_MAX."""
-    lines = [f"twin against the live points at ρ ≤ {doc['rho_max']:g} (|twin ÷ live − 1|, median / worst):"]
+    """The terminal's lines: per strategy, the twin's median / worst error at ρ ≤ RHO_MAX, at the runs' own speed
+    with each rate's repeats pooled (the model's error), and as it predicts each run."""
+    lines = [f"twin against the live points at ρ ≤ {doc['rho_max']:g} (|twin ÷ live − 1|, median / worst; "
+             f"at each run's own speed, repeats pooled per rate · as the twin predicts each run):"]
     for label, scopes in doc["strategies"].items():
-        parts = [f"{name} {s['median']:.0%} / {s['worst']:.0%}" for k, name in FIGURES.items()
-                 if (s := scopes["low"].get(k))]
+        model = (scopes.get("model") or {}).get("low") or {}
+        parts = [f"{name} {_pair_text(model.get(k))} · {_pair_text(scopes['low'].get(k))}"
+                 for k, name in FIGURES.items() if scopes["low"].get(k) or model.get(k)]
         lines.append(f"  {label}: " + (", ".join(parts) if parts else "no live point at that load"))
     return lines
+
+
+def _pair_text(s: dict | None) -> str:
+    return f"{s['median']:.0%} / {s['worst']:.0%}" if s else "—"

@@ -51,7 +51,17 @@ def _pct(value: float | None) -> str:
 
 
 def _errors_cell(scopes: dict | None, key: str) -> str:
-    s = (scopes or {}).get("low", {}).get(key)
+    """"model · as predicted": the model's error (each run at its own speed, each rate's repeats pooled: median /
+    worst (rates)) and the twin's as it predicts each run (median / worst (runs)); a folder from before the model's
+    error was kept shows the second alone."""
+    scopes = scopes or {}
+    predicted = _stats_text(scopes.get("low", {}).get(key))
+    if "model" not in scopes:
+        return predicted
+    return f"{_stats_text(scopes['model'].get('low', {}).get(key))} · {predicted}"
+
+
+def _stats_text(s: dict | None) -> str:
     return f"{_pct(s['median'])} / {_pct(s['worst'])} ({s['points']})" if s else "—"
 
 
@@ -90,7 +100,11 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
              "one live probe at that capacity, as long as deciding there takes (at most the study's "
              "confirm_max_s: undecided is said), stands beside it, and the same schedule played on the "
              "twin beside that. Errors are |twin ÷ live − 1| over the live grid points, each replayed on the twin "
-             "with the schedule the live run sent: median / worst (points); ρ = rate ÷ the strategy's capacity.",
+             "with the schedule the live run sent, ρ = rate ÷ the strategy's capacity; median / worst (count), "
+             "twice: first the model's error, each run replayed at the speed its machine ran that minute (the "
+             "twin's time for the run's own steps ÷ theirs; how that speed varies is the ± above) and each "
+             "rate's repeats pooled (count: rates), then · the twin as it predicts each run (count: runs; a short "
+             "run near the knee moves a third with a 10% slower minute).",
              ""]
     lines += md_table(head, twin_rows(twin))
     if plot:
@@ -99,9 +113,17 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
     if points:
         lines += ["", "Every live point against the twin (TTFT p50 and E2E p50 in ms, throughput in output tok/s):",
                   ""]
-        lines += md_table(["strategy", "λ", "repeat", "ρ", *(f"{n} live / twin" for n in FIGURES.values())],
-                          [[p["label"], f"{p['rate']:g}", str(p["repeat"]), _rho(p["rho"]),
+        lines += md_table(["strategy", "λ", "repeat", "ρ", "speed (live ÷ twin)",
+                           *(f"{n} live / twin / twin at its speed" for n in FIGURES.values())],
+                          [[p["label"], f"{p['rate']:g}", str(p["repeat"]), _rho(p["rho"]), _speed(p.get("speed")),
                             *(_pair(p, k) for k in FIGURES)] for p in points])
+    rates = (twin.errors or {}).get("rates", [])
+    if rates:
+        lines += ["", "Each live rate, its repeats pooled (TTFT p50 and E2E p50 over every finished request, in ms; "
+                  "throughput the repeats' mean), against the twin replaying each repeat at its own speed:", ""]
+        lines += md_table(["strategy", "λ", "repeats", "ρ", *(f"{n} live / twin (error)" for n in FIGURES.values())],
+                          [[r["label"], f"{r['rate']:g}", str(r["repeats"]), _rho(r["rho"]),
+                            *(_pair(r, k, error=True) for k in FIGURES)] for r in rates])
     return lines
 
 
@@ -109,12 +131,21 @@ def _rho(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
-def _pair(point: dict, key: str) -> str:
-    live, twin = point["live"][key], point["twin"][key]
+def _speed(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _pair(point: dict, key: str, error: bool = False) -> str:
+    """"live / twin" (ms, or tok/s for throughput), the twin at the run's speed after it where there is one, or the
+    error after the pair (`error`)."""
     scale = 1e3 if key != "throughput" else 1.0
-    if live is None or twin is None or not (math.isfinite(live) and math.isfinite(twin)):
+    values = [point["live"][key], point["twin"][key]] + ([(point.get("at_speed") or {}).get(key)]
+                                                          if point.get("at_speed") else [])
+    if any(v is None or not math.isfinite(v) for v in values[:2]):
         return "—"
-    return f"{live * scale:.4g} / {twin * scale:.4g}"
+    text = " / ".join("—" if v is None or not math.isfinite(v) else f"{v * scale:.4g}" for v in values)
+    err = (point.get("error") or {}).get(key)
+    return text + (f" ({err:+.0%})" if error and err is not None else "")
 
 
 def curves_plot(twin: Twin, live: dict[tuple[str, float], GroupStats], path: Path) -> Path | None:

@@ -228,8 +228,9 @@ def test_a_rate_that_must_stay_at_or_below_its_source_is_rounded_down(value, flo
 
 
 def test_the_twins_estimate_is_held_to_the_live_mu():
-    """A twin's steps leave out the harness's turn between them: its capacity may read above the live μ, which
-    then holds it (the interval's low end too, and the tok/s), as the live search's estimate is held to its μ."""
+    """A twin's long probes average more prompts than the live μ's short runs: its capacity may read above the live
+    μ, which then holds it (the interval's low end too, and the tok/s), as the live search's estimate is held to
+    its μ."""
     from batchlab.lab.twin import held_to
     from batchlab.stats.capacity import CapacityEstimate
 
@@ -238,3 +239,61 @@ def test_the_twins_estimate_is_held_to_the_live_mu():
     doc = held.as_dict()
     assert was and doc["estimate_req_s"] == 9.8 and doc["lo_req_s"] == 9.8 and doc["hi_req_s"] == 10.2
     assert held_to(cap, {"req_s": 10.2}) == (cap, False) and held_to(cap, None) == (cap, False)
+
+
+def test_a_live_point_replayed_at_its_own_speed_leaves_only_the_models_error(tmp_path):
+    """Two repeats of a point run on a constant-step model; their twin is the same model 25% slower. As the twin
+    predicts each run, E2E is longer (its steps 25%, the wait for a full batch not); each run's speed reads 1.25
+    (the twin's time for its steps ÷ theirs), and replayed at that speed, each rate's repeats pooled, the model's
+    error is nil."""
+    from batchlab.lab.simulate import simulate_run
+    from batchlab.lab.sweep_plan import Point
+    from batchlab.lab.twin import at_speed, run_speed
+    from batchlab.lab.twin_curves import twin_errors
+    from batchlab.protocol.outcomes import RunOutcome
+    from batchlab.worker.stepmodel import load_preset
+
+    plan = load_plan(constant_step_config(tmp_path, 4, 0.8, 12))
+    entry = next(e for e in plan.entries if e.label == "naive")
+    live = load_preset(plan.base["preset"])
+    twin = at_speed(live, 1 / 1.25, tmp_path / "twin.yaml")  # every step 25% longer than the live runs'
+    points = []
+    for repeat in range(2):
+        point = Point(entry, 3.0, repeat, plan.seed, tmp_path / f"sweep_label=naive/sweep_rate=3/sweep_repeat={repeat}")
+        simulate_run(point.config({**plan.base, "duration_s": 8}))
+        points.append({"label": "naive", "rate": 3.0, "repeat": repeat, "status": RunOutcome.DONE,
+                       "dir": str(point.folder.relative_to(tmp_path))})
+        assert run_speed(load_preset(twin), point.folder) == pytest.approx(1.25, rel=1e-6)
+    capacity = {"strategies": {"naive": {"twin": {"preset": str(twin)}, "estimate_req_s": 4.5}}}
+    doc = twin_errors(tmp_path, {"points": points}, capacity)
+    assert all(p["error"]["e2e_p50"] > 0.1 for p in doc["points"]), doc["points"]
+    assert [p["speed"] for p in doc["points"]] == [pytest.approx(1.25, rel=1e-6)] * 2
+    (rate,) = doc["rates"]
+    assert rate["repeats"] == 2 and rate["rho"] == pytest.approx(3.0 / 4.5)
+    assert all(abs(e) < 1e-6 for e in rate["error"].values()), rate
+    model = doc["strategies"]["naive"]["model"]["low"]
+    assert model["e2e_p50"] == {"median": pytest.approx(0.0, abs=1e-6), "worst": pytest.approx(0.0, abs=1e-6),
+                                "points": 1}
+    assert doc["strategies"]["naive"]["low"]["e2e_p50"]["median"] > 0.1
+
+
+def test_the_report_states_the_models_error_beside_the_twins_prediction_and_reads_older_folders():
+    """REPORT.md's twin table: the model's error (rates) · as predicted (runs); a folder from before shows the
+    second alone, and the per-rate table appears only where errors.json has rates."""
+    from batchlab.report.twin import Twin, section
+
+    stats = {"median": 0.28, "worst": 0.5, "points": 4}
+    capacity = {"naive": {"twin": {"saturated": {"req_s": 3.7}, "total_time_error": -0.003, "spread_pct": 8.0},
+                          "saturated": {"req_s": 3.0}, "estimate_req_s": 3.0, "lo_req_s": 2.8, "hi_req_s": 3.4}}
+    figures = {"ttft_p50": 1.0, "e2e_p50": 2.0, "throughput": 50.0}
+    rate = {"label": "naive", "rate": 2.4, "repeats": 4, "rho": 0.8, "live": figures, "twin": figures,
+            "error": {k: 0.0 for k in figures}}
+    new = {"rho_max": 0.8, "points": [], "rates": [rate], "strategies": {"naive": {
+        "low": {k: stats for k in figures}, "all": {},
+        "model": {"low": {k: {"median": 0.05, "worst": 0.05, "points": 1} for k in figures}}}}}
+    text = "\n".join(section(Twin(capacity, errors=new)))
+    assert "| 5% / 5% (1) · 28% / 50% (4) |" in text and "| naive | 2.4 | 4 | 0.80 | 1000 / 1000 (+0%) |" in text
+    old = {"rho_max": 0.8, "points": [], "strategies": {"naive": {"low": {k: stats for k in figures}, "all": {}}}}
+    text = "\n".join(section(Twin(capacity, errors=old)))
+    assert "| 28% / 50% (4) |" in text and "·" not in text.split("## The twin")[1].split("\n\n", 2)[2]
+    assert "repeats pooled (TTFT" not in text
