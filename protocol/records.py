@@ -67,6 +67,8 @@ class Step:
     joined: Count  # rows whose (last) prefill chunk ran, so they got their first token
     finished: Count
     prefill_tokens: Count = 0  # prompt tokens prefilled, chunks of rows still prefilling included
+    prefill_rows: Count = 0  # rows that ran a prompt chunk (0: not said, a worker before protocol 7)
+    prefill_width: Count = 0  # the longest chunk, tokens: a padded forward computes prefill_rows × it
 
 
 @dataclass(slots=True)

@@ -191,3 +191,31 @@ def test_several_folders_follow_one_from(tmp_path):
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(out.read_text())["calibration"]["from_runs"] == [str(runs / "dynamic"),
                                                                            str(runs / "continuous")]
+
+
+def test_a_padded_workers_prompt_chunks_are_read_as_the_simulator_times_them(tmp_path):
+    """The HF loop pads a step's prompt chunks to the longest (its slot cache's prefill forward): a step that
+    prefilled a few short prompts whole and a long one's first chunk computed rows × the longest chunk, not the
+    step's recorded tokens. Its record says so (protocol 7: prefill_rows, prefill_width) and the reader counts it
+    as the simulator does, so a simulated run's own steps replay to their own times."""
+    import numpy as np
+
+    from batchlab.lab.simulate import simulate_run
+    from batchlab.lab.sweep_plan import Point, load_plan
+    from batchlab.simulator.replay import predict_steps
+    from batchlab.worker.run_steps import read_run_steps
+    from batchlab.worker.stepmodel import get_preset
+
+    config = tmp_path / "loop.yaml"
+    config.write_text("base: {backend: sim, preset: cpu-tiny-mistral-loop, dataset: synthetic, prompt_lengths: 8-250, "
+                      "output_lengths: 8, max_new_tokens: 8, max_batch_size: 8, duration_s: 3, warmup_requests: 0}\n"
+                      "grid: {strategies: [{strategy: continuous, label: continuous}], rates: [1]}\n")
+    plan = load_plan(config)
+    point = Point(plan.entries[0], float("inf"), 0, plan.seed, tmp_path / "run", 16)  # 16 closed-loop clients:
+    simulate_run(point.config({**plan.base, "num_requests": 80}))  # rows that joined together finish together
+    model = get_preset("cpu-tiny-mistral-loop")
+    steps = read_run_steps(point.folder, model.padded).steps
+    chunked = steps[(steps["prefill_rows"] >= 2) & (steps["decode_rows"] == 0)]
+    assert len(chunked), "no prefill-only step of several rows: the case this test is about did not happen"
+    measured = (steps["end_s"] - steps["start_s"]).to_numpy()
+    np.testing.assert_allclose(predict_steps(model, steps), measured, rtol=1e-6)

@@ -350,6 +350,8 @@ def test_chunked_prefill_gives_the_same_tokens_as_a_solo_run(budget16, solo, mon
     assert {rid: len(t) for rid, t in tokens.items()} == {r.request_id: r.output_len for r in mixed_rows()}
     assert max(o.prefill_tokens for o in outs) <= 16 and sum(o.prefill_tokens for o in outs) == sum(
         1 + len(r.prompt_tokens) for r in mixed_rows())
+    assert all(o.prefill_width <= o.prefill_tokens <= o.prefill_rows * o.prefill_width for o in outs)
+    assert any(o.prefill_rows >= 2 for o in outs)  # several rows' chunks in one step: its width the longest
 
 
 @pytest.mark.slow  # tiny-mistral on HF
@@ -360,6 +362,7 @@ def test_a_long_prompt_joins_over_several_steps_while_the_running_row_gets_a_tok
     first = next(i for i, o in enumerate(outs) if long.request_id in o.request_ids)
     assert first == 2 + 3  # 51 tokens at 15 a step (one decode each): steps 2, 3, 4 and its last chunk at 5
     assert [o.prefill_tokens for o in outs[2:6]] == [15, 15, 15, 6] and outs[first].joined == 1
+    assert [(o.prefill_rows, o.prefill_width) for o in outs[2:6]] == [(1, 15)] * 3 + [(1, 6)]  # the chunks' shape
     assert all(short.request_id in o.request_ids for o in outs[1:first + 1])  # never stalled a whole prompt
     assert all(len(o.request_ids) - o.joined + o.prefill_tokens <= 16 for o in outs)
 

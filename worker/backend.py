@@ -63,6 +63,8 @@ class StepOutput:
     running: int = 0  # rows in the step (continuous mode)
     joined: int = 0  # rows that were prefilled in this step (continuous mode)
     prefill_tokens: int = 0  # prompt tokens prefilled in this step, chunks included (continuous mode)
+    prefill_rows: int = 0  # rows that ran a prompt chunk in this step (continuous mode)
+    prefill_width: int = 0  # the longest of those chunks, tokens (continuous mode)
     times: list[float] | None = None  # per token, parallel to request_ids; None: every token at `time`
 
 

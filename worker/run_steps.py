@@ -124,9 +124,11 @@ def _continuous_worker(steps: pd.DataFrame, tokens: pd.DataFrame, padded: bool, 
     by_step = dict(tuple(mine.groupby("at")))
     for k, step in enumerate(steps.itertuples(index=False)):
         rows = by_step.get(k, mine.iloc[:0])
+        chunks = (int(getattr(step, "prefill_rows", 0)), int(getattr(step, "prefill_width", 0)))  # protocol ≥ 7
         out.append([step.worker, float(step.start_time), float(step.end_time),
                     *_decode_shape(rows[rows["token_index"] > 0], padded, width_of),
-                    *_prefill_shape(rows[rows["token_index"] == 0], int(step.prefill_tokens), padded)])
+                    *(_padded_chunks(*chunks) if padded and all(chunks) else
+                      _prefill_shape(rows[rows["token_index"] == 0], int(step.prefill_tokens), padded))])
     return out
 
 
@@ -140,6 +142,12 @@ def _decode_shape(decoded: pd.DataFrame, padded: bool, width_of: dict) -> tuple[
         widths = decoded["request_id"].map(width_of).fillna(decoded["prompt_len"]).to_numpy()
         return n, float(n * np.max(widths + index))
     return n, float(np.sum(decoded["prompt_len"].to_numpy() + index))
+
+
+def _padded_chunks(rows: int, width: int) -> tuple[int, float, float]:
+    """(rows, tokens, Σ len²) of a padded worker's prompt chunks as it recorded them: every row as wide as the
+    longest chunk, as the simulator pads them (worker.sim.ContinuousCore._prefill_s)."""
+    return rows, float(rows * width), float(rows * width ** 2)
 
 
 def _prefill_shape(joiners: pd.DataFrame, recorded_tokens: int, padded: bool) -> tuple[int, float, float]:

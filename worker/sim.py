@@ -116,7 +116,8 @@ class ContinuousCore:
             self.finishing.setdefault(last, []).append((self.keys, prompt_len + max(output_len, 1)))
             self.context_tokens += prompt_len
             self.keys += 1
-        plan = StepPlan(step, duration, [row[0] for row in done], [], len(self.rows), sum(counts))
+        plan = StepPlan(step, duration, [row[0] for row in done], [], len(self.rows), sum(counts),
+                        sum(1 for n in counts if n), max(counts, default=0))
         if tokens:
             plan.request_ids = [rid for rid, _ in self.rows.values()]
             plan.token_indices = [step - first for _, first in self.rows.values()]
@@ -247,7 +248,8 @@ class SimBackend(Backend):
         return StepOutput(time=now(), start_time=start, request_ids=plan.request_ids,
                           token_ids=[fake_token(r, i) for r, i in zip(plan.request_ids, plan.token_indices)],
                           finished=plan.finished, running=plan.running, joined=len(plan.joined),
-                          prefill_tokens=plan.prefill_tokens)
+                          prefill_tokens=plan.prefill_tokens, prefill_rows=plan.prefill_rows,
+                          prefill_width=plan.prefill_width)
 
     def abort_all(self) -> None:
         """Drop every admitted row (after a failed step): none is stepped again."""

@@ -187,6 +187,8 @@ class VLLMBackend(Backend):
         if new and lv.generated == 0:  # its prompt was prefilled in this step (whole: these prompts are
             out.joined += 1             # far below vLLM's per-step token budget)
             out.prefill_tokens += len(lv.row.prompt_tokens)
+            out.prefill_rows += 1
+            out.prefill_width = max(out.prefill_width, len(lv.row.prompt_tokens))
         out.times.extend(self._token_times(ro.metrics, lv.generated, len(new), out))
         lv.generated += len(new)
         out.request_ids.extend([rid] * len(new))

@@ -353,4 +353,5 @@ def filled(lives: list[HFContinuousRequest], counts: list[int], out: StepOutput)
     for lv, n in zip(lives, counts):
         lv.filled += n
     out.prefill_tokens = sum(counts)
+    out.prefill_rows, out.prefill_width = sum(1 for n in counts if n), max(counts, default=0)
     return [lv for lv in lives if not lv.unfilled()]
