@@ -76,7 +76,7 @@ def evaluate_run(out: Path, label: str, cfg: RunConfig, live: Summary, preset: s
     sim_strategy = vllm_rule(cfg.strategy, cfg.backend)[0]  # vLLM's worker is fed by credit
     sim = simulate(cfg.model_copy(update=dict(backend="sim", preset=preset, strategy=sim_strategy)), schedule).summary
     model = get_preset(preset)
-    replayed = replay(read_run_steps(out, model.padded), model)
+    replayed = replay(read_run_steps(out, model.padded, model.fused), model)
     figures = {"real": live, "replay": Summary.model_validate(replayed), "sim": sim}
     point = {"label": label, "rate": cfg.rate, "finished": live.finished, "submitted": live.submitted,
              **{k: {m: value(v, m) for m in METRICS} for k, v in figures.items()}}

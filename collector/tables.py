@@ -27,7 +27,7 @@ BATCH_DTYPES = {
 }
 STEP_DTYPES = {"worker": "str", "step": "int64", "start_time": "float64", "end_time": "float64",
                "running": "int64", "joined": "int64", "finished": "int64", "prefill_tokens": "int64",
-               "prefill_rows": "int64", "prefill_width": "int64"}
+               "prefill_rows": "int64", "prefill_width": "int64", "prefill_pairs": "int64"}
 CPU_STAT = "cpu_s"  # RunEnd.stats / WorkerBye.stats key: that process's own CPU time (user + system), s
 
 
@@ -119,7 +119,7 @@ def steps_frame(steps: list, t0: float) -> pd.DataFrame:
     """One row per continuous-mode engine step."""
     return frame([dict(worker=s.worker_id, step=s.step, start_time=s.start_time - t0, end_time=s.end_time - t0,
                        running=s.running, joined=s.joined, finished=s.finished, prefill_tokens=s.prefill_tokens,
-                       prefill_rows=s.prefill_rows, prefill_width=s.prefill_width)
+                       prefill_rows=s.prefill_rows, prefill_width=s.prefill_width, prefill_pairs=s.prefill_pairs)
                   for s in steps], STEP_DTYPES)
 
 

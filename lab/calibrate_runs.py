@@ -251,7 +251,8 @@ def fit_folders(runs: list[Path], facts: dict, form: str, name: str, weigh: str 
     prior's proportions (the record says so under `tied`)."""
     started = time.monotonic() if started is None else started
     form = form if form != "auto" else ("memory" if "cuda" in facts["device"] else "compute")
-    steps = pd.concat([_run_steps(r, facts["constants"].padded) for r in runs], ignore_index=True)
+    c = facts["constants"]
+    steps = pd.concat([_run_steps(r, c.padded, c.fused) for r in runs], ignore_index=True)
     if say is not None:
         say(f"calibrating {facts['kind']} from {len(runs)} run(s): {len(steps)} executed steps, form {form}")
     ties = row_ties(steps, tie_rows) if tie_rows is not None and form == "compute" else []
@@ -275,10 +276,10 @@ def row_ties(steps: pd.DataFrame, prior: StepModel) -> list[Ties]:
     return [t for t in ties if sum(t.values()) > 0]
 
 
-def _run_steps(run: Path, padded: bool) -> pd.DataFrame:
+def _run_steps(run: Path, padded: bool, fused: bool) -> pd.DataFrame:
     """One run's executed steps; CalibrateError naming the table that cannot give them."""
     try:
-        return read_run_steps(run, padded).steps
+        return read_run_steps(run, padded, fused).steps
     except RunStepsError as exc:
         raise CalibrateError(str(exc)) from None
 

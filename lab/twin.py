@@ -138,7 +138,7 @@ def run_speed(model, folder: Path) -> float | None:
     from batchlab.worker.run_steps import RunStepsError, read_run_steps
 
     try:
-        error = total_time_error(model, read_run_steps(folder, model.padded).steps)
+        error = total_time_error(model, read_run_steps(folder, model.padded, model.fused).steps)
     except RunStepsError:
         return None
     return 1 + error if math.isfinite(error) and error > -1 else None

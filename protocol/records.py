@@ -69,6 +69,7 @@ class Step:
     prefill_tokens: Count = 0  # prompt tokens prefilled, chunks of rows still prefilling included
     prefill_rows: Count = 0  # rows that ran a prompt chunk (0: not said, a worker before protocol 7)
     prefill_width: Count = 0  # the longest chunk, tokens: a padded forward computes prefill_rows × it
+    prefill_pairs: Count = 0  # Σ (f + n)² − f² over its chunks (n tokens after f prefilled): packed attention
 
 
 @dataclass(slots=True)

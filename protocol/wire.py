@@ -12,7 +12,7 @@ PROTOCOL_VERSION = 7  # 3: RequestsEnded (closed loop). 4: typed rows; a batch i
 # 5: EndOfStreamAck (traffic keeps its socket until the scheduler took the stream); a RequestMsg's
 # tokens match its prompt_len. 6: the collector is a ROUTER that answers: CollectorAck (the scheduler and
 # the workers keep their sockets until it took their last record), a Heartbeat back to the scheduler's
-# heartbeat. 7: a Step says how many rows ran a prompt chunk and the longest chunk (a padded forward's shape).
+# heartbeat. 7: a Step says its prompt chunks' shape: rows, the longest, token pairs (what the forward computed).
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # every int on the wire fits a table's int64 column

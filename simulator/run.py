@@ -224,7 +224,7 @@ class Simulation:
         start_s, plan = self.stepping.pop(wid)
         self.recorder.step_end(wid, t)
         self.store.handle(Step(wid, plan.step, start_s, t, plan.running, len(plan.joined), len(plan.finished),
-                               plan.prefill_tokens, plan.prefill_rows, plan.prefill_width))
+                               plan.prefill_tokens, plan.prefill_rows, plan.prefill_width, plan.prefill_pairs))
         for rid in plan.finished:
             row, admit_s = self.admitted.pop(rid)
             if rid in plan.token_steps:

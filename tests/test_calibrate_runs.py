@@ -194,10 +194,11 @@ def test_several_folders_follow_one_from(tmp_path):
 
 
 def test_a_padded_workers_prompt_chunks_are_read_as_the_simulator_times_them(tmp_path):
-    """The HF loop pads a step's prompt chunks to the longest (its slot cache's prefill forward): a step that
-    prefilled a few short prompts whole and a long one's first chunk computed rows × the longest chunk, not the
-    step's recorded tokens. Its record says so (protocol 7: prefill_rows, prefill_width) and the reader counts it
-    as the simulator does, so a simulated run's own steps replay to their own times."""
+    """The HF loop pads a prefill-only step's prompt chunks to the longest (its slot cache's prefill forward): a
+    step that prefilled a few short prompts whole and a long one's first chunk computed rows × the longest chunk,
+    not the step's recorded tokens; beside decodes it packs them. Its record says its chunks (protocol 7:
+    prefill_rows, prefill_width, prefill_pairs) and the reader counts them as the simulator does, so a simulated
+    run's own steps replay to their own times."""
     import numpy as np
 
     from batchlab.lab.simulate import simulate_run
@@ -214,7 +215,7 @@ def test_a_padded_workers_prompt_chunks_are_read_as_the_simulator_times_them(tmp
     point = Point(plan.entries[0], float("inf"), 0, plan.seed, tmp_path / "run", 16)  # 16 closed-loop clients:
     simulate_run(point.config({**plan.base, "num_requests": 80}))  # rows that joined together finish together
     model = get_preset("cpu-tiny-mistral-loop")
-    steps = read_run_steps(point.folder, model.padded).steps
+    steps = read_run_steps(point.folder, model.padded, model.fused).steps
     chunked = steps[(steps["prefill_rows"] >= 2) & (steps["decode_rows"] == 0)]
     assert len(chunked), "no prefill-only step of several rows: the case this test is about did not happen"
     measured = (steps["end_s"] - steps["start_s"]).to_numpy()

@@ -173,11 +173,11 @@ def test_first_terminal_record_wins():
 
 def test_steps_table_only_when_steps_arrived():
     assert run_store(script()).finish().steps is None
-    steps = run_store(script() + [Step("w0", 4, T0 + 1.0, T0 + 1.1, 3, 1, 0, 96, 2, 64)]).finish().steps
+    steps = run_store(script() + [Step("w0", 4, T0 + 1.0, T0 + 1.1, 3, 1, 0, 96, 2, 64, 5120)]).finish().steps
     assert steps.to_dict("records") == [{"worker": "w0", "step": 4, "start_time": pytest.approx(1.0),
                                          "end_time": pytest.approx(1.1), "running": 3, "joined": 1,
                                          "finished": 0, "prefill_tokens": 96, "prefill_rows": 2,
-                                         "prefill_width": 64}]
+                                         "prefill_width": 64, "prefill_pairs": 5120}]
 
 
 def test_killed_run_is_readable_through_load_table(tmp_path):

@@ -362,7 +362,9 @@ def test_a_long_prompt_joins_over_several_steps_while_the_running_row_gets_a_tok
     first = next(i for i, o in enumerate(outs) if long.request_id in o.request_ids)
     assert first == 2 + 3  # 51 tokens at 15 a step (one decode each): steps 2, 3, 4 and its last chunk at 5
     assert [o.prefill_tokens for o in outs[2:6]] == [15, 15, 15, 6] and outs[first].joined == 1
-    assert [(o.prefill_rows, o.prefill_width) for o in outs[2:6]] == [(1, 15)] * 3 + [(1, 6)]  # the chunks' shape
+    assert [(o.prefill_rows, o.prefill_width, o.prefill_pairs) for o in outs[2:6]] == [  # a chunk attends over
+        (1, 15, 15 ** 2), (1, 15, 30 ** 2 - 15 ** 2), (1, 15, 45 ** 2 - 30 ** 2),  # its row's earlier ones
+        (1, 6, 51 ** 2 - 45 ** 2)]
     assert all(short.request_id in o.request_ids for o in outs[1:first + 1])  # never stalled a whole prompt
     assert all(len(o.request_ids) - o.joined + o.prefill_tokens <= 16 for o in outs)
 

@@ -65,6 +65,7 @@ class StepOutput:
     prefill_tokens: int = 0  # prompt tokens prefilled in this step, chunks included (continuous mode)
     prefill_rows: int = 0  # rows that ran a prompt chunk in this step (continuous mode)
     prefill_width: int = 0  # the longest of those chunks, tokens (continuous mode)
+    prefill_pairs: int = 0  # Σ (f + n)² − f² over those chunks (worker.hf.chunks.chunk_shape)
     times: list[float] | None = None  # per token, parallel to request_ids; None: every token at `time`
 
 

@@ -204,7 +204,7 @@ class Worker:
         conv = self.clock.to_scheduler
         self.out.record(Step(self.worker_id, self.step_no, conv(out.start_time), conv(out.time), out.running,
                                 out.joined, len(out.finished), out.prefill_tokens, out.prefill_rows,
-                                out.prefill_width))
+                                out.prefill_width, out.prefill_pairs))
         self.step_no += 1
         for rid in out.finished:
             self._close_row(rid, None)

@@ -43,12 +43,13 @@ class RunSteps:
     requests: pd.DataFrame
 
 
-def read_run_steps(run_dir: str | Path, padded: bool) -> RunSteps:
-    """A run folder's executed steps (static batches and continuous steps alike)."""
+def read_run_steps(run_dir: str | Path, padded: bool, fused: bool = False) -> RunSteps:
+    """A run folder's executed steps (static batches and continuous steps alike), for a worker that pads its rows
+    (`padded`) and runs a step's decodes and prompt chunks as one packed forward (`fused`)."""
     run = RunDir(run_dir)
     requests, batches, tokens = (_table(run, name) for name in ("requests", "batches", "tokens"))
     steps = _table(run, "steps") if run.table("steps").is_file() else pd.DataFrame(columns=list(NEEDED["steps"]))
-    return executed_steps(requests, batches, tokens, steps, padded)
+    return executed_steps(requests, batches, tokens, steps, padded, fused)
 
 
 def _table(run: RunDir, name: str) -> pd.DataFrame:
@@ -77,7 +78,7 @@ def _of_kind(column: pd.Series, kind: str) -> bool:
 
 
 def executed_steps(requests: pd.DataFrame, batches: pd.DataFrame, tokens: pd.DataFrame, steps: pd.DataFrame,
-                   padded: bool) -> RunSteps:
+                   padded: bool, fused: bool = False) -> RunSteps:
     """The tables of a run → its executed steps in the step model's terms (see the module's docstring)."""
     tokens = tokens.merge(batches[["batch_id", "worker"]], on="batch_id", how="left")
     tokens = tokens.merge(requests[["request_id", "prompt_len"]], on="request_id", how="left")
@@ -88,7 +89,7 @@ def executed_steps(requests: pd.DataFrame, batches: pd.DataFrame, tokens: pd.Dat
         batch = batches[batches["batch_id"] == bid].iloc[0]
         rows += _static_batch(batch, group, tokens, len(rows))
     for _, own in steps.groupby("worker", sort=True):
-        rows += _continuous_worker(own.sort_values("step"), tokens, padded, len(rows))
+        rows += _continuous_worker(own.sort_values("step"), tokens, padded, fused, len(rows))
     return RunSteps(pd.DataFrame(rows, columns=list(STEP_COLUMNS)), tokens, requests)
 
 
@@ -109,8 +110,10 @@ def _static_batch(batch: pd.Series, group: pd.DataFrame, tokens: pd.DataFrame, f
     return out
 
 
-def _continuous_worker(steps: pd.DataFrame, tokens: pd.DataFrame, padded: bool, first: int) -> list[list]:
-    """One continuous worker's steps, each with the rows its tokens say it ran."""
+def _continuous_worker(steps: pd.DataFrame, tokens: pd.DataFrame, padded: bool, fused: bool,
+                       first: int) -> list[list]:
+    """One continuous worker's steps, each with the rows its tokens say it ran; a padded worker's prompt chunks
+    padded to the longest unless they ran packed beside decodes in one fused forward (worker.sim.ContinuousCore)."""
     mine = tokens[tokens["worker"] == steps["worker"].iloc[0]]
     ends = steps["end_time"].to_numpy()
     at = np.searchsorted(ends, mine["time"].to_numpy() - TIME_SLACK_S, side="left")
@@ -124,11 +127,12 @@ def _continuous_worker(steps: pd.DataFrame, tokens: pd.DataFrame, padded: bool, 
     by_step = dict(tuple(mine.groupby("at")))
     for k, step in enumerate(steps.itertuples(index=False)):
         rows = by_step.get(k, mine.iloc[:0])
-        chunks = (int(getattr(step, "prefill_rows", 0)), int(getattr(step, "prefill_width", 0)))  # protocol ≥ 7
+        decoded = rows[rows["token_index"] > 0]
+        pads = padded and not (fused and len(decoded))  # a fused step packs its chunks beside the decodes
+        said = _said_chunks(step, pads)  # protocol ≥ 7
         out.append([step.worker, float(step.start_time), float(step.end_time),
-                    *_decode_shape(rows[rows["token_index"] > 0], padded, width_of),
-                    *(_padded_chunks(*chunks) if padded and all(chunks) else
-                      _prefill_shape(rows[rows["token_index"] == 0], int(step.prefill_tokens), padded))])
+                    *_decode_shape(decoded, padded, width_of),
+                    *(said or _prefill_shape(rows[rows["token_index"] == 0], int(step.prefill_tokens), pads))])
     return out
 
 
@@ -144,14 +148,21 @@ def _decode_shape(decoded: pd.DataFrame, padded: bool, width_of: dict) -> tuple[
     return n, float(np.sum(decoded["prompt_len"].to_numpy() + index))
 
 
-def _padded_chunks(rows: int, width: int) -> tuple[int, float, float]:
-    """(rows, tokens, Σ len²) of a padded worker's prompt chunks as it recorded them: every row as wide as the
-    longest chunk, as the simulator pads them (worker.sim.ContinuousCore._prefill_s)."""
-    return rows, float(rows * width), float(rows * width ** 2)
+def _said_chunks(step, pads: bool) -> tuple[int, float, float] | None:
+    """(rows, tokens, token pairs) of a step's prompt chunks as its worker said them (protocol 7's prefill_rows,
+    prefill_width, prefill_pairs; None in older runs): padded, every row as wide as the longest chunk, else packed,
+    as the simulator times them (worker.sim.ContinuousCore._prefill_s)."""
+    rows, width = int(getattr(step, "prefill_rows", 0)), int(getattr(step, "prefill_width", 0))
+    if not (rows and width):
+        return None
+    if pads:
+        return rows, float(rows * width), float(rows * width ** 2)
+    return rows, float(step.prefill_tokens), float(getattr(step, "prefill_pairs", 0))
 
 
 def _prefill_shape(joiners: pd.DataFrame, recorded_tokens: int, padded: bool) -> tuple[int, float, float]:
-    """(rows, tokens, Σ prompt_len²) of a step's prefill; a chunked prefill counts its recorded tokens."""
+    """(rows, tokens, Σ prompt_len²) of a step's prefill from its joiners (a run before its worker said its
+    chunks); a chunked prefill counts its recorded tokens."""
     lens = joiners["prompt_len"].to_numpy(dtype=float)
     whole = len(lens) and (lens.sum() <= recorded_tokens <= lens.sum() + len(lens)  # + a BOS per row
                            or recorded_tokens <= 0)  # a worker that records no prefill tokens (older vLLM runs)

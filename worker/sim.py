@@ -11,7 +11,7 @@ from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.settings import parse_bytes
 from batchlab.worker.backend import Backend, BackendInfo, BackendRequest, StepOutput, lockstep_output
-from batchlab.worker.hf.chunks import plan_chunks
+from batchlab.worker.hf.chunks import chunk_shape, plan_chunks
 from batchlab.worker.machine_noise import MachineNoise, of_config
 from batchlab.worker.step_plan import StepPlan
 from batchlab.worker.stepmodel import StepModel, get_preset, speed_factor
@@ -64,8 +64,9 @@ class ContinuousCore:
     one a joiner's whole prompt is prefilled in the step it joins (a chunk is its prompt).
 
     With a `padded` model (the HF loop: its slot cache, or its padded layout, which has no budget) a step's
-    chunks are padded to the longest and a decode step attends over running × the widest row's columns
-    (O(running) per step).
+    chunks are padded to the longest, unless the model is `fused` and rows decode beside them (the slot cache's
+    one packed forward), and a decode step attends over running × the widest row's columns (O(running) per
+    step).
 
     The context is kept as a running sum and rows leave from a per-step list, so a step costs
     O(prefilling + finishers), not O(running).
@@ -102,8 +103,9 @@ class ContinuousCore:
         step = self.step_no
         counts = self._chunks()
         done = [row for row, n in zip(self.prefilling, counts) if row[3] + n >= row[1]]
-        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(counts),
-                                      len(self.rows), sum(counts))
+        chunks = chunk_shape([row[3] for row in self.prefilling], counts)
+        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(sum(counts),
+                                      *chunks), len(self.rows), sum(counts))
         for row, n in zip(self.prefilling, counts):
             row[3] += n
         self.prefilling = self.prefilling[len(done):]  # the oldest rows finish their prompts first
@@ -116,8 +118,7 @@ class ContinuousCore:
             self.finishing.setdefault(last, []).append((self.keys, prompt_len + max(output_len, 1)))
             self.context_tokens += prompt_len
             self.keys += 1
-        plan = StepPlan(step, duration, [row[0] for row in done], [], len(self.rows), sum(counts),
-                        sum(1 for n in counts if n), max(counts, default=0))
+        plan = StepPlan(step, duration, [row[0] for row in done], [], len(self.rows), sum(counts), *chunks)
         if tokens:
             plan.request_ids = [rid for rid, _ in self.rows.values()]
             plan.token_indices = [step - first for _, first in self.rows.values()]
@@ -143,16 +144,16 @@ class ContinuousCore:
             return self.model.decode_step_s(rows * (max(self.pad_base.values()) + step), rows)
         return self.model.decode_step_s(self.context_tokens, rows)
 
-    def _prefill_s(self, counts: list[int]) -> float:
-        """The step's chunks in one forward: packed (each chunk attends over its row's earlier chunks), or
-        (padded) padded to the longest chunk."""
-        chunks = [(row[3], n) for row, n in zip(self.prefilling, counts) if n]
-        if not chunks:
+    def _prefill_s(self, tokens: int, rows: int, width: int, pairs: int) -> float:
+        """The step's chunks (`tokens` in all over `rows` rows, the longest `width`, `pairs` token pairs:
+        chunk_shape) in one forward: packed (each chunk attends over its row's earlier chunks), or (padded)
+        padded to the longest chunk, unless they run beside decodes in one fused forward, which packs them (the
+        HF loop's slot cache: worker.hf.slots.fused_inputs)."""
+        if not rows:
             return 0.0
-        if self.model.padded:
-            return self.model.prefill_s(len(chunks) * max(n for _, n in chunks), len(chunks))
-        pairs = sum((f + n) * (f + n) - f * f for f, n in chunks)
-        return self.model.prefill_s(sum(n for _, n in chunks), len(chunks), pairs)
+        if self.model.padded and not (self.model.fused and self.rows):
+            return self.model.prefill_s(rows * width, rows)
+        return self.model.prefill_s(tokens, rows, pairs)
 
     def abort(self) -> None:
         """Drop every row, waiting or running (none is stepped again)."""
@@ -249,7 +250,7 @@ class SimBackend(Backend):
                           token_ids=[fake_token(r, i) for r, i in zip(plan.request_ids, plan.token_indices)],
                           finished=plan.finished, running=plan.running, joined=len(plan.joined),
                           prefill_tokens=plan.prefill_tokens, prefill_rows=plan.prefill_rows,
-                          prefill_width=plan.prefill_width)
+                          prefill_width=plan.prefill_width, prefill_pairs=plan.prefill_pairs)
 
     def abort_all(self) -> None:
         """Drop every admitted row (after a failed step): none is stepped again."""

@@ -17,6 +17,7 @@ class StepPlan:
     prefill_tokens: int = 0  # prompt tokens prefilled in it (its chunks: whole prompts without a budget)
     prefill_rows: int = 0  # rows that ran a chunk in it
     prefill_width: int = 0  # the longest chunk
+    prefill_pairs: int = 0  # Σ (f + n)² − f² over its chunks (worker.hf.chunks.chunk_shape)
     request_ids: list[int] = field(default_factory=list)
     token_indices: list[int] = field(default_factory=list)
     # a core whose running rows skip some steps (every_step False): each finisher's token step numbers, in order

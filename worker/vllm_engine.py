@@ -189,6 +189,7 @@ class VLLMBackend(Backend):
             out.prefill_tokens += len(lv.row.prompt_tokens)
             out.prefill_rows += 1
             out.prefill_width = max(out.prefill_width, len(lv.row.prompt_tokens))
+            out.prefill_pairs += len(lv.row.prompt_tokens) ** 2
         out.times.extend(self._token_times(ro.metrics, lv.generated, len(new), out))
         lv.generated += len(new)
         out.request_ids.extend([rid] * len(new))

@@ -126,7 +126,7 @@ class V0Core:
         duration = self.model.prefill_s(sum(lengths), len(chosen), sum(n * n for n in lengths))
         step = self.step_no
         plan = StepPlan(step, duration, [s.request_id for s in chosen if s.generated == 0], [], len(chosen),
-                        sum(lengths), len(lengths), max(lengths, default=0))
+                        sum(lengths), len(lengths), max(lengths, default=0), sum(n * n for n in lengths))
         if tokens:
             plan.request_ids = [s.request_id for s in chosen]
             plan.token_indices = [s.generated for s in chosen]

@@ -64,6 +64,13 @@ def plan_chunks(tokens: int | None, unfilled: list[int]) -> list[int]:
     return [min(n, tokens - planned) for n, planned in zip(unfilled, before) if planned < tokens]
 
 
+def chunk_shape(fills: list[int], counts: list[int]) -> tuple[int, int, int]:
+    """(rows, the longest chunk, Σ (f + n)² − f² token pairs) of a step's chunks: counts[j] tokens after fills[j]
+    prefilled (a chunk attends over its row's earlier chunks); what a step record says of its prefill."""
+    ran = [(f, n) for f, n in zip(fills, counts) if n]
+    return len(ran), max((n for _, n in ran), default=0), sum((f + n) * (f + n) - f * f for f, n in ran)
+
+
 def chunks_of(lives: list[HFContinuousRequest], counts: list[int]) -> list[list[int]]:
     """The token ids of each row's next chunk (its `counts[j]` tokens after what is filled)."""
     return [lv.context[lv.filled:lv.filled + n] for lv, n in zip(lives, counts)]

@@ -32,7 +32,7 @@ from batchlab.protocol.clock import now
 from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.status import FailureReason
 from batchlab.worker.backend import Backend, BackendError, BackendRequest, StepOutput
-from batchlab.worker.hf.chunks import HFContinuousRequest, chunks_of, plan_chunks, step_budget
+from batchlab.worker.hf.chunks import HFContinuousRequest, chunk_shape, chunks_of, plan_chunks, step_budget
 from batchlab.worker.hf.layouts import DESCRIPTIONS, LAYOUTS, sliding_window
 from batchlab.worker.hf.static import HFBackend, HFSettings, settings_from_config
 
@@ -350,8 +350,8 @@ def emit(lives: list[HFContinuousRequest], tokens: list[int], t: float, out: Ste
 def filled(lives: list[HFContinuousRequest], counts: list[int], out: StepOutput) -> list[HFContinuousRequest]:
     """Count the chunks that ran; the rows now fully prefilled (the oldest: only the last chunk can be
     partial)."""
+    out.prefill_rows, out.prefill_width, out.prefill_pairs = chunk_shape([lv.filled for lv in lives], counts)
     for lv, n in zip(lives, counts):
         lv.filled += n
     out.prefill_tokens = sum(counts)
-    out.prefill_rows, out.prefill_width = sum(1 for n in counts if n), max(counts, default=0)
     return [lv for lv in lives if not lv.unfilled()]
