@@ -13,12 +13,14 @@ from batchlab.lab.capacity_search import (SEARCH_KEYS, LiveSearch, saturate_all,
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.progress import StudyProgress
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
-from batchlab.lab.twin import confirm, confirmation_rate, fit_twin, held_to, twin_capacity, widened
+from batchlab.lab.twin import (confirm, confirmation_rate, fit_twin, held_to, run_speed, twin_capacity, widened,
+                               with_speeds)
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.verdicts import Agreement
 from batchlab.stats.capacity import CapacityEstimate
 from batchlab.stats.saturation import estimated, pooled
+from batchlab.worker.stepmodel import load_preset
 
 
 def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
@@ -96,14 +98,8 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
             view.note(f"twin {entry.label}: {exc}; its capacity is searched live instead")
         return live_entry(plan, out, live, entry, runs, estimator, settings) | {"twin_failed": str(exc)}
     cap, held = held_to(cap, saturated)
-    doc = widened(cap.as_dict(), twin["spread_pct"]) | {"saturated": saturated, "twin": twin, "probes": [],
-                                                        "method": "twin", **({"held_to_live_mu": True} if held else {})}
-    if view:
-        spread = (f" ± {twin['spread_pct']:.1f}% (live ÷ twin on each saturated run's own steps: "
-                  f"{twin['bias_pct']:+.1f}%)" if twin["spread_pct"] is not None else "")
-        view.note(f"twin {entry.label}: μ {twin['saturated']['req_s']:.3g} req/s (live {saturated['req_s']:.3g}), "
-                  f"capacity {_num(doc['estimate_req_s'])} [{_num(doc['lo_req_s'])}, {_num(doc['hi_req_s'])}] "
-                  f"req/s{spread}" + (" (held to the live μ)" if doc.get("held_to_live_mu") else ""))
+    doc = cap.as_dict() | {"saturated": saturated, "twin": twin, "probes": [], "method": "twin",
+                           **({"held_to_live_mu": True} if held else {})}
     rate = confirmation_rate(doc)
     if rate is not None:
         check = confirm(live, entry, rate, saturated, settings, fit.preset, twin["saturated"])
@@ -111,9 +107,20 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
         doc["probes"] = [{"rate_req_s": check.probe.rate_req_s, "folder": check.probe.folder,
                           "tokens_per_request": check.probe.tokens_per_request, "live": True,
                           **asdict(check.probe.verdict)}]
+        # the probe is one more sample of the machine's speed against the twin, at the load the capacity is about
+        speed = run_speed(load_preset(fit.preset), out / check.probe.folder) if check.probe.folder else None
+        if speed is not None:
+            twin.update(with_speeds(twin["speed_ratios"] + [speed]), confirmation_speed=speed)
         if view:
             agreement = Agreement.of(check.agrees).said
             view.note(f"confirm {entry.label}: {check.text()} ({agreement} with the twin); {check.twin_text()}")
+    doc = widened(doc, twin["spread_pct"])
+    if view:
+        spread = (f" ± {twin['spread_pct']:.1f}% (live ÷ twin on each of {len(twin['speed_ratios'])} live runs' own "
+                  f"steps: {twin['bias_pct']:+.1f}%)" if twin["spread_pct"] is not None else "")
+        view.note(f"twin {entry.label}: μ {twin['saturated']['req_s']:.3g} req/s (live {saturated['req_s']:.3g}), "
+                  f"capacity {_num(doc['estimate_req_s'])} [{_num(doc['lo_req_s'])}, {_num(doc['hi_req_s'])}] "
+                  f"req/s{spread}" + (" (held to the live μ)" if doc.get("held_to_live_mu") else ""))
     return doc
 
 

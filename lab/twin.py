@@ -207,15 +207,22 @@ def twin_capacity(plan: Plan, fit: TwinFit, settings: AutoRates) -> tuple[Capaci
     saturated = pooled([twin.saturated(entry, r) for r in sorted({run.repeat for run in fit.runs} or {0})])
     cap = search(fit.label, start_below(saturated, twin.s.width), twin.measure(entry, saturated), width=twin.s.width,
                  max_probes=twin.s.max_probes, saturated=saturated)
-    ratios = speed_ratios(fit)
-    logs = [math.log(r) for r in ratios]
-    half = mean_interval(logs)[1] if len(logs) >= 2 else math.nan
-    record = {"preset": str(fit.preset), "kind": fit.kind, "saturated": saturated, "speed_ratios": ratios,
-              "bias_pct": (math.exp(sum(logs) / len(logs)) - 1) * 100 if logs else None,
-              "spread_pct": (math.exp(half) - 1) * 100 if math.isfinite(half) else None,
+    record = {"preset": str(fit.preset), "kind": fit.kind, "saturated": saturated,
+              **with_speeds(speed_ratios(fit)),
               "search": cap.as_dict(), "fit_error": fit.record.get("fit_error"),
               "total_time_error": fit.record.get("total_time_error"), "levelled_by": fit.record.get("levelled_by")}
     return cap, record
+
+
+def with_speeds(ratios: list[float]) -> dict:
+    """The twin record's speed fields from the live runs' speeds against it (run_speed): `speed_ratios`, their
+    geometric mean's offset (`bias_pct`) and the half-width of its 95% t-interval (`spread_pct`, None with fewer
+    than 2)."""
+    logs = [math.log(r) for r in ratios]
+    half = mean_interval(logs)[1] if len(logs) >= 2 else math.nan
+    return {"speed_ratios": list(ratios),
+            "bias_pct": (math.exp(sum(logs) / len(logs)) - 1) * 100 if logs else None,
+            "spread_pct": (math.exp(half) - 1) * 100 if math.isfinite(half) else None}
 
 
 def widened(doc: dict, spread_pct: float | None) -> dict:

@@ -167,6 +167,8 @@ def test_a_live_study_on_the_sim_backend_fits_a_twin_that_finds_the_long_searchs
     assert (out / "_twin" / "presets" / "naive.yaml").is_file()
     confirm = naive["confirmation"]
     assert confirm["ran_s"] <= 6 and confirm["agrees"] in (True, None) and naive["probes"][0]["live"]
+    twin = naive["twin"]  # the confirmation is a fourth sample of the machine's speed against the twin
+    assert len(twin["speed_ratios"]) == 4 and twin["speed_ratios"][-1] == twin["confirmation_speed"]
 
 
 def test_terms_full_batches_cannot_tell_apart_are_fitted_in_the_priors_proportions():
