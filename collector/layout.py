@@ -24,6 +24,8 @@ SATURATED_DIR = "_saturated"  # each strategy's saturated runs (μ): _saturated/
 CAPACITY_FILE = "capacity.json"  # every strategy's capacity bracket, estimate and probes
 TWIN_DIR = "_twin"  # the study's twin (lab.twin): presets/, its curves (a simulated sweep) and TWIN_ERRORS_FILE
 TWIN_ERRORS_FILE = "errors.json"  # the twin against every live grid point (lab.twin_curves)
+# the figures TWIN_ERRORS_FILE compares, by key (its keys; report.twin's and the terminal's names)
+TWIN_FIGURES = {"ttft_p50": "TTFT p50", "e2e_p50": "E2E p50", "throughput": "throughput"}
 
 LABEL_KEY, RATE_KEY, REPEAT_KEY = "sweep_label", "sweep_rate", "sweep_repeat"  # a point's keys, outermost first
 CONCURRENCY_KEY = "sweep_concurrency"  # in a closed-loop sweep, the middle key instead of the rate

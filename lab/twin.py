@@ -27,6 +27,7 @@ from batchlab.lab.capacity_search import SimulatedSearch, probe_duration_s
 from batchlab.lab.rate_search import search, start_below
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, floor_3g
 from batchlab.protocol.errors import CalibrateError
+from batchlab.protocol.study_settings import TWIN_PROBE_MAX_S, TWIN_PROBE_MIN_S
 from batchlab.protocol.verdicts import Sustain
 from batchlab.stats.capacity import CapacityEstimate, Probe
 from batchlab.stats.intervals import mean_interval
@@ -38,11 +39,6 @@ TWIN_SATURATED_S = 120.0  # a twin's saturated run (one per live repeat's seed),
 # its closed loop's pool of requests, per second of traffic (the live runs' 200 a second would tokenize 24,000
 # ShareGPT prompts for 120 s, about 15 s on 2 cores; a pool that runs dry ends the traffic and μ's window with it)
 TWIN_POOL_REQ_S = 50.0
-# A twin's capacity probe, virtual traffic: at least TWIN_PROBE_MIN_S (a queue limit's refusals near μ are rare
-# events that the settle time does not foresee: 60 s probes on a constant-step model with a limit of 16 judged
-# sustained what 600 s probes refuse, tests/test_twin.py), at most TWIN_PROBE_MAX_S (closer to μ: undecided, said)
-TWIN_PROBE_MIN_S = 600.0
-TWIN_PROBE_MAX_S = 1200.0
 TWIN_WIDTH = 0.03  # the twin's search stops at a bracket this narrow (virtual probes cost little) ...
 TWIN_MAX_PROBES = 12  # ... or after this many probes
 

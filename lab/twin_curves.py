@@ -21,6 +21,7 @@ import numpy as np
 from batchlab.protocol.outcomes import RunOutcome
 from batchlab.collector.layout import TWIN_DIR
 from batchlab.collector.layout import TWIN_ERRORS_FILE as ERRORS_FILE
+from batchlab.collector.layout import TWIN_FIGURES as FIGURES
 from batchlab.lab.sweep_plan import Plan, span_rates
 from batchlab.lab.twin import twin_plan
 from batchlab.lab.twin_replay import replayed
@@ -28,7 +29,6 @@ from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.status import RequestStatus
 
 RHO_MAX = 0.8  # the twin's error is summarised over the live points at or below this load, and over all
-FIGURES = {"ttft_p50": "TTFT p50", "e2e_p50": "E2E p50", "throughput": "output throughput"}
 CURVE_REPEATS = 2  # seeds per curve rate (seed, seed + 1: the live grid's first repeats' schedules)
 
 

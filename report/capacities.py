@@ -5,6 +5,7 @@ what the same sweep's points completed at steady state; and the capacity table, 
 import json
 
 from batchlab.collector.layout import CAPACITY_FILE
+from batchlab.protocol.study_settings import TWIN_PROBE_MIN_S
 from batchlab.protocol.verdicts import Agreement, Sustain
 from batchlab.report.points import Collection
 from batchlab.report.text import md_table
@@ -192,8 +193,9 @@ def criterion_text(source: str) -> str:
     """How the capacities were found, in one paragraph."""
     how = ("a search per strategy from just below its saturated rate μ (geometric steps down while nothing is "
            "sustained, then bisection in log space), on the study's twin where one was fitted (virtual probes of "
-           "600 s or more, the interval widened by its repeats' spread; the one live probe at that capacity in "
-           "the rates measured; section The twin)" if source == SEARCHED else "the sweep's own rates (no search "
+           f"{TWIN_PROBE_MIN_S:.0f} s or more, the interval widened by how the live runs' speed against it "
+           "varied; the one live probe at that capacity in the rates measured; section The twin)"
+           if source == SEARCHED else "the sweep's own rates (no search "
            "ran: the bracket is as coarse as the grid, and μ was not measured)")
     return (f"μ = the completion rate of a saturated run (a closed loop with twice the batch cap in clients; "
             "warm-up and drain excluded), with a 95% interval from the spread between repeats, or from batch "

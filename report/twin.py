@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab.collector.layout import TWIN_DIR, TWIN_ERRORS_FILE as ERRORS_FILE
+from batchlab.collector.layout import TWIN_DIR, TWIN_ERRORS_FILE as ERRORS_FILE, TWIN_FIGURES as FIGURES
 from batchlab.protocol.verdicts import Agreement
 from batchlab.report.points import ReportError, load_collection
 from batchlab.report.stats import GroupStats, all_stats
 from batchlab.report.text import md_table
 
-FIGURES = {"ttft_p50": "TTFT p50", "e2e_p50": "E2E p50", "throughput": "throughput"}
 PLOT_FILE = "twin_curves.png"
 
 
@@ -96,7 +95,8 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
              "Each strategy's step model fitted to the steps its own saturated runs executed (every repeat together; "
              "`_twin/presets/`), played by the simulator with the same policy classes: its capacity was searched "
              "on virtual probes as long as deciding at each load takes, its interval widened by how much the "
-             "live saturated runs' speed varied against the twin on their own requests (± its 95% interval); "
+             "live runs' speed (the saturated ones and the confirmation) varied against the twin on their own "
+             "steps (± its 95% interval); "
              "one live probe at that capacity, as long as deciding there takes (at most the study's "
              "confirm_max_s: undecided is said), stands beside it, and the same schedule played on the "
              "twin beside that. Errors are |twin ÷ live − 1| over the live grid points, each replayed on the twin "
