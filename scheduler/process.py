@@ -26,7 +26,7 @@ from batchlab.protocol.status import FailureKind, detailed
 from batchlab.protocol.sockets import (HEARTBEAT_INTERVAL_S, LINGER_MS, LIVENESS_S, RECORDS_HWM,
                                       RECORDS_SEND_TIMEOUT_MS, Bundler, make_socket, send_routed)
 from batchlab.scheduler.core import SchedulerCore
-from batchlab.scheduler.gate import REFUSED_REQUESTS, REFUSED_STREAM, PlannedSchedule, TrafficGate
+from batchlab.scheduler.gate import PlannedSchedule, TrafficGate
 from batchlab.scheduler.launch import Launch
 from batchlab.scheduler.policies import Policy
 
