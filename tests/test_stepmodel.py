@@ -118,3 +118,21 @@ def test_speed_noise_reaches_the_live_sim_worker_and_the_simulator_alike():
     assert worker_key(cfg) != worker_key(other)  # a warm worker would carry one run's speed into the next
     quiet = [c.model_copy(update={"speed_noise": 0.0}) for c in (cfg, other)]
     assert worker_key(quiet[0]) == worker_key(quiet[1])
+
+
+def test_a_preset_file_is_parsed_once_and_read_again_when_its_text_changes(tmp_path, monkeypatch):
+    import yaml
+
+    from batchlab.worker.stepmodel import load_preset, save_preset
+
+    parsed = []
+    real = yaml.safe_load
+    monkeypatch.setattr(yaml, "safe_load", lambda text: parsed.append(1) or real(text))
+    path = tmp_path / "fitted.yaml"
+    save_preset(PRESETS["a100-llama2-7b"], path, {"written_to": str(path)})  # a text no other test parsed
+    first = [load_preset(path) for _ in range(5)]
+    save_preset(PRESETS["a100-llama2-7b"].scaled(2.0), path, {"written_to": str(path)})
+    again = load_preset(path)
+    assert len(parsed) == 2
+    assert first[0] == first[-1] and first[0].name == PRESETS["a100-llama2-7b"].name
+    assert again.overhead_s == pytest.approx(2.0 * first[0].overhead_s)
