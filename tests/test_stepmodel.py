@@ -136,3 +136,15 @@ def test_a_preset_file_is_parsed_once_and_read_again_when_its_text_changes(tmp_p
     assert len(parsed) == 2
     assert first[0] == first[-1] and first[0].name == PRESETS["a100-llama2-7b"].name
     assert again.overhead_s == pytest.approx(2.0 * first[0].overhead_s)
+
+
+def test_a_saturated_run_and_a_capacity_probe_share_their_warm_worker():
+    from batchlab.runner.preflight import checked_config
+    from batchlab.runner.pool import worker_key
+
+    base = {"backend": "sim", "strategy": "dynamic", "out": "."}
+    saturated = checked_config({**base, "rate": float("inf"), "concurrency": 16, "num_requests": 400,
+                                "max_queue": 0, "duration_s": 2}, {})
+    probe = checked_config({**base, "rate": 12.5, "max_queue": 32, "duration_s": 4}, {})
+    assert worker_key(saturated) == worker_key(probe)  # the traffic's pool of prompts is no worker setting
+    assert worker_key(probe) != worker_key(probe.model_copy(update={"max_batch_size": 4}))
