@@ -67,7 +67,10 @@ def content_hash(offsets_s: np.ndarray, tokens: Sequence[Sequence[int]], output_
     def flat_slices() -> Iterator[np.ndarray]:  # the flat tokens, a slice of prompts at a time
         for start in range(0, len(tokens), HASH_ROWS):
             rows = tokens[start:start + HASH_ROWS]
-            yield np.fromiter(itertools.chain.from_iterable(rows), dtype="<i8", count=int(sum(map(len, rows))))
+            if all(isinstance(row, np.ndarray) for row in rows):  # synthetic prompts: joined, ~5× faster than
+                yield np.concatenate(rows).astype("<i8", copy=False)  # one Python int at a time; the same bytes
+            else:
+                yield np.fromiter(itertools.chain.from_iterable(rows), dtype="<i8", count=int(sum(map(len, rows))))
 
     return digest(len(tokens), [offsets_s], [prompt_lens], [output_lens], flat_slices())
 
