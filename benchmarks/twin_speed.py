@@ -1,6 +1,7 @@
 """How fast a study's twin answers: each strategy's twin fitted to a finished sweep's saturated runs, its capacity
 searched in virtual time (lab.twin.twin_capacity: a 120 s saturated run per repeat, then probes of 600 s and more),
-and the twin's curves played (lab.twin_curves.play_curves), as `batchlab sweep` does between its live runs.
+then every strategy's twin again side by side (lab.capacity_study.played_twins, as the study plays them), and the
+twin's curves played (lab.twin_curves.play_curves), as `batchlab sweep` does between its live runs.
 
     .venv/bin/python benchmarks/twin_speed.py /tmp/smoke [--config configs/smoke.yaml] [--work /tmp/twin-speed]
 
@@ -22,6 +23,7 @@ import yaml
 
 from batchlab.collector.layout import CAPACITY_FILE, SATURATED_DIR, TWIN_DIR
 from batchlab.lab.capacity_search import measured
+from batchlab.lab.capacity_study import played_twins
 from batchlab.lab.sweep_plan import load_plan
 from batchlab.lab.twin import fit_twin, twin_capacity
 from batchlab.lab.twin_curves import play_curves
@@ -40,6 +42,13 @@ def saturated_runs(out: Path, label: str) -> list:
 def digest(value: object) -> str:
     """A short hash of a JSON-able value (equal answers, equal digests)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def answers(summary: dict) -> dict:
+    """A simulated run's summary less what the code's version and the machine's speed write into it (the commit,
+    in its settings' environment and their hash; the simulation's wall time)."""
+    settings = {k: v for k, v in summary["settings"].items() if k not in ("environment", "config_hash")}
+    return {k: v for k, v in summary.items() if k != "simulation_wall_s"} | {"settings": settings}
 
 
 def timed(what: str, work):
@@ -71,9 +80,12 @@ def main() -> None:
             capacity["strategies"][entry.label]["twin"]["preset"] = str(fit.preset)
             print(f"{'':>28}  capacity {cap.estimate_req_s}, μ {record['saturated']['req_s']}, "
                   f"digest {digest([cap.as_dict(), record])}")
+        runs = {entry.label: saturated_runs(out, entry.label) for entry in plan.entries}
+        twins = timed("side by side (played_twins)", lambda: played_twins(plan, out, plan.entries, runs, plan.auto))
+        print(f"{'':>28}  digests " + ", ".join(f"{label} {digest([cap.as_dict(), record])}"
+                                                for label, (_, cap, record) in twins.items()))
         timed("curves", lambda: play_curves(plan, out, capacity))
-        summaries = [{k: v for k, v in json.loads(p.read_text()).items() if k != "simulation_wall_s"}  # a timing
-                     for p in sorted((out / TWIN_DIR).glob("*/*/*/summary.json"))]
+        summaries = [answers(json.loads(p.read_text())) for p in sorted((out / TWIN_DIR).glob("*/*/*/summary.json"))]
         print(f"{len(summaries)} curve points, digest {digest(summaries)}; "
               f"{time.perf_counter() - wall0:.2f} s wall in all")
     finally:

@@ -238,3 +238,20 @@ def test_the_twins_estimate_is_held_to_the_live_mu():
     doc = held.as_dict()
     assert was and doc["estimate_req_s"] == 9.8 and doc["lo_req_s"] == 9.8 and doc["hi_req_s"] == 10.2
     assert held_to(cap, {"req_s": 10.2}) == (cap, False) and held_to(cap, None) == (cap, False)
+
+
+@pytest.mark.slow
+def test_every_strategys_twin_is_played_in_a_process_of_its_own_and_answers_as_played_alone(tmp_path, monkeypatch):
+    from batchlab.lab import capacity_study
+    from batchlab.lab.fanout import Fanout
+
+    plan = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, 12, max_queue=16))
+    runs = {label: saturated_folders(tmp_path, plan, label, 2, 6.0) for label in ("naive", "dynamic")}
+    asked, fan_out = [], Fanout.map
+    monkeypatch.setattr(Fanout, "map", lambda self, *args: asked.append(self.processes) or fan_out(self, *args))
+    played = capacity_study.played_twins(plan, tmp_path, plan.entries, runs, plan.auto)
+    assert asked == [2] and list(played) == ["naive", "dynamic"]
+    for label, (fit, cap, record) in played.items():
+        _, alone_cap, alone_record = capacity_study._played_twin((plan, tmp_path, plan.auto), (label, runs[label]))
+        assert (cap, record) == (alone_cap, alone_record), label
+        assert fit.preset.is_file() and fit.label == label
