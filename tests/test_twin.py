@@ -255,3 +255,20 @@ def test_every_strategys_twin_is_played_in_a_process_of_its_own_and_answers_as_p
         _, alone_cap, alone_record = capacity_study._played_twin((plan, tmp_path, plan.auto), (label, runs[label]))
         assert (cap, record) == (alone_cap, alone_record), label
         assert fit.preset.is_file() and fit.label == label
+
+
+def test_the_twins_curves_are_played_on_every_core(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from batchlab.lab.fanout import Fanout
+    from batchlab.lab.twin_curves import play_curves
+
+    plan = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, 12))
+    plan = replace(plan, base={**plan.base, "duration_s": 5}, auto=plan.auto.model_copy(update={"points": 2}))
+    preset = plan.base["preset"]
+    capacity = {"strategies": {lb: {"estimate_req_s": 10.0, "twin": {"preset": preset}} for lb in ("naive", "dynamic")}}
+    asked, fan_out = [], Fanout.map
+    monkeypatch.setattr(Fanout, "map", lambda self, *args: asked.append(self.processes) or fan_out(self, *args))
+    folder = play_curves(plan, tmp_path, capacity)
+    assert asked == [0]  # Fanout: 0 processes, one per core
+    assert len(list(folder.glob("*/*/*/summary.json"))) == 2 * 2 * 2  # strategies × rates × seeds
