@@ -178,10 +178,11 @@ class _Clock:
 def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
     """Build (or check) the schedule here, so a bad dataset fails before any process starts; the
     traffic process then replays the saved file."""
+    from batchlab.traffic.run_schedule import make_schedule
     from batchlab.traffic.schedule import save_schedule
 
     path = RunDir(out).schedule
-    save_schedule(roles.make_schedule(cfg), path)
+    save_schedule(make_schedule(cfg), path)
     return cfg.model_copy(update={"schedule": str(path)})
 
 
