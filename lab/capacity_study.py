@@ -17,6 +17,7 @@ from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
 from batchlab.lab.twin import TwinFit, confirm, confirmation_rate, fit_twin, held_to, twin_capacity, widened
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.verdicts import Agreement
 from batchlab.stats.capacity import CapacityEstimate
 from batchlab.stats.saturation import estimated, pooled
@@ -85,15 +86,29 @@ Played = tuple[TwinFit, CapacityEstimate, dict] | CalibrateError  # a twin's fit
 
 
 def played_twins(plan: Plan, out: Path, entries: list[Entry], runs: dict, settings: AutoRates) -> dict[str, Played]:
-    """label → its twin, fitted and searched in virtual time, every strategy's in a process of its own at once
-    (lab.fanout; one alone in this process): each search is a bisection, one probe after another, and on the
-    2-core AMD EPYC VM the smoke study's took 3, 4 and 12 s one after another; before the first live confirmation,
-    so no live run shares the CPU with them."""
+    """label → its twin, fitted and searched in virtual time, side by side in a process per core (lab.fanout; one
+    core: in this process), the longest searches first: each search is a bisection, one probe after another, and on
+    the 2-core AMD EPYC VM the smoke study's took 2, 3 and 8 s one after another; before the first live
+    confirmation, so no live run shares the CPU with them."""
     from batchlab.lab.fanout import Fanout
 
-    items = [(e.label, runs[e.label]) for e in entries if runs[e.label] and not isinstance(runs[e.label], str)]
-    played = Fanout(processes=len(items)).map(_played_twin, items, (plan, out, settings))
+    items = [(e.label, runs[e.label]) for e in longest_first(plan, entries)
+             if runs[e.label] and not isinstance(runs[e.label], str)]
+    played = Fanout(processes=0).map(_played_twin, items, (plan, out, settings))
     return {label: twin for (label, _), twin in zip(items, played)}
+
+
+def longest_first(plan: Plan, entries: list[Entry]) -> list[Entry]:
+    """The entries whose twin plays every step as an event (a continuous worker's: the smoke study's continuous
+    search took 8 s) before those that play a static batch as one (2 and 3 s), each group in the plan's order: a
+    process free early takes the next search, so the longest must not start last."""
+    from batchlab.lab.sweep_plan import Point
+    from batchlab.scheduler.strategies import resolve
+
+    def stepped(entry: Entry) -> bool:
+        return resolve(Point(entry, 1.0, 0, plan.seed, Path(".")).config(plan.base)).mode == BatchingMode.CONTINUOUS
+
+    return sorted(entries, key=lambda e: not stepped(e))
 
 
 def _played_twin(shared: tuple[Plan, Path, AutoRates], item: tuple[str, list]) -> Played:

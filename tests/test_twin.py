@@ -2,6 +2,7 @@
 constant-step model's saturated runs finds the capacity a ten-times-longer search finds, repeats stop once every
 throughput comparison is decided, μ's estimator is the tighter one, and the live confirmation's verdicts."""
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -250,7 +251,7 @@ def test_every_strategys_twin_is_played_in_a_process_of_its_own_and_answers_as_p
     asked, fan_out = [], Fanout.map
     monkeypatch.setattr(Fanout, "map", lambda self, *args: asked.append(self.processes) or fan_out(self, *args))
     played = capacity_study.played_twins(plan, tmp_path, plan.entries, runs, plan.auto)
-    assert asked == [2] and list(played) == ["naive", "dynamic"]
+    assert asked == [0] and sorted(played) == ["dynamic", "naive"]  # Fanout: 0 processes, one per core
     for label, (fit, cap, record) in played.items():
         _, alone_cap, alone_record = capacity_study._played_twin((plan, tmp_path, plan.auto), (label, runs[label]))
         assert (cap, record) == (alone_cap, alone_record), label
@@ -272,3 +273,11 @@ def test_the_twins_curves_are_played_on_every_core(tmp_path, monkeypatch):
     folder = play_curves(plan, tmp_path, capacity)
     assert asked == [0]  # Fanout: 0 processes, one per core
     assert len(list(folder.glob("*/*/*/summary.json"))) == 2 * 2 * 2  # strategies × rates × seeds
+
+
+def test_the_twins_that_step_every_step_are_searched_first():
+    from batchlab.lab.capacity_study import longest_first
+
+    plan = load_plan(Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml")
+    assert [e.label for e in plan.entries] == ["naive", "dynamic", "continuous"]
+    assert [e.label for e in longest_first(plan, plan.entries)] == ["continuous", "naive", "dynamic"]
