@@ -184,6 +184,13 @@ def prefix_cache(requests: pd.DataFrame) -> dict:
                              "hit_rate": cached / prompt if prompt else None}}
 
 
+def requests_table(view: StoreView, schedule: pd.DataFrame | None = None) -> pd.DataFrame:
+    """build_tables' requests table alone, its engine columns included (a capacity probe's verdict reads no other)."""
+    t0 = view.t0
+    return engine_columns(requests_frame(view, sorted(view.requests), t0, schedule),
+                          bye_engine_metrics(view) | view.engine_metrics, t0)
+
+
 def build_tables(view: StoreView, schedule: pd.DataFrame | None, slos: dict | None,
                  tokens: pd.DataFrame | None = None) -> Tables:
     """Every final table and the summary, from memory (a store whose rows were never taken: the
@@ -191,8 +198,7 @@ def build_tables(view: StoreView, schedule: pd.DataFrame | None, slos: dict | No
     caller built that table already (the simulator)."""
     t0 = view.t0
     rids = sorted(view.requests)
-    requests = engine_columns(requests_frame(view, rids, t0, schedule),
-                              bye_engine_metrics(view) | view.engine_metrics, t0)
+    requests = requests_table(view, schedule)
     tokens = tokens_frame(view, rids, t0) if tokens is None else tokens
     steps = steps_frame(view.steps, t0) if view.steps else None
     batches = batches_frame(view, sorted(set(view.launches) | set(view.dones)), t0)

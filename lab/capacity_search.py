@@ -234,9 +234,12 @@ class SimulatedSearch:
         return simulate(cfg, make_schedule(cfg)), cfg
 
     def _requests(self, point: Point, base: dict):
-        """The simulated run's requests table and its config."""
-        tables, cfg = self._tables(point, base)
-        return tables.requests, cfg
+        """The simulated run's requests table (no other table is built) and its config."""
+        from batchlab.simulator.run import simulate_requests
+        from batchlab.traffic.run_schedule import make_schedule
+
+        cfg = point.config(base)
+        return simulate_requests(cfg, make_schedule(cfg)), cfg
 
     def saturated(self, entry: Entry, repeat: int) -> SaturatedRun:
         """One saturated run's μ in virtual time, extended as a live one is."""

@@ -5,6 +5,7 @@ live probe (lab.twin), or, with `twin: false`, searched by live probes alone. Wr
 import hashlib
 import json
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 from batchlab.collector.layout import CAPACITY_FILE
@@ -13,10 +14,11 @@ from batchlab.lab.capacity_search import (SEARCH_KEYS, LiveSearch, saturate_all,
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.progress import StudyProgress
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
-from batchlab.lab.twin import (confirm, confirmation_rate, fit_twin, held_to, run_speed, twin_capacity, widened,
-                               with_speeds)
+from batchlab.lab.twin import (TwinFit, confirm, confirmation_rate, fit_twin, held_to, run_speed, twin_capacity,
+                               widened, with_speeds)
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.files import write_json_atomic
+from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.verdicts import Agreement
 from batchlab.stats.capacity import CapacityEstimate
 from batchlab.stats.saturation import estimated, pooled
@@ -46,9 +48,10 @@ def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=No
     saturation = saturation_record(runs, settings)
     for line in saturation_lines(saturation) if view else []:
         view.note(line)
-    # 2. each capacity: on the twin, confirmed live; or searched live
-    strategies = {e.label: (twin_entry if settings.twin else live_entry)(plan, out, live, e, runs[e.label],
-                                                                         saturation["estimator"], settings, view)
+    # 2. each capacity: on the twin (every strategy's played first, side by side), confirmed live; or searched live
+    entry_of = (partial(twin_entry, twins=played_twins(plan, out, entries, runs, settings)) if settings.twin
+                else live_entry)
+    strategies = {e.label: entry_of(plan, out, live, e, runs[e.label], saturation["estimator"], settings, view)
                   for e in entries}
     doc = {"search": settings.model_dump(include=SEARCH_KEYS), "method": "twin" if settings.twin else "live",
            "saturation": saturation, "strategies": strategies, "plan_hash": plan_hash(plan),
@@ -81,22 +84,61 @@ def live_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
     return search_one(entry, live, settings, runs, estimator).as_dict()
 
 
+Played = tuple[TwinFit, CapacityEstimate, dict] | CalibrateError  # a twin's fit, capacity and record, or why none
+
+
+def played_twins(plan: Plan, out: Path, entries: list[Entry], runs: dict, settings: AutoRates) -> dict[str, Played]:
+    """label → its twin, fitted and searched in virtual time, side by side in a process per core (lab.fanout; one
+    core: in this process), the longest searches first: each search is a bisection, one probe after another, and on
+    the 2-core AMD EPYC VM the smoke study's took 2, 3 and 8 s one after another; before the first live
+    confirmation, so no live run shares the CPU with them."""
+    from batchlab.lab.fanout import Fanout
+
+    items = [(e.label, runs[e.label]) for e in longest_first(plan, entries)
+             if runs[e.label] and not isinstance(runs[e.label], str)]
+    played = Fanout(processes=0).map(_played_twin, items, (plan, out, settings))
+    return {label: twin for (label, _), twin in zip(items, played)}
+
+
+def longest_first(plan: Plan, entries: list[Entry]) -> list[Entry]:
+    """The entries whose twin plays every step as an event (a continuous worker's: the smoke study's continuous
+    search took 8 s) before those that play a static batch as one (2 and 3 s), each group in the plan's order: a
+    process free early takes the next search, so the longest must not start last."""
+    from batchlab.lab.sweep_plan import Point
+    from batchlab.scheduler.strategies import resolve
+
+    def stepped(entry: Entry) -> bool:
+        return resolve(Point(entry, 1.0, 0, plan.seed, Path(".")).config(plan.base)).mode == BatchingMode.CONTINUOUS
+
+    return sorted(entries, key=lambda e: not stepped(e))
+
+
+def _played_twin(shared: tuple[Plan, Path, AutoRates], item: tuple[str, list]) -> Played:
+    """One strategy's twin (Fanout's function: module level)."""
+    plan, out, settings = shared
+    label, runs = item
+    try:
+        fit = fit_twin(out, label, runs)
+        return fit, *twin_capacity(plan, fit, settings)
+    except CalibrateError as exc:
+        return exc
+
+
 def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, estimator: str, settings: AutoRates,
-               view=None) -> dict:
-    """One strategy's capacity on its twin, with the live confirmation beside it (`confirmation`); the live
-    search instead, said, when its runs cannot give a twin."""
+               view=None, twins: dict[str, Played] | None = None) -> dict:
+    """One strategy's capacity on its twin (played_twins' in `twins`, else played here), with the live confirmation
+    beside it (`confirmation`); the live search instead, said, when its runs cannot give a twin."""
     if isinstance(runs, str) or not runs:
         note = runs if isinstance(runs, str) else "no saturated run"
         return CapacityEstimate(entry.label, None, None, note=note).as_dict()
     read = estimated(runs, estimator)
     saturated = pooled(read, estimator) if read else pooled(runs)
-    try:
-        fit = fit_twin(out, entry.label, runs)
-        cap, twin = twin_capacity(plan, fit, settings)
-    except CalibrateError as exc:
+    played = (twins or {}).get(entry.label) or _played_twin((plan, out, settings), (entry.label, runs))
+    if isinstance(played, CalibrateError):
         if view:
-            view.note(f"twin {entry.label}: {exc}; its capacity is searched live instead")
-        return live_entry(plan, out, live, entry, runs, estimator, settings) | {"twin_failed": str(exc)}
+            view.note(f"twin {entry.label}: {played}; its capacity is searched live instead")
+        return live_entry(plan, out, live, entry, runs, estimator, settings) | {"twin_failed": str(played)}
+    fit, cap, twin = played
     cap, held = held_to(cap, saturated)
     doc = cap.as_dict() | {"saturated": saturated, "twin": twin, "probes": [], "method": "twin",
                            **({"held_to_live_mu": True} if held else {})}

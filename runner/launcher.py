@@ -7,6 +7,7 @@ import shutil
 import signal
 import time
 from dataclasses import dataclass, field
+from multiprocessing import connection
 from pathlib import Path
 
 import yaml
@@ -177,10 +178,11 @@ class _Clock:
 def _with_schedule(cfg: RunConfig, out: Path) -> RunConfig:
     """Build (or check) the schedule here, so a bad dataset fails before any process starts; the
     traffic process then replays the saved file."""
+    from batchlab.traffic.run_schedule import make_schedule
     from batchlab.traffic.schedule import save_schedule
 
     path = RunDir(out).schedule
-    save_schedule(roles.make_schedule(cfg), path)
+    save_schedule(make_schedule(cfg), path)
     return cfg.model_copy(update={"schedule": str(path)})
 
 
@@ -254,7 +256,13 @@ def _watch(own: list[Child], workers: list[Child], on_tick, stream_ended, clock:
                     or faults.collector_silent_s() > SILENT_AT_START_S)
         if on_tick is not None:
             on_tick(clock.elapsed_s(), {c.name: c.proc.is_alive() for c in children})
-        time.sleep(POLL_S)
+        _wait_for_an_end(children, POLL_S)
+
+
+def _wait_for_an_end(children: list[Child], timeout_s: float) -> None:
+    """Sleep until a live child ends, at most timeout_s: the run's end (its scheduler's and collector's exit) is
+    seen at once, not up to a poll later (0.1 s a run on average, 12 runs in the smoke sweep)."""
+    connection.wait([c.proc.sentinel for c in children if c.proc.is_alive()], timeout_s)
 
 
 def _crash_cause(out: Path, name: str) -> str:

@@ -28,7 +28,7 @@ log = logging.getLogger("batchlab.pool")
 RUN_ONLY = frozenset({"strategy", "rate", "duration_s", "arrival", "burstiness", "dataset", "schedule",
                       "max_wait_ms", "max_new_tokens", "max_prompt_len", "seed", "out", "max_queue",
                       "max_queue_tokens", "stall_limit_s", "label", "repeat", "concurrency", "think_time_ms",
-                      "extra"})
+                      "num_requests", "extra"})  # num_requests: a saturated run's pool of prompts (the traffic's)
 
 
 def worker_key(cfg: RunConfig) -> tuple | None:

@@ -10,8 +10,7 @@ from batchlab.protocol.settings import RunConfig
 from batchlab.protocol.sockets import HEARTBEAT_INTERVAL_S
 from batchlab.scheduler.gate import PlannedSchedule
 from batchlab.scheduler.strategies import resolve
-from batchlab.traffic.run_schedule import make_schedule
-from batchlab.traffic.schedule import saved_plan
+from batchlab.traffic.schedule_file import saved_plan  # pyarrow alone: no pandas in the scheduler's process
 from batchlab.worker.threads import place_harness
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -110,6 +109,7 @@ def traffic_role(cfg: RunConfig, scheduler_addr: str, started=None) -> int:
     """Build (or load) the schedule and replay it against the scheduler; set `started` (an event) when
     the scheduler's Start came: the run's own time limit counts from then."""
     from batchlab.traffic.process import ClosedLoop, run_traffic
+    from batchlab.traffic.run_schedule import make_schedule
     from batchlab.traffic.saved_schedule import open_saved_schedule
 
     setup_logging(cfg.out, "traffic")

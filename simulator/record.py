@@ -87,10 +87,14 @@ class Recorder:
 
     def attach(self, store: RunStore) -> pd.DataFrame:
         """Give `store` each request's tokens (as views); return the tokens table (times since t0)."""
+        return _tokens_frame(self.hold_in(store), store.t0())
+
+    def hold_in(self, store: RunStore) -> list[tuple[_Span, np.ndarray]]:
+        """Give `store` each request's tokens (as views), without the tokens table; their spans and times."""
         spans = self._times()
         for s, times in spans:
             store.hold(s.request_id, s.batch_id, TokenView(times, s.request_id))
-        return _tokens_frame(spans, store.t0())
+        return spans
 
     def token_messages(self) -> list[Tokens]:
         """The tokens as a live worker streams them, one message per token, each with its batch: the

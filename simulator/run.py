@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.collector.store import RunStore
-from batchlab.collector.tables import Tables, build_tables
+from batchlab.collector.tables import Tables, build_tables, requests_table
 from batchlab.protocol import (Arrival, BatchDone, RequestMsg, RequestRow, RunEnd, RunInfo, Step, WorkerBye,
                                WorkerHello)
 from batchlab.protocol.modes import BatchingMode
@@ -262,6 +262,24 @@ def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None, no
     """Play `schedule` through cfg's policy and workers in virtual time; the run's tables. `noise`: the
     machine's slowdown over the run (worker.machine_noise; default the run's own settings', as the live sim
     worker plays them)."""
+    sim, store = _played(cfg, schedule, noise)
+    tokens = sim.recorder.attach(store)
+    # as live; every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
+    tables = build_tables(store.view(), None, slos if slos is not None else cfg.slos() or None, tokens=tokens)
+    tables.summary.end_reason = END_REASON
+    return tables
+
+
+def simulate_requests(cfg: RunConfig, schedule: Schedule, *, noise=None) -> pd.DataFrame:
+    """simulate(cfg, schedule).requests, without the other tables: a capacity probe's verdict reads no other, and a
+    twin's 600 s probe spent a fifth of its time building them (its tokens, batches and steps, its summary)."""
+    sim, store = _played(cfg, schedule, noise)
+    sim.recorder.hold_in(store)
+    return requests_table(store.view())
+
+
+def _played(cfg: RunConfig, schedule: Schedule, noise) -> tuple[Simulation, RunStore]:
+    """The simulation of `schedule` under cfg, played to its end, and its store (tokens still in its recorder)."""
     strategy = resolve(cfg)
     worker = sim_worker(cfg, strategy)
     noise = noise if noise is not None else worker.noise
@@ -272,9 +290,4 @@ def simulate(cfg: RunConfig, schedule: Schedule, *, slos: dict | None = None, no
     sim = Simulation(strategy.policy(), worker.model, hellos, schedule.frame,
                      settings=sim_settings(cfg), max_queue=cfg.max_queue, max_queue_tokens=cfg.max_queue_tokens,
                      stall_limit_s=cfg.stall_limit_s, clients=clients, noise=noise)
-    store = sim.run()
-    tokens = sim.recorder.attach(store)
-    # as live; every schedule row arrives in virtual time, so there are no unsent rows to add from the schedule
-    tables = build_tables(store.view(), None, slos if slos is not None else cfg.slos() or None, tokens=tokens)
-    tables.summary.end_reason = END_REASON
-    return tables
+    return sim, sim.run()

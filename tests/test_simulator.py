@@ -190,3 +190,17 @@ def test_vllm_v0_steps_run_a_waiting_prompt_alone_and_the_running_rows_wait():
     assert r["n_tokens"].tolist() == NEEDS
     times = tables.tokens.groupby("request_id")["time"].apply(list)
     assert times[0] == [1.0, 2.0, 4.0, 5.0, 6.0, 10.0]  # A skips the prompt-only steps [2,3) [6,7) [7,8) [8,9)
+
+
+@pytest.mark.parametrize("strategy", ["naive", "dynamic", "continuous"])
+def test_a_probes_requests_table_alone_is_the_full_runs(strategy):
+    from batchlab.runner.preflight import checked_config
+    from batchlab.simulator.run import simulate as simulate_run, simulate_requests
+    from batchlab.traffic.run_schedule import make_schedule
+
+    cfg = checked_config({"backend": "sim", "strategy": strategy, "rate": 30.0, "duration_s": 20, "max_queue": 16,
+                          "dataset": "synthetic", "out": "."}, {})
+    schedule = make_schedule(cfg)
+    alone = simulate_requests(cfg, schedule)
+    pd.testing.assert_frame_equal(alone, simulate_run(cfg, schedule).requests)
+    assert (alone["status"] != "finished").any()  # the queue limit refused some: not only the easy rows

@@ -118,3 +118,33 @@ def test_speed_noise_reaches_the_live_sim_worker_and_the_simulator_alike():
     assert worker_key(cfg) != worker_key(other)  # a warm worker would carry one run's speed into the next
     quiet = [c.model_copy(update={"speed_noise": 0.0}) for c in (cfg, other)]
     assert worker_key(quiet[0]) == worker_key(quiet[1])
+
+
+def test_a_preset_file_is_parsed_once_and_read_again_when_its_text_changes(tmp_path, monkeypatch):
+    import yaml
+
+    from batchlab.worker.stepmodel import load_preset, save_preset
+
+    parsed = []
+    real = yaml.safe_load
+    monkeypatch.setattr(yaml, "safe_load", lambda text: parsed.append(1) or real(text))
+    path = tmp_path / "fitted.yaml"
+    save_preset(PRESETS["a100-llama2-7b"], path, {"written_to": str(path)})  # a text no other test parsed
+    first = [load_preset(path) for _ in range(5)]
+    save_preset(PRESETS["a100-llama2-7b"].scaled(2.0), path, {"written_to": str(path)})
+    again = load_preset(path)
+    assert len(parsed) == 2
+    assert first[0] == first[-1] and first[0].name == PRESETS["a100-llama2-7b"].name
+    assert again.overhead_s == pytest.approx(2.0 * first[0].overhead_s)
+
+
+def test_a_saturated_run_and_a_capacity_probe_share_their_warm_worker():
+    from batchlab.runner.preflight import checked_config
+    from batchlab.runner.pool import worker_key
+
+    base = {"backend": "sim", "strategy": "dynamic", "out": "."}
+    saturated = checked_config({**base, "rate": float("inf"), "concurrency": 16, "num_requests": 400,
+                                "max_queue": 0, "duration_s": 2}, {})
+    probe = checked_config({**base, "rate": 12.5, "max_queue": 32, "duration_s": 4}, {})
+    assert worker_key(saturated) == worker_key(probe)  # the traffic's pool of prompts is no worker setting
+    assert worker_key(probe) != worker_key(probe.model_copy(update={"max_batch_size": 4}))

@@ -2,6 +2,7 @@
 constant-step model's saturated runs finds the capacity a ten-times-longer search finds, repeats stop once every
 throughput comparison is decided, μ's estimator is the tighter one, and the live confirmation's verdicts."""
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -299,3 +300,45 @@ def test_the_report_states_the_models_error_beside_the_twins_prediction_and_read
     text = "\n".join(section(Twin(capacity, errors=old)))
     assert "| 28% / 50% (4) |" in text and "·" not in text.split("## The twin")[1].split("\n\n", 2)[2]
     assert "repeats pooled (TTFT" not in text
+
+
+@pytest.mark.slow
+def test_every_strategys_twin_is_played_in_a_process_of_its_own_and_answers_as_played_alone(tmp_path, monkeypatch):
+    from batchlab.lab import capacity_study
+    from batchlab.lab.fanout import Fanout
+
+    plan = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, 12, max_queue=16))
+    runs = {label: saturated_folders(tmp_path, plan, label, 2, 6.0) for label in ("naive", "dynamic")}
+    asked, fan_out = [], Fanout.map
+    monkeypatch.setattr(Fanout, "map", lambda self, *args: asked.append(self.processes) or fan_out(self, *args))
+    played = capacity_study.played_twins(plan, tmp_path, plan.entries, runs, plan.auto)
+    assert asked == [0] and sorted(played) == ["dynamic", "naive"]  # Fanout: 0 processes, one per core
+    for label, (fit, cap, record) in played.items():
+        _, alone_cap, alone_record = capacity_study._played_twin((plan, tmp_path, plan.auto), (label, runs[label]))
+        assert (cap, record) == (alone_cap, alone_record), label
+        assert fit.preset.is_file() and fit.label == label
+
+
+def test_the_twins_curves_are_played_on_every_core(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from batchlab.lab.fanout import Fanout
+    from batchlab.lab.twin_curves import play_curves
+
+    plan = load_plan(constant_step_config(tmp_path, 4, 4 / 11.94, 12))
+    plan = replace(plan, base={**plan.base, "duration_s": 5}, auto=plan.auto.model_copy(update={"points": 2}))
+    preset = plan.base["preset"]
+    capacity = {"strategies": {lb: {"estimate_req_s": 10.0, "twin": {"preset": preset}} for lb in ("naive", "dynamic")}}
+    asked, fan_out = [], Fanout.map
+    monkeypatch.setattr(Fanout, "map", lambda self, *args: asked.append(self.processes) or fan_out(self, *args))
+    folder = play_curves(plan, tmp_path, capacity)
+    assert asked == [0]  # Fanout: 0 processes, one per core
+    assert len(list(folder.glob("*/*/*/summary.json"))) == 2 * 2 * 2  # strategies × rates × seeds
+
+
+def test_the_twins_that_step_every_step_are_searched_first():
+    from batchlab.lab.capacity_study import longest_first
+
+    plan = load_plan(Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml")
+    assert [e.label for e in plan.entries] == ["naive", "dynamic", "continuous"]
+    assert [e.label for e in longest_first(plan, plan.entries)] == ["continuous", "naive", "dynamic"]

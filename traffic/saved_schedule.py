@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchlab.traffic.datasets import DatasetError
-from batchlab.traffic.schedule import digest, saved_footer
+from batchlab.traffic.schedule import digest
+from batchlab.traffic.schedule_file import saved_footer
 
 BATCH_ROWS = 4096  # schedule rows read at once (their prompts packed: a few MiB)
 

@@ -3,7 +3,7 @@ from a trace: its arrival times or generated ones, with its input and output len
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from batchlab.traffic.arrivals import arrival_offsets, trace_window
 from batchlab.traffic.config import TRACE_ARRIVAL, TrafficConfig
 from batchlab.traffic.datasets import DatasetError, load_conversations, load_sharegpt
 from batchlab.traffic.prompts import Prompts, Tokenizer, exact_length_prompts, sharegpt_prompts, synthetic_prompts
+from batchlab.traffic.schedule_file import META_CONFIG, META_DURATION, META_HASH, read_file
 from batchlab.traffic.traces import Trace, is_trace_dataset, load_trace
 
 SCHEMA = pa.schema([  # a planned request: a schedule.parquet row; traffic sends each as a RequestMsg
@@ -26,7 +27,6 @@ SCHEMA = pa.schema([  # a planned request: a schedule.parquet row; traffic sends
 ])
 COLUMNS = tuple(SCHEMA.names)
 _HASH_TAG = b"batchlab-schedule-v1"
-_META_HASH, _META_CONFIG, _META_DURATION = b"batchlab.schedule_hash", b"batchlab.config", b"batchlab.duration_s"
 HASH_ROWS = 4096  # prompts hashed per slice (bounds the flat copy's memory)
 SAVE_ROWS = 16_384  # rows written per row group (bounds the Arrow copy of their prompts)
 
@@ -67,7 +67,10 @@ def content_hash(offsets_s: np.ndarray, tokens: Sequence[Sequence[int]], output_
     def flat_slices() -> Iterator[np.ndarray]:  # the flat tokens, a slice of prompts at a time
         for start in range(0, len(tokens), HASH_ROWS):
             rows = tokens[start:start + HASH_ROWS]
-            yield np.fromiter(itertools.chain.from_iterable(rows), dtype="<i8", count=int(sum(map(len, rows))))
+            if all(isinstance(row, np.ndarray) for row in rows):  # synthetic prompts: joined, ~5× faster than
+                yield np.concatenate(rows).astype("<i8", copy=False)  # one Python int at a time; the same bytes
+            else:
+                yield np.fromiter(itertools.chain.from_iterable(rows), dtype="<i8", count=int(sum(map(len, rows))))
 
     return digest(len(tokens), [offsets_s], [prompt_lens], [output_lens], flat_slices())
 
@@ -82,15 +85,6 @@ def digest(n: int, offsets_s: Iterable[np.ndarray], prompt_lens: Iterable[np.nda
         for part in slices:
             h.update(np.asarray(part, dtype=dtype).tobytes())
     return h.hexdigest()
-
-
-def saved_footer(path: str | Path) -> tuple[str, float | None]:
-    """(stored hash, planned duration or None) of a saved schedule, from its footer; DatasetError when it has none."""
-    path = Path(path)
-    meta = _read(path, pq.read_metadata).metadata or {}
-    if _META_HASH not in meta:
-        raise DatasetError(f"{path} is not a batchlab schedule (missing its hash)")
-    return meta[_META_HASH].decode(), float(meta[_META_DURATION]) if _META_DURATION in meta else None
 
 
 def _token_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:
@@ -208,9 +202,9 @@ def save_schedule(schedule: Schedule, path: str | Path) -> None:
     and config go into the file's key-value metadata."""
     config = schedule.config.to_dict() if schedule.config is not None else None
     schema = SCHEMA.with_metadata({
-        _META_HASH: schedule.content_hash.encode(),
-        _META_DURATION: repr(float(schedule.duration_s)).encode(),
-        _META_CONFIG: json.dumps(config).encode(),
+        META_HASH: schedule.content_hash.encode(),
+        META_DURATION: repr(float(schedule.duration_s)).encode(),
+        META_CONFIG: json.dumps(config).encode(),
         NOTES_KEY: json.dumps(schedule.notes).encode(),
     })
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -221,22 +215,12 @@ def save_schedule(schedule: Schedule, path: str | Path) -> None:
             writer.write_table(pa.Table.from_pandas(part, schema=SCHEMA, preserve_index=False))
 
 
-def _read(path: Path, read: Callable[[Path], object]) -> object:
-    """read(path) of a schedule file, or DatasetError when it is missing or unreadable."""
-    if not path.is_file():
-        raise DatasetError(f"schedule file not found: {path}")
-    try:
-        return read(path)
-    except Exception as exc:  # pyarrow raises several types for a bad file
-        raise DatasetError(f"cannot read schedule {path}: {exc}") from None
-
-
 def _read_table(path: Path) -> tuple[pa.Table, dict[bytes, bytes]]:
     """The Parquet table and its metadata, or DatasetError."""
-    table = _read(path, lambda p: pq.ParquetFile(p).read())
+    table = read_file(path, lambda p: pq.ParquetFile(p).read())
     meta = table.schema.metadata or {}
     missing = [c for c in COLUMNS if c not in table.column_names]
-    if missing or _META_HASH not in meta:
+    if missing or META_HASH not in meta:
         raise DatasetError(f"{path} is not a batchlab schedule (missing {missing or 'its hash'})")
     return table, meta
 
@@ -244,7 +228,7 @@ def _read_table(path: Path) -> tuple[pa.Table, dict[bytes, bytes]]:
 def _read_config(meta: dict[bytes, bytes]) -> TrafficConfig | None:
     """The saved TrafficConfig, or None if absent or unreadable."""
     try:
-        data = json.loads(meta.get(_META_CONFIG, b"null"))
+        data = json.loads(meta.get(META_CONFIG, b"null"))
         return TrafficConfig.from_dict(data) if data else None
     except (ValueError, TypeError):
         return None
@@ -252,43 +236,22 @@ def _read_config(meta: dict[bytes, bytes]) -> TrafficConfig | None:
 
 def saved_notes(path: str | Path) -> dict:
     """A saved schedule's notes (Schedule.notes) from the file's footer alone; {} if it has none."""
-    return footer_notes(_read(Path(path), pq.read_metadata).metadata or {})
+    return footer_notes(read_file(Path(path), pq.read_metadata).metadata or {})
 
 
 def saved_settings(path: str | Path) -> tuple[dict, bool]:
     """(settings, exact) from the file's footer alone: the TrafficConfig the schedule was built with
     (exact; TrafficConfig.settings, length specs as text), or for a file saved without it what its rows tell: duration_s and the mean rate n / duration_s."""
     path = Path(path)
-    footer = _read(path, pq.read_metadata)
+    footer = read_file(path, pq.read_metadata)
     meta = footer.metadata or {}
-    if _META_HASH not in meta:
+    if META_HASH not in meta:
         raise DatasetError(f"{path} is not a batchlab schedule (missing its hash)")
     config = _read_config(meta)
     if config is not None:
         return config.settings(), True
-    duration_s = float(meta[_META_DURATION]) if _META_DURATION in meta else _last_offset_s(path)
+    duration_s = float(meta[META_DURATION]) if META_DURATION in meta else _last_offset_s(path)
     return {"duration_s": duration_s, **({"rate": footer.num_rows / duration_s} if duration_s > 0 else {})}, False
-
-
-def saved_plan(path: str | Path) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
-    """(stored hash, planned offsets, prompt lengths, output lengths by request id) of a saved schedule, without
-    its prompts: what the scheduler checks each request against; DatasetError when unreadable."""
-    path = Path(path)
-    table, meta = _read_table_columns(path, ["request_id", "arrival_offset_s", "prompt_len", "output_len"])
-    ids = table.column("request_id").to_numpy()
-    if not np.array_equal(ids, np.arange(len(ids))):
-        raise DatasetError(f"{path} is not a batchlab schedule (its request ids are not 0 .. n - 1)")
-    return (meta[_META_HASH].decode(), *(table.column(c).to_numpy() for c in ("arrival_offset_s", "prompt_len",
-                                                                               "output_len")))
-
-
-def _read_table_columns(path: Path, columns: list[str]) -> tuple[pa.Table, dict[bytes, bytes]]:
-    """Some columns of a schedule file and its metadata, or DatasetError."""
-    table = _read(path, lambda p: pq.read_table(p, columns=columns))
-    meta = table.schema.metadata or {}
-    if _META_HASH not in meta:
-        raise DatasetError(f"{path} is not a batchlab schedule (missing its hash)")
-    return table, meta
 
 
 def _last_offset_s(path: Path) -> float:
@@ -314,11 +277,11 @@ def load_schedule(path: str | Path) -> Schedule:
     frame["prompt"] = frame["prompt"].astype(object)
     frame["prompt_tokens"] = pd.Series(tokens, dtype=object)
     frame = frame[list(COLUMNS)]
-    expected = meta[_META_HASH].decode()
+    expected = meta[META_HASH].decode()
     actual = content_hash(frame["arrival_offset_s"].to_numpy(), tokens, frame["output_len"].to_numpy())
     if actual != expected or not _consistent(frame, tokens):
         raise DatasetError(f"schedule {path} fails its integrity check (stored hash {expected[:12]}..., "
                            f"content hash {actual[:12]}...); it was modified or damaged")
     offsets = frame["arrival_offset_s"].to_numpy()
-    duration_s = float(meta[_META_DURATION]) if _META_DURATION in meta else float(offsets.max(initial=0.0))
+    duration_s = float(meta[META_DURATION]) if META_DURATION in meta else float(offsets.max(initial=0.0))
     return Schedule(frame, actual, duration_s, _read_config(meta), footer_notes(meta))

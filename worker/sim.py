@@ -95,17 +95,37 @@ class ContinuousCore:
 
     def plan_step(self, tokens: bool = False) -> StepPlan:
         """Advance one step; with `tokens`, also list each running row's token index (O(running))."""
+        step, decoding = self.step_no, len(self.rows)
+        decode_s = self._decode_s(step) if self.rows else 0.0  # before the joiners become rows
+        if self.pending or self.prefilling:
+            done, prefill_s, prefilled, chunks = self._prefill(step)
+        else:  # decodes alone: no joiner to admit, no chunk to plan (the steps between arrivals)
+            done, prefill_s, prefilled, chunks = [], 0.0, 0, (0, 0, 0)
+        duration = self.model.fused_s(decode_s, prefill_s, decoding, prefilled)
+        plan = StepPlan(step, duration, [row[0] for row in done], [], len(self.rows), prefilled, *chunks)
+        if tokens:
+            plan.request_ids = [rid for rid, _ in self.rows.values()]
+            plan.token_indices = [step - first for _, first in self.rows.values()]
+        self.context_tokens += plan.running  # every running row generated one token
+        for key, kv_tokens in self.finishing.pop(step, []):
+            plan.finished.append(self.rows.pop(key)[0])
+            self.pad_base.pop(key, None)
+            self.context_tokens -= kv_tokens
+        self.step_no += 1
+        return plan
+
+    def _prefill(self, step: int) -> tuple[list[list[int]], float, int, tuple[int, int, int]]:
+        """This step's prefill: the joiners admitted to free rows, their chunks planned and run; the rows whose
+        prompt it completes (now running), the chunks' time, their prompt tokens and their shape (chunk_shape)."""
         taken = len(self.rows) + len(self.prefilling)
         room = max(0, self.max_rows - taken) if self.max_rows else len(self.pending)
         self.prefilling += [[rid, p, o, 0] for rid, p, o in self.pending[:room]]
         self.pending = self.pending[room:]
         self.held_back += len(self.pending)
-        step = self.step_no
         counts = self._chunks()
         done = [row for row, n in zip(self.prefilling, counts) if row[3] + n >= row[1]]
         chunks = chunk_shape([row[3] for row in self.prefilling], counts)
-        duration = self.model.fused_s(self._decode_s(step) if self.rows else 0.0, self._prefill_s(sum(counts),
-                                      *chunks), len(self.rows), sum(counts))
+        prefill_s = self._prefill_s(sum(counts), *chunks)  # before the joiners become rows
         for row, n in zip(self.prefilling, counts):
             row[3] += n
         self.prefilling = self.prefilling[len(done):]  # the oldest rows finish their prompts first
@@ -118,17 +138,7 @@ class ContinuousCore:
             self.finishing.setdefault(last, []).append((self.keys, prompt_len + max(output_len, 1)))
             self.context_tokens += prompt_len
             self.keys += 1
-        plan = StepPlan(step, duration, [row[0] for row in done], [], len(self.rows), sum(counts), *chunks)
-        if tokens:
-            plan.request_ids = [rid for rid, _ in self.rows.values()]
-            plan.token_indices = [step - first for _, first in self.rows.values()]
-        self.context_tokens += plan.running  # every running row generated one token
-        for key, kv_tokens in self.finishing.pop(step, []):
-            plan.finished.append(self.rows.pop(key)[0])
-            self.pad_base.pop(key, None)
-            self.context_tokens -= kv_tokens
-        self.step_no += 1
-        return plan
+        return done, prefill_s, sum(counts), chunks
 
     def _chunks(self) -> list[int]:
         """Prompt tokens each prefilling row (oldest first) runs this step: what the running rows' decodes
