@@ -156,7 +156,7 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
         if view:
             agreement = Agreement.of(check.agrees).said
             view.note(f"confirm {entry.label}: {check.text()} ({agreement} with the twin); {check.twin_text()}")
-    doc = widened(doc, twin["spread_pct"])
+    doc = widened(doc, twin["spread_pct"], saturated.get("req_s_hi"))
     if view:
         spread = (f" ± {twin['spread_pct']:.1f}% (live ÷ twin on each of {len(twin['speed_ratios'])} live runs' own "
                   f"steps: {twin['bias_pct']:+.1f}%)" if twin["spread_pct"] is not None else "")

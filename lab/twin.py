@@ -221,18 +221,23 @@ def with_speeds(ratios: list[float]) -> dict:
             "spread_pct": (math.exp(half) - 1) * 100 if math.isfinite(half) else None}
 
 
-def widened(doc: dict, spread_pct: float | None) -> dict:
-    """A capacity entry's interval (req/s and tok/s) widened by the twin's uncertainty (× e^±h); unchanged
-    without one."""
+def widened(doc: dict, spread_pct: float | None, ceiling_req_s: float | None = None) -> dict:
+    """A capacity entry's interval (req/s and tok/s) widened by the twin's uncertainty (× e^±h), its top never
+    above `ceiling_req_s` (the live μ's upper bound: no rate above it is sustained, the rule CapacityEstimate's
+    own top follows) nor below the estimate; unchanged without a spread."""
     if not spread_pct:
         return doc
     factor = 1 + spread_pct / 100
     out = dict(doc)
+    hi, estimate = out.get("hi_req_s"), out.get("estimate_req_s")
+    top = factor
+    if hi and ceiling_req_s:
+        top = max(min(hi * factor, ceiling_req_s), estimate or 0.0) / hi
     for unit in ("req_s", "tok_s"):
         if out.get(f"lo_{unit}") is not None:
             out[f"lo_{unit}"] = out[f"lo_{unit}"] / factor
         if out.get(f"hi_{unit}") is not None:
-            out[f"hi_{unit}"] = out[f"hi_{unit}"] * factor
+            out[f"hi_{unit}"] = out[f"hi_{unit}"] * top
     return out
 
 

@@ -14,8 +14,8 @@ from batchlab.protocol import (BatchDone, EndOfStream, ProtocolError, RequestMsg
                                now)
 from batchlab.protocol.messages import Arrival, pack_tokens
 from batchlab.scheduler.policies import make_policy
-from batchlab.scheduler.gate import PlannedSchedule
-from batchlab.scheduler.process import REFUSED_REQUESTS, REFUSED_STREAM, Scheduler, TrafficGate
+from batchlab.scheduler.gate import REFUSED_REQUESTS, REFUSED_STREAM, PlannedSchedule, TrafficGate
+from batchlab.scheduler.process import Scheduler
 from tests.test_faults import COMMON, assert_conserved, finish, free_port, roles, start
 from tests.test_wire_values import Capture, FakeRouter
 

@@ -342,3 +342,16 @@ def test_the_twins_that_step_every_step_are_searched_first():
     plan = load_plan(Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml")
     assert [e.label for e in plan.entries] == ["naive", "dynamic", "continuous"]
     assert [e.label for e in longest_first(plan, plan.entries)] == ["continuous", "naive", "dynamic"]
+
+
+def test_the_twins_widened_interval_never_reaches_above_the_live_mus_upper_bound():
+    """Widened by the twin's speed spread, the top stops at the live μ's upper bound (no rate above it is
+    sustained: a spread from a busy neighbour once put it at 10.16 over a bound of 10.02), never below the
+    estimate; the low end widens as before, and tok/s follows req/s."""
+    doc = {"lo_req_s": 9.0, "hi_req_s": 9.8, "estimate_req_s": 9.4, "lo_tok_s": 90.0, "hi_tok_s": 98.0}
+    free = widened(doc, 5.0)
+    assert free["hi_req_s"] == pytest.approx(9.8 * 1.05) and free["lo_req_s"] == pytest.approx(9.0 / 1.05)
+    held = widened(doc, 5.0, ceiling_req_s=10.0)
+    assert held["hi_req_s"] == pytest.approx(10.0) and held["hi_tok_s"] == pytest.approx(100.0)
+    assert held["lo_req_s"] == pytest.approx(9.0 / 1.05)
+    assert widened(doc, 5.0, ceiling_req_s=9.0)["hi_req_s"] == pytest.approx(9.4)  # not below the estimate
