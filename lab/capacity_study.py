@@ -1,5 +1,5 @@
 """A study's capacities, live: every strategy's saturated runs (μ, repeats until the throughput comparisons are
-decided: lab.capacity_search.saturate_all), then each capacity searched on the study's twin and confirmed by one
+decided: lab.saturated_repeats.saturate_all), then each capacity searched on the study's twin and confirmed by one
 live probe (lab.twin), or, with `twin: false`, searched by live probes alone. Writes OUT/capacity.json
 (docs/capacity.md gives its fields)."""
 import hashlib
@@ -9,10 +9,10 @@ from functools import partial
 from pathlib import Path
 
 from batchlab.collector.layout import CAPACITY_FILE
-from batchlab.lab.capacity_search import (SEARCH_KEYS, LiveSearch, saturate_all, saturation_lines,
-                                          saturation_record, search_one)
+from batchlab.lab.capacity_search import SEARCH_KEYS, LiveSearch, search_one
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.progress import StudyProgress
+from batchlab.lab.saturated_repeats import saturate_all, saturation_lines, saturation_record
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
 from batchlab.lab.twin import (TwinFit, confirm, confirmation_rate, fit_twin, held_to, run_speed, twin_capacity,
                                widened, with_speeds)

@@ -251,7 +251,8 @@ def test_the_simulated_capacity_search_writes_capacity_json_into_out(tmp_path):
 def test_a_strategy_whose_saturated_run_failed_is_left_unmeasured_without_stopping_the_others():
     from types import SimpleNamespace
 
-    from batchlab.lab.capacity_search import saturate_all, search_one
+    from batchlab.lab.capacity_search import search_one
+    from batchlab.lab.saturated_repeats import saturate_all
     from batchlab.lab.sweep_plan import Entry
     from batchlab.stats.saturation import SaturatedRun
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from batchlab.lab.capacity_search import (SimulatedSearch, _saturated_point, comparisons, decided, measured,
-                                          saturate_all, saturation_record, search_all)
+from batchlab.lab.capacity_search import SimulatedSearch, _saturated_point, measured, search_all
+from batchlab.lab.saturated_repeats import comparisons, decided, saturate_all, saturation_record
 from batchlab.lab.sweep_plan import Entry, load_plan
 from batchlab.lab.twin import Confirmation, fit_twin, nominal_for, twin_capacity, widened
 from batchlab.protocol.study_settings import AutoRates
