@@ -77,20 +77,11 @@ def latency_p50(requests) -> dict[str, float]:
             "e2e_p50": float(np.median(done["e2e"])) if len(done) else math.nan}
 
 
-def replay(folder: Path, preset: Path) -> dict[str, float]:
-    """A live run folder's schedule played on a twin's preset, with the run's own settings: its figures."""
-    return _played(folder, preset)[1]
-
-
 def _played(folder: Path, preset: Path):
-    """(the requests table, the figures) of a live run folder's schedule played on `preset`."""
+    """(the requests table, the figures) of a live run folder's schedule played on `preset`, with the run's own
+    settings."""
     tables, _ = replayed(folder, preset)
     return tables.requests, point_figures(tables.requests, tables.summary)
-
-
-def live_figures(folder: Path) -> dict[str, float]:
-    """A live run folder's figures."""
-    return _live(folder)[1]
 
 
 def _live(folder: Path):
@@ -124,7 +115,7 @@ def twin_errors(out: Path, index: dict, capacity: dict, view=None) -> dict | Non
             label, folder = point.get("label"), out / str(point.get("dir", ""))
             if point.get("status") != RunOutcome.DONE or label not in presets or not (folder / "summary.json").exists():
                 continue
-            (live_requests, live), twin = _live(folder), replay(folder, presets[label])
+            (live_requests, live), (_, twin) = _live(folder), _played(folder, presets[label])
             speed = run_speed(models[label], folder)
             requests, levelled = (_played(folder, at_speed(models[label], speed, Path(tmp) / "at_speed.yaml"))
                                   if speed else (None, None))

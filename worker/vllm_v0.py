@@ -26,6 +26,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from batchlab.worker.hf.chunks import chunk_shape
 from batchlab.worker.step_plan import StepPlan
 from batchlab.worker.stepmodel import StepModel
 
@@ -123,10 +124,11 @@ class V0Core:
     def _prefill(self, chosen: list[V0Sequence], tokens: bool) -> StepPlan:
         """Run the chosen prompts alone; each yields its next token; those with all their tokens leave."""
         lengths = [s.length() for s in chosen]
-        duration = self.model.prefill_s(sum(lengths), len(chosen), sum(n * n for n in lengths))
+        chunks = chunk_shape([0] * len(lengths), lengths)  # every prompt whole, from its start (a recompute too)
+        duration = self.model.prefill_s(sum(lengths), len(chosen), chunks[2])
         step = self.step_no
         plan = StepPlan(step, duration, [s.request_id for s in chosen if s.generated == 0], [], len(chosen),
-                        sum(lengths), len(lengths), max(lengths, default=0), sum(n * n for n in lengths))
+                        sum(lengths), *chunks)
         if tokens:
             plan.request_ids = [s.request_id for s in chosen]
             plan.token_indices = [s.generated for s in chosen]
