@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.protocol.run_dir import RunDir
+from batchlab.worker.hf.chunks import pads_chunks
 
 STEP_COLUMNS = ("worker", "start_s", "end_s", "decode_rows", "decode_context", "prefill_rows", "prefill_tokens",
                 "prefill_pairs")
@@ -128,7 +129,7 @@ def _continuous_worker(steps: pd.DataFrame, tokens: pd.DataFrame, padded: bool, 
     for k, step in enumerate(steps.itertuples(index=False)):
         rows = by_step.get(k, mine.iloc[:0])
         decoded = rows[rows["token_index"] > 0]
-        pads = padded and not (fused and len(decoded))  # a fused step packs its chunks beside the decodes
+        pads = pads_chunks(padded, fused, bool(len(decoded)))
         said = _said_chunks(step, pads)  # protocol ≥ 7
         out.append([step.worker, float(step.start_time), float(step.end_time),
                     *_decode_shape(decoded, padded, width_of),

@@ -11,7 +11,7 @@ from batchlab.protocol.clock import now, sleep_until
 from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.settings import parse_bytes
 from batchlab.worker.backend import Backend, BackendInfo, BackendRequest, StepOutput, lockstep_output
-from batchlab.worker.hf.chunks import chunk_shape, plan_chunks
+from batchlab.worker.hf.chunks import chunk_shape, pads_chunks, plan_chunks
 from batchlab.worker.machine_noise import MachineNoise, of_config
 from batchlab.worker.step_plan import StepPlan
 from batchlab.worker.stepmodel import StepModel, get_preset, speed_factor
@@ -161,7 +161,7 @@ class ContinuousCore:
         HF loop's slot cache: worker.hf.slots.fused_inputs)."""
         if not rows:
             return 0.0
-        if self.model.padded and not (self.model.fused and self.rows):
+        if pads_chunks(self.model.padded, self.model.fused, bool(self.rows)):
             return self.model.prefill_s(rows * width, rows)
         return self.model.prefill_s(tokens, rows, pairs)
 

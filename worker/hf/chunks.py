@@ -64,6 +64,12 @@ def plan_chunks(tokens: int | None, unfilled: list[int]) -> list[int]:
     return [min(n, tokens - planned) for n, planned in zip(unfilled, before) if planned < tokens]
 
 
+def pads_chunks(padded: bool, fused: bool, decoding: bool) -> bool:
+    """Whether a step's prompt chunks run padded to the longest: on a padded worker, unless its one fused forward
+    packs them beside the decodes (the HF loop's slot cache: worker.hf.slots.fused_inputs)."""
+    return padded and not (fused and decoding)
+
+
 def chunk_shape(fills: list[int], counts: list[int]) -> tuple[int, int, int]:
     """(rows, the longest chunk, Σ (f + n)² − f² token pairs) of a step's chunks: counts[j] tokens after fills[j]
     prefilled (a chunk attends over its row's earlier chunks); what a step record says of its prefill."""
