@@ -104,7 +104,7 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
              "twice: first the model's error, each run replayed at the speed its machine ran that minute (the "
              "twin's time for the run's own steps ÷ theirs; how that speed varies is the ± above) and each "
              "rate's repeats pooled (count: rates), then · the twin as it predicts each run (count: runs; a short "
-             "run near the knee moves a third with a 10% slower minute).",
+             "run near the knee moves far more than the machine's speed did: the per-point table's speed column).",
              ""]
     lines += md_table(head, twin_rows(twin))
     if plot:
