@@ -14,8 +14,8 @@ from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.progress import StudyProgress
 from batchlab.lab.saturated_repeats import saturate_all, saturation_lines, saturation_record
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
-from batchlab.lab.twin import (TwinFit, confirm, confirmation_rate, fit_twin, held_to, run_speed, twin_capacity,
-                               widened, with_speeds)
+from batchlab.lab.twin import (TwinFit, confirm, confirmation_rate, fit_twin, held_to, pooled_spreads, run_speed,
+                               twin_capacity, widened, with_speeds)
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.modes import BatchingMode
@@ -53,6 +53,8 @@ def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=No
                 else live_entry)
     strategies = {e.label: entry_of(plan, out, live, e, runs[e.label], saturation["estimator"], settings, view)
                   for e in entries}
+    # 3. every twin's interval, widened by how fast the machine ran against the twins in all the strategies' runs
+    strategies = widen_twins(strategies, view)
     doc = {"search": settings.model_dump(include=SEARCH_KEYS), "method": "twin" if settings.twin else "live",
            "saturation": saturation, "strategies": strategies, "plan_hash": plan_hash(plan),
            "reran": live.disturbed.reran}
@@ -156,14 +158,38 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
         if view:
             agreement = Agreement.of(check.agrees).said
             view.note(f"confirm {entry.label}: {check.text()} ({agreement} with the twin); {check.twin_text()}")
-    doc = widened(doc, twin["spread_pct"], saturated.get("req_s_hi"))
-    if view:
-        spread = (f" ± {twin['spread_pct']:.1f}% (live ÷ twin on each of {len(twin['speed_ratios'])} live runs' own "
-                  f"steps: {twin['bias_pct']:+.1f}%)" if twin["spread_pct"] is not None else "")
-        view.note(f"twin {entry.label}: μ {twin['saturated']['req_s']:.3g} req/s (live {saturated['req_s']:.3g}), "
-                  f"capacity {_num(doc['estimate_req_s'])} [{_num(doc['lo_req_s'])}, {_num(doc['hi_req_s'])}] "
-                  f"req/s{spread}" + (" (held to the live μ)" if doc.get("held_to_live_mu") else ""))
     return doc
+
+
+def widen_twins(strategies: dict[str, dict], view=None) -> dict[str, dict]:
+    """The strategies' capacity entries, each twin's interval widened by its speed spread pooled over every
+    twin's live runs (lab.twin.pooled_spreads), with the terminal's line per twin; the live searches' as they were."""
+    twins = {label: doc["twin"] for label, doc in strategies.items() if doc.get("method") == "twin"}
+    pooled_spreads(twins)
+    out = dict(strategies)
+    for label, twin in twins.items():
+        saturated = out[label]["saturated"]
+        out[label] = doc = widened(out[label], twin["spread_pct"], saturated.get("req_s_hi"))
+        if view:
+            view.note(twin_line(label, doc))
+    return out
+
+
+def twin_line(label: str, doc: dict) -> str:
+    """The terminal's line for a twin's capacity: its μ beside the live one, the capacity and its interval, the
+    spread that widened it, and a ⚠ with both figures when the live runs held it."""
+    twin, saturated = doc["twin"], doc["saturated"]
+    spread = ""
+    if twin.get("spread_pct") is not None:
+        own = f", its own {twin['own_spread_pct']:.1f}%" if twin.get("own_spread_pct") is not None else ""
+        spread = (f" ± {twin['spread_pct']:.1f}% (live ÷ twin on each of {len(twin['speed_ratios'])} live runs' own "
+                  f"steps: {twin['bias_pct']:+.1f}%; spread pooled over every twin's runs{own})")
+    held = ""
+    if doc.get("held_to_live_mu"):
+        held = (f" ⚠ held to the live μ: the twin's estimate {_num(twin['search']['estimate_req_s'])} req/s is above "
+                f"the live μ's interval [{_num(saturated.get('req_s_lo'))}, {_num(saturated.get('req_s_hi'))}]")
+    return (f"twin {label}: μ {twin['saturated']['req_s']:.3g} req/s (live {saturated['req_s']:.3g}), capacity "
+            f"{_num(doc['estimate_req_s'])} [{_num(doc['lo_req_s'])}, {_num(doc['hi_req_s'])}] req/s{spread}{held}")
 
 
 def _num(value: float | None) -> str:

@@ -6,7 +6,9 @@ by the simulator where live runs are too short to decide, and checked live (docs
    Each saturated run's executed steps are then timed on the twin: the twin's time for them ÷ their live time is
    one sample of how fast the machine ran against the twin (its speed that minute), free of which prompts the run
    drew; their mean (`bias_pct`, near 0: the fit is levelled to the runs' total step time) and the half-width of
-   its 95% t-interval on the log scale (`spread_pct`) are the twin's uncertainty.
+   its 95% t-interval on the log scale (`spread_pct`) are the twin's uncertainty, the standard deviation pooled
+   over every strategy's runs (`pooled_spreads`: one machine's speed, in runs interleaved), each strategy's own
+   beside it (`own_spread_pct`).
 2. **Capacity in virtual time** (`TwinSearch`): lab.rate_search's search and stats.verdict's verdict, on probes as
    long as deciding at the load probed takes (the queue's settle time, twice, after the warm-up quarter), and at least
    TWIN_PROBE_MIN_S and at most TWIN_PROBE_MAX_S of virtual traffic; the interval is the search's own, widened by the
@@ -30,7 +32,7 @@ from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.study_settings import TWIN_PROBE_MAX_S, TWIN_PROBE_MIN_S
 from batchlab.protocol.verdicts import Sustain
 from batchlab.stats.capacity import CapacityEstimate, Probe
-from batchlab.stats.intervals import mean_interval
+from batchlab.stats.intervals import mean_interval, pooled_half_widths
 from batchlab.stats.saturation import SaturatedRun, pooled
 from batchlab.stats.verdict import SETTLE_TIMES, WARMUP_SHARE, arrival_cv2, settle_time_s
 
@@ -221,6 +223,23 @@ def with_speeds(ratios: list[float]) -> dict:
             "spread_pct": (math.exp(half) - 1) * 100 if math.isfinite(half) else None}
 
 
+def pooled_spreads(records: dict[str, dict]) -> None:
+    """Each twin record's `spread_pct` from the speeds of every strategy's live runs together (label → the twin
+    record; with_speeds' fields, updated in place): how fast the machine ran against a twin in one minute is one
+    noise, shared by every strategy's runs since they are interleaved (serpentine order), so its standard deviation
+    is pooled over all of them (stats.intervals.pooled_half_widths: `make run`'s 4 or 5 runs a strategy give 12 to
+    16 degrees of freedom, t 2.1-2.2, where each alone had 3 or 4, t 2.8-3.2, and read the same noise at ±7% to
+    ±22%); the strategy's own runs' alone stay as `own_spread_pct`, `spread_df` the pooled degrees of freedom.
+    Unchanged with fewer than two runs in all."""
+    logs = {label: [math.log(r) for r in rec.get("speed_ratios") or []] for label, rec in records.items()}
+    halves = pooled_half_widths(logs)
+    df = sum(max(len(v) - 1, 0) for v in logs.values())
+    for label, rec in records.items():
+        if not math.isfinite(halves[label]):
+            continue
+        rec.update(own_spread_pct=rec.get("spread_pct"), spread_pct=(math.exp(halves[label]) - 1) * 100, spread_df=df)
+
+
 def widened(doc: dict, spread_pct: float | None, ceiling_req_s: float | None = None) -> dict:
     """A capacity entry's interval (req/s and tok/s) widened by the twin's uncertainty (× e^±h), its top never
     above `ceiling_req_s` (the live μ's upper bound: no rate above it is sustained, the rule CapacityEstimate's
@@ -242,15 +261,15 @@ def widened(doc: dict, spread_pct: float | None, ceiling_req_s: float | None = N
 
 
 def held_to(cap: CapacityEstimate, live: dict | None) -> tuple[CapacityEstimate, bool]:
-    """A twin's capacity whose estimate (and the interval's low end) is never above the live μ, by the rule the live
-    search's estimate follows (CapacityEstimate: never above its `saturated` μ), and whether that held it: the live
-    grid's short points replay the first prompts of each seed, which the live μ was measured on, and the twin's long
-    probes average many more (docs/capacity.md); beside a busy neighbour a fixed-step twin read 10.01 req/s against a
-    live μ of 9.96."""
+    """A twin's capacity held to the live μ (its estimate, and the interval's low end, never above it: the rule the
+    live search's estimate follows, CapacityEstimate's `saturated`) when the live runs contradict it: its estimate
+    above the upper end of the live μ's 95% interval. And whether that held it. Within that interval the twin's
+    estimate stands: its long probes average some 500 prompts a seed where a 9 s live run completes its seed's first
+    ~40, and the live μ of four such runs is ±20-25% wide (docs/capacity.md)."""
     from dataclasses import replace
 
-    estimate, mu = cap.estimate_req_s, (live or {}).get("req_s")
-    if not (estimate and mu and estimate > mu):
+    estimate, top = cap.estimate_req_s, (live or {}).get("req_s_hi")
+    if not (estimate and top and math.isfinite(top) and estimate > top):
         return cap, False
     return replace(cap, saturated=live), True
 

@@ -72,6 +72,10 @@ def twin_rows(twin: Twin) -> list[list[str]]:
     for label, c in twin.capacities.items():
         t, live = c["twin"], c.get("saturated") or {}
         spread = f" ± {t['spread_pct']:.1f}%" if t.get("spread_pct") is not None else ""
+        if spread and t.get("own_spread_pct") is not None:
+            spread += f" (its own runs ± {t['own_spread_pct']:.1f}%)"
+        if c.get("held_to_live_mu"):
+            spread += f" ⚠ held to the live μ (the twin's {t['search']['estimate_req_s']:.3g} is above its interval)"
         fit = t.get("total_time_error")
         confirm = c.get("confirmation") or {}
         check = f"{Agreement.of(confirm.get('agrees')).mark} {confirm.get('text', '')}" if confirm else "not run"
@@ -96,7 +100,8 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
              "`_twin/presets/`), played by the simulator with the same policy classes: its capacity was searched "
              "on virtual probes as long as deciding at each load takes, its interval widened by how much the "
              "live runs' speed (the saturated ones and the confirmation) varied against the twin on their own "
-             "steps (± its 95% interval); "
+             "steps (± its 95% interval, the spread pooled over every strategy's runs: one machine, runs "
+             "interleaved; each strategy's own runs alone in brackets); "
              "one live probe at that capacity, as long as deciding there takes (at most the study's "
              "confirm_max_s: undecided is said), stands beside it, and the same schedule played on the "
              "twin beside that. Errors are |twin ÷ live − 1| over the live grid points, each replayed on the twin "

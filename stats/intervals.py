@@ -238,6 +238,21 @@ def mean_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, floa
     return float(values.mean()), half
 
 
+def pooled_half_widths(groups: dict[str, list[float]], level: float = LEVEL) -> dict[str, float]:
+    """Each group's half-width of its mean's t-interval with the standard deviation pooled over every group (the
+    within-group mean square of a one-way analysis of variance, on Σ(n - 1) degrees of freedom): for samples of one
+    noise, such as how fast one machine ran in each of several strategies' interleaved runs, where a group's own
+    three or four values would put its t factor at 3.2-4.3. A group needs 1 value here (inf with no pooled degree
+    of freedom at all)."""
+    arrays = {k: np.asarray(v, dtype="float64") for k, v in groups.items()}
+    df = sum(a.size - 1 for a in arrays.values() if a.size)
+    if df < 1:
+        return {k: math.inf for k in arrays}
+    sd = math.sqrt(sum(float(((a - a.mean()) ** 2).sum()) for a in arrays.values() if a.size) / df)
+    t = t_quantile(level, df)
+    return {k: (t * sd / math.sqrt(a.size) if a.size else math.inf) for k, a in arrays.items()}
+
+
 def log_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
     """(geometric mean, lo, hi) of positive values with a t-interval on their logs: a rate's interval never
     reaches zero, and its width is relative (a 2× swing between runs reads the same at 1 and at 100 req/s).

@@ -230,18 +230,49 @@ def test_a_rate_that_must_stay_at_or_below_its_source_is_rounded_down(value, flo
     assert live_loads([value / 0.8, 50.0], AutoRates(live_loads=[0.8])) == [pytest.approx(floor_3g(value))]
 
 
-def test_the_twins_estimate_is_held_to_the_live_mu():
-    """A twin's long probes average more prompts than the live μ's short runs: its capacity may read above the live
-    μ, which then holds it (the interval's low end too, and the tok/s), as the live search's estimate is held to
-    its μ."""
+def test_the_twins_estimate_is_held_to_the_live_mu_only_where_the_live_runs_contradict_it():
+    """A twin's long probes average more prompts than the live μ's short runs: its estimate stands anywhere within
+    the live μ's 95% interval, and is held to the live μ (the interval's low end too, and the tok/s), as the live
+    search's estimate is held to its μ, only above that interval's upper end."""
     from batchlab.lab.twin import held_to
     from batchlab.stats.capacity import CapacityEstimate
 
     cap = CapacityEstimate("naive", 9.9, 10.2, saturated={"req_s": 10.6, "req_s_hi": 10.9})  # estimate ≈ 10.05
-    held, was = held_to(cap, {"req_s": 9.8})
+    held, was = held_to(cap, {"req_s": 9.5, "req_s_lo": 9.2, "req_s_hi": 9.8})
     doc = held.as_dict()
-    assert was and doc["estimate_req_s"] == 9.8 and doc["lo_req_s"] == 9.8 and doc["hi_req_s"] == 10.2
-    assert held_to(cap, {"req_s": 10.2}) == (cap, False) and held_to(cap, None) == (cap, False)
+    assert was and doc["estimate_req_s"] == 9.5 and doc["lo_req_s"] == 9.5 and doc["hi_req_s"] == 10.2
+    within = {"req_s": 9.8, "req_s_lo": 8.0, "req_s_hi": 12.0}  # below the estimate, but its interval holds it
+    assert held_to(cap, within) == (cap, False)
+    assert held_to(cap, {"req_s": 9.8, "req_s_hi": math.inf}) == (cap, False)
+    assert held_to(cap, {"req_s": 10.2, "req_s_hi": 10.5}) == (cap, False) and held_to(cap, None) == (cap, False)
+
+
+def test_the_twins_speed_spread_is_pooled_over_every_strategys_runs():
+    """The machine's speed against each twin in interleaved runs is one noise: its standard deviation is pooled over
+    every strategy's runs (Σ(n - 1) degrees of freedom), each strategy's half-width t·s/√n on that, its own beside
+    it; a lone strategy keeps its own, and a twin with one run takes the pooled one."""
+    from batchlab.lab.twin import pooled_spreads, with_speeds
+    from batchlab.stats.intervals import t_quantile
+
+    speeds = {"naive": [1.0, 0.9, 1.1, 1.0], "dynamic": [1.05, 0.95, 1.0], "vllm": [1.0]}
+    records = {label: with_speeds(r) for label, r in speeds.items()}
+    own = {label: rec["spread_pct"] for label, rec in records.items()}
+    pooled_spreads(records)
+    logs = {label: np.log(r) for label, r in speeds.items()}
+    ss = sum(float(((v - v.mean()) ** 2).sum()) for v in logs.values())
+    sd, df = math.sqrt(ss / 5), 5
+    for label, v in logs.items():
+        half = t_quantile(0.95, df) * sd / math.sqrt(len(v))
+        assert records[label]["spread_pct"] == pytest.approx((math.exp(half) - 1) * 100)
+        assert records[label]["own_spread_pct"] == own[label] and records[label]["spread_df"] == df
+    assert records["naive"]["spread_pct"] < own["naive"]  # t on 5 degrees of freedom, not 3
+    alone = {"naive": with_speeds([1.0, 0.9, 1.1])}
+    mine = alone["naive"]["spread_pct"]
+    pooled_spreads(alone)
+    assert alone["naive"]["spread_pct"] == pytest.approx(mine)
+    nothing = {"naive": with_speeds([1.0])}
+    pooled_spreads(nothing)
+    assert nothing["naive"]["spread_pct"] is None and "spread_df" not in nothing["naive"]
 
 
 def test_a_live_point_replayed_at_its_own_speed_leaves_only_the_models_error(tmp_path):
@@ -300,6 +331,25 @@ def test_the_report_states_the_models_error_beside_the_twins_prediction_and_read
     text = "\n".join(section(Twin(capacity, errors=old)))
     assert "| 28% / 50% (4) |" in text and "·" not in text.split("## The twin")[1].split("\n\n", 2)[2]
     assert "repeats pooled (TTFT" not in text
+
+
+def test_the_report_and_terminal_give_the_pooled_spread_with_the_strategys_own_and_a_held_twin_with_both_figures():
+    from batchlab.lab.capacity_study import twin_line
+    from batchlab.report.twin import Twin, twin_rows
+
+    twin = {"saturated": {"req_s": 3.7}, "spread_pct": 8.0, "own_spread_pct": 13.2, "bias_pct": 0.5,
+            "speed_ratios": [1.0, 0.9, 1.1, 1.0], "search": {"estimate_req_s": 3.6}}
+    doc = {"twin": twin, "saturated": {"req_s": 3.0, "req_s_lo": 2.8, "req_s_hi": 3.2}, "estimate_req_s": 3.0,
+           "lo_req_s": 2.8, "hi_req_s": 3.2}
+    [row] = twin_rows(Twin({"naive": doc}))
+    assert row[3] == "3 [2.8, 3.2] ± 8.0% (its own runs ± 13.2%)"
+    line = twin_line("naive", doc)
+    assert "± 8.0%" in line and "pooled over every twin's runs, its own 13.2%" in line and "⚠" not in line
+    held = {**doc, "held_to_live_mu": True}
+    [row] = twin_rows(Twin({"naive": held}))
+    assert row[3].endswith("⚠ held to the live μ (the twin's 3.6 is above its interval)")
+    assert "⚠ held to the live μ: the twin's estimate 3.6 req/s is above the live μ's interval [2.8, 3.2]" in (
+        twin_line("naive", held))
 
 
 @pytest.mark.slow
