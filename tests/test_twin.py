@@ -384,6 +384,17 @@ def test_the_twins_curves_are_played_on_every_core(tmp_path, monkeypatch):
     folder = play_curves(plan, tmp_path, capacity)
     assert asked == [0]  # Fanout: 0 processes, one per core
     assert len(list(folder.glob("*/*/*/summary.json"))) == 2 * 2 * 2  # strategies × rates × seeds
+    # the report's curves, read from the requests tables alone, are the full reader's p50s over both seeds
+    from batchlab.report.points import load_collection
+    from batchlab.report.stats import all_stats
+    from batchlab.report.twin import load_curves, load_twin
+
+    full = all_stats(load_collection(folder))
+    curves = load_curves(folder)
+    assert set(curves) == set(full) and len(curves) == 2 * 2
+    for key, stats in full.items():
+        assert curves[key].p50 == {m: pytest.approx(stats.latency[m]["p50"], rel=1e-12) for m in ("ttft", "e2e")}
+    assert load_twin(tmp_path, capacity["strategies"]).curves == curves
 
 
 def test_the_twins_that_step_every_step_are_searched_first():
