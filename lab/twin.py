@@ -297,6 +297,8 @@ class Confirmation:
             return f"{v.outcome} at {where}"
         if v.outcome is Sustain.NOT_SUSTAINED:
             return f"{v.outcome} at {where}: {'; '.join(v.reasons)}"
+        if not math.isfinite(self.needs_s):  # the twin's estimate may stand above the live μ, within its interval
+            return f"{v.outcome} at {where} (at or above the live μ: no length of traffic decides there)"
         return f"{v.outcome} at {where} (deciding there takes about {self.needs_s:.0f} s of traffic)"
 
     def twin_text(self) -> str:

@@ -131,6 +131,9 @@ def test_the_live_confirmation_agrees_disagrees_or_says_it_could_not_decide():
     assert failed.agrees is False and "not sustained" in failed.text() and "served 91%" in failed.text()
     open_ = Confirmation(Probe(5.0, verdict(False, judged=False)), 540.0, 30.0)
     assert open_.agrees is None and "deciding there takes about 540 s" in open_.text()
+    above = Confirmation(Probe(5.0, verdict(False, judged=False)), math.inf, 8.0)  # offered at or above the live μ
+    assert above.agrees is None and "at or above the live μ: no length of traffic decides there" in above.text()
+    assert "inf s" not in above.text()
 
 
 def test_the_confirmation_asks_for_the_nominal_rate_whose_schedule_offers_the_target():
