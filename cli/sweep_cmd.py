@@ -19,6 +19,8 @@ def sweep(config: Annotated[str, typer.Argument(help="sweep YAML (base: and grid
           set_: Annotated[Optional[list[str]], typer.Option(
               "--set", help="override a setting of every run, KEY=VALUE (a RunConfig name, e.g. duration_s=5), "
                             f"or a grid key, [grid.]KEY=VALUE ({', '.join(GRID_KEYS)}; e.g. repeats=2); "
+                            "grid.rates.auto.KEY=VALUE: one setting of the automatic rates' search (e.g. "
+                            "grid.rates.auto.twin=false); "
                             "base.KEY=VALUE: a run's setting of a grid key's name; repeatable")] = None,
           ray: Annotated[Optional[str], ray_option(
               help="run the points on a Ray cluster (ADDRESS as RAY_ADDRESS: host:port, auto; "

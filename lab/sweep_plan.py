@@ -152,14 +152,32 @@ def parse_sets(items: list[str] | None) -> dict:
     return sets
 
 
+AUTO_KEY = "rates.auto."  # grid.rates.auto.KEY: one setting of the automatic rates' search (AutoRates)
+
+
+def _auto_rates(rates: object, key: str) -> dict:
+    """The automatic rates' settings a grid's `rates:` holds (`auto`, or a mapping with `auto:`), for a change of
+    one of them (grid.rates.auto.KEY); SweepError when its rates are not automatic."""
+    if rates == "auto":
+        return {}
+    if isinstance(rates, Mapping) and "auto" in rates:
+        return dict(rates["auto"] or {})
+    raise SweepError(f"grid.{AUTO_KEY}{key}: the plan's rates are not automatic (grid.rates: auto)")
+
+
 def _with_sets(raw: dict, sets: dict) -> dict:
-    """The YAML's mapping with --set laid over it: `grid.KEY` into grid:, `base.KEY` or a bare KEY into base:."""
+    """The YAML's mapping with --set laid over it: `grid.KEY` into grid:, `grid.rates.auto.KEY` into its automatic
+    rates' settings, `base.KEY` or a bare KEY into base:."""
     base, grid = dict(raw.get("base") or {}), dict(raw.get("grid") or {})
     for key, value in sets.items():
         section, dot, name = key.partition(".")
         target = grid if dot and section == "grid" else base
         if dot and section not in ("grid", "base"):
             raise SweepError(f"{term('--set', 'sets')} {key}: a dotted key starts with grid. or base.")
+        if target is grid and name.startswith(AUTO_KEY):
+            auto = {**_auto_rates(grid.get("rates"), name.removeprefix(AUTO_KEY)), name.removeprefix(AUTO_KEY): value}
+            grid["rates"] = {"auto": auto}
+            continue
         target[name if dot else key] = value
     return {**raw, "base": base, "grid": grid}
 
@@ -253,13 +271,17 @@ def changed(plan: Plan, changes: dict) -> Plan:
     """`plan` with `changes` laid over it (in place): `strategies` (a list, comma text or one item: a label of
     the plan's grid keeps that entry, anything else is a new entry: a name, a class, a mapping), `rates`,
     `repeats`, `seed`, `concurrency`, `order` and `point_timeout_s` change the grid (so do `strategy` and
-    `rate`: the one a run's settings name); `grid.KEY` and `base.KEY` name a section; any other name is a
-    setting of every run; None is no change. Checked as a plan's YAML is."""
-    grid, base = {}, {}
+    `rate`: the one a run's settings name); `grid.KEY` and `base.KEY` name a section, `grid.rates.auto.KEY` one
+    setting of the automatic rates' search; any other name is a setting of every run; None is no change. Checked
+    as a plan's YAML is."""
+    grid, base, auto = {}, {}, {}
     for key, value in changes.items():
         if value is None:  # not given
             continue
         section, dot, name = str(key).partition(".")
+        if section == "grid" and name.startswith(AUTO_KEY):
+            auto[name.removeprefix(AUTO_KEY)] = value
+            continue
         name = ALIASES.get(name if dot else key, name if dot else key)
         if dot and section not in ("grid", "base"):
             raise SweepError(f"{key}: a dotted key starts with grid. or base.")
@@ -279,6 +301,9 @@ def changed(plan: Plan, changes: dict) -> Plan:
         plan.default_rate = False
     elif plan.default_rate and plan.base.get("arrival") == "trace":
         plan.rates = [0.0]  # a trace keeps its own timing unless a rate is asked for (as a run's settings do)
+    if auto:
+        current = {"auto": plan.auto.model_dump(exclude_unset=True)} if plan.auto is not None else None
+        plan.auto = checked_auto({**_auto_rates(current, next(iter(auto))), **auto}, "the changes")
     if grid:
         checked = parse_grid({k: _items(v) if k == "concurrency" else v for k, v in grid.items()}, "the changes")
         for name in grid:

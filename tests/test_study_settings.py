@@ -2,7 +2,9 @@
 calibrate's options are generated from their groups with the run's spellings (`--duration`; the former
 `--duration-s` still taken, hidden and warned about), calibrate shares the run's model, device and dtype, a
 sweep's grid keys carry their help, and the backends' own settings records repeat no default."""
+import re
 import time
+from pathlib import Path
 from dataclasses import fields
 
 import pytest
@@ -129,3 +131,34 @@ def test_the_backends_settings_records_default_as_the_groups_do():
         assert len(shared) >= 5
         assert {n: getattr(record, n) for n in shared} == {n: getattr(run, n) for n in shared}
     assert VLLMSettings(model="m").max_num_seqs == HFSettings().max_batch_size == run.max_batch_size
+
+
+SMOKE = str(Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml")
+
+
+@pytest.mark.parametrize("change, outcome", [
+    ({"grid.rates.auto.twin": False, "grid.rates.auto.saturated_duration_s": 3}, {"twin": False,
+                                                                                  "saturated_duration_s": 3.0}),
+    ({"grid.rates.auto.twinn": False}, "unknown grid.rates.auto key twinn (did you mean twin?)"),
+    ({"grid.rates.auto.points": 1}, "grid.rates.auto.points: input should be greater than or equal to 2, got 1"),
+    ({"grid.rates": [1, 2], "grid.rates.auto.twin": False},
+     "grid.rates.auto.twin: the plan's rates are not automatic (grid.rates: auto)"),
+])
+def test_one_setting_of_the_automatic_rates_is_changed_alike_by_the_yamls_set_and_the_apis_changes(change, outcome):
+    """`batchlab sweep --set grid.rates.auto.twin=false` (docs/capacity.md) and api.sweep(changes=...) lay one
+    search setting over the plan's others (the YAML's points and saturated repeats stay), and refuse the same bad
+    key or value in the same words."""
+    from batchlab.lab.sweep_plan import SweepError, load_plan, plan_from
+
+    for read in (lambda: load_plan(SMOKE, change), lambda: plan_from(SMOKE, change)[0]):
+        if isinstance(outcome, str):
+            with pytest.raises(SweepError, match=re.escape(outcome)):
+                read()
+            continue
+        auto = read().auto
+        assert {k: getattr(auto, k) for k in outcome} == outcome
+        assert (auto.points, auto.saturated_min_repeats, auto.confirm_max_s) == (16, 2, 4.0)  # the YAML's own
+    if isinstance(outcome, str):
+        items = [f"--set={k}={'[1, 2]' if isinstance(v, list) else v}" for k, v in change.items()]
+        result = CliRunner().invoke(app, ["sweep", SMOKE, "--out", "/nonexistent/never", *items])
+        assert result.exit_code != 0 and outcome in result.output and "Traceback" not in result.output
