@@ -186,7 +186,8 @@ def twin_line(label: str, doc: dict) -> str:
                   f"steps: {twin['bias_pct']:+.1f}%; spread pooled over every twin's runs{own})")
     held = ""
     if doc.get("held_to_live_mu"):
-        held = (f" ⚠ held to the live μ: the twin's estimate {_num(twin['search']['estimate_req_s'])} req/s is above "
+        estimate = _num(twin["search"]["estimate_req_s"])
+        held = (f" ⚠ held to the live μ: the twin's estimate {estimate} req/s is above "
                 f"the live μ's interval [{_num(saturated.get('req_s_lo'))}, {_num(saturated.get('req_s_hi'))}]")
     return (f"twin {label}: μ {twin['saturated']['req_s']:.3g} req/s (live {saturated['req_s']:.3g}), capacity "
             f"{_num(doc['estimate_req_s'])} [{_num(doc['lo_req_s'])}, {_num(doc['hi_req_s'])}] req/s{spread}{held}")

@@ -194,8 +194,8 @@ def criterion_text(source: str) -> str:
     how = ("a search per strategy from just below its saturated rate μ (geometric steps down while nothing is "
            "sustained, then bisection in log space), on the study's twin where one was fitted (virtual probes of "
            f"{TWIN_PROBE_MIN_S:.0f} s or more, the interval widened by how the live runs' speed against it "
-           "varied, pooled over every strategy's runs; its estimate above μ only within μ's own interval; the one live "
-           "probe at that capacity in the rates measured; section The twin)"
+           "varied, pooled over every strategy's runs; its estimate above μ only within μ's own interval; the "
+           "one live probe at that capacity in the rates measured; section The twin)"
            if source == SEARCHED else "the sweep's own rates (no search "
            "ran: the bracket is as coarse as the grid, and μ was not measured)")
     return (f"μ = the completion rate of a saturated run (a closed loop with twice the batch cap in clients; "
@@ -203,7 +203,8 @@ def criterion_text(source: str) -> str:
             f"means within one run. Capacity = the highest arrival rate sustained: served ≥ {SERVED_MIN:.0%} of "
             f"its requests, the waiting queue's trend (95% HAC interval) not above {GROWTH_SHARE:.0%} of the "
             f"offered rate, the offered rate not above μ's interval, and with SLOs goodput ≥ {GOODPUT_MIN:.0%}. "
-            f"Found by {how}; shown as an estimate (never above μ on a live search) [the highest rate sustained less the queue "
-            "growth its verdict could not exclude, the lowest rate not sustained or μ's upper bound]. Output "
-            "tok/s = req/s × the mean output tokens per finished request (every strategy replays the same "
-            "requests). A ⚠ line marks a capacity or μ that disagrees with what the sweep's own points completed.")
+            f"Found by {how}; shown as an estimate (never above μ on a live search) [the highest rate sustained "
+            "less the queue growth its verdict could not exclude, the lowest rate not sustained or μ's upper "
+            "bound]. Output tok/s = req/s × the mean output tokens per finished request (every strategy replays the "
+            "same requests). A ⚠ line marks a capacity or μ that disagrees with what the sweep's own points "
+            "completed.")

@@ -73,7 +73,8 @@ def load_curves(folder: Path) -> dict[tuple[str, float], CurvePoint]:
         if point["status"] not in MEASURED or not inside(folder, run) or not RunDir(run).summary.exists():
             continue
         done = request_metrics(load_table(run, "requests", columns=CURVE_COLUMNS))
-        pooled.setdefault((point["label"], index_load(point)), []).append(done[done["status"] == RequestStatus.FINISHED])
+        finished = done[done["status"] == RequestStatus.FINISHED]
+        pooled.setdefault((point["label"], index_load(point)), []).append(finished)
     curves = {}
     for (label, rate), frames in pooled.items():
         done = [f for f in frames if len(f)]
