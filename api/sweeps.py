@@ -109,8 +109,8 @@ def capacity(plan: "Plan | Mapping | str | Path", out: str | Path | None = None,
     refuse_unguarded_main()
     from batchlab.collector.layout import CAPACITY_FILE, WORKERS_DIR
     from batchlab.lab.capacity_study import run_capacity
-    from batchlab.lab.sweep_plan import (CAPACITY_SUFFIX, changed, checked_auto, interleaved, plan_from,
-                                         refuse_new_labels)
+    from batchlab.lab.sweep_plan import CAPACITY_SUFFIX, changed, checked_auto, plan_from, refuse_new_labels
+    from batchlab.lab.sweep_order import interleaved
     from batchlab.protocol.files import write_json_atomic
     from batchlab.protocol.settings import checked_group
     from batchlab.protocol.study_settings import AutoRates

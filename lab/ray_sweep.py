@@ -17,7 +17,8 @@ from batchlab.protocol.outcomes import RunOutcome
 from batchlab.runner.pool import worker_key
 from batchlab.lab.ray_cluster import connect
 from batchlab.lab.ray_actor import Ask, ask, declares_gpu_memory, refusals
-from batchlab.lab.sweep_plan import Plan, Point, SweepError, plan_points
+from batchlab.lab.sweep_plan import Plan, Point, SweepError
+from batchlab.lab.sweep_order import plan_points
 from batchlab.lab.sweep_point import preflight, refuse_old_layout, reused
 from batchlab.collector.layout import INDEX_FILE
 from batchlab.protocol.errors import term

@@ -24,8 +24,8 @@ from pathlib import Path
 import yaml
 
 from batchlab.protocol.outcomes import RunOutcome
-from batchlab.lab.sweep_plan import (AutoRates, Plan, Point, auto_rates, plan_from, plan_points, probe_point,
-                                     span_rates, study_folder)
+from batchlab.lab.sweep_plan import AutoRates, Plan, Point, plan_from, study_folder
+from batchlab.lab.sweep_order import auto_rates, plan_points, probe_point, span_rates
 from batchlab.collector.layout import DONE_FILE, INDEX_FILE, PROBE_DIR
 from batchlab.collector.parts import write_final
 from batchlab.protocol.modes import BatchingMode

@@ -22,8 +22,8 @@ from pathlib import Path
 from batchlab.protocol.outcomes import RunOutcome
 from batchlab.collector.layout import (CAPACITY_DIR, CAPACITY_FILE, INDEX_FILE, PROBE_DIR, TWIN_DIR, WORKERS_DIR,
                                       point_dir)
-from batchlab.lab.sweep_plan import (Plan, Point, SweepError, auto_rates, floor_3g, interleaved, plan_points,
-                                     span_rates, warm_order)
+from batchlab.lab.sweep_plan import Plan, Point, SweepError
+from batchlab.lab.sweep_order import auto_rates, floor_3g, interleaved, plan_points, span_rates, warm_order
 from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.progress import StudyProgress
 from batchlab.lab.sweep_point import execute, load_text, preflight, refuse_old_layout, reused

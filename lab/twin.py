@@ -27,7 +27,8 @@ import numpy as np
 from batchlab.collector.layout import TWIN_DIR
 from batchlab.lab.capacity_search import SimulatedSearch, probe_duration_s
 from batchlab.lab.rate_search import search, start_below
-from batchlab.lab.sweep_plan import AutoRates, Entry, Plan, floor_3g
+from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
+from batchlab.lab.sweep_order import floor_3g
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.study_settings import TWIN_PROBE_MAX_S, TWIN_PROBE_MIN_S
 from batchlab.protocol.verdicts import Sustain

@@ -22,7 +22,8 @@ from batchlab.protocol.outcomes import RunOutcome
 from batchlab.collector.layout import TWIN_DIR
 from batchlab.collector.layout import TWIN_ERRORS_FILE as ERRORS_FILE
 from batchlab.collector.layout import TWIN_FIGURES as FIGURES
-from batchlab.lab.sweep_plan import Plan, span_rates
+from batchlab.lab.sweep_plan import Plan
+from batchlab.lab.sweep_order import span_rates
 from batchlab.lab.twin import twin_plan
 from batchlab.lab.twin_replay import replayed
 from batchlab.protocol.files import write_json_atomic

@@ -8,7 +8,8 @@ import pytest
 
 from batchlab.lab.capacity_search import SimulatedSearch, search_all
 from batchlab.lab.rate_search import next_rate, search
-from batchlab.lab.sweep_plan import AutoRates, SweepError, load_plan, span_rates
+from batchlab.lab.sweep_plan import AutoRates, SweepError, load_plan
+from batchlab.lab.sweep_order import span_rates
 from batchlab.protocol.status import FailureReason
 from batchlab.stats.capacity import Probe, bracket, from_runs
 from batchlab.stats.verdict import Verdict, sustain, waiting

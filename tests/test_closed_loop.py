@@ -219,7 +219,7 @@ def _sweep(tmp_path, grid: dict, base: dict | None = None):
 
 
 def test_a_concurrency_grid_plans_one_closed_loop_point_per_client_count(tmp_path):
-    from batchlab.lab.sweep_plan import plan_points
+    from batchlab.lab.sweep_order import plan_points
 
     plan = _sweep(tmp_path, {"concurrency": [4, 1, 2, 8, 2]})
     points = plan_points(plan, plan.rates, tmp_path / "out")

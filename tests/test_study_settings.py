@@ -110,7 +110,8 @@ def test_every_study_setting_says_what_it_is(group):
     ("{}", "", "naive, {strategy: dynamic, startup_limit_s: 50}", [RunConfig().startup_limit_s, 50])])
 def test_a_sweep_points_startup_limit_is_the_runs_own_setting(tmp_path, base, grid, entry, limits_s):
     from batchlab.runner.launcher import _limits
-    from batchlab.lab.sweep_plan import load_plan, plan_points
+    from batchlab.lab.sweep_plan import load_plan
+    from batchlab.lab.sweep_order import plan_points
 
     config = tmp_path / "s.yaml"
     config.write_text(f"base: {base}\ngrid: {{{grid}strategies: [{entry}], rates: [1], point_timeout_s: 9}}\n")

@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from batchlab.protocol.settings import ConfigError
-from batchlab.lab.sweep_plan import SweepError, auto_rates, interleaved, load_plan, plan_points
+from batchlab.lab.sweep_plan import SweepError, load_plan
+from batchlab.lab.sweep_order import auto_rates, interleaved, plan_points
 from batchlab.collector.layout import point_dir
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -225,7 +225,7 @@ def test_the_twin_keeps_the_runs_total_step_time():
 def test_a_rate_that_must_stay_at_or_below_its_source_is_rounded_down(value, floored):
     """The live grid's load (0.8 × the lowest capacity) and the confirmation's rate never round up past it."""
     from batchlab.lab.sweep import live_loads
-    from batchlab.lab.sweep_plan import floor_3g
+    from batchlab.lab.sweep_order import floor_3g
     from batchlab.lab.twin import confirmation_rate
 
     assert floor_3g(value) == pytest.approx(floored) and floor_3g(value) <= value
