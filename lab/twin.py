@@ -233,8 +233,7 @@ def pooled_spreads(records: dict[str, dict]) -> None:
     ±22%); the strategy's own runs' alone stay as `own_spread_pct`, `spread_df` the pooled degrees of freedom.
     Unchanged with fewer than two runs in all."""
     logs = {label: [math.log(r) for r in rec.get("speed_ratios") or []] for label, rec in records.items()}
-    halves = pooled_half_widths(logs)
-    df = sum(max(len(v) - 1, 0) for v in logs.values())
+    halves, df = pooled_half_widths(logs)
     for label, rec in records.items():
         if not math.isfinite(halves[label]):
             continue
