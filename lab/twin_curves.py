@@ -27,7 +27,7 @@ from batchlab.lab.sweep_order import span_rates
 from batchlab.lab.twin import twin_plan
 from batchlab.lab.twin_replay import replayed
 from batchlab.protocol.files import write_json_atomic
-from batchlab.protocol.status import RequestStatus
+from batchlab.stats.metrics import finished_p50
 
 RHO_MAX = 0.8  # the twin's error is summarised over the live points at or below this load, and over all
 CURVE_REPEATS = 2  # seeds per curve rate (seed, seed + 1: the live grid's first repeats' schedules)
@@ -68,14 +68,7 @@ def play_curves(plan: Plan, out: Path, capacity: dict, view=None) -> Path | None
 
 def point_figures(requests, summary) -> dict[str, float]:
     """A run's figures the twin is judged on: TTFT p50, E2E p50 (s, finished requests) and output tok/s."""
-    return {**latency_p50(requests), "throughput": float(summary.throughput_tok_s or math.nan)}
-
-
-def latency_p50(requests) -> dict[str, float]:
-    """TTFT p50 and E2E p50 (s) over a requests table's finished requests."""
-    done = requests[requests["status"] == RequestStatus.FINISHED]
-    return {"ttft_p50": float(np.median(done["ttft"])) if len(done) else math.nan,
-            "e2e_p50": float(np.median(done["e2e"])) if len(done) else math.nan}
+    return {**finished_p50(requests), "throughput": float(summary.throughput_tok_s or math.nan)}
 
 
 def _played(folder: Path, preset: Path):
@@ -145,7 +138,7 @@ def pooled_rate(label: str, rate: float, runs: list) -> dict:
     import pandas as pd
 
     def figures(tables: list, key: str) -> dict[str, float]:
-        return {**latency_p50(pd.concat(tables)), "throughput": float(np.mean([row[key]["throughput"]
+        return {**finished_p50(pd.concat(tables)), "throughput": float(np.mean([row[key]["throughput"]
                                                                                for _, _, row in runs]))}
 
     live, twin = figures([r[0] for r in runs], "live"), figures([r[1] for r in runs], "at_speed")

@@ -8,19 +8,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from batchlab.collector.layout import INDEX_FILE, TWIN_DIR, TWIN_ERRORS_FILE as ERRORS_FILE, TWIN_FIGURES as FIGURES
 from batchlab.collector.parts import load_table
 from batchlab.protocol.errors import ReportError
 from batchlab.protocol.outcomes import MEASURED
 from batchlab.protocol.run_dir import RunDir
-from batchlab.protocol.status import RequestStatus
 from batchlab.protocol.verdicts import Agreement
 from batchlab.report.inputs import inside, read_index
 from batchlab.report.points import index_load
 from batchlab.report.stats import GroupStats
 from batchlab.report.text import md_table
-from batchlab.stats.metrics import percentiles, request_metrics
+from batchlab.stats.metrics import finished_p50, request_metrics
 
 PLOT_FILE = "twin_curves.png"
 
@@ -30,11 +30,11 @@ CURVE_COLUMNS = ["status", "arrival_time", "scheduled_time", "first_token_time",
 
 @dataclass(slots=True, frozen=True)
 class CurvePoint:
-    """One rate of a twin's curve: the p50 of each latency (s: ttft, e2e) over its seeds' finished requests."""
+    """One rate of a twin's curve: TTFT and E2E p50 (s) over its seeds' finished requests."""
 
     label: str
     rate: float
-    p50: dict[str, float]
+    p50: dict[str, float]  # stats.metrics.finished_p50's: ttft_p50, e2e_p50
 
 
 @dataclass(slots=True)
@@ -72,15 +72,12 @@ def load_curves(folder: Path) -> dict[tuple[str, float], CurvePoint]:
         run = folder / point["dir"]
         if point["status"] not in MEASURED or not inside(folder, run) or not RunDir(run).summary.exists():
             continue
-        done = request_metrics(load_table(run, "requests", columns=CURVE_COLUMNS))
-        finished = done[done["status"] == RequestStatus.FINISHED]
-        pooled.setdefault((point["label"], index_load(point)), []).append(finished)
+        requests = request_metrics(load_table(run, "requests", columns=CURVE_COLUMNS))
+        pooled.setdefault((point["label"], index_load(point)), []).append(requests)
     curves = {}
     for (label, rate), frames in pooled.items():
-        done = [f for f in frames if len(f)]
-        if done:
-            both = np.concatenate([f[["ttft", "e2e"]].to_numpy() for f in done])
-            p50 = {m: percentiles(both[:, k], ("p50",))["p50"] for k, m in enumerate(("ttft", "e2e"))}
+        p50 = finished_p50(pd.concat(frames, ignore_index=True))
+        if not math.isnan(p50["ttft_p50"]):
             curves[(label, rate)] = CurvePoint(label, rate, p50)
     return curves
 
@@ -205,9 +202,9 @@ def curves_plot(twin: Twin, live: dict[tuple[str, float], GroupStats], path: Pat
     for ax, metric in zip(axes, ("ttft", "e2e")):
         for i, label in enumerate(labels):
             color = f"C{i}"
-            groups = sorted((g for (lb, _), g in twin.curves.items() if lb == label and g.p50[metric]),
+            groups = sorted((g for (lb, _), g in twin.curves.items() if lb == label and g.p50[f"{metric}_p50"]),
                             key=lambda g: g.rate)
-            ax.plot([g.rate for g in groups], [g.p50[metric] * 1e3 for g in groups], color=color,
+            ax.plot([g.rate for g in groups], [g.p50[f"{metric}_p50"] * 1e3 for g in groups], color=color,
                     label=f"{label} (twin)")
             points = sorted((g for (lb, _), g in live.items() if lb == label and g.latency[metric]["p50"]),
                             key=lambda g: g.rate)

@@ -29,6 +29,14 @@ def request_metrics(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def finished_p50(requests: pd.DataFrame) -> dict[str, float]:
+    """TTFT p50 and E2E p50 (s) over a requests table's finished requests (request_metrics' columns; NaN with
+    none): the figures a twin is drawn and judged by (report.twin's curves, lab.twin_curves' errors)."""
+    done = requests[requests["status"] == RequestStatus.FINISHED]
+    return {"ttft_p50": float(np.median(done["ttft"])) if len(done) else math.nan,
+            "e2e_p50": float(np.median(done["e2e"])) if len(done) else math.nan}
+
+
 def useful_fraction(output_lens: list[int]) -> float:
     """Share of a static batch's decode slots doing useful work: Σo_i ÷ (B × max o_i)."""
     if not output_lens or max(output_lens) <= 0:
