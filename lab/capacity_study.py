@@ -14,15 +14,15 @@ from batchlab.lab.disturbance import Disturbances
 from batchlab.lab.progress import StudyProgress
 from batchlab.lab.saturated_repeats import saturate_all, saturation_lines, saturation_record
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
-from batchlab.lab.twin import (TwinFit, confirm, confirmation_rate, fit_twin, held_to, pooled_spreads, run_speed,
-                               twin_capacity, widened, with_speeds)
+from batchlab.lab.twin import (TwinFit, fit_twin, held_to, pooled_spreads, speed_ranges, twin_capacity, widened,
+                               with_speeds)
+from batchlab.lab.twin_confirm import confirm, confirmation_rate
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.files import write_json_atomic
 from batchlab.protocol.modes import BatchingMode
 from batchlab.protocol.verdicts import Agreement
 from batchlab.stats.capacity import CapacityEstimate
 from batchlab.stats.saturation import estimated, pooled
-from batchlab.worker.stepmodel import load_preset
 
 
 def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=None,
@@ -49,8 +49,11 @@ def run_capacity(plan: Plan, out: Path, settings: AutoRates, pools=None, view=No
     for line in saturation_lines(saturation) if view else []:
         view.note(line)
     # 2. each capacity: on the twin (every strategy's played first, side by side), confirmed live; or searched live
-    entry_of = (partial(twin_entry, twins=played_twins(plan, out, entries, runs, settings)) if settings.twin
-                else live_entry)
+    entry_of = live_entry
+    if settings.twin:
+        twins = played_twins(plan, out, entries, runs, settings)
+        entry_of = partial(twin_entry, twins=twins, ranges=speed_ranges(
+            {label: t[2]["speed_ratios"] for label, t in twins.items() if not isinstance(t, CalibrateError)}))
     strategies = {e.label: entry_of(plan, out, live, e, runs[e.label], saturation["estimator"], settings, view)
                   for e in entries}
     # 3. every twin's interval, widened by how fast the machine ran against the twins in all the strategies' runs
@@ -127,9 +130,12 @@ def _played_twin(shared: tuple[Plan, Path, AutoRates], item: tuple[str, list]) -
 
 
 def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, estimator: str, settings: AutoRates,
-               view=None, twins: dict[str, Played] | None = None) -> dict:
+               view=None, twins: dict[str, Played] | None = None,
+               ranges: dict[str, tuple[float, float]] | None = None) -> dict:
     """One strategy's capacity on its twin (played_twins' in `twins`, else played here), with the live confirmation
-    beside it (`confirmation`); the live search instead, said, when its runs cannot give a twin."""
+    beside it (`confirmation`), its prediction over the range one run's speed falls in (`ranges`, lab.twin's
+    speed_ranges over every twin's runs; else its own runs'); the live search instead, said, when its runs cannot
+    give a twin."""
     if isinstance(runs, str) or not runs:
         note = runs if isinstance(runs, str) else "no saturated run"
         return CapacityEstimate(entry.label, None, None, note=note).as_dict()
@@ -146,15 +152,16 @@ def twin_entry(plan: Plan, out: Path, live: LiveSearch, entry: Entry, runs, esti
                            **({"held_to_live_mu": True} if held else {})}
     rate = confirmation_rate(doc)
     if rate is not None:
-        check = confirm(live, entry, rate, saturated, settings, fit.preset, twin["saturated"])
+        speeds = (ranges or speed_ranges({entry.label: twin["speed_ratios"]})).get(entry.label)
+        check = confirm(live, entry, rate, saturated, settings, fit.preset, twin["saturated"], speeds)
         doc["confirmation"] = check.as_dict()
         doc["probes"] = [{"rate_req_s": check.probe.rate_req_s, "folder": check.probe.folder,
                           "tokens_per_request": check.probe.tokens_per_request, "live": True,
                           **asdict(check.probe.verdict)}]
         # the probe is one more sample of the machine's speed against the twin, at the load the capacity is about
-        speed = run_speed(load_preset(fit.preset), out / check.probe.folder) if check.probe.folder else None
-        if speed is not None:
-            twin.update(with_speeds(twin["speed_ratios"] + [speed]), confirmation_speed=speed)
+        # (after its prediction, made from the saturated runs' alone)
+        if check.speed is not None:
+            twin.update(with_speeds(twin["speed_ratios"] + [check.speed]), confirmation_speed=check.speed)
         if view:
             agreement = Agreement.of(check.agrees).said
             view.note(f"confirm {entry.label}: {check.text()} ({agreement} with the twin); {check.twin_text()}")

@@ -13,8 +13,8 @@ by the simulator where live runs are too short to decide, and checked live (docs
    long as deciding at the load probed takes (the queue's settle time, twice, after the warm-up quarter), and at least
    TWIN_PROBE_MIN_S and at most TWIN_PROBE_MAX_S of virtual traffic; the interval is the search's own, widened by the
    twin's uncertainty.
-3. **Confirmed live** (`confirmation`): one live probe at the twin's capacity, as long as deciding there takes,
-   at most confirm_max_s; its verdict stands beside the twin's, a disagreement marked.
+3. **Confirmed live**: one live probe at the twin's capacity, judged by its verdict or, undecided, by what the twin
+   predicts for its arrivals over the range one run's speed falls in (`speed_ranges`): lab.twin_confirm.
 
 The curves and the twin's error against the live points are lab.twin_curves'.
 """
@@ -22,17 +22,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from batchlab.collector.layout import TWIN_DIR
 from batchlab.lab.capacity_search import SimulatedSearch, probe_duration_s
 from batchlab.lab.rate_search import search, start_below
 from batchlab.lab.sweep_plan import AutoRates, Entry, Plan
-from batchlab.lab.sweep_order import floor_3g
 from batchlab.protocol.errors import CalibrateError
 from batchlab.protocol.study_settings import TWIN_PROBE_MAX_S, TWIN_PROBE_MIN_S
-from batchlab.protocol.verdicts import Sustain
-from batchlab.stats.capacity import CapacityEstimate, Probe
+from batchlab.stats.capacity import CapacityEstimate
 from batchlab.stats.intervals import mean_interval, pooled_half_widths
 from batchlab.stats.saturation import SaturatedRun, pooled
 from batchlab.stats.verdict import SETTLE_TIMES, WARMUP_SHARE, arrival_cv2, settle_time_s
@@ -240,6 +236,21 @@ def pooled_spreads(records: dict[str, dict]) -> None:
         rec.update(own_spread_pct=rec.get("spread_pct"), spread_pct=(math.exp(halves[label]) - 1) * 100, spread_df=df)
 
 
+def speed_ranges(ratios: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
+    """label → the range one more live run's speed against its twin falls in, 95% of the time: the geometric mean
+    of its saturated runs' speeds (run_speed) × e^(±h), h the half-width of one new value's t-interval on their
+    logs with the standard deviation pooled over every strategy's runs (pooled_spreads' reason). The range a live
+    confirmation's figures are predicted over (lab.twin_confirm); a label with no degree of freedom has none."""
+    logs = {label: [math.log(r) for r in values] for label, values in ratios.items() if values}
+    halves, _ = pooled_half_widths(logs, new=True)
+    out = {}
+    for label, values in logs.items():
+        centre = sum(values) / len(values)
+        if math.isfinite(halves[label]):
+            out[label] = (math.exp(centre - halves[label]), math.exp(centre + halves[label]))
+    return out
+
+
 def widened(doc: dict, spread_pct: float | None, ceiling_req_s: float | None = None) -> dict:
     """A capacity entry's interval (req/s and tok/s) widened by the twin's uncertainty (× e^±h), its top never
     above `ceiling_req_s` (the live μ's upper bound: no rate above it is sustained, the rule CapacityEstimate's
@@ -272,106 +283,3 @@ def held_to(cap: CapacityEstimate, live: dict | None) -> tuple[CapacityEstimate,
     if not (estimate and top and math.isfinite(top) and estimate > top):
         return cap, False
     return replace(cap, saturated=live), True
-
-
-@dataclass(slots=True)
-class Confirmation:
-    """The live probe at a twin's capacity: its verdict, how long deciding there takes and how long it ran."""
-
-    probe: Probe
-    needs_s: float
-    ran_s: float
-    twin: Probe | None = None  # the same probe's schedule played on the twin (its verdict beside the live one)
-
-    @property
-    def agrees(self) -> bool | None:
-        """Whether the live verdict agrees with the twin's capacity: True sustained; False judged not sustained
-        (a disagreement); None undecided (the twin's verdict on the same schedule stands beside it: twin_text)."""
-        return self.probe.verdict.outcome.agreement.flag
-
-    def text(self) -> str:
-        """One line: the verdict, with why where it is not a plain ✓."""
-        p, v = self.probe, self.probe.verdict
-        where = f"λ = {p.rate_req_s:.3g} (offered {p.offered_req_s:.3g}) req/s, {self.ran_s:.0f} s"
-        if v.outcome is Sustain.SUSTAINED:
-            return f"{v.outcome} at {where}"
-        if v.outcome is Sustain.NOT_SUSTAINED:
-            return f"{v.outcome} at {where}: {'; '.join(v.reasons)}"
-        if not math.isfinite(self.needs_s):  # the twin's estimate may stand above the live μ, within its interval
-            return f"{v.outcome} at {where} (at or above the live μ: no length of traffic decides there)"
-        return f"{v.outcome} at {where} (deciding there takes about {self.needs_s:.0f} s of traffic)"
-
-    def twin_text(self) -> str:
-        """The twin on the same schedule: its mark, served share and queue trend beside the live run's."""
-        if self.twin is None:
-            return ""
-        t, v = self.twin.verdict, self.probe.verdict
-        return (f"same schedule on the twin: {t.mark} served {t.served_share:.0%}, queue {t.queue_growth:+.2f}/s "
-                f"(live {v.mark} served {v.served_share:.0%}, queue {v.queue_growth:+.2f}/s)")
-
-    def as_dict(self) -> dict:
-        """capacity.json's `confirmation`."""
-        from dataclasses import asdict
-
-        return {"rate_req_s": self.probe.rate_req_s, "offered_req_s": self.probe.offered_req_s,
-                "folder": self.probe.folder, "needs_s": self.needs_s, "ran_s": self.ran_s, "agrees": self.agrees,
-                "text": self.text(), "twin_text": self.twin_text(), **asdict(self.probe.verdict),
-                "twin_verdict": asdict(self.twin.verdict) if self.twin else None}
-
-
-def confirmation_rate(doc: dict) -> float | None:
-    """The live probe's rate: the twin's capacity estimate (3 significant digits, rounded down: at or just
-    below it), else the highest rate its twin sustained."""
-    value = doc.get("estimate_req_s") or (doc.get("bracket_req_s") or [None])[0]
-    return floor_3g(value) if value else None
-
-
-def confirm(live, entry: Entry, target_req_s: float, saturated: dict, settings: AutoRates,
-            preset: Path | None = None, twin_saturated: dict | None = None) -> Confirmation:
-    """The live probe offering `target_req_s` on `live` (a lab.capacity_search.LiveSearch), as long as deciding
-    there takes and at most confirm_max_s, judged against the live μ."""
-    from batchlab.lab.sweep_plan import Point
-
-    cfg = Point(entry, target_req_s, 0, live.plan.seed, Path(".")).config(live.plan.base)
-    limited = bool(cfg.max_queue or cfg.max_queue_tokens or cfg.slos())
-    cv2 = arrival_cv2(cfg.arrival, cfg.burstiness)
-    ran = min(decide_s(target_req_s, saturated.get("req_s"), settings, limited, cv2), settings.confirm_max_s)
-    rate = nominal_for(target_req_s, ran, cfg)
-    probe = live.measure(entry, saturated, duration_s=ran)(rate)
-    needs = decide_s(probe.offered_req_s, saturated.get("req_s"), settings, limited, cv2)
-    return Confirmation(probe, needs, ran, on_twin(live.out / probe.folder, preset, twin_saturated, ran)
-                        if preset and probe.folder else None)
-
-
-def on_twin(folder: Path, preset: Path, saturated: dict | None, duration_s: float) -> Probe | None:
-    """A live probe's schedule played on the twin, judged as the live probe was (against the twin's μ)."""
-    from batchlab.lab.capacity_search import probe_of
-    from batchlab.lab.twin_replay import replayed
-
-    if not (folder / "schedule.parquet").exists():
-        return None
-    tables, cfg = replayed(folder, preset)
-    return probe_of(cfg.rate, tables.requests, duration_s, cfg, str(folder), saturated)
-
-
-def nominal_for(target_req_s: float, duration_s: float, cfg) -> float:
-    """The nominal rate whose seeded schedule offers the most it can at or below `target_req_s` over its first
-    `duration_s` (a seeded Poisson schedule of a few seconds is several percent off its nominal rate, and offers
-    whole arrivals: 4 s offer multiples of 0.25 req/s), 4 significant digits, rounded down. Bisected: a seeded
-    schedule's arrivals only move earlier as its rate rises (its gaps are one draw, scaled by 1 ÷ the rate)."""
-    from batchlab.traffic.arrivals import arrival_offsets
-
-    def offered(rate: float) -> float:
-        offsets = arrival_offsets(cfg.arrival, rate, duration_s, np.random.default_rng([cfg.seed, 0]),
-                                  burstiness=cfg.burstiness)
-        return np.count_nonzero(offsets <= duration_s) / duration_s
-
-    lo, hi = target_req_s / 4, target_req_s * 4  # offered(lo) ≤ target < offered(hi), else lo is the best there is
-    if offered(lo) > target_req_s:
-        return floor_3g(lo, 4)
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if offered(mid) <= target_req_s else (lo, mid)
-        if hi - lo < lo * 1e-5:
-            break
-    return floor_3g(lo, 4)  # rounded down: still at or below the target

@@ -1,7 +1,7 @@
 """What a run said of its arrival rate, and what a live confirmation said of its twin's capacity: the closed sets of
 a capacity study's verdicts. capacity.json records them as flags (a probe's `sustained` and `judged`, a
 confirmation's `agrees`: true, false or null), and its texts and the report's marks spell them out; `of` reads the
-flags, so files old and new read alike."""
+flags, so files old and new read alike. A confirmation's `agreed_by` (AgreedBy) says what decided its `agrees`."""
 from enum import StrEnum
 
 
@@ -32,11 +32,11 @@ class Sustain(StrEnum):
 
 
 class Agreement(StrEnum):
-    """A live confirmation against its twin's capacity (lab/twin.py: Confirmation)."""
+    """A live confirmation against its twin's capacity (lab/twin_confirm.py: Confirmation)."""
 
-    AGREES = "agrees"  # the live probe sustained the twin's capacity
-    DISAGREES = "disagrees"  # judged not sustained there
-    UNDECIDED = "undecided"
+    AGREES = "agrees"  # the live probe sustained the twin's capacity, or ran as the twin predicts its arrivals
+    DISAGREES = "disagrees"  # judged not sustained there, or outside what the twin predicts
+    UNDECIDED = "undecided"  # its verdict undecided, and no prediction to hold it to
 
     @classmethod
     def of(cls, agrees: bool | None) -> "Agreement":
@@ -57,3 +57,10 @@ class Agreement(StrEnum):
     def said(self) -> str:
         """'agrees', '⚠ disagrees' or 'undecided' (the study's progress note: a disagreement stands out)."""
         return f"{self.mark} {self}" if self is Agreement.DISAGREES else str(self)
+
+
+class AgreedBy(StrEnum):
+    """What decided a live confirmation's agreement with its twin (capacity.json's `agreed_by`; null: nothing did)."""
+
+    VERDICT = "verdict"  # the live probe's own verdict, sustained or not, at the twin's capacity
+    PREDICTION = "prediction"  # its verdict undecided: its E2E p50 against the twin's on the same arrivals

@@ -155,7 +155,8 @@ def _warnings(capacities: dict[str, dict]) -> list[str]:
 
 
 def disagreement(c: dict) -> list[str]:
-    """A live confirmation judged not sustained at the capacity its twin found: both figures (lab.twin)."""
+    """A live confirmation that disagrees with the capacity its twin found (judged not sustained there, or its E2E
+    p50 outside what the twin predicts for its arrivals): both figures (lab.twin_confirm)."""
     confirm = c.get("confirmation") or {}
     if confirm.get("agrees") is not False:
         return []

@@ -238,19 +238,22 @@ def mean_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, floa
     return float(values.mean()), half
 
 
-def pooled_half_widths(groups: dict[str, list[float]], level: float = LEVEL) -> tuple[dict[str, float], int]:
+def pooled_half_widths(groups: dict[str, list[float]], level: float = LEVEL,
+                       new: bool = False) -> tuple[dict[str, float], int]:
     """(each group's half-width of its mean's t-interval with the standard deviation pooled over every group (the
     within-group mean square of a one-way analysis of variance, on Σ(n - 1) degrees of freedom): for samples of one
     noise, such as how fast one machine ran in each of several strategies' interleaved runs, where a group's own
-    three or four values would put its t factor at 3.2-4.3, and the pooled degrees of freedom). A group needs 1
-    value here (inf with no pooled degree of freedom at all)."""
+    three or four values would put its t factor at 3.2-4.3, and the pooled degrees of freedom). With `new`, the
+    half-width of the interval that one more value of the group falls in (its prediction interval, t·s·√(1 + 1/n)),
+    not its mean's (t·s/√n). A group needs 1 value here (inf with no pooled degree of freedom at all)."""
     arrays = {k: np.asarray(v, dtype="float64") for k, v in groups.items()}
     df = sum(a.size - 1 for a in arrays.values() if a.size)
     if df < 1:
         return {k: math.inf for k in arrays}, max(df, 0)
     sd = math.sqrt(sum(float(((a - a.mean()) ** 2).sum()) for a in arrays.values() if a.size) / df)
     t = t_quantile(level, df)
-    return {k: (t * sd / math.sqrt(a.size) if a.size else math.inf) for k, a in arrays.items()}, df
+    return {k: (t * sd * (math.sqrt(1 + 1 / a.size) if new else 1 / math.sqrt(a.size)) if a.size else math.inf)
+            for k, a in arrays.items()}, df
 
 
 def log_interval(values, level: float = LEVEL) -> tuple[float, float, float]:

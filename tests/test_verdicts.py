@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import pytest
 
-from batchlab.lab.twin import Confirmation
+from batchlab.lab.twin_confirm import Confirmation
 from batchlab.protocol.verdicts import Agreement, Sustain
 from batchlab.stats.capacity import Probe
 from batchlab.stats.verdict import Verdict
