@@ -123,13 +123,26 @@ def twin_errors(out: Path, index: dict, capacity: dict, view=None) -> dict | Non
     if not rows:
         return None
     rates = [pooled_rate(label, rate, runs) for (label, rate), runs in played.items()]
-    doc = {"rho_max": RHO_MAX, "points": rows, "rates": rates, "strategies": summarise(rows, rates)}
+    doc = {"rho_max": RHO_MAX, "points": rows, "rates": rates, "strategies": summarise(rows, rates),
+           "repeats": speeds_by_repeat(rows)}
     (out / TWIN_DIR).mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / TWIN_DIR / ERRORS_FILE, doc, default=str)
     if view is not None:
         for line in error_lines(doc):
             view.note(line)
     return doc
+
+
+def speeds_by_repeat(rows: list[dict]) -> list[dict]:
+    """Per repeat of the live grid (in order): each strategy's speed against its twin (its first rate's run) and
+    their geometric mean; the machine's drift over the minutes between repeats, which the twin's prediction of
+    each run cannot know (make run's quiet run on 2604060: 0.80, 0.89, 1.03, 1.10)."""
+    out: dict[int, dict[str, float]] = {}
+    for row in rows:
+        if row["speed"]:
+            out.setdefault(row["repeat"], {}).setdefault(row["label"], row["speed"])
+    return [{"repeat": repeat, "speeds": speeds,
+             "mean": float(np.exp(np.mean(np.log(list(speeds.values())))))} for repeat, speeds in sorted(out.items())]
 
 
 def pooled_rate(label: str, rate: float, runs: list) -> dict:
@@ -181,6 +194,9 @@ def error_lines(doc: dict) -> list[str]:
         parts = [f"{name} {_pair_text(model.get(k))} · {_pair_text(scopes['low'].get(k))}"
                  for k, name in FIGURES.items() if scopes["low"].get(k) or model.get(k)]
         lines.append(f"  {label}: " + (", ".join(parts) if parts else "no live point at that load"))
+    if len(doc.get("repeats") or []) > 1:
+        lines.append("machine speed against the twins by repeat (geometric mean over the strategies): "
+                     + ", ".join(f"{r['repeat']}: {r['mean']:.2f}" for r in doc["repeats"]))
     return lines
 
 

@@ -160,7 +160,7 @@ def disagreement(c: dict) -> list[str]:
     confirm = c.get("confirmation") or {}
     if confirm.get("agrees") is not False:
         return []
-    return [f"{c.get('label', '')}: the twin's capacity {bracket_text(c)} req/s, but the live probe "
+    return [f"{c.get('label', '')}: the twin's capacity {bracket_text(c)} req/s, but the live probe disagrees: "
             f"{confirm.get('text', '')}; {confirm.get('twin_text', '')}".rstrip("; ")]
 
 

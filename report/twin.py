@@ -140,8 +140,9 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
              "steps (± its 95% interval, the spread pooled over every strategy's runs: one machine, runs "
              "interleaved; each strategy's own runs alone in brackets); "
              "one live probe at that capacity, as long as deciding there takes (at most the study's "
-             "confirm_max_s: undecided is said), stands beside it, and the same schedule played on the "
-             "twin beside that. Errors are |twin ÷ live − 1| over the live grid points, each replayed on the twin "
+             "confirm_max_s), stands beside it: ✓ judged sustained or, its verdict undecided, its E2E p50 within "
+             "what the twin predicts for its own arrivals at every speed one live run may run at; ⚠ judged not "
+             "sustained or outside that prediction, with both figures. Errors are |twin ÷ live − 1| over the live grid points, each replayed on the twin "
              "with the schedule the live run sent, ρ = rate ÷ the strategy's capacity; median / worst (count), "
              "twice: first the model's error, each run replayed at the speed its machine ran that minute (the "
              "twin's time for the run's own steps ÷ theirs; how that speed varies is the ± above) and each "
@@ -159,6 +160,15 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
                            *(f"{n} live / twin / twin at its speed" for n in FIGURES.values())],
                           [[p["label"], f"{p['rate']:g}", str(p["repeat"]), _rho(p["rho"]), _speed(p.get("speed")),
                             *(_pair(p, k) for k in FIGURES)] for p in points])
+    repeats = (twin.errors or {}).get("repeats", [])
+    if repeats:
+        labels = list(dict.fromkeys(label for r in repeats for label in r["speeds"]))
+        lines += ["", "The machine's speed against each twin in each repeat of the live grid (live ÷ twin on the run's "
+                  "own steps; repeats in the order they ran, each strategy's runs back to back): a drift shared by "
+                  "every strategy is the machine's, which no model of the worker predicts.", ""]
+        lines += md_table(["repeat", *labels, "geometric mean"],
+                          [[str(r["repeat"]), *(_speed(r["speeds"].get(label)) for label in labels),
+                            _speed(r["mean"])] for r in repeats])
     rates = (twin.errors or {}).get("rates", [])
     if rates:
         lines += ["", "Each live rate, its repeats pooled (TTFT p50 and E2E p50 over every finished request, in ms; "

@@ -293,6 +293,29 @@ def test_a_live_point_replayed_at_its_own_speed_leaves_only_the_models_error(tmp
     assert model["e2e_p50"] == {"median": pytest.approx(0.0, abs=1e-6), "worst": pytest.approx(0.0, abs=1e-6),
                                 "points": 1}
     assert doc["strategies"]["naive"]["low"]["e2e_p50"]["median"] > 0.1
+    assert doc["repeats"] == [{"repeat": r, "speeds": {"naive": pytest.approx(1.25, rel=1e-6)},
+                               "mean": pytest.approx(1.25, rel=1e-6)} for r in (0, 1)]
+
+
+def test_the_machines_speed_in_each_repeat_is_every_strategys_geometric_mean_and_is_stated():
+    """A drift shared by every strategy, repeat by repeat (make run's 0.80 → 1.10 over its grid), is the machine's:
+    errors.json keeps it per repeat, the terminal gives the means, the report a table."""
+    from batchlab.lab.twin_curves import error_lines, speeds_by_repeat
+    from batchlab.report.twin import Twin, section
+
+    rows = [{"label": label, "repeat": repeat, "speed": speed} for repeat, speeds in enumerate(
+        [{"naive": 0.8, "vllm": 0.82}, {"naive": 1.1, "vllm": None}]) for label, speed in speeds.items()]
+    rows.append({"label": "naive", "repeat": 0, "speed": 0.5})  # the repeat's second rate: its first run stands
+    repeats = speeds_by_repeat(rows)
+    assert [r["repeat"] for r in repeats] == [0, 1] and repeats[1]["speeds"] == {"naive": 1.1}
+    assert repeats[0]["speeds"] == {"naive": 0.8, "vllm": 0.82}
+    assert repeats[0]["mean"] == pytest.approx(math.sqrt(0.8 * 0.82)) and repeats[1]["mean"] == pytest.approx(1.1)
+    doc = {"rho_max": 0.8, "points": [], "strategies": {}, "repeats": repeats}
+    assert error_lines(doc)[-1].endswith("by repeat (geometric mean over the strategies): 0: 0.81, 1: 1.10")
+    assert not any("by repeat" in line for line in error_lines({**doc, "repeats": repeats[:1]}))
+    capacity = {"naive": {"twin": {"saturated": {"req_s": 3.7}}, "saturated": {"req_s": 3.0}}}
+    text = "\n".join(section(Twin(capacity, errors=doc)))
+    assert "| 0 | 0.800 | 0.820 | 0.810 |" in text and "| 1 | 1.100 | — | 1.100 |" in text
 
 
 def test_the_report_states_the_models_error_beside_the_twins_prediction_and_reads_older_folders():

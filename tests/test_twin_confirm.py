@@ -114,3 +114,19 @@ def test_a_prediction_is_played_over_no_less_than_the_twin_searchs_width():
     assert lo == pytest.approx(1 / 1.03, rel=1e-3) and hi == pytest.approx(1.03, rel=1e-3)
     assert judged_speeds((0.87, 1.15), 0.03) == (0.87, 1.15)  # a real machine's range is wider: as it is
     assert judged_speeds((1.1, 1.12), 0.03) == pytest.approx((math.sqrt(1.1 * 1.12) / 1.03, math.sqrt(1.1 * 1.12) * 1.03))
+
+
+def test_a_disagreeing_confirmation_is_a_warning_with_the_twins_capacity_and_the_probes_figures():
+    from batchlab.report.capacities import disagreement
+
+    slow = Confirmation(Probe(3.9, verdict(False, judged=False)), 550.0, 8.0,
+                        prediction=Prediction(3.28, 2.46, 3.23, (0.84, 1.18), 0.81))
+    doc = {"label": "naive", "estimate_req_s": 3.44, "lo_req_s": 3.15, "hi_req_s": 3.77,
+           "confirmation": slow.as_dict()}
+    (line,) = disagreement(doc)
+    assert line.startswith("naive: the twin's capacity 3.44 [3.15, 3.77] req/s, but the live probe disagrees: "
+                           "its E2E p50 3.28 s is above the twin's 2.46–3.23 s")
+    assert "the probe ran at 0.81×" in line and "its verdict: undecided at λ = 3.9" in line
+    agreeing = Confirmation(Probe(3.9, verdict(False, judged=False)), 550.0, 8.0,
+                            prediction=Prediction(3.0, 2.46, 3.23, (0.84, 1.18)))
+    assert disagreement({**doc, "confirmation": agreeing.as_dict()}) == []
