@@ -1,6 +1,6 @@
 """A study's capacities, live: every strategy's saturated runs (μ, repeats until the throughput comparisons are
 decided: lab.saturated_repeats.saturate_all), then each capacity searched on the study's twin and confirmed by one
-live probe (lab.twin), or, with `twin: false`, searched by live probes alone. Writes OUT/capacity.json
+live probe (lab.twin_confirm), or, with `twin: false`, searched by live probes alone. Writes OUT/capacity.json
 (docs/capacity.md gives its fields)."""
 import hashlib
 import json

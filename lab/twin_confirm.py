@@ -178,12 +178,13 @@ def on_twin(folder: Path, preset: Path, saturated: dict | None, duration_s: floa
 def predicted(folder: Path, preset: Path, speeds: tuple[float, float], speed: float | None = None) -> Prediction | None:
     """The twin's prediction for a live run folder's arrivals: its E2E p50 over finished requests, played at
     PREDICTED_SPEEDS speeds log-spaced across `speeds`, beside the live run's; None where the run has no schedule
-    or no finished request (live, or at every speed)."""
+    or no summary (it failed), or no finished request (live, or at every speed)."""
     from batchlab.collector.parts import load_table
     from batchlab.lab.twin_replay import replayed
+    from batchlab.protocol.run_dir import RunDir
     from batchlab.worker.stepmodel import load_preset
 
-    if not (folder / "schedule.parquet").exists():
+    if not (RunDir(folder).schedule.exists() and RunDir(folder).summary.exists()):
         return None
     live = finished_p50(load_table(folder, "requests"))[PREDICTED]
     model, values = load_preset(preset), []

@@ -130,3 +130,8 @@ def test_a_disagreeing_confirmation_is_a_warning_with_the_twins_capacity_and_the
     agreeing = Confirmation(Probe(3.9, verdict(False, judged=False)), 550.0, 8.0,
                             prediction=Prediction(3.0, 2.46, 3.23, (0.84, 1.18)))
     assert disagreement({**doc, "confirmation": agreeing.as_dict()}) == []
+
+
+def test_a_probe_that_wrote_no_summary_has_no_prediction(tmp_path):
+    (tmp_path / "schedule.parquet").write_bytes(b"")  # its schedule saved, then the run failed before its tables
+    assert predicted(tmp_path, tmp_path / "twin.yaml", (0.9, 1.1)) is None
