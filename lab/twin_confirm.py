@@ -4,7 +4,7 @@ deciding there takes and at most confirm_max_s.
 1. **Its verdict** (stats.verdict): sustained agrees with the twin, not sustained disagrees (⚠). Near the knee a
    queue takes far longer to settle than a probe runs (at ρ = 0.95, minutes to hours), so it is often undecided,
    said with how long deciding would take.
-2. **Its prediction** (`Prediction`), which decides where the verdict cannot: the twin plays the probe's own
+2. **Its prediction** (`TwinPrediction`), which decides where the verdict cannot: the twin plays the probe's own
    arrivals (its schedule, prompts and output lengths) at every speed one live run may run at against it (the 95%
    prediction interval of one run's speed, lab.twin.speed_ranges), and never over less than ± the twin search's
    width (`judged_speeds`: the twin's capacity is known no finer than that). The probe agrees when its E2E p50 lies
@@ -36,7 +36,7 @@ PREDICTED = "e2e_p50"  # the figure predicted: every request's whole time, its q
 
 
 @dataclass(frozen=True, slots=True)
-class Prediction:
+class TwinPrediction:
     """What the twin predicts for a live probe's arrivals: its E2E p50 (s) played at speeds across `speeds` (lo, hi:
     one live run's 95% range against the twin), `lo_s` to `hi_s`, beside the live run's (`live_s`) and the speed
     the probe itself ran at (run_speed: None where its steps could not be read)."""
@@ -70,7 +70,7 @@ class Confirmation:
     needs_s: float
     ran_s: float
     twin: Probe | None = None  # the same probe's schedule played on the twin (its verdict beside the live one)
-    prediction: Prediction | None = None
+    prediction: TwinPrediction | None = None
     speed: float | None = None  # the probe's speed against the twin (lab.twin.run_speed)
 
     @property
@@ -175,7 +175,8 @@ def on_twin(folder: Path, preset: Path, saturated: dict | None, duration_s: floa
     return probe_of(cfg.rate, tables.requests, duration_s, cfg, str(folder), saturated)
 
 
-def predicted(folder: Path, preset: Path, speeds: tuple[float, float], speed: float | None = None) -> Prediction | None:
+def predicted(folder: Path, preset: Path, speeds: tuple[float, float],
+              speed: float | None = None) -> TwinPrediction | None:
     """The twin's prediction for a live run folder's arrivals: its E2E p50 over finished requests, played at
     PREDICTED_SPEEDS speeds log-spaced across `speeds`, beside the live run's; None where the run has no schedule
     or no summary (it failed), or no finished request (live, or at every speed)."""
@@ -195,7 +196,7 @@ def predicted(folder: Path, preset: Path, speeds: tuple[float, float], speed: fl
     values = [v for v in values if math.isfinite(v)]
     if not (values and math.isfinite(live)):
         return None
-    return Prediction(live, min(values), max(values), (float(speeds[0]), float(speeds[1])), speed)
+    return TwinPrediction(live, min(values), max(values), (float(speeds[0]), float(speeds[1])), speed)
 
 
 def nominal_for(target_req_s: float, duration_s: float, cfg) -> float:

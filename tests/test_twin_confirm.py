@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from batchlab.lab.sweep_plan import load_plan
-from batchlab.lab.twin_confirm import Confirmation, Prediction, nominal_for, predicted
+from batchlab.lab.twin_confirm import Confirmation, TwinPrediction, nominal_for, predicted
 from batchlab.protocol.verdicts import AgreedBy
 from batchlab.stats.capacity import Probe
 from batchlab.stats.verdict import Verdict
@@ -40,8 +40,8 @@ def test_the_confirmation_asks_for_the_nominal_rate_whose_schedule_offers_the_ta
 
 
 def test_an_undecided_confirmation_is_decided_by_the_twins_prediction_for_its_arrivals():
-    within = Prediction(1.8, 1.5, 1.9, (0.87, 1.15), 0.95)
-    above = Prediction(2.56, 1.27, 2.08, (0.87, 1.15), 0.77)
+    within = TwinPrediction(1.8, 1.5, 1.9, (0.87, 1.15), 0.95)
+    above = TwinPrediction(2.56, 1.27, 2.08, (0.87, 1.15), 0.77)
     agreed = Confirmation(Probe(5.0, verdict(False, judged=False)), 540.0, 8.0, prediction=within)
     assert agreed.agrees is True and agreed.agreed_by is AgreedBy.PREDICTION
     assert "deciding there takes about 540 s" in agreed.text() and "1.8 s is within the twin's 1.5–1.9 s" in agreed.text()
@@ -49,7 +49,7 @@ def test_an_undecided_confirmation_is_decided_by_the_twins_prediction_for_its_ar
     slow = Confirmation(Probe(5.0, verdict(False, judged=False)), math.inf, 8.0, prediction=above)
     assert slow.agrees is False and slow.agreed_by is AgreedBy.PREDICTION  # a ⚠, with both figures
     assert "2.56 s is above the twin's 1.27–2.08 s" in slow.text() and "the probe ran at 0.77×" in slow.text()
-    fast = Prediction(0.9, 1.27, 2.08, (0.87, 1.15))
+    fast = TwinPrediction(0.9, 1.27, 2.08, (0.87, 1.15))
     assert not fast.within and "0.9 s is below the twin's" in fast.text()
     doc = slow.as_dict()
     assert doc["agrees"] is False and doc["agreed_by"] == "prediction" and doc["prediction"]["live_s"] == 2.56
@@ -63,7 +63,7 @@ def test_an_undecided_confirmation_is_decided_by_the_twins_prediction_for_its_ar
 
 
 def test_a_narrow_speed_range_is_written_with_enough_digits_to_tell_its_ends_apart():
-    assert "0.997–1.003× its speed" in Prediction(0.52, 0.517, 0.525, (0.997, 1.003)).text()
+    assert "0.997–1.003× its speed" in TwinPrediction(0.52, 0.517, 0.525, (0.997, 1.003)).text()
 
 
 def test_one_more_runs_speed_range_pools_every_strategys_spread_and_is_wider_than_the_means():
@@ -120,7 +120,7 @@ def test_a_disagreeing_confirmation_is_a_warning_with_the_twins_capacity_and_the
     from batchlab.report.capacities import disagreement
 
     slow = Confirmation(Probe(3.9, verdict(False, judged=False)), 550.0, 8.0,
-                        prediction=Prediction(3.28, 2.46, 3.23, (0.84, 1.18), 0.81))
+                        prediction=TwinPrediction(3.28, 2.46, 3.23, (0.84, 1.18), 0.81))
     doc = {"label": "naive", "estimate_req_s": 3.44, "lo_req_s": 3.15, "hi_req_s": 3.77,
            "confirmation": slow.as_dict()}
     (line,) = disagreement(doc)
@@ -128,7 +128,7 @@ def test_a_disagreeing_confirmation_is_a_warning_with_the_twins_capacity_and_the
                            "its E2E p50 3.28 s is above the twin's 2.46–3.23 s")
     assert "the probe ran at 0.81×" in line and "its verdict: undecided at λ = 3.9" in line
     agreeing = Confirmation(Probe(3.9, verdict(False, judged=False)), 550.0, 8.0,
-                            prediction=Prediction(3.0, 2.46, 3.23, (0.84, 1.18)))
+                            prediction=TwinPrediction(3.0, 2.46, 3.23, (0.84, 1.18)))
     assert disagreement({**doc, "confirmation": agreeing.as_dict()}) == []
 
 
