@@ -3,7 +3,9 @@ stops the sweep; an inherited ignored SIGINT stays ignored; a local node's daemo
 import os
 import signal
 import subprocess
+import time
 
+import psutil
 import pytest
 
 from batchlab.lab.ray_cluster import _kill_trees, _node_pids
@@ -66,9 +68,20 @@ def test_an_ignored_sigint_stays_ignored_through_the_stop(sigint):
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
+def exec_done(pid: int, timeout_s: float = 30.0) -> None:
+    """Wait until a child's new image is readable in /proc: Popen returns once the exec has closed its error pipe,
+    which is before the kernel has laid out the new image's environment (read empty until then;
+    `ray start` has long returned when the product reads its daemons)."""
+    deadline = time.monotonic() + timeout_s
+    while not psutil.Process(pid).environ():
+        assert time.monotonic() < deadline, f"{pid} never showed its environment"
+        time.sleep(0.01)
+
+
 def test_a_node_daemon_that_names_its_folder_only_in_tmpdir_is_one_of_its_pids(tmp_path):
     proc = subprocess.Popen(["sleep", "60"], env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
+        exec_done(proc.pid)
         assert proc.pid in _node_pids(tmp_path)
         _kill_trees(_node_pids(tmp_path))
         proc.wait(timeout=30)  # it ended (psutil reaped it, so no exit code is left to read)
