@@ -15,11 +15,14 @@ step pays both parts, less what a fused forward shares: worker.stepmodel.StepMod
 weighs √(its steps) (`weigh="steps"`: a one-off step counts less than a common one) or √(its steps × its
 time ÷ the mean step's) (`weigh="time"`: its share of the run's time, so many short shapes do not outvote
 the long ones that carry the time). Each shape's error is also given
-held out: predicted by a fit without it. The fit is pure: frames in, a model and its table out.
+held out: predicted by a fit without it. Where the terms leave a row count's decode steps alone (no prompt in
+them) long or short, that row count gets its own factor, their total time over the terms' (row_factors: a shape
+no linear term draws, vLLM's on this CPU). The fit is pure: frames in, a model and its table out.
 """
 import math
 import os
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +50,7 @@ WEIGHS = ("steps", "time")
 MEANS = ("decode_context", "prefill_tokens", "prefill_pairs", "seconds")
 NOT_POINTS = {PROBE_DIR, SATURATED_DIR, CAPACITY_DIR, WORKERS_DIR}  # bursts, saturated runs, probes, workers' own
 KIND_ORIGIN = {kind: key for key, kind in CALIBRATED_KIND.items()}  # hf-loop -> (hf, continuous)
+ROW_FACTOR_STEPS = 5  # a row count's decode steps alone that its own factor needs (row_factors)
 
 
 def _bin(values: pd.Series) -> pd.Series:
@@ -130,11 +134,38 @@ def fit_runs(steps: pd.DataFrame, name: str, form: str, c: Constants,
     sh = shapes(steps)
     if len(sh) < 2:
         raise CalibrateError(f"{len(sh)} step shape(s) in these runs: too few to fit a step model")
-    model = model_from_terms(_solve(sh, form, c, weigh, ties), name, form, c)
+    model = with_row_factors(model_from_terms(_solve(sh, form, c, weigh, ties), name, form, c), sh)
     table = sh.assign(model_s=predict_steps(model, sh))
     table["fit_error"] = table["model_s"] / table["seconds"] - 1
     table["held_out_error"] = held_out(sh, name, form, c, weigh, ties)
     return model, table
+
+
+def row_factors(sh: pd.DataFrame, model: StepModel) -> tuple[float, ...]:
+    """Each row count's decode steps alone (no prompt in them): their total time ÷ the terms' time for them (to
+    0.1%), for 1 to the most rows, where the runs held ROW_FACTOR_STEPS of them (1 elsewhere: the terms alone). A shape the
+    linear terms cannot draw: vLLM on the 2-core CPU took 13 ms a step for 1 row, 15 ms for 2, 11 ms for 4 and
+    15 ms for 8 in make run's saturated runs (their drains) as in its grid's, where the twin fitted to the 8-row
+    steps that carry the time ran 30% fast on the grid's 1 and 2."""
+    decode = sh[(sh["kind"] == "decode")]
+    if decode.empty:
+        return ()
+    terms = predict_steps(replace(model, decode_rows_factor=()), decode) * decode["steps"].to_numpy()
+    by_rows = decode.assign(time=decode["seconds"] * decode["steps"], terms=terms).groupby("decode_rows")
+    sums = by_rows[["steps", "time", "terms"]].sum()
+    sums = sums[(sums["steps"] >= ROW_FACTOR_STEPS) & (sums["terms"] > 0)]
+    if sums.empty:
+        return ()
+    factors = {int(r): round(float(f), 3) for r, f in (sums["time"] / sums["terms"]).items()}
+    table = [factors.get(r, 1.0) for r in range(1, max(factors) + 1)]
+    while table and table[-1] == 1.0:  # past the table is 1 already
+        table.pop()
+    return tuple(table)
+
+
+def with_row_factors(model: StepModel, sh: pd.DataFrame) -> StepModel:
+    """The model with its row counts' factors fitted to the shapes' decode steps (row_factors)."""
+    return replace(model, decode_rows_factor=row_factors(sh, model))
 
 
 def held_out(sh: pd.DataFrame, name: str, form: str, c: Constants, weigh: str = "steps",
@@ -145,7 +176,7 @@ def held_out(sh: pd.DataFrame, name: str, form: str, c: Constants, weigh: str = 
     out = np.empty(len(sh))
     for i in range(len(sh)):
         rest = sh.drop(sh.index[i])
-        model = model_from_terms(_solve(rest, form, c, weigh, ties), name, form, c)
+        model = with_row_factors(model_from_terms(_solve(rest, form, c, weigh, ties), name, form, c), rest)
         out[i] = predict_steps(model, sh.iloc[[i]])[0] / sh["seconds"].iloc[i] - 1
     return out
 

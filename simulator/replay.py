@@ -24,7 +24,8 @@ def predict_steps(model: StepModel, steps: pd.DataFrame) -> np.ndarray:
     """The model's duration of each executed step (or shape), as the simulator prices it."""
     out = np.empty(len(steps))
     for i, s in enumerate(steps.itertuples(index=False)):
-        decode = model.decode_step_s(s.decode_context, int(s.decode_rows)) if s.decode_rows else 0.0
+        alone = not s.prefill_tokens
+        decode = model.decode_step_s(s.decode_context, int(s.decode_rows), alone) if s.decode_rows else 0.0
         prefill = model.prefill_s(s.prefill_tokens, int(s.prefill_rows), s.prefill_pairs) if s.prefill_tokens else 0.0
         out[i] = model.fused_s(decode, prefill, int(s.decode_rows), int(s.prefill_tokens))
     return out

@@ -47,9 +47,38 @@ def test_the_fit_recovers_every_term_of_the_model_that_made_the_runs(tmp_path, l
     for term in TERMS:
         assert getattr(fitted, term) == pytest.approx(getattr(model, term), rel=0.01), term
     assert (fitted.padded, fitted.fused) == (model.padded, model.fused)
+    assert fitted.decode_rows_factor == ()  # the terms draw every row count: no factor
     record = yaml.safe_load(out.read_text())["calibration"]
     assert record["held_out_error"]["decode"]["worst_abs"] < 0.01 and abs(record["total_time_error"]) < 0.01
     assert {"decode", "prefill"} <= set(record["held_out_error"]) and len(record["from_runs"]) == 2
+
+
+@pytest.mark.slow
+def test_a_row_count_the_terms_cannot_draw_gets_its_own_factor_and_the_others_none(tmp_path):
+    """vLLM on the 2-core CPU: decode steps of 1 and 2 rows take longer than 4 (lab.calibrate_runs.row_factors)."""
+    from dataclasses import replace
+
+    from batchlab.simulator.replay import predict_steps
+    from batchlab.worker.run_steps import read_run_steps
+
+    model = replace(KNOWN, padded=False, fused=True, decode_rows_factor=(1.4, 1.5))
+    runs = _runs(tmp_path, model, ("continuous",))
+    out = tmp_path / "fit.yaml"
+    result = _calibrate("--from", str(runs), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    fitted = get_preset(str(out))
+    steps = read_run_steps(runs / "continuous", padded=False, fused=True).steps
+    alone = steps[steps["prefill_tokens"] == 0]
+    terms_alone, worst = replace(fitted, decode_rows_factor=()), 0.0
+    for rows, own in alone.groupby("decode_rows"):
+        if len(own) >= 5:  # each row count's decode steps alone, priced as the playing model priced them
+            playing = predict_steps(model, own).sum()
+            assert predict_steps(fitted, own).sum() / playing == pytest.approx(1.0, abs=0.01), (rows, len(own))
+            worst = max(worst, abs(predict_steps(terms_alone, own).sum() / playing - 1))
+    assert worst > 0.1  # which the terms alone cannot do (16% short on 2 rows, 14% long on 3 here)
+    mixed = steps[(steps["prefill_tokens"] > 0) & (steps["decode_rows"] > 0)]  # the decodes beside a prompt
+    assert predict_steps(fitted, mixed).sum() == pytest.approx(predict_steps(model, mixed).sum(), rel=0.02)
+    print(f"fitted row factors {fitted.decode_rows_factor} from {len(alone)} decode steps alone")
 
 
 def test_runs_of_several_backends_are_refused_unless_one_is_chosen(tmp_path):

@@ -90,6 +90,37 @@ def test_a_scaled_model_takes_every_step_that_many_times_longer():
     assert CPU.scaled(1.0) is CPU
 
 
+# vLLM on the 2-core CPU: 1 and 2 rows slower than the terms say, 4 faster (row_factor)
+SHAPED = StepModel(**{**CPU.as_dict(), "decode_rows_factor": (1.4, 1.5, 1.0, 0.9)})
+
+
+def test_a_decode_step_alone_takes_its_row_counts_factor_and_the_decodes_beside_a_prompt_do_not():
+    for rows, factor in ((1, 1.4), (2, 1.5), (3, 1.0), (4, 0.9), (5, 1.0), (8, 1.0)):
+        assert SHAPED.decode_step_s(100, rows) == pytest.approx(factor * CPU.decode_step_s(100, rows)), rows
+        assert SHAPED.decode_step_s(100, rows, alone=False) == pytest.approx(CPU.decode_step_s(100, rows)), rows
+    assert SHAPED.scaled(2.0).decode_step_s(100, 2) == pytest.approx(2.0 * SHAPED.decode_step_s(100, 2))
+    rows = [BackendRequest.new(0, 10, 3, [], 0)]  # a static batch's decode steps are decode steps alone
+    assert static_step_durations(rows, SHAPED)[1:] == pytest.approx([1.4 * CPU.decode_step_s(11, 1),
+                                                                     1.4 * CPU.decode_step_s(12, 1)])
+    core = ContinuousCore(SHAPED)
+    core.admit(1, 10, 4)
+    assert core.plan_step().duration_s == pytest.approx(CPU.prefill_s(10, 1, 100))
+    assert core.plan_step().duration_s == pytest.approx(1.4 * CPU.decode_step_s(11, 1))  # alone
+    core.admit(2, 30, 3)
+    mixed = core.plan_step()  # row 1's decode beside row 2's prompt: the terms' decode
+    assert mixed.duration_s == pytest.approx(CPU.decode_step_s(12, 1) + CPU.prefill_s(30, 1, 900))
+    assert core.plan_step().duration_s == pytest.approx(1.5 * CPU.decode_step_s(13 + 31, 2))
+
+
+def test_a_preset_file_keeps_its_row_factors(tmp_path):
+    from batchlab.worker.stepmodel import load_preset, save_preset
+
+    save_preset(SHAPED, tmp_path / "shaped.yaml")
+    back = load_preset(tmp_path / "shaped.yaml")
+    assert back == SHAPED and back.decode_rows_factor == (1.4, 1.5, 1.0, 0.9)
+    assert hash(back) == hash(SHAPED)  # a file's list is held as a tuple
+
+
 def test_the_run_speed_factor_is_seeded_by_the_run_and_differs_between_labels():
     from batchlab.worker.stepmodel import speed_factor
 

@@ -57,6 +57,8 @@ class ContinuousCore:
 
         duration = decode_step_s(Σ_running (prompt_len + generated), running)   [if rows were running]
                    + prefill_s(Σ chunk, chunks, Σ ((filled + chunk)² − filled²))   [the step's chunks]
+        (less what a fused forward shares: fused_s; a step with no chunk is a decode step alone, its row count's
+        factor applied: StepModel.row_factor)
 
     With the model's `step_tokens` budget (the HF loop's and vLLM's --max-num-batched-tokens; 0: none) a
     step runs the running rows' decodes first and prefills what is left of the budget, oldest prompt first,
@@ -101,6 +103,8 @@ class ContinuousCore:
             done, prefill_s, prefilled, chunks = self._prefill(step)
         else:  # decodes alone: no joiner to admit, no chunk to plan (the steps between arrivals)
             done, prefill_s, prefilled, chunks = [], 0.0, 0, (0, 0, 0)
+        if not prefill_s:
+            decode_s *= self.model.row_factor(decoding)  # a decode step alone
         duration = self.model.fused_s(decode_s, prefill_s, decoding, prefilled)
         plan = StepPlan(step, duration, [row[0] for row in done], [], len(self.rows), prefilled, *chunks)
         if tokens:
@@ -148,11 +152,12 @@ class ContinuousCore:
         return plan_chunks(left, [p - filled for _, p, _, filled in self.prefilling])
 
     def _decode_s(self, step: int) -> float:
-        """The running rows' decode step: over their own tokens, or (padded) rows × the widest row."""
+        """The running rows' decodes: over their own tokens, or (padded) rows × the widest row (by the terms alone:
+        plan_step applies the row count's factor when no prompt runs beside them)."""
         rows = len(self.rows)
         if self.model.padded:
-            return self.model.decode_step_s(rows * (max(self.pad_base.values()) + step), rows)
-        return self.model.decode_step_s(self.context_tokens, rows)
+            return self.model.decode_step_s(rows * (max(self.pad_base.values()) + step), rows, alone=False)
+        return self.model.decode_step_s(self.context_tokens, rows, alone=False)
 
     def _prefill_s(self, tokens: int, rows: int, width: int, pairs: int) -> float:
         """The step's chunks (`tokens` in all over `rows` rows, the longest `width`, `pairs` token pairs:

@@ -20,7 +20,8 @@ one forward (the HF slot loop), which pays the fixed cost once; `step_tokens` is
 budget (its --max-num-batched-tokens), past which a continuous step prefills a prompt in chunks
 (worker.sim.ContinuousCore); `prefill_alone` that the engine schedules as vLLM's V0 engine does (a step runs
 the waiting prompts that fit alone, else every running row's decode; its KV pool is paged and a row is preempted
-when it runs out: worker.vllm_v0.V0Core). A preset is a name in PRESETS or a YAML file.
+when it runs out: worker.vllm_v0.V0Core); `decode_rows_factor` what a decode step alone of few rows takes beyond
+what the terms say (row_factor: a shape no linear term draws). A preset is a name in PRESETS or a YAML file.
 `scaled` and `speed_factor` model a machine whose speed moves from run to run (a busy, shared one): every
 step time of one run multiplied by one seeded factor.
 """
@@ -58,6 +59,18 @@ class StepModel:
     step_tokens: int = 0  # a continuous step's token budget, decodes and prefill chunks (0: prompts prefilled whole)
     gemm_s_per_token: float = 0.0  # the roofline: GEMM compute per token (a decode row or a prompt token), see _gemm_s
     prefill_alone: bool = False  # vLLM V0's scheduling: prompt-only steps, a paged KV pool (worker.vllm_v0)
+    decode_rows_factor: tuple[float, ...] = ()  # a decode step alone of r rows takes factor[r − 1] × its terms: row_factor
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decode_rows_factor", tuple(map(float, self.decode_rows_factor)))  # a file's list
+
+    def row_factor(self, rows: int) -> float:
+        """How much longer than its terms say a decode step alone (no prompt in it) of `rows` rows takes: what
+        the linear terms cannot draw, fitted from the runs' decode steps of each row count they held enough of
+        (lab.calibrate_runs.row_factors; vLLM on the 2-core CPU: 13 ms for 1 row, 15 ms for 2, 11 ms for 4, 15 ms
+        for 8); 1 past the table."""
+        table = self.decode_rows_factor
+        return table[rows - 1] if 0 < rows <= len(table) else 1.0
 
     def _streamed_s(self, nbytes: float) -> float:
         return nbytes / self.bandwidth_Bps if self.bandwidth_Bps > 0 else 0.0
@@ -68,10 +81,13 @@ class StepModel:
         with no GEMM term (every CPU fit) it is the weight stream alone."""
         return max(self._streamed_s(self.weights_bytes), tokens * self.gemm_s_per_token)
 
-    def decode_step_s(self, context_tokens: int, rows: int = 1) -> float:
-        """One decode step of `rows` rows over `context_tokens` cached tokens (all rows, padding included)."""
-        return (self.overhead_s + self._gemm_s(rows) + self._streamed_s(self.kv_bytes_per_token * context_tokens)
-                + self.decode_s_per_row * rows + self.decode_s_per_context_token * context_tokens)
+    def decode_step_s(self, context_tokens: int, rows: int = 1, alone: bool = True) -> float:
+        """One decode step of `rows` rows over `context_tokens` cached tokens (all rows, padding included);
+        `alone` False: the decodes' part of a step that also prefills (fused_s adds the prompts' part), which the
+        row count's factor (row_factor, a decode step's own) leaves as its terms say."""
+        terms = (self.overhead_s + self._gemm_s(rows) + self._streamed_s(self.kv_bytes_per_token * context_tokens)
+                 + self.decode_s_per_row * rows + self.decode_s_per_context_token * context_tokens)
+        return terms * self.row_factor(rows) if alone else terms
 
     def prefill_s(self, prompt_tokens: int, rows: int = 1, token_pairs: float | None = None) -> float:
         """Prefill of `rows` prompts, `prompt_tokens` tokens in all, in one forward pass (yields each row's
