@@ -55,8 +55,10 @@ def grid_verdicts(runs: list, slos: dict | None = None, saturated: dict | None =
 
 def checks(c: dict, runs: list, verdicts: dict[float, list[Verdict]] | None = None) -> list[str]:
     """Where a capacity disagrees with what the same sweep measured, both ways: above its saturated rate μ's
-    interval, or above the steady completion rate of a grid point it overloaded; below a grid rate the sweep
-    sustained (served fully, queue flat, in every repeat); μ below what a grid point completed."""
+    interval, or above the steady completion rate of a grid point it overloaded (completed clearly less than
+    it was offered, at a rate `verdicts` found not sustained in a repeat: a short run whose queue lagged a burst
+    completes less than it was offered too, and is undecided); below a grid rate the sweep sustained (served
+    fully, queue flat, in every repeat); μ below what a grid point completed."""
     est, sat, lb = c.get("estimate_req_s") or c.get("lo_req_s"), c.get("saturated"), c.get("label", "")
     steady = [(rate, offered(requests, duration_s), run) for rate, requests, duration_s in runs
               if rate and duration_s > 0 and (run := saturated_run(requests, duration_s)) is not None]
@@ -64,7 +66,9 @@ def checks(c: dict, runs: list, verdicts: dict[float, list[Verdict]] | None = No
     if est and sat and est > sat["req_s_hi"]:
         notes.append(f"{lb}: capacity {sig(est)} req/s is above its saturated rate μ = {mu_text(sat)}")
     # completing clearly less than was offered: the worker's own ceiling, what no capacity can exceed
-    overloaded = [(rate, run) for rate, offer, run in steady if run.req_s_hi < offer * (1 - GROWTH_SHARE)]
+    failed = {rate for rate, vs in (verdicts or {}).items() if any(v.failed for v in vs)}
+    overloaded = [(rate, run) for rate, offer, run in steady
+                  if run.req_s_hi < offer * (1 - GROWTH_SHARE) and rate in failed]
     if est and overloaded and est > (top := max(overloaded, key=lambda x: x[1].req_s_hi))[1].req_s_hi:
         notes.append(f"{lb}: capacity {sig(est)} req/s is above what it completed at steady state when overloaded "
                      f"(λ = {top[0]:g}: {sig(top[1].req_s)} [{sig(top[1].req_s_lo)}, {sig(top[1].req_s_hi)}] req/s)")

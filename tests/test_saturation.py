@@ -11,7 +11,7 @@ import yaml
 from batchlab.lab.capacity_search import SimulatedSearch, search_all
 from batchlab.lab.sweep_plan import load_plan
 from batchlab.stats.saturation import SaturatedRun, batch_means, pooled, saturated_run
-from batchlab.stats.verdict import sustain
+from batchlab.stats.verdict import Verdict, sustain
 
 OUT = 6  # output tokens of every request
 
@@ -183,15 +183,21 @@ def test_the_report_warns_when_capacity_exceeds_what_the_same_sweep_completed():
 
     # the grid's points: at λ 8.57 the worker completed about 4.6/s at steady state (63 would be 5.25 in 12 s)
     runs = [(8.57, queue_table(103, 4.6, 12.0), 12.0), (2.0, queue_table(24, 4.6, 12.0), 12.0)]
+    grew = Verdict(False, ["the queue grew"], 0.6, 3.9)
+    verdicts = {8.57: [grew], 2.0: [Verdict(True, [], 1.0, 0.0)]}
     searched = {"label": "dynamic", "estimate_req_s": 5.57, "lo_req_s": 5.25, "hi_req_s": 5.92}
-    [overloaded] = checks(searched, runs)
+    [overloaded] = checks(searched, runs, verdicts)
     assert "above what it completed at steady state when overloaded (λ = 8.57" in overloaded
+    # the same completions at a rate the sweep could not judge (a short run whose queue lagged a burst: make
+    # run's dynamic at λ 2.97 offered 3.38 and completed 2.6 [2.56, 2.65] in its window, 27 of 27 finished)
+    lagged = {8.57: [Verdict(False, ["undecided: the queue needs longer to settle"], 1.0, 0.0, judged=False)]}
+    assert checks(searched, runs, lagged) == [] and checks(searched, runs) == []
     sat = {"req_s": 4.6, "req_s_lo": 4.5, "req_s_hi": 4.7, "tok_s": 18.4, "tok_s_lo": 18.0, "tok_s_hi": 18.8}
-    assert checks({**searched, "estimate_req_s": 4.5, "saturated": sat}, runs) == []
+    assert checks({**searched, "estimate_req_s": 4.5, "saturated": sat}, runs, verdicts) == []
     slow_mu = {**sat, "req_s": 3.0, "req_s_lo": 2.9, "req_s_hi": 3.1}
-    notes = checks({**searched, "estimate_req_s": 2.9, "saturated": slow_mu}, runs)
+    notes = checks({**searched, "estimate_req_s": 2.9, "saturated": slow_mu}, runs, verdicts)
     assert len(notes) == 1 and "above its saturated rate μ = 3 [2.9, 3.1]" in notes[0]
-    above = {**searched, "saturated": sat, "checks": checks({**searched, "saturated": sat}, runs)}
+    above = {**searched, "saturated": sat, "checks": checks({**searched, "saturated": sat}, runs, verdicts)}
     text = capacity_text({"dynamic": above})
     assert text[1].split()[:3] == ["dynamic", "5.57", "[5.25,"] and "4.6 [4.5, 4.7]" in text[1]
     assert any(line.startswith("⚠ dynamic: capacity 5.57 req/s is above its saturated rate") for line in text)
