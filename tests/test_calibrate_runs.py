@@ -81,6 +81,32 @@ def test_a_row_count_the_terms_cannot_draw_gets_its_own_factor_and_the_others_no
     print(f"fitted row factors {fitted.decode_rows_factor} from {len(alone)} decode steps alone")
 
 
+def test_a_fused_fit_is_chosen_by_its_error_as_the_simulator_prices_it():
+    """make run's busy vLLM runs: a prompt alone took 47 ms for 30 tokens, one beside 7 decodes 20 ms over them. Both
+    fused fits came out sharing the larger overhead, and the one with the smaller residual as fitted priced every
+    mixed step with a 27 ms overhead it never fitted (40% long: the twin's TTFT p50 53% off)."""
+    from batchlab.lab.calibrate import Constants
+    from batchlab.lab.calibrate_runs import fit_runs
+    from batchlab.simulator.replay import predict_steps
+
+    rows = []  # executed steps: 10 ms + 1 ms a row decoding; a prompt 0.5 ms a token, 30 ms more when alone
+    for i in range(40):
+        rows.append(dict(decode_rows=8, decode_context=8 * (60 + i), prefill_rows=0, prefill_tokens=0, seconds=0.018))
+    for tokens in (4, 8, 16, 32, 64, 128, 256):
+        for decoding in (1, 4, 7):
+            rows += [dict(decode_rows=decoding, decode_context=decoding * 60, prefill_rows=1, prefill_tokens=tokens,
+                          seconds=0.010 + 0.001 * decoding + 0.0005 * tokens)] * 3
+        rows.append(dict(decode_rows=0, decode_context=0, prefill_rows=1, prefill_tokens=tokens,
+                         seconds=0.040 + 0.0005 * tokens))
+    steps = pd.DataFrame(rows)
+    steps = steps.assign(prefill_pairs=steps["prefill_tokens"] ** 2, start_s=0.0, end_s=steps["seconds"])
+    model, table = fit_runs(steps, "busy", "compute", Constants(fused=True))
+    mixed = table[table["kind"] == "mixed"]
+    priced = predict_steps(model, mixed) / mixed["seconds"] - 1  # as the simulator plays it
+    assert (priced.abs() < 0.25).all() and priced.abs().median() < 0.1, priced.describe()
+    assert model.fused_s(0.01, 0.02) < 0.03  # the overhead it shares is the one the fit shared
+
+
 def test_runs_of_several_backends_are_refused_unless_one_is_chosen(tmp_path):
     runs = _runs(tmp_path, KNOWN, ("dynamic", "continuous"), duration_s=3.0)
     summary = runs / "continuous" / "summary.json"
