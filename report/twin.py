@@ -134,7 +134,8 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
             "live probe at that capacity", *(f"{name} error at ρ ≤ {rho:g}" for name in FIGURES.values())]
     lines = ["", "## The twin", "",
              "Each strategy's step model fitted to the steps its own saturated runs executed (every repeat together; "
-             "`_twin/presets/`), played by the simulator with the same policy classes: its capacity was searched "
+             "`_twin/presets/`; a row count whose decode steps its terms cannot draw has a factor of its own, "
+             "`decode_rows_factor`), played by the simulator with the same policy classes: its capacity was searched "
              "on virtual probes as long as deciding at each load takes, its interval widened by how much the "
              "live runs' speed (the saturated ones and the confirmation) varied against the twin on their own "
              "steps (± its 95% interval, the spread pooled over every strategy's runs: one machine, runs "
