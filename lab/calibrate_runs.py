@@ -22,8 +22,8 @@ no linear term draws, vLLM's on this CPU). The fit is pure: frames in, a model a
 import math
 import os
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -151,10 +151,10 @@ def fit_runs(steps: pd.DataFrame, name: str, form: str, c: Constants,
 
 def row_factors(sh: pd.DataFrame, model: StepModel) -> tuple[float, ...]:
     """Each row count's decode steps alone (no prompt in them): their total time ÷ the terms' time for them (to
-    0.1%), for 1 to the most rows, where the runs held ROW_FACTOR_STEPS of them (1 elsewhere: the terms alone). A shape the
-    linear terms cannot draw: vLLM on the 2-core CPU took 13 ms a step for 1 row, 15 ms for 2, 11 ms for 4 and
-    15 ms for 8 in make run's saturated runs (their drains) as in its grid's, where the twin fitted to the 8-row
-    steps that carry the time ran 30% fast on the grid's 1 and 2."""
+    0.1%), for 1 to the most rows, where the runs held ROW_FACTOR_STEPS of them (1 elsewhere: the terms alone).
+    A shape the linear terms cannot draw: vLLM on the 2-core CPU took 13 ms a step for 1 row, 15 ms for 2, 11 ms
+    for 4 and 15 ms for 8 in make run's saturated runs (their drains) as in its grid's, where the twin fitted to
+    the 8-row steps that carry the time ran 30% fast on the grid's 1 and 2."""
     decode = sh[(sh["kind"] == "decode")]
     if decode.empty:
         return ()

@@ -41,10 +41,10 @@ TWIN_POOL_REQ_S = 50.0
 TWIN_WIDTH = 0.03  # the twin's search stops at a bracket this narrow (virtual probes cost little) ...
 TWIN_MAX_PROBES = 12  # ... or after this many probes
 # its first probe at μ ÷ (1 + TWIN_START_WIDTHS × width), not the live search's μ ÷ √(1 + width): the twin's μ is
-# exact to a few percent (2 × 120 s), and a queue's knee lies below it, where the live search's first probe, at 0.985
-# μ, is rarely sustained and is its longest (1200 s). On the smoke study's saturated runs (2-core AMD EPYC VM) the
-# continuous twin's search took 2.8 s, not 10.3 s (2 probes, not 6), naive's 1.5 s, not 2.2 s, and every estimate
-# moved by at most 2% (within the search's own 3%, before the twin's speed spread widens it)
+# exact to a few percent (2 × 120 s), and a queue's knee lies below it, where the live search's first probe, at
+# 0.985 μ, is rarely sustained and is its longest (1200 s). On the smoke study's saturated runs (2-core AMD EPYC VM)
+# the continuous twin's search took 2.8 s, not 10.3 s (2 probes, not 6), naive's 1.5 s, not 2.2 s, and every
+# estimate moved by at most 2% (within the search's own 3%, before the twin's speed spread widens it)
 TWIN_START_WIDTHS = 2
 
 

@@ -57,8 +57,8 @@ class TwinPrediction:
         where = "within" if self.within else "above" if self.live_s > self.hi_s else "below"
         ran = f"; the probe ran at {self.speed:.2f}×" if self.speed is not None and not self.within else ""
         digits = 2 if self.speeds[1] / self.speeds[0] > 1.02 else 3  # a sim worker's range: 0.997-1.003×
-        return (f"its E2E p50 {self.live_s:.3g} s is {where} the twin's {self.lo_s:.3g}–{self.hi_s:.3g} s for the same "
-                f"arrivals at {self.speeds[0]:.{digits}f}–{self.speeds[1]:.{digits}f}× its speed{ran}")
+        return (f"its E2E p50 {self.live_s:.3g} s is {where} the twin's {self.lo_s:.3g}–{self.hi_s:.3g} s for the "
+                f"same arrivals at {self.speeds[0]:.{digits}f}–{self.speeds[1]:.{digits}f}× its speed{ran}")
 
 
 @dataclass(slots=True)

@@ -136,19 +136,19 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
              "Each strategy's step model fitted to the steps its own saturated runs executed (every repeat together; "
              "`_twin/presets/`; a row count whose decode steps its terms cannot draw has a factor of its own, "
              "`decode_rows_factor`), played by the simulator with the same policy classes: its capacity was searched "
-             "on virtual probes as long as deciding at each load takes, its interval widened by how much the "
-             "live runs' speed (the saturated ones and the confirmation) varied against the twin on their own "
-             "steps (± its 95% interval, the spread pooled over every strategy's runs: one machine, runs "
-             "interleaved; each strategy's own runs alone in brackets); "
-             "one live probe at that capacity, as long as deciding there takes (at most the study's "
-             "confirm_max_s), stands beside it: ✓ judged sustained or, its verdict undecided, its E2E p50 within "
-             "what the twin predicts for its own arrivals at every speed one live run may run at; ⚠ judged not "
-             "sustained or outside that prediction, with both figures. Errors are |twin ÷ live − 1| over the live grid points, each replayed on the twin "
-             "with the schedule the live run sent, ρ = rate ÷ the strategy's capacity; median / worst (count), "
-             "twice: first the model's error, each run replayed at the speed its machine ran that minute (the "
-             "twin's time for the run's own steps ÷ theirs; how that speed varies is the ± above) and each "
-             "rate's repeats pooled (count: rates), then · the twin as it predicts each run (count: runs; a short "
-             "run near the knee moves far more than the machine's speed did: the per-point table's speed column).",
+             "on virtual probes as long as deciding at each load takes, its interval widened by how much the live "
+             "runs' speed (the saturated ones and the confirmation) varied against the twin on their own steps (± its "
+             "95% interval, the spread pooled over every strategy's runs: one machine, runs interleaved; each "
+             "strategy's own runs alone in brackets); one live probe at that capacity, as long as deciding there takes "
+             "(at most the study's confirm_max_s), stands beside it: ✓ judged sustained or, its verdict undecided, its "
+             "E2E p50 within what the twin predicts for its own arrivals at every speed one live run may run at; ⚠ "
+             "judged not sustained or outside that prediction, with both figures. Errors are |twin ÷ live − 1| over "
+             "the live grid points, each replayed on the twin with the schedule the live run sent, ρ = rate ÷ the "
+             "strategy's capacity; median / worst (count), twice: first the model's error, each run replayed at the "
+             "speed its machine ran that minute (the twin's time for the run's own steps ÷ theirs; how that speed "
+             "varies is the ± above) and each rate's repeats pooled (count: rates), then · the twin as it predicts "
+             "each run (count: runs; a short run near the knee moves far more than the machine's speed did: the "
+             "per-point table's speed column).",
              ""]
     lines += md_table(head, twin_rows(twin))
     if plot:
@@ -164,9 +164,9 @@ def section(twin: Twin | None, plot: str | None = None) -> list[str]:
     repeats = (twin.errors or {}).get("repeats", [])
     if repeats:
         labels = list(dict.fromkeys(label for r in repeats for label in r["speeds"]))
-        lines += ["", "The machine's speed against each twin in each repeat of the live grid (live ÷ twin on the run's "
-                  "own steps; repeats in the order they ran, each strategy's runs back to back): a drift shared by "
-                  "every strategy is the machine's, which no model of the worker predicts.", ""]
+        lines += ["", "The machine's speed against each twin in each repeat of the live grid (live ÷ twin on the "
+                  "run's own steps; repeats in the order they ran, each strategy's runs back to back): a drift "
+                  "shared by every strategy is the machine's, which no model of the worker predicts.", ""]
         lines += md_table(["repeat", *labels, "geometric mean"],
                           [[str(r["repeat"]), *(_speed(r["speeds"].get(label)) for label in labels),
                             _speed(r["mean"])] for r in repeats])

@@ -44,7 +44,8 @@ def test_an_undecided_confirmation_is_decided_by_the_twins_prediction_for_its_ar
     above = TwinPrediction(2.56, 1.27, 2.08, (0.87, 1.15), 0.77)
     agreed = Confirmation(Probe(5.0, verdict(False, judged=False)), 540.0, 8.0, prediction=within)
     assert agreed.agrees is True and agreed.agreed_by is AgreedBy.PREDICTION
-    assert "deciding there takes about 540 s" in agreed.text() and "1.8 s is within the twin's 1.5–1.9 s" in agreed.text()
+    assert "deciding there takes about 540 s" in agreed.text()
+    assert "1.8 s is within the twin's 1.5–1.9 s" in agreed.text()
     assert "0.87–1.15× its speed" in agreed.text() and "ran at" not in agreed.text()
     slow = Confirmation(Probe(5.0, verdict(False, judged=False)), math.inf, 8.0, prediction=above)
     assert slow.agrees is False and slow.agreed_by is AgreedBy.PREDICTION  # a ⚠, with both figures
@@ -55,7 +56,8 @@ def test_an_undecided_confirmation_is_decided_by_the_twins_prediction_for_its_ar
     assert doc["agrees"] is False and doc["agreed_by"] == "prediction" and doc["prediction"]["live_s"] == 2.56
     # a decided verdict stands, whatever the prediction; neither: undecided
     judged = Confirmation(Probe(5.0, Verdict(False, ["served 91% < 99%"], 0.91, 0.4)), 20.0, 20.0, prediction=within)
-    assert judged.agrees is False and judged.agreed_by is AgreedBy.VERDICT and judged.as_dict()["agreed_by"] == "verdict"
+    assert judged.agrees is False and judged.agreed_by is AgreedBy.VERDICT
+    assert judged.as_dict()["agreed_by"] == "verdict"
     sustained = Confirmation(Probe(5.0, verdict(True)), 20.0, 20.0, prediction=above)
     assert sustained.agrees is True and sustained.agreed_by is AgreedBy.VERDICT
     bare = Confirmation(Probe(5.0, verdict(False, judged=False)), 540.0, 8.0)
@@ -113,7 +115,8 @@ def test_a_prediction_is_played_over_no_less_than_the_twin_searchs_width():
     lo, hi = judged_speeds((0.999, 1.001), 0.03)  # a sim worker's runs: its speed known to ±0.1%
     assert lo == pytest.approx(1 / 1.03, rel=1e-3) and hi == pytest.approx(1.03, rel=1e-3)
     assert judged_speeds((0.87, 1.15), 0.03) == (0.87, 1.15)  # a real machine's range is wider: as it is
-    assert judged_speeds((1.1, 1.12), 0.03) == pytest.approx((math.sqrt(1.1 * 1.12) / 1.03, math.sqrt(1.1 * 1.12) * 1.03))
+    middle = math.sqrt(1.1 * 1.12)
+    assert judged_speeds((1.1, 1.12), 0.03) == pytest.approx((middle / 1.03, middle * 1.03))
 
 
 def test_a_disagreeing_confirmation_is_a_warning_with_the_twins_capacity_and_the_probes_figures():

@@ -59,7 +59,7 @@ class StepModel:
     step_tokens: int = 0  # a continuous step's token budget, decodes and prefill chunks (0: prompts prefilled whole)
     gemm_s_per_token: float = 0.0  # the roofline: GEMM compute per token (a decode row or a prompt token), see _gemm_s
     prefill_alone: bool = False  # vLLM V0's scheduling: prompt-only steps, a paged KV pool (worker.vllm_v0)
-    decode_rows_factor: tuple[float, ...] = ()  # a decode step alone of r rows takes factor[r − 1] × its terms: row_factor
+    decode_rows_factor: tuple[float, ...] = ()  # a decode step alone of r rows: factor[r − 1] × its terms
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode_rows_factor", tuple(map(float, self.decode_rows_factor)))  # a file's list
