@@ -155,10 +155,11 @@ def row_factors(sh: pd.DataFrame, model: StepModel) -> tuple[float, ...]:
     A shape the linear terms cannot draw: vLLM on the 2-core CPU took 13 ms a step for 1 row, 15 ms for 2, 11 ms
     for 4 and 15 ms for 8 in make run's saturated runs (their drains) as in its grid's, where the twin fitted to
     the 8-row steps that carry the time ran 30% fast on the grid's 1 and 2."""
-    decode = sh[(sh["kind"] == "decode")]
+    decode = sh[sh["kind"] == "decode"]
     if decode.empty:
         return ()
-    terms = predict_steps(replace(model, decode_rows_factor=()), decode) * decode["steps"].to_numpy()
+    terms = [model.decode_step_s(context, int(rows), alone=False) * steps
+             for context, rows, steps in zip(decode["decode_context"], decode["decode_rows"], decode["steps"])]
     by_rows = decode.assign(time=decode["seconds"] * decode["steps"], terms=terms).groupby("decode_rows")
     sums = by_rows[["steps", "time", "terms"]].sum()
     sums = sums[(sums["steps"] >= ROW_FACTOR_STEPS) & (sums["terms"] > 0)]
